@@ -1,0 +1,34 @@
+"""Reusable attention layers, written with `keras.ops` only (TensorFlow, JAX
+and PyTorch backends)."""
+
+from keras_attn.layers.feed_forward import FeedForward
+from keras_attn.layers.masking import causal_mask
+from keras_attn.layers.multi_head_attention import MultiHeadAttention
+from keras_attn.layers.position_embedding import PositionEmbedding
+from keras_attn.layers.scaled_dot_product_attention import (
+    fused_dot_product_attention,
+)
+from keras_attn.layers.scaled_dot_product_attention import (
+    scaled_dot_product_attention,
+)
+from keras_attn.layers.sinusoidal_positional_encoding import (
+    SinusoidalPositionalEncoding,
+)
+from keras_attn.layers.sinusoidal_positional_encoding import (
+    sinusoidal_positional_encoding,
+)
+from keras_attn.layers.transformer_block import TransformerBlock
+from keras_attn.layers.transformer_decoder_block import TransformerDecoderBlock
+
+__all__ = [
+    "FeedForward",
+    "MultiHeadAttention",
+    "PositionEmbedding",
+    "SinusoidalPositionalEncoding",
+    "TransformerBlock",
+    "TransformerDecoderBlock",
+    "causal_mask",
+    "fused_dot_product_attention",
+    "scaled_dot_product_attention",
+    "sinusoidal_positional_encoding",
+]

@@ -1,0 +1,90 @@
+"""Argument checks shared by the layers.
+
+Every check raises `ValueError` with a message that ends in the received value
+(`Received: num_heads=0`), the convention of Keras's own layers.
+"""
+
+import numbers
+
+import keras
+
+
+def check_positive_int(name, value, allow_none=False):
+    if value is None and allow_none:
+        return value
+    # bool is an int subclass; `num_heads=True` is a bug, not a count.
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, numbers.Integral)
+        or value <= 0
+    ):
+        raise ValueError(
+            f"`{name}` must be a positive integer. Received: {name}={value!r}"
+        )
+    return int(value)
+
+
+def check_rate(name, value):
+    """A dropout rate: a number in [0, 1)."""
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, numbers.Real)
+        or not 0.0 <= value < 1.0
+    ):
+        raise ValueError(
+            f"`{name}` must be a number in [0, 1). Received: {name}={value!r}"
+        )
+    return float(value)
+
+
+def check_positive_float(name, value):
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, numbers.Real)
+        or not value > 0
+    ):
+        raise ValueError(
+            f"`{name}` must be a positive number. Received: {name}={value!r}"
+        )
+    return float(value)
+
+
+def check_choice(name, value, choices):
+    if value not in choices:
+        raise ValueError(
+            f"`{name}` must be one of {sorted(choices)}. "
+            f"Received: {name}={value!r}"
+        )
+    return value
+
+
+def get_activation(name, value):
+    """`keras.activations.get` with an error that names the argument."""
+    try:
+        return keras.activations.get(value)
+    except (ValueError, TypeError) as error:
+        raise ValueError(
+            f"`{name}` must be the name of a Keras activation or a callable "
+            f"({error}). Received: {name}={value!r}"
+        ) from None
+
+
+def check_static_shape(name, tensor, expected, what):
+    """Checks every statically known dim of `tensor` against `expected`.
+
+    `expected` holds ints or None (unknown); a dim of 1 in `tensor` always
+    passes (it broadcasts). Dynamic dims are left to the backend.
+    """
+    shape = tuple(tensor.shape)
+    if len(shape) != len(expected):
+        raise ValueError(
+            f"`{name}` must have rank {len(expected)} ({what}). "
+            f"Received: {name}.shape={shape}"
+        )
+    for got, want in zip(shape, expected):
+        if got is None or want is None or got == 1 or got == want:
+            continue
+        raise ValueError(
+            f"`{name}` must broadcast to {what} = {tuple(expected)}. "
+            f"Received: {name}.shape={shape}"
+        )

@@ -1,0 +1,46 @@
+"""Small mask helpers. Masks are boolean, True = attend.
+
+Shape legend: B batch, T query length, S key length.
+"""
+
+from keras import ops
+
+try:  # Keras keeps the implicit mask helpers out of its public namespace.
+    from keras.src.backend import get_keras_mask as _get_keras_mask
+except ImportError:  # pragma: no cover - older or reorganised Keras
+
+    def _get_keras_mask(x):
+        return getattr(x, "_keras_mask", None)
+
+
+def get_keras_mask(x):
+    """The implicit Keras mask carried by `x` (e.g. from `Embedding(mask_zero=True)`), or None."""
+    if x is None:
+        return None
+    return _get_keras_mask(x)
+
+
+def causal_mask(query_length, key_length, offset=0):
+    """Lower-triangular `(T, S)` mask: query `i` sees keys `j <= i + offset`.
+
+    `offset` is the absolute position of the first query, as in cached
+    decoding where one new token at position `offset` attends to the `offset`
+    tokens before it and to itself. It may be a tensor.
+
+    >>> ops.convert_to_numpy(causal_mask(2, 3, offset=1)).tolist()
+    [[True, True, False], [True, True, True]]
+    """
+    rows = ops.arange(query_length)[:, None] + offset  # (T, 1)
+    cols = ops.arange(key_length)[None, :]  # (1, S)
+    return cols <= rows
+
+
+def merge_masks(*masks):
+    """Logical AND of the given masks (None entries are skipped); None if all are None."""
+    merged = None
+    for mask in masks:
+        if mask is None:
+            continue
+        mask = ops.cast(mask, "bool")
+        merged = mask if merged is None else ops.logical_and(merged, mask)
+    return merged

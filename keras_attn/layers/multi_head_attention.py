@@ -1,0 +1,362 @@
+"""Multi-head attention with masks, a fused route and a key/value cache."""
+
+import keras
+from keras import ops
+
+from keras_attn.layers._validation import check_positive_int
+from keras_attn.layers._validation import check_rate
+from keras_attn.layers._validation import check_static_shape
+from keras_attn.layers.masking import causal_mask
+from keras_attn.layers.masking import get_keras_mask
+from keras_attn.layers.masking import merge_masks
+from keras_attn.layers.scaled_dot_product_attention import (
+    fused_dot_product_attention,
+)
+from keras_attn.layers.scaled_dot_product_attention import (
+    scaled_dot_product_attention,
+)
+
+
+@keras.saving.register_keras_serializable(package="keras_attn")
+class MultiHeadAttention(keras.layers.Layer):
+    """Multi-head attention: `concat(head_1..head_N) W^O` with
+    `head_i = Attention(Q W_i^Q, K W_i^K, V W_i^V)`.
+
+    Self-attention when only `query` is given, cross-attention (source-target
+    attention) when `value` (and optionally `key`) come from another sequence.
+    The call goes through `keras.ops.dot_product_attention` (flash / cuDNN
+    kernels where the backend has them) unless attention dropout is active or
+    the scores are asked for; then through the explicit reference formula.
+    Both give the same numbers (to float32 round-off).
+
+    Args:
+        num_heads: number of attention heads N.
+        key_dim: size H of each query/key head. Defaults to the query width
+            divided by `num_heads` (the paper's `d_k = d_model / h`).
+        value_dim: size of each value head. Defaults to `key_dim`.
+        dropout: dropout rate on the attention probabilities.
+        use_bias: whether the four projections have biases.
+        output_dim: width of the output. Defaults to the query width.
+        flash_attention: passed to `keras.ops.dot_product_attention`: None
+            lets the backend decide, True requires a flash kernel, False
+            forbids it.
+        kernel_initializer: initializer of the projection kernels.
+        bias_initializer: initializer of the projection biases.
+        kernel_regularizer: optional regularizer of the projection kernels.
+        bias_regularizer: optional regularizer of the projection biases.
+        seed: seed of the attention dropout.
+        **kwargs: base layer arguments (`name`, `dtype`, ...).
+
+    Call arguments:
+        query: `(B, T, D)`.
+        value: `(B, S, Dv)`; defaults to `query` (self-attention).
+        key: `(B, S, Dk)`; defaults to `value`.
+        query_mask: `(B, T)` boolean, True = a real (non-padding) query.
+            Defaults to the implicit Keras mask of `query`. A padded query
+            gets a zero attention output.
+        value_mask: `(B, S)` boolean, True = a key/value that may be attended
+            to. Defaults to the implicit Keras mask of `value` (of `query` in
+            self-attention).
+        key_mask: `(B, S)`, merged with `value_mask`; defaults to the implicit
+            Keras mask of `key`.
+        attention_mask: `(B, T, S)` boolean, merged (AND) with the above.
+        use_causal_mask: query `i` attends only to keys `j <= i` (shifted by
+            `cache_update_index` when decoding with a cache).
+        return_attention_scores: also return the probabilities `(B, N, T, S)`.
+        training: whether attention dropout is active.
+        cache: optional `(B, 2, S_max, N, H)` projected keys and values (see
+            `empty_cache` and `compute_key_value_cache`).
+        cache_update_index: with `cache`, the position at which this call's
+            keys and values are written; keys after the written ones are never
+            attended to. Without it the cache is used as is (cross-attention
+            over a precomputed encoder output).
+
+    Returns:
+        `output (B, T, output_dim)`, then the scores if asked for, then the
+        updated cache if one was given.
+
+    Example:
+
+    >>> import numpy as np
+    >>> layer = MultiHeadAttention(num_heads=2)
+    >>> x = np.random.rand(2, 5, 8).astype("float32")
+    >>> layer(x, use_causal_mask=True).shape
+    (2, 5, 8)
+    >>> out, scores = layer(x, np.random.rand(2, 3, 8), return_attention_scores=True)
+    >>> scores.shape
+    (2, 2, 5, 3)
+
+    References:
+        Vaswani et al., "Attention Is All You Need", 2017, section 3.2.
+    """
+
+    def __init__(
+        self,
+        num_heads,
+        key_dim=None,
+        value_dim=None,
+        dropout=0.0,
+        use_bias=True,
+        output_dim=None,
+        flash_attention=None,
+        kernel_initializer="glorot_uniform",
+        bias_initializer="zeros",
+        kernel_regularizer=None,
+        bias_regularizer=None,
+        seed=None,
+        **kwargs,
+    ):
+        super().__init__(**kwargs)
+        self.num_heads = check_positive_int("num_heads", num_heads)
+        self.key_dim = check_positive_int("key_dim", key_dim, allow_none=True)
+        self.value_dim = check_positive_int(
+            "value_dim", value_dim, allow_none=True
+        )
+        self.dropout = check_rate("dropout", dropout)
+        self.use_bias = bool(use_bias)
+        self.output_dim = check_positive_int(
+            "output_dim", output_dim, allow_none=True
+        )
+        if flash_attention not in (None, True, False):
+            raise ValueError(
+                "`flash_attention` must be None, True or False. "
+                f"Received: flash_attention={flash_attention!r}"
+            )
+        self.flash_attention = flash_attention
+        self.kernel_initializer = keras.initializers.get(kernel_initializer)
+        self.bias_initializer = keras.initializers.get(bias_initializer)
+        self.kernel_regularizer = keras.regularizers.get(kernel_regularizer)
+        self.bias_regularizer = keras.regularizers.get(bias_regularizer)
+        self.seed = seed
+        self.supports_masking = True
+        self.seed_generator = (
+            keras.random.SeedGenerator(seed) if self.dropout > 0 else None
+        )
+
+    def _dense(self, equation, output_shape, bias_axes, name):
+        return keras.layers.EinsumDense(
+            equation,
+            output_shape=output_shape,
+            bias_axes=bias_axes if self.use_bias else None,
+            kernel_initializer=self.kernel_initializer,
+            bias_initializer=self.bias_initializer,
+            kernel_regularizer=self.kernel_regularizer,
+            bias_regularizer=self.bias_regularizer,
+            dtype=self.dtype_policy,
+            name=name,
+        )
+
+    def build(self, query_shape, value_shape=None, key_shape=None):
+        value_shape = query_shape if value_shape is None else value_shape
+        key_shape = value_shape if key_shape is None else key_shape
+        width = query_shape[-1]
+        if self.key_dim is None and width % self.num_heads != 0:
+            raise ValueError(
+                f"The query width must be divisible by `num_heads` when "
+                f"`key_dim` is not given (num_heads={self.num_heads}). "
+                f"Received: query width={width}"
+            )
+        n = self.num_heads
+        self._key_dim = self.key_dim or width // n
+        self._value_dim = self.value_dim or self._key_dim
+        self._output_dim = self.output_dim or width
+
+        self.query_dense = self._dense(
+            "btd,dnh->btnh", (None, n, self._key_dim), "nh", "query"
+        )
+        self.query_dense.build(query_shape)
+        self.key_dense = self._dense(
+            "bsd,dnh->bsnh", (None, n, self._key_dim), "nh", "key"
+        )
+        self.key_dense.build(key_shape)
+        self.value_dense = self._dense(
+            "bsd,dnh->bsnh", (None, n, self._value_dim), "nh", "value"
+        )
+        self.value_dense.build(value_shape)
+        self.output_dense = self._dense(
+            "btnh,nhd->btd", (None, self._output_dim), "d", "attention_output"
+        )
+        self.output_dense.build(
+            (query_shape[0], query_shape[1], n, self._value_dim)
+        )
+        self.built = True
+
+    # === Cache helpers ===
+
+    def empty_cache(self, batch_size, max_length, dtype=None):
+        """Zeros of shape `(B, 2, max_length, N, H)` for cached self-attention."""
+        self._check_cacheable()
+        return ops.zeros(
+            (batch_size, 2, max_length, self.num_heads, self._key_dim),
+            dtype=dtype or self.compute_dtype,
+        )
+
+    def compute_key_value_cache(self, value, key=None):
+        """Projected keys and values `(B, 2, S, N, H)` of a fixed sequence
+        (the encoder output in cross-attention), computed once."""
+        self._check_cacheable()
+        key = value if key is None else key
+        return ops.stack([self.key_dense(key), self.value_dense(value)], axis=1)
+
+    def _check_cacheable(self):
+        if not self.built:
+            raise ValueError(
+                "The layer must be built (called once) before it has a cache. "
+                f"Received: layer {self.name!r} unbuilt"
+            )
+        if self._key_dim != self._value_dim:
+            raise ValueError(
+                "A key/value cache needs `key_dim == value_dim`. Received: "
+                f"key_dim={self._key_dim}, value_dim={self._value_dim}"
+            )
+
+    # === Call ===
+
+    def call(
+        self,
+        query,
+        value=None,
+        key=None,
+        query_mask=None,
+        value_mask=None,
+        key_mask=None,
+        attention_mask=None,
+        use_causal_mask=False,
+        return_attention_scores=False,
+        training=None,
+        cache=None,
+        cache_update_index=None,
+    ):
+        if query_mask is None:
+            query_mask = get_keras_mask(query)
+        if value is None:  # self-attention
+            value = query
+            if value_mask is None:
+                value_mask = query_mask
+        elif value_mask is None:
+            value_mask = get_keras_mask(value)
+        if key is None:
+            key = value
+        elif key_mask is None:
+            key_mask = get_keras_mask(key)
+        if cache_update_index is not None and cache is None:
+            raise ValueError(
+                "`cache_update_index` needs a `cache`. Received: "
+                f"cache=None, cache_update_index={cache_update_index!r}"
+            )
+        for name, tensor in (("query", query), ("value", value), ("key", key)):
+            if len(tensor.shape) != 3:
+                raise ValueError(
+                    f"`{name}` must have rank 3, (B, length, width). "
+                    f"Received: {name}.shape={tuple(tensor.shape)}"
+                )
+        if key.shape[1] is not None and value.shape[1] is not None:
+            if key.shape[1] != value.shape[1]:
+                raise ValueError(
+                    "`key` and `value` must have the same length S. Received: "
+                    f"key.shape={tuple(key.shape)}, value.shape={tuple(value.shape)}"
+                )
+
+        q = self.query_dense(query)  # (B, T, N, H)
+        if cache is not None and cache_update_index is None:
+            k, v = cache[:, 0], cache[:, 1]  # precomputed, (B, S, N, H)
+        else:
+            k = self.key_dense(key)  # (B, S, N, H)
+            v = self.value_dense(value)  # (B, S, N, Hv)
+            if cache is not None:
+                start = (0, cache_update_index, 0, 0)
+                k = ops.slice_update(cache[:, 0], start, ops.cast(k, cache.dtype))
+                v = ops.slice_update(cache[:, 1], start, ops.cast(v, cache.dtype))
+                cache = ops.stack([k, v], axis=1)  # (B, 2, S_max, N, H)
+
+        batch, q_len, k_len = query.shape[0], query.shape[1], k.shape[1]
+        masks = []
+        if query_mask is not None:
+            check_static_shape("query_mask", query_mask, (batch, q_len), "(B, T)")
+            masks.append(ops.expand_dims(query_mask, -1))  # (B, T, 1)
+        for name, mask in (("value_mask", value_mask), ("key_mask", key_mask)):
+            if mask is not None:
+                check_static_shape(name, mask, (batch, k_len), "(B, S)")
+                masks.append(ops.expand_dims(mask, -2))  # (B, 1, S)
+        if attention_mask is not None:
+            check_static_shape(
+                "attention_mask", attention_mask, (batch, q_len, k_len), "(B, T, S)"
+            )
+            masks.append(attention_mask)
+        is_causal = False
+        if cache_update_index is not None:
+            # Positions after the ones written so far hold no keys yet.
+            t, s = ops.shape(q)[1], ops.shape(k)[1]
+            if use_causal_mask:
+                visible = causal_mask(t, s, offset=cache_update_index)
+            else:
+                visible = ops.arange(s) < cache_update_index + t
+                visible = ops.broadcast_to(visible[None, :], (t, s))
+            masks.append(visible[None])  # (1, T, S)
+        elif use_causal_mask:
+            if masks:
+                masks.append(causal_mask(ops.shape(q)[1], ops.shape(k)[1])[None])
+            else:
+                is_causal = True  # lets flash kernels use their causal mode
+        mask = merge_masks(*masks)  # (B, T, S) or None
+
+        dropout_active = self.dropout > 0 and bool(training)
+        if return_attention_scores or dropout_active:
+            if is_causal:
+                mask = causal_mask(ops.shape(q)[1], ops.shape(k)[1])
+            attended, scores = scaled_dot_product_attention(
+                q,
+                k,
+                v,
+                mask=mask,
+                dropout=self.dropout,
+                training=training,
+                seed_generator=self.seed_generator,
+                return_attention_scores=True,
+            )
+        else:
+            attended = fused_dot_product_attention(
+                q,
+                k,
+                v,
+                mask=mask,
+                is_causal=is_causal,
+                flash_attention=self.flash_attention,
+            )
+            scores = None
+        output = self.output_dense(attended)  # (B, T, output_dim)
+
+        outputs = (output,)
+        if return_attention_scores:
+            outputs += (scores,)
+        if cache is not None:
+            outputs += (cache,)
+        return outputs[0] if len(outputs) == 1 else outputs
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(
+            {
+                "num_heads": self.num_heads,
+                "key_dim": self.key_dim,
+                "value_dim": self.value_dim,
+                "dropout": self.dropout,
+                "use_bias": self.use_bias,
+                "output_dim": self.output_dim,
+                "flash_attention": self.flash_attention,
+                "kernel_initializer": keras.initializers.serialize(
+                    self.kernel_initializer
+                ),
+                "bias_initializer": keras.initializers.serialize(
+                    self.bias_initializer
+                ),
+                "kernel_regularizer": keras.regularizers.serialize(
+                    self.kernel_regularizer
+                ),
+                "bias_regularizer": keras.regularizers.serialize(
+                    self.bias_regularizer
+                ),
+                "seed": self.seed,
+            }
+        )
+        return config

@@ -1,0 +1,86 @@
+"""Learned position embeddings (BERT, ViT)."""
+
+import numbers
+
+import keras
+from keras import ops
+
+from keras_attn.layers._validation import check_positive_int
+
+
+@keras.saving.register_keras_serializable(package="keras_attn")
+class PositionEmbedding(keras.layers.Layer):
+    """A trained `(max_sequence_length, D)` table of position vectors.
+
+    Returns the first `T` rows (from `start_index`) broadcast to the input's
+    shape, for the caller to add to its token embeddings. A sequence longer
+    than `max_sequence_length` raises `ValueError` whenever its length is
+    known while tracing (eager calls, `jit_compile`d and `jax.jit` functions);
+    it is never clamped or wrapped around silently.
+
+    Args:
+        max_sequence_length: number of positions the table holds.
+        initializer: initializer of the table (BERT uses a truncated normal
+            with stddev 0.02).
+        **kwargs: base layer arguments.
+
+    Call arguments:
+        inputs: `(B, T, D)`.
+        start_index: position of the first step (int or scalar tensor).
+
+    Returns:
+        `(B, T, D)`.
+
+    Example:
+
+    >>> import numpy as np
+    >>> layer = PositionEmbedding(max_sequence_length=16)
+    >>> layer(np.zeros((2, 5, 8), "float32")).shape
+    (2, 5, 8)
+    """
+
+    def __init__(self, max_sequence_length, initializer="glorot_uniform", **kwargs):
+        super().__init__(**kwargs)
+        self.max_sequence_length = check_positive_int(
+            "max_sequence_length", max_sequence_length
+        )
+        self.initializer = keras.initializers.get(initializer)
+        self.supports_masking = True
+
+    def build(self, inputs_shape):
+        self.position_embeddings = self.add_weight(
+            name="embeddings",
+            shape=(self.max_sequence_length, inputs_shape[-1]),
+            initializer=self.initializer,
+            trainable=True,
+        )
+        self.built = True
+
+    def call(self, inputs, start_index=0):
+        shape = ops.shape(inputs)
+        length = shape[-2]
+        if isinstance(length, numbers.Integral) and isinstance(
+            start_index, numbers.Integral
+        ):
+            if start_index < 0 or start_index + length > self.max_sequence_length:
+                raise ValueError(
+                    f"Positions {start_index}..{start_index + length - 1} do not "
+                    f"fit in max_sequence_length={self.max_sequence_length}. "
+                    f"Received: sequence length={length}, start_index={start_index}"
+                )
+        table = ops.convert_to_tensor(self.position_embeddings)
+        table = ops.slice(table, (start_index, 0), (length, shape[-1]))  # (T, D)
+        return ops.broadcast_to(ops.cast(table, self.compute_dtype), shape)
+
+    def compute_output_shape(self, inputs_shape):
+        return inputs_shape
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(
+            {
+                "max_sequence_length": self.max_sequence_length,
+                "initializer": keras.initializers.serialize(self.initializer),
+            }
+        )
+        return config

@@ -1,0 +1,211 @@
+"""Scaled dot-product attention: the reference formula and the fused route.
+
+Shape legend: B batch, T query length, S key length, N heads, H head dim.
+"""
+
+import numpy as np
+from keras import ops
+from keras import random
+
+from keras_attn.layers._validation import check_rate
+from keras_attn.layers.masking import causal_mask
+
+# Masked logits are replaced (not offset) by this value, and the softmax runs
+# in float32 or wider, so the constant never overflows float16 or bfloat16.
+# Half of float32's largest magnitude keeps `logit - max` finite.
+_MASKED_LOGIT = float(-0.5 * np.finfo("float32").max)
+
+
+def _static_dim(tensor, axis):
+    dim = tensor.shape[axis]
+    return None if dim is None else int(dim)
+
+
+def _check_qkv(query, key, value):
+    for name, tensor in (("query", query), ("key", key), ("value", value)):
+        if len(tensor.shape) != 4:
+            raise ValueError(
+                f"`{name}` must have rank 4, (B, T or S, N, H). "
+                f"Received: {name}.shape={tuple(tensor.shape)}"
+            )
+    q_width, k_width = _static_dim(query, -1), _static_dim(key, -1)
+    if q_width is not None and k_width is not None and q_width != k_width:
+        raise ValueError(
+            "`query` and `key` must have the same width per head (Q K^T "
+            f"contracts over it). Received: query.shape={tuple(query.shape)}, "
+            f"key.shape={tuple(key.shape)}"
+        )
+    for axis, what in ((1, "sequence length"), (2, "number of heads")):
+        k_dim, v_dim = _static_dim(key, axis), _static_dim(value, axis)
+        if k_dim is not None and v_dim is not None and k_dim != v_dim:
+            raise ValueError(
+                f"`key` and `value` must have the same {what}. Received: "
+                f"key.shape={tuple(key.shape)}, value.shape={tuple(value.shape)}"
+            )
+    q_heads, k_heads = _static_dim(query, 2), _static_dim(key, 2)
+    if q_heads is not None and k_heads is not None and q_heads != k_heads:
+        raise ValueError(
+            "`query` and `key` must have the same number of heads. Received: "
+            f"query.shape={tuple(query.shape)}, key.shape={tuple(key.shape)}"
+        )
+
+
+def normalize_attention_mask(mask, query, key):
+    """Returns `mask` as a boolean tensor of rank 4, (B|1, N|1, T, S).
+
+    Accepted ranks: 2 (T, S), 3 (B, T, S) and 4 (B, N, T, S); each dim must
+    match or be 1. Statically known dims are checked here, so a wrong mask is
+    a `ValueError`, never a silent broadcast.
+    """
+    if mask is None:
+        return None
+    mask = ops.convert_to_tensor(mask)
+    rank = len(mask.shape)
+    if rank == 2:
+        mask = mask[None, None, :, :]
+    elif rank == 3:
+        mask = mask[:, None, :, :]
+    elif rank != 4:
+        raise ValueError(
+            "`mask` must have rank 2 (T, S), 3 (B, T, S) or 4 (B, N, T, S). "
+            f"Received: mask.shape={tuple(mask.shape)}"
+        )
+    target = (
+        _static_dim(query, 0),
+        _static_dim(query, 2),
+        _static_dim(query, 1),
+        _static_dim(key, 1),
+    )
+    for got, want in zip(mask.shape, target):
+        if got is None or want is None or got in (1, want):
+            continue
+        raise ValueError(
+            f"`mask` must broadcast to (B, N, T, S) = {target}. "
+            f"Received: mask.shape={tuple(mask.shape)}"
+        )
+    if mask.dtype != "bool":
+        mask = ops.cast(mask, "bool")
+    return mask
+
+
+def scaled_dot_product_attention(
+    query,
+    key,
+    value,
+    mask=None,
+    scale=None,
+    dropout=0.0,
+    training=False,
+    seed_generator=None,
+    return_attention_scores=False,
+):
+    """`softmax(Q K^T / sqrt(H) + M) V`, written out in `keras.ops`.
+
+    This is the reference path: every step is explicit so the probabilities can
+    be returned and dropped out. Masked keys get probability exactly 0, and a
+    query with no visible key gets a zero output (never NaN) in float32,
+    float16 and bfloat16: the softmax runs in float32 and masked logits are
+    replaced, not offset, so no constant overflows a half-precision type.
+
+    Args:
+        query: `(B, T, N, H)`.
+        key: `(B, S, N, H)`.
+        value: `(B, S, N, Hv)`.
+        mask: optional boolean mask, True = attend, broadcastable to
+            `(B, N, T, S)`; rank 2 `(T, S)` and rank 3 `(B, T, S)` masks are
+            accepted and broadcast over heads.
+        scale: multiplier of the logits; defaults to `1 / sqrt(H)`.
+        dropout: dropout rate on the attention probabilities (training only).
+        training: whether dropout is active.
+        seed_generator: a `keras.random.SeedGenerator` for the dropout.
+        return_attention_scores: also return the probabilities.
+
+    Returns:
+        The output `(B, T, N, Hv)` in the query's dtype and, if asked, the
+        probabilities `(B, N, T, S)`.
+
+    Example:
+
+    >>> import numpy as np
+    >>> q = k = v = np.ones((1, 3, 2, 4), "float32")
+    >>> out, probs = scaled_dot_product_attention(
+    ...     q, k, v, mask=np.tril(np.ones((3, 3), bool)),
+    ...     return_attention_scores=True)
+    >>> out.shape, probs.shape
+    ((1, 3, 2, 4), (1, 2, 3, 3))
+    >>> [float(p) for p in probs[0, 0, 1]]
+    [0.5, 0.5, 0.0]
+    """
+    query = ops.convert_to_tensor(query)
+    key = ops.convert_to_tensor(key)
+    value = ops.convert_to_tensor(value)
+    _check_qkv(query, key, value)
+    dropout = check_rate("dropout", dropout)
+    mask = normalize_attention_mask(mask, query, key)
+    if scale is None:
+        scale = 1.0 / float(np.sqrt(_static_dim(query, -1) or ops.shape(query)[-1]))
+
+    compute_dtype = query.dtype
+    # Scaling Q (T x H values) is cheaper than scaling the logits (T x S) and
+    # keeps half-precision logits in range.
+    query = query * ops.cast(scale, compute_dtype)
+    logits = ops.einsum("btnh,bsnh->bnts", query, key)  # (B, N, T, S)
+    softmax_dtype = "float64" if logits.dtype == "float64" else "float32"
+    logits = ops.cast(logits, softmax_dtype)
+    if mask is not None:
+        logits = ops.where(mask, logits, ops.cast(_MASKED_LOGIT, softmax_dtype))
+    probs = ops.softmax(logits, axis=-1)
+    if mask is not None:
+        # Exact zeros on masked keys; a fully masked row (uniform over masked
+        # logits) becomes all zeros, so its output is 0.
+        probs = ops.where(mask, probs, ops.zeros_like(probs))
+    probs = ops.cast(probs, compute_dtype)
+    dropped = probs
+    if dropout > 0.0 and training:
+        dropped = random.dropout(probs, dropout, seed=seed_generator)
+    output = ops.einsum("bnts,bsnh->btnh", dropped, value)  # (B, T, N, Hv)
+    if return_attention_scores:
+        return output, probs
+    return output
+
+
+def fused_dot_product_attention(
+    query,
+    key,
+    value,
+    mask=None,
+    scale=None,
+    is_causal=False,
+    flash_attention=None,
+):
+    """Same result as `scaled_dot_product_attention` through
+    `keras.ops.dot_product_attention` (flash / cuDNN kernels where the
+    backend has them). No dropout, no probabilities.
+
+    `keras.ops.dot_product_attention` averages the values of a query whose
+    keys are all masked; the reference says zero, so those rows are zeroed.
+    """
+    query = ops.convert_to_tensor(query)
+    key = ops.convert_to_tensor(key)
+    value = ops.convert_to_tensor(value)
+    _check_qkv(query, key, value)
+    mask = normalize_attention_mask(mask, query, key)
+    if is_causal and mask is not None:
+        # Fold the causal mask in so that rows it empties are zeroed below.
+        causal = causal_mask(ops.shape(query)[1], ops.shape(key)[1])
+        mask = ops.logical_and(mask, causal[None, None, :, :])
+        is_causal = False
+    output = ops.dot_product_attention(
+        query,
+        key,
+        value,
+        mask=mask,
+        scale=scale,
+        is_causal=is_causal,
+        flash_attention=flash_attention,
+    )  # (B, T, N, Hv)
+    if mask is not None:
+        has_key = ops.any(mask, axis=-1, keepdims=True)  # (B|1, N|1, T, 1)
+        has_key = ops.transpose(has_key, (0, 2, 1, 3))  # (B|1, T, N|1, 1)
+        output = ops.where(has_key, output, ops.zeros_like(output))
+    return output

@@ -1,0 +1,115 @@
+"""Sinusoidal positional encoding of "Attention Is All You Need"."""
+
+import numbers
+
+import keras
+from keras import ops
+
+from keras_attn.layers._validation import check_positive_float
+
+
+def _check_depth(depth):
+    if (
+        isinstance(depth, bool)
+        or not isinstance(depth, numbers.Integral)
+        or depth <= 0
+        or depth % 2
+    ):
+        raise ValueError(
+            "The sinusoidal encoding needs a positive, even depth (sin and cos "
+            f"pairs). Received: depth={depth!r}"
+        )
+
+
+def sinusoidal_positional_encoding(
+    length, depth, max_wavelength=10000.0, start_index=0, dtype="float32"
+):
+    """The `(length, depth)` table of the paper, sin and cos interleaved.
+
+    `PE[pos, 2k] = sin(pos / max_wavelength^(2k / depth))` and
+    `PE[pos, 2k + 1] = cos(pos / max_wavelength^(2k / depth))` for
+    `pos = start_index, ..., start_index + length - 1`. Computed in float32
+    (positions past 2048 are not representable in float16) and cast to `dtype`.
+
+    >>> table = sinusoidal_positional_encoding(3, 4)
+    >>> [round(float(v), 4) for v in table[1]]
+    [0.8415, 0.5403, 0.01, 1.0]
+    """
+    _check_depth(depth)
+    # `length` may be a tensor (a dynamic sequence length); check it when static.
+    if isinstance(length, numbers.Integral) and length < 0:
+        raise ValueError(
+            f"`length` must be a non-negative integer. Received: length={length!r}"
+        )
+    max_wavelength = check_positive_float("max_wavelength", max_wavelength)
+    positions = ops.cast(ops.arange(length) + start_index, "float32")  # (T,)
+    pair = ops.cast(ops.arange(depth // 2), "float32")  # (D/2,) = k
+    inverse_freq = ops.power(max_wavelength, -2.0 * pair / depth)  # (D/2,)
+    angles = positions[:, None] * inverse_freq[None, :]  # (T, D/2)
+    # stack on a new last axis then flatten: [sin_0, cos_0, sin_1, cos_1, ...]
+    table = ops.stack([ops.sin(angles), ops.cos(angles)], axis=-1)  # (T, D/2, 2)
+    table = ops.reshape(table, (-1, depth))  # (T, D)
+    return ops.cast(table, dtype)
+
+
+@keras.saving.register_keras_serializable(package="keras_attn")
+class SinusoidalPositionalEncoding(keras.layers.Layer):
+    """Fixed sinusoidal position vectors for a `(B, T, D)` input.
+
+    Returns the encoding broadcast to the input's shape, for the caller to add
+    (the keras-hub convention, so the embedding scale stays in the caller's
+    hands: the Transformer adds it to `embedding * sqrt(D)`). Any length; no
+    trained weights.
+
+    Args:
+        max_wavelength: the base of the geometric wavelength progression,
+            10000 in the paper.
+        **kwargs: base layer arguments.
+
+    Call arguments:
+        inputs: `(B, T, D)` with an even `D`.
+        start_index: position of the first step (int or scalar tensor), for
+            cached decoding one step at a time.
+
+    Returns:
+        `(B, T, D)` in the layer's compute dtype.
+
+    Example:
+
+    >>> import numpy as np
+    >>> x = np.zeros((2, 5, 8), "float32")
+    >>> SinusoidalPositionalEncoding()(x).shape
+    (2, 5, 8)
+
+    References:
+        Vaswani et al., "Attention Is All You Need", 2017, section 3.5.
+    """
+
+    def __init__(self, max_wavelength=10000.0, **kwargs):
+        super().__init__(**kwargs)
+        self.max_wavelength = check_positive_float("max_wavelength", max_wavelength)
+        self.supports_masking = True
+
+    def build(self, inputs_shape):
+        depth = inputs_shape[-1]
+        _check_depth(depth)
+        self.built = True
+
+    def call(self, inputs, start_index=0):
+        shape = ops.shape(inputs)
+        table = sinusoidal_positional_encoding(
+            shape[-2],
+            shape[-1],
+            max_wavelength=self.max_wavelength,
+            start_index=start_index,
+            dtype=self.compute_dtype,
+        )
+        return ops.broadcast_to(table, shape)
+
+    def compute_output_shape(self, inputs_shape):
+        return inputs_shape
+
+    def get_config(self):
+        config = super().get_config()
+        config["max_wavelength"] = self.max_wavelength
+        return config

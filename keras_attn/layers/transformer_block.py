@@ -1,0 +1,284 @@
+"""The Transformer encoder block, post-norm or pre-norm."""
+
+import keras
+
+from keras_attn.layers._validation import check_choice
+from keras_attn.layers._validation import check_positive_float
+from keras_attn.layers._validation import check_positive_int
+from keras_attn.layers._validation import check_rate
+from keras_attn.layers._validation import get_activation
+from keras_attn.layers.feed_forward import FeedForward
+from keras_attn.layers.masking import get_keras_mask
+from keras_attn.layers.multi_head_attention import MultiHeadAttention
+
+NORM_POSITIONS = ("post", "pre")
+
+
+class ResidualSublayers:
+    """What the encoder and decoder blocks share: argument checks, the
+    sublayer factories and the residual wiring around a sublayer."""
+
+    def _init_common(
+        self,
+        num_heads,
+        intermediate_dim,
+        key_dim,
+        norm_position,
+        activation,
+        dropout,
+        attention_dropout,
+        activation_dropout,
+        layer_norm_epsilon,
+        use_bias,
+        flash_attention,
+        kernel_initializer,
+        bias_initializer,
+    ):
+        self.num_heads = check_positive_int("num_heads", num_heads)
+        self.intermediate_dim = check_positive_int("intermediate_dim", intermediate_dim)
+        self.key_dim = check_positive_int("key_dim", key_dim, allow_none=True)
+        self.norm_position = check_choice("norm_position", norm_position, NORM_POSITIONS)
+        self.activation = get_activation("activation", activation)
+        self.dropout = check_rate("dropout", dropout)
+        self.attention_dropout = check_rate("attention_dropout", attention_dropout)
+        self.activation_dropout = check_rate("activation_dropout", activation_dropout)
+        self.layer_norm_epsilon = check_positive_float(
+            "layer_norm_epsilon", layer_norm_epsilon
+        )
+        self.use_bias = bool(use_bias)
+        self.flash_attention = flash_attention
+        self.kernel_initializer = keras.initializers.get(kernel_initializer)
+        self.bias_initializer = keras.initializers.get(bias_initializer)
+        self.supports_masking = True
+
+    def _attention(self, name, query_shape, value_shape=None):
+        width = query_shape[-1]
+        if self.key_dim is None and width % self.num_heads:
+            raise ValueError(
+                f"The hidden size must be divisible by `num_heads` "
+                f"(num_heads={self.num_heads}). Received: hidden size={width}"
+            )
+        layer = MultiHeadAttention(
+            num_heads=self.num_heads,
+            key_dim=self.key_dim,
+            dropout=self.attention_dropout,
+            use_bias=self.use_bias,
+            flash_attention=self.flash_attention,
+            kernel_initializer=self.kernel_initializer,
+            bias_initializer=self.bias_initializer,
+            dtype=self.dtype_policy,
+            name=name,
+        )
+        layer.build(query_shape, value_shape)
+        return layer
+
+    def _layer_norm(self, name, shape):
+        layer = keras.layers.LayerNormalization(
+            epsilon=self.layer_norm_epsilon, dtype=self.dtype_policy, name=name
+        )
+        layer.build(shape)
+        return layer
+
+    def _dropout(self, name):
+        return keras.layers.Dropout(self.dropout, dtype=self.dtype_policy, name=name)
+
+    def _feed_forward(self, shape):
+        layer = FeedForward(
+            self.intermediate_dim,
+            activation=self.activation,
+            activation_dropout=self.activation_dropout,
+            use_bias=self.use_bias,
+            kernel_initializer=self.kernel_initializer,
+            bias_initializer=self.bias_initializer,
+            dtype=self.dtype_policy,
+            name="feed_forward",
+        )
+        layer.build(shape)
+        return layer
+
+    def _residual(self, x, sublayer, layer_norm, dropout, training):
+        """post: LayerNorm(x + Sublayer(x)); pre: x + Sublayer(LayerNorm(x)).
+
+        `sublayer` returns its output, or a tuple whose first item is the
+        output; the rest is passed back unchanged (scores, caches).
+        """
+        y = sublayer(layer_norm(x) if self.norm_position == "pre" else x)
+        extras = ()
+        if isinstance(y, tuple):
+            y, extras = y[0], y[1:]
+        x = x + dropout(y, training=training)
+        if self.norm_position == "post":
+            x = layer_norm(x)
+        return x, extras
+
+    def _common_config(self):
+        return {
+            "num_heads": self.num_heads,
+            "intermediate_dim": self.intermediate_dim,
+            "key_dim": self.key_dim,
+            "norm_position": self.norm_position,
+            "activation": keras.activations.serialize(self.activation),
+            "dropout": self.dropout,
+            "attention_dropout": self.attention_dropout,
+            "activation_dropout": self.activation_dropout,
+            "layer_norm_epsilon": self.layer_norm_epsilon,
+            "use_bias": self.use_bias,
+            "flash_attention": self.flash_attention,
+            "kernel_initializer": keras.initializers.serialize(self.kernel_initializer),
+            "bias_initializer": keras.initializers.serialize(self.bias_initializer),
+        }
+
+
+@keras.saving.register_keras_serializable(package="keras_attn")
+class TransformerBlock(ResidualSublayers, keras.layers.Layer):
+    """The encoder block: self-attention then a feed-forward network, each
+    wrapped in a residual connection and a LayerNorm.
+
+    ```
+    post-norm (Transformer, BERT)        pre-norm (ViT, Conformer)
+    x -> MHA -> drop -> + -> LN -> y     x -> LN -> MHA -> drop -> + -> y
+    |__________________/                 |_________________________/
+    y -> FFN -> drop -> + -> LN          y -> LN -> FFN -> drop -> +
+    |__________________/                 |_________________________/
+    ```
+
+    A pre-norm stack needs a final LayerNorm after its last block; the model
+    builders add it.
+
+    Args:
+        num_heads: number of attention heads.
+        intermediate_dim: feed-forward hidden width (`d_ff`).
+        key_dim: size of each attention head; defaults to hidden / num_heads.
+        norm_position: `"post"` or `"pre"`.
+        activation: feed-forward activation (`"relu"`, `"gelu"`, `"swish"`, ...).
+        dropout: rate on each sublayer output before the residual addition.
+        attention_dropout: rate on the attention probabilities.
+        activation_dropout: rate after the feed-forward activation.
+        layer_norm_epsilon: LayerNorm epsilon.
+        use_causal_mask: whether each position sees only earlier ones.
+        use_bias: whether the dense layers have biases.
+        flash_attention: see `MultiHeadAttention`.
+        kernel_initializer: initializer of the dense kernels.
+        bias_initializer: initializer of the dense biases.
+        **kwargs: base layer arguments.
+
+    Call arguments:
+        inputs: `(B, T, D)`.
+        padding_mask: `(B, T)` boolean, True = real token. Overrides the
+            implicit Keras mask of `inputs`.
+        attention_mask: `(B, T, T)` boolean. Overrides the implicit mask too;
+            merged with `padding_mask` when both are given.
+        training: whether dropout is active.
+        return_attention_scores: also return the scores `(B, N, T, T)`.
+
+    Returns:
+        `(B, T, D)`, and the scores if asked for.
+
+    Example:
+
+    >>> import numpy as np
+    >>> block = TransformerBlock(num_heads=2, intermediate_dim=32, norm_position="pre")
+    >>> block(np.ones((2, 5, 8), "float32")).shape
+    (2, 5, 8)
+
+    References:
+        Vaswani et al., "Attention Is All You Need", 2017, section 3.1;
+        Xiong et al., "On Layer Normalization in the Transformer
+        Architecture", 2020 (pre-norm).
+    """
+
+    def __init__(
+        self,
+        num_heads,
+        intermediate_dim,
+        key_dim=None,
+        norm_position="post",
+        activation="relu",
+        dropout=0.0,
+        attention_dropout=0.0,
+        activation_dropout=0.0,
+        layer_norm_epsilon=1e-5,
+        use_causal_mask=False,
+        use_bias=True,
+        flash_attention=None,
+        kernel_initializer="glorot_uniform",
+        bias_initializer="zeros",
+        **kwargs,
+    ):
+        super().__init__(**kwargs)
+        self._init_common(
+            num_heads,
+            intermediate_dim,
+            key_dim,
+            norm_position,
+            activation,
+            dropout,
+            attention_dropout,
+            activation_dropout,
+            layer_norm_epsilon,
+            use_bias,
+            flash_attention,
+            kernel_initializer,
+            bias_initializer,
+        )
+        self.use_causal_mask = bool(use_causal_mask)
+
+    def build(self, inputs_shape):
+        # === Layers ===
+        self.self_attention = self._attention("self_attention", inputs_shape)
+        self.self_attention_layer_norm = self._layer_norm(
+            "self_attention_layer_norm", inputs_shape
+        )
+        self.self_attention_dropout = self._dropout("self_attention_dropout")
+        self.feed_forward = self._feed_forward(inputs_shape)
+        self.feed_forward_layer_norm = self._layer_norm(
+            "feed_forward_layer_norm", inputs_shape
+        )
+        self.feed_forward_dropout = self._dropout("feed_forward_dropout")
+        self.built = True
+
+    def call(
+        self,
+        inputs,
+        padding_mask=None,
+        attention_mask=None,
+        training=None,
+        return_attention_scores=False,
+    ):
+        if padding_mask is None and attention_mask is None:
+            padding_mask = get_keras_mask(inputs)
+
+        def attend(x):
+            return self.self_attention(
+                x,
+                query_mask=padding_mask,
+                value_mask=padding_mask,
+                attention_mask=attention_mask,
+                use_causal_mask=self.use_causal_mask,
+                return_attention_scores=return_attention_scores,
+                training=training,
+            )
+
+        x, extras = self._residual(
+            inputs,
+            attend,
+            self.self_attention_layer_norm,
+            self.self_attention_dropout,
+            training,
+        )
+        x, _ = self._residual(
+            x,
+            lambda y: self.feed_forward(y, training=training),
+            self.feed_forward_layer_norm,
+            self.feed_forward_dropout,
+            training,
+        )
+        if return_attention_scores:
+            return x, extras[0]
+        return x
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(self._common_config())
+        config["use_causal_mask"] = self.use_causal_mask
+        return config
