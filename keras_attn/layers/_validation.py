@@ -69,13 +69,23 @@ def get_activation(name, value):
         ) from None
 
 
+def static_dim(dim):
+    """`dim` as an int when it is known, else None.
+
+    Traced shapes hold None (TensorFlow) or symbolic dimensions (JAX's shape
+    polymorphism) where the size is not known yet; neither can be compared.
+    """
+    return int(dim) if isinstance(dim, numbers.Integral) else None
+
+
 def check_static_shape(name, tensor, expected, what):
     """Checks every statically known dim of `tensor` against `expected`.
 
     `expected` holds ints or None (unknown); a dim of 1 in `tensor` always
     passes (it broadcasts). Dynamic dims are left to the backend.
     """
-    shape = tuple(tensor.shape)
+    shape = tuple(static_dim(d) for d in tensor.shape)
+    expected = tuple(static_dim(d) for d in expected)
     if len(shape) != len(expected):
         raise ValueError(
             f"`{name}` must have rank {len(expected)} ({what}). "

@@ -7,10 +7,17 @@ from keras import ops
 
 try:  # Keras keeps the implicit mask helpers out of its public namespace.
     from keras.src.backend import get_keras_mask as _get_keras_mask
+    from keras.src.backend import set_keras_mask as _set_keras_mask
 except ImportError:  # pragma: no cover - older or reorganised Keras
 
     def _get_keras_mask(x):
         return getattr(x, "_keras_mask", None)
+
+    def _set_keras_mask(x, mask):
+        try:
+            x._keras_mask = mask
+        except AttributeError:
+            pass
 
 
 def get_keras_mask(x):
@@ -18,6 +25,12 @@ def get_keras_mask(x):
     if x is None:
         return None
     return _get_keras_mask(x)
+
+
+def set_keras_mask(x, mask):
+    """Attaches (or with None, removes) the implicit Keras mask of `x`."""
+    if x is not None:
+        _set_keras_mask(x, mask)
 
 
 def causal_mask(query_length, key_length, offset=0):

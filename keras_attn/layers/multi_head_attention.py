@@ -6,15 +6,28 @@ from keras import ops
 from keras_attn.layers._validation import check_positive_int
 from keras_attn.layers._validation import check_rate
 from keras_attn.layers._validation import check_static_shape
+from keras_attn.layers._validation import static_dim
 from keras_attn.layers.masking import causal_mask
 from keras_attn.layers.masking import get_keras_mask
 from keras_attn.layers.masking import merge_masks
+from keras_attn.layers.masking import set_keras_mask
+from keras_attn.layers.scaled_dot_product_attention import (
+    fused_attention_supports,
+)
 from keras_attn.layers.scaled_dot_product_attention import (
     fused_dot_product_attention,
 )
 from keras_attn.layers.scaled_dot_product_attention import (
     scaled_dot_product_attention,
 )
+
+
+def _check_rank(name, shape):
+    if len(shape) != 3:
+        raise ValueError(
+            f"`{name}` must have rank 3, (B, length, width). "
+            f"Received: {name}.shape={tuple(shape)}"
+        )
 
 
 @keras.saving.register_keras_serializable(package="keras_attn")
@@ -25,8 +38,9 @@ class MultiHeadAttention(keras.layers.Layer):
     Self-attention when only `query` is given, cross-attention (source-target
     attention) when `value` (and optionally `key`) come from another sequence.
     The call goes through `keras.ops.dot_product_attention` (flash / cuDNN
-    kernels where the backend has them) unless attention dropout is active or
-    the scores are asked for; then through the explicit reference formula.
+    kernels where the backend has them) unless attention dropout is active,
+    the scores are asked for, or `value_dim != key_dim`; then through the
+    explicit reference formula.
     Both give the same numbers (to float32 round-off).
 
     Args:
@@ -149,6 +163,8 @@ class MultiHeadAttention(keras.layers.Layer):
     def build(self, query_shape, value_shape=None, key_shape=None):
         value_shape = query_shape if value_shape is None else value_shape
         key_shape = value_shape if key_shape is None else key_shape
+        for name, shape in (("query", query_shape), ("value", value_shape), ("key", key_shape)):
+            _check_rank(name, shape)
         width = query_shape[-1]
         if self.key_dim is None and width % self.num_heads != 0:
             raise ValueError(
@@ -245,29 +261,34 @@ class MultiHeadAttention(keras.layers.Layer):
                 f"cache=None, cache_update_index={cache_update_index!r}"
             )
         for name, tensor in (("query", query), ("value", value), ("key", key)):
-            if len(tensor.shape) != 3:
-                raise ValueError(
-                    f"`{name}` must have rank 3, (B, length, width). "
-                    f"Received: {name}.shape={tuple(tensor.shape)}"
-                )
-        if key.shape[1] is not None and value.shape[1] is not None:
-            if key.shape[1] != value.shape[1]:
+            _check_rank(name, tensor.shape)
+        key_length, value_length = static_dim(key.shape[1]), static_dim(value.shape[1])
+        if key_length is not None and value_length is not None:
+            if key_length != value_length:
                 raise ValueError(
                     "`key` and `value` must have the same length S. Received: "
                     f"key.shape={tuple(key.shape)}, value.shape={tuple(value.shape)}"
                 )
 
+        # The masks were read above. The projections do not support masking,
+        # so they get the inputs without them; the masks are put back after,
+        # since the caller may use the same tensors again.
+        held = [(t, get_keras_mask(t)) for t in (query, value, key)]
+        for tensor, _ in held:
+            set_keras_mask(tensor, None)
         q = self.query_dense(query)  # (B, T, N, H)
         if cache is not None and cache_update_index is None:
             k, v = cache[:, 0], cache[:, 1]  # precomputed, (B, S, N, H)
         else:
             k = self.key_dense(key)  # (B, S, N, H)
             v = self.value_dense(value)  # (B, S, N, Hv)
-            if cache is not None:
-                start = (0, cache_update_index, 0, 0)
-                k = ops.slice_update(cache[:, 0], start, ops.cast(k, cache.dtype))
-                v = ops.slice_update(cache[:, 1], start, ops.cast(v, cache.dtype))
-                cache = ops.stack([k, v], axis=1)  # (B, 2, S_max, N, H)
+        for tensor, mask in held:
+            set_keras_mask(tensor, mask)
+        if cache is not None and cache_update_index is not None:
+            start = (0, cache_update_index, 0, 0)
+            k = ops.slice_update(cache[:, 0], start, ops.cast(k, cache.dtype))
+            v = ops.slice_update(cache[:, 1], start, ops.cast(v, cache.dtype))
+            cache = ops.stack([k, v], axis=1)  # (B, 2, S_max, N, H)
 
         batch, q_len, k_len = query.shape[0], query.shape[1], k.shape[1]
         masks = []
@@ -301,7 +322,11 @@ class MultiHeadAttention(keras.layers.Layer):
         mask = merge_masks(*masks)  # (B, T, S) or None
 
         dropout_active = self.dropout > 0 and bool(training)
-        if return_attention_scores or dropout_active:
+        # keras.ops.dot_product_attention needs equal key and value head sizes.
+        fusable = self._key_dim == self._value_dim and fused_attention_supports(
+            q.dtype
+        )
+        if return_attention_scores or dropout_active or not fusable:
             if is_causal:
                 mask = causal_mask(ops.shape(q)[1], ops.shape(k)[1])
             attended, scores = scaled_dot_product_attention(

@@ -16,7 +16,9 @@ class PositionEmbedding(keras.layers.Layer):
     shape, for the caller to add to its token embeddings. A sequence longer
     than `max_sequence_length` raises `ValueError` whenever its length is
     known while tracing (eager calls, `jit_compile`d and `jax.jit` functions);
-    it is never clamped or wrapped around silently.
+    when the length is only known at run time (a TensorFlow graph with an
+    unknown length) the out-of-range positions come out as NaN. A length is
+    never clamped or wrapped around silently.
 
     Args:
         max_sequence_length: number of positions the table holds.
@@ -59,21 +61,27 @@ class PositionEmbedding(keras.layers.Layer):
     def call(self, inputs, start_index=0):
         shape = ops.shape(inputs)
         length = shape[-2]
-        if isinstance(length, numbers.Integral) and isinstance(
+        static = isinstance(length, numbers.Integral) and isinstance(
             start_index, numbers.Integral
+        )
+        if static and (
+            start_index < 0 or start_index + length > self.max_sequence_length
         ):
-            if start_index < 0 or start_index + length > self.max_sequence_length:
-                raise ValueError(
-                    f"Positions {start_index}..{start_index + length - 1} do not "
-                    f"fit in max_sequence_length={self.max_sequence_length}. "
-                    f"Received: sequence length={length}, start_index={start_index}"
-                )
-        table = ops.convert_to_tensor(self.position_embeddings)
-        table = ops.slice(table, (start_index, 0), (length, shape[-1]))  # (T, D)
+            raise ValueError(
+                f"Positions {start_index}..{start_index + length - 1} do not "
+                f"fit in max_sequence_length={self.max_sequence_length}. "
+                f"Received: sequence length={length}, start_index={start_index}"
+            )
+        positions = ops.arange(length) + start_index  # (T,)
+        # A gather, not a slice, so that a symbolic length traces.
+        table = ops.take(self.position_embeddings, positions, axis=0)  # (T, D)
+        if not static:
+            # The length is only known at run time, where no ValueError can be
+            # raised. Out-of-range gathers clamp under XLA; make them NaN so
+            # the error shows in the outputs instead of passing silently.
+            valid = (positions >= 0) & (positions < self.max_sequence_length)
+            table = ops.where(valid[:, None], table, float("nan"))
         return ops.broadcast_to(ops.cast(table, self.compute_dtype), shape)
-
-    def compute_output_shape(self, inputs_shape):
-        return inputs_shape
 
     def get_config(self):
         config = super().get_config()

@@ -3,11 +3,15 @@
 Shape legend: B batch, T query length, S key length, N heads, H head dim.
 """
 
+import functools
+
+import keras
 import numpy as np
 from keras import ops
 from keras import random
 
 from keras_attn.layers._validation import check_rate
+from keras_attn.layers._validation import static_dim
 from keras_attn.layers.masking import causal_mask
 
 # Masked logits are replaced (not offset) by this value, and the softmax runs
@@ -17,8 +21,7 @@ _MASKED_LOGIT = float(-0.5 * np.finfo("float32").max)
 
 
 def _static_dim(tensor, axis):
-    dim = tensor.shape[axis]
-    return None if dim is None else int(dim)
+    return static_dim(tensor.shape[axis])
 
 
 def _check_qkv(query, key, value):
@@ -60,7 +63,8 @@ def normalize_attention_mask(mask, query, key):
     if mask is None:
         return None
     mask = ops.convert_to_tensor(mask)
-    rank = len(mask.shape)
+    received = tuple(static_dim(d) for d in mask.shape)
+    rank = len(received)
     if rank == 2:
         mask = mask[None, None, :, :]
     elif rank == 3:
@@ -68,7 +72,7 @@ def normalize_attention_mask(mask, query, key):
     elif rank != 4:
         raise ValueError(
             "`mask` must have rank 2 (T, S), 3 (B, T, S) or 4 (B, N, T, S). "
-            f"Received: mask.shape={tuple(mask.shape)}"
+            f"Received: mask.shape={received}"
         )
     target = (
         _static_dim(query, 0),
@@ -76,12 +80,12 @@ def normalize_attention_mask(mask, query, key):
         _static_dim(query, 1),
         _static_dim(key, 1),
     )
-    for got, want in zip(mask.shape, target):
+    for got, want in zip(tuple(static_dim(d) for d in mask.shape), target):
         if got is None or want is None or got in (1, want):
             continue
         raise ValueError(
             f"`mask` must broadcast to (B, N, T, S) = {target}. "
-            f"Received: mask.shape={tuple(mask.shape)}"
+            f"Received: mask.shape={received}"
         )
     if mask.dtype != "bool":
         mask = ops.cast(mask, "bool")
@@ -167,6 +171,24 @@ def scaled_dot_product_attention(
     if return_attention_scores:
         return output, probs
     return output
+
+
+@functools.lru_cache(maxsize=None)
+def _default_device_is_cpu():
+    return keras.distribution.list_devices()[0].lower().startswith("cpu")
+
+
+def fused_attention_supports(dtype):
+    """Whether `keras.ops.dot_product_attention` runs for `dtype` here.
+
+    XLA on the CPU has no float16 x float16 -> float32 dot, which the JAX
+    kernel asks for, so float16 on a JAX CPU takes the explicit path.
+    """
+    return not (
+        keras.backend.backend() == "jax"
+        and str(dtype) == "float16"
+        and _default_device_is_cpu()
+    )
 
 
 def fused_dot_product_attention(

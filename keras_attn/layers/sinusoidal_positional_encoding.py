@@ -3,6 +3,7 @@
 import numbers
 
 import keras
+import numpy as np
 from keras import ops
 
 from keras_attn.layers._validation import check_positive_float
@@ -28,8 +29,12 @@ def sinusoidal_positional_encoding(
 
     `PE[pos, 2k] = sin(pos / max_wavelength^(2k / depth))` and
     `PE[pos, 2k + 1] = cos(pos / max_wavelength^(2k / depth))` for
-    `pos = start_index, ..., start_index + length - 1`. Computed in float32
-    (positions past 2048 are not representable in float16) and cast to `dtype`.
+    `pos = start_index, ..., start_index + length - 1`. With a static length
+    and start (eager calls, compiled functions of known shape) the table is
+    computed in float64 and matches the formula to 1e-7 at any position;
+    with a traced length or start it is computed in float32 ops (angle error
+    about 1e-7 x position). Cast to `dtype` last (float16 cannot even hold
+    positions past 2048).
 
     >>> table = sinusoidal_positional_encoding(3, 4)
     >>> [round(float(v), 4) for v in table[1]]
@@ -42,11 +47,21 @@ def sinusoidal_positional_encoding(
             f"`length` must be a non-negative integer. Received: length={length!r}"
         )
     max_wavelength = check_positive_float("max_wavelength", max_wavelength)
+    if isinstance(length, numbers.Integral) and isinstance(start_index, numbers.Integral):
+        # Static positions: build the table in float64 NumPy. In float32 the
+        # angle `pos * freq` alone is off by up to 1e-4 at position 1000.
+        positions = np.arange(start_index, start_index + length, dtype="float64")
+        inverse_freq = max_wavelength ** (-2.0 * np.arange(depth // 2) / depth)
+        angles = positions[:, None] * inverse_freq[None, :]  # (T, D/2)
+        table = np.stack([np.sin(angles), np.cos(angles)], axis=-1)  # (T, D/2, 2)
+        table = table.reshape(length, depth).astype("float32")
+        return ops.cast(ops.convert_to_tensor(table), dtype)
+    # Dynamic length or start (a traced shape, a decoding step): float32 ops.
     positions = ops.cast(ops.arange(length) + start_index, "float32")  # (T,)
     pair = ops.cast(ops.arange(depth // 2), "float32")  # (D/2,) = k
     inverse_freq = ops.power(max_wavelength, -2.0 * pair / depth)  # (D/2,)
     angles = positions[:, None] * inverse_freq[None, :]  # (T, D/2)
-    # stack on a new last axis then flatten: [sin_0, cos_0, sin_1, cos_1, ...]
+    # Stack on a new last axis, then flatten: [sin_0, cos_0, sin_1, cos_1, ...]
     table = ops.stack([ops.sin(angles), ops.cos(angles)], axis=-1)  # (T, D/2, 2)
     table = ops.reshape(table, (-1, depth))  # (T, D)
     return ops.cast(table, dtype)

@@ -1,0 +1,266 @@
+import keras
+import numpy as np
+import pytest
+from keras import ops
+
+from keras_attn.layers import MultiHeadAttention
+from test_case import run_layer_test
+from test_case import to_numpy
+
+RNG = np.random.default_rng(0)
+
+
+def rand(*shape):
+    return RNG.standard_normal(shape).astype("float32")
+
+
+def test_layer_self_attention(tmp_path):
+    run_layer_test(
+        MultiHeadAttention,
+        init_kwargs={
+            "num_heads": 3,
+            "key_dim": 5,
+            "value_dim": 7,
+            "output_dim": 6,
+            "dropout": 0.1,
+            "use_bias": False,
+            "flash_attention": False,
+            "kernel_initializer": "he_normal",
+            "seed": 3,
+        },
+        input_data={"query": rand(2, 4, 8)},
+        call_kwargs={"use_causal_mask": True},
+        expected_output_shape=(2, 4, 6),
+        expected_num_trainable_weights=4,
+        tmp_path=tmp_path,
+    )
+
+
+def test_layer_cross_attention_with_scores(tmp_path):
+    run_layer_test(
+        MultiHeadAttention,
+        init_kwargs={"num_heads": 2, "bias_initializer": "ones"},
+        input_data={
+            "query": rand(2, 4, 8),
+            "value": rand(2, 6, 10),
+            "value_mask": np.array([[1, 1, 1, 0, 0, 0], [1] * 6], bool),
+        },
+        call_kwargs={"return_attention_scores": True},
+        expected_output_shape=((2, 4, 8), (2, 2, 4, 6)),
+        expected_num_trainable_weights=8,
+        tmp_path=tmp_path,
+    )
+
+
+def _embedded(tokens, mask_zero):
+    embedding = keras.layers.Embedding(10, 8, mask_zero=mask_zero)
+    return embedding
+
+
+def test_implicit_keras_mask_equals_explicit_mask():
+    tokens = np.array([[3, 4, 5, 0, 0], [1, 2, 3, 4, 0]])
+    inputs = keras.Input((5,), dtype="int32")
+    embedding = keras.layers.Embedding(10, 8, mask_zero=True)
+    attention = MultiHeadAttention(num_heads=2)
+    implicit = keras.Model(inputs, attention(embedding(inputs)))
+
+    padding = tokens != 0
+    embedded = embedding(tokens)  # mask-free copy of the same weights' output
+    explicit = attention(
+        ops.convert_to_tensor(to_numpy(embedded)), query_mask=padding, value_mask=padding
+    )
+    np.testing.assert_allclose(
+        to_numpy(implicit(tokens)), to_numpy(explicit), atol=1e-6
+    )
+    # And the mask really changes the result at real positions.
+    unmasked = attention(ops.convert_to_tensor(to_numpy(embedded)))
+    assert np.abs(to_numpy(unmasked)[0, :3] - to_numpy(explicit)[0, :3]).max() > 1e-4
+
+
+def test_implicit_cross_attention_masks():
+    q_tokens = np.array([[1, 2, 0]])
+    v_tokens = np.array([[4, 5, 6, 0, 0]])
+    embedding = keras.layers.Embedding(10, 8, mask_zero=True)
+    attention = MultiHeadAttention(num_heads=2)
+    q_in = keras.Input((3,), dtype="int32")
+    v_in = keras.Input((5,), dtype="int32")
+    model = keras.Model([q_in, v_in], attention(embedding(q_in), embedding(v_in)))
+    q, v = to_numpy(embedding(q_tokens)), to_numpy(embedding(v_tokens))
+    explicit = attention(q, v, query_mask=q_tokens != 0, value_mask=v_tokens != 0)
+    np.testing.assert_allclose(
+        to_numpy(model([q_tokens, v_tokens])), to_numpy(explicit), atol=1e-6
+    )
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_padding_invariance(causal):
+    attention = MultiHeadAttention(num_heads=2)
+    x = rand(2, 5, 8)
+    short = attention(x, use_causal_mask=causal)
+    padded_x = np.concatenate([x, rand(2, 4, 8)], axis=1)
+    mask = np.arange(9)[None, :] < 5
+    mask = np.repeat(mask, 2, axis=0)
+    padded = attention(padded_x, query_mask=mask, value_mask=mask, use_causal_mask=causal)
+    np.testing.assert_allclose(to_numpy(padded)[:, :5], to_numpy(short), atol=1e-5)
+    # Padded queries get exactly zero attention output before W^O: the
+    # output there is the output bias alone.
+    bias = to_numpy(attention.output_dense.bias)
+    np.testing.assert_allclose(to_numpy(padded)[:, 5:], np.broadcast_to(bias, (2, 4, 8)), atol=1e-6)
+
+
+def test_causality():
+    attention = MultiHeadAttention(num_heads=2)
+    x = rand(1, 6, 8)
+    changed = x.copy()
+    changed[:, 4:] = rand(1, 2, 8)
+    a = to_numpy(attention(x, use_causal_mask=True))
+    b = to_numpy(attention(changed, use_causal_mask=True))
+    np.testing.assert_allclose(a[:, :4], b[:, :4], atol=1e-6)
+    assert np.abs(a[:, 4:] - b[:, 4:]).max() > 1e-3
+
+
+@pytest.mark.parametrize("mask_kind", ["none", "causal", "padding", "both"])
+def test_fused_path_equals_explicit_path(mask_kind):
+    attention = MultiHeadAttention(num_heads=4, key_dim=6)
+    x = rand(3, 7, 16)
+    mask = np.arange(7)[None, :] < np.array([[7], [4], [1]])
+    kwargs = {}
+    if mask_kind in ("padding", "both"):
+        kwargs.update(query_mask=mask, value_mask=mask)
+    if mask_kind in ("causal", "both"):
+        kwargs["use_causal_mask"] = True
+    fused = attention(x, **kwargs)
+    explicit, _ = attention(x, return_attention_scores=True, **kwargs)
+    np.testing.assert_allclose(to_numpy(fused), to_numpy(explicit), atol=1e-5)
+
+
+def test_scores_are_probabilities_with_zero_on_masked_keys():
+    attention = MultiHeadAttention(num_heads=2)
+    value_mask = np.array([[True, True, False, True, False]])
+    _, scores = attention(rand(1, 3, 8), rand(1, 5, 8), value_mask=value_mask,
+                          return_attention_scores=True)
+    scores = to_numpy(scores)
+    np.testing.assert_array_equal(scores[..., ~value_mask[0]], 0.0)
+    np.testing.assert_allclose(scores.sum(-1), 1.0, atol=1e-6)
+
+
+def test_attention_dropout_only_in_training():
+    attention = MultiHeadAttention(num_heads=2, dropout=0.5, seed=1)
+    x = rand(2, 6, 8)
+    a = to_numpy(attention(x, training=False))
+    b = to_numpy(attention(x, training=False))
+    np.testing.assert_array_equal(a, b)
+    c = to_numpy(attention(x, training=True))
+    assert np.abs(a - c).max() > 1e-4
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_cached_self_attention_equals_full_pass(causal):
+    attention = MultiHeadAttention(num_heads=2)
+    x = rand(2, 6, 8)
+    attention(x)  # build
+    full = to_numpy(attention(x, use_causal_mask=True))
+    cache = attention.empty_cache(2, 6)
+    steps = []
+    # Feed 2 tokens, then 1 at a time: chunks of any size work.
+    for start, stop in ((0, 2), (2, 3), (3, 4), (4, 5), (5, 6)):
+        out, cache = attention(
+            x[:, start:stop], cache=cache, cache_update_index=start, use_causal_mask=causal
+        )
+        steps.append(to_numpy(out))
+    incremental = np.concatenate(steps, axis=1)
+    if causal:
+        np.testing.assert_allclose(incremental, full, atol=1e-5)
+    else:
+        # Without the causal flag a chunk sees its own later tokens but never
+        # the unwritten cache slots: single-token steps equal the causal pass.
+        np.testing.assert_allclose(incremental[:, 2:], full[:, 2:], atol=1e-5)
+
+
+def test_cross_attention_cache_equals_recomputing():
+    attention = MultiHeadAttention(num_heads=2)
+    q, enc = rand(2, 3, 8), rand(2, 5, 8)
+    expected = to_numpy(attention(q, enc))
+    cache = attention.compute_key_value_cache(enc)
+    out, _ = attention(q, q, cache=cache)
+    np.testing.assert_allclose(to_numpy(out), expected, atol=1e-6)
+
+
+# === Bad input: each misuse has its own message ===
+
+
+@pytest.mark.parametrize("num_heads", [0, -2])
+def test_non_positive_num_heads(num_heads):
+    with pytest.raises(ValueError, match=rf"Received: num_heads={num_heads}"):
+        MultiHeadAttention(num_heads=num_heads)
+
+
+@pytest.mark.parametrize("num_heads", [2.0, "4", True])
+def test_num_heads_not_an_int(num_heads):
+    with pytest.raises(ValueError, match=r"positive integer. Received: num_heads="):
+        MultiHeadAttention(num_heads=num_heads)
+
+
+def test_width_not_divisible_by_num_heads():
+    with pytest.raises(ValueError, match=r"divisible by `num_heads`.*Received: query width=10"):
+        MultiHeadAttention(num_heads=4)(rand(1, 3, 10))
+
+
+@pytest.mark.parametrize("rate", [1.0, -0.1, 1.5])
+def test_dropout_out_of_range(rate):
+    with pytest.raises(ValueError, match=rf"\[0, 1\). Received: dropout={rate}"):
+        MultiHeadAttention(num_heads=2, dropout=rate)
+
+
+def test_non_positive_key_dim():
+    with pytest.raises(ValueError, match=r"Received: key_dim=0"):
+        MultiHeadAttention(num_heads=2, key_dim=0)
+
+
+def test_bad_flash_attention_flag():
+    with pytest.raises(ValueError, match=r"Received: flash_attention='yes'"):
+        MultiHeadAttention(num_heads=2, flash_attention="yes")
+
+
+def test_attention_mask_that_does_not_broadcast():
+    attention = MultiHeadAttention(num_heads=2)
+    with pytest.raises(ValueError, match=r"attention_mask.*\(B, T, S\).*Received: attention_mask.shape=\(2, 4, 3\)"):
+        attention(rand(2, 4, 8), rand(2, 5, 8), attention_mask=np.ones((2, 4, 3), bool))
+
+
+def test_padding_mask_of_wrong_length():
+    attention = MultiHeadAttention(num_heads=2)
+    with pytest.raises(ValueError, match=r"value_mask.*Received: value_mask.shape=\(2, 4\)"):
+        attention(rand(2, 4, 8), rand(2, 5, 8), value_mask=np.ones((2, 4), bool))
+
+
+def test_key_value_length_mismatch():
+    attention = MultiHeadAttention(num_heads=2)
+    with pytest.raises(ValueError, match=r"same length S. Received: key.shape=\(2, 3, 8\)"):
+        attention(rand(2, 4, 8), rand(2, 5, 8), rand(2, 3, 8))
+
+
+def test_query_of_wrong_rank():
+    with pytest.raises(ValueError, match=r"rank 3.*Received: query.shape=\(4, 8\)"):
+        MultiHeadAttention(num_heads=2)(rand(4, 8))
+
+
+def test_cache_index_without_cache():
+    attention = MultiHeadAttention(num_heads=2)
+    with pytest.raises(ValueError, match=r"needs a `cache`.*cache_update_index=3"):
+        attention(rand(1, 1, 8), cache_update_index=3)
+
+
+def test_cache_needs_equal_key_and_value_dims():
+    attention = MultiHeadAttention(num_heads=2, key_dim=4, value_dim=6)
+    attention(rand(1, 2, 8))
+    with pytest.raises(ValueError, match=r"key_dim == value_dim.*key_dim=4, value_dim=6"):
+        attention.empty_cache(1, 4)
+
+
+def test_callers_tensor_keeps_its_mask():
+    from keras_attn.layers.masking import get_keras_mask
+
+    x = keras.layers.Embedding(10, 8, mask_zero=True)(np.array([[1, 2, 0]]))
+    MultiHeadAttention(num_heads=2)(x)
+    np.testing.assert_array_equal(to_numpy(get_keras_mask(x)), [[True, True, False]])

@@ -1,0 +1,157 @@
+"""The one generic layer test every public layer goes through.
+
+`run_layer_test` checks, for a layer built with the given (non-default)
+arguments: config round trip and JSON serialization, that every constructor
+argument is kept in the config, symbolic == eager output shapes, the exact
+trainable-weight count, one `fit` step under `jit_compile=True` with a finite
+loss, mixed_float16 / mixed_bfloat16 (compute dtype outputs, float32 variables
+on every sublayer), and `.keras` save / reload with equal outputs.
+"""
+
+import inspect
+import json
+import os
+
+import keras
+import numpy as np
+from keras import ops
+
+BASE_CONFIG_KEYS = {"name", "trainable", "dtype"}
+
+
+def to_numpy(x):
+    return ops.convert_to_numpy(x)
+
+
+def _as_tuple(outputs):
+    return tuple(outputs) if isinstance(outputs, (tuple, list)) else (outputs,)
+
+
+def _symbolic_inputs(input_data):
+    return {
+        name: keras.Input(
+            shape=np.shape(value)[1:],
+            batch_size=np.shape(value)[0],
+            dtype="bool" if np.asarray(value).dtype == bool else str(np.asarray(value).dtype),
+            name=name,
+        )
+        for name, value in input_data.items()
+    }
+
+
+def _is_float(x):
+    return "float" in str(getattr(x, "dtype", ""))
+
+
+def _check_config(layer_cls, init_kwargs, layer):
+    config = layer.get_config()
+    accepted = set(inspect.signature(layer_cls.__init__).parameters) - {"self", "kwargs"}
+    unknown = set(config) - accepted - BASE_CONFIG_KEYS
+    assert not unknown, f"get_config keys the constructor does not take: {unknown}"
+    for key, value in init_kwargs.items():
+        kept = config.get(key)
+        if isinstance(value, str) and isinstance(kept, dict):
+            # "he_normal" is serialized as {"class_name": "HeNormal", ...}
+            kept = kept.get("class_name", "").lower()
+            value = value.replace("_", "").lower()
+        if isinstance(value, (bool, int, float, str)) or value is None:
+            assert kept == value, (
+                f"argument {key}={value!r} is not kept in the config "
+                f"(config has {config.get(key)!r})"
+            )
+    revived = layer_cls.from_config(config)
+    assert revived.get_config() == config
+
+    serialized = keras.saving.serialize_keras_object(layer)
+    restored = keras.saving.deserialize_keras_object(json.loads(json.dumps(serialized)))
+    assert type(restored) is layer_cls
+    assert restored.get_config() == config
+
+
+def _build_model(layer, input_data, call_kwargs):
+    inputs = _symbolic_inputs(input_data)
+    outputs = layer(**inputs, **call_kwargs)
+    return keras.Model(inputs, outputs), inputs
+
+
+def run_layer_test(
+    layer_cls,
+    init_kwargs,
+    input_data,
+    expected_output_shape,
+    expected_num_trainable_weights,
+    call_kwargs=None,
+    tmp_path=None,
+):
+    """Runs the generic checks.
+
+    Args:
+        layer_cls: the layer class.
+        init_kwargs: constructor arguments; use non-default values.
+        input_data: dict of call argument name -> NumPy array (batch first).
+        expected_output_shape: a shape, or a tuple of shapes for a layer that
+            returns several tensors.
+        expected_num_trainable_weights: the exact count.
+        call_kwargs: non-tensor call arguments.
+        tmp_path: a directory for the `.keras` file.
+    """
+    call_kwargs = call_kwargs or {}
+    if not isinstance(expected_output_shape[0], (tuple, list)):
+        expected_output_shape = (expected_output_shape,)
+    expected_output_shape = tuple(tuple(s) for s in expected_output_shape)
+
+    # Config round trip and JSON serialization.
+    layer = layer_cls(**init_kwargs)
+    _check_config(layer_cls, init_kwargs, layer)
+
+    # Eager call: shapes and weights.
+    eager = _as_tuple(layer(**input_data, **call_kwargs))
+    assert tuple(tuple(o.shape) for o in eager) == expected_output_shape
+    assert len(layer.trainable_weights) == expected_num_trainable_weights, (
+        f"{len(layer.trainable_weights)} trainable weights, expected "
+        f"{expected_num_trainable_weights}"
+    )
+    _check_config(layer_cls, init_kwargs, layer)  # a built layer too
+
+    # Symbolic call: same shapes.
+    model, _ = _build_model(layer_cls(**init_kwargs), input_data, call_kwargs)
+    symbolic = _as_tuple(model.outputs)
+    assert tuple(tuple(o.shape) for o in symbolic) == expected_output_shape
+
+    # One fit step under XLA gives a finite loss.
+    model, _ = _build_model(layer_cls(**init_kwargs), input_data, call_kwargs)
+    first = _as_tuple(model.outputs)[0]
+    train_model = keras.Model(model.inputs, first)
+    train_model.compile(optimizer="adam", loss="mse", jit_compile=True)
+    target = np.zeros(expected_output_shape[0], "float32")
+    history = train_model.fit(input_data, target, epochs=1, batch_size=len(target), verbose=0)
+    loss = history.history["loss"][-1]
+    assert np.isfinite(loss), f"loss={loss}"
+
+    # Mixed precision: compute dtype out, float32 variables everywhere.
+    for policy in ("mixed_float16", "mixed_bfloat16"):
+        mixed = layer_cls(**init_kwargs, dtype=policy)
+        outputs = _as_tuple(mixed(**input_data, **call_kwargs))
+        compute_dtype = policy.split("_")[1]
+        for output in outputs:
+            if _is_float(output):
+                assert output.dtype == compute_dtype, (policy, output.dtype)
+        for sublayer in mixed._flatten_layers():
+            assert sublayer.dtype_policy.name == policy, (
+                f"sublayer {sublayer.name!r} has policy {sublayer.dtype_policy.name}"
+            )
+            for variable in sublayer.weights:
+                if _is_float(variable):
+                    assert variable.dtype == "float32", (sublayer.name, variable.path)
+
+    # .keras save and reload: same outputs.
+    if tmp_path is not None:
+        model, _ = _build_model(layer_cls(**init_kwargs), input_data, call_kwargs)
+        expected = [to_numpy(o) for o in _as_tuple(model(input_data))]
+        path = os.path.join(str(tmp_path), "layer.keras")
+        model.save(path)
+        reloaded = keras.saving.load_model(path)
+        got = [to_numpy(o) for o in _as_tuple(reloaded(input_data))]
+        for a, b in zip(expected, got):
+            np.testing.assert_allclose(a, b, atol=1e-6)
+    return eager
