@@ -35,7 +35,7 @@ class FeedForward(keras.layers.Layer):
     Example:
 
     >>> import numpy as np
-    >>> FeedForward(32, activation="gelu")(np.ones((2, 5, 8), "float32")).shape
+    >>> tuple(FeedForward(32, activation="gelu")(np.ones((2, 5, 8), "float32")).shape)
     (2, 5, 8)
     """
 

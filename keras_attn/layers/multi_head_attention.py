@@ -94,10 +94,10 @@ class MultiHeadAttention(keras.layers.Layer):
     >>> import numpy as np
     >>> layer = MultiHeadAttention(num_heads=2)
     >>> x = np.random.rand(2, 5, 8).astype("float32")
-    >>> layer(x, use_causal_mask=True).shape
+    >>> tuple(layer(x, use_causal_mask=True).shape)
     (2, 5, 8)
     >>> out, scores = layer(x, np.random.rand(2, 3, 8), return_attention_scores=True)
-    >>> scores.shape
+    >>> tuple(scores.shape)
     (2, 2, 5, 3)
 
     References:

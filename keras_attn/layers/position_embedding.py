@@ -37,7 +37,7 @@ class PositionEmbedding(keras.layers.Layer):
 
     >>> import numpy as np
     >>> layer = PositionEmbedding(max_sequence_length=16)
-    >>> layer(np.zeros((2, 5, 8), "float32")).shape
+    >>> tuple(layer(np.zeros((2, 5, 8), "float32")).shape)
     (2, 5, 8)
     """
 

@@ -135,7 +135,7 @@ def scaled_dot_product_attention(
     >>> out, probs = scaled_dot_product_attention(
     ...     q, k, v, mask=np.tril(np.ones((3, 3), bool)),
     ...     return_attention_scores=True)
-    >>> out.shape, probs.shape
+    >>> tuple(out.shape), tuple(probs.shape)
     ((1, 3, 2, 4), (1, 2, 3, 3))
     >>> [float(p) for p in probs[0, 0, 1]]
     [0.5, 0.5, 0.0]

@@ -38,7 +38,7 @@ def sinusoidal_positional_encoding(
 
     >>> table = sinusoidal_positional_encoding(3, 4)
     >>> [round(float(v), 4) for v in table[1]]
-    [0.8415, 0.5403, 0.01, 1.0]
+    [0.8415, 0.5403, 0.01, 0.9999]
     """
     _check_depth(depth)
     # `length` may be a tensor (a dynamic sequence length); check it when static.
@@ -93,7 +93,7 @@ class SinusoidalPositionalEncoding(keras.layers.Layer):
 
     >>> import numpy as np
     >>> x = np.zeros((2, 5, 8), "float32")
-    >>> SinusoidalPositionalEncoding()(x).shape
+    >>> tuple(SinusoidalPositionalEncoding()(x).shape)
     (2, 5, 8)
 
     References:

@@ -178,7 +178,7 @@ class TransformerBlock(ResidualSublayers, keras.layers.Layer):
 
     >>> import numpy as np
     >>> block = TransformerBlock(num_heads=2, intermediate_dim=32, norm_position="pre")
-    >>> block(np.ones((2, 5, 8), "float32")).shape
+    >>> tuple(block(np.ones((2, 5, 8), "float32")).shape)
     (2, 5, 8)
 
     References:

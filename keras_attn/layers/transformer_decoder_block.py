@@ -56,7 +56,7 @@ class TransformerDecoderBlock(ResidualSublayers, keras.layers.Layer):
 
     >>> import numpy as np
     >>> block = TransformerDecoderBlock(num_heads=2, intermediate_dim=32)
-    >>> block(np.ones((2, 4, 8), "float32"), np.ones((2, 6, 8), "float32")).shape
+    >>> tuple(block(np.ones((2, 4, 8), "float32"), np.ones((2, 6, 8), "float32")).shape)
     (2, 4, 8)
 
     References:

@@ -1,0 +1,5 @@
+"""Deployment formats. TensorFlow is imported only when a function here runs."""
+
+from keras_attn.export.saved_model import export_saved_model
+
+__all__ = ["export_saved_model"]

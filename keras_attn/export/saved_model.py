@@ -1,0 +1,72 @@
+"""SavedModel export with a serving signature that takes any batch size and,
+where the model allows it, any sequence length."""
+
+import os
+import shutil
+import tempfile
+
+
+def _default_signature(model):
+    import tensorflow as tf
+
+    specs = [
+        tf.TensorSpec((None,) + tuple(x.shape[1:]), x.dtype, name=x.name)
+        for x in model.inputs
+    ]
+    return specs
+
+
+def export_saved_model(model, path, input_signature=None, endpoint_name="serve"):
+    """Writes `model` as a TensorFlow SavedModel at `path`, atomically.
+
+    The model is written into a temporary directory beside `path` and renamed
+    into place, so a crash never leaves a half-written model where a server
+    would load it; an existing model at `path` is replaced only once the new
+    one is complete.
+
+    Args:
+        model: a Keras model (functional models keep their input names).
+        path: the SavedModel directory.
+        input_signature: a list of `tf.TensorSpec`, one per model input.
+            Defaults to the model's inputs with the batch dim left free; dims
+            that are None in the model's `keras.Input` (a sequence length)
+            stay free too.
+        endpoint_name: the serving function's name.
+
+    Returns:
+        `path`. Load it with `tf.saved_model.load(path)` and call
+        `loaded.serve(...)` (or `loaded.signatures["serving_default"]`).
+    """
+    import keras
+
+    if input_signature is None:
+        input_signature = _default_signature(model)
+    path = os.path.abspath(os.fspath(path))
+    parent = os.path.dirname(path)
+    os.makedirs(parent, exist_ok=True)
+    staging = tempfile.mkdtemp(prefix=".export-", dir=parent)
+    try:
+        archive = keras.export.ExportArchive()
+        archive.track(model)
+        signature = input_signature
+        if len(model.inputs) > 1:
+            # One positional argument per input, in the model's input order.
+            def serve(*inputs):
+                return model(list(inputs), training=False)
+        else:
+            def serve(inputs):
+                return model(inputs, training=False)
+        archive.add_endpoint(endpoint_name, serve, input_signature=signature)
+        target = os.path.join(staging, "model")
+        archive.write_out(target, verbose=False)
+        if os.path.exists(path):
+            old = path + ".old"
+            shutil.rmtree(old, ignore_errors=True)
+            os.replace(path, old)
+            os.replace(target, path)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.replace(target, path)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return path

@@ -1,0 +1,42 @@
+import numpy as np
+import pytest
+
+from keras_attn import layers
+from keras_attn import viz
+
+
+def _png_size(path):
+    with open(path, "rb") as handle:
+        header = handle.read(24)
+    assert header[:8] == b"\x89PNG\r\n\x1a\n"
+    return int.from_bytes(header[16:20], "big"), int.from_bytes(header[20:24], "big")
+
+
+def test_positional_encoding_plot(tmp_path):
+    path = tmp_path / "pe.png"
+    figure = viz.plot_positional_encoding(layers.sinusoidal_positional_encoding(50, 32), path=path)
+    width, height = _png_size(path)
+    assert width > 400 and height > 200
+    heat = figure.axes[0].images[0].get_array()
+    np.testing.assert_allclose(heat, layers.sinusoidal_positional_encoding(50, 32), atol=1e-6)
+
+
+def test_attention_heads_plot(tmp_path):
+    block = layers.TransformerBlock(num_heads=3, intermediate_dim=8)
+    _, scores = block(np.random.rand(1, 4, 6).astype("float32"), return_attention_scores=True)
+    path = tmp_path / "heads.png"
+    figure = viz.plot_attention_heads(scores[0], ["a", "b", "c", "d"], path=path)
+    assert _png_size(path)[0] > 200
+    titled = [axis.get_title() for axis in figure.axes if axis.images]
+    assert titled == ["head 0", "head 1", "head 2"]
+    np.testing.assert_allclose(figure.axes[1].images[0].get_array(), np.asarray(scores[0, 1]), atol=1e-6)
+
+
+def test_attention_plot_rejects_mismatched_tokens():
+    with pytest.raises(ValueError, match=r"Received: len\(query_tokens\)=2"):
+        viz.plot_attention_heads(np.ones((2, 3, 3)) / 3, ["a", "b"])
+
+
+def test_attention_plot_rejects_a_batch():
+    with pytest.raises(ValueError, match=r"Received: scores.shape=\(1, 2, 3, 3\)"):
+        viz.plot_attention_heads(np.ones((1, 2, 3, 3)) / 3, ["a", "b", "c"])
