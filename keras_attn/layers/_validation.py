@@ -58,6 +58,15 @@ def check_choice(name, value, choices):
     return value
 
 
+def check_flash_attention(value):
+    if value not in (None, True, False):
+        raise ValueError(
+            "`flash_attention` must be None, True or False. "
+            f"Received: flash_attention={value!r}"
+        )
+    return value
+
+
 def get_activation(name, value):
     """`keras.activations.get` with an error that names the argument."""
     try:

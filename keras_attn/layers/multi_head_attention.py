@@ -3,6 +3,7 @@
 import keras
 from keras import ops
 
+from keras_attn.layers._validation import check_flash_attention
 from keras_attn.layers._validation import check_positive_int
 from keras_attn.layers._validation import check_rate
 from keras_attn.layers._validation import check_static_shape
@@ -131,12 +132,7 @@ class MultiHeadAttention(keras.layers.Layer):
         self.output_dim = check_positive_int(
             "output_dim", output_dim, allow_none=True
         )
-        if flash_attention not in (None, True, False):
-            raise ValueError(
-                "`flash_attention` must be None, True or False. "
-                f"Received: flash_attention={flash_attention!r}"
-            )
-        self.flash_attention = flash_attention
+        self.flash_attention = check_flash_attention(flash_attention)
         self.kernel_initializer = keras.initializers.get(kernel_initializer)
         self.bias_initializer = keras.initializers.get(bias_initializer)
         self.kernel_regularizer = keras.regularizers.get(kernel_regularizer)

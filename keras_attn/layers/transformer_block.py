@@ -3,6 +3,7 @@
 import keras
 
 from keras_attn.layers._validation import check_choice
+from keras_attn.layers._validation import check_flash_attention
 from keras_attn.layers._validation import check_positive_float
 from keras_attn.layers._validation import check_positive_int
 from keras_attn.layers._validation import check_rate
@@ -46,7 +47,7 @@ class ResidualSublayers:
             "layer_norm_epsilon", layer_norm_epsilon
         )
         self.use_bias = bool(use_bias)
-        self.flash_attention = flash_attention
+        self.flash_attention = check_flash_attention(flash_attention)
         self.kernel_initializer = keras.initializers.get(kernel_initializer)
         self.bias_initializer = keras.initializers.get(bias_initializer)
         self.supports_masking = True

@@ -52,11 +52,6 @@ def test_layer_cross_attention_with_scores(tmp_path):
     )
 
 
-def _embedded(tokens, mask_zero):
-    embedding = keras.layers.Embedding(10, 8, mask_zero=mask_zero)
-    return embedding
-
-
 def test_implicit_keras_mask_equals_explicit_mask():
     tokens = np.array([[3, 4, 5, 0, 0], [1, 2, 3, 4, 0]])
     inputs = keras.Input((5,), dtype="int32")

@@ -172,3 +172,8 @@ def test_padding_mask_of_wrong_shape():
     block = TransformerBlock(num_heads=2, intermediate_dim=8)
     with pytest.raises(ValueError, match=r"query_mask.*Received: query_mask.shape=\(2, 4\)"):
         block(rand(2, 5, 8), padding_mask=np.ones((2, 4), bool))
+
+
+def test_bad_flash_attention_flag_at_construction():
+    with pytest.raises(ValueError, match=r"Received: flash_attention='auto'"):
+        TransformerBlock(num_heads=2, intermediate_dim=8, flash_attention="auto")
