@@ -25,7 +25,7 @@ class ClassToken(keras.layers.Layer):
     Example:
 
     >>> import numpy as np
-    >>> ClassToken()(np.ones((2, 4, 8), "float32")).shape
+    >>> tuple(ClassToken()(np.ones((2, 4, 8), "float32")).shape)
     (2, 5, 8)
 
     References:
