@@ -1,5 +1,6 @@
 """Deployment formats. TensorFlow is imported only when a function here runs."""
 
+from keras_attn.export.image_classifier import export_image_classifier
 from keras_attn.export.saved_model import export_saved_model
 
-__all__ = ["export_saved_model"]
+__all__ = ["export_image_classifier", "export_saved_model"]

@@ -16,7 +16,9 @@ def _default_signature(model):
     return specs
 
 
-def export_saved_model(model, path, input_signature=None, endpoint_name="serve"):
+def export_saved_model(
+    model, path, input_signature=None, endpoint_name="serve", serving_fn=None
+):
     """Writes `model` as a TensorFlow SavedModel at `path`, atomically.
 
     The model is written into a temporary directory beside `path` and renamed
@@ -32,6 +34,9 @@ def export_saved_model(model, path, input_signature=None, endpoint_name="serve")
             that are None in the model's `keras.Input` (a sequence length)
             stay free too.
         endpoint_name: the serving function's name.
+        serving_fn: what the endpoint computes, called with one tensor per
+            spec of `input_signature`; defaults to the model's inference
+            call. Use it to add pre- or post-processing (a softmax, a cast).
 
     Returns:
         `path`. Load it with `tf.saved_model.load(path)` and call
@@ -48,15 +53,15 @@ def export_saved_model(model, path, input_signature=None, endpoint_name="serve")
     try:
         archive = keras.export.ExportArchive()
         archive.track(model)
-        signature = input_signature
-        if len(model.inputs) > 1:
-            # One positional argument per input, in the model's input order.
-            def serve(*inputs):
-                return model(list(inputs), training=False)
-        else:
-            def serve(inputs):
-                return model(inputs, training=False)
-        archive.add_endpoint(endpoint_name, serve, input_signature=signature)
+        if serving_fn is None:
+            if len(model.inputs) > 1:
+                # One positional argument per input, in the model's input order.
+                def serving_fn(*inputs):
+                    return model(list(inputs), training=False)
+            else:
+                def serving_fn(inputs):
+                    return model(inputs, training=False)
+        archive.add_endpoint(endpoint_name, serving_fn, input_signature=input_signature)
         target = os.path.join(staging, "model")
         archive.write_out(target, verbose=False)
         if os.path.exists(path):

@@ -1,6 +1,7 @@
 """Reusable attention layers, written with `keras.ops` only (TensorFlow, JAX
 and PyTorch backends)."""
 
+from keras_attn.layers.class_token import ClassToken
 from keras_attn.layers.feed_forward import FeedForward
 from keras_attn.layers.masking import causal_mask
 from keras_attn.layers.multi_head_attention import MultiHeadAttention
@@ -21,6 +22,7 @@ from keras_attn.layers.transformer_block import TransformerBlock
 from keras_attn.layers.transformer_decoder_block import TransformerDecoderBlock
 
 __all__ = [
+    "ClassToken",
     "FeedForward",
     "MultiHeadAttention",
     "PositionEmbedding",

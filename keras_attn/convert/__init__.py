@@ -1,0 +1,1 @@
+"""Importing public checkpoints (Hugging Face safetensors)."""

@@ -1,0 +1,53 @@
+"""Export an image classifier (a ViT) as a SavedModel that serves raw pixels.
+
+The signature `serve` takes uint8 images `(B, S, S, C)` of the model's own
+size and returns the class probabilities `(B, K)` (softmax of the logits);
+the pixel rescaling is inside the model. Needs the TensorFlow backend, or
+JAX with TensorFlow installed (Keras converts through jax2tf).
+
+>>> # export_image_classifier(build_vit(...), "/tmp/vit_savedmodel")
+>>> # tf.saved_model.load("/tmp/vit_savedmodel").serve(images)  # (B, K)
+"""
+
+from keras_attn.export.saved_model import export_saved_model
+
+
+def export_image_classifier(model, path):
+    """Writes `model` to `path` as a SavedModel with a `serve` endpoint.
+
+    Args:
+        model: a Keras model from images `(B, S, S, C)` to logits `(B, K)`,
+            e.g. `build_vit(..., num_classes=K)`.
+        path: the SavedModel directory.
+
+    Returns:
+        `path`.
+    """
+    import tensorflow as tf
+
+    input_shape = tuple(model.input_shape)
+    if len(input_shape) != 4 or None in input_shape[1:]:
+        raise ValueError(
+            "The model must take images of a fixed size, (B, S, S, C). "
+            f"Received: model.input_shape={input_shape}"
+        )
+    output_shape = tuple(model.output_shape)
+    if len(output_shape) != 2:
+        raise ValueError(
+            "The model must return logits (B, K). "
+            f"Received: model.output_shape={output_shape}"
+        )
+    # A ViT backbone also returns (B, D): its pooled features, not logits.
+    vit_config = getattr(model, "vit_config", None)
+    if vit_config is not None and vit_config.num_classes is None:
+        raise ValueError(
+            "The ViT has no classifier head; build it with `num_classes`. "
+            f"Received: num_classes={vit_config.num_classes}"
+        )
+
+    def serve(images):
+        logits = model(tf.cast(images, "float32"), training=False)
+        return tf.nn.softmax(tf.cast(logits, "float32"), axis=-1)
+
+    signature = [tf.TensorSpec((None,) + input_shape[1:], tf.uint8, name="images")]
+    return export_saved_model(model, path, input_signature=signature, serving_fn=serve)

@@ -1,0 +1,1 @@
+"""Model builders: configs, presets and functional `keras.Model`s."""

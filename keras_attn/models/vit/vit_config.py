@@ -1,0 +1,117 @@
+"""`ViTConfig` and the ViT presets.
+
+The presets are the paper's variants at 224 x 224 (196 patches of 16 x 16,
+49 of 32 x 32, 256 of 14 x 14). Parameter counts are those of the Keras model
+with a 1000-class head (`build_vit(name, num_classes=1000).count_params()`);
+the backbone alone is smaller by `1000 * (hidden_dim + 1)`.
+"""
+
+import dataclasses
+
+POOLINGS = ("cls", "gap")
+
+
+@dataclasses.dataclass(frozen=True)
+class ViTConfig:
+    """ViT hyper-parameters; the fields are the arguments of `ViT` / `build_vit`.
+
+    Attributes:
+        image_size: height = width of the input images in pixels.
+        patch_size: side P of the square patches; must divide `image_size`.
+        num_channels: channels of the input images (3 for RGB, 1 for grey).
+        hidden_dim: model width D.
+        num_layers: number of pre-norm encoder blocks L.
+        num_heads: attention heads per block.
+        intermediate_dim: MLP hidden width.
+        dropout: rate after the position embeddings and on every sublayer
+            output.
+        attention_dropout: rate on the attention probabilities.
+        layer_norm_epsilon: LayerNorm epsilon. 1e-6 as in the reference JAX
+            code (`flax.linen.LayerNorm`, big_vision); Hugging Face's ViT
+            checkpoints use 1e-12, which `keras_attn.convert` passes through.
+            The difference is far below float32 noise for trained weights.
+        pooling: `"cls"`: classify from the [CLS] token; `"gap"`: no [CLS]
+            token, mean of the patch tokens (the paper's GAP variant, big_vision
+            `pool_type="gap"`).
+        num_classes: size of the classifier head; None for the backbone, which
+            returns the pooled `(B, D)` representation.
+    """
+
+    image_size: int = 224
+    patch_size: int = 16
+    num_channels: int = 3
+    hidden_dim: int = 768
+    num_layers: int = 12
+    num_heads: int = 12
+    intermediate_dim: int = 3072
+    dropout: float = 0.0
+    attention_dropout: float = 0.0
+    layer_norm_epsilon: float = 1e-6
+    pooling: str = "cls"
+    num_classes: int = None
+
+    @property
+    def grid_size(self):
+        """Patches per side."""
+        return self.image_size // self.patch_size
+
+    @property
+    def num_patches(self):
+        return self.grid_size**2
+
+
+def _variant(hidden_dim, num_layers, num_heads, intermediate_dim, patch_size):
+    return ViTConfig(
+        patch_size=patch_size,
+        hidden_dim=hidden_dim,
+        num_layers=num_layers,
+        num_heads=num_heads,
+        intermediate_dim=intermediate_dim,
+    )
+
+
+VIT_PRESETS = {
+    # Ti/16: Touvron et al. (DeiT) Table 1, "DeiT-Ti". 5,717,416 parameters.
+    "vit_tiny_16": _variant(192, 12, 3, 768, patch_size=16),
+    # S/16: DeiT Table 1, "DeiT-S". 22,050,664 parameters.
+    "vit_small_16": _variant(384, 12, 6, 1536, patch_size=16),
+    # B/16: Dosovitskiy et al. (ViT) Table 1, "ViT-Base" (86M). 86,567,656.
+    "vit_base_16": _variant(768, 12, 12, 3072, patch_size=16),
+    # B/32: ViT Table 1, "ViT-Base" with 32 x 32 patches. 88,224,232.
+    "vit_base_32": _variant(768, 12, 12, 3072, patch_size=32),
+    # L/16: ViT Table 1, "ViT-Large" (307M). 304,326,632.
+    "vit_large_16": _variant(1024, 24, 16, 4096, patch_size=16),
+    # H/14: ViT Table 1, "ViT-Huge" (632M). 632,045,800.
+    "vit_huge_14": _variant(1280, 32, 16, 5120, patch_size=14),
+}
+
+
+def get_vit_config(config):
+    """A `ViTConfig` from a config, a preset name or a dict of fields."""
+    if isinstance(config, ViTConfig):
+        return config
+    if isinstance(config, str):
+        if config not in VIT_PRESETS:
+            raise ValueError(
+                f"Unknown ViT preset {config!r}; valid presets are "
+                f"{sorted(VIT_PRESETS)}. Received: config={config!r}"
+            )
+        return VIT_PRESETS[config]
+    if isinstance(config, dict):
+        return replace_config(ViTConfig(), **config)
+    raise ValueError(
+        "`config` must be a ViTConfig, a preset name or a dict. "
+        f"Received: config={config!r}"
+    )
+
+
+def replace_config(config, **overrides):
+    """`dataclasses.replace` that names an unknown field in its error."""
+    fields = {field.name for field in dataclasses.fields(ViTConfig)}
+    for key in overrides:
+        if key not in fields:
+            raise ValueError(
+                f"Unknown ViT config field {key!r}; valid fields are "
+                f"{sorted(fields)}. Received: {key}={overrides[key]!r}"
+            )
+    return dataclasses.replace(config, **overrides)

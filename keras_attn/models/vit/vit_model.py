@@ -1,0 +1,265 @@
+"""The Vision Transformer as a functional `keras.Model`.
+
+```
+images (B, H, W, C) uint8 or float pixels in [0, 255]
+ -> Rescaling to [-1, 1]                       "rescaling"
+ -> Conv2D P x P, stride P                     "patch_embedding"   (B, H/P, W/P, D)
+ -> Reshape                                    "patch_flatten"     (B, T, D)
+ -> prepend [CLS] (pooling="cls")              "class_token"       (B, 1 + T, D)
+ -> + learned positions                        "position_embedding"
+ -> Dropout                                    "embedding_dropout"
+ -> L x pre-norm TransformerBlock (GELU)       "transformer_block_{i}"
+ -> LayerNorm                                  "final_layer_norm"
+ -> [CLS] vector or mean of the patch tokens   "pooling"           (B, D)
+ -> Dense (num_classes given)                  "classifier"        (B, K) logits
+```
+"""
+
+import dataclasses
+
+import keras
+from keras import ops
+
+from keras_attn.layers._validation import check_choice
+from keras_attn.layers._validation import check_positive_float
+from keras_attn.layers._validation import check_positive_int
+from keras_attn.layers._validation import check_rate
+from keras_attn.layers.class_token import ClassToken
+from keras_attn.layers.position_embedding import PositionEmbedding
+from keras_attn.layers.transformer_block import TransformerBlock
+from keras_attn.models.vit.vit_config import POOLINGS
+from keras_attn.models.vit.vit_config import ViTConfig
+from keras_attn.models.vit.vit_config import get_vit_config
+from keras_attn.models.vit.vit_config import replace_config
+
+
+def _check_config(config):
+    check_positive_int("image_size", config.image_size)
+    check_positive_int("patch_size", config.patch_size)
+    check_positive_int("num_channels", config.num_channels)
+    check_positive_int("hidden_dim", config.hidden_dim)
+    check_positive_int("num_layers", config.num_layers)
+    check_positive_int("num_heads", config.num_heads)
+    check_positive_int("intermediate_dim", config.intermediate_dim)
+    check_rate("dropout", config.dropout)
+    check_rate("attention_dropout", config.attention_dropout)
+    check_positive_float("layer_norm_epsilon", config.layer_norm_epsilon)
+    check_choice("pooling", config.pooling, POOLINGS)
+    check_positive_int("num_classes", config.num_classes, allow_none=True)
+    if config.image_size % config.patch_size:
+        raise ValueError(
+            "`patch_size` must divide `image_size` (the image is cut into "
+            "whole patches). Received: "
+            f"image_size={config.image_size}, patch_size={config.patch_size}"
+        )
+    if config.hidden_dim % config.num_heads:
+        raise ValueError(
+            "`num_heads` must divide `hidden_dim`. Received: "
+            f"hidden_dim={config.hidden_dim}, num_heads={config.num_heads}"
+        )
+
+
+class _Pooling(keras.layers.Layer):
+    """The image vector: the [CLS] output, or the mean over the tokens.
+
+    Private: only `ViT` builds it, and `ViT.get_config` rebuilds it from the
+    model's own arguments.
+    """
+
+    def __init__(self, pooling, **kwargs):
+        super().__init__(**kwargs)
+        self.pooling = pooling
+
+    def call(self, inputs):
+        if self.pooling == "cls":
+            return inputs[:, 0, :]  # (B, D)
+        return ops.mean(inputs, axis=1)  # (B, D)
+
+    def compute_output_shape(self, inputs_shape):
+        return (inputs_shape[0], inputs_shape[2])
+
+    def get_config(self):
+        config = super().get_config()
+        config["pooling"] = self.pooling
+        return config
+
+
+@keras.saving.register_keras_serializable(package="keras_attn")
+class ViT(keras.Model):
+    """Vision Transformer: images in, `(B, num_classes)` logits (or the
+    pooled `(B, hidden_dim)` representation when `num_classes` is None) out.
+
+    The input takes raw pixel values in [0, 255] (uint8 or float); the
+    rescaling to [-1, 1] (the reference ViT and Hugging Face preprocessing,
+    mean = std = 0.5) is the model's first layer, so an exported model takes
+    raw pixels. The arguments are the fields of `ViTConfig`; prefer
+    `build_vit("vit_base_16", num_classes=...)`.
+
+    Example:
+
+    >>> import numpy as np
+    >>> model = ViT(image_size=32, patch_size=8, hidden_dim=16, num_layers=2,
+    ...             num_heads=2, intermediate_dim=32, num_classes=10)
+    >>> tuple(model(np.zeros((2, 32, 32, 3), "uint8")).shape)
+    (2, 10)
+
+    References:
+        Dosovitskiy et al., "An Image is Worth 16x16 Words: Transformers for
+        Image Recognition at Scale", ICLR 2021, section 3.1 and Table 1.
+    """
+
+    def __init__(
+        self,
+        image_size=224,
+        patch_size=16,
+        num_channels=3,
+        hidden_dim=768,
+        num_layers=12,
+        num_heads=12,
+        intermediate_dim=3072,
+        dropout=0.0,
+        attention_dropout=0.0,
+        layer_norm_epsilon=1e-6,
+        pooling="cls",
+        num_classes=None,
+        dtype=None,
+        **kwargs,
+    ):
+        config = ViTConfig(
+            image_size=image_size,
+            patch_size=patch_size,
+            num_channels=num_channels,
+            hidden_dim=hidden_dim,
+            num_layers=num_layers,
+            num_heads=num_heads,
+            intermediate_dim=intermediate_dim,
+            dropout=dropout,
+            attention_dropout=attention_dropout,
+            layer_norm_epsilon=layer_norm_epsilon,
+            pooling=pooling,
+            num_classes=num_classes,
+        )
+        _check_config(config)
+        grid, width = config.grid_size, config.hidden_dim
+        num_tokens = config.num_patches + (1 if pooling == "cls" else 0)
+
+        # === Layers ===
+        rescaling = keras.layers.Rescaling(
+            scale=1.0 / 127.5, offset=-1.0, dtype=dtype, name="rescaling"
+        )
+        patch_embedding = keras.layers.Conv2D(
+            width,
+            kernel_size=patch_size,
+            strides=patch_size,
+            padding="valid",
+            kernel_initializer="lecun_normal",
+            dtype=dtype,
+            name="patch_embedding",
+        )
+        patch_flatten = keras.layers.Reshape(
+            (grid * grid, width), dtype=dtype, name="patch_flatten"
+        )
+        class_token = ClassToken(dtype=dtype, name="class_token")
+        position_embedding = PositionEmbedding(
+            num_tokens,
+            initializer=keras.initializers.RandomNormal(stddev=0.02),
+            dtype=dtype,
+            name="position_embedding",
+        )
+        add_positions = keras.layers.Add(dtype=dtype, name="add_position_embedding")
+        embedding_dropout = keras.layers.Dropout(
+            dropout, dtype=dtype, name="embedding_dropout"
+        )
+        blocks = [
+            TransformerBlock(
+                num_heads=num_heads,
+                intermediate_dim=intermediate_dim,
+                norm_position="pre",
+                activation="gelu",
+                dropout=dropout,
+                attention_dropout=attention_dropout,
+                layer_norm_epsilon=layer_norm_epsilon,
+                dtype=dtype,
+                name=f"transformer_block_{i}",
+            )
+            for i in range(num_layers)
+        ]
+        final_layer_norm = keras.layers.LayerNormalization(
+            epsilon=layer_norm_epsilon, dtype=dtype, name="final_layer_norm"
+        )
+        pool = _Pooling(pooling, dtype=dtype, name="pooling")
+
+        # === Functional Model ===
+        # Any dtype is accepted and cast to float by the rescaling layer; the
+        # declared float32 keeps uint8 pixels exact.
+        images = keras.Input(
+            shape=(image_size, image_size, num_channels), name="images"
+        )
+        x = rescaling(images)
+        x = patch_embedding(x)  # (B, H/P, W/P, D)
+        x = patch_flatten(x)  # (B, T, D), T = (H/P) * (W/P)
+        if pooling == "cls":
+            x = class_token(x)  # (B, 1 + T, D)
+        x = add_positions([x, position_embedding(x)])
+        x = embedding_dropout(x)
+        for block in blocks:
+            x = block(x)
+        x = final_layer_norm(x)
+        outputs = pool(x)  # (B, D)
+        if num_classes is not None:
+            outputs = keras.layers.Dense(
+                num_classes,
+                # A zero head (as in the reference code) starts training from
+                # uniform predictions.
+                kernel_initializer="zeros",
+                dtype=dtype,
+                name="classifier",
+            )(outputs)
+        super().__init__(inputs=images, outputs=outputs, dtype=dtype, **kwargs)
+
+        # === Config ===
+        self.vit_config = config
+
+    def get_config(self):
+        return {
+            "name": self.name,
+            "trainable": self.trainable,
+            "dtype": keras.saving.serialize_keras_object(self.dtype_policy),
+            **dataclasses.asdict(self.vit_config),
+        }
+
+    @classmethod
+    def from_config(cls, config):
+        config = dict(config)
+        if isinstance(config.get("dtype"), dict):
+            config["dtype"] = keras.saving.deserialize_keras_object(config["dtype"])
+        return cls(**config)
+
+
+def build_vit(config, num_classes=None, **overrides):
+    """Builds a `ViT` from a `ViTConfig`, a preset name or a dict.
+
+    Args:
+        config: a `ViTConfig`, a name from `VIT_PRESETS` (`"vit_base_16"`) or a
+            dict of `ViTConfig` fields.
+        num_classes: size of the classifier head; overrides the config's.
+            None keeps the config's (None there too: the backbone).
+        **overrides: `ViTConfig` fields to change (`image_size=384`,
+            `num_channels=1`, `dtype` is not a field: use
+            `keras.config.set_dtype_policy`).
+
+    Returns:
+        A `ViT` (a functional `keras.Model`).
+
+    Example:
+
+    >>> model = build_vit("vit_tiny_16", num_classes=10, image_size=32,
+    ...                   patch_size=8, num_layers=1)
+    >>> model.output_shape
+    (None, 10)
+    """
+    config = get_vit_config(config)
+    if num_classes is not None:
+        overrides["num_classes"] = num_classes
+    config = replace_config(config, **overrides)
+    return ViT(**dataclasses.asdict(config))

@@ -1,0 +1,69 @@
+import numpy as np
+import pytest
+import torch
+import transformers
+
+from keras_attn.convert.vit import load_hf_vit
+from keras_attn.convert.vit import vit_config_from_hf
+from test_case import to_numpy
+
+pytestmark = pytest.mark.large
+
+
+def hf_config(**overrides):
+    # Non-default image and patch sizes, and a grey image: every shape differs.
+    fields = dict(
+        image_size=30, patch_size=6, num_channels=2, hidden_size=16,
+        num_hidden_layers=2, num_attention_heads=4, intermediate_size=24,
+        hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0,
+    )
+    fields.update(overrides)
+    return transformers.ViTConfig(**fields)
+
+
+def random_hf(cls, config):
+    torch.manual_seed(0)
+    model = cls(config).eval()
+    with torch.no_grad():  # non-trivial values everywhere, cls token included
+        for param in model.parameters():
+            param.normal_(0.0, 0.2)
+    return model
+
+
+def pixels(seed=0):
+    return np.random.default_rng(seed).integers(0, 256, (3, 30, 30, 2)).astype("uint8")
+
+
+def hf_inputs(images):
+    normalized = images.astype("float32") / 127.5 - 1.0
+    return torch.from_numpy(normalized.transpose(0, 3, 1, 2).copy())
+
+
+def test_classifier_logits_match(tmp_path):
+    config = hf_config(num_labels=5)
+    hf = random_hf(transformers.ViTForImageClassification, config)
+    hf.save_pretrained(tmp_path, safe_serialization=True)
+    model = load_hf_vit(str(tmp_path))
+    assert model.vit_config.layer_norm_epsilon == 1e-12
+    images = pixels()
+    with torch.no_grad():
+        expected = hf(pixel_values=hf_inputs(images)).logits.numpy()
+    got = to_numpy(model(images))
+    assert got.shape == (3, 5)
+    np.testing.assert_allclose(got, expected, atol=1e-4)
+
+
+def test_backbone_cls_output_matches(tmp_path):
+    hf = random_hf(transformers.ViTModel, hf_config())
+    hf.save_pretrained(tmp_path, safe_serialization=True)
+    model = load_hf_vit(str(tmp_path))
+    assert model.vit_config.num_classes is None
+    images = pixels(1)
+    with torch.no_grad():
+        expected = hf(pixel_values=hf_inputs(images)).last_hidden_state[:, 0].numpy()
+    np.testing.assert_allclose(to_numpy(model(images)), expected, atol=1e-4)
+
+
+def test_unsupported_activation_is_rejected():
+    with pytest.raises(ValueError, match=r"Received: hidden_act='relu'"):
+        vit_config_from_hf(hf_config(hidden_act="relu").to_dict())

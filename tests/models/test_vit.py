@@ -1,0 +1,277 @@
+import dataclasses
+
+import keras
+import numpy as np
+import pytest
+
+from keras_attn.models.vit import VIT_PRESETS
+from keras_attn.models.vit import ViT
+from keras_attn.models.vit import ViTConfig
+from keras_attn.models.vit import build_vit
+from keras_attn.models.vit import get_vit_config
+from keras_attn.models.vit import interpolate_position_embeddings
+from keras_attn.models.vit import resize_vit
+from test_case import to_numpy
+
+TINY = dict(
+    image_size=32, patch_size=8, hidden_dim=16, num_layers=2, num_heads=2,
+    intermediate_dim=32,
+)
+
+
+def tiny(**overrides):
+    return build_vit(ViTConfig(**{**TINY, **overrides}))
+
+
+def images(batch=2, size=32, channels=3, dtype="uint8", seed=0):
+    rng = np.random.default_rng(seed)
+    return rng.integers(0, 256, (batch, size, size, channels)).astype(dtype)
+
+
+@pytest.mark.parametrize("name", sorted(VIT_PRESETS))
+def test_every_preset_shrunk_builds_and_runs(name):
+    preset = VIT_PRESETS[name]
+    # Keep the preset's patch size, heads and MLP ratio; shrink the rest.
+    model = build_vit(
+        name,
+        num_classes=3,
+        hidden_dim=4 * preset.num_heads,
+        intermediate_dim=16 * preset.num_heads,
+        num_layers=2,
+        image_size=2 * preset.patch_size,
+    )
+    logits = to_numpy(model(images(size=2 * preset.patch_size)))
+    assert logits.shape == (2, 3)
+    assert np.all(np.isfinite(logits))
+    # 2 x 2 patches + [CLS].
+    assert model.get_layer("position_embedding").max_sequence_length == 5
+
+
+def test_preset_fields():
+    base = VIT_PRESETS["vit_base_16"]
+    assert (base.hidden_dim, base.num_layers, base.num_heads, base.intermediate_dim) == (
+        768, 12, 12, 3072,
+    )
+    assert VIT_PRESETS["vit_huge_14"].patch_size == 14
+    assert all(config.image_size == 224 for config in VIT_PRESETS.values())
+
+
+@pytest.mark.large
+def test_vit_base_16_parameter_counts():
+    assert build_vit("vit_base_16", num_classes=1000).count_params() == 86_567_656
+    assert build_vit("vit_base_16").count_params() == 85_798_656
+
+
+def test_output_shapes_and_layer_names():
+    model = tiny(num_classes=7)
+    assert model.output_shape == (None, 7)
+    for name in ("rescaling", "patch_embedding", "class_token", "position_embedding",
+                 "transformer_block_0", "transformer_block_1", "final_layer_norm",
+                 "classifier"):
+        model.get_layer(name)
+    conv = model.get_layer("patch_embedding")
+    assert conv.kernel_size == (8, 8) and conv.strides == (8, 8)
+    block = model.get_layer("transformer_block_1")
+    assert block.norm_position == "pre" and block.activation.__name__ == "gelu"
+    backbone = tiny()
+    assert backbone.output_shape == (None, 16)
+
+
+def test_fit_step_on_tiny_data():
+    model = tiny(num_classes=4, dropout=0.1, attention_dropout=0.1)
+    model.compile(
+        optimizer=keras.optimizers.Adam(1e-3),
+        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+    )
+    x, y = images(batch=8), np.arange(8) % 4
+    before = [to_numpy(w).copy() for w in model.trainable_weights]
+    history = model.fit(x, y, batch_size=4, epochs=1, verbose=0)
+    assert np.isfinite(history.history["loss"][-1])
+    after = [to_numpy(w) for w in model.trainable_weights]
+    assert any(not np.array_equal(a, b) for a, b in zip(before, after))
+
+
+def test_uint8_and_float_pixels_agree():
+    model = tiny(num_classes=3)
+    pixels = images()
+    np.testing.assert_allclose(
+        to_numpy(model(pixels)), to_numpy(model(pixels.astype("float32"))), atol=1e-6
+    )
+
+
+def test_rescaling_maps_pixels_to_minus_one_one():
+    out = to_numpy(tiny().get_layer("rescaling")(np.array([0.0, 127.5, 255.0])))
+    np.testing.assert_allclose(out, [-1.0, 0.0, 1.0], atol=1e-6)
+
+
+@pytest.mark.parametrize("channels", [1, 2, 4])
+def test_any_channel_count(channels):
+    model = tiny(num_channels=channels, num_classes=2)
+    assert model(images(channels=channels)).shape == (2, 2)
+
+
+def test_gap_pooling_has_no_class_token():
+    model = tiny(pooling="gap", num_classes=3)
+    assert "class_token" not in [layer.name for layer in model.layers]
+    assert model.get_layer("position_embedding").max_sequence_length == 16
+    assert model(images()).shape == (2, 3)
+
+
+def test_cls_pooling_reads_the_first_token():
+    model = tiny()
+    features = keras.Model(model.input, model.get_layer("final_layer_norm").output)
+    np.testing.assert_allclose(
+        to_numpy(model(images())), to_numpy(features(images()))[:, 0], atol=1e-6
+    )
+
+
+def test_config_round_trip_and_keras_file(tmp_path):
+    model = tiny(num_classes=3, dropout=0.2, pooling="gap", layer_norm_epsilon=1e-5)
+    config = model.get_config()
+    assert dataclasses.asdict(model.vit_config).items() <= config.items()
+    revived = ViT.from_config(config)
+    assert revived.get_config() == config
+    path = tmp_path / "vit.keras"
+    model.save(path)
+    reloaded = keras.saving.load_model(path)
+    assert type(reloaded) is ViT
+    np.testing.assert_allclose(
+        to_numpy(model(images())), to_numpy(reloaded(images())), atol=1e-6
+    )
+
+
+def test_config_dict_and_overrides():
+    model = build_vit({**TINY, "num_classes": 5}, num_channels=1)
+    assert model.vit_config.num_channels == 1
+    assert model.output_shape == (None, 5)
+    assert build_vit(model.vit_config, num_classes=2).output_shape == (None, 2)
+
+
+def test_mixed_precision():
+    keras.config.set_dtype_policy("mixed_bfloat16")
+    model = tiny(num_classes=3)
+    assert model(images()).dtype == "bfloat16"
+    assert all(w.dtype == "float32" for w in model.weights)
+
+
+# === Errors ===
+
+
+def test_unknown_preset():
+    with pytest.raises(ValueError, match=r"'vit_mega_16'.*vit_base_16.*Received: config='vit_mega_16'"):
+        build_vit("vit_mega_16")
+
+
+def test_unknown_override_key():
+    with pytest.raises(ValueError, match=r"'hidden_size'.*Received: hidden_size=8"):
+        build_vit("vit_tiny_16", hidden_size=8)
+
+
+def test_bad_config_type():
+    with pytest.raises(ValueError, match=r"Received: config=3"):
+        get_vit_config(3)
+
+
+def test_patch_size_must_divide_image_size():
+    with pytest.raises(ValueError, match=r"Received: image_size=30, patch_size=8"):
+        tiny(image_size=30)
+
+
+def test_num_heads_must_divide_hidden_dim():
+    with pytest.raises(ValueError, match=r"Received: hidden_dim=16, num_heads=3"):
+        tiny(num_heads=3)
+
+
+def test_bad_pooling():
+    with pytest.raises(ValueError, match=r"Received: pooling='max'"):
+        tiny(pooling="max")
+
+
+def test_bad_num_classes():
+    with pytest.raises(ValueError, match=r"Received: num_classes=0"):
+        tiny(num_classes=0)
+
+
+def test_wrong_image_shape_is_rejected():
+    with pytest.raises(ValueError):
+        tiny()(images(size=40))
+
+
+# === Resolution change ===
+
+
+def numpy_bilinear(grid, new_size):
+    """Half-pixel-centre bilinear resize of a (g, g, D) grid, one axis at a time."""
+
+    def along(x, axis):
+        old = x.shape[axis]
+        coords = np.clip((np.arange(new_size) + 0.5) * old / new_size - 0.5, 0, old - 1)
+        low = np.floor(coords).astype(int)
+        high = np.minimum(low + 1, old - 1)
+        frac = (coords - low).reshape([-1 if a == axis else 1 for a in range(x.ndim)])
+        return np.take(x, low, axis) * (1 - frac) + np.take(x, high, axis) * frac
+
+    return along(along(grid, 0), 1)
+
+
+@pytest.mark.parametrize("new_grid", [5, 3])
+def test_interpolation_matches_numpy(new_grid):
+    rng = np.random.default_rng(0)
+    table = rng.normal(size=(1 + 4 * 4, 3)).astype("float32")
+    out = to_numpy(interpolate_position_embeddings(table, 4, new_grid))
+    assert out.shape == (1 + new_grid**2, 3)
+    np.testing.assert_array_equal(out[0], table[0])
+    expected = numpy_bilinear(table[1:].reshape(4, 4, 3), new_grid)
+    np.testing.assert_allclose(out[1:].reshape(new_grid, new_grid, 3), expected, atol=1e-5)
+
+
+def test_interpolation_without_prefix_and_bicubic():
+    table = np.random.default_rng(1).normal(size=(9, 2)).astype("float32")
+    out = to_numpy(
+        interpolate_position_embeddings(table, 3, 6, num_prefix_tokens=0, interpolation="bicubic")
+    )
+    assert out.shape == (36, 2) and np.all(np.isfinite(out))
+    # A constant grid stays constant whatever the kernel.
+    flat = np.ones((9, 2), "float32")
+    np.testing.assert_allclose(
+        to_numpy(interpolate_position_embeddings(flat, 3, 5, 0, "bicubic")), 1.0, atol=1e-5
+    )
+
+
+def test_interpolation_rejects_a_table_of_the_wrong_size():
+    with pytest.raises(ValueError, match=r"Received: table.shape=\(10, 2\)"):
+        interpolate_position_embeddings(np.zeros((10, 2)), 4, 2)
+
+
+def test_resize_to_the_same_size_is_an_identity():
+    model = tiny(num_classes=3)
+    same = resize_vit(model, 32)
+    np.testing.assert_allclose(to_numpy(model(images())), to_numpy(same(images())), atol=1e-6)
+
+
+@pytest.mark.parametrize("pooling", ["cls", "gap"])
+def test_resize_to_a_new_size(pooling):
+    model = tiny(num_classes=3, pooling=pooling)
+    bigger = resize_vit(model, 48)
+    assert bigger.vit_config.image_size == 48
+    assert to_numpy(bigger(images(size=48))).shape == (2, 3)
+    assert np.all(np.isfinite(to_numpy(bigger(images(size=48)))))
+    old = to_numpy(model.get_layer("position_embedding").position_embeddings)
+    new = to_numpy(bigger.get_layer("position_embedding").position_embeddings)
+    prefix = 1 if pooling == "cls" else 0
+    assert new.shape == (prefix + 36, 16)
+    np.testing.assert_array_equal(new[:prefix], old[:prefix])  # the [CLS] row
+    np.testing.assert_array_equal(
+        to_numpy(bigger.get_layer("classifier").kernel),
+        to_numpy(model.get_layer("classifier").kernel),
+    )
+
+
+def test_resize_rejects_bad_sizes_and_models():
+    model = tiny()
+    with pytest.raises(ValueError, match=r"Received: image_size=36, patch_size=8"):
+        resize_vit(model, 36)
+    with pytest.raises(ValueError, match=r"Received: model=Sequential"):
+        resize_vit(keras.Sequential([keras.layers.Dense(2)]), 32)
+    with pytest.raises(ValueError, match=r"Received: interpolation='nearest'"):
+        resize_vit(model, 48, interpolation="nearest")
