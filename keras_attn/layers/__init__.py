@@ -2,10 +2,17 @@
 and PyTorch backends)."""
 
 from keras_attn.layers.class_token import ClassToken
+from keras_attn.layers.conformer_block import ConformerBlock
+from keras_attn.layers.conformer_conv_module import ConformerConvModule
+from keras_attn.layers.conv_subsampling import ConvSubsampling
+from keras_attn.layers.conv_subsampling import subsampled_length
 from keras_attn.layers.feed_forward import FeedForward
 from keras_attn.layers.masking import causal_mask
 from keras_attn.layers.multi_head_attention import MultiHeadAttention
 from keras_attn.layers.position_embedding import PositionEmbedding
+from keras_attn.layers.relative_multi_head_attention import (
+    RelativeMultiHeadAttention,
+)
 from keras_attn.layers.scaled_dot_product_attention import (
     fused_dot_product_attention,
 )
@@ -18,19 +25,26 @@ from keras_attn.layers.sinusoidal_positional_encoding import (
 from keras_attn.layers.sinusoidal_positional_encoding import (
     sinusoidal_positional_encoding,
 )
+from keras_attn.layers.spec_augment import SpecAugment
 from keras_attn.layers.transformer_block import TransformerBlock
 from keras_attn.layers.transformer_decoder_block import TransformerDecoderBlock
 
 __all__ = [
     "ClassToken",
+    "ConformerBlock",
+    "ConformerConvModule",
+    "ConvSubsampling",
     "FeedForward",
     "MultiHeadAttention",
     "PositionEmbedding",
+    "RelativeMultiHeadAttention",
     "SinusoidalPositionalEncoding",
+    "SpecAugment",
     "TransformerBlock",
     "TransformerDecoderBlock",
     "causal_mask",
     "fused_dot_product_attention",
     "scaled_dot_product_attention",
     "sinusoidal_positional_encoding",
+    "subsampled_length",
 ]

@@ -98,6 +98,7 @@ def scaled_dot_product_attention(
     value,
     mask=None,
     scale=None,
+    bias=None,
     dropout=0.0,
     training=False,
     seed_generator=None,
@@ -119,6 +120,9 @@ def scaled_dot_product_attention(
             `(B, N, T, S)`; rank 2 `(T, S)` and rank 3 `(B, T, S)` masks are
             accepted and broadcast over heads.
         scale: multiplier of the logits; defaults to `1 / sqrt(H)`.
+        bias: optional additive logits broadcastable to `(B, N, T, S)`,
+            added after scaling (relative-position terms); masking still
+            replaces masked logits, so a bias never un-masks a key.
         dropout: dropout rate on the attention probabilities (training only).
         training: whether dropout is active.
         seed_generator: a `keras.random.SeedGenerator` for the dropout.
@@ -156,6 +160,8 @@ def scaled_dot_product_attention(
     logits = ops.einsum("btnh,bsnh->bnts", query, key)  # (B, N, T, S)
     softmax_dtype = "float64" if logits.dtype == "float64" else "float32"
     logits = ops.cast(logits, softmax_dtype)
+    if bias is not None:
+        logits = logits + ops.cast(bias, softmax_dtype)
     if mask is not None:
         logits = ops.where(mask, logits, ops.cast(_MASKED_LOGIT, softmax_dtype))
     probs = ops.softmax(logits, axis=-1)

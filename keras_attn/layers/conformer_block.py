@@ -1,0 +1,173 @@
+"""The Conformer block: two half-step feed-forwards around attention and convolution."""
+
+import keras
+
+from keras_attn.layers._validation import check_positive_float
+from keras_attn.layers._validation import check_positive_int
+from keras_attn.layers._validation import check_rate
+from keras_attn.layers.conformer_conv_module import ConformerConvModule
+from keras_attn.layers.feed_forward import FeedForward
+from keras_attn.layers.masking import get_keras_mask
+from keras_attn.layers.relative_multi_head_attention import RelativeMultiHeadAttention
+
+
+@keras.saving.register_keras_serializable(package="keras_attn")
+class ConformerBlock(keras.layers.Layer):
+    """A macaron of feed-forward halves around self-attention and convolution.
+
+    ```
+    x -> x + 1/2 FFN(LN(x))                  FFN: Dense(4D) Swish Drop Dense(D) Drop
+      -> x + Drop(RelMHSA(LN(x)))            relative sinusoidal positions
+      -> x + Conv(x)                         ConformerConvModule (LN inside)
+      -> x + 1/2 FFN(LN(x))
+      -> LN(x)
+    ```
+
+    Args:
+        num_heads: attention heads.
+        intermediate_dim: feed-forward hidden width; defaults to 4 x width.
+        kernel_size: depthwise kernel of the convolution module.
+        dropout: dropout in every module (feed-forward, attention output,
+            convolution module).
+        attention_dropout: dropout on the attention probabilities.
+        conv_expansion: channel expansion of the convolution module.
+        layer_norm_epsilon: epsilon of every LayerNorm.
+        kernel_initializer: initializer of the dense kernels.
+        **kwargs: base layer arguments.
+
+    Call arguments:
+        inputs: `(B, T, D)`.
+        padding_mask: `(B, T)`; defaults to the implicit Keras mask.
+        training: whether dropout is active and BatchNorm uses batch statistics.
+        return_attention_scores: also return the scores `(B, N, T, T)`.
+
+    Returns:
+        `(B, T, D)`, and the scores if asked for.
+
+    Example:
+
+    >>> import numpy as np
+    >>> block = ConformerBlock(num_heads=2, kernel_size=3)
+    >>> tuple(block(np.ones((2, 6, 8), "float32")).shape)
+    (2, 6, 8)
+
+    References:
+        Gulati et al., "Conformer: Convolution-augmented Transformer for
+        Speech Recognition", 2020, section 2 and equation 1.
+    """
+
+    def __init__(
+        self,
+        num_heads,
+        intermediate_dim=None,
+        kernel_size=31,
+        dropout=0.1,
+        attention_dropout=0.0,
+        conv_expansion=2,
+        layer_norm_epsilon=1e-5,
+        kernel_initializer="glorot_uniform",
+        **kwargs,
+    ):
+        super().__init__(**kwargs)
+        self.num_heads = check_positive_int("num_heads", num_heads)
+        self.intermediate_dim = check_positive_int(
+            "intermediate_dim", intermediate_dim, allow_none=True
+        )
+        self.kernel_size = check_positive_int("kernel_size", kernel_size)
+        self.dropout = check_rate("dropout", dropout)
+        self.attention_dropout = check_rate("attention_dropout", attention_dropout)
+        self.conv_expansion = check_positive_int("conv_expansion", conv_expansion)
+        self.layer_norm_epsilon = check_positive_float("layer_norm_epsilon", layer_norm_epsilon)
+        self.kernel_initializer = keras.initializers.get(kernel_initializer)
+        self.supports_masking = True
+
+    def build(self, inputs_shape):
+        width = inputs_shape[-1]
+
+        def layer_norm(name):
+            layer = keras.layers.LayerNormalization(
+                epsilon=self.layer_norm_epsilon, dtype=self.dtype_policy, name=name
+            )
+            layer.build(inputs_shape)
+            return layer
+
+        def feed_forward(name):
+            layer = FeedForward(
+                self.intermediate_dim or 4 * width,
+                activation="silu",
+                dropout=self.dropout,
+                activation_dropout=self.dropout,
+                kernel_initializer=self.kernel_initializer,
+                dtype=self.dtype_policy,
+                name=name,
+            )
+            layer.build(inputs_shape)
+            return layer
+
+        # === Layers ===
+        self.feed_forward_1_layer_norm = layer_norm("feed_forward_1_layer_norm")
+        self.feed_forward_1 = feed_forward("feed_forward_1")
+        self.self_attention_layer_norm = layer_norm("self_attention_layer_norm")
+        self.self_attention = RelativeMultiHeadAttention(
+            self.num_heads,
+            dropout=self.attention_dropout,
+            kernel_initializer=self.kernel_initializer,
+            dtype=self.dtype_policy,
+            name="self_attention",
+        )
+        self.self_attention.build(inputs_shape)
+        self.self_attention_dropout = keras.layers.Dropout(
+            self.dropout, dtype=self.dtype_policy, name="self_attention_dropout"
+        )
+        self.conv_module = ConformerConvModule(
+            kernel_size=self.kernel_size,
+            expansion=self.conv_expansion,
+            dropout=self.dropout,
+            layer_norm_epsilon=self.layer_norm_epsilon,
+            kernel_initializer=self.kernel_initializer,
+            dtype=self.dtype_policy,
+            name="conv_module",
+        )
+        self.conv_module.build(inputs_shape)
+        self.feed_forward_2_layer_norm = layer_norm("feed_forward_2_layer_norm")
+        self.feed_forward_2 = feed_forward("feed_forward_2")
+        self.output_layer_norm = layer_norm("output_layer_norm")
+        self.built = True
+
+    def call(self, inputs, padding_mask=None, training=None, return_attention_scores=False):
+        if padding_mask is None:
+            padding_mask = get_keras_mask(inputs)
+        x = inputs
+        x = x + 0.5 * self.feed_forward_1(self.feed_forward_1_layer_norm(x), training=training)
+        attended = self.self_attention(
+            self.self_attention_layer_norm(x),
+            padding_mask=padding_mask,
+            training=training,
+            return_attention_scores=return_attention_scores,
+        )
+        scores = None
+        if return_attention_scores:
+            attended, scores = attended
+        x = x + self.self_attention_dropout(attended, training=training)
+        x = x + self.conv_module(x, padding_mask=padding_mask, training=training)
+        x = x + 0.5 * self.feed_forward_2(self.feed_forward_2_layer_norm(x), training=training)
+        x = self.output_layer_norm(x)
+        if return_attention_scores:
+            return x, scores
+        return x
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(
+            {
+                "num_heads": self.num_heads,
+                "intermediate_dim": self.intermediate_dim,
+                "kernel_size": self.kernel_size,
+                "dropout": self.dropout,
+                "attention_dropout": self.attention_dropout,
+                "conv_expansion": self.conv_expansion,
+                "layer_norm_epsilon": self.layer_norm_epsilon,
+                "kernel_initializer": keras.initializers.serialize(self.kernel_initializer),
+            }
+        )
+        return config

@@ -1,0 +1,152 @@
+"""The convolution module of the Conformer."""
+
+import keras
+from keras import ops
+
+from keras_attn.layers._validation import check_positive_float
+from keras_attn.layers._validation import check_positive_int
+from keras_attn.layers._validation import check_rate
+from keras_attn.layers._validation import check_static_shape
+from keras_attn.layers.masking import get_keras_mask
+
+
+@keras.saving.register_keras_serializable(package="keras_attn")
+class ConformerConvModule(keras.layers.Layer):
+    """LayerNorm -> pointwise conv (x `expansion` channels) -> GLU ->
+    depthwise conv over time -> BatchNorm -> Swish -> pointwise conv -> dropout.
+
+    ```
+    x -> LN -> Dense(e*D) -> GLU -> zero padded frames -> DepthwiseConv1D(k)
+      -> BatchNorm (valid frames only) -> Swish -> Dense(D) -> Dropout -> y
+    ```
+
+    Returns the module output `y`; the Conformer block adds the residual
+    (`x + y`). Padded frames are zeroed before the depthwise convolution and
+    left out of the batch statistics, so padding never reaches a valid frame.
+
+    Args:
+        kernel_size: depthwise kernel size over time (31 or 32 in the paper).
+        expansion: the first pointwise conv maps D to `expansion * D`
+            channels and the GLU halves them.
+        dropout: dropout rate on the output.
+        layer_norm_epsilon: LayerNorm epsilon.
+        batch_norm_momentum: BatchNorm moving-average momentum.
+        kernel_initializer: initializer of the pointwise kernels.
+        depthwise_initializer: initializer of the depthwise kernel.
+        **kwargs: base layer arguments.
+
+    Call arguments:
+        inputs: `(B, T, D)`.
+        padding_mask: `(B, T)`, True = real frame; defaults to the implicit
+            Keras mask.
+        training: whether BatchNorm uses batch statistics and dropout is on.
+
+    Returns:
+        `(B, T, D)`.
+
+    Example:
+
+    >>> import numpy as np
+    >>> tuple(ConformerConvModule(kernel_size=3)(np.ones((2, 6, 8), "float32")).shape)
+    (2, 6, 8)
+
+    References:
+        Gulati et al., "Conformer", 2020, section 2.2 and Figure 2.
+    """
+
+    def __init__(
+        self,
+        kernel_size=31,
+        expansion=2,
+        dropout=0.0,
+        layer_norm_epsilon=1e-5,
+        batch_norm_momentum=0.99,
+        kernel_initializer="glorot_uniform",
+        depthwise_initializer="glorot_uniform",
+        **kwargs,
+    ):
+        super().__init__(**kwargs)
+        self.kernel_size = check_positive_int("kernel_size", kernel_size)
+        self.expansion = check_positive_int("expansion", expansion)
+        self.dropout = check_rate("dropout", dropout)
+        self.layer_norm_epsilon = check_positive_float("layer_norm_epsilon", layer_norm_epsilon)
+        self.batch_norm_momentum = check_rate("batch_norm_momentum", batch_norm_momentum)
+        self.kernel_initializer = keras.initializers.get(kernel_initializer)
+        self.depthwise_initializer = keras.initializers.get(depthwise_initializer)
+        self.supports_masking = True
+
+    def build(self, inputs_shape):
+        width = inputs_shape[-1]
+        inner = self.expansion * width
+        if inner % 2:
+            raise ValueError(
+                "The GLU halves `expansion * width` channels, which must be even. "
+                f"Received: expansion={self.expansion}, width={width}"
+            )
+        self._inner = inner // 2
+        time_shape = tuple(inputs_shape[:-1])
+        self.layer_norm = keras.layers.LayerNormalization(
+            epsilon=self.layer_norm_epsilon, dtype=self.dtype_policy, name="layer_norm"
+        )
+        self.layer_norm.build(inputs_shape)
+        self.pointwise_conv_1 = keras.layers.Dense(
+            inner, kernel_initializer=self.kernel_initializer,
+            dtype=self.dtype_policy, name="pointwise_conv_1",
+        )
+        self.pointwise_conv_1.build(inputs_shape)
+        self.depthwise_conv = keras.layers.DepthwiseConv1D(
+            self.kernel_size, padding="same",
+            depthwise_initializer=self.depthwise_initializer,
+            dtype=self.dtype_policy, name="depthwise_conv",
+        )
+        self.depthwise_conv.build(time_shape + (self._inner,))
+        self.batch_norm = keras.layers.BatchNormalization(
+            momentum=self.batch_norm_momentum, dtype=self.dtype_policy, name="batch_norm"
+        )
+        self.batch_norm.build(time_shape + (self._inner,))
+        self.pointwise_conv_2 = keras.layers.Dense(
+            width, kernel_initializer=self.kernel_initializer,
+            dtype=self.dtype_policy, name="pointwise_conv_2",
+        )
+        self.pointwise_conv_2.build(time_shape + (self._inner,))
+        self.dropout_layer = keras.layers.Dropout(
+            self.dropout, dtype=self.dtype_policy, name="dropout"
+        )
+        self.built = True
+
+    def call(self, inputs, padding_mask=None, training=None):
+        if padding_mask is None:
+            padding_mask = get_keras_mask(inputs)
+        if padding_mask is not None:
+            check_static_shape(
+                "padding_mask", padding_mask, tuple(inputs.shape[:2]), "(B, T)"
+            )
+            padding_mask = ops.cast(padding_mask, "bool")
+        x = self.layer_norm(inputs)
+        x = self.pointwise_conv_1(x)  # (B, T, 2C)
+        content, gate = ops.split(x, 2, axis=-1)
+        x = content * ops.sigmoid(gate)  # GLU, (B, T, C)
+        if padding_mask is not None:
+            x = ops.where(padding_mask[:, :, None], x, ops.zeros_like(x))
+        x = self.depthwise_conv(x)
+        x = self.batch_norm(x, training=training, mask=padding_mask)
+        x = ops.silu(x)
+        x = self.pointwise_conv_2(x)
+        return self.dropout_layer(x, training=training)
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(
+            {
+                "kernel_size": self.kernel_size,
+                "expansion": self.expansion,
+                "dropout": self.dropout,
+                "layer_norm_epsilon": self.layer_norm_epsilon,
+                "batch_norm_momentum": self.batch_norm_momentum,
+                "kernel_initializer": keras.initializers.serialize(self.kernel_initializer),
+                "depthwise_initializer": keras.initializers.serialize(
+                    self.depthwise_initializer
+                ),
+            }
+        )
+        return config

@@ -1,0 +1,140 @@
+"""Convolutional front end that shortens speech features 4x in time."""
+
+import numbers
+
+import keras
+from keras import ops
+
+from keras_attn.layers._validation import check_positive_int
+from keras_attn.layers.masking import get_keras_mask
+
+
+def _conv_length(length):
+    # kernel 3, stride 2, no padding: floor((L - 3) / 2) + 1, and 0 if L < 3
+    return ops.maximum((length - 3) // 2 + 1, 0)
+
+
+def subsampled_length(length):
+    """Frames left after `ConvSubsampling` from `length` frames (int or tensor).
+
+    >>> [int(subsampled_length(n)) for n in (6, 7, 10, 100)]
+    [0, 1, 1, 24]
+    """
+    if isinstance(length, numbers.Integral):
+        for _ in range(2):
+            length = max((length - 3) // 2 + 1, 0)
+        return length
+    return _conv_length(_conv_length(length))
+
+
+@keras.saving.register_keras_serializable(package="keras_attn")
+class ConvSubsampling(keras.layers.Layer):
+    """Two 3x3 convolutions with stride 2 over (time, frequency), ReLU after
+    each, then a linear projection: `(B, T, F)` -> `(B, T', hidden_dim)` with
+    `T' = subsampled_length(T)` (10 ms frames become 40 ms frames).
+
+    The output mask is exact: output frame `t` is valid when the last input
+    frame of its receptive field (`4t + 6`) is, i.e. `t < subsampled_length(L)`
+    for an utterance of `L` valid frames. Keras propagates it to the next layer.
+
+    Args:
+        hidden_dim: output width.
+        filters: channels of both convolutions; defaults to `hidden_dim`.
+        kernel_initializer: initializer of the kernels.
+        **kwargs: base layer arguments.
+
+    Call arguments:
+        inputs: `(B, T, F)` features (e.g. log-mel), padding at the end.
+        padding_mask: `(B, T)`; defaults to the implicit Keras mask.
+
+    Returns:
+        `(B, T', hidden_dim)`.
+
+    Example:
+
+    >>> import numpy as np
+    >>> tuple(ConvSubsampling(16)(np.ones((2, 100, 80), "float32")).shape)
+    (2, 24, 16)
+
+    References:
+        Gulati et al., "Conformer", 2020, Figure 1.
+    """
+
+    def __init__(self, hidden_dim, filters=None, kernel_initializer="glorot_uniform", **kwargs):
+        super().__init__(**kwargs)
+        self.hidden_dim = check_positive_int("hidden_dim", hidden_dim)
+        self.filters = check_positive_int("filters", filters, allow_none=True)
+        self.kernel_initializer = keras.initializers.get(kernel_initializer)
+        self.supports_masking = True
+
+    def build(self, inputs_shape):
+        if len(inputs_shape) != 3 or inputs_shape[-1] is None:
+            raise ValueError(
+                "`inputs` must be (B, T, F) with a known F. "
+                f"Received: inputs.shape={tuple(inputs_shape)}"
+            )
+        features = inputs_shape[-1]
+        if subsampled_length(features) < 1:
+            raise ValueError(
+                "Two stride-2 3x3 convolutions need at least 7 feature bins. "
+                f"Received: F={features}"
+            )
+        filters = self.filters or self.hidden_dim
+        self.conv_1 = keras.layers.Conv2D(
+            filters, 3, strides=2, activation="relu",
+            kernel_initializer=self.kernel_initializer, dtype=self.dtype_policy, name="conv_1",
+        )
+        self.conv_1.build((inputs_shape[0], inputs_shape[1], features, 1))
+        time_1 = None if inputs_shape[1] is None else subsampled_length(inputs_shape[1])
+        self.conv_2 = keras.layers.Conv2D(
+            filters, 3, strides=2, activation="relu",
+            kernel_initializer=self.kernel_initializer, dtype=self.dtype_policy, name="conv_2",
+        )
+        freq_1 = (features - 3) // 2 + 1
+        self.conv_2.build((inputs_shape[0], None, freq_1, filters))
+        self._flat = subsampled_length(features) * filters
+        self.projection = keras.layers.Dense(
+            self.hidden_dim, kernel_initializer=self.kernel_initializer,
+            dtype=self.dtype_policy, name="projection",
+        )
+        self.projection.build((inputs_shape[0], time_1, self._flat))
+        self.built = True
+
+    def call(self, inputs, padding_mask=None):
+        length = inputs.shape[1]
+        if isinstance(length, numbers.Integral) and subsampled_length(length) < 1:
+            raise ValueError(
+                f"ConvSubsampling needs at least 7 frames. Received: T={length}"
+            )
+        if padding_mask is None:
+            padding_mask = get_keras_mask(inputs)
+        x = inputs
+        if padding_mask is not None:
+            x = ops.where(ops.cast(padding_mask, "bool")[:, :, None], x, ops.zeros_like(x))
+        x = self.conv_1(x[..., None])  # (B, T1, F1, C)
+        x = self.conv_2(x)  # (B, T', F', C)
+        shape = ops.shape(x)
+        x = ops.reshape(x, (shape[0], shape[1], self._flat))
+        return self.projection(x)
+
+    def compute_mask(self, inputs, mask=None):
+        return None if mask is None else self.output_padding_mask(mask)
+
+    def output_padding_mask(self, padding_mask):
+        """The `(B, T')` mask of the output for a `(B, T)` input mask."""
+        lengths = ops.sum(ops.cast(padding_mask, "int32"), axis=1)  # (B,)
+        steps = subsampled_length(ops.shape(padding_mask)[1])
+        # ops.less, not `<`: the left operand may be a backend tensor and
+        # the right a symbolic KerasTensor (Keras calls compute_mask with those).
+        return ops.less(ops.arange(steps)[None, :], subsampled_length(lengths)[:, None])
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(
+            {
+                "hidden_dim": self.hidden_dim,
+                "filters": self.filters,
+                "kernel_initializer": keras.initializers.serialize(self.kernel_initializer),
+            }
+        )
+        return config

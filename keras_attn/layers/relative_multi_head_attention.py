@@ -1,0 +1,245 @@
+"""Self-attention with relative sinusoidal positions (Transformer-XL style)."""
+
+import keras
+from keras import ops
+
+from keras_attn.layers._validation import check_positive_float
+from keras_attn.layers._validation import check_positive_int
+from keras_attn.layers._validation import check_rate
+from keras_attn.layers._validation import check_static_shape
+from keras_attn.layers.masking import get_keras_mask
+from keras_attn.layers.masking import merge_masks
+from keras_attn.layers.scaled_dot_product_attention import (
+    scaled_dot_product_attention,
+)
+from keras_attn.layers.sinusoidal_positional_encoding import (
+    sinusoidal_positional_encoding,
+)
+
+
+def relative_logits(query, positions):
+    """`out[b, n, i, j] = query[b, i, n] . positions[i - j + T - 1, n]`.
+
+    Args:
+        query: `(B, T, N, H)`.
+        positions: `(2T - 1, N, H)`, rows for relative distances
+            `-(T - 1), ..., T - 1` in ascending order.
+
+    Returns:
+        `(B, N, T, T)`.
+    """
+    scores = ops.einsum("btnh,rnh->bntr", query, positions)  # (B, N, T, 2T-1)
+    shape = ops.shape(scores)
+    t, r = shape[2], shape[3]
+    # Pick column i - j + T - 1 of row i: one gather over the flattened
+    # (T, 2T-1) plane, so no backend-specific shift trick is needed.
+    rows = ops.arange(t)[:, None]  # (T, 1)
+    cols = ops.arange(t)[None, :]  # (1, T)
+    flat_index = ops.reshape(rows * r + (rows - cols + t - 1), (-1,))  # (T*T,)
+    flat = ops.reshape(scores, (shape[0], shape[1], -1))  # (B, N, T*(2T-1))
+    picked = ops.take(flat, flat_index, axis=-1)  # (B, N, T*T)
+    return ops.reshape(picked, (shape[0], shape[1], t, t))
+
+
+@keras.saving.register_keras_serializable(package="keras_attn")
+class RelativeMultiHeadAttention(keras.layers.Layer):
+    """Self-attention whose logits add a relative-position term.
+
+    For query `i` and key `j` at distance `r = i - j`, with projected query
+    `q_i`, key `k_j`, learned content bias `u`, position bias `v` and the
+    sinusoid `R_r` of the distance projected by `W_R`:
+
+    ```
+    logit(i, j) = [(q_i + u) . k_j + (q_i + v) . (W_R R_r)] / sqrt(H)
+    ```
+
+    per head (Dai et al., 2019, section 3.3; the attention of the Conformer).
+    The term depends only on `i - j`, so the layer handles any length.
+
+    Args:
+        num_heads: number of heads N.
+        key_dim: size H of each head; defaults to width / num_heads.
+        dropout: dropout rate on the attention probabilities.
+        use_bias: whether the query/key/value/output projections have biases
+            (the position projection never has one).
+        max_wavelength: base of the relative sinusoids.
+        kernel_initializer: initializer of the projection kernels.
+        bias_initializer: initializer of the projection biases and of the
+            content and position biases `u`, `v`.
+        seed: seed of the attention dropout.
+        **kwargs: base layer arguments.
+
+    Call arguments:
+        inputs: `(B, T, D)`.
+        padding_mask: `(B, T)`, True = real frame; defaults to the implicit
+            Keras mask.
+        attention_mask: `(B, T, T)`, merged with `padding_mask`.
+        training: whether dropout is active.
+        return_attention_scores: also return `(B, N, T, T)`.
+
+    Returns:
+        `(B, T, D)`, and the scores if asked for.
+
+    Example:
+
+    >>> import numpy as np
+    >>> layer = RelativeMultiHeadAttention(num_heads=2)
+    >>> tuple(layer(np.ones((2, 5, 8), "float32")).shape)
+    (2, 5, 8)
+
+    References:
+        Dai et al., "Transformer-XL", 2019; Gulati et al., "Conformer", 2020.
+    """
+
+    def __init__(
+        self,
+        num_heads,
+        key_dim=None,
+        dropout=0.0,
+        use_bias=True,
+        max_wavelength=10000.0,
+        kernel_initializer="glorot_uniform",
+        bias_initializer="zeros",
+        seed=None,
+        **kwargs,
+    ):
+        super().__init__(**kwargs)
+        self.num_heads = check_positive_int("num_heads", num_heads)
+        self.key_dim = check_positive_int("key_dim", key_dim, allow_none=True)
+        self.dropout = check_rate("dropout", dropout)
+        self.use_bias = bool(use_bias)
+        self.max_wavelength = check_positive_float("max_wavelength", max_wavelength)
+        self.kernel_initializer = keras.initializers.get(kernel_initializer)
+        self.bias_initializer = keras.initializers.get(bias_initializer)
+        self.seed = seed
+        self.supports_masking = True
+        self.seed_generator = (
+            keras.random.SeedGenerator(seed) if self.dropout > 0 else None
+        )
+
+    def build(self, inputs_shape):
+        if len(inputs_shape) != 3:
+            raise ValueError(
+                "`inputs` must have rank 3, (B, T, D). "
+                f"Received: inputs.shape={tuple(inputs_shape)}"
+            )
+        width = inputs_shape[-1]
+        if self.key_dim is None and width % self.num_heads:
+            raise ValueError(
+                f"The width must be divisible by `num_heads` when `key_dim` is "
+                f"not given (num_heads={self.num_heads}). Received: width={width}"
+            )
+        n = self.num_heads
+        h = self._key_dim = self.key_dim or width // n
+        self._width = width
+
+        def dense(equation, output_shape, bias_axes, name, input_shape):
+            layer = keras.layers.EinsumDense(
+                equation,
+                output_shape=output_shape,
+                bias_axes=bias_axes if self.use_bias else None,
+                kernel_initializer=self.kernel_initializer,
+                bias_initializer=self.bias_initializer,
+                dtype=self.dtype_policy,
+                name=name,
+            )
+            layer.build(input_shape)
+            return layer
+
+        self.query_dense = dense("btd,dnh->btnh", (None, n, h), "nh", "query", inputs_shape)
+        self.key_dense = dense("btd,dnh->btnh", (None, n, h), "nh", "key", inputs_shape)
+        self.value_dense = dense("btd,dnh->btnh", (None, n, h), "nh", "value", inputs_shape)
+        self.position_dense = keras.layers.EinsumDense(
+            "rd,dnh->rnh",
+            output_shape=(n, h),  # the leading r plays the batch axis
+            kernel_initializer=self.kernel_initializer,
+            dtype=self.dtype_policy,
+            name="position",
+        )
+        self.position_dense.build((None, width))
+        self.output_dense = dense(
+            "btnh,nhd->btd", (None, width), "d", "attention_output",
+            (inputs_shape[0], inputs_shape[1], n, h),
+        )
+        self.content_bias = self.add_weight(
+            name="content_bias", shape=(n, h), initializer=self.bias_initializer
+        )
+        self.position_bias = self.add_weight(
+            name="position_bias", shape=(n, h), initializer=self.bias_initializer
+        )
+        self.built = True
+
+    def call(
+        self,
+        inputs,
+        padding_mask=None,
+        attention_mask=None,
+        training=None,
+        return_attention_scores=False,
+    ):
+        if padding_mask is None and attention_mask is None:
+            padding_mask = get_keras_mask(inputs)
+        batch, length = inputs.shape[0], inputs.shape[1]
+        masks = []
+        if padding_mask is not None:
+            check_static_shape("padding_mask", padding_mask, (batch, length), "(B, T)")
+            padding_mask = ops.cast(padding_mask, "bool")
+            masks += [padding_mask[:, :, None], padding_mask[:, None, :]]
+        if attention_mask is not None:
+            check_static_shape(
+                "attention_mask", attention_mask, (batch, length, length), "(B, T, T)"
+            )
+            masks.append(attention_mask)
+        mask = merge_masks(*masks)  # (B, T, T) or None
+
+        t = ops.shape(inputs)[1]
+        # Distances -(T-1) .. T-1, ascending: row r + T - 1 is distance r.
+        table = sinusoidal_positional_encoding(
+            2 * t - 1,
+            self._width,
+            max_wavelength=self.max_wavelength,
+            start_index=1 - t,
+            dtype=self.compute_dtype,
+        )  # (2T-1, D)
+        positions = self.position_dense(table)  # (2T-1, N, H)
+        q = self.query_dense(inputs)  # (B, T, N, H)
+        k = self.key_dense(inputs)
+        v = self.value_dense(inputs)
+        content_bias = ops.cast(self.content_bias, q.dtype)
+        position_bias = ops.cast(self.position_bias, q.dtype)
+        scale = 1.0 / float(self._key_dim) ** 0.5
+        position_logits = relative_logits(q + position_bias, positions) * scale
+        attended, scores = scaled_dot_product_attention(
+            q + content_bias,
+            k,
+            v,
+            mask=mask,
+            scale=scale,
+            bias=position_logits,
+            dropout=self.dropout,
+            training=training,
+            seed_generator=self.seed_generator,
+            return_attention_scores=True,
+        )
+        output = self.output_dense(attended)  # (B, T, D)
+        if return_attention_scores:
+            return output, scores
+        return output
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(
+            {
+                "num_heads": self.num_heads,
+                "key_dim": self.key_dim,
+                "dropout": self.dropout,
+                "use_bias": self.use_bias,
+                "max_wavelength": self.max_wavelength,
+                "kernel_initializer": keras.initializers.serialize(
+                    self.kernel_initializer
+                ),
+                "bias_initializer": keras.initializers.serialize(self.bias_initializer),
+                "seed": self.seed,
+            }
+        )
+        return config
