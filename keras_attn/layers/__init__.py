@@ -7,6 +7,7 @@ from keras_attn.layers.conformer_conv_module import ConformerConvModule
 from keras_attn.layers.conv_subsampling import ConvSubsampling
 from keras_attn.layers.conv_subsampling import subsampled_length
 from keras_attn.layers.feed_forward import FeedForward
+from keras_attn.layers.log_mel_features import LogMelFeatures
 from keras_attn.layers.masking import causal_mask
 from keras_attn.layers.multi_head_attention import MultiHeadAttention
 from keras_attn.layers.position_embedding import PositionEmbedding
@@ -35,6 +36,7 @@ __all__ = [
     "ConformerConvModule",
     "ConvSubsampling",
     "FeedForward",
+    "LogMelFeatures",
     "MultiHeadAttention",
     "PositionEmbedding",
     "RelativeMultiHeadAttention",

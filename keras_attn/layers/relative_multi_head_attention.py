@@ -30,15 +30,13 @@ def relative_logits(query, positions):
     """
     scores = ops.einsum("btnh,rnh->bntr", query, positions)  # (B, N, T, 2T-1)
     shape = ops.shape(scores)
-    t, r = shape[2], shape[3]
-    # Pick column i - j + T - 1 of row i: one gather over the flattened
-    # (T, 2T-1) plane, so no backend-specific shift trick is needed.
+    t = shape[2]
+    # Column i - j + T - 1 of row i, picked by a gather along the last axis
+    # (no reshapes: JAX's symbolic shapes cannot check T * (2T - 1) sizes).
     rows = ops.arange(t)[:, None]  # (T, 1)
     cols = ops.arange(t)[None, :]  # (1, T)
-    flat_index = ops.reshape(rows * r + (rows - cols + t - 1), (-1,))  # (T*T,)
-    flat = ops.reshape(scores, (shape[0], shape[1], -1))  # (B, N, T*(2T-1))
-    picked = ops.take(flat, flat_index, axis=-1)  # (B, N, T*T)
-    return ops.reshape(picked, (shape[0], shape[1], t, t))
+    index = ops.broadcast_to((rows - cols + t - 1)[None, None], (shape[0], shape[1], t, t))
+    return ops.take_along_axis(scores, index, axis=-1)  # (B, N, T, T)
 
 
 @keras.saving.register_keras_serializable(package="keras_attn")

@@ -294,3 +294,40 @@ def test_subsampling_too_few_bins():
 def test_conformer_block_bad_dropout():
     with pytest.raises(ValueError, match=r"Received: dropout=1.2"):
         ConformerBlock(num_heads=2, dropout=1.2)
+
+
+# === Log-mel front end ===
+
+
+def test_log_mel_layer(tmp_path):
+    from keras_attn.layers import LogMelFeatures
+
+    run_layer_test(
+        LogMelFeatures,
+        init_kwargs={"sampling_rate": 8000, "num_mel_bins": 12, "frame_length": 200,
+                     "frame_step": 80, "fft_length": 256, "epsilon": 1e-3},
+        input_data={"waveform": rand(2, 1600) * 0.1, "waveform_length": np.array([1600, 900], "int32")},
+        expected_output_shape=(2, 21, 12),
+        expected_num_trainable_weights=0,
+        tmp_path=tmp_path,
+    )
+
+
+def test_log_mel_normalises_valid_frames_and_zeroes_padding():
+    from keras_attn.layers import LogMelFeatures
+
+    layer = LogMelFeatures(num_mel_bins=20)
+    wave = rand(2, 8000) * 0.1
+    lengths = np.array([8000, 4000], "int32")
+    features = to_numpy(layer(wave, lengths))
+    frames = 1 + 4000 // 160
+    np.testing.assert_allclose(features[1, :frames].mean(0), 0.0, atol=1e-4)
+    np.testing.assert_allclose(features[1, :frames].std(0), 1.0, atol=1e-3)
+    np.testing.assert_array_equal(features[1, frames:], 0.0)
+
+
+def test_log_mel_fft_shorter_than_frame():
+    from keras_attn.layers import LogMelFeatures
+
+    with pytest.raises(ValueError, match=r"Received: fft_length=256, frame_length=400"):
+        LogMelFeatures(fft_length=256)

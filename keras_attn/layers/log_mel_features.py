@@ -1,0 +1,118 @@
+"""Log-mel features with per-utterance normalisation, inside the model."""
+
+import keras
+from keras import ops
+
+from keras_attn.layers._validation import check_positive_float
+from keras_attn.layers._validation import check_positive_int
+
+
+@keras.saving.register_keras_serializable(package="keras_attn")
+class LogMelFeatures(keras.layers.Layer):
+    """Waveform `(B, N)` -> log-mel features `(B, T, num_mel_bins)`.
+
+    `keras.layers.MelSpectrogram` (centred frames, so `T = 1 + N // frame_step`),
+    then, per utterance and per mel bin, mean and variance normalisation over
+    the utterance's valid frames only; padded frames are set to 0. Keeping it
+    in the model means a SavedModel takes raw audio.
+
+    Args:
+        sampling_rate: audio sampling rate in Hz.
+        num_mel_bins: mel bands.
+        frame_length: window length in samples (400 = 25 ms at 16 kHz).
+        frame_step: hop in samples (160 = 10 ms).
+        fft_length: FFT size (>= frame_length).
+        epsilon: added to the variance.
+        **kwargs: base layer arguments.
+
+    Call arguments:
+        waveform: `(B, N)` float audio in [-1, 1].
+        waveform_length: `(B,)` valid samples per utterance (default: all N).
+
+    Returns:
+        `(B, T, num_mel_bins)`.
+
+    Example:
+
+    >>> import numpy as np
+    >>> layer = LogMelFeatures(num_mel_bins=40)
+    >>> tuple(layer(np.zeros((2, 16000), "float32")).shape)
+    (2, 101, 40)
+    """
+
+    def __init__(
+        self,
+        sampling_rate=16000,
+        num_mel_bins=80,
+        frame_length=400,
+        frame_step=160,
+        fft_length=512,
+        epsilon=1e-5,
+        **kwargs,
+    ):
+        super().__init__(**kwargs)
+        self.sampling_rate = check_positive_int("sampling_rate", sampling_rate)
+        self.num_mel_bins = check_positive_int("num_mel_bins", num_mel_bins)
+        self.frame_length = check_positive_int("frame_length", frame_length)
+        self.frame_step = check_positive_int("frame_step", frame_step)
+        self.fft_length = check_positive_int("fft_length", fft_length)
+        if self.fft_length < self.frame_length:
+            raise ValueError(
+                "`fft_length` must be at least `frame_length`. Received: "
+                f"fft_length={fft_length}, frame_length={frame_length}"
+            )
+        self.epsilon = check_positive_float("epsilon", epsilon)
+
+    def build(self, waveform_shape, waveform_length_shape=None):
+        self.mel_spectrogram = keras.layers.MelSpectrogram(
+            fft_length=self.fft_length,
+            sequence_stride=self.frame_step,
+            sequence_length=self.frame_length,
+            sampling_rate=self.sampling_rate,
+            num_mel_bins=self.num_mel_bins,
+            dtype=self.dtype_policy,
+            name="mel_spectrogram",
+        )
+        self.built = True
+
+    def num_frames(self, waveform_length):
+        """Frames of an utterance of `waveform_length` samples (centred STFT)."""
+        return 1 + waveform_length // self.frame_step
+
+    def call(self, waveform, waveform_length=None):
+        # The STFT and the logarithm run in float32 whatever the policy.
+        features = self.mel_spectrogram(ops.cast(waveform, "float32"))  # (B, M, T)
+        features = ops.cast(ops.transpose(features, (0, 2, 1)), "float32")  # (B, T, M)
+        steps = ops.shape(features)[1]
+        if waveform_length is None:
+            valid = ops.ones_like(features[:, :, :1])
+        else:
+            frames = self.num_frames(ops.cast(waveform_length, "int32"))
+            valid = ops.less(ops.arange(steps)[None, :], frames[:, None])
+            valid = ops.cast(valid, "float32")[:, :, None]  # (B, T, 1)
+        count = ops.maximum(ops.sum(valid, axis=1, keepdims=True), 1.0)  # (B, 1, 1)
+        mean = ops.sum(features * valid, axis=1, keepdims=True) / count
+        variance = ops.sum(ops.square(features - mean) * valid, axis=1, keepdims=True) / count
+        features = (features - mean) / ops.sqrt(variance + self.epsilon) * valid
+        return ops.cast(features, self.compute_dtype)
+
+    def compute_output_shape(self, waveform_shape, waveform_length_shape=None):
+        # Declared rather than traced: JAX cannot trace the STFT's reflect
+        # padding for an unknown number of samples.
+        samples = waveform_shape[1]
+        frames = None if samples is None else 1 + samples // self.frame_step
+        return (waveform_shape[0], frames, self.num_mel_bins)
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(
+            {
+                "sampling_rate": self.sampling_rate,
+                "num_mel_bins": self.num_mel_bins,
+                "frame_length": self.frame_length,
+                "frame_step": self.frame_step,
+                "fft_length": self.fft_length,
+                "epsilon": self.epsilon,
+            }
+        )
+        return config

@@ -1,0 +1,15 @@
+"""Conformer (Gulati et al., 2020) with a CTC head: config, presets, builder."""
+
+from keras_attn.models.conformer.conformer_config import CONFORMER_PRESETS
+from keras_attn.models.conformer.conformer_config import ConformerConfig
+from keras_attn.models.conformer.conformer_config import get_conformer_config
+from keras_attn.models.conformer.conformer_model import ConformerCTC
+from keras_attn.models.conformer.conformer_model import build_conformer
+
+__all__ = [
+    "CONFORMER_PRESETS",
+    "ConformerCTC",
+    "ConformerConfig",
+    "build_conformer",
+    "get_conformer_config",
+]

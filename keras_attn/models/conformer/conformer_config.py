@@ -1,0 +1,53 @@
+"""Conformer hyper-parameters and presets."""
+
+import dataclasses
+
+from keras_attn.models._config import resolve_config
+
+
+@dataclasses.dataclass(frozen=True)
+class ConformerConfig:
+    """Fields mirror `build_conformer`'s arguments.
+
+    The front end turns 16 kHz audio into 80 log-mel bins with 25 ms windows
+    (400 samples) every 10 ms (160 samples), as in the paper's section 3.1.
+    """
+
+    num_layers: int = 16
+    hidden_dim: int = 144
+    num_heads: int = 4
+    intermediate_dim: int = None  # 4 x hidden_dim
+    kernel_size: int = 32
+    dropout: float = 0.1
+    attention_dropout: float = 0.0
+    layer_norm_epsilon: float = 1e-5
+    sampling_rate: int = 16000
+    num_mel_bins: int = 80
+    frame_length: int = 400
+    frame_step: int = 160
+    fft_length: int = 512
+    freq_mask_count: int = 2
+    freq_mask_width: int = 27
+    time_mask_count: int = 10
+    time_mask_ratio: float = 0.05
+
+
+CONFORMER_PRESETS = {
+    # Gulati et al. (2020) Table 1: encoder dim 144, 16 layers, 4 heads,
+    # conv kernel 32 ("Conformer (S)", 10.3M with its LSTM decoder).
+    "conformer_small": ConformerConfig(num_layers=16, hidden_dim=144, num_heads=4),
+    # Table 1, "Conformer (M)": dim 256, 16 layers, 4 heads (30.7M).
+    "conformer_medium": ConformerConfig(num_layers=16, hidden_dim=256, num_heads=4),
+    # Table 1, "Conformer (L)": dim 512, 17 layers, 8 heads (118.8M).
+    "conformer_large": ConformerConfig(num_layers=17, hidden_dim=512, num_heads=8),
+    # Not in the paper: a CPU-sized encoder for the embedded speech task.
+    "conformer_tiny": ConformerConfig(
+        num_layers=2, hidden_dim=64, num_heads=2, kernel_size=15,
+        num_mel_bins=40, freq_mask_width=8,
+    ),
+}
+
+
+def get_conformer_config(config):
+    """A `ConformerConfig` from a config, a preset name or a dict of fields."""
+    return resolve_config(config, ConformerConfig, CONFORMER_PRESETS, "Conformer")

@@ -1,0 +1,160 @@
+"""The Conformer encoder with a CTC head, from raw audio to token logits.
+
+```
+waveform (B, N), waveform_length (B,)
+ -> LogMelFeatures            (B, T, mels), normalised per utterance
+ -> SpecAugment               training only, inside valid frames
+ -> ConvSubsampling           (B, T/4, D), 10 ms -> 40 ms frames
+ -> Dropout
+ -> L x ConformerBlock        padding mask from the exact output lengths
+ -> Dense(vocabulary + 1)     CTC logits, index 0 = blank
+```
+"""
+
+import dataclasses
+
+import keras
+from keras import ops
+
+from keras_attn.layers.conformer_block import ConformerBlock
+from keras_attn.layers.conv_subsampling import ConvSubsampling
+from keras_attn.layers.conv_subsampling import subsampled_length
+from keras_attn.layers.log_mel_features import LogMelFeatures
+from keras_attn.layers.spec_augment import SpecAugment
+from keras_attn.models._config import replace_fields
+from keras_attn.models.conformer.conformer_config import ConformerConfig
+from keras_attn.models.conformer.conformer_config import get_conformer_config
+
+
+@keras.saving.register_keras_serializable(package="keras_attn")
+class LengthMask(keras.layers.Layer):
+    """`(B, T, ...)` and lengths `(B,)` -> the `(B, T)` mask `t < length`."""
+
+    def call(self, sequence, lengths):
+        steps = ops.shape(sequence)[1]
+        return ops.less(ops.arange(steps)[None, :], ops.cast(lengths, "int32")[:, None])
+
+
+@keras.saving.register_keras_serializable(package="keras_attn")
+class ConformerCTC(keras.Model):
+    """A Conformer encoder trained with CTC; build it with `build_conformer`.
+
+    Inputs: `{"waveform": (B, N) float32, "waveform_length": (B,) int32}`.
+    Outputs: `{"logits": (B, T', vocabulary_size + 1), "logit_lengths": (B,)}`.
+    Labels for `fit` are `(B, L)` int token ids in `1..vocabulary_size`,
+    padded with 0 (the blank, never a label); the CTC loss uses each
+    utterance's own logit and label lengths.
+    """
+
+    def __init__(self, vocabulary_size, dtype=None, **config_fields):
+        config = replace_fields(ConformerConfig(), "Conformer", **config_fields)
+        if isinstance(vocabulary_size, bool) or not isinstance(vocabulary_size, int) or vocabulary_size < 1:
+            raise ValueError(
+                "`vocabulary_size` must be a positive integer (labels 1..V, 0 is "
+                f"the CTC blank). Received: vocabulary_size={vocabulary_size!r}"
+            )
+        c = config
+
+        # === Layers ===
+        frontend = LogMelFeatures(
+            sampling_rate=c.sampling_rate, num_mel_bins=c.num_mel_bins,
+            frame_length=c.frame_length, frame_step=c.frame_step,
+            fft_length=c.fft_length, dtype=dtype, name="log_mel",
+        )
+        spec_augment = SpecAugment(
+            freq_mask_count=c.freq_mask_count, freq_mask_width=c.freq_mask_width,
+            time_mask_count=c.time_mask_count, time_mask_ratio=c.time_mask_ratio,
+            dtype=dtype, name="spec_augment",
+        )
+        subsampling = ConvSubsampling(c.hidden_dim, dtype=dtype, name="subsampling")
+        input_dropout = keras.layers.Dropout(c.dropout, dtype=dtype, name="input_dropout")
+        blocks = [
+            ConformerBlock(
+                num_heads=c.num_heads, intermediate_dim=c.intermediate_dim,
+                kernel_size=c.kernel_size, dropout=c.dropout,
+                attention_dropout=c.attention_dropout,
+                layer_norm_epsilon=c.layer_norm_epsilon,
+                dtype=dtype, name=f"conformer_block_{i}",
+            )
+            for i in range(c.num_layers)
+        ]
+        ctc_head = keras.layers.Dense(vocabulary_size + 1, dtype=dtype, name="ctc_logits")
+
+        # === Functional Model ===
+        waveform = keras.Input((None,), name="waveform")
+        waveform_length = keras.Input((), dtype="int32", name="waveform_length")
+        features = frontend(waveform, waveform_length)  # (B, T, mels)
+        frame_lengths = frontend.num_frames(waveform_length)  # (B,)
+        frame_mask = LengthMask(name="frame_mask")(features, frame_lengths)
+        x = spec_augment(features, padding_mask=frame_mask)
+        x = subsampling(x, padding_mask=frame_mask)  # (B, T', D)
+        logit_lengths = subsampled_length(frame_lengths)  # (B,)
+        mask = LengthMask(name="encoder_mask")(x, logit_lengths)
+        x = input_dropout(x)
+        for block in blocks:
+            x = block(x, padding_mask=mask)
+        logits = ctc_head(x)
+        super().__init__(
+            inputs={"waveform": waveform, "waveform_length": waveform_length},
+            outputs={"logits": logits, "logit_lengths": logit_lengths},
+            dtype=dtype,
+            name="conformer_ctc",
+        )
+
+        # === Config ===
+        self.conformer_config = config
+        self.vocabulary_size = vocabulary_size
+
+    def compute_loss(self, x=None, y=None, y_pred=None, sample_weight=None, training=True):
+        labels = ops.cast(y, "int32")
+        label_lengths = ops.sum(ops.cast(labels > 0, "int32"), axis=1)
+        losses = ops.ctc_loss(
+            labels,
+            ops.cast(y_pred["logits"], "float32"),
+            label_lengths,
+            ops.cast(y_pred["logit_lengths"], "int32"),
+            mask_index=0,
+        )  # (B,)
+        return ops.mean(losses) + sum(self.losses, 0.0)
+
+    def decode(self, inputs, strategy="greedy", beam_width=16):
+        """Token ids `(B, T')`, -1 after each transcript's end.
+
+        `strategy` is `"greedy"` or `"beam_search"` (keras.ops.ctc_decode).
+        """
+        outputs = self(inputs, training=False)
+        decoded, _ = ops.ctc_decode(
+            ops.cast(outputs["logits"], "float32"),
+            ops.cast(outputs["logit_lengths"], "int32"),
+            strategy=strategy,
+            beam_width=beam_width,
+            mask_index=0,
+        )
+        return decoded[0]
+
+    def get_config(self):
+        return {
+            "vocabulary_size": self.vocabulary_size,
+            "dtype": keras.saving.serialize_keras_object(self.dtype_policy),
+            **dataclasses.asdict(self.conformer_config),
+        }
+
+    @classmethod
+    def from_config(cls, config):
+        config = dict(config)
+        if isinstance(config.get("dtype"), dict):
+            config["dtype"] = keras.saving.deserialize_keras_object(config["dtype"])
+        return cls(**config)
+
+
+def build_conformer(config, vocabulary_size, **overrides):
+    """A `ConformerCTC` from a `ConformerConfig`, a preset name or a dict.
+
+    Example:
+
+    >>> model = build_conformer("conformer_tiny", vocabulary_size=12)
+    >>> sorted(model.output_shape)
+    ['logit_lengths', 'logits']
+    """
+    config = replace_fields(get_conformer_config(config), "Conformer", **overrides)
+    return ConformerCTC(vocabulary_size, **dataclasses.asdict(config))

@@ -1,0 +1,141 @@
+import dataclasses
+
+import keras
+import numpy as np
+import pytest
+
+from keras_attn.layers import subsampled_length
+from keras_attn.models.conformer import CONFORMER_PRESETS
+from keras_attn.models.conformer import ConformerCTC
+from keras_attn.models.conformer import build_conformer
+from test_case import to_numpy
+
+TINY = dict(num_layers=1, hidden_dim=16, num_heads=2, kernel_size=5, num_mel_bins=20,
+            freq_mask_width=4)
+
+
+def batch(lengths, seed=0):
+    rng = np.random.default_rng(seed)
+    wave = np.zeros((len(lengths), max(lengths)), "float32")
+    for i, n in enumerate(lengths):
+        wave[i, :n] = rng.standard_normal(n) * 0.1
+    return {"waveform": wave, "waveform_length": np.asarray(lengths, "int32")}
+
+
+@pytest.mark.parametrize("name", sorted(CONFORMER_PRESETS))
+def test_every_preset_shrunk_builds_and_runs(name):
+    config = CONFORMER_PRESETS[name]
+    model = build_conformer(name, vocabulary_size=5, num_layers=1,
+                            hidden_dim=config.num_heads * 4)
+    out = model(batch([4000, 3000]))
+    assert out["logits"].shape == (2, subsampled_length(1 + 4000 // 160), 6)
+    assert np.isfinite(to_numpy(out["logits"])).all()
+
+
+@pytest.mark.large
+def test_encoder_parameter_counts():
+    # Encoder without the CTC head (BatchNorm moving statistics included).
+    # Gulati et al. (2020) Table 1 report 10.3M / 30.7M / 118.8M for S / M / L
+    # with a one-layer LSTM decoder, which this CTC model does not have.
+    expected = {"conformer_small": 8_697_024, "conformer_medium": 27_274_240,
+                "conformer_large": 114_875_392}
+    for name, count in expected.items():
+        model = build_conformer(name, vocabulary_size=28)
+        head = model.get_layer("ctc_logits").count_params()
+        assert model.count_params() - head == count, name
+
+
+def test_logit_lengths_are_exact():
+    model = build_conformer(TINY, vocabulary_size=5)
+    lengths = [8000, 5123, 1200]
+    out = model(batch(lengths))
+    want = [subsampled_length(1 + n // 160) for n in lengths]
+    assert to_numpy(out["logit_lengths"]).tolist() == want
+    assert out["logits"].shape[1] == max(want)
+
+
+def test_fit_lowers_the_ctc_loss():
+    model = build_conformer(TINY, vocabulary_size=6, dropout=0.0, time_mask_count=0,
+                            freq_mask_count=0)
+    model.compile(optimizer=keras.optimizers.Adam(3e-3))
+    data = batch([6000, 4000, 5000, 3000])
+    labels = np.array([[1, 2, 3], [4, 5, 0], [6, 0, 0], [2, 2, 0]], "int32")
+    history = model.fit(data, labels, epochs=8, batch_size=4, verbose=0)
+    losses = history.history["loss"]
+    assert np.isfinite(losses).all()
+    assert losses[-1] < 0.7 * losses[0]
+
+
+def _greedy_reference(logits, length):
+    best = logits[:length].argmax(-1)
+    out, previous = [], None
+    for token in best:
+        if token != previous and token != 0:
+            out.append(int(token))
+        previous = token
+    return out
+
+
+def test_greedy_decode_collapses_repeats_and_drops_blanks():
+    model = build_conformer(TINY, vocabulary_size=4)
+    # Bias the head so decoding produces tokens instead of only blanks.
+    head = model.get_layer("ctc_logits")
+    kernel, bias = (to_numpy(w) for w in head.weights)
+    head.set_weights([kernel * 20, bias])
+    data = batch([6000, 3500])
+    out = model(data)
+    decoded = to_numpy(model.decode(data))
+    logits, lengths = to_numpy(out["logits"]), to_numpy(out["logit_lengths"])
+    for i in range(2):
+        want = _greedy_reference(logits[i], lengths[i])
+        got = [int(t) for t in decoded[i] if t >= 0]
+        assert got == want
+    assert any(_greedy_reference(logits[i], lengths[i]) for i in range(2))
+
+
+def test_beam_search_decode_runs():
+    model = build_conformer(TINY, vocabulary_size=4)
+    decoded = to_numpy(model.decode(batch([4000, 2000]), strategy="beam_search", beam_width=4))
+    assert decoded.shape[0] == 2
+
+
+def test_keras_save_and_reload(tmp_path):
+    model = build_conformer(TINY, vocabulary_size=7)
+    data = batch([5000, 3000])
+    path = str(tmp_path / "conformer.keras")
+    model.save(path)
+    reloaded = keras.saving.load_model(path)
+    assert isinstance(reloaded, ConformerCTC)
+    np.testing.assert_allclose(to_numpy(reloaded(data)["logits"]), to_numpy(model(data)["logits"]), atol=1e-5)
+
+
+def test_spec_augment_only_in_training():
+    model = build_conformer(TINY, vocabulary_size=3, dropout=0.0)
+    data = batch([5000, 5000])
+    a = to_numpy(model(data, training=False)["logits"])
+    b = to_numpy(model(data, training=False)["logits"])
+    np.testing.assert_array_equal(a, b)
+
+
+def test_unknown_preset():
+    with pytest.raises(ValueError, match=r"Unknown Conformer preset 'conformer_xl'"):
+        build_conformer("conformer_xl", vocabulary_size=5)
+
+
+def test_unknown_override():
+    with pytest.raises(ValueError, match=r"Unknown Conformer config field 'hidden_size'"):
+        build_conformer("conformer_tiny", vocabulary_size=5, hidden_size=8)
+
+
+@pytest.mark.parametrize("size", [0, 2.5])
+def test_bad_vocabulary_size(size):
+    with pytest.raises(ValueError, match=rf"Received: vocabulary_size={size}"):
+        build_conformer("conformer_tiny", vocabulary_size=size)
+
+
+def test_config_round_trip():
+    model = build_conformer(TINY, vocabulary_size=9)
+    config = model.get_config()
+    assert config["vocabulary_size"] == 9 and config["hidden_dim"] == 16
+    clone = ConformerCTC.from_config(config)
+    assert dataclasses.asdict(clone.conformer_config) == dataclasses.asdict(model.conformer_config)
