@@ -153,8 +153,8 @@ def build_conformer(config, vocabulary_size, **overrides):
     Example:
 
     >>> model = build_conformer("conformer_tiny", vocabulary_size=12)
-    >>> sorted(model.output_shape)
-    ['logit_lengths', 'logits']
+    >>> model.output_shape["logits"]
+    (None, None, 13)
     """
     config = replace_fields(get_conformer_config(config), "Conformer", **overrides)
     return ConformerCTC(vocabulary_size, **dataclasses.asdict(config))
