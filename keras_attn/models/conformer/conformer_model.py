@@ -153,7 +153,7 @@ def build_conformer(config, vocabulary_size, **overrides):
     Example:
 
     >>> model = build_conformer("conformer_tiny", vocabulary_size=12)
-    >>> model.output_shape["logits"]
+    >>> model.output["logits"].shape
     (None, None, 13)
     """
     config = replace_fields(get_conformer_config(config), "Conformer", **overrides)
