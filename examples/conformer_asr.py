@@ -9,8 +9,13 @@ utterances. Optionally exports a SavedModel that takes waveforms and returns
 token ids.
 
 Run:     python examples/conformer_asr.py [--epochs 30] [--export out/conformer_asr/saved]
-Expect:  see the numbers measured for the default run in models/README or the
-         issue notes; `--smoke` trains a few steps on 64 utterances (tests).
+Expect:  about 8 minutes on 2 CPU cores (first run: +1 min to synthesise the
+         audio). Measured 2026-11-21 (TensorFlow backend, cores shared with
+         other work): 30 epochs in 406 s, training CTC loss 18.9 -> 0.08,
+         greedy and beam WER 0.000 (200/200 exact) on 200 held-out
+         utterances. They are new digit strings but spoken by the same six
+         synthetic voices as the training set: an easy task, not a measure
+         of speaker generalisation. `--smoke`: a few steps on 64 utterances.
 """
 
 import argparse
