@@ -139,3 +139,25 @@ def test_config_round_trip():
     assert config["vocabulary_size"] == 9 and config["hidden_dim"] == 16
     clone = ConformerCTC.from_config(config)
     assert dataclasses.asdict(clone.conformer_config) == dataclasses.asdict(model.conformer_config)
+
+
+def test_feature_inputs_match_the_waveform_model():
+    """input_type="features" is the same network after the front end."""
+    from keras_attn.layers import LogMelFeatures
+
+    on_audio = build_conformer(TINY, vocabulary_size=5)
+    on_features = build_conformer(TINY, vocabulary_size=5, input_type="features")
+    on_features.set_weights(on_audio.get_weights())
+    data = batch([6000, 4100])
+    frontend = LogMelFeatures(num_mel_bins=20)
+    features = frontend(data["waveform"], data["waveform_length"])
+    frames = 1 + data["waveform_length"] // 160
+    want = on_audio(data)
+    got = on_features({"features": to_numpy(features), "feature_length": frames.astype("int32")})
+    np.testing.assert_allclose(to_numpy(got["logits"]), to_numpy(want["logits"]), atol=1e-5)
+    assert to_numpy(got["logit_lengths"]).tolist() == to_numpy(want["logit_lengths"]).tolist()
+
+
+def test_unknown_input_type():
+    with pytest.raises(ValueError, match=r"Received: input_type='spectrogram'"):
+        build_conformer(TINY, vocabulary_size=5, input_type="spectrogram")

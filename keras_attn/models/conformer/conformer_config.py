@@ -30,6 +30,10 @@ class ConformerConfig:
     freq_mask_width: int = 27
     time_mask_count: int = 10
     time_mask_ratio: float = 0.05
+    # "waveform": inputs {"waveform" (B, N), "waveform_length" (B,)} and the
+    # log-mel front end inside the model; "features": inputs {"features"
+    # (B, T, num_mel_bins), "feature_length" (B,)} already computed.
+    input_type: str = "waveform"
 
 
 CONFORMER_PRESETS = {

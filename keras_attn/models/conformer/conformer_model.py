@@ -39,7 +39,9 @@ class LengthMask(keras.layers.Layer):
 class ConformerCTC(keras.Model):
     """A Conformer encoder trained with CTC; build it with `build_conformer`.
 
-    Inputs: `{"waveform": (B, N) float32, "waveform_length": (B,) int32}`.
+    Inputs: `{"waveform": (B, N) float32, "waveform_length": (B,) int32}`,
+    or with `input_type="features"` precomputed log-mel features
+    `{"features": (B, T, num_mel_bins), "feature_length": (B,) int32}`.
     Outputs: `{"logits": (B, T', vocabulary_size + 1), "logit_lengths": (B,)}`.
     Labels for `fit` are `(B, L)` int token ids in `1..vocabulary_size`,
     padded with 0 (the blank, never a label); the CTC loss uses each
@@ -54,6 +56,11 @@ class ConformerCTC(keras.Model):
                 f"the CTC blank). Received: vocabulary_size={vocabulary_size!r}"
             )
         c = config
+        if c.input_type not in ("waveform", "features"):
+            raise ValueError(
+                "`input_type` must be 'waveform' or 'features'. "
+                f"Received: input_type={c.input_type!r}"
+            )
 
         # === Layers ===
         frontend = LogMelFeatures(
@@ -81,10 +88,16 @@ class ConformerCTC(keras.Model):
         ctc_head = keras.layers.Dense(vocabulary_size + 1, dtype=dtype, name="ctc_logits")
 
         # === Functional Model ===
-        waveform = keras.Input((None,), name="waveform")
-        waveform_length = keras.Input((), dtype="int32", name="waveform_length")
-        features = frontend(waveform, waveform_length)  # (B, T, mels)
-        frame_lengths = frontend.num_frames(waveform_length)  # (B,)
+        if c.input_type == "waveform":
+            waveform = keras.Input((None,), name="waveform")
+            waveform_length = keras.Input((), dtype="int32", name="waveform_length")
+            inputs = {"waveform": waveform, "waveform_length": waveform_length}
+            features = frontend(waveform, waveform_length)  # (B, T, mels)
+            frame_lengths = frontend.num_frames(waveform_length)  # (B,)
+        else:
+            features = keras.Input((None, c.num_mel_bins), name="features")
+            frame_lengths = keras.Input((), dtype="int32", name="feature_length")
+            inputs = {"features": features, "feature_length": frame_lengths}
         frame_mask = LengthMask(name="frame_mask")(features, frame_lengths)
         x = spec_augment(features, padding_mask=frame_mask)
         x = subsampling(x, padding_mask=frame_mask)  # (B, T', D)
@@ -95,7 +108,7 @@ class ConformerCTC(keras.Model):
             x = block(x, padding_mask=mask)
         logits = ctc_head(x)
         super().__init__(
-            inputs={"waveform": waveform, "waveform_length": waveform_length},
+            inputs=inputs,
             outputs={"logits": logits, "logit_lengths": logit_lengths},
             dtype=dtype,
             name="conformer_ctc",
