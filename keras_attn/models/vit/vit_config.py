@@ -8,6 +8,9 @@ the backbone alone is smaller by `1000 * (hidden_dim + 1)`.
 
 import dataclasses
 
+from keras_attn.models._config import replace_fields
+from keras_attn.models._config import resolve_config
+
 POOLINGS = ("cls", "gap")
 
 
@@ -88,30 +91,9 @@ VIT_PRESETS = {
 
 def get_vit_config(config):
     """A `ViTConfig` from a config, a preset name or a dict of fields."""
-    if isinstance(config, ViTConfig):
-        return config
-    if isinstance(config, str):
-        if config not in VIT_PRESETS:
-            raise ValueError(
-                f"Unknown ViT preset {config!r}; valid presets are "
-                f"{sorted(VIT_PRESETS)}. Received: config={config!r}"
-            )
-        return VIT_PRESETS[config]
-    if isinstance(config, dict):
-        return replace_config(ViTConfig(), **config)
-    raise ValueError(
-        "`config` must be a ViTConfig, a preset name or a dict. "
-        f"Received: config={config!r}"
-    )
+    return resolve_config(config, ViTConfig, VIT_PRESETS, "ViT")
 
 
 def replace_config(config, **overrides):
     """`dataclasses.replace` that names an unknown field in its error."""
-    fields = {field.name for field in dataclasses.fields(ViTConfig)}
-    for key in overrides:
-        if key not in fields:
-            raise ValueError(
-                f"Unknown ViT config field {key!r}; valid fields are "
-                f"{sorted(fields)}. Received: {key}={overrides[key]!r}"
-            )
-    return dataclasses.replace(config, **overrides)
+    return replace_fields(config, "ViT", **overrides)
