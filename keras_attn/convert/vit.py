@@ -15,6 +15,8 @@ import dataclasses
 import json
 import os
 
+import numpy as np
+
 from keras_attn.models.vit import ViTConfig
 from keras_attn.models.vit import build_vit
 
@@ -79,59 +81,82 @@ def load_hf_vit(path, include_classifier=True):
             raise ValueError(f"The checkpoint has no tensor {key!r}. Received: path={path!r}")
         return tensors[key]
 
-    def set_layer(name, *weights):
-        layer = model.get_layer(name)
-        expected = [tuple(w.shape) for w in layer.weights]
-        got = [tuple(w.shape) for w in weights]
-        if expected != got:
-            raise ValueError(
-                f"Shapes of {name!r} do not match: the model has {expected}. "
-                f"Received: shapes={got}"
-            )
+    def assign(layer, weights, sources):
+        """Sets `layer`'s weights after checking every shape; `sources` are
+        the checkpoint keys, so a mismatch says which tensor is wrong."""
+        for variable, value, source in zip(layer.weights, weights, sources):
+            if tuple(variable.shape) != tuple(value.shape):
+                raise ValueError(
+                    f"Checkpoint tensor {source!r} does not fit "
+                    f"{variable.path} of shape {tuple(variable.shape)} (does "
+                    f"config.json match the weights?). Received: shape={tuple(value.shape)}"
+                )
         layer.set_weights(list(weights))
+
+    def set_layer(name, *weights, sources):
+        assign(model.get_layer(name), weights, sources)
 
     heads, width = config.num_heads, config.hidden_dim
     head_dim = width // heads
 
+    def reshaped(source, array, shape):
+        if array.size != int(np.prod(shape)):
+            raise ValueError(
+                f"Checkpoint tensor {source!r} cannot be laid out as "
+                f"{shape} (does config.json match the weights?). "
+                f"Received: shape={tuple(array.shape)}"
+            )
+        return array.reshape(shape)
+
     # Conv kernel: torch (D, C, P, P) -> Keras (P, P, C, D).
+    patch = "embeddings.patch_embeddings.projection."
     set_layer(
         "patch_embedding",
-        get("embeddings.patch_embeddings.projection.weight").transpose(2, 3, 1, 0),
-        get("embeddings.patch_embeddings.projection.bias"),
+        get(patch + "weight").transpose(2, 3, 1, 0),
+        get(patch + "bias"),
+        sources=[prefix + patch + "weight", prefix + patch + "bias"],
     )
-    set_layer("class_token", get("embeddings.cls_token").reshape(width))
-    set_layer("position_embedding", get("embeddings.position_embeddings")[0])
+    set_layer("class_token", reshaped(prefix + "embeddings.cls_token", get("embeddings.cls_token"), (width,)),
+              sources=[prefix + "embeddings.cls_token"])
+    set_layer("position_embedding", get("embeddings.position_embeddings")[0],
+              sources=[prefix + "embeddings.position_embeddings"])
     for i in range(config.num_layers):
         hf = f"encoder.layer.{i}."
         block = model.get_layer(f"transformer_block_{i}")
 
-        def linear(name):  # torch (out, in) -> Keras (in, out)
-            return get(hf + name + ".weight").T, get(hf + name + ".bias")
+        def linear(name, kernel_shape=None, bias_shape=None):
+            # torch (out, in) -> Keras (in, out), then the head layout
+            kernel, bias = get(hf + name + ".weight").T, get(hf + name + ".bias")
+            if kernel_shape is not None:
+                kernel = reshaped(prefix + hf + name + ".weight", kernel, kernel_shape)
+            if bias_shape is not None:
+                bias = reshaped(prefix + hf + name + ".bias", bias, bias_shape)
+            return [kernel, bias], [prefix + hf + name + ".weight", prefix + hf + name + ".bias"]
 
         attention = block.self_attention
         for name in ("query", "key", "value"):
-            kernel, bias = linear(f"attention.attention.{name}")
-            _sublayer(attention, name).set_weights(
-                [kernel.reshape(width, heads, head_dim), bias.reshape(heads, head_dim)]
+            weights, sources = linear(
+                f"attention.attention.{name}", (width, heads, head_dim), (heads, head_dim)
             )
-        kernel, bias = linear("attention.output.dense")
-        _sublayer(attention, "attention_output").set_weights(
-            [kernel.reshape(heads, head_dim, width), bias]
-        )
-        block.self_attention_layer_norm.set_weights(
-            [get(hf + "layernorm_before.weight"), get(hf + "layernorm_before.bias")]
-        )
-        block.feed_forward.intermediate_dense.set_weights(list(linear("intermediate.dense")))
-        block.feed_forward.output_dense.set_weights(list(linear("output.dense")))
-        block.feed_forward_layer_norm.set_weights(
-            [get(hf + "layernorm_after.weight"), get(hf + "layernorm_after.bias")]
-        )
-    set_layer("final_layer_norm", get("layernorm.weight"), get("layernorm.bias"))
+            assign(_sublayer(attention, name), weights, sources)
+        weights, sources = linear("attention.output.dense", (heads, head_dim, width))
+        assign(_sublayer(attention, "attention_output"), weights, sources)
+        for layer, name in (
+            (block.self_attention_layer_norm, "layernorm_before"),
+            (block.feed_forward_layer_norm, "layernorm_after"),
+        ):
+            keys = [hf + name + ".weight", hf + name + ".bias"]
+            assign(layer, [get(k) for k in keys], [prefix + k for k in keys])
+        assign(block.feed_forward.intermediate_dense, *linear("intermediate.dense"))
+        assign(block.feed_forward.output_dense, *linear("output.dense"))
+    set_layer("final_layer_norm", get("layernorm.weight"), get("layernorm.bias"),
+              sources=[prefix + "layernorm.weight", prefix + "layernorm.bias"])
     if has_head:
         set_layer(
             "classifier",
             tensors["classifier.weight"].T,
             tensors["classifier.bias"],
+            sources=["classifier.weight", "classifier.bias"],
         )
     return model
 

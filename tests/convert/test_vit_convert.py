@@ -67,3 +67,31 @@ def test_backbone_cls_output_matches(tmp_path):
 def test_unsupported_activation_is_rejected():
     with pytest.raises(ValueError, match=r"Received: hidden_act='relu'"):
         vit_config_from_hf(hf_config(hidden_act="relu").to_dict())
+
+
+def test_checkpoint_that_does_not_match_its_config(tmp_path):
+    """A config.json that disagrees with the tensors fails naming a tensor."""
+    import json
+
+    hf = random_hf(transformers.ViTModel, hf_config())
+    hf.save_pretrained(tmp_path, safe_serialization=True)
+    config_path = tmp_path / "config.json"
+    config = json.loads(config_path.read_text())
+    config["intermediate_size"] = 32  # the checkpoint's MLP is 24 wide
+    config_path.write_text(json.dumps(config))
+    with pytest.raises(ValueError, match=r"'encoder.layer.0.intermediate.dense.weight' does not fit.*Received: shape=\(16, 24\)"):
+        load_hf_vit(str(tmp_path))
+
+
+def test_checkpoint_missing_a_tensor(tmp_path):
+    from safetensors.numpy import load_file
+    from safetensors.numpy import save_file
+
+    hf = random_hf(transformers.ViTModel, hf_config())
+    hf.save_pretrained(tmp_path, safe_serialization=True)
+    tensors = load_file(str(tmp_path / "model.safetensors"))
+    missing = [k for k in tensors if "layernorm_before" in k][0]
+    del tensors[missing]
+    save_file(tensors, str(tmp_path / "model.safetensors"))
+    with pytest.raises(ValueError, match=rf"has no tensor '{missing}'"):
+        load_hf_vit(str(tmp_path))
