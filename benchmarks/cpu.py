@@ -1,0 +1,167 @@
+"""CPU benchmarks: keras_attn side by side with keras-hub, same shapes and
+weight counts, in one process. Prints a table of ratios (never run as a test).
+
+Run:  python benchmarks/cpu.py [--quick] [--rows vit,conformer,attention]
+      (TensorFlow backend by default; KERAS_BACKEND=jax works too)
+
+Each row times a compiled training step (forward + backward + Adam) and a
+compiled inference call, median of `--repeats` timed runs after warm-up, for
+keras_attn and its peer; the ratio is keras_attn / peer (< 1.00 = faster).
+Rows are interleaved (ours, peer, ours, peer, ...) so that a change in the
+machine's load hits both sides alike.
+"""
+
+import argparse
+import os
+import statistics
+import sys
+import time
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+
+import keras  # noqa: E402
+import numpy as np  # noqa: E402
+
+
+def _timed(fn, repeats):
+    fn()  # compile
+    fn()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return times
+
+
+def _train_step_fn(model, inputs, targets, jit_compile):
+    model.compile(optimizer=keras.optimizers.Adam(1e-4), loss="mse", jit_compile=jit_compile)
+
+    def step():
+        model.train_on_batch(inputs, targets)
+
+    return step
+
+
+def _predict_fn(model, inputs, jit_compile):
+    model.compile(jit_compile=jit_compile)
+
+    def call():
+        model.predict_on_batch(inputs)
+
+    return call
+
+
+def compare(name, ours, peer, inputs, targets_fn, repeats, jit_compile):
+    """Times training and inference of two models on the same inputs."""
+    rows = []
+    for what in ("train step", "inference"):
+        fns = []
+        for model in (ours, peer):
+            if what == "train step":
+                fns.append(_train_step_fn(model, inputs, targets_fn(model), jit_compile))
+            else:
+                fns.append(_predict_fn(model, inputs, jit_compile))
+        for fn in fns:  # compile both before timing either
+            fn()
+        ours_times, peer_times = [], []
+        for _ in range(repeats):
+            ours_times += _timed(fns[0], 1)
+            peer_times += _timed(fns[1], 1)
+        a, b = statistics.median(ours_times), statistics.median(peer_times)
+        rows.append((name, what, jit_compile, a * 1e3, b * 1e3, a / b))
+    return rows
+
+
+def vit_models(quick):
+    import keras_hub
+
+    from keras_attn.models.vit import build_vit
+
+    # ViT-S/16 shapes (384 wide, 6 heads, MLP 1536); 12 layers, 4 with --quick.
+    layers = 4 if quick else 12
+    ours = build_vit("vit_small_16", num_layers=layers, image_size=224)
+    peer = keras_hub.models.ViTBackbone(
+        image_shape=(224, 224, 3), patch_size=16, num_layers=layers, num_heads=6,
+        hidden_dim=384, mlp_dim=1536,
+    )
+    images = np.random.default_rng(0).uniform(0, 255, (8, 224, 224, 3)).astype("float32")
+    return ours, peer, images
+
+
+def conformer_models(quick):
+    from keras_attn.layers import ConformerBlock
+
+    # A Conformer-S block (dim 144, 4 heads, kernel 32) on 2 s of 40 ms
+    # frames; the peer is the same block without its convolution module's
+    # counterpart: keras-hub has no Conformer, so the row compares against a
+    # keras-hub TransformerEncoder of the same width (context, not a race).
+    import keras_hub
+
+    frames, width = 50, 144
+    inputs = keras.Input((frames, width))
+    ours = keras.Model(inputs, ConformerBlock(num_heads=4, kernel_size=32)(inputs))
+    peer_in = keras.Input((frames, width))
+    peer = keras.Model(
+        peer_in,
+        keras_hub.layers.TransformerEncoder(intermediate_dim=4 * width, num_heads=4)(peer_in),
+    )
+    x = np.random.default_rng(0).standard_normal((8, frames, width)).astype("float32")
+    return ours, peer, x
+
+
+def attention_models(quick):
+    from keras_attn.layers import MultiHeadAttention
+
+    length, width = (128, 512)
+    inputs = keras.Input((length, width))
+    ours = keras.Model(inputs, MultiHeadAttention(num_heads=8)(inputs, use_causal_mask=True))
+    peer_in = keras.Input((length, width))
+    peer = keras.Model(
+        peer_in,
+        keras.layers.MultiHeadAttention(num_heads=8, key_dim=64)(peer_in, peer_in, use_causal_mask=True),
+    )
+    x = np.random.default_rng(0).standard_normal((8, length, width)).astype("float32")
+    return ours, peer, x
+
+
+ROWS = {
+    "attention": ("MHA, causal, B8 T128 D512 (vs keras.layers.MultiHeadAttention)", attention_models),
+    "vit": ("ViT-S/16 shapes, batch 8 (vs keras-hub ViTBackbone)", vit_models),
+    "conformer": ("Conformer-S block, B8 T50 (vs keras-hub TransformerEncoder)", conformer_models),
+}
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rows", default=",".join(ROWS))
+    parser.add_argument("--repeats", type=int, default=10)
+    parser.add_argument("--quick", action="store_true", help="fewer layers and repeats")
+    parser.add_argument("--xla", default="both", choices=("on", "off", "both"))
+    args = parser.parse_args(argv)
+    repeats = 3 if args.quick else args.repeats
+    xla_modes = {"on": [True], "off": [False], "both": [True, False]}[args.xla]
+    print(f"keras {keras.__version__}, backend {keras.backend.backend()}, "
+          f"python {sys.version.split()[0]}, {os.cpu_count()} CPUs")
+    table = []
+    for key in args.rows.split(","):
+        title, make = ROWS[key]
+        for jit in xla_modes:
+            ours, peer, inputs = make(args.quick)
+            print(f"{title}, XLA {'on' if jit else 'off'}: "
+                  f"{ours.count_params():,} vs {peer.count_params():,} parameters", flush=True)
+
+            def targets(model, inputs=inputs):
+                out = model.predict_on_batch(inputs)
+                return np.zeros_like(out)
+
+            table += compare(title, ours, peer, inputs, targets, repeats, jit)
+    print()
+    print(f"| case | measure | XLA | keras_attn ms | peer ms | ratio |")
+    print("|---|---|---|---|---|---|")
+    for name, what, jit, a, b, ratio in table:
+        print(f"| {name} | {what} | {'on' if jit else 'off'} | {a:.1f} | {b:.1f} | {ratio:.2f} |")
+
+
+if __name__ == "__main__":
+    main()
