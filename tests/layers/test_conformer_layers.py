@@ -331,3 +331,14 @@ def test_log_mel_fft_shorter_than_frame():
 
     with pytest.raises(ValueError, match=r"Received: fft_length=256, frame_length=400"):
         LogMelFeatures(fft_length=256)
+
+
+@pytest.mark.parametrize("kernel_size", [1, 4, 7, 32])
+def test_depthwise_sum_equals_keras_depthwise_conv(kernel_size):
+    module = ConformerConvModule(kernel_size=kernel_size, depthwise_initializer="random_normal")
+    x = rand(2, 9, 8)
+    module(x)
+    inner = rand(2, 9, module._inner)
+    np.testing.assert_allclose(
+        to_numpy(module._depthwise(inner)), to_numpy(module.depthwise_conv(inner)), atol=1e-5
+    )
