@@ -32,6 +32,15 @@ from keras_attn.models.bert.bert_config import replace_bert_config
 INPUT_NAMES = ("token_ids", "segment_ids", "padding_mask")
 
 
+class _PositionEmbedding(PositionEmbedding):
+    """`PositionEmbedding` with its output shape declared, so that a length
+    unknown while tracing (`keras.Input((None,))`) also builds on the torch
+    backend, which cannot infer it. Same weights and config."""
+
+    def compute_output_shape(self, inputs_shape):
+        return tuple(inputs_shape)
+
+
 def bert_initializer():
     """Truncated normal with stddev 0.02, the reference BERT initializer."""
     return keras.initializers.TruncatedNormal(stddev=0.02)
@@ -156,7 +165,7 @@ class BertBackbone(keras.Model):
             dtype=dtype,
             name="segment_embedding",
         )
-        position_embedding = PositionEmbedding(
+        position_embedding = _PositionEmbedding(
             max_sequence_length,
             initializer=bert_initializer(),
             dtype=dtype,
