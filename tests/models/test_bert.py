@@ -169,3 +169,19 @@ def test_keras_save_and_reload(tmp_path):
     assert reloaded.bert_config == model.bert_config
     np.testing.assert_allclose(to_numpy(model(data)["pooled_output"]),
                                to_numpy(reloaded(data)["pooled_output"]), atol=1e-6)
+
+
+def test_mixed_precision_policy_reaches_every_layer():
+    from keras_attn.models.bert import BertPretrainer
+
+    keras.config.set_dtype_policy("mixed_bfloat16")
+    model = BertPretrainer(tiny(num_layers=1))
+    data = batch()
+    data["mask_positions"] = np.zeros((2, 3), "int32")
+    out = model(data)
+    assert keras.backend.standardize_dtype(out["mlm"].dtype) == "bfloat16"
+    assert keras.backend.standardize_dtype(out["nsp"].dtype) == "bfloat16"
+    for layer in model._flatten_layers():
+        if layer.weights:
+            assert layer.dtype_policy.name == "mixed_bfloat16", layer.name
+    assert {keras.backend.standardize_dtype(w.dtype) for w in model.weights} == {"float32"}
