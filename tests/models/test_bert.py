@@ -159,6 +159,17 @@ def test_out_of_range_token_ids():
     assert np.all(np.isfinite(out["sequence_output"][1]))
 
 
+def test_position_layer_keeps_the_shared_class_name():
+    # .keras files store weights under the snake-cased class name; a renamed
+    # subclass would make older checkpoints unloadable.
+    from keras_attn.layers import PositionEmbedding
+
+    layer = tiny().get_layer("position_embedding")
+    assert isinstance(layer, PositionEmbedding)
+    assert type(layer).__name__ == "PositionEmbedding"
+    assert layer.compute_output_shape((None, None, 16)) == (None, None, 16)
+
+
 def test_keras_save_and_reload(tmp_path):
     model = tiny()
     data = batch()

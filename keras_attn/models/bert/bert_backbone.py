@@ -23,7 +23,7 @@ from keras import ops
 from keras_attn.layers._validation import check_positive_float
 from keras_attn.layers._validation import check_positive_int
 from keras_attn.layers._validation import check_rate
-from keras_attn.layers.position_embedding import PositionEmbedding
+from keras_attn.layers import position_embedding as _shared_position
 from keras_attn.layers.transformer_block import TransformerBlock
 from keras_attn.models.bert.bert_config import BertConfig
 from keras_attn.models.bert.bert_config import get_bert_config
@@ -32,10 +32,16 @@ from keras_attn.models.bert.bert_config import replace_bert_config
 INPUT_NAMES = ("token_ids", "segment_ids", "padding_mask")
 
 
-class _PositionEmbedding(PositionEmbedding):
-    """`PositionEmbedding` with its output shape declared, so that a length
-    unknown while tracing (`keras.Input((None,))`) also builds on the torch
-    backend, which cannot infer it. Same weights and config."""
+class PositionEmbedding(_shared_position.PositionEmbedding):
+    """The shared `PositionEmbedding` with its output shape declared, so
+    that a length unknown while tracing (`keras.Input((None,))`) also builds
+    on the torch backend, which cannot infer it. Same weights and config.
+
+    Same class name on purpose: `.keras` files store weights under the
+    snake-cased class name (`position_embedding`), so checkpoints stay
+    loadable both ways, and this subclass can go once the shared layer
+    declares its output shape.
+    """
 
     def compute_output_shape(self, inputs_shape):
         return tuple(inputs_shape)
@@ -165,7 +171,7 @@ class BertBackbone(keras.Model):
             dtype=dtype,
             name="segment_embedding",
         )
-        position_embedding = _PositionEmbedding(
+        position_embedding = PositionEmbedding(
             max_sequence_length,
             initializer=bert_initializer(),
             dtype=dtype,
