@@ -20,7 +20,8 @@ Run:
     python examples/bert_finetune.py --from-scratch      # same model, no pretraining
     python examples/bert_finetune.py --smoke --checkpoint DIR   # for the tests
 
-Expect (2 CPU cores, TensorFlow backend): see RESULTS below, measured.
+Expect (2 CPU cores, TensorFlow backend): about 2 minutes, 83-85% test
+accuracy (RESULTS below, measured). `--smoke`: about 30 s.
 """
 
 import argparse
@@ -37,7 +38,14 @@ from keras_attn.models.bert import BertSequenceClassifier  # noqa: E402
 from keras_attn.models.bert import build_bert  # noqa: E402
 
 RESULTS = """
-measured 2026-11-21 (2 shared CPU cores): to be filled by the run
+measured 2026-11-21, default arguments, 2 CPU cores shared with other jobs:
+1,115 training / 279 test sentences, 4 topics, 8 epochs of 35 steps.
+  from examples/bert_pretrain.py's checkpoint: test accuracy 0.8387 (234 / 279),
+  fit 86 s; from scratch (--from-scratch, same model and data): 0.8459
+  (236 / 279), fit 146 s (busier machine). Pretraining on this small corpus
+  does not help this task measurably (one test sentence is 0.36%).
+  The reloaded SavedModel serves raw strings, e.g. 'If the "finally" clause
+  raises another exception, ...' -> compound (p=0.98).
 """
 
 TOPICS = ("specialnames", "compound", "debugger", "string-methods")

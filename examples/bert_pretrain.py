@@ -16,8 +16,9 @@ Run:
     python examples/bert_pretrain.py            # full run (--output out/bert_pretrain)
     python examples/bert_pretrain.py --smoke    # a few steps, for the tests
 
-Expect (2 CPU cores, TensorFlow backend): see RESULTS below, measured.
-`--smoke`: about 30 s.
+Expect (2 CPU cores, TensorFlow backend): about 10 minutes on a busy machine,
+held-out masked-LM loss 7.1 -> 4.7 (RESULTS below, measured). `--smoke`:
+about 30 s.
 """
 
 import argparse
@@ -33,7 +34,17 @@ from keras_attn.models.bert import BertPretrainer  # noqa: E402
 from keras_attn.models.bert import build_bert  # noqa: E402
 
 RESULTS = """
-measured 2026-11-21 (2 shared CPU cores): to be filled by the run
+measured 2026-11-21, default arguments, 2 CPU cores shared with other jobs
+(load average 4-8): vocabulary 1,151 WordPieces (the corpus yields no more
+than that of the 4,000 asked), 3,424 training pairs, 287 held-out pairs of
+8 held-out documents, 12 epochs of 107 steps, fit 617 s (24-113 s an epoch,
+depending on the load).
+  held-out masked-LM loss 7.094 -> 4.749 (perplexity 1206 -> 115),
+  masked-LM accuracy 0.000 -> 0.184, NSP accuracy 0.481 -> 0.512;
+  training masked-LM loss by epoch: 6.23 5.60 5.44 5.25 5.13 5.03 4.89 4.81
+  4.73 4.68 4.63 4.59 (visibly falling after the first two epochs, ~1.5 min).
+NSP reaches 0.67 on the training pairs but not on held-out documents: the
+corpus is too small for it to generalise.
 """
 
 
