@@ -3,5 +3,11 @@
 from keras_attn.export.image_classifier import export_image_classifier
 from keras_attn.export.saved_model import export_saved_model
 from keras_attn.export.speech_recognizer import export_speech_recognizer
+from keras_attn.export.text_classifier import export_text_classifier
 
-__all__ = ["export_image_classifier", "export_saved_model", "export_speech_recognizer"]
+__all__ = [
+    "export_image_classifier",
+    "export_saved_model",
+    "export_speech_recognizer",
+    "export_text_classifier",
+]

@@ -17,7 +17,13 @@ def _default_signature(model):
 
 
 def export_saved_model(
-    model, path, input_signature=None, endpoint_name="serve", serving_fn=None
+    model,
+    path,
+    input_signature=None,
+    endpoint_name="serve",
+    serving_fn=None,
+    extra_endpoints=None,
+    track=(),
 ):
     """Writes `model` as a TensorFlow SavedModel at `path`, atomically.
 
@@ -37,6 +43,9 @@ def export_saved_model(
         serving_fn: what the endpoint computes, called with one tensor per
             spec of `input_signature`; defaults to the model's inference
             call. Use it to add pre- or post-processing (a softmax, a cast).
+        extra_endpoints: more endpoints, `{name: (fn, input_signature)}`.
+        track: more objects whose resources the endpoints use (a
+            tokenizer's vocabulary tables).
 
     Returns:
         `path`. Load it with `tf.saved_model.load(path)` and call
@@ -53,6 +62,8 @@ def export_saved_model(
     try:
         archive = keras.export.ExportArchive()
         archive.track(model)
+        for resource in track:
+            archive.track(resource)
         if serving_fn is None:
             if len(model.inputs) > 1:
                 # One positional argument per input, in the model's input order.
@@ -62,6 +73,8 @@ def export_saved_model(
                 def serving_fn(inputs):
                     return model(inputs, training=False)
         archive.add_endpoint(endpoint_name, serving_fn, input_signature=input_signature)
+        for name, (fn, signature) in (extra_endpoints or {}).items():
+            archive.add_endpoint(name, fn, input_signature=signature)
         target = os.path.join(staging, "model")
         archive.write_out(target, verbose=False)
         if os.path.exists(path):

@@ -58,9 +58,9 @@ class PositionEmbedding(keras.layers.Layer):
         )
         self.built = True
 
-    def call(self, inputs, start_index=0):
-        shape = ops.shape(inputs)
-        length = shape[-2]
+    def _check_length(self, length, start_index):
+        """ValueError when static positions run past the table; returns
+        whether the check could run (length and start known)."""
         static = isinstance(length, numbers.Integral) and isinstance(
             start_index, numbers.Integral
         )
@@ -72,6 +72,12 @@ class PositionEmbedding(keras.layers.Layer):
                 f"fit in max_sequence_length={self.max_sequence_length}. "
                 f"Received: sequence length={length}, start_index={start_index}"
             )
+        return static
+
+    def call(self, inputs, start_index=0):
+        shape = ops.shape(inputs)
+        length = shape[-2]
+        static = self._check_length(length, start_index)
         positions = ops.arange(length) + start_index  # (T,)
         # A gather, not a slice, so that a symbolic length traces.
         table = ops.take(self.position_embeddings, positions, axis=0)  # (T, D)
@@ -82,6 +88,12 @@ class PositionEmbedding(keras.layers.Layer):
             valid = (positions >= 0) & (positions < self.max_sequence_length)
             table = ops.where(valid[:, None], table, float("nan"))
         return ops.broadcast_to(ops.cast(table, self.compute_dtype), shape)
+
+    def compute_output_shape(self, inputs_shape):
+        # Declared (the torch backend cannot trace a free length), and checked
+        # here too so that a too-long static Input fails at construction.
+        self._check_length(inputs_shape[-2], 0)
+        return tuple(inputs_shape)
 
     def get_config(self):
         config = super().get_config()

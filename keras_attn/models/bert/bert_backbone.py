@@ -1,0 +1,268 @@
+"""The BERT encoder as a functional `keras.Model`.
+
+```
+token_ids (B, T)    -> ReversibleEmbedding        "token_embedding"     (B, T, D)
+segment_ids (B, T)  -> Embedding                  "segment_embedding"   (B, T, D)
+positions 0..T-1    -> PositionEmbedding          "position_embedding"  (B, T, D)
+ sum                                              "embeddings_add"
+ -> LayerNorm, Dropout                            "embeddings_layer_norm", "embeddings_dropout"
+ -> L x post-norm TransformerBlock (exact GELU),  "transformer_block_{i}"
+      keys masked by padding_mask (B, T)
+ -> sequence_output                                                     (B, T, D)
+ -> [CLS] vector -> Dense tanh                    "pooled_dense"        (B, D)
+ -> pooled_output
+```
+"""
+
+import dataclasses
+
+import keras
+import numpy as np
+from keras import ops
+
+from keras_attn.layers._validation import check_positive_float
+from keras_attn.layers._validation import check_positive_int
+from keras_attn.layers._validation import check_rate
+from keras_attn.layers.position_embedding import PositionEmbedding
+from keras_attn.layers.transformer_block import TransformerBlock
+from keras_attn.models.bert.bert_config import BertConfig
+from keras_attn.models.bert.bert_config import get_bert_config
+from keras_attn.models.bert.bert_config import replace_bert_config
+
+INPUT_NAMES = ("token_ids", "segment_ids", "padding_mask")
+
+
+def bert_initializer():
+    """Truncated normal with stddev 0.02, the reference BERT initializer."""
+    return keras.initializers.TruncatedNormal(stddev=0.02)
+
+
+def _check_config(config):
+    check_positive_int("vocabulary_size", config.vocabulary_size)
+    check_positive_int("num_layers", config.num_layers)
+    check_positive_int("num_heads", config.num_heads)
+    check_positive_int("hidden_dim", config.hidden_dim)
+    check_positive_int("intermediate_dim", config.intermediate_dim)
+    check_rate("dropout", config.dropout)
+    check_rate("attention_dropout", config.attention_dropout)
+    check_positive_int("max_sequence_length", config.max_sequence_length)
+    check_positive_int("num_segments", config.num_segments)
+    check_positive_float("layer_norm_epsilon", config.layer_norm_epsilon)
+    if config.hidden_dim % config.num_heads:
+        raise ValueError(
+            "`num_heads` must divide `hidden_dim`. Received: "
+            f"hidden_dim={config.hidden_dim}, num_heads={config.num_heads}"
+        )
+
+
+def check_token_ids(token_ids, vocabulary_size, name="token_ids"):
+    """Raises `ValueError` if a concrete id lies outside `[0, vocabulary_size)`.
+
+    Use it on NumPy data before it reaches the model. Inside the model an
+    out-of-range id cannot raise on every backend (a gather clamps under XLA
+    and on GPUs), so the backbone makes the embedding of such an id NaN
+    instead: the error shows in the outputs, never a silent wrong vector.
+    """
+    ids = np.asarray(token_ids)
+    if ids.size and (ids.min() < 0 or ids.max() >= vocabulary_size):
+        bad = ids[(ids < 0) | (ids >= vocabulary_size)]
+        raise ValueError(
+            f"`{name}` must lie in [0, {vocabulary_size}) (the vocabulary "
+            f"size). Received: {name} out of range={sorted(set(bad.tolist()))[:10]}"
+        )
+    return token_ids
+
+
+@keras.saving.register_keras_serializable(package="keras_attn")
+class BertBackbone(keras.Model):
+    """BERT encoder: token, segment and padding inputs in, the sequence and
+    pooled outputs out.
+
+    The arguments are the fields of `BertConfig`; prefer
+    `build_bert("bert_base")`.
+
+    Inputs (a dict, any batch size, any length up to `max_sequence_length`):
+        token_ids: `(B, T)` int, WordPiece ids in `[0, vocabulary_size)`.
+        segment_ids: `(B, T)` int, 0 for sentence A, 1 for sentence B.
+        padding_mask: `(B, T)` int or bool, 1/True for a real token.
+
+    Outputs (a dict):
+        sequence_output: `(B, T, D)`, the last block's output.
+        pooled_output: `(B, D)`, `tanh(W h_[CLS] + b)`.
+
+    An input longer than `max_sequence_length` raises `ValueError` (see
+    `PositionEmbedding`); an out-of-range token id gives NaN outputs (see
+    `check_token_ids`).
+
+    Example:
+
+    >>> import numpy as np
+    >>> model = BertBackbone(vocabulary_size=50, num_layers=1, num_heads=2,
+    ...                      hidden_dim=8, intermediate_dim=16,
+    ...                      max_sequence_length=16)
+    >>> ids = np.array([[2, 7, 9, 3, 0]])
+    >>> out = model({"token_ids": ids, "segment_ids": np.zeros_like(ids),
+    ...              "padding_mask": ids != 0})
+    >>> tuple(out["sequence_output"].shape), tuple(out["pooled_output"].shape)
+    ((1, 5, 8), (1, 8))
+
+    References:
+        Devlin et al., "BERT: Pre-training of Deep Bidirectional Transformers
+        for Language Understanding", NAACL 2019, sections 3 and A.2.
+    """
+
+    def __init__(
+        self,
+        vocabulary_size=30522,
+        num_layers=12,
+        num_heads=12,
+        hidden_dim=768,
+        intermediate_dim=3072,
+        dropout=0.1,
+        attention_dropout=0.1,
+        max_sequence_length=512,
+        num_segments=2,
+        layer_norm_epsilon=1e-12,
+        dtype=None,
+        **kwargs,
+    ):
+        config = BertConfig(
+            vocabulary_size=vocabulary_size,
+            num_layers=num_layers,
+            num_heads=num_heads,
+            hidden_dim=hidden_dim,
+            intermediate_dim=intermediate_dim,
+            dropout=dropout,
+            attention_dropout=attention_dropout,
+            max_sequence_length=max_sequence_length,
+            num_segments=num_segments,
+            layer_norm_epsilon=layer_norm_epsilon,
+        )
+        _check_config(config)
+
+        # === Layers ===
+        token_embedding = keras.layers.ReversibleEmbedding(
+            vocabulary_size,
+            hidden_dim,
+            tie_weights=True,
+            embeddings_initializer=bert_initializer(),
+            dtype=dtype,
+            name="token_embedding",
+        )
+        segment_embedding = keras.layers.Embedding(
+            num_segments,
+            hidden_dim,
+            embeddings_initializer=bert_initializer(),
+            dtype=dtype,
+            name="segment_embedding",
+        )
+        position_embedding = PositionEmbedding(
+            max_sequence_length,
+            initializer=bert_initializer(),
+            dtype=dtype,
+            name="position_embedding",
+        )
+        embeddings_add = keras.layers.Add(dtype=dtype, name="embeddings_add")
+        embeddings_layer_norm = keras.layers.LayerNormalization(
+            epsilon=layer_norm_epsilon, dtype=dtype, name="embeddings_layer_norm"
+        )
+        embeddings_dropout = keras.layers.Dropout(
+            dropout, dtype=dtype, name="embeddings_dropout"
+        )
+        blocks = [
+            TransformerBlock(
+                num_heads=num_heads,
+                intermediate_dim=intermediate_dim,
+                norm_position="post",
+                activation="gelu",
+                dropout=dropout,
+                attention_dropout=attention_dropout,
+                layer_norm_epsilon=layer_norm_epsilon,
+                kernel_initializer=bert_initializer(),
+                dtype=dtype,
+                name=f"transformer_block_{i}",
+            )
+            for i in range(num_layers)
+        ]
+        pooled_dense = keras.layers.Dense(
+            hidden_dim,
+            activation="tanh",
+            kernel_initializer=bert_initializer(),
+            dtype=dtype,
+            name="pooled_dense",
+        )
+
+        # === Functional Model ===
+        token_ids = keras.Input(shape=(None,), dtype="int32", name="token_ids")
+        segment_ids = keras.Input(shape=(None,), dtype="int32", name="segment_ids")
+        padding_mask = keras.Input(shape=(None,), dtype="int32", name="padding_mask")
+        # An id outside the table gives a NaN vector on every backend, never
+        # a silently clamped row (XLA and GPUs clamp gathers; TF on CPU
+        # raises): look up id 0 in its place, then overwrite with NaN.
+        valid = ops.logical_and(token_ids >= 0, token_ids < vocabulary_size)
+        tokens = token_embedding(ops.where(valid, token_ids, 0))  # (B, T, D)
+        tokens = ops.where(ops.expand_dims(valid, -1), tokens, float("nan"))
+        x = embeddings_add(
+            [tokens, segment_embedding(segment_ids), position_embedding(tokens)]
+        )
+        x = embeddings_layer_norm(x)
+        x = embeddings_dropout(x)
+        mask = ops.cast(padding_mask, "bool")  # (B, T), True = real token
+        for block in blocks:
+            x = block(x, padding_mask=mask)
+        sequence_output = x  # (B, T, D)
+        pooled_output = pooled_dense(x[:, 0, :])  # (B, D)
+        super().__init__(
+            inputs={
+                "token_ids": token_ids,
+                "segment_ids": segment_ids,
+                "padding_mask": padding_mask,
+            },
+            outputs={
+                "sequence_output": sequence_output,
+                "pooled_output": pooled_output,
+            },
+            dtype=dtype,
+            **kwargs,
+        )
+
+        # === Config ===
+        self.bert_config = config
+        self.token_embedding = token_embedding
+
+    def get_config(self):
+        return {
+            "name": self.name,
+            "trainable": self.trainable,
+            "dtype": keras.saving.serialize_keras_object(self.dtype_policy),
+            **dataclasses.asdict(self.bert_config),
+        }
+
+    @classmethod
+    def from_config(cls, config):
+        config = dict(config)
+        if isinstance(config.get("dtype"), dict):
+            config["dtype"] = keras.saving.deserialize_keras_object(config["dtype"])
+        return cls(**config)
+
+
+def build_bert(config, **overrides):
+    """Builds a `BertBackbone` from a `BertConfig`, a preset name or a dict.
+
+    Args:
+        config: a `BertConfig`, a name from `BERT_PRESETS` (`"bert_base"`) or
+            a dict of `BertConfig` fields.
+        **overrides: `BertConfig` fields to change (`vocabulary_size=8000`,
+            `max_sequence_length=128`); an unknown name is a `ValueError`.
+
+    Returns:
+        A `BertBackbone` (a functional `keras.Model`).
+
+    Example:
+
+    >>> model = build_bert("bert_tiny", vocabulary_size=100, num_layers=1)
+    >>> model.count_params()
+    293632
+    """
+    config = replace_bert_config(get_bert_config(config), **overrides)
+    return BertBackbone(**dataclasses.asdict(config))

@@ -1,0 +1,101 @@
+"""`BertConfig` and the BERT presets.
+
+`bert_base` and `bert_large` are the two models of Devlin et al. (2019),
+section 3; the four small ones are the compact models of Turc et al. (2019),
+"Well-Read Students Learn Better", Table 6 / the 24 released miniatures (all
+with intermediate width 4 x hidden and 64-wide heads). Parameter counts are
+those of the backbone (`build_bert(name).count_params()`), pooler included,
+task heads excluded.
+"""
+
+import dataclasses
+
+
+@dataclasses.dataclass(frozen=True)
+class BertConfig:
+    """BERT hyper-parameters; the fields are the arguments of `BertBackbone`.
+
+    Attributes:
+        vocabulary_size: WordPiece vocabulary size (30,522 for the uncased
+            English vocabulary of the original release).
+        num_layers: number of post-norm encoder blocks L.
+        num_heads: attention heads per block A.
+        hidden_dim: model width H.
+        intermediate_dim: feed-forward hidden width (4 H in every preset).
+        dropout: rate after the embeddings and on every sublayer output
+            (`hidden_dropout_prob`).
+        attention_dropout: rate on the attention probabilities
+            (`attention_probs_dropout_prob`).
+        max_sequence_length: rows of the learned position table; a longer
+            input is a `ValueError`.
+        num_segments: rows of the segment ("token type") table; 2 for
+            sentence A / sentence B.
+        layer_norm_epsilon: LayerNorm epsilon (1e-12 in the reference code).
+    """
+
+    vocabulary_size: int = 30522
+    num_layers: int = 12
+    num_heads: int = 12
+    hidden_dim: int = 768
+    intermediate_dim: int = 3072
+    dropout: float = 0.1
+    attention_dropout: float = 0.1
+    max_sequence_length: int = 512
+    num_segments: int = 2
+    layer_norm_epsilon: float = 1e-12
+
+
+def _variant(num_layers, hidden_dim, num_heads):
+    return BertConfig(
+        num_layers=num_layers,
+        hidden_dim=hidden_dim,
+        num_heads=num_heads,
+        intermediate_dim=4 * hidden_dim,
+    )
+
+
+BERT_PRESETS = {
+    # Turc et al. 2019, "Well-Read Students", L=2 H=128 A=2 (BERT-Tiny). 4,385,920.
+    "bert_tiny": _variant(2, 128, 2),
+    # Turc et al. 2019, L=4 H=256 A=4 (BERT-Mini). 11,170,560.
+    "bert_mini": _variant(4, 256, 4),
+    # Turc et al. 2019, L=4 H=512 A=8 (BERT-Small). 28,763,648.
+    "bert_small": _variant(4, 512, 8),
+    # Turc et al. 2019, L=8 H=512 A=8 (BERT-Medium). 41,373,184.
+    "bert_medium": _variant(8, 512, 8),
+    # Devlin et al. 2019, section 3, BERT-BASE L=12 H=768 A=12 (110M). 109,482,240.
+    "bert_base": _variant(12, 768, 12),
+    # Devlin et al. 2019, section 3, BERT-LARGE L=24 H=1024 A=16 (340M). 335,141,888.
+    "bert_large": _variant(24, 1024, 16),
+}
+
+
+def get_bert_config(config):
+    """A `BertConfig` from a config, a preset name or a dict of fields."""
+    if isinstance(config, BertConfig):
+        return config
+    if isinstance(config, str):
+        if config not in BERT_PRESETS:
+            raise ValueError(
+                f"Unknown BERT preset {config!r}; valid presets are "
+                f"{sorted(BERT_PRESETS)}. Received: config={config!r}"
+            )
+        return BERT_PRESETS[config]
+    if isinstance(config, dict):
+        return replace_bert_config(BertConfig(), **config)
+    raise ValueError(
+        "`config` must be a BertConfig, a preset name or a dict. "
+        f"Received: config={config!r}"
+    )
+
+
+def replace_bert_config(config, **overrides):
+    """`dataclasses.replace` that names an unknown field in its error."""
+    fields = {field.name for field in dataclasses.fields(BertConfig)}
+    for key in overrides:
+        if key not in fields:
+            raise ValueError(
+                f"Unknown BERT config field {key!r}; valid fields are "
+                f"{sorted(fields)}. Received: {key}={overrides[key]!r}"
+            )
+    return dataclasses.replace(config, **overrides)

@@ -1,0 +1,150 @@
+"""The masked-LM head of BERT pretraining, and a perplexity metric."""
+
+import keras
+from keras import ops
+
+from keras_attn.layers._validation import check_positive_float
+from keras_attn.layers._validation import check_positive_int
+from keras_attn.layers._validation import get_activation
+
+
+@keras.saving.register_keras_serializable(package="keras_attn")
+class BertMaskedLMHead(keras.layers.Layer):
+    """Predicts the original tokens at the masked positions.
+
+    ```
+    sequence (B, T, D) -> gather mask_positions        (B, P, D)
+     -> Dense D, activation, LayerNorm                 "transform_dense", "transform_layer_norm"
+     -> x @ embeddings^T + output_bias                 (B, P, V) logits
+    ```
+
+    The decoder matrix is not a weight of this layer: it is the token
+    embedding table passed at call time (`embeddings=`), so input and output
+    embeddings are one variable, as in the original BERT; the layer owns only
+    the transform and the `(V,)` output bias.
+
+    Args:
+        vocabulary_size: V, the number of logits per position.
+        activation: transform activation (`"gelu"`: exact GELU).
+        layer_norm_epsilon: epsilon of the transform LayerNorm.
+        kernel_initializer: initializer of the transform kernel.
+        **kwargs: base layer arguments.
+
+    Call arguments:
+        inputs: `(B, T, D)` encoder output.
+        mask_positions: `(B, P)` int positions to predict (in `[0, T)`).
+        embeddings: `(V, D)` decoder matrix (the token embedding table).
+
+    Returns:
+        `(B, P, V)` logits.
+
+    Example:
+
+    >>> import numpy as np
+    >>> head = BertMaskedLMHead(vocabulary_size=10)
+    >>> logits = head(np.ones((2, 5, 4), "float32"), np.array([[0, 3], [1, 1]]),
+    ...               embeddings=np.ones((10, 4), "float32"))
+    >>> tuple(logits.shape)
+    (2, 2, 10)
+    """
+
+    def __init__(
+        self,
+        vocabulary_size,
+        activation="gelu",
+        layer_norm_epsilon=1e-12,
+        kernel_initializer="glorot_uniform",
+        **kwargs,
+    ):
+        super().__init__(**kwargs)
+        self.vocabulary_size = check_positive_int("vocabulary_size", vocabulary_size)
+        self.activation = get_activation("activation", activation)
+        self.layer_norm_epsilon = check_positive_float(
+            "layer_norm_epsilon", layer_norm_epsilon
+        )
+        self.kernel_initializer = keras.initializers.get(kernel_initializer)
+
+    def build(self, inputs_shape, mask_positions_shape=None, embeddings_shape=None):
+        width = inputs_shape[-1]
+        self.transform_dense = keras.layers.Dense(
+            width,
+            kernel_initializer=self.kernel_initializer,
+            dtype=self.dtype_policy,
+            name="transform_dense",
+        )
+        self.transform_dense.build((None, None, width))
+        self.transform_layer_norm = keras.layers.LayerNormalization(
+            epsilon=self.layer_norm_epsilon,
+            dtype=self.dtype_policy,
+            name="transform_layer_norm",
+        )
+        self.transform_layer_norm.build((None, None, width))
+        self.output_bias = self.add_weight(
+            name="output_bias", shape=(self.vocabulary_size,), initializer="zeros"
+        )
+        self.built = True
+
+    def call(self, inputs, mask_positions, embeddings):
+        embeddings = ops.convert_to_tensor(embeddings)
+        if embeddings.shape[0] is not None and embeddings.shape[0] != self.vocabulary_size:
+            raise ValueError(
+                f"`embeddings` must have vocabulary_size={self.vocabulary_size} "
+                f"rows. Received: embeddings.shape={tuple(embeddings.shape)}"
+            )
+        positions = ops.cast(mask_positions, "int32")[..., None]  # (B, P, 1)
+        x = ops.take_along_axis(inputs, positions, axis=1)  # (B, P, D)
+        x = self.transform_layer_norm(self.activation(self.transform_dense(x)))
+        table = ops.cast(embeddings, self.compute_dtype)  # (V, D)
+        logits = ops.einsum("bpd,vd->bpv", x, table)  # (B, P, V)
+        return logits + ops.cast(self.output_bias, self.compute_dtype)
+
+    def compute_output_shape(self, inputs_shape, mask_positions_shape, embeddings_shape=None):
+        return tuple(mask_positions_shape) + (self.vocabulary_size,)
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(
+            {
+                "vocabulary_size": self.vocabulary_size,
+                "activation": keras.activations.serialize(self.activation),
+                "layer_norm_epsilon": self.layer_norm_epsilon,
+                "kernel_initializer": keras.initializers.serialize(
+                    self.kernel_initializer
+                ),
+            }
+        )
+        return config
+
+
+@keras.saving.register_keras_serializable(package="keras_attn")
+class Perplexity(keras.metrics.Metric):
+    """`exp` of the (sample-weighted) mean cross-entropy of integer targets
+    under logits: the masked-LM perplexity when the weights mark the real
+    predictions. Equals `keras_hub.metrics.Perplexity(from_logits=True)`
+    without importing keras_hub (which imports TensorFlow).
+    """
+
+    def __init__(self, name="perplexity", dtype="float32", **kwargs):
+        super().__init__(name=name, dtype=dtype, **kwargs)
+        self.total = self.add_variable(shape=(), initializer="zeros", name="total")
+        self.count = self.add_variable(shape=(), initializer="zeros", name="count")
+
+    def update_state(self, y_true, y_pred, sample_weight=None):
+        y_pred = ops.cast(y_pred, "float32")
+        loss = keras.losses.sparse_categorical_crossentropy(
+            y_true, y_pred, from_logits=True
+        )  # (B, ...)
+        weight = (
+            ops.ones_like(loss)
+            if sample_weight is None
+            else ops.broadcast_to(ops.cast(sample_weight, "float32"), ops.shape(loss))
+        )
+        self.total.assign_add(ops.sum(loss * weight))
+        self.count.assign_add(ops.sum(weight))
+
+    def result(self):
+        return ops.exp(ops.divide_no_nan(self.total, self.count))
+
+    def reset_state(self):
+        self.total.assign(0.0)
+        self.count.assign(0.0)

@@ -1,0 +1,268 @@
+"""BERT task models: pretraining (masked LM + next sentence), sequence
+classification and token classification.
+
+Each is a functional `keras.Model` around a `BertBackbone` whose `compile`
+fills in the loss and metrics when they are left out, so
+`model.compile(optimizer); model.fit(dataset)` trains it.
+"""
+
+import keras
+
+from keras_attn.layers._validation import check_positive_int
+from keras_attn.layers._validation import check_rate
+from keras_attn.models.bert.bert_backbone import BertBackbone
+from keras_attn.models.bert.bert_backbone import bert_initializer
+from keras_attn.models.bert.bert_heads import BertMaskedLMHead
+from keras_attn.models.bert.bert_heads import Perplexity
+
+
+def _check_backbone(backbone):
+    if not isinstance(backbone, BertBackbone):
+        raise ValueError(
+            "`backbone` must be a BertBackbone (from build_bert). "
+            f"Received: backbone={type(backbone).__name__}"
+        )
+    return backbone
+
+
+def _backbone_inputs():
+    return {
+        name: keras.Input(shape=(None,), dtype="int32", name=name)
+        for name in ("token_ids", "segment_ids", "padding_mask")
+    }
+
+
+def _sparse_ce(**kwargs):
+    return keras.losses.SparseCategoricalCrossentropy(from_logits=True, **kwargs)
+
+
+class _BertTask(keras.Model):
+    """Config handling shared by the task models: the backbone is serialized
+    as a nested object, the other constructor arguments as they are."""
+
+    _task_args = ()
+
+    def get_config(self):
+        config = {
+            "name": self.name,
+            "trainable": self.trainable,
+            "backbone": keras.saving.serialize_keras_object(self.backbone),
+        }
+        for arg in self._task_args:
+            config[arg] = getattr(self, arg)
+        return config
+
+    @classmethod
+    def from_config(cls, config):
+        config = dict(config)
+        config["backbone"] = keras.saving.deserialize_keras_object(config["backbone"])
+        return cls(**config)
+
+
+@keras.saving.register_keras_serializable(package="keras_attn")
+class BertPretrainer(_BertTask):
+    """BERT pretraining: masked LM and next sentence prediction.
+
+    Inputs: the backbone's `token_ids`, `segment_ids`, `padding_mask` and
+    `mask_positions` `(B, P)` (the positions the masked LM predicts; padded
+    entries carry weight 0 in the targets' sample weights).
+
+    Outputs: `{"mlm": (B, P, V) logits, "nsp": (B, 2) logits}`; class 1 of
+    `nsp` means "B is the sentence that follows A".
+
+    The masked-LM decoder is the backbone's token embedding table (one
+    variable, tied as in the original BERT) plus an output bias.
+
+    Targets for `fit`: `y = {"mlm": (B, P) original ids, "nsp": (B,)}`,
+    `sample_weight = {"mlm": (B, P) 1/0, "nsp": (B,) ones}` (what
+    `keras_attn.data.text.pretraining_dataset` yields).
+
+    Example:
+
+    >>> from keras_attn.models.bert import build_bert
+    >>> backbone = build_bert("bert_tiny", vocabulary_size=100, num_layers=1,
+    ...                       max_sequence_length=16)
+    >>> model = BertPretrainer(backbone)
+    >>> {name: tuple(t.shape) for name, t in model.output.items()}
+    {'mlm': (None, None, 100), 'nsp': (None, 2)}
+    """
+
+    def __init__(self, backbone, **kwargs):
+        backbone = _check_backbone(backbone)
+        config = backbone.bert_config
+
+        # === Layers ===
+        mlm_head = BertMaskedLMHead(
+            config.vocabulary_size,
+            activation="gelu",
+            layer_norm_epsilon=config.layer_norm_epsilon,
+            kernel_initializer=bert_initializer(),
+            dtype=backbone.dtype_policy,
+            name="mlm_head",
+        )
+        nsp_dense = keras.layers.Dense(
+            2,
+            kernel_initializer=bert_initializer(),
+            dtype=backbone.dtype_policy,
+            name="nsp_dense",
+        )
+
+        # === Functional Model ===
+        inputs = _backbone_inputs()
+        inputs["mask_positions"] = keras.Input(
+            shape=(None,), dtype="int32", name="mask_positions"
+        )
+        outputs = backbone(
+            {name: inputs[name] for name in ("token_ids", "segment_ids", "padding_mask")}
+        )
+        mlm = mlm_head(
+            outputs["sequence_output"],
+            inputs["mask_positions"],
+            embeddings=backbone.token_embedding.embeddings,
+        )
+        nsp = nsp_dense(outputs["pooled_output"])
+        super().__init__(inputs=inputs, outputs={"mlm": mlm, "nsp": nsp}, **kwargs)
+
+        # === Config ===
+        self.backbone = backbone
+
+    def compile(self, optimizer="adam", loss="auto", metrics="auto",
+                weighted_metrics="auto", **kwargs):
+        """`keras.Model.compile`; "auto" is the masked-LM cross-entropy
+        averaged over the real predictions plus the NSP cross-entropy, with
+        masked-LM accuracy and perplexity and NSP accuracy as metrics."""
+        if loss == "auto":
+            loss = {
+                "mlm": _sparse_ce(reduction="mean_with_sample_weight"),
+                "nsp": _sparse_ce(),
+            }
+        if metrics == "auto":
+            metrics = None
+        if weighted_metrics == "auto":
+            weighted_metrics = {
+                "mlm": [
+                    keras.metrics.SparseCategoricalAccuracy(name="accuracy"),
+                    Perplexity(name="perplexity"),
+                ],
+                "nsp": [keras.metrics.SparseCategoricalAccuracy(name="accuracy")],
+            }
+        super().compile(
+            optimizer=optimizer,
+            loss=loss,
+            metrics=metrics,
+            weighted_metrics=weighted_metrics,
+            **kwargs,
+        )
+
+
+@keras.saving.register_keras_serializable(package="keras_attn")
+class BertSequenceClassifier(_BertTask):
+    """A class for the whole input: pooled `[CLS]` -> Dropout -> Dense.
+
+    Args:
+        backbone: a `BertBackbone`.
+        num_classes: K.
+        dropout: rate before the classifier (0.1 in BERT fine-tuning).
+
+    Outputs: `(B, K)` logits. Targets for `fit`: `(B,)` int labels.
+    """
+
+    _task_args = ("num_classes", "dropout")
+
+    def __init__(self, backbone, num_classes, dropout=0.1, **kwargs):
+        backbone = _check_backbone(backbone)
+        num_classes = check_positive_int("num_classes", num_classes)
+        dropout = check_rate("dropout", dropout)
+
+        # === Layers ===
+        classifier_dropout = keras.layers.Dropout(
+            dropout, dtype=backbone.dtype_policy, name="classifier_dropout"
+        )
+        classifier = keras.layers.Dense(
+            num_classes,
+            kernel_initializer=bert_initializer(),
+            dtype=backbone.dtype_policy,
+            name="classifier",
+        )
+
+        # === Functional Model ===
+        inputs = _backbone_inputs()
+        pooled = backbone(inputs)["pooled_output"]  # (B, D)
+        logits = classifier(classifier_dropout(pooled))  # (B, K)
+        super().__init__(inputs=inputs, outputs=logits, **kwargs)
+
+        # === Config ===
+        self.backbone = backbone
+        self.num_classes = num_classes
+        self.dropout = dropout
+
+    def compile(self, optimizer="adam", loss="auto", metrics="auto", **kwargs):
+        """"auto": sparse cross-entropy on logits and accuracy."""
+        if loss == "auto":
+            loss = _sparse_ce()
+        if metrics == "auto":
+            metrics = [keras.metrics.SparseCategoricalAccuracy(name="accuracy")]
+        super().compile(optimizer=optimizer, loss=loss, metrics=metrics, **kwargs)
+
+
+@keras.saving.register_keras_serializable(package="keras_attn")
+class BertTokenClassifier(_BertTask):
+    """A class per token (tagging): sequence output -> Dropout -> Dense.
+
+    Args:
+        backbone: a `BertBackbone`.
+        num_classes: K.
+        dropout: rate before the classifier.
+
+    Outputs: `(B, T, K)` logits. Targets for `fit`: `(B, T)` int labels with
+    `sample_weight` = the padding mask, so that padding counts in neither
+    the loss nor the accuracy.
+    """
+
+    _task_args = ("num_classes", "dropout")
+
+    def __init__(self, backbone, num_classes, dropout=0.1, **kwargs):
+        backbone = _check_backbone(backbone)
+        num_classes = check_positive_int("num_classes", num_classes)
+        dropout = check_rate("dropout", dropout)
+
+        # === Layers ===
+        classifier_dropout = keras.layers.Dropout(
+            dropout, dtype=backbone.dtype_policy, name="classifier_dropout"
+        )
+        classifier = keras.layers.Dense(
+            num_classes,
+            kernel_initializer=bert_initializer(),
+            dtype=backbone.dtype_policy,
+            name="classifier",
+        )
+
+        # === Functional Model ===
+        inputs = _backbone_inputs()
+        sequence = backbone(inputs)["sequence_output"]  # (B, T, D)
+        logits = classifier(classifier_dropout(sequence))  # (B, T, K)
+        super().__init__(inputs=inputs, outputs=logits, **kwargs)
+
+        # === Config ===
+        self.backbone = backbone
+        self.num_classes = num_classes
+        self.dropout = dropout
+
+    def compile(self, optimizer="adam", loss="auto", metrics="auto",
+                weighted_metrics="auto", **kwargs):
+        """"auto": cross-entropy averaged over real tokens, token accuracy."""
+        if loss == "auto":
+            loss = _sparse_ce(reduction="mean_with_sample_weight")
+        if metrics == "auto":
+            metrics = None
+        if weighted_metrics == "auto":
+            weighted_metrics = [keras.metrics.SparseCategoricalAccuracy(name="accuracy")]
+        super().compile(
+            optimizer=optimizer,
+            loss=loss,
+            metrics=metrics,
+            weighted_metrics=weighted_metrics,
+            **kwargs,
+        )
+
+
