@@ -10,6 +10,9 @@ task heads excluded.
 
 import dataclasses
 
+from keras_attn.models._config import replace_fields
+from keras_attn.models._config import resolve_config
+
 
 @dataclasses.dataclass(frozen=True)
 class BertConfig:
@@ -72,30 +75,9 @@ BERT_PRESETS = {
 
 def get_bert_config(config):
     """A `BertConfig` from a config, a preset name or a dict of fields."""
-    if isinstance(config, BertConfig):
-        return config
-    if isinstance(config, str):
-        if config not in BERT_PRESETS:
-            raise ValueError(
-                f"Unknown BERT preset {config!r}; valid presets are "
-                f"{sorted(BERT_PRESETS)}. Received: config={config!r}"
-            )
-        return BERT_PRESETS[config]
-    if isinstance(config, dict):
-        return replace_bert_config(BertConfig(), **config)
-    raise ValueError(
-        "`config` must be a BertConfig, a preset name or a dict. "
-        f"Received: config={config!r}"
-    )
+    return resolve_config(config, BertConfig, BERT_PRESETS, "BERT")
 
 
 def replace_bert_config(config, **overrides):
     """`dataclasses.replace` that names an unknown field in its error."""
-    fields = {field.name for field in dataclasses.fields(BertConfig)}
-    for key in overrides:
-        if key not in fields:
-            raise ValueError(
-                f"Unknown BERT config field {key!r}; valid fields are "
-                f"{sorted(fields)}. Received: {key}={overrides[key]!r}"
-            )
-    return dataclasses.replace(config, **overrides)
+    return replace_fields(config, "BERT", **overrides)
