@@ -31,19 +31,6 @@ from keras_attn.data import speech  # noqa: E402
 from keras_attn.models.conformer import build_conformer  # noqa: E402
 
 
-def word_error_rate(references, hypotheses):
-    """Corpus WER with keras-hub's EditDistance; words = digits here."""
-    import keras_hub
-    import tensorflow as tf
-
-    metric = keras_hub.metrics.EditDistance()
-    metric.update_state(
-        tf.ragged.constant([list(r) for r in references]),
-        tf.ragged.constant([list(h) or [""] for h in hypotheses]),
-    )
-    return float(metric.result())
-
-
 def transcribe(model, dataset, strategy):
     references, hypotheses = [], []
     for inputs, labels in dataset:
@@ -90,7 +77,8 @@ def main(argv=None):
 
     for strategy in ("greedy", "beam_search"):
         references, hypotheses = transcribe(model, test, strategy)
-        wer = word_error_rate(references, hypotheses)
+        # each spoken digit is a word
+        wer = speech.word_error_rate([" ".join(r) for r in references], [" ".join(h) for h in hypotheses])
         exact = np.mean([r == h for r, h in zip(references, hypotheses)])
         print(f"{strategy}: WER {wer:.3f}, exact transcripts {exact:.3f} on {len(references)} held-out utterances")
     for reference, hypothesis in list(zip(references, hypotheses))[:5]:

@@ -168,6 +168,33 @@ def decode_ids(ids, vocabulary=DIGIT_VOCABULARY):
     return "".join(vocabulary[i - 1] for i in ids if 0 < i <= len(vocabulary))
 
 
+def _edit_distance_rate(references, hypotheses, split):
+    import keras_hub
+    import tensorflow as tf
+
+    if len(references) != len(hypotheses):
+        raise ValueError(
+            "Need one hypothesis per reference. Received: "
+            f"{len(references)} references, {len(hypotheses)} hypotheses"
+        )
+    def ragged(texts):  # rows of tokens; an empty text is an empty row
+        return tf.ragged.stack([tf.constant(split(t), dtype=tf.string) for t in texts])
+
+    metric = keras_hub.metrics.EditDistance()  # total edits / total reference tokens
+    metric.update_state(ragged(references), ragged(hypotheses))
+    return float(metric.result())
+
+
+def word_error_rate(references, hypotheses):
+    """Corpus WER: word edits (keras-hub EditDistance) / reference words."""
+    return _edit_distance_rate(references, hypotheses, lambda text: text.split())
+
+
+def character_error_rate(references, hypotheses):
+    """Corpus CER: character edits / reference characters (spaces excluded)."""
+    return _edit_distance_rate(references, hypotheses, lambda text: list(text.replace(" ", "")))
+
+
 def speech_dataset(waveforms, transcripts, batch_size=16, vocabulary=DIGIT_VOCABULARY,
                    shuffle=False, seed=0, bucket_boundaries=None):
     """A `tf.data.Dataset` of `({"waveform", "waveform_length"}, labels)`.

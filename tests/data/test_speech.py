@@ -85,3 +85,25 @@ def test_tfds_speech_by_name_with_mock_data():
     assert inputs["waveform_length"].shape == (3,)
     assert labels.shape[0] == 3
     assert info.name == "speech_commands"
+
+
+def test_word_and_character_error_rates():
+    refs = ["the cat sat", "on the mat"]
+    # one substitution, one deletion over 6 reference words
+    assert speech.word_error_rate(refs, ["the cat sit", "on mat"]) == pytest.approx(2 / 6)
+    assert speech.word_error_rate(refs, refs) == 0.0
+    assert speech.word_error_rate(["4 0 7"], [""]) == pytest.approx(1.0)  # all deleted
+    # "sat" -> "sit": one character of 9 + 8 = 17 (spaces excluded)
+    assert speech.character_error_rate(refs, ["the cat sit", "on the mat"]) == pytest.approx(1 / 17)
+    with pytest.raises(ValueError, match=r"Received: 2 references, 1 hypotheses"):
+        speech.word_error_rate(refs, ["x"])
+
+
+def test_tfds_librispeech_by_name_with_mock_data():
+    import tensorflow_datasets as tfds
+
+    with tfds.testing.mock_data(num_examples=4):
+        dataset, info = speech.load_tfds_speech("librispeech", split="train_clean100", batch_size=2)
+        inputs, labels = next(iter(dataset))
+    assert inputs["waveform"].shape[0] == 2 and labels.shape[0] == 2
+    assert (labels.numpy() >= 0).all() and labels.numpy().max() <= 28
