@@ -367,6 +367,9 @@ class TransformerTranslator(keras.Model):
         alpha: length penalty exponent.
         max_length: tokens to generate at most; None: `S + 50` capped by the
             model's `max_sequence_length`.
+        use_cache: decode with the key/value caches (False re-runs the
+            decoder on the whole prefix each step: same tokens, slower; for
+            benchmarks).
     """
 
     def __init__(
@@ -377,6 +380,7 @@ class TransformerTranslator(keras.Model):
         beam_width=4,
         alpha=0.6,
         max_length=None,
+        use_cache=True,
         **kwargs,
     ):
         super().__init__(**kwargs)
@@ -386,16 +390,19 @@ class TransformerTranslator(keras.Model):
         self.beam_width = check_positive_int("beam_width", beam_width, allow_none=True)
         self.alpha = float(alpha)
         self.max_length = check_positive_int("max_length", max_length, allow_none=True)
+        self.use_cache = bool(use_cache)
 
     def call(self, source_ids):
         if self.beam_width is None:
             tokens = transformer_greedy_search(
-                self.transformer, source_ids, self.start_id, self.end_id, self.max_length
+                self.transformer, source_ids, self.start_id, self.end_id,
+                self.max_length, use_cache=self.use_cache,
             )
             return tokens, ops.zeros((ops.shape(tokens)[0],), "float32")
         return transformer_beam_search(
             self.transformer, source_ids, self.start_id, self.end_id,
             beam_width=self.beam_width, alpha=self.alpha, max_length=self.max_length,
+            use_cache=self.use_cache,
         )
 
     def get_config(self):
@@ -408,6 +415,7 @@ class TransformerTranslator(keras.Model):
                 "beam_width": self.beam_width,
                 "alpha": self.alpha,
                 "max_length": self.max_length,
+                "use_cache": self.use_cache,
             }
         )
         return config
