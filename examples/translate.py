@@ -7,7 +7,8 @@ words and Japanese numerals ("twelve thousand, three hundred and forty-five"
 training are held out. The model has the paper's shape (post-norm, ReLU,
 sinusoidal positions, embeddings scaled by sqrt(d_model), one shared
 WordPiece vocabulary with tied input/output embeddings, label smoothing 0.1,
-Adam(0.9, 0.98, 1e-9) with the warmup / rsqrt schedule), only smaller:
+Adam(0.9, 0.98, 1e-9) with the warmup / rsqrt schedule, scaled by 0.4),
+only smaller:
 d_model 128, d_ff 512, 4 heads, 3 + 3 layers. It is trained with
 `model.fit`; the held-out numbers are then translated with greedy search and
 beam search (beam 4, length penalty 0.6, one compiled while-loop each, with
@@ -18,7 +19,14 @@ Run:
     python examples/translate.py            # full run
     python examples/translate.py --smoke    # a few steps, for the tests
 
-Expect (2 CPU cores, TensorFlow backend): measured numbers follow.
+Expect (2 CPU cores, TensorFlow backend), measured on 2026-11-21 with the
+defaults (1,401,344 parameters, 8 epochs of 313 steps): fit 474 s (about 60 s per epoch, CPU shared with a test run),
+9 min in all; on the 500 held-out numbers greedy and beam search both got
+BLEU 99.93 (sacrebleu, character tokens) and exact match 99.6% (498 / 500);
+greedy decoded them in 6.4 s, beam 4 in 41 s. Token accuracy on the training
+batches is already 99.5% after 2 epochs (`--epochs 3` is enough to try it).
+A first run with the unscaled schedule (peak rate 2.8e-3) diverged at the
+end of warmup, hence `--lr-scale 0.4`.
 `--smoke`: about 20 s, meaningless scores.
 """
 
@@ -53,11 +61,15 @@ def translate(translator, tokenizer, sources, batch_size):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--epochs", type=int, default=12)
+    parser.add_argument("--epochs", type=int, default=8)
     parser.add_argument("--num-train", type=int, default=20_000)
     parser.add_argument("--num-test", type=int, default=500)
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--warmup-steps", type=int, default=1000)
+    # The paper's rate d^-0.5 * min(...) peaks at 2.8e-3 for d_model 128 and
+    # 1000 warmup steps; a post-norm model diverged there in a measured run
+    # (token accuracy 98% -> 75% at the peak). 0.4 x peaks at 1.1e-3.
+    parser.add_argument("--lr-scale", type=float, default=0.4)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--smoke", action="store_true", help="tiny data and model, one epoch")
     args = parser.parse_args()
@@ -91,7 +103,9 @@ def main():
     )
     config = model.transformer_config
     model.compile(
-        optimizer=transformer_adam(config.hidden_dim, warmup_steps=args.warmup_steps),
+        optimizer=transformer_adam(
+            config.hidden_dim, warmup_steps=args.warmup_steps, scale=args.lr_scale
+        ),
         loss=LabelSmoothedCrossEntropy(config.label_smoothing, pad_id=config.pad_id),
         metrics=[MaskedTokenAccuracy(pad_id=config.pad_id)],
         jit_compile=False,  # the length buckets give many shapes; XLA would recompile each
