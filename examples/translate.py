@@ -8,8 +8,7 @@ training are held out. The model has the paper's shape (post-norm, ReLU,
 sinusoidal positions, embeddings scaled by sqrt(d_model), one shared
 WordPiece vocabulary with tied input/output embeddings, label smoothing 0.1,
 Adam(0.9, 0.98, 1e-9) with the warmup / rsqrt schedule, scaled by 0.4),
-only smaller:
-d_model 128, d_ff 512, 4 heads, 3 + 3 layers. It is trained with
+only smaller: d_model 128, d_ff 512, 4 heads, 3 + 3 layers. Trained with
 `model.fit`; the held-out numbers are then translated with greedy search and
 beam search (beam 4, length penalty 0.6, one compiled while-loop each, with
 key/value caches), and BLEU (sacrebleu, character tokens) and exact match are
@@ -20,8 +19,8 @@ Run:
     python examples/translate.py --smoke    # a few steps, for the tests
 
 Expect (2 CPU cores, TensorFlow backend), measured on 2026-11-21 with the
-defaults (1,401,344 parameters, 8 epochs of 313 steps): fit 474 s (about 60 s per epoch, CPU shared with a test run),
-9 min in all; on the 500 held-out numbers greedy and beam search both got
+defaults (1,401,344 parameters, 8 epochs of 313 steps): fit 474 s (about
+60 s per epoch, the CPU shared with a test run), 9 min in all; on the 500 held-out numbers greedy and beam search both got
 BLEU 99.93 (sacrebleu, character tokens) and exact match 99.6% (498 / 500);
 greedy decoded them in 6.4 s, beam 4 in 41 s. Token accuracy on the training
 batches is already 99.5% after 2 epochs (`--epochs 3` is enough to try it).
