@@ -263,3 +263,30 @@ def test_search_compiles_to_one_graph_loop(model):
     )
     config = translator.get_config()
     assert TransformerTranslator.from_config(config).get_config() == config
+
+
+def test_cached_decoding_with_learned_positions_pre_norm_and_separate_vocabularies():
+    import dataclasses
+
+    keras.utils.set_random_seed(3)
+    variant = build_transformer(
+        dataclasses.replace(
+            TINY, norm_position="pre", position_embedding="learned", target_vocabulary_size=11
+        )
+    )
+    source = sources()
+    target = np.random.default_rng(2).integers(3, 11, (3, 6)).astype("int32")
+    encoder_output, mask = variant.encode(source)
+    full = to_numpy(variant.decode(target, encoder_output, mask))
+    np.testing.assert_allclose(full, to_numpy(variant([source, target])), atol=1e-5)
+    state = variant.init_decoding_state(encoder_output, mask, 6)
+    steps = []
+    for i in range(6):
+        logits, state = variant.decode_step(target[:, i], ops.convert_to_tensor(i), state)
+        steps.append(to_numpy(logits))
+    np.testing.assert_allclose(np.stack(steps, 1), full, atol=1e-5)
+    kwargs = dict(start_id=START, end_id=EOS, max_length=5)
+    np.testing.assert_array_equal(
+        to_numpy(transformer_beam_search(variant, source, **kwargs)[0]),
+        to_numpy(transformer_beam_search(variant, source, use_cache=False, **kwargs)[0]),
+    )
