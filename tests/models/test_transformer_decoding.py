@@ -129,6 +129,7 @@ def test_beam_width_one_is_greedy(seed):
     np.testing.assert_array_equal(to_numpy(tokens), to_numpy(greedy))
 
 
+@pytest.mark.tf_only  # counts Python calls: eager TF runs the body once per step
 def test_search_stops_when_every_sentence_has_ended():
     tables = np.full((2, 4, 4), 1e-6)
     tables[..., EOS] = 1.0  # EOS is certain from the first step
@@ -241,8 +242,11 @@ def test_max_length_one_and_length_limits(model):
     assert tuple(transformer_greedy_search(model, source, START, EOS).shape) == (3, 24)
     with pytest.raises(ValueError, match="Received: max_length=25"):
         transformer_greedy_search(model, source, START, EOS, max_length=25)
+    with pytest.raises(ValueError, match="Received: start_id=0"):
+        transformer_beam_search(model, source, PAD, EOS, max_length=3)
 
 
+@pytest.mark.tf_only
 def test_search_compiles_to_one_graph_loop(model):
     source = sources()
     expected = to_numpy(transformer_beam_search(model, source, START, EOS, max_length=6)[0])
@@ -285,8 +289,17 @@ def test_cached_decoding_with_learned_positions_pre_norm_and_separate_vocabulari
         logits, state = variant.decode_step(target[:, i], ops.convert_to_tensor(i), state)
         steps.append(to_numpy(logits))
     np.testing.assert_allclose(np.stack(steps, 1), full, atol=1e-5)
+    # Make padding the most likely output: it must still never be generated.
+    bias = variant.get_layer("output_projection").bias
+    bias.assign(np.where(np.arange(11) == PAD, 50.0, to_numpy(bias)).astype("float32"))
     kwargs = dict(start_id=START, end_id=EOS, max_length=5)
+    tokens = to_numpy(transformer_beam_search(variant, source, **kwargs)[0])
+    assert all(PAD not in as_sequence(row) for row in tokens)  # filler only after EOS
     np.testing.assert_array_equal(
-        to_numpy(transformer_beam_search(variant, source, **kwargs)[0]),
-        to_numpy(transformer_beam_search(variant, source, use_cache=False, **kwargs)[0]),
+        tokens, to_numpy(transformer_beam_search(variant, source, use_cache=False, **kwargs)[0])
+    )
+    greedy = to_numpy(transformer_greedy_search(variant, source, **kwargs))
+    assert all(PAD not in as_sequence(row) for row in greedy)
+    np.testing.assert_array_equal(
+        greedy, to_numpy(transformer_greedy_search(variant, source, use_cache=False, **kwargs))
     )

@@ -262,10 +262,20 @@ def make_transformer_step_fn(model, encoder_output, source_mask, max_length, use
     keys/values computed here once and closed over; the state is the list of
     self-attention caches. Without it, the state is the prefix `(N, L)` and
     each step re-runs the full decoder on it (what the cache saves; kept
-    for tests and benchmarks).
+    for tests and benchmarks). Either way the pad id gets no probability:
+    it is never generated.
     """
+    pad_id = model.transformer_config.pad_id
+
+    def no_padding(logits):
+        # Padding is never an output: a generated pad id would be masked out
+        # as input on the next steps (and the prefix would differ between the
+        # cached and recomputed paths).
+        vocabulary = ops.shape(logits)[-1]
+        is_pad = ops.equal(ops.arange(vocabulary, dtype="int32"), pad_id)
+        return ops.where(is_pad[None, :], ops.cast(NEG_INF, logits.dtype), logits)
+
     if not use_cache:
-        pad_id = model.transformer_config.pad_id
         prefix = ops.full((ops.shape(encoder_output)[0], max_length), pad_id, dtype="int32")
 
         def recompute(token_ids, index, prefix):
@@ -273,7 +283,8 @@ def make_transformer_step_fn(model, encoder_output, source_mask, max_length, use
             logits = model.decode(prefix, encoder_output, source_mask)  # (N, L, V)
             # Causal attention: position `index` sees only the prefix.
             at = ops.equal(ops.arange(max_length, dtype="int32"), index)
-            return ops.sum(ops.where(at[None, :, None], logits, 0.0), axis=1), prefix
+            logits = ops.sum(ops.where(at[None, :, None], logits, 0.0), axis=1)
+            return no_padding(logits), prefix
 
         return recompute, prefix
 
@@ -282,12 +293,17 @@ def make_transformer_step_fn(model, encoder_output, source_mask, max_length, use
 
     def step_fn(token_ids, index, self_caches):
         logits, new = model.decode_step(token_ids, index, dict(constants, self_caches=self_caches))
-        return logits, new["self_caches"]
+        return no_padding(logits), new["self_caches"]
 
     return step_fn, initial["self_caches"]
 
 
-def _prepare(model, source_ids, max_length):
+def _prepare(model, source_ids, max_length, start_id):
+    if start_id == model.transformer_config.pad_id:
+        raise ValueError(
+            "`start_id` must differ from the padding id (padding is masked out "
+            f"of the decoder input). Received: start_id={start_id}"
+        )
     source_ids = ops.convert_to_tensor(source_ids, "int32")
     if max_length is None:
         max_length = default_max_length(model, source_ids)
@@ -304,7 +320,7 @@ def transformer_greedy_search(
     Returns `(B, max_length)` int32 tokens (see the module docstring).
     `use_cache=False` re-runs the decoder on the whole prefix at each step
     (same tokens, slower)."""
-    source_ids, max_length, start = _prepare(model, source_ids, max_length)
+    source_ids, max_length, start = _prepare(model, source_ids, max_length, start_id)
     encoder_output, source_mask = model.encode(source_ids)
     step_fn, state = make_transformer_step_fn(
         model, encoder_output, source_mask, max_length, use_cache
@@ -334,7 +350,7 @@ def transformer_beam_search(
 
     Returns `(tokens (B, max_length), scores (B,))` (see `beam_search`).
     """
-    source_ids, max_length, start = _prepare(model, source_ids, max_length)
+    source_ids, max_length, start = _prepare(model, source_ids, max_length, start_id)
     k = check_positive_int("beam_width", beam_width)
     encoder_output, source_mask = model.encode(source_ids)
     step_fn, state = make_transformer_step_fn(
