@@ -1,0 +1,295 @@
+"""Translation data: the offline English -> Japanese numbers task, any
+tensorflow-datasets translation set, length-bucketed batches for
+`Transformer.fit`, and BLEU / exact-match evaluation.
+
+The embedded task needs no download: `num2words` writes a number in English
+words and in Japanese numerals (345 -> "three hundred and forty-five" ->
+"三百四十五"); the numbers are split at random into a training set and a
+held-out set, so the test measures generalisation to numbers never seen.
+
+Tokenizer: one WordPiece vocabulary (keras-hub, trained on the training
+text) shared by both languages, as the Transformer's tied embeddings
+expect. keras-hub's WordPiece splits CJK characters apart
+(`split_on_cjk=True`), so the Japanese side is character-level (a Japanese
+numeral is a sequence of the 14 characters 一..九 十 百 千 万 零) and the
+English side is word-level (the vocabulary is small enough to hold every
+number word; rarer strings fall back to word pieces).
+
+Batches are `((source_ids, target_in_ids), target_out_ids)`: the source
+ends with `[END]`, the decoder input starts with `[START]`, the label ends
+with `[END]`; padded with id 0 to the longest sequence of a length bucket.
+
+TensorFlow only: imported lazily, never by `import keras_attn`.
+"""
+
+import dataclasses
+
+import numpy as np
+import tensorflow as tf
+
+SPECIAL_TOKENS = ("[PAD]", "[START]", "[END]", "[UNK]")
+PAD_ID, START_ID, END_ID, UNK_ID = 0, 1, 2, 3
+
+
+# === The offline numbers task ===
+
+
+def number_pairs(numbers):
+    """`[(english words, Japanese numerals)]` for the given integers."""
+    from num2words import num2words
+
+    return [(num2words(int(n), lang="en"), num2words(int(n), lang="ja")) for n in numbers]
+
+
+def split_numbers(num_train, num_test, max_number=99_999, seed=0):
+    """Disjoint random train / held-out sets drawn from 1..max_number."""
+    if num_train < 1 or num_test < 0 or num_train + num_test > max_number:
+        raise ValueError(
+            "Need 1 <= num_train and num_train + num_test <= max_number. "
+            f"Received: num_train={num_train}, num_test={num_test}, max_number={max_number}"
+        )
+    numbers = np.random.default_rng(seed).permutation(np.arange(1, max_number + 1))
+    return numbers[:num_train], numbers[num_train : num_train + num_test]
+
+
+# === Tokenizer ===
+
+
+def train_vocabulary(texts, vocabulary_size=1000):
+    """A WordPiece vocabulary (the 4 special tokens first) from `texts`."""
+    import keras_hub
+
+    return keras_hub.tokenizers.compute_word_piece_vocabulary(
+        tf.data.Dataset.from_tensor_slices(list(texts)),
+        vocabulary_size=vocabulary_size,
+        lowercase=True,
+        reserved_tokens=list(SPECIAL_TOKENS),
+    )
+
+
+def make_tokenizer(vocabulary):
+    """keras-hub WordPiece over `vocabulary`, CJK characters split apart."""
+    import keras_hub
+
+    if list(vocabulary[: len(SPECIAL_TOKENS)]) != list(SPECIAL_TOKENS):
+        raise ValueError(
+            f"The vocabulary must start with {list(SPECIAL_TOKENS)}. "
+            f"Received: vocabulary[:4]={list(vocabulary[:4])}"
+        )
+    return keras_hub.tokenizers.WordPieceTokenizer(
+        vocabulary=list(vocabulary),
+        lowercase=True,
+        split_on_cjk=True,
+        oov_token="[UNK]",
+        dtype="int32",
+    )
+
+
+def detokenize(tokenizer, ids, join_characters=False):
+    """Token ids `(B, L)` -> strings: cut at `[END]`, padding and `[START]`
+    dropped. `join_characters` removes the spaces WordPiece puts between
+    characters (for Japanese)."""
+    texts = []
+    for row in np.asarray(ids):
+        row = [int(t) for t in row]
+        if END_ID in row:
+            row = row[: row.index(END_ID)]
+        row = [t for t in row if t not in (PAD_ID, START_ID)]
+        if not row:
+            texts.append("")
+            continue
+        text = tokenizer.detokenize(tf.constant([row], tf.int32))
+        text = text.numpy()[0].decode("utf-8") if hasattr(text, "numpy") else str(text[0])
+        texts.append(text.replace(" ", "") if join_characters else text)
+    return texts
+
+
+# === Batches ===
+
+
+def make_translation_dataset(
+    sources,
+    targets,
+    tokenizer,
+    batch_size=64,
+    shuffle=False,
+    seed=0,
+    bucket_boundaries=None,
+):
+    """Length-bucketed `((source_ids, target_in_ids), target_out_ids)`
+    batches from strings (lists or a `tf.data.Dataset` of pairs).
+
+    Args:
+        sources, targets: lists of strings, or `sources` a dataset of
+            `(source, target)` string pairs and `targets` None.
+        tokenizer: from `make_tokenizer`.
+        batch_size: sentences per batch.
+        shuffle: shuffle the examples (each epoch) before bucketing.
+        seed: shuffle seed.
+        bucket_boundaries: lengths where buckets split (each bucket is padded
+            to its own longest sequence, so short sentences are not padded to
+            the longest of the corpus); default `[8, 16, 32, 64]`.
+    """
+    if targets is None:
+        dataset = sources
+    else:
+        dataset = tf.data.Dataset.from_tensor_slices((list(sources), list(targets)))
+    if shuffle:
+        dataset = dataset.shuffle(10_000, seed=seed, reshuffle_each_iteration=True)
+
+    def encode(source, target):
+        source_ids = tf.cast(tokenizer(source), tf.int32)
+        target_ids = tf.cast(tokenizer(target), tf.int32)
+        end, start = tf.constant([END_ID], tf.int32), tf.constant([START_ID], tf.int32)
+        return (
+            tf.concat([source_ids, end], 0),
+            tf.concat([start, target_ids], 0),
+            tf.concat([target_ids, end], 0),
+        )
+
+    dataset = dataset.map(encode, num_parallel_calls=tf.data.AUTOTUNE)
+    boundaries = list(bucket_boundaries or [8, 16, 32, 64])
+    dataset = dataset.bucket_by_sequence_length(
+        element_length_func=lambda s, t_in, t_out: tf.maximum(tf.shape(s)[0], tf.shape(t_in)[0]),
+        bucket_boundaries=boundaries,
+        bucket_batch_sizes=[batch_size] * (len(boundaries) + 1),
+        padding_values=(PAD_ID, PAD_ID, PAD_ID),
+    )
+    dataset = dataset.map(lambda s, t_in, t_out: ((s, t_in), t_out))
+    return dataset.prefetch(tf.data.AUTOTUNE)
+
+
+@dataclasses.dataclass
+class TranslationData:
+    """What `load_number_translation` returns."""
+
+    train: tf.data.Dataset
+    test: tf.data.Dataset
+    tokenizer: object
+    vocabulary: list
+    train_pairs: list
+    test_pairs: list
+
+
+def load_number_translation(
+    num_train=20_000,
+    num_test=500,
+    max_number=99_999,
+    batch_size=64,
+    vocabulary_size=1000,
+    seed=0,
+):
+    """The offline English -> Japanese numbers task.
+
+    Returns:
+        A `TranslationData`: shuffled training batches, test batches in
+        order, the tokenizer, its vocabulary (trained on the training pairs
+        only), and the `(english, japanese)` string pairs.
+    """
+    train_numbers, test_numbers = split_numbers(num_train, num_test, max_number, seed)
+    train_pairs, test_pairs = number_pairs(train_numbers), number_pairs(test_numbers)
+    vocabulary = train_vocabulary(
+        [en for en, _ in train_pairs] + [ja for _, ja in train_pairs], vocabulary_size
+    )
+    tokenizer = make_tokenizer(vocabulary)
+
+    def batches(pairs, shuffle):
+        sources, targets = zip(*pairs) if pairs else ((), ())
+        return make_translation_dataset(
+            sources, targets, tokenizer, batch_size, shuffle=shuffle, seed=seed
+        )
+
+    return TranslationData(
+        train=batches(train_pairs, True),
+        test=batches(test_pairs, False) if test_pairs else None,
+        tokenizer=tokenizer,
+        vocabulary=list(vocabulary),
+        train_pairs=train_pairs,
+        test_pairs=test_pairs,
+    )
+
+
+def load_tfds_translation(
+    name,
+    data_dir=None,
+    split="train",
+    source_language="en",
+    target_language=None,
+    tokenizer=None,
+    vocabulary_size=8000,
+    vocabulary_examples=10_000,
+    batch_size=64,
+    shuffle=False,
+    download=False,
+):
+    """A tensorflow-datasets translation set by name, as batches.
+
+    Args:
+        name: a tfds translation dataset, e.g. `"wmt14_translate/de-en"` or
+            `"ted_hrlr_translate/pt_to_en"`.
+        data_dir: where the prepared dataset lies.
+        split: tfds split string.
+        source_language: feature key of the source side.
+        target_language: feature key of the target side; default the other
+            of the two languages.
+        tokenizer: a tokenizer; None trains a shared WordPiece vocabulary of
+            `vocabulary_size` on the first `vocabulary_examples` pairs.
+        batch_size, shuffle: as `make_translation_dataset`.
+        download: let tfds download and prepare the data (off by default: the
+            data must already be in `data_dir`).
+
+    Returns:
+        `(dataset, tokenizer)`.
+    """
+    import tensorflow_datasets as tfds
+
+    raw = tfds.load(name, split=split, data_dir=data_dir, download=download)
+    keys = sorted(raw.element_spec)
+    if source_language not in keys:
+        raise ValueError(
+            f"`source_language` must be one of the dataset's languages {keys}. "
+            f"Received: source_language={source_language!r}"
+        )
+    if target_language is None:
+        others = [k for k in keys if k != source_language]
+        target_language = others[0]
+    elif target_language not in keys or target_language == source_language:
+        raise ValueError(
+            f"`target_language` must be another of the dataset's languages {keys}. "
+            f"Received: target_language={target_language!r}"
+        )
+    pairs = raw.map(lambda example: (example[source_language], example[target_language]))
+    if tokenizer is None:
+        texts = []
+        for source, target in pairs.take(vocabulary_examples).as_numpy_iterator():
+            texts += [source.decode("utf-8"), target.decode("utf-8")]
+        tokenizer = make_tokenizer(train_vocabulary(texts, vocabulary_size))
+    dataset = make_translation_dataset(pairs, None, tokenizer, batch_size, shuffle=shuffle)
+    return dataset, tokenizer
+
+
+# === Evaluation ===
+
+
+def evaluate_translations(hypotheses, references, tokenize="13a"):
+    """Corpus BLEU (sacrebleu's standard settings: 4-grams, brevity penalty,
+    exponential smoothing; `tokenize` as sacrebleu's) and exact match.
+
+    For Japanese use `tokenize="char"` (sacrebleu's own recommendation is
+    "ja-mecab", which needs MeCab; numerals are single characters, so
+    character n-grams are the natural unit here).
+
+    Returns:
+        `{"bleu": 0..100, "exact_match": 0..1}`.
+    """
+    import sacrebleu
+
+    hypotheses, references = list(hypotheses), list(references)
+    if len(hypotheses) != len(references) or not references:
+        raise ValueError(
+            "Need as many hypotheses as references, at least one. Received: "
+            f"len(hypotheses)={len(hypotheses)}, len(references)={len(references)}"
+        )
+    bleu = sacrebleu.corpus_bleu(hypotheses, [references], tokenize=tokenize)
+    exact = np.mean([h.strip() == r.strip() for h, r in zip(hypotheses, references)])
+    return {"bleu": float(bleu.score), "exact_match": float(exact)}

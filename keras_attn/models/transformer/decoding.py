@@ -1,0 +1,443 @@
+"""Greedy and beam-search decoding as one `keras.ops.while_loop`.
+
+The searches are generic: they drive a step function
+
+    step_fn(token_ids, index, state) -> (logits, state)
+
+that maps the last token of every hypothesis `(N,)` at position `index`
+(a scalar tensor) to next-token logits `(N, V)`, carrying a `state` (any
+nest of tensors with a leading `N` axis, e.g. key/value caches). Nothing
+loops in Python per token: in a compiled function (`tf.function`,
+`jax.jit`, `Model.predict`) the whole search is one graph loop, and it
+stops as soon as every sentence is finished.
+
+`transformer_greedy_search` / `transformer_beam_search` plug a `Transformer`
+in: the encoder runs once, the cross-attention keys/values are projected
+once, and each step runs the decoder on one token per hypothesis with the
+self-attention cache. `TransformerTranslator` wraps them in a `keras.Model`
+so that `predict` compiles the loop and SavedModel export serves it.
+
+Outputs are `(B, max_length)` int32 token ids: the generated tokens, the
+end token included, `pad_id` after it (no start token).
+"""
+
+import keras
+from keras import ops
+
+from keras_attn.layers._validation import check_positive_int
+
+NEG_INF = -1e9  # finite, so that `-inf - -inf` never makes a NaN
+
+
+def _while(cond, body, loop_vars):
+    """`ops.while_loop` over a nest of tensors (flattened for the backends)."""
+    flat = keras.tree.flatten(loop_vars)
+
+    def unflat(values):
+        return keras.tree.pack_sequence_as(loop_vars, list(values))
+
+    def flat_cond(*values):
+        return cond(unflat(values))
+
+    def flat_body(*values):
+        return tuple(keras.tree.flatten(body(unflat(values))))
+
+    return unflat(ops.while_loop(flat_cond, flat_body, tuple(flat)))
+
+
+def _write_column(tokens, index, values):
+    """`tokens[..., index] = values` with a traced index. (..., L), (...)"""
+    length = ops.shape(tokens)[-1]
+    at = ops.equal(ops.arange(length, dtype="int32"), index)  # (L,)
+    return ops.where(at, ops.expand_dims(values, -1), tokens)
+
+
+def _check_max_length(max_length):
+    return check_positive_int("max_length", max_length)
+
+
+def greedy_search(step_fn, state, start_ids, max_length, end_id, pad_id=0):
+    """Arg-max decoding.
+
+    Args:
+        step_fn: `(token_ids (B,), index, state) -> (logits (B, V), state)`.
+        state: the initial state (leaves with a leading B axis).
+        start_ids: `(B,)` int32 first input tokens (the start token).
+        max_length: number of tokens to generate at most (a Python int).
+        end_id: the end token; a sentence that produced it is finished and
+            gets `pad_id` afterwards.
+        pad_id: filler after the end.
+
+    Returns:
+        `(B, max_length)` int32 tokens.
+    """
+    max_length = _check_max_length(max_length)
+    start_ids = ops.cast(start_ids, "int32")
+    batch = ops.shape(start_ids)[0]
+    tokens = ops.full((batch, max_length), pad_id, dtype="int32")
+    finished = ops.zeros((batch,), dtype="bool")
+
+    def cond(loop):
+        index, _, _, finished, _ = loop
+        return ops.logical_and(index < max_length, ops.logical_not(ops.all(finished)))
+
+    def body(loop):
+        index, last, tokens, finished, state = loop
+        logits, state = step_fn(last, index, state)
+        next_ids = ops.cast(ops.argmax(logits, axis=-1), "int32")  # (B,)
+        next_ids = ops.where(finished, pad_id, next_ids)
+        tokens = _write_column(tokens, index, next_ids)
+        finished = ops.logical_or(finished, ops.equal(next_ids, end_id))
+        return index + 1, next_ids, tokens, finished, state
+
+    loop = (ops.convert_to_tensor(0, "int32"), start_ids, tokens, finished, state)
+    return _while(cond, body, loop)[2]
+
+
+def length_penalty(length, alpha):
+    """GNMT's `((5 + length) / 6) ** alpha` (Wu et al., 2016, section 7)."""
+    return ops.power((5.0 + ops.cast(length, "float32")) / 6.0, alpha)
+
+
+def expand_to_beams(x, beam_width):
+    """Repeats each row `beam_width` times: `(B, ...) -> (B * K, ...)`, rows
+    of one sentence next to each other (the layout `beam_search` uses)."""
+    return ops.repeat(x, beam_width, axis=0)
+
+
+def beam_search(
+    step_fn,
+    state,
+    start_ids,
+    max_length,
+    end_id,
+    beam_width=4,
+    alpha=0.6,
+    pad_id=0,
+    return_all_beams=False,
+):
+    """Beam search with the GNMT length penalty.
+
+    Keeps `beam_width` (K) live hypotheses per sentence. Each step scores the
+    K x V extensions by total log-probability and takes the best 2K: a
+    candidate ending with `end_id` among the top K enters the sentence's
+    finished set with the score `log_prob / ((5 + length) / 6) ** alpha`
+    (length counts the end token), the best K others stay alive. At
+    `max_length` the top K candidates are finished as they are. A sentence is
+    done when its K-th best finished score is at least what its best live
+    hypothesis could still reach (`log_prob / penalty(max_length)`: log
+    probabilities only fall); the loop stops when every sentence is done.
+    With `beam_width=1` and `alpha=0` this is exactly greedy search.
+
+    Args:
+        step_fn: `(token_ids (B*K,), index, state) -> (logits (B*K, V), state)`.
+            Rows `b*K .. b*K + K - 1` are sentence b's hypotheses.
+        state: the initial state with leaves of leading axis `B * K` (see
+            `expand_to_beams`); reordered along that axis as hypotheses are
+            selected. Closed-over tensors that do not depend on the
+            hypothesis (an encoder output) need no reordering: keep them out
+            of `state`.
+        start_ids: `(B,)` int32 start tokens.
+        max_length: tokens to generate at most (a Python int).
+        end_id: the end token.
+        beam_width: K.
+        alpha: the length penalty exponent (0.6 in the Transformer paper; 0
+            ranks by total log-probability).
+        pad_id: filler after the end token.
+        return_all_beams: return all K finished hypotheses per sentence.
+
+    Returns:
+        `(tokens (B, max_length), scores (B,))`, best first; with
+        `return_all_beams`, `(B, K, max_length)` and `(B, K)` sorted by score.
+    """
+    max_length = _check_max_length(max_length)
+    k = check_positive_int("beam_width", beam_width)
+    alpha = float(alpha)
+    start_ids = ops.cast(start_ids, "int32")
+    batch = ops.shape(start_ids)[0]
+    penalty_at_max = length_penalty(max_length, alpha)
+
+    alive_tokens = ops.full((batch, k, max_length), pad_id, dtype="int32")
+    # Only the first copy of each sentence is live at the start, so that the
+    # K beams do not all pick the same first token.
+    alive_log_probs = ops.tile(
+        ops.convert_to_tensor([[0.0] + [NEG_INF] * (k - 1)], "float32"), (batch, 1)
+    )  # (B, K)
+    finished_tokens = ops.full((batch, k, max_length), pad_id, dtype="int32")
+    finished_scores = ops.full((batch, k), NEG_INF, dtype="float32")
+    last = expand_to_beams(start_ids, k)  # (B*K,)
+    # Batch offsets that turn a per-sentence beam index into a row of state.
+    offsets = ops.arange(batch, dtype="int32")[:, None] * k  # (B, 1)
+
+    def cond(loop):
+        index, _, _, alive_log_probs, _, finished_scores, _ = loop
+        best_alive = ops.max(alive_log_probs, axis=1) / penalty_at_max  # (B,)
+        worst_finished = ops.min(finished_scores, axis=1)  # (B,)
+        done = ops.all(worst_finished >= best_alive)
+        return ops.logical_and(index < max_length, ops.logical_not(done))
+
+    def body(loop):
+        index, last, alive_tokens, alive_log_probs, finished_tokens, finished_scores, state = loop
+        logits, state = step_fn(last, index, state)
+        vocabulary = logits.shape[-1] or ops.shape(logits)[-1]
+        log_probs = ops.log_softmax(ops.cast(logits, "float32"), axis=-1)
+        log_probs = ops.reshape(log_probs, (batch, k, -1))  # (B, K, V)
+        candidates = ops.expand_dims(alive_log_probs, -1) + log_probs  # (B, K, V)
+        candidates = ops.reshape(candidates, (batch, -1))  # (B, K*V)
+        num_candidates = min(2 * k, k * vocabulary) if isinstance(vocabulary, int) else 2 * k
+        top_log_probs, top_index = ops.top_k(candidates, num_candidates)  # (B, 2K)
+        top_index = ops.cast(top_index, "int32")
+        origin = top_index // vocabulary  # (B, 2K) beam each candidate extends
+        token = top_index % vocabulary  # (B, 2K)
+        top_tokens = ops.take_along_axis(alive_tokens, origin[:, :, None], axis=1)
+        top_tokens = _write_column(top_tokens, index, token)  # (B, 2K, L)
+
+        # Finished: a top-K candidate that ends, or any top-K at max_length.
+        in_top_k = ops.arange(num_candidates) < k  # (2K,)
+        ends = ops.logical_or(ops.equal(token, end_id), index == max_length - 1)
+        ends = ops.logical_and(ends, in_top_k[None, :])
+        scores = top_log_probs / length_penalty(index + 1, alpha)
+        scores = ops.where(ends, scores, NEG_INF)
+        # Finished entries first, so a tie keeps the earlier (shorter) one.
+        pool_scores = ops.concatenate([finished_scores, scores], axis=1)  # (B, 3K)
+        pool_tokens = ops.concatenate([finished_tokens, top_tokens], axis=1)
+        finished_scores, keep = ops.top_k(pool_scores, k)  # (B, K)
+        finished_tokens = ops.take_along_axis(
+            pool_tokens, ops.cast(keep, "int32")[:, :, None], axis=1
+        )
+
+        # Alive: the best K candidates that did not end.
+        live = ops.where(ops.equal(token, end_id), NEG_INF, top_log_probs)
+        alive_log_probs, keep = ops.top_k(live, k)  # (B, K)
+        keep = ops.cast(keep, "int32")
+        alive_tokens = ops.take_along_axis(top_tokens, keep[:, :, None], axis=1)
+        rows = ops.reshape(ops.take_along_axis(origin, keep, axis=1) + offsets, (-1,))
+        state = keras.tree.map_structure(lambda x: ops.take(x, rows, axis=0), state)
+        last = ops.reshape(ops.take_along_axis(token, keep, axis=1), (-1,))  # (B*K,)
+        return (index + 1, last, alive_tokens, alive_log_probs, finished_tokens,
+                finished_scores, state)
+
+    loop = (ops.convert_to_tensor(0, "int32"), last, alive_tokens, alive_log_probs,
+            finished_tokens, finished_scores, state)
+    loop = _while(cond, body, loop)
+    finished_tokens, finished_scores = loop[4], loop[5]
+    if return_all_beams:
+        return finished_tokens, finished_scores
+    return finished_tokens[:, 0], finished_scores[:, 0]
+
+
+# === The Transformer ===
+
+
+def default_max_length(model, source_ids, extra=50):
+    """`S + extra` (the paper's input length + 50), capped by the model's
+    `max_sequence_length`. S is the padded source width; with an unknown
+    width (a graph with a free length) the cap itself."""
+    cap = model.transformer_config.max_sequence_length
+    width = source_ids.shape[1]
+    if width is None:
+        return cap
+    return min(int(width) + extra, cap)
+
+
+def _check_length(model, max_length):
+    cap = model.transformer_config.max_sequence_length
+    max_length = _check_max_length(max_length)
+    if max_length > cap:
+        # Learned positions past the table would silently be NaN (a traced
+        # start index cannot raise); refuse up front.
+        raise ValueError(
+            f"`max_length` is longer than the model's position table "
+            f"(max_sequence_length={cap}). Received: max_length={max_length}"
+        )
+    return max_length
+
+
+def make_transformer_step_fn(model, encoder_output, source_mask, max_length, use_cache=True):
+    """A `(step_fn, state)` pair decoding with `model` over a fixed encoder
+    output (rows already repeated per hypothesis where needed).
+
+    With `use_cache` (the default), each step runs the decoder on one token
+    per hypothesis against the self-attention cache, with the cross-attention
+    keys/values computed here once and closed over; the state is the list of
+    self-attention caches. Without it, the state is the prefix `(N, L)` and
+    each step re-runs the full decoder on it (what the cache saves; kept
+    for tests and benchmarks). Either way the pad id gets no probability:
+    it is never generated.
+    """
+    pad_id = model.transformer_config.pad_id
+
+    def no_padding(logits):
+        # Padding is never an output: a generated pad id would be masked out
+        # as input on the next steps (and the prefix would differ between the
+        # cached and recomputed paths).
+        vocabulary = ops.shape(logits)[-1]
+        is_pad = ops.equal(ops.arange(vocabulary, dtype="int32"), pad_id)
+        return ops.where(is_pad[None, :], ops.cast(NEG_INF, logits.dtype), logits)
+
+    if not use_cache:
+        prefix = ops.full((ops.shape(encoder_output)[0], max_length), pad_id, dtype="int32")
+
+        def recompute(token_ids, index, prefix):
+            prefix = _write_column(prefix, index, ops.cast(token_ids, "int32"))
+            logits = model.decode(prefix, encoder_output, source_mask)  # (N, L, V)
+            # Causal attention: position `index` sees only the prefix.
+            at = ops.equal(ops.arange(max_length, dtype="int32"), index)
+            logits = ops.sum(ops.where(at[None, :, None], logits, 0.0), axis=1)
+            return no_padding(logits), prefix
+
+        return recompute, prefix
+
+    initial = model.init_decoding_state(encoder_output, source_mask, max_length)
+    constants = {"cross_caches": initial["cross_caches"], "source_mask": source_mask}
+
+    def step_fn(token_ids, index, self_caches):
+        logits, new = model.decode_step(token_ids, index, dict(constants, self_caches=self_caches))
+        return no_padding(logits), new["self_caches"]
+
+    return step_fn, initial["self_caches"]
+
+
+def _prepare(model, source_ids, max_length, start_id):
+    if start_id == model.transformer_config.pad_id:
+        raise ValueError(
+            "`start_id` must differ from the padding id (padding is masked out "
+            f"of the decoder input). Received: start_id={start_id}"
+        )
+    source_ids = ops.convert_to_tensor(source_ids, "int32")
+    if max_length is None:
+        max_length = default_max_length(model, source_ids)
+    max_length = _check_length(model, max_length)
+    start = ops.zeros((ops.shape(source_ids)[0],), dtype="int32")
+    return source_ids, max_length, start
+
+
+def transformer_greedy_search(
+    model, source_ids, start_id, end_id, max_length=None, use_cache=True
+):
+    """Greedy translation of `source_ids (B, S)` with a `Transformer`.
+
+    Returns `(B, max_length)` int32 tokens (see the module docstring).
+    `use_cache=False` re-runs the decoder on the whole prefix at each step
+    (same tokens, slower)."""
+    source_ids, max_length, start = _prepare(model, source_ids, max_length, start_id)
+    encoder_output, source_mask = model.encode(source_ids)
+    step_fn, state = make_transformer_step_fn(
+        model, encoder_output, source_mask, max_length, use_cache
+    )
+    return greedy_search(
+        step_fn, state, start + start_id, max_length, end_id,
+        pad_id=model.transformer_config.pad_id,
+    )
+
+
+def transformer_beam_search(
+    model,
+    source_ids,
+    start_id,
+    end_id,
+    beam_width=4,
+    alpha=0.6,
+    max_length=None,
+    return_all_beams=False,
+    use_cache=True,
+):
+    """Beam-search translation of `source_ids (B, S)` with a `Transformer`.
+
+    The encoder runs once on the B sentences; its output and the
+    cross-attention keys/values are repeated K times and closed over (never
+    reordered); only the self-attention caches follow the hypotheses.
+
+    Returns `(tokens (B, max_length), scores (B,))` (see `beam_search`).
+    """
+    source_ids, max_length, start = _prepare(model, source_ids, max_length, start_id)
+    k = check_positive_int("beam_width", beam_width)
+    encoder_output, source_mask = model.encode(source_ids)
+    step_fn, state = make_transformer_step_fn(
+        model,
+        expand_to_beams(encoder_output, k),
+        expand_to_beams(source_mask, k),
+        max_length,
+        use_cache,
+    )
+    return beam_search(
+        step_fn, state, start + start_id, max_length, end_id, beam_width=k, alpha=alpha,
+        pad_id=model.transformer_config.pad_id, return_all_beams=return_all_beams,
+    )
+
+
+@keras.saving.register_keras_serializable(package="keras_attn")
+class TransformerTranslator(keras.Model):
+    """A `Transformer` with its decoding loop: `source_ids (B, S)` in,
+    `(tokens (B, max_length), scores (B,))` out.
+
+    `predict` compiles the whole search (one graph loop); a SavedModel of it
+    serves beam search from source ids (`keras_attn.export`). With
+    `beam_width=None` it decodes greedily (scores are then zeros).
+
+    Args:
+        transformer: a `Transformer`.
+        start_id: the first decoder input token.
+        end_id: the end token.
+        beam_width: K, or None for greedy search.
+        alpha: length penalty exponent.
+        max_length: tokens to generate at most; None: `S + 50` capped by the
+            model's `max_sequence_length`.
+        use_cache: decode with the key/value caches (False re-runs the
+            decoder on the whole prefix each step: same tokens, slower; for
+            benchmarks).
+    """
+
+    def __init__(
+        self,
+        transformer,
+        start_id,
+        end_id,
+        beam_width=4,
+        alpha=0.6,
+        max_length=None,
+        use_cache=True,
+        **kwargs,
+    ):
+        super().__init__(**kwargs)
+        self.transformer = transformer
+        self.start_id = int(start_id)
+        self.end_id = int(end_id)
+        self.beam_width = check_positive_int("beam_width", beam_width, allow_none=True)
+        self.alpha = float(alpha)
+        self.max_length = check_positive_int("max_length", max_length, allow_none=True)
+        self.use_cache = bool(use_cache)
+
+    def call(self, source_ids):
+        if self.beam_width is None:
+            tokens = transformer_greedy_search(
+                self.transformer, source_ids, self.start_id, self.end_id,
+                self.max_length, use_cache=self.use_cache,
+            )
+            return tokens, ops.zeros((ops.shape(tokens)[0],), "float32")
+        return transformer_beam_search(
+            self.transformer, source_ids, self.start_id, self.end_id,
+            beam_width=self.beam_width, alpha=self.alpha, max_length=self.max_length,
+            use_cache=self.use_cache,
+        )
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(
+            {
+                "transformer": keras.saving.serialize_keras_object(self.transformer),
+                "start_id": self.start_id,
+                "end_id": self.end_id,
+                "beam_width": self.beam_width,
+                "alpha": self.alpha,
+                "max_length": self.max_length,
+                "use_cache": self.use_cache,
+            }
+        )
+        return config
+
+    @classmethod
+    def from_config(cls, config):
+        config = dict(config)
+        config["transformer"] = keras.saving.deserialize_keras_object(config["transformer"])
+        return cls(**config)

@@ -1,0 +1,89 @@
+"""A token embedding that is also the pre-softmax projection."""
+
+import keras
+from keras import ops
+
+from keras_attn.layers._validation import check_positive_int
+
+
+@keras.saving.register_keras_serializable(package="keras_attn")
+class SharedEmbedding(keras.layers.Layer):
+    """Token embedding `E (V, D)` whose transpose gives the output logits.
+
+    `call(ids)` returns `E[ids] * sqrt(D)` when `scale_by_sqrt_dim` (the
+    Transformer multiplies its embeddings by `sqrt(d_model)`, section 3.4);
+    `call(x, reverse=True)` returns the logits `x E^T`, the pre-softmax linear
+    transformation tied to the embedding.
+
+    Args:
+        vocabulary_size: V.
+        hidden_dim: D.
+        scale_by_sqrt_dim: multiply the looked-up vectors by `sqrt(D)`.
+        embeddings_initializer: initializer of `E`.
+        **kwargs: base layer arguments.
+
+    Call arguments:
+        inputs: integer ids `(B, T)`, or with `reverse=True` vectors `(B, T, D)`.
+        reverse: project vectors to vocabulary logits instead.
+
+    Returns:
+        `(B, T, D)` embeddings, or `(B, T, V)` logits with `reverse=True`.
+
+    Example:
+
+    >>> import numpy as np
+    >>> layer = SharedEmbedding(vocabulary_size=10, hidden_dim=4)
+    >>> x = layer(np.array([[1, 2, 3]]))
+    >>> tuple(x.shape), tuple(layer(x, reverse=True).shape)
+    ((1, 3, 4), (1, 3, 10))
+
+    References:
+        Press and Wolf, "Using the Output Embedding to Improve Language
+        Models", 2017; Vaswani et al., 2017, section 3.4.
+    """
+
+    def __init__(
+        self,
+        vocabulary_size,
+        hidden_dim,
+        scale_by_sqrt_dim=True,
+        embeddings_initializer="uniform",
+        **kwargs,
+    ):
+        super().__init__(**kwargs)
+        self.vocabulary_size = check_positive_int("vocabulary_size", vocabulary_size)
+        self.hidden_dim = check_positive_int("hidden_dim", hidden_dim)
+        self.scale_by_sqrt_dim = bool(scale_by_sqrt_dim)
+        self.embeddings_initializer = keras.initializers.get(embeddings_initializer)
+
+    def build(self, inputs_shape=None):
+        self.embeddings = self.add_weight(
+            name="embeddings",
+            shape=(self.vocabulary_size, self.hidden_dim),
+            initializer=self.embeddings_initializer,
+            trainable=True,
+        )
+        self.built = True
+
+    def call(self, inputs, reverse=False):
+        table = ops.cast(self.embeddings, self.compute_dtype)
+        if reverse:
+            return ops.matmul(inputs, ops.transpose(table))  # (B, T, V)
+        vectors = ops.take(table, ops.cast(inputs, "int32"), axis=0)  # (B, T, D)
+        if self.scale_by_sqrt_dim:
+            vectors = vectors * ops.cast(self.hidden_dim**0.5, self.compute_dtype)
+        return vectors
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(
+            {
+                "vocabulary_size": self.vocabulary_size,
+                "hidden_dim": self.hidden_dim,
+                "scale_by_sqrt_dim": self.scale_by_sqrt_dim,
+                "embeddings_initializer": keras.initializers.serialize(
+                    self.embeddings_initializer
+                ),
+            }
+        )
+        return config

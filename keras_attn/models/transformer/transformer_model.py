@@ -1,0 +1,383 @@
+"""The Transformer encoder-decoder as a functional `keras.Model`.
+
+```
+source_ids (B, S)                          target_ids (B, T) (BOS y_1 .. y_{T-1})
+ -> E[ids] * sqrt(D) "token_embedding"       -> E[ids] * sqrt(D) (the same E when
+ -> + positions "encoder_position_embedding"    the vocabulary is shared)
+ -> Dropout "encoder_embedding_dropout"       -> + positions, Dropout
+ -> N x TransformerBlock "encoder_block_{i}"  -> N x TransformerDecoderBlock
+ -> (pre-norm) LayerNorm                          "decoder_block_{i}" (causal self-
+    "encoder_final_layer_norm"                    attention, cross-attention)
+       |____________ encoder output ________->   (pre-norm) LayerNorm
+                                              -> x E^T (tied) or Dense
+                                                 "output_projection"  (B, T, V) logits
+```
+
+Padding masks are `ids != pad_id` on both sides and are passed explicitly
+to every block (so any `pad_id` works, not only 0).
+"""
+
+import dataclasses
+
+import keras
+from keras import ops
+
+from keras_attn.layers._validation import check_choice
+from keras_attn.layers._validation import check_positive_float
+from keras_attn.layers._validation import check_positive_int
+from keras_attn.layers._validation import check_rate
+from keras_attn.layers.position_embedding import PositionEmbedding
+from keras_attn.layers.sinusoidal_positional_encoding import (
+    SinusoidalPositionalEncoding,
+)
+from keras_attn.layers.transformer_block import TransformerBlock
+from keras_attn.layers.transformer_decoder_block import TransformerDecoderBlock
+from keras_attn.models.transformer.shared_embedding import SharedEmbedding
+from keras_attn.models.transformer.transformer_config import NORM_POSITIONS
+from keras_attn.models.transformer.transformer_config import (
+    POSITION_EMBEDDINGS,
+)
+from keras_attn.models.transformer.transformer_config import TransformerConfig
+from keras_attn.models.transformer.transformer_config import (
+    get_transformer_config,
+)
+
+
+def _check_config(config):
+    check_positive_int("vocabulary_size", config.vocabulary_size)
+    check_positive_int(
+        "target_vocabulary_size", config.target_vocabulary_size, allow_none=True
+    )
+    check_positive_int("hidden_dim", config.hidden_dim)
+    check_positive_int("intermediate_dim", config.intermediate_dim)
+    check_positive_int("num_heads", config.num_heads)
+    check_positive_int("num_encoder_layers", config.num_encoder_layers)
+    check_positive_int("num_decoder_layers", config.num_decoder_layers)
+    check_rate("dropout", config.dropout)
+    check_rate("attention_dropout", config.attention_dropout)
+    check_rate("activation_dropout", config.activation_dropout)
+    check_choice("norm_position", config.norm_position, NORM_POSITIONS)
+    check_choice("position_embedding", config.position_embedding, POSITION_EMBEDDINGS)
+    check_positive_int("max_sequence_length", config.max_sequence_length)
+    check_positive_float("layer_norm_epsilon", config.layer_norm_epsilon)
+    check_rate("label_smoothing", config.label_smoothing)
+    if isinstance(config.pad_id, bool) or not isinstance(config.pad_id, int):
+        raise ValueError(f"`pad_id` must be an integer. Received: pad_id={config.pad_id!r}")
+    if not 0 <= config.pad_id < config.vocabulary_size:
+        raise ValueError(
+            "`pad_id` must be a token id of the vocabulary. Received: "
+            f"pad_id={config.pad_id}, vocabulary_size={config.vocabulary_size}"
+        )
+    if config.hidden_dim % config.num_heads:
+        raise ValueError(
+            "`num_heads` must divide `hidden_dim`. Received: "
+            f"hidden_dim={config.hidden_dim}, num_heads={config.num_heads}"
+        )
+    if config.position_embedding == "sinusoidal" and config.hidden_dim % 2:
+        raise ValueError(
+            "Sinusoidal positions need an even `hidden_dim`. Received: "
+            f"hidden_dim={config.hidden_dim}"
+        )
+
+
+@keras.saving.register_keras_serializable(package="keras_attn")
+class Transformer(keras.Model):
+    """The encoder-decoder Transformer: `[source_ids, target_ids]` in,
+    next-token logits `(B, T, V)` out.
+
+    Train with `fit(((source_ids, target_in_ids), target_out_ids))` where
+    `target_in_ids` is the target shifted right (starting with a start
+    token) and `target_out_ids` the target followed by an end token; pad both
+    with `pad_id`. The arguments are the fields of `TransformerConfig`; prefer
+    `build_transformer("transformer_base", ...)`.
+
+    Besides the functional call, the model exposes what decoding needs:
+    `encode`, `decode` (the full decoder pass), `init_decoding_state` and
+    `decode_step` (one token per sentence, with the key/value caches); see
+    `keras_attn.models.transformer.decoding`.
+
+    Example:
+
+    >>> import numpy as np
+    >>> model = Transformer(vocabulary_size=20, hidden_dim=8, intermediate_dim=16,
+    ...                     num_heads=2, num_encoder_layers=1, num_decoder_layers=1)
+    >>> source, target = np.ones((2, 5), "int32"), np.ones((2, 3), "int32")
+    >>> tuple(model([source, target]).shape)
+    (2, 3, 20)
+
+    References:
+        Vaswani et al., "Attention Is All You Need", NeurIPS 2017, section 3
+        and Table 3.
+    """
+
+    def __init__(
+        self,
+        vocabulary_size=37000,
+        target_vocabulary_size=None,
+        hidden_dim=512,
+        intermediate_dim=2048,
+        num_heads=8,
+        num_encoder_layers=6,
+        num_decoder_layers=6,
+        dropout=0.1,
+        attention_dropout=0.0,
+        activation_dropout=0.0,
+        activation="relu",
+        norm_position="post",
+        position_embedding="sinusoidal",
+        max_sequence_length=1024,
+        layer_norm_epsilon=1e-6,
+        label_smoothing=0.1,
+        pad_id=0,
+        dtype=None,
+        **kwargs,
+    ):
+        config = TransformerConfig(
+            vocabulary_size=vocabulary_size,
+            target_vocabulary_size=target_vocabulary_size,
+            hidden_dim=hidden_dim,
+            intermediate_dim=intermediate_dim,
+            num_heads=num_heads,
+            num_encoder_layers=num_encoder_layers,
+            num_decoder_layers=num_decoder_layers,
+            dropout=dropout,
+            attention_dropout=attention_dropout,
+            activation_dropout=activation_dropout,
+            activation=activation,
+            norm_position=norm_position,
+            position_embedding=position_embedding,
+            max_sequence_length=max_sequence_length,
+            layer_norm_epsilon=layer_norm_epsilon,
+            label_smoothing=label_smoothing,
+            pad_id=pad_id,
+        )
+        _check_config(config)
+        # N(0, D^-0.5): after the sqrt(D) scaling the embeddings have unit
+        # variance, like the sinusoids they are added to (tensor2tensor).
+        embedding_init = keras.initializers.RandomNormal(stddev=hidden_dim**-0.5)
+
+        # === Layers ===
+        if config.shared_vocabulary:
+            source_embedding = SharedEmbedding(
+                vocabulary_size,
+                hidden_dim,
+                embeddings_initializer=embedding_init,
+                dtype=dtype,
+                name="token_embedding",
+            )
+            target_embedding = source_embedding
+            output_projection = None
+        else:
+            source_embedding = SharedEmbedding(
+                vocabulary_size,
+                hidden_dim,
+                embeddings_initializer=embedding_init,
+                dtype=dtype,
+                name="source_token_embedding",
+            )
+            target_embedding = SharedEmbedding(
+                target_vocabulary_size,
+                hidden_dim,
+                embeddings_initializer=embedding_init,
+                dtype=dtype,
+                name="target_token_embedding",
+            )
+            output_projection = keras.layers.Dense(
+                target_vocabulary_size, dtype=dtype, name="output_projection"
+            )
+        positions = {}
+        for side in ("encoder", "decoder"):
+            name = f"{side}_position_embedding"
+            if position_embedding == "sinusoidal":
+                positions[side] = SinusoidalPositionalEncoding(dtype=dtype, name=name)
+            else:
+                positions[side] = PositionEmbedding(
+                    max_sequence_length,
+                    initializer=keras.initializers.RandomNormal(stddev=0.02),
+                    dtype=dtype,
+                    name=name,
+                )
+        block_args = dict(
+            num_heads=num_heads,
+            intermediate_dim=intermediate_dim,
+            norm_position=norm_position,
+            activation=activation,
+            dropout=dropout,
+            attention_dropout=attention_dropout,
+            activation_dropout=activation_dropout,
+            layer_norm_epsilon=layer_norm_epsilon,
+            dtype=dtype,
+        )
+        encoder_blocks = [
+            TransformerBlock(**block_args, name=f"encoder_block_{i}")
+            for i in range(num_encoder_layers)
+        ]
+        decoder_blocks = [
+            TransformerDecoderBlock(**block_args, name=f"decoder_block_{i}")
+            for i in range(num_decoder_layers)
+        ]
+
+        # === Functional Model ===
+        source_ids = keras.Input((None,), dtype="int32", name="source_ids")
+        target_ids = keras.Input((None,), dtype="int32", name="target_ids")
+        source_mask = ops.not_equal(source_ids, pad_id)  # (B, S)
+        target_mask = ops.not_equal(target_ids, pad_id)  # (B, T)
+
+        x = source_embedding(source_ids)  # (B, S, D)
+        x = x + positions["encoder"](x)
+        x = keras.layers.Dropout(dropout, dtype=dtype, name="encoder_embedding_dropout")(x)
+        for block in encoder_blocks:
+            x = block(x, padding_mask=source_mask)
+        if norm_position == "pre":
+            x = self._final_norm("encoder", layer_norm_epsilon, dtype)(x)
+        encoder_output = x
+
+        y = target_embedding(target_ids)  # (B, T, D)
+        y = y + positions["decoder"](y)
+        y = keras.layers.Dropout(dropout, dtype=dtype, name="decoder_embedding_dropout")(y)
+        for block in decoder_blocks:
+            y = block(
+                y,
+                encoder_output,
+                decoder_padding_mask=target_mask,
+                encoder_padding_mask=source_mask,
+            )
+        if norm_position == "pre":
+            y = self._final_norm("decoder", layer_norm_epsilon, dtype)(y)
+        if output_projection is None:
+            logits = target_embedding(y, reverse=True)  # (B, T, V)
+        else:
+            logits = output_projection(y)  # (B, T, V)
+        super().__init__(
+            inputs=[source_ids, target_ids], outputs=logits, dtype=dtype, **kwargs
+        )
+
+        # === Config ===
+        self.transformer_config = config
+
+    @staticmethod
+    def _final_norm(side, epsilon, dtype):
+        return keras.layers.LayerNormalization(
+            epsilon=epsilon, dtype=dtype, name=f"{side}_final_layer_norm"
+        )
+
+    # === Pieces for decoding ===
+
+    def _embed(self, side, ids, start_index=0, training=False):
+        config = self.transformer_config
+        if config.shared_vocabulary:
+            embedding = self.get_layer("token_embedding")
+        else:
+            embedding = self.get_layer(f"{'source' if side == 'encoder' else 'target'}_token_embedding")
+        x = embedding(ids)
+        x = x + self.get_layer(f"{side}_position_embedding")(x, start_index=start_index)
+        return self.get_layer(f"{side}_embedding_dropout")(x, training=training)
+
+    def _logits(self, y):
+        config = self.transformer_config
+        if config.norm_position == "pre":
+            y = self.get_layer("decoder_final_layer_norm")(y)
+        if config.shared_vocabulary:
+            return self.get_layer("token_embedding")(y, reverse=True)
+        return self.get_layer("output_projection")(y)
+
+    def _decoder_blocks(self):
+        n = self.transformer_config.num_decoder_layers
+        return [self.get_layer(f"decoder_block_{i}") for i in range(n)]
+
+    def encode(self, source_ids, training=False):
+        """The encoder output `(B, S, D)` and the source padding mask `(B, S)`."""
+        config = self.transformer_config
+        source_mask = ops.not_equal(source_ids, config.pad_id)
+        x = self._embed("encoder", source_ids, training=training)
+        for i in range(config.num_encoder_layers):
+            x = self.get_layer(f"encoder_block_{i}")(
+                x, padding_mask=source_mask, training=training
+            )
+        if config.norm_position == "pre":
+            x = self.get_layer("encoder_final_layer_norm")(x)
+        return x, source_mask
+
+    def decode(self, target_ids, encoder_output, source_mask, training=False):
+        """The full (uncached) decoder pass: logits `(B, T, V)`."""
+        target_mask = ops.not_equal(target_ids, self.transformer_config.pad_id)
+        y = self._embed("decoder", target_ids, training=training)
+        for block in self._decoder_blocks():
+            y = block(
+                y,
+                encoder_output,
+                decoder_padding_mask=target_mask,
+                encoder_padding_mask=source_mask,
+                training=training,
+            )
+        return self._logits(y)
+
+    def init_decoding_state(self, encoder_output, source_mask, max_length):
+        """What `decode_step` carries: per decoder block an empty
+        self-attention cache `(B, 2, max_length, N, H)` and the cross-attention
+        keys/values `(B, 2, S, N, H)`, computed here once; and the source mask.
+        """
+        batch = ops.shape(encoder_output)[0]
+        blocks = self._decoder_blocks()
+        return {
+            "self_caches": [
+                block.self_attention.empty_cache(batch, max_length) for block in blocks
+            ],
+            "cross_caches": [
+                block.compute_cross_attention_cache(encoder_output) for block in blocks
+            ],
+            "source_mask": source_mask,
+        }
+
+    def decode_step(self, token_ids, index, state):
+        """One decoding step: `token_ids (B,)` at position `index` (int or
+        scalar tensor) -> next-token logits `(B, V)` and the updated state."""
+        y = self._embed("decoder", token_ids[:, None], start_index=index)  # (B, 1, D)
+        self_caches = []
+        for block, cache, cross in zip(
+            self._decoder_blocks(), state["self_caches"], state["cross_caches"]
+        ):
+            y, cache, _ = block(
+                y,
+                None,
+                encoder_padding_mask=state["source_mask"],
+                self_attention_cache=cache,
+                self_attention_cache_update_index=index,
+                cross_attention_cache=cross,
+            )
+            self_caches.append(cache)
+        logits = self._logits(y)[:, 0, :]  # (B, V)
+        return logits, dict(state, self_caches=self_caches)
+
+    # === Config ===
+
+    def get_config(self):
+        return {
+            "name": self.name,
+            "trainable": self.trainable,
+            "dtype": keras.saving.serialize_keras_object(self.dtype_policy),
+            **dataclasses.asdict(self.transformer_config),
+        }
+
+    @classmethod
+    def from_config(cls, config):
+        config = dict(config)
+        if isinstance(config.get("dtype"), dict):
+            config["dtype"] = keras.saving.deserialize_keras_object(config["dtype"])
+        return cls(**config)
+
+
+def build_transformer(config="transformer_base", **overrides):
+    """Builds a `Transformer` from a `TransformerConfig`, a preset name or a
+    dict of fields, with `overrides` (config fields) applied.
+
+    Example:
+
+    >>> model = build_transformer("transformer_base", vocabulary_size=100,
+    ...     hidden_dim=16, intermediate_dim=32, num_heads=2,
+    ...     num_encoder_layers=1, num_decoder_layers=1)
+    >>> model.output_shape
+    (None, None, 100)
+    """
+    config = get_transformer_config(config, **overrides)
+    return Transformer(**dataclasses.asdict(config))

@@ -1,0 +1,210 @@
+import dataclasses
+
+import keras
+import numpy as np
+import pytest
+
+from keras_attn.models.transformer import TRANSFORMER_PRESETS
+from keras_attn.models.transformer import SharedEmbedding
+from keras_attn.models.transformer import Transformer
+from keras_attn.models.transformer import TransformerConfig
+from keras_attn.models.transformer import build_transformer
+from keras_attn.models.transformer import get_transformer_config
+from test_case import run_layer_test
+from test_case import to_numpy
+
+TINY = dict(
+    vocabulary_size=23,
+    hidden_dim=8,
+    intermediate_dim=12,
+    num_heads=2,
+    num_encoder_layers=2,
+    num_decoder_layers=1,
+)
+RNG = np.random.default_rng(5)
+
+
+def ids(batch, length, vocab=23, pad_from=None, pad_id=0):
+    x = RNG.integers(1, vocab, (batch, length)).astype("int32")
+    x[x == pad_id] = pad_id + 1
+    if pad_from is not None:
+        for row, start in enumerate(pad_from):
+            x[row, start:] = pad_id
+    return x
+
+
+def test_shared_embedding_layer(tmp_path):
+    run_layer_test(
+        SharedEmbedding,
+        init_kwargs={
+            "vocabulary_size": 11,
+            "hidden_dim": 6,
+            "scale_by_sqrt_dim": False,
+            "embeddings_initializer": "he_normal",
+        },
+        input_data={"inputs": np.array([[1, 2, 3], [4, 0, 0]], "int32")},
+        expected_output_shape=(2, 3, 6),
+        expected_num_trainable_weights=1,
+        tmp_path=tmp_path,
+    )
+
+
+def test_shared_embedding_scales_and_ties():
+    layer = SharedEmbedding(5, 4)
+    x = to_numpy(layer(np.array([[2]])))
+    table = to_numpy(layer.embeddings)
+    np.testing.assert_allclose(x[0, 0], table[2] * 2.0, rtol=1e-6)  # sqrt(4)
+    logits = to_numpy(layer(np.ones((1, 1, 4), "float32"), reverse=True))
+    np.testing.assert_allclose(logits[0, 0], table.sum(axis=1), rtol=1e-5)
+
+
+@pytest.mark.parametrize("preset", sorted(TRANSFORMER_PRESETS))
+def test_presets_shrunk(preset):
+    model = build_transformer(preset, **TINY)
+    assert model.transformer_config.dropout == TRANSFORMER_PRESETS[preset].dropout
+    source, target = ids(3, 6, pad_from=[6, 4, 2]), ids(3, 5, pad_from=[5, 3, 1])
+    assert tuple(model([source, target]).shape) == (3, 5, 23)
+
+
+def test_fit_one_step_on_padded_batches():
+    model = build_transformer("transformer_base", **TINY)
+    source, target = ids(3, 6, pad_from=[6, 4, 2]), ids(3, 5, pad_from=[5, 3, 1])
+    model.compile(
+        optimizer="adam",
+        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        jit_compile=False,  # XLA compilation alone takes seconds on 2 cores
+    )
+    history = model.fit((source, target), target, batch_size=3, epochs=1, verbose=0)
+    assert np.isfinite(history.history["loss"][0])
+
+
+def test_preset_values_are_the_papers():
+    base, big = TRANSFORMER_PRESETS["transformer_base"], TRANSFORMER_PRESETS["transformer_big"]
+    assert (base.hidden_dim, base.intermediate_dim, base.num_heads, base.dropout) == (512, 2048, 8, 0.1)
+    assert (base.num_encoder_layers, base.num_decoder_layers) == (6, 6)
+    assert (big.hidden_dim, big.intermediate_dim, big.num_heads, big.dropout) == (1024, 4096, 16, 0.3)
+    for config in (base, big):
+        assert config.norm_position == "post" and config.activation == "relu"
+        assert config.position_embedding == "sinusoidal" and config.shared_vocabulary
+        assert config.label_smoothing == 0.1
+
+
+def test_unknown_preset_and_field():
+    with pytest.raises(ValueError, match="Unknown Transformer preset 'transformer_huge'"):
+        build_transformer("transformer_huge")
+    with pytest.raises(ValueError, match="Received: num_layers=3"):
+        build_transformer("transformer_base", num_layers=3)
+    with pytest.raises(ValueError, match="Received: config=3"):
+        get_transformer_config(3)
+
+
+@pytest.mark.parametrize(
+    "field, value, message",
+    [
+        ("num_heads", 3, "Received: hidden_dim=8, num_heads=3"),
+        ("norm_position", "middle", "Received: norm_position='middle'"),
+        ("position_embedding", "rotary", "Received: position_embedding='rotary'"),
+        ("pad_id", 23, "Received: pad_id=23, vocabulary_size=23"),
+        ("dropout", 1.0, "Received: dropout=1.0"),
+    ],
+)
+def test_bad_config_values(field, value, message):
+    with pytest.raises(ValueError, match=message):
+        build_transformer(TransformerConfig(**TINY), **{field: value})
+
+
+def test_padding_changes_no_unpadded_output():
+    model = build_transformer(TransformerConfig(**TINY), dropout=0.0)
+    source, target = ids(2, 5), ids(2, 4)
+    logits = to_numpy(model([source, target]))
+    padded_source = np.concatenate([source, np.zeros((2, 3), "int32")], axis=1)
+    padded_target = np.concatenate([target, np.zeros((2, 2), "int32")], axis=1)
+    padded = to_numpy(model([padded_source, padded_target]))
+    np.testing.assert_allclose(padded[:, :4], logits, atol=1e-5)
+
+
+def test_nonzero_pad_id_masks_that_id():
+    model = build_transformer(TransformerConfig(**TINY), dropout=0.0, pad_id=3)
+    source, target = ids(1, 4, pad_id=3), ids(1, 3, pad_id=3)
+    base = to_numpy(model([source, target]))
+    padded = np.concatenate([source, [[3, 3]]], axis=1).astype("int32")
+    np.testing.assert_allclose(to_numpy(model([padded, target])), base, atol=1e-5)
+    # A different filler id is a real token and changes the outputs.
+    other = np.concatenate([source, [[0, 0]]], axis=1).astype("int32")
+    assert np.abs(to_numpy(model([other, target])) - base).max() > 1e-4
+
+
+def test_output_is_causal():
+    model = build_transformer(TransformerConfig(**TINY), dropout=0.0)
+    source, target = ids(1, 5), ids(1, 4)
+    changed = target.copy()
+    changed[0, 3] = 1 + changed[0, 3] % 20
+    a, b = to_numpy(model([source, target])), to_numpy(model([source, changed]))
+    np.testing.assert_allclose(a[:, :3], b[:, :3], atol=1e-6)
+
+
+def test_tied_and_untied_parameter_counts():
+    tied = build_transformer(TransformerConfig(**TINY))
+    untied = build_transformer(TransformerConfig(**TINY), target_vocabulary_size=17)
+    # D=8, F=12. Encoder block: MHA 4 (8*8+8) = 288, FFN 8*12+12+12*8+8 = 212,
+    # 2 LayerNorms 32: 532. Decoder block: 2 MHA 576 + FFN 212 + 3 LN 48 = 836.
+    assert tied.count_params() == 23 * 8 + 2 * 532 + 836
+    # Separate source (23 x 8) and target (17 x 8) embeddings, Dense 8 -> 17.
+    assert untied.count_params() == 23 * 8 + 17 * 8 + (8 * 17 + 17) + 2 * 532 + 836
+    assert tuple(untied([ids(2, 3), ids(2, 4, vocab=17)]).shape) == (2, 4, 17)
+    # Pre-norm adds two final LayerNorms; learned positions two 1024 x 8 tables.
+    variant = build_transformer(
+        TransformerConfig(**TINY), norm_position="pre", position_embedding="learned"
+    )
+    assert variant.count_params() == tied.count_params() + 2 * 16 + 2 * 1024 * 8
+
+
+def test_config_round_trip_and_keras_save(tmp_path):
+    model = build_transformer(
+        TransformerConfig(**TINY), norm_position="pre", position_embedding="learned",
+        max_sequence_length=16, pad_id=2, dropout=0.2,
+    )
+    config = model.get_config()
+    assert Transformer.from_config(config).get_config() == config
+    assert model.transformer_config == dataclasses.replace(
+        TransformerConfig(**TINY), norm_position="pre", position_embedding="learned",
+        max_sequence_length=16, pad_id=2, dropout=0.2,
+    )
+    source, target = ids(2, 5, pad_id=2), ids(2, 4, pad_id=2)
+    path = str(tmp_path / "transformer.keras")
+    model.save(path)
+    reloaded = keras.saving.load_model(path)
+    assert type(reloaded) is Transformer
+    np.testing.assert_allclose(
+        to_numpy(reloaded([source, target])), to_numpy(model([source, target])), atol=1e-6
+    )
+
+
+def _by_hand_count(d, f, layers, vocab=37000):
+    attention = 4 * (d * d + d)  # W^Q, W^K, W^V, W^O with biases
+    feed_forward = d * f + f + f * d + d
+    encoder_block = attention + feed_forward + 2 * (2 * d)  # 2 LayerNorms
+    decoder_block = 2 * attention + feed_forward + 3 * (2 * d)  # 3 LayerNorms
+    return vocab * d + layers * (encoder_block + decoder_block)  # tied softmax
+
+
+@pytest.mark.large
+def test_full_size_parameter_counts():
+    # base: embedding 37000*512 = 18,944,000; encoder block 1,050,624 (MHA)
+    # + 2,099,712 (FFN) + 2,048 (LNs) = 3,152,384, x6 = 18,914,304; decoder
+    # block 2,101,248 + 2,099,712 + 3,072 = 4,204,032, x6 = 25,224,192; the
+    # pre-softmax projection is the embedding (no weights of its own):
+    # 63,082,496 in all.
+    # big: 37000*1024 = 37,888,000; encoder block 4,198,400 + 8,393,728 +
+    # 4,096 = 12,596,224, x6 = 75,577,344; decoder block 8,396,800 + 8,393,728
+    # + 6,144 = 16,796,672, x6 = 100,780,032: 214,245,376.
+    # The paper (Table 3) rounds to 65M and 213M and does not say how it
+    # counted; no single vocabulary size explains both gaps (65M would need
+    # ~40.8k tokens, 213M ~35.8k), so the differences come from counting or
+    # implementation details the paper leaves out (e.g. the exact vocabulary,
+    # biases, whether embeddings are counted once), not from the architecture.
+    assert _by_hand_count(512, 2048, 6) == 63_082_496
+    assert _by_hand_count(1024, 4096, 6) == 214_245_376
+    assert build_transformer("transformer_base").count_params() == 63_082_496
+    keras.backend.clear_session()
+    assert build_transformer("transformer_big").count_params() == 214_245_376
