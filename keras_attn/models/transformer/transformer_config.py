@@ -8,6 +8,9 @@ worked out by hand.
 
 import dataclasses
 
+from keras_attn.models._config import replace_fields
+from keras_attn.models._config import resolve_config
+
 NORM_POSITIONS = ("post", "pre")
 POSITION_EMBEDDINGS = ("sinusoidal", "learned")
 
@@ -81,33 +84,11 @@ TRANSFORMER_PRESETS = {
 
 def replace_config(config, **overrides):
     """`dataclasses.replace` that names an unknown field in its error."""
-    fields = {field.name for field in dataclasses.fields(TransformerConfig)}
-    for key in overrides:
-        if key not in fields:
-            raise ValueError(
-                f"Unknown Transformer config field {key!r}; valid fields are "
-                f"{sorted(fields)}. Received: {key}={overrides[key]!r}"
-            )
-    return dataclasses.replace(config, **overrides)
+    return replace_fields(config, "Transformer", **overrides)
 
 
 def get_transformer_config(config, **overrides):
     """A `TransformerConfig` from a config, a preset name or a dict of
     fields, with `overrides` applied."""
-    if isinstance(config, TransformerConfig):
-        pass
-    elif isinstance(config, str):
-        if config not in TRANSFORMER_PRESETS:
-            raise ValueError(
-                f"Unknown Transformer preset {config!r}; valid presets are "
-                f"{sorted(TRANSFORMER_PRESETS)}. Received: config={config!r}"
-            )
-        config = TRANSFORMER_PRESETS[config]
-    elif isinstance(config, dict):
-        config = replace_config(TransformerConfig(), **config)
-    else:
-        raise ValueError(
-            "`config` must be a TransformerConfig, a preset name or a dict. "
-            f"Received: config={config!r}"
-        )
+    config = resolve_config(config, TransformerConfig, TRANSFORMER_PRESETS, "Transformer")
     return replace_config(config, **overrides)
