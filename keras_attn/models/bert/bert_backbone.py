@@ -20,6 +20,7 @@ import keras
 import numpy as np
 from keras import ops
 
+from keras_attn.models._config import ConfigModel
 from keras_attn.layers._validation import check_positive_float
 from keras_attn.layers._validation import check_positive_int
 from keras_attn.layers._validation import check_rate
@@ -74,7 +75,7 @@ def check_token_ids(token_ids, vocabulary_size, name="token_ids"):
 
 
 @keras.saving.register_keras_serializable(package="keras_attn")
-class BertBackbone(keras.Model):
+class BertBackbone(ConfigModel, keras.Model):
     """BERT encoder: token, segment and padding inputs in, the sequence and
     pooled outputs out.
 
@@ -110,6 +111,9 @@ class BertBackbone(keras.Model):
         Devlin et al., "BERT: Pre-training of Deep Bidirectional Transformers
         for Language Understanding", NAACL 2019, sections 3 and A.2.
     """
+
+    config_attribute = "bert_config"
+
 
     def __init__(
         self,
@@ -229,21 +233,6 @@ class BertBackbone(keras.Model):
         # === Config ===
         self.bert_config = config
         self.token_embedding = token_embedding
-
-    def get_config(self):
-        return {
-            "name": self.name,
-            "trainable": self.trainable,
-            "dtype": keras.saving.serialize_keras_object(self.dtype_policy),
-            **dataclasses.asdict(self.bert_config),
-        }
-
-    @classmethod
-    def from_config(cls, config):
-        config = dict(config)
-        if isinstance(config.get("dtype"), dict):
-            config["dtype"] = keras.saving.deserialize_keras_object(config["dtype"])
-        return cls(**config)
 
 
 def build_bert(config, **overrides):

@@ -16,6 +16,7 @@ import dataclasses
 import keras
 from keras import ops
 
+from keras_attn.models._config import ConfigModel
 from keras_attn.layers.conformer_block import ConformerBlock
 from keras_attn.layers.conv_subsampling import ConvSubsampling
 from keras_attn.layers.conv_subsampling import subsampled_length
@@ -36,7 +37,7 @@ class LengthMask(keras.layers.Layer):
 
 
 @keras.saving.register_keras_serializable(package="keras_attn")
-class ConformerCTC(keras.Model):
+class ConformerCTC(ConfigModel, keras.Model):
     """A Conformer encoder trained with CTC; build it with `build_conformer`.
 
     Inputs: `{"waveform": (B, N) float32, "waveform_length": (B,) int32}`,
@@ -48,7 +49,12 @@ class ConformerCTC(keras.Model):
     utterance's own logit and label lengths.
     """
 
-    def __init__(self, vocabulary_size, dtype=None, **config_fields):
+    config_attribute = "conformer_config"
+    extra_config = ("vocabulary_size",)
+
+
+    def __init__(self, vocabulary_size, dtype=None, name="conformer_ctc", trainable=True,
+                 **config_fields):
         config = replace_fields(ConformerConfig(), "Conformer", **config_fields)
         if isinstance(vocabulary_size, bool) or not isinstance(vocabulary_size, int) or vocabulary_size < 1:
             raise ValueError(
@@ -111,7 +117,8 @@ class ConformerCTC(keras.Model):
             inputs=inputs,
             outputs={"logits": logits, "logit_lengths": logit_lengths},
             dtype=dtype,
-            name="conformer_ctc",
+            name=name,
+            trainable=trainable,
         )
 
         # === Config ===
@@ -144,20 +151,6 @@ class ConformerCTC(keras.Model):
             mask_index=0,
         )
         return decoded[0]
-
-    def get_config(self):
-        return {
-            "vocabulary_size": self.vocabulary_size,
-            "dtype": keras.saving.serialize_keras_object(self.dtype_policy),
-            **dataclasses.asdict(self.conformer_config),
-        }
-
-    @classmethod
-    def from_config(cls, config):
-        config = dict(config)
-        if isinstance(config.get("dtype"), dict):
-            config["dtype"] = keras.saving.deserialize_keras_object(config["dtype"])
-        return cls(**config)
 
 
 def build_conformer(config, vocabulary_size, **overrides):

@@ -22,6 +22,7 @@ import dataclasses
 import keras
 from keras import ops
 
+from keras_attn.models._config import ConfigModel
 from keras_attn.layers._validation import check_choice
 from keras_attn.layers._validation import check_positive_float
 from keras_attn.layers._validation import check_positive_int
@@ -81,7 +82,7 @@ def _check_config(config):
 
 
 @keras.saving.register_keras_serializable(package="keras_attn")
-class Transformer(keras.Model):
+class Transformer(ConfigModel, keras.Model):
     """The encoder-decoder Transformer: `[source_ids, target_ids]` in,
     next-token logits `(B, T, V)` out.
 
@@ -109,6 +110,9 @@ class Transformer(keras.Model):
         Vaswani et al., "Attention Is All You Need", NeurIPS 2017, section 3
         and Table 3.
     """
+
+    config_attribute = "transformer_config"
+
 
     def __init__(
         self,
@@ -350,21 +354,6 @@ class Transformer(keras.Model):
         return logits, dict(state, self_caches=self_caches)
 
     # === Config ===
-
-    def get_config(self):
-        return {
-            "name": self.name,
-            "trainable": self.trainable,
-            "dtype": keras.saving.serialize_keras_object(self.dtype_policy),
-            **dataclasses.asdict(self.transformer_config),
-        }
-
-    @classmethod
-    def from_config(cls, config):
-        config = dict(config)
-        if isinstance(config.get("dtype"), dict):
-            config["dtype"] = keras.saving.deserialize_keras_object(config["dtype"])
-        return cls(**config)
 
 
 def build_transformer(config="transformer_base", **overrides):

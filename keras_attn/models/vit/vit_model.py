@@ -20,6 +20,7 @@ import dataclasses
 import keras
 from keras import ops
 
+from keras_attn.models._config import ConfigModel
 from keras_attn.layers._validation import check_choice
 from keras_attn.layers._validation import check_positive_float
 from keras_attn.layers._validation import check_positive_int
@@ -85,7 +86,7 @@ class _Pooling(keras.layers.Layer):
 
 
 @keras.saving.register_keras_serializable(package="keras_attn")
-class ViT(keras.Model):
+class ViT(ConfigModel, keras.Model):
     """Vision Transformer: images in, `(B, num_classes)` logits (or the
     pooled `(B, hidden_dim)` representation when `num_classes` is None) out.
 
@@ -107,6 +108,9 @@ class ViT(keras.Model):
         Dosovitskiy et al., "An Image is Worth 16x16 Words: Transformers for
         Image Recognition at Scale", ICLR 2021, section 3.1 and Table 1.
     """
+
+    config_attribute = "vit_config"
+
 
     def __init__(
         self,
@@ -219,21 +223,6 @@ class ViT(keras.Model):
 
         # === Config ===
         self.vit_config = config
-
-    def get_config(self):
-        return {
-            "name": self.name,
-            "trainable": self.trainable,
-            "dtype": keras.saving.serialize_keras_object(self.dtype_policy),
-            **dataclasses.asdict(self.vit_config),
-        }
-
-    @classmethod
-    def from_config(cls, config):
-        config = dict(config)
-        if isinstance(config.get("dtype"), dict):
-            config["dtype"] = keras.saving.deserialize_keras_object(config["dtype"])
-        return cls(**config)
 
 
 def build_vit(config, num_classes=None, **overrides):
