@@ -73,6 +73,26 @@ def compare(name, ours, peer, inputs, targets_fn, repeats, jit_compile):
     return rows
 
 
+def bert_models(quick):
+    import keras_hub
+
+    from keras_attn.models.bert import build_bert
+
+    # bert_small shapes (4 layers, 512 wide, 8 heads), batch 8, length 128.
+    ours = build_bert("bert_small", dropout=0.0)
+    peer = keras_hub.models.BertBackbone(
+        vocabulary_size=30522, num_layers=4, num_heads=8, hidden_dim=512,
+        intermediate_dim=2048, dropout=0.0,
+    )
+    rng = np.random.default_rng(0)
+    inputs = {
+        "token_ids": rng.integers(1, 30522, (8, 128)).astype("int32"),
+        "segment_ids": np.zeros((8, 128), "int32"),
+        "padding_mask": np.ones((8, 128), "int32"),
+    }
+    return ours, peer, inputs
+
+
 def vit_models(quick):
     import keras_hub
 
@@ -126,6 +146,7 @@ def attention_models(quick):
 
 
 ROWS = {
+    "bert": ("BERT encoder, bert_small shapes, B8 T128 (vs keras-hub BertBackbone)", bert_models),
     "attention": ("MHA, causal, B8 T128 D512 (vs keras.layers.MultiHeadAttention)", attention_models),
     "vit": ("ViT-S/16 shapes, batch 8 (vs keras-hub ViTBackbone)", vit_models),
     "conformer": ("Conformer-S block, B8 T50 (vs keras-hub TransformerEncoder)", conformer_models),
@@ -153,7 +174,7 @@ def main(argv=None):
 
             def targets(model, inputs=inputs):
                 out = model.predict_on_batch(inputs)
-                return np.zeros_like(out)
+                return {k: np.zeros_like(v) for k, v in out.items()} if isinstance(out, dict) else np.zeros_like(out)
 
             table += compare(title, ours, peer, inputs, targets, repeats, jit)
     print()
