@@ -200,7 +200,7 @@ def pack_pairs(tokenizer, sequence_length):
     return pack
 
 
-def dynamic_masking(tokenizer, mask_rate=0.15, max_predictions=20):
+def dynamic_masking(tokenizer, mask_rate=0.15, max_predictions=20, seed=None):
     """A function that masks a dense `(B, T)` batch of packed token ids.
 
     Each token that is not `[PAD]`, `[CLS]` or `[SEP]` is chosen with
@@ -218,11 +218,24 @@ def dynamic_masking(tokenizer, mask_rate=0.15, max_predictions=20):
     which the tokens not chosen are hidden as `[PAD]` (which it never
     selects), and those tokens are put back afterwards.
 
+    The selection draws from a `tf.random.Generator` (seeded with `seed`,
+    or from fresh entropy when None) that the pipeline captures: its state
+    advances across passes over the dataset, so every epoch gets new masks
+    even under `keras.utils.set_random_seed`. (Plain `tf.random.uniform` in a
+    `tf.data` map restarts the same sequence with every new iterator once a
+    global seed is set, which would make "dynamic" masking static.)
+
     Returns:
         `mask(token_ids) -> dict(token_ids, mask_positions, mask_ids,
         mask_weights)`, the generator's outputs.
     """
     import keras_hub
+
+    rng = (
+        tf.random.Generator.from_seed(seed)
+        if seed is not None
+        else tf.random.Generator.from_non_deterministic_state()
+    )
 
     pad = _token_id(tokenizer, "[PAD]")
     special = tf.constant([pad] + [_token_id(tokenizer, t) for t in ("[CLS]", "[SEP]")])
@@ -239,7 +252,7 @@ def dynamic_masking(tokenizer, mask_rate=0.15, max_predictions=20):
     def mask(token_ids):
         token_ids = tf.convert_to_tensor(token_ids)
         candidate = tf.reduce_all(token_ids[..., None] != special, axis=-1)  # (B, T)
-        chosen = candidate & (tf.random.uniform(tf.shape(token_ids)) < mask_rate)
+        chosen = candidate & (rng.uniform(tf.shape(token_ids)) < mask_rate)
         hidden = tf.where(chosen, token_ids, tf.cast(pad, token_ids.dtype))
         out = generator(hidden)
         # Chosen tokens come from the generator (replaced, or kept when the
@@ -265,7 +278,8 @@ def pretraining_dataset(
     """A `tf.data.Dataset` of `(x, y, sample_weight)` for `BertPretrainer`.
 
     Masking is dynamic (RoBERTa-style, see `dynamic_masking`): it runs inside
-    the pipeline, so every epoch sees new masks. Each non-special token is
+    the pipeline, so every epoch sees new masks (`seed` makes the sequence
+    of masks reproducible; it also seeds the shuffle). Each non-special token is
     selected with probability `mask_rate` (at most `max_predictions` per
     sequence); of those 80% become `[MASK]`, 10% a random token, 10% stay.
 
@@ -276,7 +290,7 @@ def pretraining_dataset(
         `sample_weight` = {"mlm": 1 for a real prediction else 0, "nsp": 1}.
     """
     pack = pack_pairs(tokenizer, sequence_length)
-    mask_tokens = dynamic_masking(tokenizer, mask_rate, max_predictions)
+    mask_tokens = dynamic_masking(tokenizer, mask_rate, max_predictions, seed=seed)
 
     def to_example(first, second, label):
         token_ids, segment_ids, padding_mask = pack(first, second)
