@@ -18,6 +18,9 @@ import zipfile
 
 import numpy as np
 
+from keras_attn.data._epochs import bucket_batch_count
+from keras_attn.data._epochs import epoch_permutation
+
 DIGIT_VOCABULARY = tuple("0123456789")
 VOICES = ("en", "en-us", "en+f3", "en+m3", "en+f2", "en-gb-scotland")
 _ESPEAK_SAMPLE_RATE = 22050
@@ -196,17 +199,25 @@ def character_error_rate(references, hypotheses):
 
 
 def speech_dataset(waveforms, transcripts, batch_size=16, vocabulary=DIGIT_VOCABULARY,
-                   shuffle=False, seed=0, bucket_boundaries=None):
+                   shuffle=False, seed=0, bucket_boundaries=None, epoch=None):
     """A `tf.data.Dataset` of `({"waveform", "waveform_length"}, labels)`.
 
     Batches are formed by duration: utterances are bucketed by length
     (`bucket_boundaries` in samples; default 0.5 s steps past the longest
     utterance) and padded to their bucket's boundary, so there are only as
     many batch shapes as buckets. Labels are padded with 0.
+
+    With `epoch` (an int) and `shuffle`, the order is a permutation keyed by
+    `(seed, epoch)`, the same at every pass (for resumable training); without
+    it, a seeded shuffle that changes at every pass.
     """
     import tensorflow as tf
 
     labels = [encode_transcript(t, vocabulary) for t in transcripts]
+    if shuffle and epoch is not None:
+        order = epoch_permutation(len(waveforms), seed, epoch)
+        waveforms, labels = [waveforms[i] for i in order], [labels[i] for i in order]
+        shuffle = False
 
     def generate():
         for audio, label in zip(waveforms, labels):
@@ -247,9 +258,7 @@ def speech_dataset(waveforms, transcripts, batch_size=16, vocabulary=DIGIT_VOCAB
         bucket_batch_sizes=[batch_size] * (len(boundaries) + 1),
     )
     # Bucket sizes do not depend on the order, so the batch count is known.
-    members = np.bincount(np.searchsorted(boundaries, lengths, side="right"),
-                          minlength=len(boundaries) + 1)
-    batches = int(np.sum(np.ceil(members / batch_size)))
+    batches = bucket_batch_count(lengths, boundaries, batch_size)
     dataset = dataset.apply(tf.data.experimental.assert_cardinality(batches))
     dataset = dataset.map(
         lambda audio, length, label: ({"waveform": audio, "waveform_length": length}, label)

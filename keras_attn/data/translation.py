@@ -27,6 +27,9 @@ import dataclasses
 import numpy as np
 import tensorflow as tf
 
+from keras_attn.data._epochs import epoch_permutation
+from keras_attn.data._epochs import epoch_seed
+
 SPECIAL_TOKENS = ("[PAD]", "[START]", "[END]", "[UNK]")
 PAD_ID, START_ID, END_ID, UNK_ID = 0, 1, 2, 3
 
@@ -115,6 +118,7 @@ def make_translation_dataset(
     shuffle=False,
     seed=0,
     bucket_boundaries=None,
+    epoch=None,
 ):
     """Length-bucketed `((source_ids, target_in_ids), target_out_ids)`
     batches from strings (lists or a `tf.data.Dataset` of pairs).
@@ -129,12 +133,23 @@ def make_translation_dataset(
         bucket_boundaries: lengths where buckets split (each bucket is padded
             to its own longest sequence, so short sentences are not padded to
             the longest of the corpus); default `[8, 16, 32, 64]`.
+        epoch: with `shuffle`, None reshuffles at every pass; an int makes
+            the order a function of `(seed, epoch)` only, the same at every
+            pass (for resumable training): a permutation of lists, a seeded
+            10,000-pair buffer for a dataset.
     """
     if targets is None:
         dataset = sources
+        if shuffle and epoch is not None:
+            dataset = dataset.shuffle(10_000, seed=epoch_seed(seed, epoch),
+                                      reshuffle_each_iteration=False)
     else:
-        dataset = tf.data.Dataset.from_tensor_slices((list(sources), list(targets)))
-    if shuffle:
+        sources, targets = list(sources), list(targets)
+        if shuffle and epoch is not None:
+            order = epoch_permutation(len(sources), seed, epoch)
+            sources, targets = [sources[i] for i in order], [targets[i] for i in order]
+        dataset = tf.data.Dataset.from_tensor_slices((sources, targets))
+    if shuffle and epoch is None:
         dataset = dataset.shuffle(10_000, seed=seed, reshuffle_each_iteration=True)
 
     def encode(source, target):
