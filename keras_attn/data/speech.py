@@ -20,6 +20,7 @@ import numpy as np
 
 from keras_attn.data._epochs import bucket_batch_count
 from keras_attn.data._epochs import epoch_permutation
+from keras_attn.data._epochs import epoch_seed
 
 DIGIT_VOCABULARY = tuple("0123456789")
 VOICES = ("en", "en-us", "en+f3", "en+m3", "en+f2", "en-gb-scotland")
@@ -267,12 +268,16 @@ def speech_dataset(waveforms, transcripts, batch_size=16, vocabulary=DIGIT_VOCAB
 
 
 def load_tfds_speech(name, split="train", data_dir=None, batch_size=16,
-                     vocabulary=None, audio_key=None, text_key=None):
+                     vocabulary=None, audio_key=None, text_key=None, download=True,
+                     shuffle=False, seed=0, epoch=None):
     """A tensorflow-datasets speech set by name, as `speech_dataset` batches.
 
     Works with `librispeech` (`speech` + `text`) and `speech_commands`
     (`audio` + `label`, the label name as the transcript); other sets name
     their keys with `audio_key` / `text_key`. Audio is scaled from int16.
+    `shuffle` shuffles utterances through a seeded buffer of 1,000: at every
+    pass anew, or with `epoch` (an int) keyed by `(seed, epoch)`, the same
+    at every pass (for resumable training).
 
     Returns:
         `(dataset, info)`.
@@ -280,7 +285,14 @@ def load_tfds_speech(name, split="train", data_dir=None, batch_size=16,
     import tensorflow as tf
     import tensorflow_datasets as tfds
 
-    dataset, info = tfds.load(name, split=split, data_dir=data_dir, with_info=True)
+    dataset, info = tfds.load(name, split=split, data_dir=data_dir, with_info=True,
+                              download=download)
+    if shuffle:
+        dataset = dataset.shuffle(
+            1000,
+            seed=seed if epoch is None else epoch_seed(seed, epoch),
+            reshuffle_each_iteration=epoch is None,
+        )
     features = info.features
     audio_key = audio_key or ("speech" if "speech" in features else "audio")
     if text_key is None:

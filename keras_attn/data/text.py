@@ -66,9 +66,9 @@ def load_pydoc_corpus(min_sentences=2):
 
 
 def load_tfds_documents(name, data_dir=None, split="train", text_key="text",
-                        max_documents=None):
+                        max_documents=None, download=False):
     """Documents from any tensorflow-datasets text dataset, already prepared
-    in `data_dir` (nothing is downloaded).
+    in `data_dir` (nothing is downloaded unless `download`).
 
     Args:
         name: the dataset name (`"imdb_reviews"`, `"wikipedia/20230601.en"`).
@@ -82,7 +82,7 @@ def load_tfds_documents(name, data_dir=None, split="train", text_key="text",
     """
     import tensorflow_datasets as tfds
 
-    dataset = tfds.load(name, split=split, data_dir=data_dir, download=False)
+    dataset = tfds.load(name, split=split, data_dir=data_dir, download=download)
     if max_documents is not None:
         dataset = dataset.take(max_documents)
     documents = []

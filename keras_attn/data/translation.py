@@ -88,6 +88,15 @@ def make_tokenizer(vocabulary):
     )
 
 
+def encode_sources(tokenizer, sentences):
+    """Source strings -> `(N, S)` int32 ids ending with `[END]`, padded with
+    `[PAD]` to the longest (the encoder input of `make_translation_dataset`
+    batches, for decoding)."""
+    rows = [list(np.asarray(tokenizer(s))) + [END_ID] for s in sentences]
+    width = max(len(r) for r in rows)
+    return np.array([r + [PAD_ID] * (width - len(r)) for r in rows], "int32")
+
+
 def detokenize(tokenizer, ids, join_characters=False):
     """Token ids `(B, L)` -> strings: cut at `[END]`, padding and `[START]`
     dropped. `join_characters` removes the spaces WordPiece puts between
@@ -236,6 +245,8 @@ def load_tfds_translation(
     batch_size=64,
     shuffle=False,
     download=False,
+    seed=0,
+    epoch=None,
 ):
     """A tensorflow-datasets translation set by name, as batches.
 
@@ -249,7 +260,7 @@ def load_tfds_translation(
             of the two languages.
         tokenizer: a tokenizer; None trains a shared WordPiece vocabulary of
             `vocabulary_size` on the first `vocabulary_examples` pairs.
-        batch_size, shuffle: as `make_translation_dataset`.
+        batch_size, shuffle, seed, epoch: as `make_translation_dataset`.
         download: let tfds download and prepare the data (off by default: the
             data must already be in `data_dir`).
 
@@ -279,7 +290,8 @@ def load_tfds_translation(
         for source, target in pairs.take(vocabulary_examples).as_numpy_iterator():
             texts += [source.decode("utf-8"), target.decode("utf-8")]
         tokenizer = make_tokenizer(train_vocabulary(texts, vocabulary_size))
-    dataset = make_translation_dataset(pairs, None, tokenizer, batch_size, shuffle=shuffle)
+    dataset = make_translation_dataset(pairs, None, tokenizer, batch_size, shuffle=shuffle,
+                                       seed=seed, epoch=epoch)
     return dataset, tokenizer
 
 
