@@ -375,6 +375,13 @@ def _error(key, expectation, value):
     return ValueError(f"Recipe key `{key}` {expectation}. Received: {key}={value!r}")
 
 
+def _rephrase(key, value, error):
+    """`error` (from a model config helper, ending in "Received: arg=...")
+    as a recipe error naming the dotted key."""
+    message = str(error).rsplit(" Received:", 1)[0]
+    return ValueError(f"Invalid recipe key `{key}`: {message} Received: {key}={value!r}")
+
+
 def _join(prefix, key):
     return f"{prefix}.{key}" if prefix else key
 
@@ -498,7 +505,7 @@ def _check_model(model, family):
     try:
         config = resolve_config(model["preset"], config_class, presets, family_name)
     except ValueError as error:
-        raise ValueError(f"Invalid recipe key `model.preset`: {error}") from None
+        raise _rephrase("model.preset", model["preset"], error) from None
     overrides = model["overrides"]
     if not isinstance(overrides, dict):
         raise _error("model.overrides", "must be an object of config fields", overrides)
@@ -512,7 +519,7 @@ def _check_model(model, family):
         try:
             replace_fields(config, family_name, **{key: value})
         except ValueError as error:
-            raise ValueError(f"Invalid recipe key `{dotted}`: {error}") from None
+            raise _rephrase(dotted, value, error) from None
         kind = _FIELD_KINDS.get(types[key], "any")
         field = Field(kind, nullable=defaults[key] is None)
         if kind != "any":
