@@ -74,10 +74,12 @@ def _npz_group(path, group):
         return [npz[f"{group}.{index}"] for index in range(count)]
 
 
-def _train(directory, model=None, epochs=1, every=2, **kwargs):
+def _train(directory, model=None, epochs=1, every=2, fit_kwargs=None, **kwargs):
     model = model or _model()
     trainer = ResumableTrainer(directory, checkpoint_every=every, max_to_keep=3, **kwargs)
-    history = trainer.fit(model, _data, epochs=epochs, steps_per_epoch=STEPS, verbose=0)
+    history = trainer.fit(
+        model, _data, epochs=epochs, steps_per_epoch=STEPS, verbose=0, **(fit_kwargs or {})
+    )
     return model, history
 
 
@@ -141,25 +143,26 @@ def test_checkpoints_hold_all_state_and_keep_the_newest(tmp_path):
 
 
 def test_crash_mid_epoch_then_resume_is_exact_and_callbacks_see_one_run(tmp_path):
-    reference, reference_history = _train(str(tmp_path / "a"), epochs=2)
+    validation = {"validation_data": _data(99).take(2)}
+    reference, reference_history = _train(str(tmp_path / "a"), epochs=2, fit_kwargs=validation)
     directory = str(tmp_path / "b")
     crash = _Crash(at=9)  # epoch 1, after its 3rd batch; newest checkpoint: step 8
-    trainer = ResumableTrainer(directory, checkpoint_every=2)
     with pytest.raises(RuntimeError, match="crash"):
-        trainer.fit(_model(), _data, epochs=2, steps_per_epoch=STEPS, callbacks=[crash], verbose=0)
+        _train(directory, epochs=2, fit_kwargs=dict(validation, callbacks=[crash]))
     assert crash.events[0] == ("train_begin", 2, STEPS)
     assert checkpoints.CheckpointManager(directory).steps() == [4, 6, 8]
 
     model = _model(seed=7)  # other initial weights and dropout seeds: all restored
     watcher = _Crash()
-    history = ResumableTrainer(directory, checkpoint_every=2).fit(
-        model, _data, epochs=2, steps_per_epoch=STEPS, callbacks=[watcher], verbose=0
+    _, history = _train(
+        directory, model=model, epochs=2, fit_kwargs=dict(validation, callbacks=[watcher])
     )
     _assert_all_equal(_values(model.variables), _values(reference.variables), atol=1e-6)
     _assert_all_equal(
         _values(model.optimizer.variables), _values(reference.optimizer.variables), atol=1e-6
     )
     # The interrupted epoch's metrics were restored: the history is the same.
+    assert sorted(history) == ["accuracy", "loss", "val_accuracy", "val_loss"]
     assert history.keys() == reference_history.keys()
     for name in history:
         np.testing.assert_allclose(history[name], reference_history[name], atol=1e-6)
