@@ -173,6 +173,23 @@ def test_crash_mid_epoch_then_resume_is_exact_and_callbacks_see_one_run(tmp_path
     ]
 
 
+class _Stop(keras.callbacks.Callback):
+    def on_train_batch_end(self, batch, logs=None):
+        if batch == 2:
+            self.model.stop_training = True
+
+
+def test_a_run_stopped_by_a_callback_saves_and_continues_when_called_again(tmp_path):
+    reference, reference_history = _train(str(tmp_path / "a"), epochs=2)
+    directory = str(tmp_path / "b")
+    _, history = _train(directory, epochs=2, fit_kwargs={"callbacks": [_Stop()]})
+    assert history == {}  # stopped inside epoch 0: no finished epoch
+    assert checkpoints.CheckpointManager(directory).steps() == [2, 3]
+    model, history = _train(directory, model=_model(seed=4), epochs=2)
+    _assert_all_equal(_values(model.variables), _values(reference.variables), atol=1e-6)
+    np.testing.assert_allclose(history["loss"], reference_history["loss"], atol=1e-6)
+
+
 def test_a_finished_run_restores_and_returns_its_history(tmp_path, capsys):
     directory = str(tmp_path / "ckpt")
     reference, history = _train(directory)
