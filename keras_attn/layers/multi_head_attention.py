@@ -80,7 +80,8 @@ class MultiHeadAttention(keras.layers.Layer):
         return_attention_scores: also return the probabilities `(B, N, T, S)`.
         training: whether attention dropout is active.
         cache: optional `(B, 2, S_max, N, H)` projected keys and values (see
-            `empty_cache` and `compute_key_value_cache`).
+            `empty_cache` and `compute_key_value_cache`; `H` is the larger of
+            the key and value head sizes).
         cache_update_index: with `cache`, the position at which this call's
             keys and values are written; keys after the written ones are never
             attended to. Without it the cache is used as is (cross-attention
@@ -196,10 +197,15 @@ class MultiHeadAttention(keras.layers.Layer):
     # === Cache helpers ===
 
     def empty_cache(self, batch_size, max_length, dtype=None):
-        """Zeros of shape `(B, 2, max_length, N, H)` for cached self-attention."""
+        """Zeros of shape `(B, 2, max_length, N, H)` for cached self-attention.
+
+        `H = max(key_dim, value_dim)`: when the two differ (the paper's Table 3
+        rows with a small key size) the shorter of keys and values is stored
+        zero-padded to `H`, so one tensor holds both.
+        """
         self._check_cacheable()
         return ops.zeros(
-            (batch_size, 2, max_length, self.num_heads, self._key_dim),
+            (batch_size, 2, max_length, self.num_heads, self._cache_dim()),
             dtype=dtype or self.compute_dtype,
         )
 
@@ -208,18 +214,29 @@ class MultiHeadAttention(keras.layers.Layer):
         (the encoder output in cross-attention), computed once."""
         self._check_cacheable()
         key = value if key is None else key
-        return ops.stack([self.key_dense(key), self.value_dense(value)], axis=1)
+        k, v = self._pad_to_cache(self.key_dense(key), self.value_dense(value))
+        return ops.stack([k, v], axis=1)
+
+    def _cache_dim(self):
+        return max(self._key_dim, self._value_dim)
+
+    def _pad_to_cache(self, k, v):
+        """Zero-pad the head axis of `(B, S, N, H_k)` keys or `(B, S, N, H_v)`
+        values to the cache's `H`."""
+        width = self._cache_dim()
+
+        def pad(x, size):
+            if size == width:
+                return x
+            return ops.pad(x, ((0, 0), (0, 0), (0, 0), (0, width - size)))
+
+        return pad(k, self._key_dim), pad(v, self._value_dim)
 
     def _check_cacheable(self):
         if not self.built:
             raise ValueError(
                 "The layer must be built (called once) before it has a cache. "
                 f"Received: layer {self.name!r} unbuilt"
-            )
-        if self._key_dim != self._value_dim:
-            raise ValueError(
-                "A key/value cache needs `key_dim == value_dim`. Received: "
-                f"key_dim={self._key_dim}, value_dim={self._value_dim}"
             )
 
     # === Call ===
@@ -274,7 +291,9 @@ class MultiHeadAttention(keras.layers.Layer):
             set_keras_mask(tensor, None)
         q = self.query_dense(query)  # (B, T, N, H)
         if cache is not None and cache_update_index is None:
-            k, v = cache[:, 0], cache[:, 1]  # precomputed, (B, S, N, H)
+            # precomputed, (B, S, N, H_k) and (B, S, N, H_v)
+            k = cache[:, 0, :, :, : self._key_dim]
+            v = cache[:, 1, :, :, : self._value_dim]
         else:
             k = self.key_dense(key)  # (B, S, N, H)
             v = self.value_dense(value)  # (B, S, N, Hv)
@@ -282,9 +301,11 @@ class MultiHeadAttention(keras.layers.Layer):
             set_keras_mask(tensor, mask)
         if cache is not None and cache_update_index is not None:
             start = (0, cache_update_index, 0, 0)
+            k, v = self._pad_to_cache(k, v)
             k = ops.slice_update(cache[:, 0], start, ops.cast(k, cache.dtype))
             v = ops.slice_update(cache[:, 1], start, ops.cast(v, cache.dtype))
             cache = ops.stack([k, v], axis=1)  # (B, 2, S_max, N, H)
+            k, v = k[..., : self._key_dim], v[..., : self._value_dim]
 
         batch, q_len, k_len = query.shape[0], query.shape[1], k.shape[1]
         masks = []

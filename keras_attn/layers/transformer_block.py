@@ -24,6 +24,7 @@ class ResidualSublayers:
         num_heads,
         intermediate_dim,
         key_dim,
+        value_dim,
         norm_position,
         activation,
         dropout,
@@ -38,6 +39,7 @@ class ResidualSublayers:
         self.num_heads = check_positive_int("num_heads", num_heads)
         self.intermediate_dim = check_positive_int("intermediate_dim", intermediate_dim)
         self.key_dim = check_positive_int("key_dim", key_dim, allow_none=True)
+        self.value_dim = check_positive_int("value_dim", value_dim, allow_none=True)
         self.norm_position = check_choice("norm_position", norm_position, NORM_POSITIONS)
         self.activation = get_activation("activation", activation)
         self.dropout = check_rate("dropout", dropout)
@@ -62,6 +64,7 @@ class ResidualSublayers:
         layer = MultiHeadAttention(
             num_heads=self.num_heads,
             key_dim=self.key_dim,
+            value_dim=self.value_dim,
             dropout=self.attention_dropout,
             use_bias=self.use_bias,
             flash_attention=self.flash_attention,
@@ -117,6 +120,7 @@ class ResidualSublayers:
             "num_heads": self.num_heads,
             "intermediate_dim": self.intermediate_dim,
             "key_dim": self.key_dim,
+            "value_dim": self.value_dim,
             "norm_position": self.norm_position,
             "activation": keras.activations.serialize(self.activation),
             "dropout": self.dropout,
@@ -149,7 +153,8 @@ class TransformerBlock(ResidualSublayers, keras.layers.Layer):
     Args:
         num_heads: number of attention heads.
         intermediate_dim: feed-forward hidden width (`d_ff`).
-        key_dim: size of each attention head; defaults to hidden / num_heads.
+        key_dim: size of each query/key head; defaults to hidden / num_heads.
+        value_dim: size of each value head; defaults to `key_dim`.
         norm_position: `"post"` or `"pre"`.
         activation: feed-forward activation (`"relu"`, `"gelu"`, `"swish"`, ...).
         dropout: rate on each sublayer output before the residual addition.
@@ -193,6 +198,7 @@ class TransformerBlock(ResidualSublayers, keras.layers.Layer):
         num_heads,
         intermediate_dim,
         key_dim=None,
+        value_dim=None,
         norm_position="post",
         activation="relu",
         dropout=0.0,
@@ -211,6 +217,7 @@ class TransformerBlock(ResidualSublayers, keras.layers.Layer):
             num_heads,
             intermediate_dim,
             key_dim,
+            value_dim,
             norm_position,
             activation,
             dropout,

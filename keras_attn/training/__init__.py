@@ -1,14 +1,19 @@
-"""Training pieces: losses, metrics, learning-rate schedules (keras.ops only,
-importable without TensorFlow)."""
+"""Training pieces: losses, metrics, learning-rate schedules, resumable
+training with verified checkpoints (keras.ops only, importable without
+TensorFlow)."""
 
 from keras_attn.training.losses import LabelSmoothedCrossEntropy
 from keras_attn.training.metrics import MaskedTokenAccuracy
+from keras_attn.training.resumable import ResumableTrainer
+from keras_attn.training.resumable import restore_latest
 from keras_attn.training.schedules import TransformerSchedule
 from keras_attn.training.schedules import transformer_adam
 
 __all__ = [
     "LabelSmoothedCrossEntropy",
     "MaskedTokenAccuracy",
+    "ResumableTrainer",
     "TransformerSchedule",
+    "restore_latest",
     "transformer_adam",
 ]

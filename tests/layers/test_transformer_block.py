@@ -22,6 +22,7 @@ def test_layer(norm_position, tmp_path):
             "num_heads": 2,
             "intermediate_dim": 12,
             "key_dim": 3,
+            "value_dim": 4,
             "norm_position": norm_position,
             "activation": "gelu",
             "dropout": 0.1,

@@ -22,6 +22,7 @@ def test_layer_encoder_decoder(norm_position, tmp_path):
             "num_heads": 2,
             "intermediate_dim": 12,
             "key_dim": 5,
+            "value_dim": 3,
             "norm_position": norm_position,
             "activation": "gelu",
             "dropout": 0.1,
@@ -58,8 +59,12 @@ def test_layer_decoder_only(tmp_path):
 
 @pytest.mark.parametrize("norm_position", ["post", "pre"])
 @pytest.mark.parametrize("precompute_cross", [True, False])
-def test_cached_decoding_equals_full_pass(norm_position, precompute_cross):
-    block = TransformerDecoderBlock(num_heads=2, intermediate_dim=16, norm_position=norm_position)
+@pytest.mark.parametrize("dims", [{}, {"key_dim": 2, "value_dim": 4}])
+def test_cached_decoding_equals_full_pass(norm_position, precompute_cross, dims):
+    # dims: a small key size, as in the paper's Table 3 row (B).
+    block = TransformerDecoderBlock(
+        num_heads=2, intermediate_dim=16, norm_position=norm_position, **dims
+    )
     target, source = rand(3, 6, 8), rand(3, 5, 8)
     source_mask = np.array([[1] * 5, [1, 1, 1, 0, 0], [1, 0, 0, 0, 0]], bool)
     full = to_numpy(block(target, source, encoder_padding_mask=source_mask))

@@ -159,16 +159,30 @@ def test_tied_and_untied_parameter_counts():
     assert variant.count_params() == tied.count_params() + 2 * 16 + 2 * 1024 * 8
 
 
+def test_key_and_value_sizes_per_head():
+    # Table 3 rows (A)/(B): d_k and d_v need not be D / h. D=8, h=2, d_k=3,
+    # d_v=5: Q, K project 8 -> 2*3 (+bias), V 8 -> 2*5 (+bias), O 10 -> 8.
+    model = build_transformer(TransformerConfig(**TINY), key_dim=3, value_dim=5)
+    attention = 2 * (8 * 6 + 6) + (8 * 10 + 10) + (10 * 8 + 8)
+    default = 4 * (8 * 8 + 8)
+    base = build_transformer(TransformerConfig(**TINY)).count_params()
+    assert model.count_params() == base + 4 * (attention - default)  # 4 MHAs
+    # A key size alone lets the heads not divide the width.
+    build_transformer(TransformerConfig(**TINY), num_heads=3, key_dim=4)
+    with pytest.raises(ValueError, match="Received: key_dim=0"):
+        build_transformer(TransformerConfig(**TINY), key_dim=0)
+
+
 def test_config_round_trip_and_keras_save(tmp_path):
     model = build_transformer(
         TransformerConfig(**TINY), norm_position="pre", position_embedding="learned",
-        max_sequence_length=16, pad_id=2, dropout=0.2,
+        max_sequence_length=16, pad_id=2, dropout=0.2, key_dim=3, value_dim=5,
     )
     config = model.get_config()
     assert Transformer.from_config(config).get_config() == config
     assert model.transformer_config == dataclasses.replace(
         TransformerConfig(**TINY), norm_position="pre", position_embedding="learned",
-        max_sequence_length=16, pad_id=2, dropout=0.2,
+        max_sequence_length=16, pad_id=2, dropout=0.2, key_dim=3, value_dim=5,
     )
     source, target = ids(2, 5, pad_id=2), ids(2, 4, pad_id=2)
     path = str(tmp_path / "transformer.keras")

@@ -165,9 +165,11 @@ def test_return_all_beams_sorted_and_errors():
 # === With a Transformer ===
 
 
-@pytest.fixture(scope="module")
-def model():
+@pytest.fixture(scope="module", params=["default", "small_keys"])
+def model(request):
     keras.utils.set_random_seed(7)
+    if request.param == "small_keys":  # d_k != d_v, as in Table 3 row (B)
+        return build_transformer(TINY, key_dim=2, value_dim=6)
     return build_transformer(TINY)
 
 

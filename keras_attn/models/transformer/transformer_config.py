@@ -30,6 +30,9 @@ class TransformerConfig:
         hidden_dim: model width `d_model`.
         intermediate_dim: feed-forward width `d_ff`.
         num_heads: attention heads `h`.
+        key_dim: query/key size per head `d_k`; None for `hidden_dim / h`.
+        value_dim: value size per head `d_v`; None for `key_dim` when that is
+            given, else `hidden_dim / h` (Table 3 rows (A) and (B) vary them).
         num_encoder_layers: encoder blocks N.
         num_decoder_layers: decoder blocks N.
         dropout: `P_drop`: on the embedding sums and on every sublayer output.
@@ -52,6 +55,8 @@ class TransformerConfig:
     hidden_dim: int = 512
     intermediate_dim: int = 2048
     num_heads: int = 8
+    key_dim: int = None
+    value_dim: int = None
     num_encoder_layers: int = 6
     num_decoder_layers: int = 6
     dropout: float = 0.1

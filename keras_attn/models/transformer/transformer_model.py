@@ -52,6 +52,8 @@ def _check_config(config):
     check_positive_int("hidden_dim", config.hidden_dim)
     check_positive_int("intermediate_dim", config.intermediate_dim)
     check_positive_int("num_heads", config.num_heads)
+    check_positive_int("key_dim", config.key_dim, allow_none=True)
+    check_positive_int("value_dim", config.value_dim, allow_none=True)
     check_positive_int("num_encoder_layers", config.num_encoder_layers)
     check_positive_int("num_decoder_layers", config.num_decoder_layers)
     check_rate("dropout", config.dropout)
@@ -69,7 +71,8 @@ def _check_config(config):
             "`pad_id` must be a token id of the vocabulary. Received: "
             f"pad_id={config.pad_id}, vocabulary_size={config.vocabulary_size}"
         )
-    if config.hidden_dim % config.num_heads:
+    # With `key_dim` given (values default to it) the heads need not split D.
+    if config.key_dim is None and config.hidden_dim % config.num_heads:
         raise ValueError(
             "`num_heads` must divide `hidden_dim`. Received: "
             f"hidden_dim={config.hidden_dim}, num_heads={config.num_heads}"
@@ -121,6 +124,8 @@ class Transformer(ConfigModel, keras.Model):
         hidden_dim=512,
         intermediate_dim=2048,
         num_heads=8,
+        key_dim=None,
+        value_dim=None,
         num_encoder_layers=6,
         num_decoder_layers=6,
         dropout=0.1,
@@ -142,6 +147,8 @@ class Transformer(ConfigModel, keras.Model):
             hidden_dim=hidden_dim,
             intermediate_dim=intermediate_dim,
             num_heads=num_heads,
+            key_dim=key_dim,
+            value_dim=value_dim,
             num_encoder_layers=num_encoder_layers,
             num_decoder_layers=num_decoder_layers,
             dropout=dropout,
@@ -203,6 +210,8 @@ class Transformer(ConfigModel, keras.Model):
                 )
         block_args = dict(
             num_heads=num_heads,
+            key_dim=key_dim,
+            value_dim=value_dim,
             intermediate_dim=intermediate_dim,
             norm_position=norm_position,
             activation=activation,

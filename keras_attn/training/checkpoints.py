@@ -1,0 +1,421 @@
+"""Atomic, verified checkpoints of variables: `ckpt-<step:08d>.npz` + manifest.
+
+A checkpoint is two files in one directory:
+
+- `ckpt-00000012.npz`: the arrays, grouped (`model`, `optimizer`, ...), stored
+  under the keys `<group>.<index>`; uncompressed, read without pickle.
+- `ckpt-00000012.json`: the manifest: the sha256 and size of the npz, the
+  step, the path / shape / dtype of every array, the caller's metadata (epoch,
+  fingerprint, history, ...), the keras_attn / keras versions and backend, and
+  a checksum of the manifest itself.
+
+Both are written atomically (a temporary file in the same directory, flush,
+fsync, `os.replace`, fsync of the directory), the npz first and the manifest
+last: a checkpoint counts only once its manifest exists, so a process killed
+at any instant leaves either the previous set of checkpoints or the new one,
+never a half-written file that would be read.
+
+Reading goes newest first. A manifest that does not parse or whose checksum
+fails, an npz whose sha256 or size differs from its manifest, or that does not
+unzip, is skipped with a `warnings.warn` naming the file, and the next older
+checkpoint is tried. Matching a checkpoint to a model (`check_compatible`) is
+separate and strict: a valid checkpoint for another model is a `ValueError`,
+never a fallback and never a partial load.
+
+Variables are matched by position (`model.variables` order): paths are not
+unique in Keras 3 (two `Dropout` layers both own `.../seed_generator_state`),
+so they are recorded only to write errors that say which variable differs.
+"""
+
+import contextlib
+import hashlib
+import json
+import os
+import re
+import tempfile
+import warnings
+import zipfile
+
+import keras
+import numpy as np
+
+import keras_attn
+
+FORMAT = "keras_attn.checkpoint/1"
+_NAME = re.compile(r"^ckpt-(\d{8,})\.(npz|json)$")
+# `.ckpt-00000012.npz.<random>.tmp`, `.history.json.<random>.tmp`
+_TEMPORARY = re.compile(r"^\.(ckpt-\d{8,}\.(npz|json)|history\.json)\.[^.]+\.tmp$")
+_READ_ERRORS = (OSError, ValueError, EOFError, KeyError, zipfile.BadZipFile)
+_HASH_CHUNK = 1 << 20
+
+
+def checkpoint_name(step):
+    return f"ckpt-{step:08d}"
+
+
+def atomic_write(path, write):
+    """Writes `path` through `write(binary_file)` so that readers see either
+    the old file or the complete new one: a temporary file in the same
+    directory (same file system, so `os.replace` is atomic), flushed and
+    fsynced before the rename, the directory fsynced after it."""
+    directory = os.path.dirname(os.path.abspath(path))
+    fd, temporary = tempfile.mkstemp(
+        dir=directory, prefix=f".{os.path.basename(path)}.", suffix=".tmp"
+    )
+    try:
+        with os.fdopen(fd, "wb") as f:
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(temporary, 0o644)  # mkstemp creates 0o600
+        os.replace(temporary, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.remove(temporary)
+        raise
+    _fsync_directory(directory)
+
+
+def atomic_write_json(path, value):
+    text = json.dumps(value, indent=1, sort_keys=True) + "\n"
+    atomic_write(path, lambda f: f.write(text.encode("utf-8")))
+
+
+def _fsync_directory(directory):
+    # Makes the rename itself durable; not possible on every platform.
+    if not hasattr(os, "O_DIRECTORY"):
+        return
+    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _sha256_of_file(path):
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(_HASH_CHUNK), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _canonical_checksum(manifest):
+    body = {key: value for key, value in manifest.items() if key != "checksum"}
+    text = json.dumps(body, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def variable_spec(path, array):
+    return {
+        "path": path,
+        "shape": list(np.shape(array)),
+        "dtype": str(np.asarray(array).dtype),
+    }
+
+
+class Checkpoint:
+    """One verified checkpoint: its manifest and its arrays by group."""
+
+    def __init__(self, name, manifest, arrays):
+        self.name = name
+        self.manifest = manifest
+        self.arrays = arrays  # {group: [np.ndarray, ...]}
+
+    @property
+    def step(self):
+        return self.manifest["step"]
+
+    @property
+    def file(self):
+        return self.name + ".npz"
+
+    def specs(self, group):
+        return self.manifest["variables"].get(group)
+
+    def __repr__(self):
+        return f"Checkpoint({self.name!r})"
+
+
+class CheckpointManager:
+    """Writes, lists, prunes and reads the checkpoints of one directory.
+
+    One writer per directory: `save` deletes checkpoints beyond `max_to_keep`
+    and `remove_temporary_files` deletes leftovers of interrupted writes.
+    Readers (`latest`) never delete anything.
+
+    Args:
+        directory: where the checkpoints live (created by `save`).
+        max_to_keep: how many of the newest checkpoints `save` keeps.
+    """
+
+    def __init__(self, directory, max_to_keep=3):
+        self.directory = os.fspath(directory)
+        self.max_to_keep = max_to_keep
+
+    def _path(self, name):
+        return os.path.join(self.directory, name)
+
+    def _listing(self):
+        """({step: manifest name}, {step: npz name}) of the directory."""
+        manifests, arrays = {}, {}
+        if not os.path.isdir(self.directory):
+            return manifests, arrays
+        for name in os.listdir(self.directory):
+            match = _NAME.match(name)
+            if match:
+                kind = manifests if match.group(2) == "json" else arrays
+                kind[int(match.group(1))] = name
+        return manifests, arrays
+
+    def steps(self):
+        """Steps that have a manifest, oldest first (not verified)."""
+        return sorted(self._listing()[0])
+
+    def save(self, step, groups, metadata=None):
+        """Writes checkpoint `step` and prunes old ones; returns its name.
+
+        Args:
+            step: a non-negative int, the file name's number.
+            groups: `{group: [(path, array), ...]}`.
+            metadata: JSON-able dict stored at the top of the manifest.
+        """
+        os.makedirs(self.directory, exist_ok=True)
+        name = checkpoint_name(step)
+        arrays = {}
+        specs = {}
+        for group, entries in groups.items():
+            specs[group] = []
+            for index, (path, array) in enumerate(entries):
+                arrays[f"{group}.{index}"] = np.asarray(array)
+                specs[group].append(variable_spec(path, array))
+        npz_path = self._path(name + ".npz")
+        atomic_write(npz_path, lambda f: np.savez(f, **arrays))
+
+        manifest = dict(metadata or {})
+        reserved = {"format", "file", "sha256", "size", "step", "variables",
+                    "versions", "checksum"}
+        clash = sorted(reserved & set(manifest))
+        if clash:
+            raise ValueError(
+                f"`metadata` may not set the manifest's own keys. Received: "
+                f"metadata keys {clash}"
+            )
+        manifest.update(
+            format=FORMAT,
+            file=name + ".npz",
+            sha256=_sha256_of_file(npz_path),
+            size=os.path.getsize(npz_path),
+            step=int(step),
+            variables=specs,
+            versions={
+                "keras_attn": keras_attn.__version__,
+                "keras": keras.__version__,
+                "backend": keras.backend.backend(),
+            },
+        )
+        manifest["checksum"] = _canonical_checksum(manifest)
+        atomic_write_json(self._path(name + ".json"), manifest)
+        self._prune(step)
+        return name
+
+    def _prune(self, step):
+        manifests, arrays = self._listing()
+        # Newer than the one just written: the state this run did not continue
+        # from (corrupt ones that `latest` skipped), so never its future.
+        stale = [s for s in manifests if s > step]
+        kept = sorted((s for s in manifests if s <= step), reverse=True)
+        for old in stale + kept[self.max_to_keep:]:
+            # The manifest first: a half-deleted checkpoint no longer counts.
+            for name in (manifests[old], arrays.get(old)):
+                if name:
+                    with contextlib.suppress(FileNotFoundError):
+                        os.remove(self._path(name))
+        for orphan in set(arrays) - set(manifests):  # a write killed before its manifest
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(self._path(arrays[orphan]))
+
+    def remove_temporary_files(self):
+        """Deletes the temporary files of writes that were interrupted."""
+        if not os.path.isdir(self.directory):
+            return []
+        removed = sorted(n for n in os.listdir(self.directory) if _TEMPORARY.match(n))
+        for name in removed:
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(self._path(name))
+        return removed
+
+    def latest(self):
+        """The newest checkpoint that reads back intact, or None.
+
+        Every newer one that does not is skipped with a warning naming its
+        file. Raises `ValueError` when manifests exist but none is intact
+        (see `ResumableTrainer` for why that is not a silent fresh start).
+        """
+        manifests, arrays = self._listing()
+        newest_valid = None
+        problems = []
+        for step in sorted(manifests, reverse=True):
+            try:
+                newest_valid = self.read(manifests[step][: -len(".json")])
+                break
+            except CorruptCheckpointError as error:
+                problems.append(str(error))
+                warnings.warn(f"{error} Skipping it.", stacklevel=2)
+        if manifests and newest_valid is None:
+            raise ValueError(
+                f"No intact checkpoint in `directory`={self.directory!r}: "
+                + " ".join(problems)
+                + " Move the files away (or delete them) to start afresh."
+            )
+        floor = newest_valid.step if newest_valid else -1
+        for step in sorted(set(arrays) - set(manifests)):
+            if step > floor:
+                warnings.warn(
+                    f"{self._path(arrays[step])} has no manifest (its write was "
+                    "interrupted); ignoring it.",
+                    stacklevel=2,
+                )
+        return newest_valid
+
+    def read(self, name):
+        """Reads and verifies checkpoint `name` (e.g. `ckpt-00000012`).
+
+        Raises `CorruptCheckpointError` naming the file that is not intact.
+        """
+        manifest_path = self._path(name + ".json")
+        try:
+            with open(manifest_path, encoding="utf-8") as f:
+                manifest = json.load(f)
+            if not isinstance(manifest, dict):
+                raise ValueError("not a JSON object")
+            if manifest.get("checksum") != _canonical_checksum(manifest):
+                raise ValueError("its checksum does not match its content")
+            if manifest.get("format") != FORMAT:
+                raise ValueError(f"unknown format {manifest.get('format')!r}")
+            if manifest.get("file") != name + ".npz":
+                raise ValueError(f"it describes {manifest.get('file')!r}")
+        except _READ_ERRORS as error:  # UnicodeDecodeError is a ValueError
+            raise CorruptCheckpointError(
+                f"Checkpoint manifest {manifest_path} is corrupt ({error})."
+            ) from error
+        npz_path = self._path(name + ".npz")
+        try:
+            size = os.path.getsize(npz_path)
+            if size != manifest["size"]:
+                raise ValueError(f"{size} bytes, the manifest says {manifest['size']}")
+            if _sha256_of_file(npz_path) != manifest["sha256"]:
+                raise ValueError("its sha256 differs from the manifest's")
+            arrays = {}
+            with np.load(npz_path, allow_pickle=False) as npz:
+                expected_keys = set()
+                for group, specs in manifest["variables"].items():
+                    arrays[group] = []
+                    for index, spec in enumerate(specs):
+                        key = f"{group}.{index}"
+                        expected_keys.add(key)
+                        array = npz[key]
+                        if variable_spec(spec["path"], array) != spec:
+                            raise ValueError(f"array {key} differs from its manifest entry")
+                        arrays[group].append(array)
+                if set(npz.files) != expected_keys:
+                    raise ValueError("its arrays differ from the manifest's list")
+        except _READ_ERRORS as error:
+            raise CorruptCheckpointError(
+                f"Checkpoint {npz_path} is corrupt ({error})."
+            ) from error
+        return Checkpoint(name, manifest, arrays)
+
+
+class CorruptCheckpointError(ValueError):
+    """A checkpoint file that does not read back intact."""
+
+
+def flatten(value, prefix=""):
+    """`{"a": {"b": 1}}` -> `{"a.b": 1}` (the dotted keys errors name)."""
+    if isinstance(value, dict) and value:
+        flat = {}
+        for key, item in value.items():
+            flat.update(flatten(item, f"{prefix}{key}."))
+        return flat
+    return {prefix[:-1]: value}
+
+
+def fingerprint_differences(saved, current):
+    """Dotted keys whose values differ, as `key: checkpoint X, now Y` lines."""
+    saved, current = flatten(saved or {}), flatten(current or {})
+    missing = "<absent>"
+    return [
+        f"{key}: checkpoint {saved.get(key, missing)!r}, now {current.get(key, missing)!r}"
+        for key in sorted(set(saved) | set(current))
+        if saved.get(key, missing) != current.get(key, missing)
+    ]
+
+
+def _castable(array, dtype):
+    """Integer variables may change integer dtype (the seed-generator state is
+    int64 on TensorFlow and uint32 on JAX) when every value fits."""
+    source, target = np.dtype(array.dtype), np.dtype(dtype)
+    if source == target:
+        return True
+    if source.kind not in "iu" or target.kind not in "iu":
+        return False
+    info = np.iinfo(target)
+    return array.size == 0 or (array.min() >= info.min and array.max() <= info.max)
+
+
+def check_group(checkpoint, group, variables, label, limit=5):
+    """Raises `ValueError` naming every variable of `group` whose count, shape
+    or dtype differs between `checkpoint` and `variables` (by position)."""
+    specs = checkpoint.specs(group) or []
+    arrays = checkpoint.arrays.get(group, [])
+    source = f"Checkpoint {checkpoint.file}"
+    if len(specs) != len(variables):
+        hint = ""
+        for index, (spec, variable) in enumerate(zip(specs, variables)):
+            if spec["path"] != variable.path or tuple(spec["shape"]) != tuple(variable.shape):
+                hint = (
+                    f" The first difference is {label} {index}: '{spec['path']}' "
+                    f"{tuple(spec['shape'])} in the checkpoint, '{variable.path}' "
+                    f"{tuple(variable.shape)} in the model."
+                )
+                break
+        raise ValueError(
+            f"{source} does not match the model: it holds {len(specs)} {label}s, "
+            f"the model has {len(variables)}.{hint}"
+        )
+    problems = []
+    for index, (spec, array, variable) in enumerate(zip(specs, arrays, variables)):
+        dtype = keras.backend.standardize_dtype(variable.dtype)
+        if tuple(spec["shape"]) != tuple(variable.shape) or not _castable(array, dtype):
+            problems.append(
+                f"{label} {index} is '{spec['path']}' {tuple(spec['shape'])} "
+                f"{spec['dtype']} in the checkpoint and '{variable.path}' "
+                f"{tuple(variable.shape)} {dtype} in the model"
+            )
+    if problems:
+        more = f"; and {len(problems) - limit} more" if len(problems) > limit else ""
+        raise ValueError(
+            f"{source} does not match the model: " + "; ".join(problems[:limit]) + more + "."
+        )
+
+
+def check_fingerprint(checkpoint, fingerprint):
+    differences = fingerprint_differences(checkpoint.manifest.get("fingerprint"), fingerprint)
+    if differences:
+        raise ValueError(
+            f"Checkpoint {checkpoint.file} was written with another `fingerprint`: "
+            + "; ".join(differences)
+            + "."
+        )
+
+
+def assign_group(checkpoint, group, variables):
+    """Assigns the arrays of `group` to `variables`; call `check_group` first."""
+    for array, variable in zip(checkpoint.arrays[group], variables):
+        variable.assign(array.astype(keras.backend.standardize_dtype(variable.dtype)))
+
+
+def read_group(variables):
+    """`[(path, np.ndarray), ...]` of the current values."""
+    return [(v.path, keras.ops.convert_to_numpy(v.value)) for v in variables]
