@@ -169,6 +169,7 @@ WER); tfds: librispeech, speech_commands or any set with audio and text
 
 import copy
 import dataclasses
+import functools
 import json
 import os
 
@@ -532,6 +533,13 @@ def dataset_kind(dataset):
     return EMBEDDED if dataset == EMBEDDED else "tfds"
 
 
+@functools.lru_cache(maxsize=1)
+def _tfds_builders():
+    import tensorflow_datasets as tfds
+
+    return frozenset(tfds.list_builders(with_community_datasets=False))
+
+
 def check_tfds_name(dataset, key="data.dataset"):
     """`dataset` is "tfds:<name>[/<config>]" with a name (and config) that
     tensorflow-datasets knows; nothing is downloaded. Returns the tfds name
@@ -542,7 +550,7 @@ def check_tfds_name(dataset, key="data.dataset"):
         raise _error(key, 'must be "embedded" or "tfds:<name>[/<config>]"', dataset)
     import tensorflow_datasets as tfds
 
-    known = tfds.list_builders(with_community_datasets=False)
+    known = _tfds_builders()
     if builder not in known:
         raise _error(key, f"names a dataset that tensorflow-datasets does not know "
                           f"({len(known)} builders; see tfds.list_builders())", dataset)
