@@ -121,7 +121,8 @@ text set, each example a document.
                     validation.
     data.split                str, "train". tfds only.
     data.text_key             str, "text". tfds only.
-    data.max_documents        int >= 1|null, null. tfds only.
+    data.max_documents        int >= 1|null, null: all. Read only the first
+                    ones (quick experiments).
     evaluation.metric         mlm_loss | mlm_accuracy | mlm_perplexity |
                     nsp_accuracy (held-out documents, masks fixed by the seed).
 
@@ -317,7 +318,7 @@ TASK_FIELDS = {
             **_TFDS_SOURCE,
             "split": _f("str", "train", only="tfds"),
             "text_key": _f("str", "text", only="tfds"),
-            "max_documents": _f("int", None, nullable=True, minimum=1, only="tfds"),
+            "max_documents": _f("int", None, nullable=True, minimum=1),
         },
         "evaluation": {},
         "metrics": ("mlm_loss", "mlm_accuracy", "mlm_perplexity", "nsp_accuracy"),

@@ -21,7 +21,7 @@ TINY = {
     "bert_tiny_pydoc": [
         "model.overrides.num_layers=1", "model.overrides.hidden_dim=16",
         "model.overrides.intermediate_dim=32", "data.vocabulary_size=300",
-        "data.sequence_length=32",
+        "data.sequence_length=32", "data.max_documents=20",
     ],
     "transformer_numbers": [
         "model.overrides.hidden_dim=16", "model.overrides.intermediate_dim=32",

@@ -29,7 +29,7 @@ class MaskedLM(Task):
 
         data = self.data
         if self.embedded:
-            documents = text.load_pydoc_corpus()
+            documents = text.load_pydoc_corpus()[: data["max_documents"]]
         else:
             documents = text.load_tfds_documents(
                 self.tfds_name, data_dir=data["data_dir"], split=data["split"],
