@@ -27,6 +27,17 @@ from keras_attn.models.conformer.conformer_config import ConformerConfig
 from keras_attn.models.conformer.conformer_config import get_conformer_config
 
 
+class _BatchMean(keras.losses.Loss):
+    """The mean of per-example losses (`y_pred`), reduced as Keras reduces a
+    compiled loss: under `tf.distribute` each replica's mean is scaled by
+    1 / replicas, so the replicas' summed gradients are those of the mean over
+    the global batch. A plain `ops.mean` would make them `replicas` times
+    larger. No scaling on one device or on JAX."""
+
+    def call(self, y_true, y_pred):
+        return y_pred
+
+
 @keras.saving.register_keras_serializable(package="keras_attn")
 class LengthMask(keras.layers.Layer):
     """`(B, T, ...)` and lengths `(B,)` -> the `(B, T)` mask `t < length`."""
@@ -135,7 +146,10 @@ class ConformerCTC(ConfigModel, keras.Model):
             ops.cast(y_pred["logit_lengths"], "int32"),
             mask_index=0,
         )  # (B,)
-        return ops.mean(losses) + sum(self.losses, 0.0)
+        # The regularization losses added to every utterance add them once
+        # to the mean, scaled for the replicas like the CTC term.
+        losses = losses + sum(self.losses, 0.0)  # (B,)
+        return _BatchMean(name="ctc_loss")(losses, losses)
 
     def decode(self, inputs, strategy="greedy", beam_width=16):
         """Token ids `(B, T')`, -1 after each transcript's end.

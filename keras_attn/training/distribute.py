@@ -1,0 +1,285 @@
+"""Data-parallel training on the TensorFlow and JAX backends (`--distribute`).
+
+```python
+from keras_attn.training.distribute import data_parallel, describe_replicas
+with data_parallel(enabled=True) as replicas:
+    print(describe_replicas(replicas, batch_size=64))
+    model = build(...)          # built and compiled inside the block
+    model.compile(...)
+    model.fit(dataset)          # dataset batches are *global* batches
+    model.save("model.keras")
+```
+
+| backend | one host | several hosts |
+|---|---|---|
+| tensorflow | `tf.distribute.MirroredStrategy` over the local GPUs, else over the logical CPU devices when there are several | `tf.distribute.MultiWorkerMirroredStrategy` when `TF_CONFIG` is set |
+| jax | `keras.distribution.DataParallel` over `keras.distribution.list_devices()` | the same, after `keras.distribution.initialize()` when `KERAS_DISTRIBUTION_*` is set |
+
+The batch size is global on both engines, checked by
+`tests/training/test_distribute.py` (an epoch of 4 batches of 8 takes 4 steps on
+2 replicas, with the per-step losses of one device):
+
+- TensorFlow: Keras hands the dataset to `experimental_distribute_dataset`,
+  which splits each batch of B into R per-replica batches of B / R; each
+  replica's loss is scaled by 1 / R (Keras does it in the loss reduction) and
+  the gradients are summed across replicas, so one step applies the gradient
+  of the mean loss over the B examples.
+- JAX: each batch of B is one array sharded on its first axis over the R
+  devices (a multi-process job first gives each process its B / processes
+  rows); the step is compiled for the global array, so the loss and its
+  gradient are computed over all B examples exactly as on one device.
+
+Where a loss is normalised by something other than the batch size the two
+engines differ: under `tf.distribute` a mean over a count that varies per
+example (the masked-LM loss over real predictions of `BertPretrainer`,
+`LabelSmoothedCrossEntropy` over real tokens) is taken per replica and the
+replicas' means are averaged (the original BERT did the same per TPU core),
+and BatchNorm (the Conformer's convolution module) normalises with each
+replica's own statistics; JAX computes both over the global batch. With the
+batch sizes used for training the difference is small, but per-step losses
+then match one device only on JAX.
+
+TensorFlow is imported only in the TensorFlow branch, JAX only in the JAX one.
+"""
+
+import contextlib
+import os
+import warnings
+
+import keras
+
+# Read by `keras.distribution.initialize()` (keras/src/distribution/distribution_lib.py).
+JAX_PROCESS_ENV = (
+    "KERAS_DISTRIBUTION_JOB_ADDRESSES",
+    "KERAS_DISTRIBUTION_NUM_PROCESSES",
+    "KERAS_DISTRIBUTION_PROCESS_ID",
+)
+
+# A TensorFlow process can hold one MultiWorkerMirroredStrategy only (its
+# collectives are configured when it is created): later `data_parallel`
+# blocks reuse the strategy made for the same devices.
+_TF_STRATEGIES = {}
+
+
+def _check_devices(devices):
+    if devices is None:
+        return None
+    if (
+        isinstance(devices, str)
+        or not isinstance(devices, (list, tuple))
+        or not devices
+        or not all(isinstance(device, str) and device for device in devices)
+    ):
+        raise ValueError(
+            "`devices` must be a non-empty list of device names "
+            "(`['/gpu:0', '/gpu:1']` on TensorFlow, `['gpu:0', 'gpu:1']` on JAX). "
+            f"Received: devices={devices!r}"
+        )
+    return tuple(devices)
+
+
+def _warn_single_device(found):
+    warnings.warn(
+        "Data parallel training was asked for but only one device was found "
+        f"({found}); training on it alone: 1 replica, the same global batch."
+    )
+
+
+def _tf_multi_worker_strategy(tf):
+    strategy = tf.distribute.MultiWorkerMirroredStrategy()
+    jobs = strategy.cluster_resolver.cluster_spec().as_dict()
+    workers = len(jobs.get("chief", [])) + len(jobs.get("worker", []))
+    if workers > 1:
+        # Two workers on one host fail in the first `fit` with Keras 3.15 and
+        # TensorFlow 2.21 (checked here): Keras reduces a data batch across
+        # workers to build the model, then the logs with an axis that scalars
+        # lack. Single-worker jobs train normally.
+        warnings.warn(
+            f"TF_CONFIG describes {workers} workers: Keras {keras.__version__} "
+            "`Model.fit` fails under a multi-worker MultiWorkerMirroredStrategy "
+            "(keras-team/keras#20585). Train several hosts with KERAS_BACKEND=jax "
+            "and the KERAS_DISTRIBUTION_* variables instead."
+        )
+    return strategy
+
+
+def _tf_strategy(devices):
+    """The strategy for `devices` (None: detect them), or None for one device."""
+    import tensorflow as tf
+
+    if "TF_CONFIG" in os.environ:
+        if devices is not None:
+            raise ValueError(
+                "`devices` cannot be chosen when TF_CONFIG is set: "
+                "MultiWorkerMirroredStrategy uses every local GPU (else the CPU) "
+                f"of each worker. Received: devices={list(devices)!r}"
+            )
+        if "multi_worker" not in _TF_STRATEGIES:
+            _TF_STRATEGIES["multi_worker"] = _tf_multi_worker_strategy(tf)
+        return _TF_STRATEGIES["multi_worker"]
+    if devices is None:
+        # MirroredStrategy() alone takes the GPUs only; logical CPU devices
+        # (tf.config.set_logical_device_configuration) must be named.
+        found = tf.config.list_logical_devices("GPU") or tf.config.list_logical_devices(
+            "CPU"
+        )
+        if len(found) < 2:
+            _warn_single_device(", ".join(device.name for device in found))
+            return None
+        devices = tuple(device.name for device in found)
+    if devices not in _TF_STRATEGIES:
+        _TF_STRATEGIES[devices] = tf.distribute.MirroredStrategy(devices=list(devices))
+    return _TF_STRATEGIES[devices]
+
+
+@contextlib.contextmanager
+def _tf_data_parallel(devices):
+    strategy = _tf_strategy(devices)
+    if strategy is None:
+        yield 1
+        return
+    with strategy.scope():
+        yield strategy.num_replicas_in_sync
+
+
+def _jax_initialize():
+    """`keras.distribution.initialize()`, once, when a launcher set its
+    variables (a second `jax.distributed.initialize` is an error)."""
+    import jax
+
+    if any(name in os.environ for name in JAX_PROCESS_ENV):
+        if not jax.distributed.is_initialized():
+            keras.distribution.initialize()
+
+
+@contextlib.contextmanager
+def _jax_data_parallel(devices):
+    _jax_initialize()
+    if devices is None:
+        devices = tuple(keras.distribution.list_devices())
+        if len(devices) < 2:
+            _warn_single_device(", ".join(devices))
+            yield 1
+            return
+    distribution = keras.distribution.DataParallel(devices=list(devices))
+    previous = keras.distribution.distribution()
+    keras.distribution.set_distribution(distribution)
+    try:
+        yield distribution.num_model_replicas
+    finally:
+        keras.distribution.set_distribution(previous)
+
+
+@contextlib.contextmanager
+def data_parallel(enabled=True, devices=None):
+    """Runs the block data parallel; yields the number of replicas.
+
+    Build, compile, train and save the model inside the block. The variables
+    are replicated on every device; each optimizer step splits one global
+    batch across the replicas and applies the gradient of its mean loss.
+
+    - TensorFlow: `tf.distribute.MultiWorkerMirroredStrategy` when the
+      `TF_CONFIG` environment variable is set (a warning when it names
+      several workers: Keras 3 `fit` fails under it, see the module
+      docstring); else `MirroredStrategy` over `devices`, or over the local
+      GPUs, or, without GPUs, over the logical CPU devices when there are
+      several (MirroredStrategy alone would ignore them). One strategy per
+      device set and process, reused by later blocks.
+    - JAX: `keras.distribution.DataParallel` over `devices` or
+      `keras.distribution.list_devices()` (GPUs, else TPUs, else CPUs; the
+      devices of every process once initialised), set as the global
+      distribution for the block, the previous one put back after it. When a
+      launcher set `KERAS_DISTRIBUTION_JOB_ADDRESSES`,
+      `KERAS_DISTRIBUTION_NUM_PROCESSES` or `KERAS_DISTRIBUTION_PROCESS_ID`,
+      `keras.distribution.initialize()` runs first, once per process: enter
+      the block before any JAX computation. Each process then keeps its share
+      of every `tf.data` batch, so all must build the same pipeline (seeded).
+    - torch: not supported, a `ValueError`.
+
+    The batch size is global: a dataset batch of B examples is one optimizer
+    step on B examples whatever the number of replicas R, each replica
+    computing B / R of them (the module docstring says how each engine does
+    it), so a recipe's batch size and learning rate mean the same on 1 or R
+    devices. Keep every batch a multiple of R (`describe_replicas` checks the
+    batch size; drop or avoid a smaller last batch): JAX cannot shard an
+    uneven batch, TensorFlow would give the replicas unequal shares.
+
+    Only one device found (none named in `devices`): a warning, and the block
+    runs undistributed with 1 replica. Failing instead would make
+    `--distribute` recipes and scripts break on a laptop or a one-GPU
+    runner, while one device with the same global batch is the same
+    computation, only slower; the warning explains the slowness.
+
+    Args:
+        enabled: False makes the block a no-op that yields 1 (so callers can
+            write `data_parallel(enabled=args.distribute)`).
+        devices: device names to replicate over instead of the detected ones:
+            TensorFlow names (`"/gpu:0"`, `"/cpu:1"`) or Keras JAX names
+            (`"gpu:0"`, as `keras.distribution.list_devices()` gives them).
+            Not allowed with `TF_CONFIG`.
+
+    Yields:
+        The number of replicas in sync (1 when disabled or on one device).
+
+    Raises:
+        ValueError: on the torch backend (or any but tensorflow and jax) when
+            enabled, for a malformed `devices`, or for `devices` with
+            `TF_CONFIG`.
+    """
+    devices = _check_devices(devices)
+    if not enabled:
+        yield 1
+        return
+    backend = keras.backend.backend()
+    if backend == "tensorflow":
+        manager = _tf_data_parallel(devices)
+    elif backend == "jax":
+        manager = _jax_data_parallel(devices)
+    else:
+        raise ValueError(
+            "Data parallel training (`--distribute`) runs on the tensorflow and "
+            f"jax backends, not on {backend}. Received: backend={backend!r}"
+        )
+    with manager as replicas:
+        yield replicas
+
+
+def describe_replicas(replicas, batch_size):
+    """A one-line report of the replica count and what the batch size means.
+
+    Args:
+        replicas: what `data_parallel` yielded.
+        batch_size: the recipe's batch size, the global batch.
+
+    Returns:
+        e.g. `"2 replicas: global batch 64 = 32 examples per replica per step"`.
+
+    Raises:
+        ValueError: when `batch_size` is not a multiple of `replicas` (JAX
+            cannot shard such a batch; TensorFlow would give the replicas
+            unequal shares), or either is not a positive integer.
+
+    Example:
+
+    >>> describe_replicas(1, batch_size=64)
+    '1 replica: global batch 64 per step'
+    >>> describe_replicas(2, batch_size=64)
+    '2 replicas: global batch 64 = 32 examples per replica per step'
+    """
+    for name, value in (("replicas", replicas), ("batch_size", batch_size)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(
+                f"`{name}` must be a positive integer. Received: {name}={value!r}"
+            )
+    if batch_size % replicas:
+        raise ValueError(
+            f"The global batch size must be a multiple of the {replicas} replicas "
+            f"(each takes an equal share of every batch). Received: "
+            f"batch_size={batch_size}"
+        )
+    if replicas == 1:
+        return f"1 replica: global batch {batch_size} per step"
+    return (
+        f"{replicas} replicas: global batch {batch_size} = "
+        f"{batch_size // replicas} examples per replica per step"
+    )

@@ -1,0 +1,286 @@
+"""`data_parallel`: two replicas train like one device with the same global
+batch, on TensorFlow (two logical CPU devices) and JAX (two XLA host devices).
+
+The training runs happen in `distribute_worker.py` subprocesses, because the
+devices must be configured before TensorFlow or JAX initialises; each worker
+trains every model once on one device and once under `data_parallel`, from
+the same seed, for 4 steps of a global batch of 8.
+
+Tolerance: per-step losses agree to `RTOL = 1e-5` relative. The runs differ
+only in the order float32 sums are taken (per replica, then across replicas),
+about 1e-7 relative per step; the workers train with SGD, whose update is
+linear in the gradient, so that stays 1e-7 after 4 steps (measured: at most
+8e-7, including the rounding of recovering step losses from Keras's running
+mean). The effects these tests must tell apart are far larger: a loss not
+scaled for the replicas doubles (the Conformer bug fixed here), and a mean
+taken per replica moves the first losses of BERT pretraining and of the
+Transformer by 4e-5 to 4e-3 relative on this data.
+"""
+
+import inspect
+import json
+import os
+import socket
+import subprocess
+import sys
+import warnings
+
+import keras
+import numpy as np
+import pytest
+
+from keras_attn.training import distribute
+from keras_attn.training.distribute import data_parallel
+from keras_attn.training.distribute import describe_replicas
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+WORKER = os.path.join(HERE, "distribute_worker.py")
+RTOL = 1e-5
+STEPS = 4  # batches of 8 in the workers' 32 examples: global batches
+TF_MODELS = ("vit", "bert_pretrainer", "transformer", "conformer")
+JAX_MODELS = ("vit", "bert_pretrainer", "transformer")
+# Losses that are means over a count varying per example (real predictions,
+# real tokens): tf.distribute takes them per replica (see distribute.py).
+PER_REPLICA_MEANS = ("bert_pretrainer", "transformer")
+
+
+def _env(engine, **extra):
+    env = dict(os.environ, KERAS_BACKEND=engine, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="3")
+    env.pop("TF_CONFIG", None)
+    if engine == "jax":
+        env["XLA_FLAGS"] = "--xla_force_host_platform_device_count=2"
+    env.update(extra)
+    return env
+
+
+def _worker_command(engine, models, output_dir, multi_worker=False):
+    command = [sys.executable, WORKER, "--engine", engine, "--models", ",".join(models)]
+    return command + (["--multi-worker"] if multi_worker else []) + [str(output_dir)]
+
+
+def _result(completed):
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    return json.loads(completed.stdout.strip().splitlines()[-1])
+
+
+def _run_worker(engine, models, output_dir):
+    return _result(
+        subprocess.run(
+            _worker_command(engine, models, output_dir),
+            capture_output=True, text=True, env=_env(engine), timeout=600,
+        )
+    )
+
+
+def _free_port():
+    with socket.socket() as sock:
+        sock.bind(("localhost", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def tf_runs(tmp_path_factory):
+    return _run_worker("tensorflow", TF_MODELS, tmp_path_factory.mktemp("tf"))
+
+
+@pytest.fixture(scope="module")
+def jax_runs(tmp_path_factory):
+    return _run_worker("jax", JAX_MODELS, tmp_path_factory.mktemp("jax"))
+
+
+def _check_two_replicas(run, inside, outside):
+    single, parallel = run["single"], run["distributed"]
+    assert (single["replicas"], parallel["replicas"]) == (1, 2)
+    assert (single["weight_devices"], parallel["weight_devices"]) == (1, 2)
+    assert (single["inside"], parallel["inside"]) == (outside, inside)
+    assert parallel["after"] == outside  # the block put the previous state back
+    # 32 examples in batches of 8 take 4 steps on 2 replicas too: the dataset
+    # batch is the global batch, not the per-replica one.
+    assert len(single["losses"]) == len(parallel["losses"]) == STEPS
+
+
+@pytest.mark.large
+@pytest.mark.parametrize("name", ["vit", "conformer"])
+def test_tensorflow_two_replicas_match_one_device(tf_runs, name):
+    run = tf_runs[name]
+    _check_two_replicas(run, inside="MirroredStrategy", outside="_DefaultDistributionStrategy")
+    np.testing.assert_allclose(
+        run["distributed"]["losses"], run["single"]["losses"], rtol=RTOL
+    )
+
+
+@pytest.mark.large
+@pytest.mark.parametrize("name", PER_REPLICA_MEANS)
+def test_tensorflow_takes_count_normalised_means_per_replica(tf_runs, name):
+    """The first step's loss is that of the batch's two halves averaged (the
+    documented tf.distribute behaviour), which differs from the batch's own
+    by more than the tolerance."""
+    run = tf_runs[name]
+    _check_two_replicas(run, inside="MirroredStrategy", outside="_DefaultDistributionStrategy")
+    first = run["distributed"]["losses"][0]
+    np.testing.assert_allclose(first, run["single"]["split_first_loss"], rtol=RTOL)
+    assert abs(first - run["single"]["losses"][0]) > RTOL * abs(first)
+
+
+@pytest.mark.large
+@pytest.mark.parametrize("name", JAX_MODELS)
+def test_jax_two_replicas_match_one_device(jax_runs, name):
+    run = jax_runs[name]
+    _check_two_replicas(run, inside="DataParallel", outside="NoneType")
+    np.testing.assert_allclose(
+        run["distributed"]["losses"], run["single"]["losses"], rtol=RTOL
+    )
+    if name in PER_REPLICA_MEANS:
+        # The halves' average differs by more than the tolerance, so the
+        # match shows that JAX took the mean over the global batch.
+        split = run["single"]["split_first_loss"]
+        assert abs(split - run["single"]["losses"][0]) > RTOL * abs(split)
+
+
+@pytest.mark.large
+@pytest.mark.parametrize(
+    "engine, name",
+    [("tensorflow", name) for name in TF_MODELS] + [("jax", name) for name in JAX_MODELS],
+)
+def test_keras_save_after_distributed_training_reloads(tf_runs, jax_runs, engine, name):
+    runs = tf_runs if engine == "tensorflow" else jax_runs
+    assert runs[name]["distributed"]["reload_max_diff"] < 1e-5
+
+
+@pytest.mark.large
+def test_jax_two_processes_match_one_device(jax_runs, tmp_path):
+    """The multi-host route of the README on one machine: two processes of
+    one CPU device each, joined by `keras.distribution.initialize()` from the
+    KERAS_DISTRIBUTION_* variables; each process reads its half of every
+    global batch."""
+    port = _free_port()
+    for rank in range(2):
+        (tmp_path / str(rank)).mkdir()
+    processes = [
+        subprocess.Popen(
+            _worker_command("jax", ["vit"], tmp_path / str(rank), multi_worker=True),
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            env=_env(
+                "jax", XLA_FLAGS="",
+                KERAS_DISTRIBUTION_JOB_ADDRESSES=f"localhost:{port}",
+                KERAS_DISTRIBUTION_NUM_PROCESSES="2",
+                KERAS_DISTRIBUTION_PROCESS_ID=str(rank),
+            ),
+        )
+        for rank in range(2)
+    ]
+    try:
+        outputs = [process.communicate(timeout=300) for process in processes]
+    finally:
+        for process in processes:  # a process left waiting for its peer
+            process.kill()
+    single = jax_runs["vit"]["single"]["losses"]
+    for process, (stdout, stderr) in zip(processes, outputs):
+        result = _result(subprocess.CompletedProcess([], process.returncode, stdout, stderr))
+        run = result["vit"]["distributed"]
+        assert (run["replicas"], run["weight_devices"], run["inside"]) == (2, 2, "DataParallel")
+        np.testing.assert_allclose(run["losses"], single, rtol=RTOL)
+        assert run["reload_max_diff"] == 0.0  # the saved weights are the trained ones
+
+
+@pytest.mark.large
+def test_tf_config_selects_multi_worker_strategy(tf_runs, tmp_path):
+    """A one-worker TF_CONFIG (a cluster of several workers is what Keras 3
+    cannot fit under; see distribute.py) trains like one device."""
+    config = {"cluster": {"worker": [f"localhost:{_free_port()}"]},
+              "task": {"type": "worker", "index": 0}}
+    result = _result(
+        subprocess.run(
+            _worker_command("tensorflow", ["vit"], tmp_path, multi_worker=True),
+            capture_output=True, text=True, timeout=600,
+            env=_env("tensorflow", TF_CONFIG=json.dumps(config)),
+        )
+    )
+    run = result["vit"]["distributed"]
+    assert (run["replicas"], run["inside"]) == (1, "CollectiveAllReduceStrategy")
+    np.testing.assert_allclose(run["losses"], tf_runs["vit"]["single"]["losses"], rtol=RTOL)
+
+
+# --- In the test process: TensorFlow backend, one CPU device ---------------
+
+
+@pytest.mark.tf_only
+def test_disabled_is_a_no_op():
+    import tensorflow as tf
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with data_parallel(enabled=False) as replicas:
+            assert replicas == 1
+            assert not tf.distribute.has_strategy()
+
+
+@pytest.mark.tf_only
+def test_one_device_warns_and_trains_undistributed():
+    import tensorflow as tf
+
+    assert len(tf.config.list_logical_devices("CPU")) == 1  # no GPU build here
+    with pytest.warns(UserWarning, match="only one device was found"):
+        with data_parallel() as replicas:
+            assert replicas == 1
+            assert not tf.distribute.has_strategy()
+
+
+@pytest.mark.tf_only
+def test_named_devices_are_used_without_a_warning():
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with data_parallel(devices=["/cpu:0"]) as replicas:
+            import tensorflow as tf
+
+            strategy = tf.distribute.get_strategy()
+            assert replicas == 1
+            assert isinstance(strategy, tf.distribute.MirroredStrategy)
+
+
+def test_torch_backend_is_refused(monkeypatch):
+    monkeypatch.setattr(keras.backend, "backend", lambda: "torch")
+    with pytest.raises(ValueError, match="not on torch. Received: backend='torch'"):
+        with data_parallel():
+            pass
+    with data_parallel(enabled=False) as replicas:  # disabled: no backend needed
+        assert replicas == 1
+
+
+@pytest.mark.parametrize("devices", ["/gpu:0", [], ["/gpu:0", 1]])
+def test_malformed_devices_are_refused(devices):
+    with pytest.raises(ValueError, match="Received: devices="):
+        with data_parallel(devices=devices):
+            pass
+
+
+@pytest.mark.tf_only
+def test_devices_cannot_be_named_with_tf_config(monkeypatch):
+    monkeypatch.setenv("TF_CONFIG", "{}")
+    with pytest.raises(ValueError, match="cannot be chosen when TF_CONFIG is set"):
+        with data_parallel(devices=["/cpu:0"]):
+            pass
+
+
+def test_jax_initialize_reads_the_keras_distribution_variables():
+    assert distribute.JAX_PROCESS_ENV == (
+        "KERAS_DISTRIBUTION_JOB_ADDRESSES",
+        "KERAS_DISTRIBUTION_NUM_PROCESSES",
+        "KERAS_DISTRIBUTION_PROCESS_ID",
+    )
+    source = inspect.getsource(keras.distribution.initialize)
+    for name in distribute.JAX_PROCESS_ENV:
+        assert f'"{name}"' in source
+
+
+def test_describe_replicas():
+    assert describe_replicas(4, batch_size=64) == (
+        "4 replicas: global batch 64 = 16 examples per replica per step"
+    )
+    with pytest.raises(ValueError, match="multiple of the 2 replicas.*batch_size=9"):
+        describe_replicas(2, batch_size=9)
+    with pytest.raises(ValueError, match="Received: replicas=0"):
+        describe_replicas(0, batch_size=8)
+    with pytest.raises(ValueError, match="Received: batch_size=True"):
+        describe_replicas(1, batch_size=True)
