@@ -32,6 +32,10 @@ evaluate` / `keras-attn export` to evaluate or export again, another
 `--output` to train again. A directory that holds a run of a different
 recipe is refused.
 
+The SavedModel exporters trace TensorFlow graphs: on the JAX or torch
+backend, `train` and `export` write it in a subprocess on the TensorFlow
+backend, from model.keras (train on JAX on a GPU, export on TensorFlow).
+
 Errors (a bad recipe, a missing run) print the message and exit with status
 2; set KERAS_ATTN_TRACEBACK=1 to see the traceback instead.
 """
@@ -272,7 +276,10 @@ def train(args):
         save_model(model, os.path.join(output, MODEL))
         for name, text in task.assets().items():
             _atomic_write(os.path.join(output, name), text)
-        task.export(model, os.path.join(output, SAVED_MODEL))
+        if keras.backend.backend() == "tensorflow":
+            task.export(model, os.path.join(output, SAVED_MODEL))
+    if keras.backend.backend() != "tensorflow":
+        export_on_tensorflow(output, os.path.join(output, SAVED_MODEL))
     plot_learning_curves(history, os.path.join(output, CURVES), title=recipe["name"])
     times = read_json(times_path) if os.path.exists(times_path) else {}
     metric = recipe["evaluation"]["metric"]
@@ -338,9 +345,28 @@ def evaluate(args):
     return 0
 
 
+def export_on_tensorflow(run_dir, path):
+    """`keras-attn export` in a subprocess on the TensorFlow backend: the
+    SavedModel exporters trace TensorFlow graphs, and model.keras loads on
+    any backend (train on JAX, export on TensorFlow)."""
+    import subprocess
+
+    print(f"exporting {os.path.join(run_dir, MODEL)} on the TensorFlow backend", flush=True)
+    environment = dict(os.environ, KERAS_BACKEND="tensorflow")
+    command = [sys.executable, "-m", "keras_attn.cli", "export", run_dir, "--output", path]
+    result = subprocess.run(command, env=environment)
+    if result.returncode:
+        raise RuntimeError(f"{' '.join(command)} failed with status {result.returncode}")
+
+
 def export(args):
-    _, task, model, source = load_run(args.run_dir)
+    import keras
+
     path = args.output or os.path.join(args.run_dir, SAVED_MODEL)
+    if keras.backend.backend() != "tensorflow":
+        export_on_tensorflow(args.run_dir, path)
+        return 0
+    _, task, model, source = load_run(args.run_dir)
     task.export(model, path)
     print(f"SavedModel of {source}: {os.path.abspath(path)}")
     return 0

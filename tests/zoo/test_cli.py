@@ -114,6 +114,17 @@ def test_unfinished_runs_evaluate_from_checkpoints_and_finish_without_training_a
     assert (tmp_path / "exported" / "saved_model.pb").is_file()
 
 
+def test_training_on_jax_exports_on_tensorflow(tmp_path, monkeypatch):
+    # The GPU path of the project: train on JAX, the SavedModel written by a
+    # TensorFlow subprocess from model.keras.
+    monkeypatch.setenv("KERAS_BACKEND", "jax")
+    run = tmp_path / "run"
+    result = _cli(*_train_args("vit_tiny_digits", run), cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-4000:]
+    assert json.loads((run / "results.json").read_text())["backend"] == "jax"
+    _compare_exported(str(run))
+
+
 def test_errors_exit_with_status_2_and_no_traceback(tmp_path):
     result = _cli("train", "vit_tiny_digits", "--set", "training.epochs=0", cwd=tmp_path)
     assert result.returncode == 2 and "Traceback" not in result.stderr
