@@ -119,3 +119,50 @@ def test_optimizers_follow_the_recipe():
                            total_steps=100, hidden_dim=128)
     assert type(adam) is keras.optimizers.Adam
     assert (adam.beta_1, adam.beta_2, adam.epsilon, adam.clipnorm) == (0.9, 0.98, 1e-9, 1.0)
+
+
+def _tfds_task(name, data, *extra):
+    import json
+
+    return _task(name, [f"data={json.dumps(data)}", *extra])
+
+
+def test_tfds_image_classification_with_mock_data():
+    import tensorflow_datasets as tfds
+
+    data = {"dataset": "tfds:mnist", "augmentation": {"zoom": 0.1}}
+    with tfds.testing.mock_data(num_examples=24):
+        task = _tfds_task("vit_tiny_digits", data, "model.overrides.image_size=28",
+                          "model.overrides.patch_size=7", "training.batch_size=8").prepare()
+        assert task.num_classes == 10 and task.batches_per_epoch == 3  # the 24 mock images
+        first = _batches(task.train_dataset_fn(0).take(2))
+        assert _same(first, _batches(task.train_dataset_fn(0).take(2)))
+        assert first[0][0].shape == (8, 28, 28, 1)
+        model = task.compile(task.build_model())
+        model.fit(task.train_dataset_fn(0).take(1), verbose=0)
+        assert 0.0 <= task.evaluate(model)["accuracy"] <= 1.0
+
+
+def test_tfds_translation_with_mock_data():
+    import tensorflow_datasets as tfds
+
+    data = {"dataset": "tfds:ted_hrlr_translate/pt_to_en", "source_language": "pt",
+            "vocabulary_size": 100}
+    with tfds.testing.mock_data(num_examples=12):
+        task = _tfds_task("transformer_numbers", data, "evaluation.tokenize=13a").prepare()
+        assert task._languages == ("pt", "en")
+        assert task.batches_per_epoch == 1  # max(1, 12 mock pairs // batch 16)
+        first = _batches(task.train_dataset_fn(0))
+        assert _same(first, _batches(task.train_dataset_fn(0)))
+        model = task.compile(task.build_model())
+        metrics = task.evaluate(model)
+        assert set(metrics) == {"bleu", "exact_match"}
+
+
+def test_a_tfds_dataset_that_is_not_prepared_is_named(tmp_path):
+    data = {"dataset": "tfds:mnist", "data_dir": str(tmp_path)}
+    task = _tfds_task("vit_tiny_digits", data, "model.overrides.image_size=28",
+                      "model.overrides.patch_size=7")
+    with pytest.raises(ValueError, match=r"`data.dataset`.*data.download=true.*"
+                                         r"Received: data.dataset='tfds:mnist'"):
+        task.prepare()

@@ -116,6 +116,31 @@ class Task:
     def load_data(self):
         raise NotImplementedError
 
+    def tfds_builder(self):
+        """The recipe's tfds builder, downloaded and prepared first when
+        `data.download` is true."""
+        import tensorflow_datasets as tfds
+
+        builder = tfds.builder(self.tfds_name, data_dir=self.data["data_dir"])
+        if self.data["download"]:
+            builder.download_and_prepare()
+        return builder
+
+    def tfds_examples(self, split):
+        """The number of examples of a split (slices included), read without
+        iterating; a `ValueError` when the data set is not prepared."""
+        import tensorflow_datasets as tfds
+
+        try:
+            dataset = tfds.load(self.tfds_name, split=split, data_dir=self.data["data_dir"],
+                                download=False)
+        except AssertionError as error:  # tfds' "could not find data in ..."
+            raise ValueError(
+                f"Recipe key `data.dataset`: {error}. Prepare it in data.data_dir, or set "
+                f"data.download=true. Received: data.dataset={self.data['dataset']!r}"
+            ) from None
+        return int(dataset.cardinality())
+
     @property
     def steps_per_epoch(self):
         """The recipe's `training.steps_per_epoch`, else one pass over the

@@ -65,17 +65,16 @@ class ImageClassification(Task):
         return train, validation, self.data["test_split"]
 
     def _load_tfds(self, config):
-        import tensorflow_datasets as tfds
-
-        builder = tfds.builder(self.tfds_name, data_dir=self.data["data_dir"])
-        if self.data["download"]:
-            builder.download_and_prepare()
-        info = builder.info
-        label = info.features[self.data["label_key"]]
-        self.num_classes = label.num_classes
+        features = self.tfds_builder().info.features
+        key = self.data["label_key"]
+        if key not in features or not hasattr(features[key], "num_classes"):
+            raise ValueError(
+                f"Recipe key `data.label_key` must name a class label of {self.tfds_name} "
+                f"(features: {sorted(features)}). Received: data.label_key={key!r}"
+            )
+        self.num_classes = features[key].num_classes
         self.splits = self._tfds_splits()
-        train_examples = info.splits[self.splits[0]].num_examples
-        self.batches_per_epoch = batch_count(train_examples, self.batch_size)
+        self.batches_per_epoch = batch_count(self.tfds_examples(self.splits[0]), self.batch_size)
         self._image_config = config
 
     def _tfds_dataset(self, split, **kwargs):

@@ -55,6 +55,14 @@ class MaskedLM(Task):
             text.make_sentence_pairs(validation_documents, seed=self.seed + 2)
             if validations else None
         )
+        for key, pairs in (("data.test_documents", self.test_pairs),
+                           ("data.validation_documents", self.validation_pairs),
+                           ("data.max_documents", self.train_pairs)):
+            if pairs is not None and not len(pairs[2]):
+                raise ValueError(
+                    f"Recipe key `{key}` gives documents without a sentence pair (each "
+                    f"has one sentence). Received: {key}={data[key.split('.')[1]]!r}"
+                )
         self.max_predictions = data["max_predictions"] or (
             round(data["sequence_length"] * data["mask_rate"]) + 4
         )

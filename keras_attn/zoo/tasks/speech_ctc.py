@@ -38,13 +38,9 @@ class SpeechCTC(Task):
                                 transcripts[tests + validations :])
             self.batches_per_epoch = int(self._dataset("train", 0).cardinality())
         else:
-            import tensorflow_datasets as tfds
-
             self.vocabulary = LETTERS
-            builder = tfds.builder(self.tfds_name, data_dir=self.data["data_dir"])
-            if self.data["download"]:
-                builder.download_and_prepare()
-            examples = builder.info.splits[self.data["train_split"]].num_examples
+            self.tfds_builder()
+            examples = self.tfds_examples(self.data["train_split"])
             self.batches_per_epoch = max(1, examples // self.batch_size)
         self.model_config = replace_fields(
             get_conformer_config(self.recipe["model"]["preset"]), "Conformer",

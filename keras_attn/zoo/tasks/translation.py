@@ -76,15 +76,10 @@ class Translation(Task):
                 for a, b in raw.map(lambda x: (x[source], x[target])).as_numpy_iterator()]
 
     def _load_tfds(self):
-        import tensorflow_datasets as tfds
-
         from keras_attn.data import translation
 
         data = self.data
-        builder = tfds.builder(self.tfds_name, data_dir=data["data_dir"])
-        if data["download"]:
-            builder.download_and_prepare()
-        languages = sorted(builder.info.features)
+        languages = sorted(self.tfds_builder().info.features)
         source = data["source_language"]
         target = data["target_language"] or next((k for k in languages if k != source), None)
         for key, value in (("source_language", source), ("target_language", target)):
@@ -98,7 +93,7 @@ class Translation(Task):
         self.vocabulary = translation.train_vocabulary(
             [a for a, _ in pairs] + [b for _, b in pairs], data["vocabulary_size"]
         )
-        examples = builder.info.splits[data["train_split"]].num_examples
+        examples = self.tfds_examples(data["train_split"])
         # Buckets make at least examples / batch_size batches (partial ones too).
         self.batches_per_epoch = max(1, examples // self.batch_size)
         limit = self.evaluation["max_examples"]
