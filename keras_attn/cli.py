@@ -243,21 +243,24 @@ def train(args):
 
     import keras_attn
     from keras_attn.training.distribute import data_parallel
+    from keras_attn.training.distribute import describe_replicas
     from keras_attn.training.resumable import ResumableTrainer
     from keras_attn.viz import plot_learning_curves
     from keras_attn.zoo.tasks import make_task
+    from keras_attn.zoo.tasks.base import even_batches
 
     task = make_task(recipe)
     training = recipe["training"]
     with data_parallel(args.distribute) as replicas:
+        # The batch is global: it must split evenly over the replicas.
+        layout = describe_replicas(replicas, training["batch_size"])
         task.prepare()
         model = task.build_model()
         task.compile(model)
         parameters = model.count_params()
         steps = task.steps_per_epoch
         print(f"{recipe['name']}: {parameters:,} parameters, {training['epochs']} epochs of "
-              f"{steps} steps (batch {training['batch_size']}, {replicas} "
-              f"replica{'s' if replicas > 1 else ''}), writing to {output}", flush=True)
+              f"{steps} steps, {layout}; writing to {output}", flush=True)
         trainer = ResumableTrainer(
             os.path.join(output, CHECKPOINTS),
             checkpoint_every=training["checkpoint_every"],
@@ -268,17 +271,27 @@ def train(args):
         if args.verbose:  # given here so that it prints before the epoch line
             callbacks.append(keras.callbacks.ProgbarLogger())
         callbacks.append(_epoch_logger(training["epochs"], times_path))
-        history = trainer.fit(model, task.train_dataset_fn, training["epochs"], steps,
-                              validation_data=task.validation_data(), callbacks=callbacks,
+        train_dataset_fn, validation = task.train_dataset_fn, task.validation_data()
+        if replicas > 1:  # JAX shards a batch only when the replicas divide it
+            train_dataset_fn = lambda epoch: even_batches(task.train_dataset_fn(epoch), replicas)  # noqa: E731
+            validation = validation and even_batches(validation, replicas)
+        history = trainer.fit(model, train_dataset_fn, training["epochs"], steps,
+                              validation_data=validation, callbacks=callbacks,
                               verbose=args.verbose)
-        print("evaluating on the test set", flush=True)
-        metrics = task.evaluate(model)
-        save_model(model, os.path.join(output, MODEL))
-        for name, text in task.assets().items():
-            _atomic_write(os.path.join(output, name), text)
-        if keras.backend.backend() == "tensorflow":
-            task.export(model, os.path.join(output, SAVED_MODEL))
-    if keras.backend.backend() != "tensorflow":
+        model_path = os.path.join(output, MODEL)
+        save_model(model, model_path)
+    # The test set is evaluated and exported from model.keras on one device,
+    # as `keras-attn evaluate` / `export` do (a test batch need not split
+    # evenly over replicas).
+    del model
+    print("evaluating on the test set", flush=True)
+    model = task.load_model(model_path)
+    metrics = task.evaluate(model)
+    for name, text in task.assets().items():
+        _atomic_write(os.path.join(output, name), text)
+    if keras.backend.backend() == "tensorflow":
+        task.export(model, os.path.join(output, SAVED_MODEL))
+    else:
         export_on_tensorflow(output, os.path.join(output, SAVED_MODEL))
     plot_learning_curves(history, os.path.join(output, CURVES), title=recipe["name"])
     times = read_json(times_path) if os.path.exists(times_path) else {}

@@ -114,14 +114,19 @@ def test_unfinished_runs_evaluate_from_checkpoints_and_finish_without_training_a
     assert (tmp_path / "exported" / "saved_model.pb").is_file()
 
 
-def test_training_on_jax_exports_on_tensorflow(tmp_path, monkeypatch):
-    # The GPU path of the project: train on JAX, the SavedModel written by a
-    # TensorFlow subprocess from model.keras.
+def test_data_parallel_training_on_jax_exports_on_tensorflow(tmp_path, monkeypatch):
+    # The GPU path of the project: train on JAX, here data parallel over two
+    # host devices, with a last batch (1293 = 3 x 430 + 3) that the replicas
+    # do not divide; the SavedModel is written by a TensorFlow subprocess.
     monkeypatch.setenv("KERAS_BACKEND", "jax")
+    monkeypatch.setenv("XLA_FLAGS", "--xla_force_host_platform_device_count=2")
     run = tmp_path / "run"
-    result = _cli(*_train_args("vit_tiny_digits", run), cwd=tmp_path)
+    extra = ["training.batch_size=430", "training.steps_per_epoch=null"]
+    result = _cli(*_train_args("vit_tiny_digits", run, extra), "--distribute", cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-4000:]
-    assert json.loads((run / "results.json").read_text())["backend"] == "jax"
+    assert "2 replicas: global batch 430" in result.stdout
+    results = json.loads((run / "results.json").read_text())
+    assert results["backend"] == "jax" and results["steps"] == 4
     _compare_exported(str(run))
 
 

@@ -48,6 +48,18 @@ def test_train_dataset_fn_is_a_pure_function_of_recipe_and_epoch(name):
     assert not _same(first, _batches(task.train_dataset_fn(2).take(4)))
 
 
+def test_even_batches_fill_short_batches_with_their_own_examples():
+    from keras_attn.zoo.tasks.base import even_batches
+
+    x = np.arange(7 * 2).reshape(7, 2)
+    dataset = tf.data.Dataset.from_tensor_slices(({"x": x}, np.arange(7))).batch(3)
+    batches = _batches(even_batches(dataset, 2))  # batches of 3, 3, 1 -> 4, 4, 2
+    assert [b[1].tolist() for b in batches] == [[0, 1, 2, 0], [3, 4, 5, 3], [6, 6]]
+    np.testing.assert_array_equal(batches[0][0], x[[0, 1, 2, 0]])
+    single = _batches(even_batches(tf.data.Dataset.range(5).batch(5), 4))
+    assert single[0][0].tolist() == [0, 1, 2, 3, 4, 0, 1, 2]
+
+
 def test_image_epochs_differ_in_augmentation_not_only_order():
     task = _task("vit_tiny_digits", ["data.validation_fraction=0"]).prepare()
     plain = _task("vit_tiny_digits", ["data.augmentation.zoom=0", "data.augmentation.translation=0",

@@ -233,6 +233,23 @@ class Task:
         raise NotImplementedError
 
 
+def even_batches(dataset, replicas):
+    """`dataset` with every batch's size made a multiple of `replicas` (JAX's
+    data parallelism shards the batch axis evenly): a short batch (the last
+    of an epoch or of a length bucket) is filled up with its own first
+    examples again. A pure function of the batch, so the epoch stays a pure
+    function of (recipe, epoch)."""
+    import tensorflow as tf
+
+    def fill(*batch):
+        structure = batch[0] if len(batch) == 1 else batch
+        size = tf.shape(tf.nest.flatten(structure)[0])[0]
+        index = tf.range((size + replicas - 1) // replicas * replicas) % size
+        return tf.nest.map_structure(lambda tensor: tf.gather(tensor, index), structure)
+
+    return dataset.map(fill)
+
+
 def batch_count(examples, batch_size):
     """Batches in one pass when the last one may be partial."""
     return math.ceil(examples / batch_size)
