@@ -39,7 +39,6 @@ import time
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
 import keras  # noqa: E402
-import numpy as np  # noqa: E402
 
 from keras_attn.data import translation  # noqa: E402
 from keras_attn.models.transformer import build_transformer  # noqa: E402
@@ -47,13 +46,6 @@ from keras_attn.models.transformer.decoding import TransformerTranslator  # noqa
 from keras_attn.training import LabelSmoothedCrossEntropy  # noqa: E402
 from keras_attn.training import MaskedTokenAccuracy  # noqa: E402
 from keras_attn.training import transformer_adam  # noqa: E402
-
-
-def encode_sources(tokenizer, sentences):
-    """English strings -> `(N, S)` ids ending with [END], padded with 0."""
-    rows = [list(np.asarray(tokenizer(s))) + [translation.END_ID] for s in sentences]
-    width = max(len(r) for r in rows)
-    return np.array([r + [translation.PAD_ID] * (width - len(r)) for r in rows], "int32")
 
 
 def translate(translator, tokenizer, sources, batch_size):
@@ -117,7 +109,7 @@ def main():
     model.fit(data.train, epochs=args.epochs, verbose=2 if args.smoke else 1)
     fit_seconds = time.time() - fit_start
 
-    sources = encode_sources(data.tokenizer, [en for en, _ in data.test_pairs])
+    sources = translation.encode_sources(data.tokenizer, [en for en, _ in data.test_pairs])
     references = [ja for _, ja in data.test_pairs]
     results = {}
     for name, beam_width in (("greedy", None), ("beam", 4)):

@@ -1,5 +1,7 @@
 """The README's front-door commands are the ones CI and users really run."""
 
+import glob
+import json
 import os
 import re
 
@@ -22,7 +24,16 @@ def test_ci_runs_the_readme_test_command():
     assert test_command in ci_lines
 
 
-def test_main_job_command_runs_an_existing_example():
+def test_main_job_command_trains_an_existing_recipe():
     main_command = _readme_commands()[0]
-    scripts = re.findall(r"python3 (examples/\S+\.py)", main_command)
-    assert scripts and all(os.path.exists(os.path.join(ROOT, s)) for s in scripts)
+    recipes = re.findall(r"keras-attn train (\S+)", main_command)
+    assert recipes, main_command
+    for recipe in recipes:
+        path = recipe if recipe.endswith(".json") else None
+        if path is None:  # a recipe name: models/<family>/<name>.json
+            found = glob.glob(os.path.join(ROOT, "models", "*", f"{recipe}.json"))
+            found = [p for p in found if os.path.basename(os.path.dirname(p)) != "results"]
+            assert len(found) == 1, (recipe, found)
+            path = found[0]
+        with open(os.path.join(ROOT, path)) as handle:
+            assert json.load(handle)["name"] == recipe.split("/")[-1].removesuffix(".json")

@@ -12,6 +12,9 @@ import tensorflow as tf
 
 import keras
 
+from keras_attn.data._epochs import epoch_permutation
+from keras_attn.data._epochs import epoch_seed
+
 AUTOTUNE = tf.data.AUTOTUNE
 
 
@@ -90,8 +93,74 @@ def image_augmentation(zoom=0.2, translation=0.1, rotation=0.0, flip=False, seed
     return keras.Sequential(layers, name="image_augmentation")
 
 
+class StatelessAugmentation:
+    """Random zoom-in, shift and flip drawn from stateless ops: a pure
+    function of the pixels and a seed, so that an epoch's batches can be
+    produced again (`keras_attn.training.resumable` resumes mid-epoch).
+
+    The same transformations as `image_augmentation` (Keras' RandomZoom,
+    RandomTranslation and RandomFlip, empty areas filled with 0), applied
+    with one `ImageProjectiveTransformV3` per batch; every image of the
+    batch gets its own draw.
+
+    Args:
+        zoom: at most this share of the side is cropped away (zoom in).
+        translation: shift of at most this share of the side.
+        flip: random horizontal flips.
+
+    Call arguments:
+        images: `(B, H, W, C)` pixels.
+        seed: `(2,)` integer tensor; the same seed gives the same output.
+
+    Returns:
+        float32 `(B, H, W, C)`.
+    """
+
+    def __init__(self, zoom=0.0, translation=0.0, flip=False):
+        for name, value in (("zoom", zoom), ("translation", translation)):
+            if not 0.0 <= value < 1.0:
+                raise ValueError(f"`{name}` must be in [0, 1). Received: {name}={value}")
+        self.zoom, self.translation, self.flip = zoom, translation, flip
+
+    def __bool__(self):
+        return bool(self.zoom or self.translation or self.flip)
+
+    def __call__(self, images, seed):
+        images = tf.cast(images, "float32")
+        shape = tf.shape(images)
+        batch = shape[0]
+        height, width = tf.cast(shape[1], "float32"), tf.cast(shape[2], "float32")
+        seeds = tf.random.experimental.stateless_split(tf.cast(seed, tf.int64), 4)
+
+        def uniform(i, low, high):
+            return tf.random.stateless_uniform([batch], seeds[i], low, high)
+
+        # Output pixel (x, y) samples the input at (scale x + x0, scale y + y0):
+        # scale < 1 zooms in around the centre, (dx, dy) shifts the content.
+        scale = 1.0 - self.zoom * uniform(0, 0.0, 1.0)
+        dx = self.translation * width * uniform(1, -1.0, 1.0)
+        dy = self.translation * height * uniform(2, -1.0, 1.0)
+        x0 = (1.0 - scale) * (width - 1.0) / 2.0 - dx
+        y0 = (1.0 - scale) * (height - 1.0) / 2.0 - dy
+        a = scale
+        if self.flip:  # mirror x: x_in -> (W - 1) - x_in
+            mirrored = uniform(3, 0.0, 1.0) < 0.5
+            a = tf.where(mirrored, -scale, scale)
+            x0 = tf.where(mirrored, width - 1.0 - x0, x0)
+        zeros = tf.zeros_like(scale)
+        transforms = tf.stack([a, zeros, x0, zeros, scale, y0, zeros, zeros], axis=1)  # (B, 8)
+        return tf.raw_ops.ImageProjectiveTransformV3(
+            images=images,
+            transforms=transforms,
+            output_shape=shape[1:3],
+            fill_value=0.0,
+            interpolation="BILINEAR",
+            fill_mode="CONSTANT",
+        )
+
+
 def make_image_pipeline(
-    images, labels, batch_size, training=False, augmentation=None, seed=0
+    images, labels, batch_size, training=False, augmentation=None, seed=0, epoch=None
 ):
     """A batched `tf.data.Dataset` of `(pixels, label)` from arrays.
 
@@ -101,14 +170,39 @@ def make_image_pipeline(
         batch_size: examples per batch.
         training: shuffle each epoch and apply `augmentation`.
         augmentation: a layer (e.g. from `image_augmentation`) applied to
-            each training batch; None for none.
+            each training batch; None for none. With `epoch`: a
+            `StatelessAugmentation` (or None).
         seed: seed of the shuffle.
+        epoch: None: one dataset for every epoch (reshuffled at each pass).
+            An int: this epoch's batches only, a pure function of
+            `(seed, epoch)` (order and augmentation), the same at every pass.
     """
+    if training and epoch is not None:
+        order = epoch_permutation(len(images), seed, epoch)
+        images, labels = np.asarray(images)[order], np.asarray(labels)[order]
     dataset = tf.data.Dataset.from_tensor_slices((images, labels))
-    return _batch(dataset, batch_size, training, augmentation, seed, len(images))
+    return _batch(dataset, batch_size, training, augmentation, seed, len(images), epoch,
+                  shuffled=epoch is not None)
 
 
-def _batch(dataset, batch_size, training, augmentation, seed, shuffle_buffer):
+def _batch(dataset, batch_size, training, augmentation, seed, shuffle_buffer, epoch=None,
+           shuffled=False):
+    if training and epoch is not None:
+        if not shuffled:  # a stream: a seeded buffer, the same order at every pass
+            dataset = dataset.shuffle(
+                shuffle_buffer, seed=epoch_seed(seed, epoch), reshuffle_each_iteration=False
+            )
+        dataset = dataset.batch(batch_size)
+        if augmentation:
+            key = tf.constant([seed, epoch], tf.int64)
+            dataset = dataset.enumerate().map(
+                lambda i, batch: (
+                    augmentation(batch[0], tf.random.experimental.stateless_fold_in(key, i)),
+                    batch[1],
+                ),
+                num_parallel_calls=AUTOTUNE,  # stateless: the order of the calls is free
+            )
+        return dataset.prefetch(AUTOTUNE)
     if training:
         dataset = dataset.shuffle(shuffle_buffer, seed=seed, reshuffle_each_iteration=True)
     dataset = dataset.batch(batch_size)
@@ -167,6 +261,8 @@ def load_tfds_image_dataset(
     label_key="label",
     download=True,
     seed=0,
+    epoch=None,
+    num_channels=None,
 ):
     """Any tensorflow-datasets image classification dataset, batched.
 
@@ -183,6 +279,10 @@ def load_tfds_image_dataset(
         label_key: the label feature.
         download: let tfds download and prepare the data when missing.
         seed: seed of the shuffle.
+        epoch: as `make_image_pipeline`: with an int, the training batches
+            of that epoch only, the same at every pass.
+        num_channels: None keeps the dataset's channels; 3 turns grey images
+            into RGB (the channel copied).
 
     Returns:
         `(dataset, info)`: batches of `(pixels, label)` with pixels in
@@ -205,7 +305,16 @@ def load_tfds_image_dataset(
         image = example[image_key]
         if image_size is not None:
             image = tf.image.resize(image, (image_size, image_size), "bilinear")
+        if num_channels is not None and image.shape[-1] != num_channels:
+            image = tf.repeat(image, num_channels, axis=-1)  # grey -> num_channels copies
         return image, tf.cast(example[label_key], "int32")
 
+    channels = info.features[image_key].shape[-1]
+    if num_channels is not None and channels != num_channels and channels != 1:
+        raise ValueError(
+            f"Dataset {name!r} has {channels}-channel images; only grey images can be "
+            f"turned into {num_channels} channels. Received: num_channels={num_channels}"
+        )
     dataset = dataset.map(select, num_parallel_calls=AUTOTUNE)
-    return _batch(dataset, batch_size, training, augmentation, seed, 4 * batch_size), info
+    dataset = _batch(dataset, batch_size, training, augmentation, seed, 4 * batch_size, epoch)
+    return dataset, info

@@ -18,6 +18,10 @@ import zipfile
 
 import numpy as np
 
+from keras_attn.data._epochs import bucket_batch_count
+from keras_attn.data._epochs import epoch_permutation
+from keras_attn.data._epochs import epoch_seed
+
 DIGIT_VOCABULARY = tuple("0123456789")
 VOICES = ("en", "en-us", "en+f3", "en+m3", "en+f2", "en-gb-scotland")
 _ESPEAK_SAMPLE_RATE = 22050
@@ -196,17 +200,25 @@ def character_error_rate(references, hypotheses):
 
 
 def speech_dataset(waveforms, transcripts, batch_size=16, vocabulary=DIGIT_VOCABULARY,
-                   shuffle=False, seed=0, bucket_boundaries=None):
+                   shuffle=False, seed=0, bucket_boundaries=None, epoch=None):
     """A `tf.data.Dataset` of `({"waveform", "waveform_length"}, labels)`.
 
     Batches are formed by duration: utterances are bucketed by length
     (`bucket_boundaries` in samples; default 0.5 s steps past the longest
     utterance) and padded to their bucket's boundary, so there are only as
     many batch shapes as buckets. Labels are padded with 0.
+
+    With `epoch` (an int) and `shuffle`, the order is a permutation keyed by
+    `(seed, epoch)`, the same at every pass (for resumable training); without
+    it, a seeded shuffle that changes at every pass.
     """
     import tensorflow as tf
 
     labels = [encode_transcript(t, vocabulary) for t in transcripts]
+    if shuffle and epoch is not None:
+        order = epoch_permutation(len(waveforms), seed, epoch)
+        waveforms, labels = [waveforms[i] for i in order], [labels[i] for i in order]
+        shuffle = False
 
     def generate():
         for audio, label in zip(waveforms, labels):
@@ -247,9 +259,7 @@ def speech_dataset(waveforms, transcripts, batch_size=16, vocabulary=DIGIT_VOCAB
         bucket_batch_sizes=[batch_size] * (len(boundaries) + 1),
     )
     # Bucket sizes do not depend on the order, so the batch count is known.
-    members = np.bincount(np.searchsorted(boundaries, lengths, side="right"),
-                          minlength=len(boundaries) + 1)
-    batches = int(np.sum(np.ceil(members / batch_size)))
+    batches = bucket_batch_count(lengths, boundaries, batch_size)
     dataset = dataset.apply(tf.data.experimental.assert_cardinality(batches))
     dataset = dataset.map(
         lambda audio, length, label: ({"waveform": audio, "waveform_length": length}, label)
@@ -258,12 +268,16 @@ def speech_dataset(waveforms, transcripts, batch_size=16, vocabulary=DIGIT_VOCAB
 
 
 def load_tfds_speech(name, split="train", data_dir=None, batch_size=16,
-                     vocabulary=None, audio_key=None, text_key=None):
+                     vocabulary=None, audio_key=None, text_key=None, download=True,
+                     shuffle=False, seed=0, epoch=None):
     """A tensorflow-datasets speech set by name, as `speech_dataset` batches.
 
     Works with `librispeech` (`speech` + `text`) and `speech_commands`
     (`audio` + `label`, the label name as the transcript); other sets name
     their keys with `audio_key` / `text_key`. Audio is scaled from int16.
+    `shuffle` shuffles utterances through a seeded buffer of 1,000: at every
+    pass anew, or with `epoch` (an int) keyed by `(seed, epoch)`, the same
+    at every pass (for resumable training).
 
     Returns:
         `(dataset, info)`.
@@ -271,7 +285,14 @@ def load_tfds_speech(name, split="train", data_dir=None, batch_size=16,
     import tensorflow as tf
     import tensorflow_datasets as tfds
 
-    dataset, info = tfds.load(name, split=split, data_dir=data_dir, with_info=True)
+    dataset, info = tfds.load(name, split=split, data_dir=data_dir, with_info=True,
+                              download=download)
+    if shuffle:
+        dataset = dataset.shuffle(
+            1000,
+            seed=seed if epoch is None else epoch_seed(seed, epoch),
+            reshuffle_each_iteration=epoch is None,
+        )
     features = info.features
     audio_key = audio_key or ("speech" if "speech" in features else "audio")
     if text_key is None:

@@ -7,7 +7,8 @@ documents (lists of sentences)
  -> make_sentence_pairs: B follows A (label 1) half of the time, else a
     random sentence of another document (label 0)
  -> pretraining_dataset: WordPiece -> MultiSegmentPacker -> batch
-    -> MaskedLMMaskGenerator (new masks every epoch) -> (x, y, sample_weight)
+    -> dynamic_masking (new masks every epoch, stateless draws)
+    -> (x, y, sample_weight)
 ```
 
 TensorFlow only (tf.data, keras_hub, tensorflow-text): imported lazily,
@@ -19,6 +20,8 @@ import re
 
 import numpy as np
 import tensorflow as tf
+
+from keras_attn.data._epochs import epoch_permutation
 
 AUTOTUNE = tf.data.AUTOTUNE
 SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
@@ -63,9 +66,9 @@ def load_pydoc_corpus(min_sentences=2):
 
 
 def load_tfds_documents(name, data_dir=None, split="train", text_key="text",
-                        max_documents=None):
+                        max_documents=None, download=False):
     """Documents from any tensorflow-datasets text dataset, already prepared
-    in `data_dir` (nothing is downloaded).
+    in `data_dir` (nothing is downloaded unless `download`).
 
     Args:
         name: the dataset name (`"imdb_reviews"`, `"wikipedia/20230601.en"`).
@@ -79,7 +82,7 @@ def load_tfds_documents(name, data_dir=None, split="train", text_key="text",
     """
     import tensorflow_datasets as tfds
 
-    dataset = tfds.load(name, split=split, data_dir=data_dir, download=False)
+    dataset = tfds.load(name, split=split, data_dir=data_dir, download=download)
     if max_documents is not None:
         dataset = dataset.take(max_documents)
     documents = []
@@ -206,59 +209,79 @@ def dynamic_masking(tokenizer, mask_rate=0.15, max_predictions=20, seed=None):
     Each token that is not `[PAD]`, `[CLS]` or `[SEP]` is chosen with
     probability `mask_rate`, independently; if more than `max_predictions`
     are chosen in a sequence, a random `max_predictions` of them are kept.
-    `keras_hub.layers.MaskedLMMaskGenerator` then replaces the chosen tokens
-    (80% `[MASK]`, 10% a random token, 10% unchanged) and lays out
-    positions, targets and weights.
+    Chosen tokens become `[MASK]` (80%), a random token (10%) or stay (10%),
+    and their positions, original ids and weights are laid out as
+    `keras_hub.layers.MaskedLMMaskGenerator` does.
 
-    Why not the generator's own selection: in a graph (a tf.data map) it
-    selects `ceil(mask_rate * n)` tokens of a sequence with `n` candidates
+    Why not the generator itself: in a graph (a tf.data map) it selects
+    `ceil(mask_rate * n)` tokens of a sequence with `n` candidates
     (`tensorflow_text.RandomItemSelector`), which overshoots for short
     sequences: 2 of 8 is 25%, and 16.3% instead of 15% on the sentence pairs
-    of the embedded corpus at length 64 (measured). Here the generator runs at rate 1.0 on a copy in
-    which the tokens not chosen are hidden as `[PAD]` (which it never
-    selects), and those tokens are put back afterwards.
+    of the embedded corpus at length 64 (measured); and its draws come from
+    stateful random ops, so a pass over the data cannot be repeated.
 
-    The selection draws from a `tf.random.Generator` (seeded with `seed`,
-    or from fresh entropy when None) that the pipeline captures: its state
-    advances across passes over the dataset, so every epoch gets new masks
-    even under `keras.utils.set_random_seed`. (Plain `tf.random.uniform` in a
-    `tf.data` map restarts the same sequence with every new iterator once a
-    global seed is set, which would make "dynamic" masking static.)
+    Every draw here is a stateless op keyed by a `(2,)` seed. `mask(ids,
+    seed)` with a given seed is a pure function (what resumable training
+    needs: `pretraining_dataset(..., epoch=e)` keys it by seed, epoch and
+    batch). Without one, the seed comes from a `tf.random.Generator` (seeded
+    with `seed`, or from fresh entropy when None) that the pipeline captures:
+    its state advances across passes over the dataset, so every epoch gets
+    new masks even under `keras.utils.set_random_seed`. (Plain
+    `tf.random.uniform` in a `tf.data` map restarts the same sequence with
+    every new iterator once a global seed is set, which would make "dynamic"
+    masking static.)
 
     Returns:
-        `mask(token_ids) -> dict(token_ids, mask_positions, mask_ids,
-        mask_weights)`, the generator's outputs.
+        `mask(token_ids, seed=None) -> dict(token_ids, mask_positions,
+        mask_ids, mask_weights)`; positions `(B, max_predictions)` in
+        increasing order, padded with 0 (weight 0).
     """
-    import keras_hub
-
     rng = (
         tf.random.Generator.from_seed(seed)
         if seed is not None
         else tf.random.Generator.from_non_deterministic_state()
     )
-
     pad = _token_id(tokenizer, "[PAD]")
+    mask_id = _token_id(tokenizer, "[MASK]")
+    vocabulary_size = int(tokenizer.vocabulary_size())
     special = tf.constant([pad] + [_token_id(tokenizer, t) for t in ("[CLS]", "[SEP]")])
-    generator = keras_hub.layers.MaskedLMMaskGenerator(
-        vocabulary_size=int(tokenizer.vocabulary_size()),
-        mask_selection_rate=1.0,
-        mask_token_id=_token_id(tokenizer, "[MASK]"),
-        mask_selection_length=max_predictions,
-        unselectable_token_ids=[int(i) for i in special.numpy()],
-        mask_token_rate=0.8,
-        random_token_rate=0.1,
-    )
 
-    def mask(token_ids):
+    def mask(token_ids, seed=None):
         token_ids = tf.convert_to_tensor(token_ids)
+        if seed is None:
+            seed = rng.make_seeds(1)[:, 0]
+        seeds = tf.random.experimental.stateless_split(tf.cast(seed, tf.int64), 4)
+        shape = tf.shape(token_ids)
+        length = shape[1]
         candidate = tf.reduce_all(token_ids[..., None] != special, axis=-1)  # (B, T)
-        chosen = candidate & (rng.uniform(tf.shape(token_ids)) < mask_rate)
-        hidden = tf.where(chosen, token_ids, tf.cast(pad, token_ids.dtype))
-        out = generator(hidden)
-        # Chosen tokens come from the generator (replaced, or kept when the
-        # cap dropped them); every other token is the original.
-        out["token_ids"] = tf.where(chosen, tf.cast(out["token_ids"], token_ids.dtype), token_ids)
-        return out
+        chosen = candidate & (tf.random.stateless_uniform(shape, seeds[0]) < mask_rate)
+        # Keep a random max_predictions of the chosen: the highest priorities.
+        priority = tf.where(chosen, tf.random.stateless_uniform(shape, seeds[1]), -1.0)
+        top, index = tf.math.top_k(priority, tf.minimum(max_predictions, length))
+        index = tf.sort(tf.where(top >= 0.0, index, length), axis=-1)  # unused slots last
+        index = tf.pad(index, [[0, 0], [0, max_predictions - tf.shape(index)[1]]],
+                       constant_values=length)  # (B, P)
+        weights = index < length
+        positions = tf.where(weights, index, 0)
+        original = tf.gather(token_ids, positions, batch_dims=1)  # (B, P)
+        choice = tf.random.stateless_uniform(tf.shape(positions), seeds[2])
+        random_ids = tf.random.stateless_uniform(
+            tf.shape(positions), seeds[3], 0, vocabulary_size, dtype=tf.int32
+        )
+        replaced = tf.where(
+            choice < 0.8,
+            tf.cast(mask_id, token_ids.dtype),
+            tf.where(choice < 0.9, tf.cast(random_ids, token_ids.dtype), original),
+        )
+        rows = tf.broadcast_to(tf.range(shape[0])[:, None], tf.shape(positions))
+        updates = tf.boolean_mask(tf.stack([rows, positions], -1), weights)  # (M, 2)
+        masked = tf.tensor_scatter_nd_update(token_ids, updates, tf.boolean_mask(replaced, weights))
+        return {
+            "token_ids": masked,
+            "mask_positions": positions,
+            "mask_ids": tf.where(weights, original, tf.zeros_like(original)),
+            "mask_weights": tf.cast(weights, "float32"),
+        }
 
     return mask
 
@@ -274,6 +297,7 @@ def pretraining_dataset(
     max_predictions=20,
     shuffle=True,
     seed=None,
+    epoch=None,
 ):
     """A `tf.data.Dataset` of `(x, y, sample_weight)` for `BertPretrainer`.
 
@@ -282,6 +306,11 @@ def pretraining_dataset(
     of masks reproducible; it also seeds the shuffle). Each non-special token is
     selected with probability `mask_rate` (at most `max_predictions` per
     sequence); of those 80% become `[MASK]`, 10% a random token, 10% stay.
+
+    With `epoch` (an int), the dataset is that epoch's batches only, a pure
+    function of `(seed, epoch)`: the order is a permutation keyed by both
+    and each batch's masks are keyed by both and the batch index, so every
+    pass gives the same batches (`seed` None counts as 0).
 
     Returns:
         A dataset of batches: `x` = token_ids (masked), segment_ids,
@@ -292,9 +321,9 @@ def pretraining_dataset(
     pack = pack_pairs(tokenizer, sequence_length)
     mask_tokens = dynamic_masking(tokenizer, mask_rate, max_predictions, seed=seed)
 
-    def to_example(first, second, label):
+    def to_example(first, second, label, mask_seed=None):
         token_ids, segment_ids, padding_mask = pack(first, second)
-        masked = mask_tokens(token_ids)
+        masked = mask_tokens(token_ids, mask_seed)
         x = {
             "token_ids": tf.cast(masked["token_ids"], "int32"),
             "segment_ids": segment_ids,
@@ -308,9 +337,20 @@ def pretraining_dataset(
         }
         return x, y, weight
 
-    dataset = tf.data.Dataset.from_tensor_slices(
-        (list(first), list(second), np.asarray(labels, "int32"))
-    )
+    columns = (list(first), list(second), np.asarray(labels, "int32"))
+    if epoch is not None:
+        seed = seed or 0
+        if shuffle:
+            order = epoch_permutation(len(columns[2]), seed, epoch)
+            columns = tuple(np.asarray(column)[order] for column in columns)
+        key = tf.constant([seed, epoch], tf.int64)
+        dataset = tf.data.Dataset.from_tensor_slices(columns).batch(batch_size).enumerate()
+        dataset = dataset.map(
+            lambda i, batch: to_example(*batch, tf.random.experimental.stateless_fold_in(key, i)),
+            num_parallel_calls=AUTOTUNE,  # stateless draws: the call order is free
+        )
+        return dataset.prefetch(AUTOTUNE)
+    dataset = tf.data.Dataset.from_tensor_slices(columns)
     if shuffle:
         dataset = dataset.shuffle(len(labels), seed=seed, reshuffle_each_iteration=True)
     return dataset.batch(batch_size).map(to_example, num_parallel_calls=AUTOTUNE).prefetch(

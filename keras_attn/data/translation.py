@@ -27,6 +27,9 @@ import dataclasses
 import numpy as np
 import tensorflow as tf
 
+from keras_attn.data._epochs import epoch_permutation
+from keras_attn.data._epochs import epoch_seed
+
 SPECIAL_TOKENS = ("[PAD]", "[START]", "[END]", "[UNK]")
 PAD_ID, START_ID, END_ID, UNK_ID = 0, 1, 2, 3
 
@@ -85,6 +88,15 @@ def make_tokenizer(vocabulary):
     )
 
 
+def encode_sources(tokenizer, sentences):
+    """Source strings -> `(N, S)` int32 ids ending with `[END]`, padded with
+    `[PAD]` to the longest (the encoder input of `make_translation_dataset`
+    batches, for decoding)."""
+    rows = [list(np.asarray(tokenizer(s))) + [END_ID] for s in sentences]
+    width = max(len(r) for r in rows)
+    return np.array([r + [PAD_ID] * (width - len(r)) for r in rows], "int32")
+
+
 def detokenize(tokenizer, ids, join_characters=False):
     """Token ids `(B, L)` -> strings: cut at `[END]`, padding and `[START]`
     dropped. `join_characters` removes the spaces WordPiece puts between
@@ -115,6 +127,7 @@ def make_translation_dataset(
     shuffle=False,
     seed=0,
     bucket_boundaries=None,
+    epoch=None,
 ):
     """Length-bucketed `((source_ids, target_in_ids), target_out_ids)`
     batches from strings (lists or a `tf.data.Dataset` of pairs).
@@ -129,12 +142,23 @@ def make_translation_dataset(
         bucket_boundaries: lengths where buckets split (each bucket is padded
             to its own longest sequence, so short sentences are not padded to
             the longest of the corpus); default `[8, 16, 32, 64]`.
+        epoch: with `shuffle`, None reshuffles at every pass; an int makes
+            the order a function of `(seed, epoch)` only, the same at every
+            pass (for resumable training): a permutation of lists, a seeded
+            10,000-pair buffer for a dataset.
     """
     if targets is None:
         dataset = sources
+        if shuffle and epoch is not None:
+            dataset = dataset.shuffle(10_000, seed=epoch_seed(seed, epoch),
+                                      reshuffle_each_iteration=False)
     else:
-        dataset = tf.data.Dataset.from_tensor_slices((list(sources), list(targets)))
-    if shuffle:
+        sources, targets = list(sources), list(targets)
+        if shuffle and epoch is not None:
+            order = epoch_permutation(len(sources), seed, epoch)
+            sources, targets = [sources[i] for i in order], [targets[i] for i in order]
+        dataset = tf.data.Dataset.from_tensor_slices((sources, targets))
+    if shuffle and epoch is None:
         dataset = dataset.shuffle(10_000, seed=seed, reshuffle_each_iteration=True)
 
     def encode(source, target):
@@ -221,6 +245,8 @@ def load_tfds_translation(
     batch_size=64,
     shuffle=False,
     download=False,
+    seed=0,
+    epoch=None,
 ):
     """A tensorflow-datasets translation set by name, as batches.
 
@@ -234,7 +260,7 @@ def load_tfds_translation(
             of the two languages.
         tokenizer: a tokenizer; None trains a shared WordPiece vocabulary of
             `vocabulary_size` on the first `vocabulary_examples` pairs.
-        batch_size, shuffle: as `make_translation_dataset`.
+        batch_size, shuffle, seed, epoch: as `make_translation_dataset`.
         download: let tfds download and prepare the data (off by default: the
             data must already be in `data_dir`).
 
@@ -264,7 +290,8 @@ def load_tfds_translation(
         for source, target in pairs.take(vocabulary_examples).as_numpy_iterator():
             texts += [source.decode("utf-8"), target.decode("utf-8")]
         tokenizer = make_tokenizer(train_vocabulary(texts, vocabulary_size))
-    dataset = make_translation_dataset(pairs, None, tokenizer, batch_size, shuffle=shuffle)
+    dataset = make_translation_dataset(pairs, None, tokenizer, batch_size, shuffle=shuffle,
+                                       seed=seed, epoch=epoch)
     return dataset, tokenizer
 
 

@@ -59,3 +59,47 @@ def transformer_adam(hidden_dim, warmup_steps=4000, scale=1.0, **kwargs):
         epsilon=1e-9,
         **kwargs,
     )
+
+
+@keras.saving.register_keras_serializable(package="keras_attn")
+class LinearWarmupDecay(keras.optimizers.schedules.LearningRateSchedule):
+    """Linear warmup from 0 to `learning_rate` over `warmup_steps`, then a
+    linear decay to 0 at `total_steps` (BERT's schedule; 0 after).
+
+    Args:
+        learning_rate: the peak rate.
+        total_steps: where the rate reaches 0.
+        warmup_steps: steps of warmup (0 for none), less than `total_steps`.
+
+    Example:
+
+    >>> schedule = LinearWarmupDecay(1e-3, total_steps=100, warmup_steps=10)
+    >>> [round(float(schedule(s)), 6) for s in (0, 5, 10, 55, 100)]
+    [0.0, 0.0005, 0.001, 0.0005, 0.0]
+    """
+
+    def __init__(self, learning_rate, total_steps, warmup_steps=0):
+        self.learning_rate = check_positive_float("learning_rate", learning_rate)
+        self.total_steps = check_positive_int("total_steps", total_steps)
+        if isinstance(warmup_steps, bool) or not isinstance(warmup_steps, int) or not (
+            0 <= warmup_steps < total_steps
+        ):
+            raise ValueError(
+                "`warmup_steps` must be an integer in [0, total_steps). Received: "
+                f"warmup_steps={warmup_steps!r}, total_steps={total_steps}"
+            )
+        self.warmup_steps = warmup_steps
+
+    def __call__(self, step):
+        step = ops.cast(step, "float32")
+        warmup = step / max(self.warmup_steps, 1)
+        decay = (self.total_steps - step) / (self.total_steps - self.warmup_steps)
+        rate = ops.where(step < self.warmup_steps, warmup, ops.maximum(decay, 0.0))
+        return self.learning_rate * rate
+
+    def get_config(self):
+        return {
+            "learning_rate": self.learning_rate,
+            "total_steps": self.total_steps,
+            "warmup_steps": self.warmup_steps,
+        }

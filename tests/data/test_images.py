@@ -96,3 +96,68 @@ def test_tfds_dataset_rejects_a_missing_feature():
     with tfds.testing.mock_data(num_examples=2):
         with pytest.raises(ValueError, match=r"Received: image_key='picture'"):
             image_data.load_tfds_image_dataset("cifar10", image_key="picture")
+
+
+def _batches(dataset):
+    return [(np.asarray(x), np.asarray(y)) for x, y in dataset]
+
+
+def test_stateless_augmentation_is_a_function_of_the_seed():
+    x = np.random.default_rng(0).uniform(0, 255, (6, 16, 16, 1)).astype("float32")
+    augment = image_data.StatelessAugmentation(zoom=0.2, translation=0.1, flip=True)
+    a = np.asarray(augment(x, tf.constant([1, 2])))
+    np.testing.assert_array_equal(a, np.asarray(augment(x, tf.constant([1, 2]))))
+    assert not np.allclose(a, np.asarray(augment(x, tf.constant([1, 3]))))
+    assert not np.allclose(a[0], a[1])  # each image of a batch gets its own draw
+    # Off: the identity. A flip only: every image either kept or mirrored.
+    np.testing.assert_allclose(np.asarray(image_data.StatelessAugmentation()(x, [0, 0])), x)
+    flipped = np.asarray(image_data.StatelessAugmentation(flip=True)(x, tf.constant([0, 5])))
+    for out, image in zip(flipped, x):
+        assert np.allclose(out, image, atol=1e-4) or np.allclose(out, image[:, ::-1], atol=1e-4)
+    assert not bool(image_data.StatelessAugmentation())
+    with pytest.raises(ValueError, match=r"Received: zoom=1.5"):
+        image_data.StatelessAugmentation(zoom=1.5)
+
+
+def test_stateless_zoom_and_shift_move_the_content():
+    x = np.zeros((1, 9, 9, 1), "float32")
+    x[0, 4, 4] = 255.0  # one lit pixel in the centre
+    shift = image_data.StatelessAugmentation(translation=0.3)
+    out = np.asarray(shift(x, tf.constant([0, 1])))[0, ..., 0]
+    assert out.max() > 0 and not np.allclose(out, x[0, ..., 0])
+    zoom = np.asarray(image_data.StatelessAugmentation(zoom=0.5)(x, tf.constant([0, 1])))
+    assert zoom[0, 4, 4, 0] > 0  # zooming keeps the centre in place
+
+
+def test_epoch_pipeline_is_a_pure_function_of_seed_and_epoch():
+    x = np.random.default_rng(0).integers(0, 255, (20, 8, 8, 1)).astype("uint8")
+    y = np.arange(20)
+    augment = image_data.StatelessAugmentation(zoom=0.1, translation=0.1)
+
+    def epoch(e, seed=0):
+        return _batches(image_data.make_image_pipeline(
+            x, y, 8, training=True, augmentation=augment, seed=seed, epoch=e))
+
+    first = epoch(3)
+    for (xa, ya), (xb, yb) in zip(first, epoch(3)):
+        np.testing.assert_array_equal(xa, xb)
+        np.testing.assert_array_equal(ya, yb)
+    assert sorted(np.concatenate([b[1] for b in first]).tolist()) == list(range(20))
+    assert not np.array_equal(first[0][1], epoch(4)[0][1])
+    assert not np.array_equal(first[0][1], epoch(3, seed=1)[0][1])
+
+
+def test_tfds_epoch_batches_repeat(tmp_path):
+    def labels():
+        with tfds.testing.mock_data(num_examples=12):
+            dataset, _ = image_data.load_tfds_image_dataset(
+                "mnist", split="train", batch_size=4, training=True, epoch=2, seed=1,
+                num_channels=3, image_size=8,
+            )
+            return _batches(dataset)
+
+    a, b = labels(), labels()
+    assert a[0][0].shape == (4, 8, 8, 3)
+    for (xa, ya), (xb, yb) in zip(a, b):
+        np.testing.assert_array_equal(xa, xb)
+        np.testing.assert_array_equal(ya, yb)

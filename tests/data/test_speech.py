@@ -107,3 +107,17 @@ def test_tfds_librispeech_by_name_with_mock_data():
         inputs, labels = next(iter(dataset))
     assert inputs["waveform"].shape[0] == 2 and labels.shape[0] == 2
     assert (labels.numpy() >= 0).all() and labels.numpy().max() <= 28
+
+
+def test_epoch_order_is_a_function_of_seed_and_epoch():
+    rng = np.random.default_rng(0)
+    waveforms = [rng.standard_normal(n).astype("float32") for n in rng.integers(3000, 20000, 12)]
+    transcripts = [str(i % 10) * (1 + i // 10) for i in range(12)]
+
+    def labels(epoch):
+        dataset = speech.speech_dataset(waveforms, transcripts, batch_size=4, shuffle=True,
+                                        seed=2, epoch=epoch)
+        return [labels.numpy().tolist() for _, labels in dataset]
+
+    assert labels(1) == labels(1)
+    assert labels(1) != labels(2)

@@ -184,3 +184,45 @@ def test_masks_are_reproducible_with_a_seed(corpus):
         return next(iter(dataset))[0]["token_ids"].numpy()
 
     np.testing.assert_array_equal(first_batch_ids(), first_batch_ids())
+
+
+def test_epoch_datasets_are_pure_functions_of_seed_and_epoch(corpus):
+    documents, _, tokenizer = corpus
+    first, second, labels = text.make_sentence_pairs(documents, seed=1)
+    first, second, labels = first[:40], second[:40], labels[:40]
+
+    def batches(epoch):
+        dataset = text.pretraining_dataset(first, second, labels, tokenizer, sequence_length=32,
+                                           batch_size=16, max_predictions=6, seed=3, epoch=epoch)
+        return [(x["token_ids"].numpy(), x["mask_positions"].numpy(), y["nsp"].numpy())
+                for x, y, _ in dataset]
+
+    a = batches(2)
+    assert len(a) == 3
+    for one, two in zip(a, batches(2)):
+        for u, v in zip(one, two):
+            np.testing.assert_array_equal(u, v)
+    b = batches(3)
+    assert not np.array_equal(a[0][0], b[0][0])  # a new order and new masks
+    # Every batch of an epoch has its own masks: same pairs, other batch index.
+    unshuffled = text.pretraining_dataset(first[:16] * 2, second[:16] * 2, [*labels[:16]] * 2,
+                                          tokenizer, sequence_length=32, batch_size=16,
+                                          shuffle=False, epoch=0)
+    (x1, _, _), (x2, _, _) = list(unshuffled)
+    assert not np.array_equal(x1["token_ids"].numpy(), x2["token_ids"].numpy())
+
+
+def test_masking_with_a_seed_is_pure():
+    mask = text.dynamic_masking(_FakeTokenizer(), mask_rate=0.3, max_predictions=4)
+    ids = tf.constant([[2] + list(range(10, 30)) + [3, 0, 0]] * 8)
+    a, b = mask(ids, tf.constant([1, 2])), mask(ids, tf.constant([1, 2]))
+    for key in a:
+        np.testing.assert_array_equal(a[key].numpy(), b[key].numpy())
+    positions, weights = a["mask_positions"].numpy(), a["mask_weights"].numpy()
+    assert positions.shape == (8, 4) and np.all(weights.sum(1) <= 4)
+    real = positions[weights > 0]
+    assert np.all((real >= 1) & (real <= 20))  # never [CLS], [SEP] or padding
+    for row, w in zip(positions, weights):  # increasing, padding (0) after
+        n = int(w.sum())
+        assert np.all(np.diff(row[:n]) > 0) and np.all(row[n:] == 0)
+    np.testing.assert_array_equal(a["mask_ids"].numpy()[weights > 0], real + 9)

@@ -107,3 +107,22 @@ def test_tfds_translation_by_name_with_mock_data(tmp_path):
     with tfds.testing.mock_data(num_examples=2):
         with pytest.raises(ValueError, match="Received: source_language='de'"):
             tr.load_tfds_translation("ted_hrlr_translate/pt_to_en", source_language="de")
+
+
+def test_epoch_batches_repeat_and_count_as_predicted(data):
+    from keras_attn.data._epochs import bucket_batch_count
+
+    english, japanese = zip(*data.train_pairs)
+
+    def batches(epoch):
+        dataset = tr.make_translation_dataset(english, japanese, data.tokenizer, batch_size=8,
+                                              shuffle=True, seed=1, epoch=epoch)
+        return [np.asarray(y) for _, y in dataset]
+
+    a = batches(0)
+    for u, v in zip(a, batches(0)):
+        np.testing.assert_array_equal(u, v)
+    assert not np.array_equal(a[0], batches(1)[0])
+    lengths = [max(len(np.asarray(data.tokenizer(en))), len(np.asarray(data.tokenizer(ja)))) + 1
+               for en, ja in data.train_pairs]
+    assert len(a) == bucket_batch_count(lengths, [8, 16, 32, 64], 8)

@@ -40,3 +40,18 @@ def test_attention_plot_rejects_mismatched_tokens():
 def test_attention_plot_rejects_a_batch():
     with pytest.raises(ValueError, match=r"Received: scores.shape=\(1, 2, 3, 3\)"):
         viz.plot_attention_heads(np.ones((1, 2, 3, 3)) / 3, ["a", "b", "c"])
+
+
+def test_learning_curves_plot_train_and_validation(tmp_path):
+    history = {"accuracy": [0.2, 0.5, 0.7], "loss": [2.0, 1.5, 1.0],
+               "val_loss": [2.1, 1.7, 1.4], "val_accuracy": [0.1, 0.4, 0.6]}
+    path = tmp_path / "curves.png"
+    figure = viz.plot_learning_curves(history, path=path, title="run")
+    assert _png_size(path)[0] > 400
+    panels = [axis for axis in figure.axes if axis.lines]
+    assert [axis.get_title() for axis in panels] == ["loss", "accuracy"]
+    train, validation = panels[1].lines
+    np.testing.assert_allclose(train.get_ydata(), history["accuracy"])
+    np.testing.assert_allclose(validation.get_ydata(), history["val_accuracy"])
+    with pytest.raises(ValueError, match=r"Received: history=\{\}"):
+        viz.plot_learning_curves({})

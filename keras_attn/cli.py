@@ -1,0 +1,470 @@
+"""The `keras-attn` command line: train, evaluate, export and list the zoo's
+recipes (`models/<family>/<name>.json`).
+
+```
+keras-attn train RECIPE [--set key=value ...] [--output DIR] [--distribute]
+keras-attn evaluate RUN_DIR [--json]
+keras-attn export RUN_DIR [--output PATH]
+keras-attn list [--family F]
+```
+
+RECIPE is a path to a recipe file or the name of one in the zoo's `models/`
+directory (the one beside the package in a source checkout, else
+`./models`). `train` validates the recipe (with the `--set` overrides) before
+anything else, then writes into `--output` (default `runs/<name>`):
+
+```
+recipe.json           the resolved recipe, written first
+checkpoints/          ResumableTrainer checkpoints and history.json
+tensorboard/          TensorBoard logs
+model.keras           the trained model (written atomically)
+saved_model/          the task's serving SavedModel (atomically)
+vocab.txt             the vocabulary, for the text tasks
+learning_curves.png   loss and metrics per epoch, training and validation
+results.json          the test metrics, time, hardware, versions
+```
+
+Running the same `train` command again after a kill resumes the run from
+its newest checkpoint (the trainer restores the weights, optimizer, seeds and
+the position in the epoch). Running it after the run finished (results.json
+exists) trains nothing and only reports the results: use `keras-attn
+evaluate` / `keras-attn export` to evaluate or export again, another
+`--output` to train again. A directory that holds a run of a different
+recipe is refused.
+
+The SavedModel exporters trace TensorFlow graphs: on the JAX or torch
+backend, `train` and `export` write it in a subprocess on the TensorFlow
+backend, from model.keras (train on JAX on a GPU, export on TensorFlow).
+
+Errors (a bad recipe, a missing run) print the message and exit with status
+2; set KERAS_ATTN_TRACEBACK=1 to see the traceback instead.
+"""
+
+import argparse
+import datetime
+import glob
+import json
+import os
+import platform
+import sys
+import tempfile
+import time
+
+RESULTS = "results.json"
+RECIPE = "recipe.json"
+MODEL = "model.keras"
+SAVED_MODEL = "saved_model"
+CHECKPOINTS = "checkpoints"
+CURVES = "learning_curves.png"
+PARAMETERS = "parameters.json"
+TIMES = "epoch_seconds.json"  # training seconds of each finished epoch, over all sessions
+
+
+# === Files ===
+
+
+def models_directory():
+    """The zoo's `models/`: beside the package in a source checkout, else
+    `./models`."""
+    import keras_attn
+
+    beside = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(keras_attn.__file__))),
+                          "models")
+    return beside if os.path.isdir(beside) else os.path.abspath("models")
+
+
+def recipe_paths(directory=None):
+    """`{name: path}` of every recipe under `models/` (results and the
+    parameter table left out)."""
+    directory = directory or models_directory()
+    paths = {}
+    for path in sorted(glob.glob(os.path.join(directory, "*", "*.json"))):
+        if os.path.basename(os.path.dirname(path)) == "results":
+            continue
+        paths.setdefault(os.path.splitext(os.path.basename(path))[0], path)
+    return paths
+
+
+def locate_recipe(recipe):
+    """A recipe file from a path or a zoo recipe name."""
+    if os.path.isfile(recipe):
+        return recipe
+    known = recipe_paths()
+    if recipe in known:
+        return known[recipe]
+    raise ValueError(
+        f"No recipe file {recipe!r} and no recipe of that name in {models_directory()} "
+        f"(see `keras-attn list`). Received: RECIPE={recipe!r}"
+    )
+
+
+def _atomic_write(path, text):
+    directory = os.path.dirname(os.path.abspath(path))
+    os.makedirs(directory, exist_ok=True)
+    handle, staging = tempfile.mkstemp(prefix=".tmp-", dir=directory)
+    try:
+        with os.fdopen(handle, "w", encoding="utf-8") as stream:
+            stream.write(text)
+            stream.flush()
+            os.fsync(stream.fileno())
+        os.chmod(staging, 0o644)
+        os.replace(staging, path)
+    finally:
+        if os.path.exists(staging):
+            os.remove(staging)
+
+
+def write_json(path, value):
+    _atomic_write(path, json.dumps(value, indent=2) + "\n")
+
+
+def read_json(path):
+    with open(path, encoding="utf-8") as stream:
+        return json.load(stream)
+
+
+def save_model(model, path):
+    """`model.save` to a temporary `.keras` name, then renamed into place."""
+    staging = os.path.join(os.path.dirname(os.path.abspath(path)), ".partial-" + os.path.basename(path))
+    try:
+        model.save(staging)
+        os.replace(staging, path)
+    finally:
+        if os.path.exists(staging):
+            os.remove(staging)
+
+
+# === Environment ===
+
+
+def describe_hardware(replicas=1):
+    """"1 x NVIDIA H100 80GB HBM3", "2 CPU cores (Intel(R) Xeon(R) ...)"."""
+    import keras
+
+    backend = keras.backend.backend()
+    gpus = []
+    if backend == "jax":
+        import jax
+
+        gpus = [d.device_kind for d in jax.devices() if d.platform == "gpu"]
+    elif backend == "tensorflow":
+        import tensorflow as tf
+
+        gpus = [tf.config.experimental.get_device_details(d).get("device_name", "GPU")
+                for d in tf.config.list_physical_devices("GPU")]
+    elif backend == "torch":
+        import torch
+
+        gpus = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
+    if gpus:
+        used = min(len(gpus), replicas) if replicas > 1 else 1
+        return f"{used} x {gpus[0]}"
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    model = platform.processor()
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as stream:
+            model = next(line.split(":", 1)[1].strip() for line in stream
+                         if line.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    return f"{cores} CPU cores" + (f" ({model})" if model else "")
+
+
+# === train ===
+
+
+def _check_output(output, recipe):
+    """Refuses a directory that holds a run of another recipe."""
+    from keras_attn.zoo.recipe import find_difference
+    from keras_attn.zoo.recipe import fingerprint
+
+    path = os.path.join(output, RECIPE)
+    if not os.path.exists(path):
+        return False
+    difference = find_difference(fingerprint(read_json(path)), fingerprint(recipe))
+    if difference:
+        key, there, here = difference
+        raise ValueError(
+            f"{output} holds a run of another recipe: `{key}` is {there!r} there and "
+            f"{here!r} here. Use another --output (or delete the directory). "
+            f"Received: --output={output!r}"
+        )
+    return True
+
+
+def _epoch_logger(epochs, times_path):
+    import keras
+
+    class EpochLog(keras.callbacks.Callback):
+        """A line per epoch, and the epoch's seconds kept in `times_path`."""
+
+        def on_epoch_begin(self, epoch, logs=None):
+            self.start = time.time()
+
+        def on_epoch_end(self, epoch, logs=None):
+            seconds = time.time() - self.start
+            times = read_json(times_path) if os.path.exists(times_path) else {}
+            times[str(epoch)] = seconds
+            write_json(times_path, times)
+            values = " - ".join(f"{k} {v:.4g}" for k, v in (logs or {}).items())
+            left = (epochs - epoch - 1) * sum(times.values()) / len(times)
+            print(f"epoch {epoch + 1}/{epochs} ({seconds:.1f} s, about {left / 60:.1f} min "
+                  f"left): {values}", flush=True)
+
+    return EpochLog()
+
+
+def _report(output, results):
+    value = results["value"]
+    print(f"\n{results['name']}: {results['metric']} = {value:.4f} "
+          f"(trained {results['train_seconds']:.0f} s on {results['hardware']})")
+    print(f"model:           {os.path.join(output, MODEL)}")
+    print(f"SavedModel:      {os.path.join(output, SAVED_MODEL)}")
+    print(f"learning curves: {os.path.join(output, CURVES)}")
+    print(f"results:         {os.path.join(output, RESULTS)}")
+    print(f"TensorBoard:     tensorboard --logdir {os.path.join(output, 'tensorboard')}")
+
+
+def train(args):
+    from keras_attn.zoo.recipe import fingerprint
+    from keras_attn.zoo.recipe import load_recipe
+
+    recipe = load_recipe(locate_recipe(args.recipe), args.set or ())
+    output = args.output or os.path.join("runs", recipe["name"])
+    resumed = _check_output(output, recipe)
+    if resumed and os.path.exists(os.path.join(output, RESULTS)):
+        print(f"{output}: this run is already complete; nothing to train. "
+              "`keras-attn evaluate` / `keras-attn export` evaluate or export it again.")
+        _report(output, read_json(os.path.join(output, RESULTS)))
+        return 0
+    write_json(os.path.join(output, RECIPE), recipe)
+
+    import keras
+
+    import keras_attn
+    from keras_attn.training.distribute import data_parallel
+    from keras_attn.training.resumable import ResumableTrainer
+    from keras_attn.viz import plot_learning_curves
+    from keras_attn.zoo.tasks import make_task
+
+    task = make_task(recipe)
+    training = recipe["training"]
+    with data_parallel(args.distribute) as replicas:
+        task.prepare()
+        model = task.build_model()
+        task.compile(model)
+        parameters = model.count_params()
+        steps = task.steps_per_epoch
+        print(f"{recipe['name']}: {parameters:,} parameters, {training['epochs']} epochs of "
+              f"{steps} steps (batch {training['batch_size']}, {replicas} "
+              f"replica{'s' if replicas > 1 else ''}), writing to {output}", flush=True)
+        trainer = ResumableTrainer(
+            os.path.join(output, CHECKPOINTS),
+            checkpoint_every=training["checkpoint_every"],
+            fingerprint=fingerprint(recipe),
+        )
+        times_path = os.path.join(output, TIMES)
+        callbacks = [keras.callbacks.TensorBoard(os.path.join(output, "tensorboard"))]
+        if args.verbose:  # given here so that it prints before the epoch line
+            callbacks.append(keras.callbacks.ProgbarLogger())
+        callbacks.append(_epoch_logger(training["epochs"], times_path))
+        history = trainer.fit(model, task.train_dataset_fn, training["epochs"], steps,
+                              validation_data=task.validation_data(), callbacks=callbacks,
+                              verbose=args.verbose)
+        print("evaluating on the test set", flush=True)
+        metrics = task.evaluate(model)
+        save_model(model, os.path.join(output, MODEL))
+        for name, text in task.assets().items():
+            _atomic_write(os.path.join(output, name), text)
+        if keras.backend.backend() == "tensorflow":
+            task.export(model, os.path.join(output, SAVED_MODEL))
+    if keras.backend.backend() != "tensorflow":
+        export_on_tensorflow(output, os.path.join(output, SAVED_MODEL))
+    plot_learning_curves(history, os.path.join(output, CURVES), title=recipe["name"])
+    times = read_json(times_path) if os.path.exists(times_path) else {}
+    metric = recipe["evaluation"]["metric"]
+    results = {
+        "name": recipe["name"],
+        "metric": metric,
+        "value": metrics[metric],
+        "metrics": metrics,
+        "train_seconds": round(sum(times.values()), 1),
+        "epochs": training["epochs"],
+        "steps": training["epochs"] * steps,
+        "parameters": parameters,
+        "backend": keras.backend.backend(),
+        "hardware": describe_hardware(replicas),
+        "date": datetime.date.today().isoformat(),
+        "keras_attn_version": keras_attn.__version__,
+    }
+    write_json(os.path.join(output, RESULTS), results)
+    _report(output, results)
+    return 0
+
+
+# === evaluate / export ===
+
+
+def load_run(run_dir):
+    """`(recipe, task, model, source)` of a run directory: model.keras, or
+    the newest checkpoint when the run has not finished."""
+    from keras_attn.zoo.recipe import validate_recipe
+    from keras_attn.zoo.tasks import make_task
+
+    path = os.path.join(run_dir, RECIPE)
+    if not os.path.exists(path):
+        raise ValueError(f"{run_dir} is not a run directory: it has no {RECIPE}. "
+                         f"Received: RUN_DIR={run_dir!r}")
+    recipe = validate_recipe(read_json(path))
+    task = make_task(recipe)
+    model_path = os.path.join(run_dir, MODEL)
+    if os.path.exists(model_path):
+        return recipe, task, task.load_model(model_path), model_path
+    from keras_attn.training.resumable import restore_latest
+
+    model = task.compile(task.build_model())
+    step = restore_latest(model, os.path.join(run_dir, CHECKPOINTS))
+    if step is None:
+        raise ValueError(f"{run_dir} has neither {MODEL} nor a checkpoint to evaluate. "
+                         f"Received: RUN_DIR={run_dir!r}")
+    return recipe, task, model, f"checkpoint at step {step} (the run has not finished)"
+
+
+def evaluate(args):
+    recipe, task, model, source = load_run(args.run_dir)
+    metrics = task.evaluate(model)
+    metric = recipe["evaluation"]["metric"]
+    if args.json:
+        print(json.dumps({"name": recipe["name"], "metric": metric, "value": metrics[metric],
+                          "metrics": metrics, "source": source}))
+        return 0
+    print(f"{recipe['name']} from {source}")
+    for name, value in metrics.items():
+        print(f"  {name}: {value:.6g}")
+    print(f"{metric} = {metrics[metric]:.6f}")
+    return 0
+
+
+def export_on_tensorflow(run_dir, path):
+    """`keras-attn export` in a subprocess on the TensorFlow backend: the
+    SavedModel exporters trace TensorFlow graphs, and model.keras loads on
+    any backend (train on JAX, export on TensorFlow)."""
+    import subprocess
+
+    print(f"exporting {os.path.join(run_dir, MODEL)} on the TensorFlow backend", flush=True)
+    environment = dict(os.environ, KERAS_BACKEND="tensorflow")
+    command = [sys.executable, "-m", "keras_attn.cli", "export", run_dir, "--output", path]
+    result = subprocess.run(command, env=environment)
+    if result.returncode:
+        raise RuntimeError(f"{' '.join(command)} failed with status {result.returncode}")
+
+
+def export(args):
+    import keras
+
+    path = args.output or os.path.join(args.run_dir, SAVED_MODEL)
+    if keras.backend.backend() != "tensorflow":
+        export_on_tensorflow(args.run_dir, path)
+        return 0
+    _, task, model, source = load_run(args.run_dir)
+    task.export(model, path)
+    print(f"SavedModel of {source}: {os.path.abspath(path)}")
+    return 0
+
+
+# === list ===
+
+
+def list_recipes(args):
+    directory = models_directory()
+    counts_path = os.path.join(directory, PARAMETERS)
+    counts = read_json(counts_path) if os.path.exists(counts_path) else {}
+    rows = []
+    for name, path in recipe_paths(directory).items():
+        recipe = read_json(path)
+        if args.family and recipe.get("family") != args.family:
+            continue
+        count = counts.get(name)
+        expected = recipe.get("expected") or {}
+        rows.append((
+            name, recipe.get("family", "?"), recipe.get("model", {}).get("preset", "?"),
+            recipe.get("data", {}).get("dataset", "?"),
+            f"{count:,}" if isinstance(count, int) else "-",
+            f"{expected['metric']} {expected['value']:.4g}" if expected else "-",
+        ))
+    header = ("recipe", "family", "preset", "dataset", "parameters", "expected")
+    widths = [max(len(str(row[i])) for row in rows + [header]) for i in range(len(header))]
+    for row in [header] + rows:
+        print("  ".join(str(cell).ljust(width) for cell, width in zip(row, widths)).rstrip())
+    if not rows:
+        print(f"(no recipe{' of family ' + args.family if args.family else ''} in {directory})")
+    return 0
+
+
+# === Parser ===
+
+
+def build_parser():
+    from keras_attn.zoo.recipe import FAMILIES
+
+    parser = argparse.ArgumentParser(
+        prog="keras-attn",
+        description="Train, evaluate, export and list keras_attn model-zoo recipes.",
+    )
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    def add(name, func, help, description, *arguments):
+        """A subcommand with `arguments`: (flags, add_argument keywords) pairs."""
+        command = commands.add_parser(name, help=help, description=description)
+        for flags, options in arguments:
+            command.add_argument(*flags, **options)
+        command.set_defaults(func=func)
+
+    run_dir = (("run_dir",), {"metavar": "RUN_DIR"})
+    add("train", train, "train a recipe (resumes an interrupted run)",
+        "Validate a recipe, train it (resuming an interrupted run in the same output "
+        "directory), evaluate it on the test set, and write model.keras, a SavedModel, "
+        "learning curves and results.json.",
+        (("recipe",), {"metavar": "RECIPE",
+                       "help": "a recipe file, or a recipe name from `keras-attn list`"}),
+        (("--set",), {"action": "append", "metavar": "KEY=VALUE",
+                      "help": "override a dotted recipe key, e.g. --set training.epochs=3 "
+                              "(the value is JSON, else a string); repeatable"}),
+        (("--output",), {"metavar": "DIR", "help": "run directory (default: runs/<recipe name>)"}),
+        (("--distribute",), {"action": "store_true",
+                             "help": "data-parallel over every local accelerator (or the "
+                                     "workers of TF_CONFIG / the JAX multi-process "
+                                     "environment)"}),
+        (("--verbose",), {"type": int, "choices": (0, 1, 2), "default": 1,
+                          "help": "Keras progress output: 1 a progress bar (default), "
+                                  "2 a line per epoch, 0 none"}))
+    add("evaluate", evaluate, "evaluate a run on its test set",
+        "Evaluate a run directory's model.keras (or, for a run that has not finished, its "
+        "newest checkpoint) on the recipe's test set.",
+        run_dir, (("--json",), {"action": "store_true", "help": "print one JSON object"}))
+    add("export", export, "write a run's serving SavedModel",
+        "Export a run's model.keras (or newest checkpoint) as the task's serving SavedModel.",
+        run_dir, (("--output",), {"metavar": "PATH",
+                                  "help": "SavedModel directory (default: RUN_DIR/saved_model)"}))
+    add("list", list_recipes, "list the zoo's recipes",
+        "List every recipe in the zoo's models/ directory with its family, preset, dataset, "
+        "parameter count (models/parameters.json) and expected result.",
+        (("--family",), {"choices": sorted(FAMILIES)}))
+    return parser
+
+
+def main(argv=None):
+    """The `keras-attn` entry point; returns the exit status."""
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except ValueError as error:
+        if os.environ.get("KERAS_ATTN_TRACEBACK"):
+            raise
+        print(f"keras-attn {args.command}: error: {error}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,238 @@
+"""What every task adapter shares: the recipe's optimizer and schedule, the
+steps, precision and seeds, and the interface the command line drives.
+
+```
+task = make_task(recipe)              # cheap: nothing loaded yet
+task.prepare()                        # data: splits, vocabulary, tokenizer
+model = task.build_model()            # preset + overrides, seeded, in the recipe's precision
+task.compile(model)                   # loss, metrics, optimizer + schedule
+trainer.fit(model, task.train_dataset_fn, epochs, task.steps_per_epoch,
+            validation_data=task.validation_data())
+task.evaluate(model)                  # {"accuracy": ...}: the recipe's metric and more
+task.export(model, path)              # the serving SavedModel
+```
+"""
+
+import math
+
+FAMILY_MODULES = {
+    "vit": "keras_attn.models.vit",
+    "bert": "keras_attn.models.bert",
+    "transformer": "keras_attn.models.transformer",
+    "conformer": "keras_attn.models.conformer",
+}
+
+
+def warmup_steps(schedule, total_steps):
+    """The schedule's warmup in steps (a value below 1 is a fraction of
+    `total_steps`, rounded down as the examples do)."""
+    warmup = schedule.get("warmup_steps", 0)
+    return int(warmup * total_steps) if warmup < 1 else int(warmup)
+
+
+def build_schedule(training, total_steps, hidden_dim):
+    """The learning rate (a float or a `LearningRateSchedule`) of a resolved
+    recipe's `training` section."""
+    import keras
+
+    from keras_attn.training.schedules import LinearWarmupDecay
+    from keras_attn.training.schedules import TransformerSchedule
+
+    schedule = training["schedule"]
+    rate = training["optimizer"]["learning_rate"]
+    warmup = warmup_steps(schedule, total_steps)
+    name = schedule["name"]
+    if name != "constant" and name != "transformer" and warmup >= total_steps:
+        raise ValueError(
+            "Recipe key `training.schedule.warmup_steps` must leave steps to decay: "
+            f"fewer than the {total_steps} training steps. "
+            f"Received: training.schedule.warmup_steps={schedule['warmup_steps']!r}"
+        )
+    if name == "constant":
+        return rate
+    if name == "cosine":
+        return keras.optimizers.schedules.CosineDecay(
+            0.0 if warmup else rate,
+            decay_steps=total_steps - warmup,
+            alpha=schedule["alpha"],
+            warmup_target=rate if warmup else None,
+            warmup_steps=warmup,
+        )
+    if name == "linear":
+        return LinearWarmupDecay(rate, total_steps=total_steps, warmup_steps=warmup)
+    return TransformerSchedule(hidden_dim, warmup_steps=max(1, warmup), scale=schedule["scale"])
+
+
+def build_optimizer(training, total_steps, hidden_dim):
+    """The recipe's optimizer (Adam or AdamW) driven by its schedule."""
+    import keras
+
+    options = dict(training["optimizer"])
+    name = options.pop("name")
+    options.pop("learning_rate")
+    options = {key: value for key, value in options.items() if value is not None}
+    optimizer_class = keras.optimizers.AdamW if name == "adamw" else keras.optimizers.Adam
+    return optimizer_class(
+        learning_rate=build_schedule(training, total_steps, hidden_dim), **options
+    )
+
+
+class Task:
+    """The base of the task adapters; a subclass fills in the data, the model
+    and the evaluation of one task.
+
+    Subclasses set `self.batches_per_epoch`, `self.model_config` (the
+    family config the model is built from) in `load_data`, and implement
+    `make_model`, `compile_arguments`, `train_dataset_fn`,
+    `validation_data`, `evaluate`, `export`, and for the tests and the
+    export check `example_inputs`, `reference_outputs` and `served_outputs`.
+
+    Args:
+        recipe: a resolved recipe (`keras_attn.zoo.recipe.load_recipe`).
+    """
+
+    def __init__(self, recipe):
+        self.recipe = recipe
+        self.data = recipe["data"]
+        self.training = recipe["training"]
+        self.evaluation = recipe["evaluation"]
+        self.seed = self.training["seed"]
+        self.batch_size = self.training["batch_size"]
+        self.embedded = self.data["dataset"] == "embedded"
+        self.tfds_name = None if self.embedded else self.data["dataset"][len("tfds:"):]
+        self.batches_per_epoch = None
+        self.model_config = None
+        self._prepared = False
+
+    # === Data ===
+
+    def prepare(self):
+        """Loads the data once (splits, vocabulary). Returns `self`."""
+        if not self._prepared:
+            self.load_data()
+            self._prepared = True
+        return self
+
+    def load_data(self):
+        raise NotImplementedError
+
+    def tfds_builder(self):
+        """The recipe's tfds builder, downloaded and prepared first when
+        `data.download` is true."""
+        import tensorflow_datasets as tfds
+
+        builder = tfds.builder(self.tfds_name, data_dir=self.data["data_dir"])
+        if self.data["download"]:
+            builder.download_and_prepare()
+        return builder
+
+    def tfds_examples(self, split):
+        """The number of examples of a split (slices included), read without
+        iterating; a `ValueError` when the data set is not prepared."""
+        import tensorflow_datasets as tfds
+
+        try:
+            dataset = tfds.load(self.tfds_name, split=split, data_dir=self.data["data_dir"],
+                                download=False)
+        except AssertionError as error:  # tfds' "could not find data in ..."
+            raise ValueError(
+                f"Recipe key `data.dataset`: {error}. Prepare it in data.data_dir, or set "
+                f"data.download=true. Received: data.dataset={self.data['dataset']!r}"
+            ) from None
+        return int(dataset.cardinality())
+
+    @property
+    def steps_per_epoch(self):
+        """The recipe's `training.steps_per_epoch`, else one pass over the
+        training data."""
+        return self.training["steps_per_epoch"] or self.batches_per_epoch
+
+    @property
+    def total_steps(self):
+        return self.training["epochs"] * self.steps_per_epoch
+
+    def train_dataset_fn(self, epoch):
+        """Epoch `epoch`'s training batches: a pure function of the recipe
+        and `epoch` (the same batches at every call)."""
+        raise NotImplementedError
+
+    def validation_data(self):
+        """Batches for `fit`'s validation (the same at every pass), or None."""
+        raise NotImplementedError
+
+    # === Model ===
+
+    def build_model(self):
+        """The recipe's model, uncompiled, with weights drawn from the
+        recipe's seed in the recipe's precision (the global dtype policy is
+        set to it)."""
+        import keras
+
+        self.prepare()
+        keras.config.set_dtype_policy(self.training["precision"])
+        keras.utils.set_random_seed(self.seed)
+        model = self.make_model(self.recipe["model"]["preset"],
+                                dict(self.recipe["model"]["overrides"]))
+        return model
+
+    def make_model(self, preset, overrides):
+        raise NotImplementedError
+
+    def compile_arguments(self, model):
+        """The loss and metrics given to `compile` (a dict)."""
+        raise NotImplementedError
+
+    def compile(self, model):
+        """Compiles `model` with the task's loss and metrics and the recipe's
+        optimizer, schedule and `jit_compile`. Returns `model`."""
+        optimizer = build_optimizer(self.training, self.total_steps, self.hidden_dim(model))
+        model.compile(optimizer=optimizer, jit_compile=self.training["jit_compile"],
+                      **self.compile_arguments(model))
+        return model
+
+    def hidden_dim(self, model):
+        return self.model_config.hidden_dim
+
+    def load_model(self, path):
+        """`model.keras` at `path`, compiled for evaluation."""
+        import importlib
+
+        import keras
+
+        importlib.import_module(FAMILY_MODULES[self.recipe["family"]])  # registers the classes
+        self.prepare()
+        keras.config.set_dtype_policy(self.training["precision"])
+        return self.compile(keras.saving.load_model(path, compile=False))
+
+    # === Results ===
+
+    def evaluate(self, model):
+        """The test metrics: a dict of floats including the recipe's metric."""
+        raise NotImplementedError
+
+    def export(self, model, path):
+        """Writes the serving SavedModel to `path` (atomically)."""
+        raise NotImplementedError
+
+    def assets(self):
+        """Files the run directory should hold besides the model, as
+        `{file name: text}` (a vocabulary)."""
+        return {}
+
+    def example_inputs(self):
+        """A few test inputs in the form the SavedModel's `serve` takes."""
+        raise NotImplementedError
+
+    def reference_outputs(self, model, inputs):
+        """What `serve` should return for `inputs`, computed with the Keras
+        model: a dict of NumPy arrays."""
+        raise NotImplementedError
+
+    def served_outputs(self, loaded, inputs):
+        """What the loaded SavedModel's `serve` returns: a dict of NumPy arrays."""
+        raise NotImplementedError
+
+
+def batch_count(examples, batch_size):
+    """Batches in one pass when the last one may be partial."""
+    return math.ceil(examples / batch_size)

@@ -1,0 +1,153 @@
+"""image_classification: a ViT on the embedded digits or a tfds image set.
+
+Data: the images are resized to the model's `image_size` and given its
+`num_channels`; pixels stay in [0, 255] (the model rescales them). Training
+batches of epoch e: a permutation keyed by (seed, e) (a seeded buffer for
+tfds), and zoom / shift / flip drawn by stateless ops keyed by seed, e and
+the batch index. Metric: test accuracy. Export: uint8 images in, class
+probabilities out (`keras_attn.export.export_image_classifier`).
+"""
+
+import numpy as np
+
+from keras_attn.zoo.tasks.base import Task
+from keras_attn.zoo.tasks.base import batch_count
+
+
+class ImageClassification(Task):
+    def load_data(self):
+        from keras_attn.data import images
+        from keras_attn.models.vit.vit_config import get_vit_config
+        from keras_attn.models.vit.vit_config import replace_config
+
+        overrides = self.recipe["model"]["overrides"]
+        config = replace_config(get_vit_config(self.recipe["model"]["preset"]), **overrides)
+        augmentation = self.data["augmentation"]
+        self.augmentation = images.StatelessAugmentation(**augmentation)
+        if self.embedded:
+            self._load_digits(config)
+        else:
+            self._load_tfds(config)
+        self.model_config = replace_config(config, num_classes=self.num_classes)
+
+    def _load_digits(self, config):
+        from sklearn.model_selection import train_test_split
+
+        from keras_attn.data import images
+
+        (x, y), self.test_arrays = images.load_digits_arrays(
+            config.image_size, config.num_channels, self.data["test_fraction"], seed=self.seed
+        )
+        self.validation_arrays = None
+        if self.data["validation_fraction"]:
+            x, x_val, y, y_val = train_test_split(
+                x, y, test_size=self.data["validation_fraction"], stratify=y,
+                random_state=self.seed,
+            )
+            self.validation_arrays = (x_val, y_val)
+        self.train_arrays = (x, y)
+        self.num_classes = 10
+        self.batches_per_epoch = batch_count(len(x), self.batch_size)
+
+    def _tfds_splits(self):
+        """(train, validation, test) split strings."""
+        train, validation = self.data["train_split"], self.data["validation_split"]
+        fraction = self.data["validation_fraction"]
+        if validation is None and fraction:
+            if "[" in train:
+                raise ValueError(
+                    "Recipe key `data.validation_split` must be set when train_split is "
+                    "already sliced (validation_fraction slices it). "
+                    f"Received: data.validation_split=None, data.train_split={train!r}"
+                )
+            percent = round(100 * (1 - fraction))
+            train, validation = f"{train}[:{percent}%]", f"{train}[{percent}%:]"
+        return train, validation, self.data["test_split"]
+
+    def _load_tfds(self, config):
+        features = self.tfds_builder().info.features
+        key = self.data["label_key"]
+        if key not in features or not hasattr(features[key], "num_classes"):
+            raise ValueError(
+                f"Recipe key `data.label_key` must name a class label of {self.tfds_name} "
+                f"(features: {sorted(features)}). Received: data.label_key={key!r}"
+            )
+        self.num_classes = features[key].num_classes
+        self.splits = self._tfds_splits()
+        self.batches_per_epoch = batch_count(self.tfds_examples(self.splits[0]), self.batch_size)
+        self._image_config = config
+
+    def _tfds_dataset(self, split, **kwargs):
+        from keras_attn.data import images
+
+        config = self._image_config
+        dataset, _ = images.load_tfds_image_dataset(
+            self.tfds_name, data_dir=self.data["data_dir"], split=split,
+            image_size=config.image_size, batch_size=self.batch_size,
+            image_key=self.data["image_key"], label_key=self.data["label_key"],
+            download=False, seed=self.seed, num_channels=config.num_channels, **kwargs,
+        )
+        return dataset
+
+    def train_dataset_fn(self, epoch):
+        from keras_attn.data import images
+
+        self.prepare()
+        if self.embedded:
+            x, y = self.train_arrays
+            return images.make_image_pipeline(
+                x, y, self.batch_size, training=True, augmentation=self.augmentation,
+                seed=self.seed, epoch=epoch,
+            )
+        return self._tfds_dataset(self.splits[0], training=True,
+                                  augmentation=self.augmentation, epoch=epoch)
+
+    def _held_out(self, which):
+        from keras_attn.data import images
+
+        if self.embedded:
+            arrays = self.validation_arrays if which == "validation" else self.test_arrays
+            return None if arrays is None else images.make_image_pipeline(*arrays, self.batch_size)
+        split = self.splits[1] if which == "validation" else self.splits[2]
+        return None if split is None else self._tfds_dataset(split)
+
+    def validation_data(self):
+        self.prepare()
+        return self._held_out("validation")
+
+    def make_model(self, preset, overrides):
+        from keras_attn.models.vit import build_vit
+
+        return build_vit(preset, num_classes=self.num_classes, **overrides)
+
+    def compile_arguments(self, model):
+        import keras
+
+        return {
+            "loss": keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+            "metrics": ["accuracy"],
+        }
+
+    def evaluate(self, model):
+        self.prepare()
+        metrics = model.evaluate(self._held_out("test"), verbose=0, return_dict=True)
+        return {name: float(value) for name, value in metrics.items()}
+
+    def export(self, model, path):
+        from keras_attn.export import export_image_classifier
+
+        return export_image_classifier(model, path)
+
+    def example_inputs(self):
+        self.prepare()
+        images, _ = next(iter(self._held_out("test")))
+        return {"images": np.asarray(images)[:8].astype("uint8")}
+
+    def reference_outputs(self, model, inputs):
+        import keras
+
+        logits = model.predict(inputs["images"].astype("float32"), verbose=0)
+        return {"probabilities": np.asarray(keras.ops.softmax(logits.astype("float32"), -1))}
+
+    def served_outputs(self, loaded, inputs):
+        return {"probabilities": np.asarray(loaded.serve(inputs["images"]))}

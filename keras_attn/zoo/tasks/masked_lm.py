@@ -1,0 +1,146 @@
+"""masked_lm: BERT pretraining (masked LM + next sentence prediction).
+
+Data: documents (the pydoc corpus embedded in CPython, or a tfds text set);
+the first `test_documents` are the test set, the next `validation_documents`
+the validation set, the rest train. A WordPiece vocabulary is learned on the
+training sentences (the model's vocabulary is its size), next-sentence pairs
+are drawn once with the seed. Training batches of epoch e: a permutation
+keyed by (seed, e) and masks drawn by stateless ops keyed by seed, e and the
+batch index (15% of tokens, 80/10/10). Held-out masks are fixed (epoch 0).
+Metrics: held-out masked-LM loss, accuracy and perplexity, NSP accuracy.
+Export: the pretrainer, `serve(token_ids, segment_ids, padding_mask,
+mask_positions) -> {"mlm": (B, P, V) logits, "nsp": (B, 2) logits}`; the
+run directory gets `vocab.txt`.
+"""
+
+import numpy as np
+
+from keras_attn.zoo.tasks.base import Task
+from keras_attn.zoo.tasks.base import batch_count
+
+INPUTS = ("token_ids", "segment_ids", "padding_mask", "mask_positions")
+
+
+class MaskedLM(Task):
+    def load_data(self):
+        from keras_attn.data import text
+        from keras_attn.models.bert.bert_config import get_bert_config
+        from keras_attn.models.bert.bert_config import replace_bert_config
+
+        data = self.data
+        if self.embedded:
+            documents = text.load_pydoc_corpus()[: data["max_documents"]]
+        else:
+            documents = text.load_tfds_documents(
+                self.tfds_name, data_dir=data["data_dir"], split=data["split"],
+                text_key=data["text_key"], max_documents=data["max_documents"],
+                download=data["download"],
+            )
+        tests, validations = data["test_documents"], data["validation_documents"]
+        if len(documents) < tests + validations + 2:
+            raise ValueError(
+                "Recipe keys `data.test_documents` + `data.validation_documents` leave "
+                f"fewer than 2 of the {len(documents)} documents to train on. Received: "
+                f"data.test_documents={tests}, data.validation_documents={validations}"
+            )
+        test_documents = documents[:tests]
+        validation_documents = documents[tests : tests + validations]
+        train_documents = documents[tests + validations :]
+        sentences = [s for document in train_documents for s in document]
+        self.vocabulary = text.train_wordpiece_vocabulary(sentences, data["vocabulary_size"])
+        self.tokenizer = text.make_tokenizer(self.vocabulary)
+        self.train_pairs = text.make_sentence_pairs(train_documents, seed=self.seed)
+        self.test_pairs = text.make_sentence_pairs(test_documents, seed=self.seed + 1)
+        self.validation_pairs = (
+            text.make_sentence_pairs(validation_documents, seed=self.seed + 2)
+            if validations else None
+        )
+        for key, pairs in (("data.test_documents", self.test_pairs),
+                           ("data.validation_documents", self.validation_pairs),
+                           ("data.max_documents", self.train_pairs)):
+            if pairs is not None and not len(pairs[2]):
+                raise ValueError(
+                    f"Recipe key `{key}` gives documents without a sentence pair (each "
+                    f"has one sentence). Received: {key}={data[key.split('.')[1]]!r}"
+                )
+        self.max_predictions = data["max_predictions"] or (
+            round(data["sequence_length"] * data["mask_rate"]) + 4
+        )
+        self.batches_per_epoch = batch_count(len(self.train_pairs[2]), self.batch_size)
+        overrides = dict(self.recipe["model"]["overrides"], vocabulary_size=len(self.vocabulary))
+        config = replace_bert_config(get_bert_config(self.recipe["model"]["preset"]), **overrides)
+        if config.max_sequence_length < data["sequence_length"]:
+            raise ValueError(
+                "Recipe key `data.sequence_length` must be at most the model's "
+                f"max_sequence_length={config.max_sequence_length}. "
+                f"Received: data.sequence_length={data['sequence_length']}"
+            )
+        self.model_config = config
+
+    def _dataset(self, pairs, epoch, shuffle):
+        from keras_attn.data import text
+
+        return text.pretraining_dataset(
+            *pairs, self.tokenizer, sequence_length=self.data["sequence_length"],
+            batch_size=self.batch_size, mask_rate=self.data["mask_rate"],
+            max_predictions=self.max_predictions, shuffle=shuffle, seed=self.seed, epoch=epoch,
+        )
+
+    def train_dataset_fn(self, epoch):
+        self.prepare()
+        return self._dataset(self.train_pairs, epoch, shuffle=True)
+
+    def validation_data(self):
+        self.prepare()
+        if self.validation_pairs is None:
+            return None
+        return self._dataset(self.validation_pairs, 0, shuffle=False)
+
+    def make_model(self, preset, overrides):
+        from keras_attn.models.bert import BertPretrainer
+        from keras_attn.models.bert import build_bert
+
+        backbone = build_bert(preset, vocabulary_size=len(self.vocabulary), **overrides)
+        return BertPretrainer(backbone)
+
+    def compile_arguments(self, model):
+        return {}  # BertPretrainer.compile fills in its losses and metrics
+
+    def evaluate(self, model):
+        self.prepare()
+        test = self._dataset(self.test_pairs, 0, shuffle=False)
+        metrics = model.evaluate(test, verbose=0, return_dict=True)
+        return {name: float(value) for name, value in metrics.items()}
+
+    def export(self, model, path):
+        import tensorflow as tf
+
+        from keras_attn.export import export_saved_model
+
+        def serve(token_ids, segment_ids, padding_mask, mask_positions):
+            outputs = model(
+                {"token_ids": token_ids, "segment_ids": segment_ids,
+                 "padding_mask": padding_mask, "mask_positions": mask_positions},
+                training=False,
+            )
+            return {name: tf.cast(value, "float32") for name, value in outputs.items()}
+
+        signature = [tf.TensorSpec((None, None), tf.int32, name=name) for name in INPUTS]
+        return export_saved_model(model, path, input_signature=signature, serving_fn=serve)
+
+    def assets(self):
+        self.prepare()
+        return {"vocab.txt": "\n".join(self.vocabulary) + "\n"}
+
+    def example_inputs(self):
+        self.prepare()
+        x, _, _ = next(iter(self._dataset(self.test_pairs, 0, shuffle=False)))
+        return {name: np.asarray(x[name])[:4] for name in INPUTS}
+
+    def reference_outputs(self, model, inputs):
+        outputs = model.predict(dict(inputs), verbose=0)
+        return {name: np.asarray(value, "float32") for name, value in outputs.items()}
+
+    def served_outputs(self, loaded, inputs):
+        outputs = loaded.serve(*[inputs[name] for name in INPUTS])
+        return {name: np.asarray(value) for name, value in outputs.items()}

@@ -1,0 +1,232 @@
+"""translation: the Transformer on the embedded numbers task or a tfds
+translation set.
+
+Data: embedded: `num_train + num_validation + num_test` distinct random
+numbers below `max_number` (split with the seed; the test numbers are the
+first held-out ones, as in examples/translate.py), English words ->
+Japanese numerals; tfds: the named splits. One WordPiece vocabulary shared
+by both sides, learned on the training pairs. Training batches of epoch e:
+a permutation keyed by (seed, e) (a seeded buffer for tfds), length-bucketed.
+Metrics: BLEU (sacrebleu) and exact match of the test translations, decoded
+with beam search (`evaluation.beam_width`) or greedily (null). Export: the
+model with its search, `serve(source_ids) -> {"tokens", "scores"}`
+(`keras_attn.export.export_translator`); the run directory gets `vocab.txt`.
+"""
+
+import numpy as np
+
+from keras_attn.zoo.tasks.base import Task
+
+
+class Translation(Task):
+    def load_data(self):
+        from keras_attn.data import translation
+        from keras_attn.data._epochs import bucket_batch_count
+        from keras_attn.models.transformer.transformer_config import get_transformer_config
+
+        if self.embedded:
+            self._load_numbers()
+        else:
+            self._load_tfds()
+        self.tokenizer = translation.make_tokenizer(self.vocabulary)
+        if self.embedded:
+            lengths = [
+                max(a, b) + 1  # + [END] / [START]
+                for a, b in zip(self._token_lengths(self.train_sources),
+                                self._token_lengths(self.train_targets))
+            ]
+            self.batches_per_epoch = bucket_batch_count(
+                lengths, self.data["bucket_boundaries"], self.batch_size
+            )
+        overrides = dict(self.recipe["model"]["overrides"], vocabulary_size=len(self.vocabulary),
+                         pad_id=translation.PAD_ID)
+        self.model_config = get_transformer_config(self.recipe["model"]["preset"], **overrides)
+
+    def _token_lengths(self, texts):
+        import tensorflow as tf
+
+        return [len(ids) for ids in self.tokenizer(tf.constant(list(texts)))]
+
+    def _load_numbers(self):
+        from keras_attn.data import translation
+
+        data = self.data
+        train, held_out = translation.split_numbers(
+            data["num_train"], data["num_test"] + data["num_validation"],
+            data["max_number"], seed=self.seed,
+        )
+        train_pairs = translation.number_pairs(train)
+        self.test_pairs = translation.number_pairs(held_out[: data["num_test"]])
+        self.validation_pairs = translation.number_pairs(held_out[data["num_test"] :])
+        self.train_sources, self.train_targets = (list(side) for side in zip(*train_pairs))
+        self.vocabulary = translation.train_vocabulary(
+            self.train_sources + self.train_targets, data["vocabulary_size"]
+        )
+
+    def _tfds_pairs(self, split, limit=None):
+        """`[(source, target)]` strings of a tfds split (the first `limit`)."""
+        import tensorflow_datasets as tfds
+
+        raw = tfds.load(self.tfds_name, split=split, data_dir=self.data["data_dir"],
+                        download=False)
+        if limit is not None:
+            raw = raw.take(limit)
+        source, target = self._languages
+        return [(a.decode("utf-8"), b.decode("utf-8"))
+                for a, b in raw.map(lambda x: (x[source], x[target])).as_numpy_iterator()]
+
+    def _load_tfds(self):
+        from keras_attn.data import translation
+
+        data = self.data
+        languages = sorted(self.tfds_builder().info.features)
+        source = data["source_language"]
+        target = data["target_language"] or next((k for k in languages if k != source), None)
+        for key, value in (("source_language", source), ("target_language", target)):
+            if value not in languages or source == target:
+                raise ValueError(
+                    f"Recipe key `data.{key}` must be one of the dataset's languages "
+                    f"{languages}, the two different. Received: data.{key}={value!r}"
+                )
+        self._languages = (source, target)
+        pairs = self._tfds_pairs(data["train_split"], data["vocabulary_examples"])
+        self.vocabulary = translation.train_vocabulary(
+            [a for a, _ in pairs] + [b for _, b in pairs], data["vocabulary_size"]
+        )
+        examples = self.tfds_examples(data["train_split"])
+        # Buckets make at least examples / batch_size batches (partial ones too).
+        self.batches_per_epoch = max(1, examples // self.batch_size)
+        limit = self.evaluation["max_examples"]
+        self.test_pairs = self._tfds_pairs(data["test_split"], limit)
+        self.validation_pairs = None
+
+    def train_dataset_fn(self, epoch):
+        from keras_attn.data import translation
+
+        self.prepare()
+        if self.embedded:
+            return translation.make_translation_dataset(
+                self.train_sources, self.train_targets, self.tokenizer, self.batch_size,
+                shuffle=True, seed=self.seed, bucket_boundaries=self.data["bucket_boundaries"],
+                epoch=epoch,
+            )
+        dataset, _ = translation.load_tfds_translation(
+            self.tfds_name, data_dir=self.data["data_dir"], split=self.data["train_split"],
+            source_language=self._languages[0], target_language=self._languages[1],
+            tokenizer=self.tokenizer, batch_size=self.batch_size, shuffle=True,
+            seed=self.seed, epoch=epoch,
+        )
+        return dataset
+
+    def validation_data(self):
+        from keras_attn.data import translation
+
+        self.prepare()
+        if not self.embedded:
+            split = self.data["validation_split"]
+            if split is None:
+                return None
+            dataset, _ = translation.load_tfds_translation(
+                self.tfds_name, data_dir=self.data["data_dir"], split=split,
+                source_language=self._languages[0], target_language=self._languages[1],
+                tokenizer=self.tokenizer, batch_size=self.batch_size,
+            )
+            return dataset
+        if not self.validation_pairs:
+            return None
+        sources, targets = zip(*self.validation_pairs)
+        return translation.make_translation_dataset(
+            sources, targets, self.tokenizer, self.batch_size,
+            bucket_boundaries=self.data["bucket_boundaries"],
+        )
+
+    def make_model(self, preset, overrides):
+        from keras_attn.data import translation
+        from keras_attn.models.transformer import build_transformer
+
+        return build_transformer(preset, vocabulary_size=len(self.vocabulary),
+                                 pad_id=translation.PAD_ID, **overrides)
+
+    def compile_arguments(self, model):
+        from keras_attn.training import LabelSmoothedCrossEntropy
+        from keras_attn.training import MaskedTokenAccuracy
+
+        config = model.transformer_config
+        return {
+            "loss": LabelSmoothedCrossEntropy(config.label_smoothing, pad_id=config.pad_id),
+            "metrics": [MaskedTokenAccuracy(pad_id=config.pad_id)],
+        }
+
+    def _translator(self, model, max_length=None):
+        from keras_attn.data import translation
+        from keras_attn.models.transformer.decoding import TransformerTranslator
+
+        return TransformerTranslator(
+            model, translation.START_ID, translation.END_ID,
+            beam_width=self.evaluation["beam_width"], alpha=self.evaluation["alpha"],
+            max_length=max_length,
+        )
+
+    def _join_characters(self):
+        join = self.evaluation["join_characters"]
+        return self.embedded if join is None else join
+
+    def evaluate(self, model):
+        from keras_attn.data import translation
+
+        self.prepare()
+        pairs = self.test_pairs[: self.evaluation["max_examples"]]
+        sources = translation.encode_sources(self.tokenizer, [s for s, _ in pairs])
+        tokens, _ = self._translator(model).predict(sources, batch_size=self.batch_size,
+                                                     verbose=0)
+        hypotheses = translation.detokenize(self.tokenizer, tokens,
+                                            join_characters=self._join_characters())
+        return translation.evaluate_translations(
+            hypotheses, [t for _, t in pairs], tokenize=self.evaluation["tokenize"]
+        )
+
+    def export(self, model, path):
+        from keras_attn.data import translation
+        from keras_attn.export import export_translator
+
+        return export_translator(
+            model, path, translation.START_ID, translation.END_ID,
+            beam_width=self.evaluation["beam_width"], alpha=self.evaluation["alpha"],
+        )
+
+    def assets(self):
+        self.prepare()
+        return {"vocab.txt": "\n".join(self.vocabulary) + "\n"}
+
+    def example_inputs(self):
+        from keras_attn.data import translation
+
+        self.prepare()
+        sentences = [s for s, _ in self.test_pairs[:4]]
+        return {"source_ids": translation.encode_sources(self.tokenizer, sentences)}
+
+    def _outputs(self, tokens, scores):
+        """Tokens up to and including [END], to the longest such row (the
+        eager and the served search pad to different lengths after it), and
+        the scores."""
+        from keras_attn.data import translation
+
+        tokens = np.asarray(tokens)
+        stops = []
+        for ids in tokens:
+            ends = np.flatnonzero(ids == translation.END_ID)
+            stops.append(ends[0] + 1 if len(ends) else len(ids))
+        cut = np.zeros((len(tokens), max(stops)), tokens.dtype)
+        for row, (ids, stop) in enumerate(zip(tokens, stops)):
+            cut[row, :stop] = ids[:stop]
+        return {"tokens": cut, "scores": np.asarray(scores, "float32")}
+
+    def reference_outputs(self, model, inputs):
+        # The SavedModel searches up to max_sequence_length tokens.
+        length = model.transformer_config.max_sequence_length
+        tokens, scores = self._translator(model, length)(inputs["source_ids"])
+        return self._outputs(tokens, scores)
+
+    def served_outputs(self, loaded, inputs):
+        outputs = loaded.serve(inputs["source_ids"])
+        return self._outputs(outputs["tokens"], outputs["scores"])

@@ -1,0 +1,189 @@
+import configparser
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from _tiny import ROOT
+from _tiny import SMALL
+from _tiny import tiny_overrides
+from keras_attn import cli
+
+pytestmark = pytest.mark.tf_only
+RESULT_KEYS = {"name", "metric", "value", "metrics", "train_seconds", "epochs", "steps",
+               "parameters", "backend", "hardware", "date", "keras_attn_version"}
+
+
+def _cli(*args, cwd, timeout=600):
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3",
+               PYTHONPATH=os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]))
+    return subprocess.run([sys.executable, "-m", "keras_attn.cli", *map(str, args)],
+                          capture_output=True, text=True, timeout=timeout, cwd=cwd, env=env)
+
+
+def _train_args(name, run, extra=()):
+    sets = [item for value in tiny_overrides(name) + list(extra) for item in ("--set", value)]
+    return ["train", name, "--output", run, "--verbose", "0", *sets]
+
+
+def _compare_exported(run):
+    """The SavedModel's `serve` against model.keras on a few test inputs."""
+    import tensorflow as tf
+
+    from keras_attn.zoo.recipe import validate_recipe
+    from keras_attn.zoo.tasks import make_task
+
+    with open(os.path.join(run, "recipe.json")) as handle:
+        task = make_task(validate_recipe(json.load(handle)))
+    model = task.load_model(os.path.join(run, "model.keras"))
+    loaded = tf.saved_model.load(os.path.join(run, "saved_model"))
+    inputs = task.example_inputs()
+    expected, served = task.reference_outputs(model, inputs), task.served_outputs(loaded, inputs)
+    assert sorted(expected) == sorted(served)
+    for key in expected:
+        assert expected[key].shape == served[key].shape, key
+        if np.issubdtype(expected[key].dtype, np.integer):
+            np.testing.assert_array_equal(served[key], expected[key], err_msg=key)
+        else:
+            np.testing.assert_allclose(served[key], expected[key], atol=1e-5, rtol=0, err_msg=key)
+
+
+@pytest.mark.parametrize("name", sorted(SMALL))
+def test_train_evaluate_export_end_to_end(name, tmp_path, capsys):
+    run = tmp_path / "run"
+    result = _cli(*_train_args(name, run), cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-4000:]
+    for path in ("recipe.json", "model.keras", "saved_model/saved_model.pb",
+                 "learning_curves.png", "results.json", "checkpoints/history.json"):
+        assert (run / path).is_file(), path
+    assert list((run / "checkpoints").glob("ckpt-*.npz"))
+    assert list((run / "tensorboard").rglob("events.out.tfevents.*"))
+    assert (run / "vocab.txt").is_file() == (name in ("bert_tiny_pydoc", "transformer_numbers"))
+    results = json.loads((run / "results.json").read_text())
+    recipe = json.loads((run / "recipe.json").read_text())
+    assert set(results) == RESULT_KEYS
+    metric = recipe["evaluation"]["metric"]
+    assert results["metric"] == metric and results["value"] == results["metrics"][metric]
+    assert results["steps"] == 3 and results["parameters"] > 0 and results["name"] == name
+    for line in (f"model:           {run / 'model.keras'}", f"SavedModel:      {run / 'saved_model'}",
+                 f"learning curves: {run / 'learning_curves.png'}"):
+        assert line in result.stdout, result.stdout[-2000:]
+
+    # The other commands run in this process (one TensorFlow start-up less each).
+    capsys.readouterr()
+    assert cli.main(["evaluate", str(run), "--json"]) == 0
+    printed = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert printed["metric"] == metric
+    np.testing.assert_allclose(printed["value"], results["value"], rtol=1e-6, atol=1e-6)
+
+    _compare_exported(str(run))
+
+    # Again after completion: nothing is trained, the results are reported.
+    assert cli.main(_train_args(name, str(run))) == 0
+    assert "already complete" in capsys.readouterr().out
+    # The same directory with another recipe: refused, naming the key.
+    other = _train_args(name, str(run), ["training.optimizer.learning_rate=0.5"])
+    assert cli.main(other) == 2
+    assert "`training.optimizer.learning_rate`" in capsys.readouterr().err
+
+
+def test_unfinished_runs_evaluate_from_checkpoints_and_finish_without_training_again(
+    tmp_path, capsys
+):
+    run = tmp_path / "run"
+    assert _cli(*_train_args("vit_tiny_digits", run), cwd=tmp_path).returncode == 0
+    seconds = (run / "epoch_seconds.json").read_text()
+    # As if killed after the last checkpoint, before the model was saved.
+    for name in ("results.json", "model.keras"):
+        (run / name).unlink()
+    shutil.rmtree(run / "saved_model")
+    assert cli.main(["evaluate", str(run)]) == 0
+    out = capsys.readouterr().out
+    assert "checkpoint at step 3" in out and "accuracy = " in out
+    result = _cli(*_train_args("vit_tiny_digits", run), cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-4000:]
+    assert "epoch 1/1" not in result.stdout  # the checkpoint says the epoch is done
+    assert (run / "epoch_seconds.json").read_text() == seconds
+    assert all((run / name).exists() for name in ("results.json", "model.keras", "saved_model"))
+    exported = _cli("export", run, "--output", tmp_path / "exported", cwd=tmp_path)
+    assert exported.returncode == 0, exported.stderr[-4000:]
+    assert (tmp_path / "exported" / "saved_model.pb").is_file()
+
+
+def test_training_on_jax_exports_on_tensorflow(tmp_path, monkeypatch):
+    # The GPU path of the project: train on JAX, the SavedModel written by a
+    # TensorFlow subprocess from model.keras.
+    monkeypatch.setenv("KERAS_BACKEND", "jax")
+    run = tmp_path / "run"
+    result = _cli(*_train_args("vit_tiny_digits", run), cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-4000:]
+    assert json.loads((run / "results.json").read_text())["backend"] == "jax"
+    _compare_exported(str(run))
+
+
+def test_errors_exit_with_status_2_and_no_traceback(tmp_path):
+    result = _cli("train", "vit_tiny_digits", "--set", "training.epochs=0", cwd=tmp_path)
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert "`training.epochs`" in result.stderr and "Received: training.epochs=0" in result.stderr
+    assert not (tmp_path / "runs").exists()  # validation comes before anything is written
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["train", "no_such_recipe"], "Received: RECIPE='no_such_recipe'"),
+        (["train", "vit_tiny_digits", "--set", "training.epochs"], "Received: --set"),
+        (["train", "vit_tiny_digits", "--set", "model.preset=vit_x"], "`model.preset`"),
+        (["evaluate", "/no/such/run"], "Received: RUN_DIR='/no/such/run'"),
+        (["export", "/no/such/run"], "Received: RUN_DIR='/no/such/run'"),
+    ],
+)
+def test_error_messages(argv, message, capsys):
+    assert cli.main(argv) == 2
+    assert message in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("command", [[], ["train"], ["evaluate"], ["export"], ["list"]])
+def test_help(command, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        cli.main(command + ["--help"])
+    assert exit_.value.code == 0
+    assert "usage: keras-attn" in capsys.readouterr().out
+
+
+def test_list_shows_every_recipe_and_the_parameter_counts(tmp_path, monkeypatch, capsys):
+    assert cli.main(["list"]) == 0
+    out = capsys.readouterr().out
+    assert all(name in out for name in SMALL)
+    assert cli.main(["list", "--family", "bert"]) == 0
+    out = capsys.readouterr().out
+    assert "bert_tiny_pydoc" in out and "vit_tiny_digits" not in out
+    # models/parameters.json (written by the lead's table script) fills the column.
+    models = tmp_path / "models"
+    (models / "vit").mkdir(parents=True)
+    (models / "results").mkdir()
+    shutil.copy(os.path.join(ROOT, SMALL["vit_tiny_digits"]), models / "vit")
+    shutil.copy(os.path.join(ROOT, SMALL["vit_tiny_digits"]), models / "results")
+    (models / "parameters.json").write_text(json.dumps({"vit_tiny_digits": 136906}))
+    monkeypatch.setattr(cli, "models_directory", lambda: str(models))
+    assert cli.main(["list"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 2 and "136,906" in lines[1]  # results/ is not a recipe
+
+
+def test_recipe_names_resolve_to_zoo_files(tmp_path):
+    assert cli.locate_recipe("vit_tiny_digits") == os.path.join(ROOT, SMALL["vit_tiny_digits"])
+    path = tmp_path / "mine.json"
+    path.write_text("{}")
+    assert cli.locate_recipe(str(path)) == str(path)
+
+
+def test_console_script_is_declared():
+    config = configparser.ConfigParser()
+    config.read(os.path.join(ROOT, "setup.cfg"))
+    scripts = config["options.entry_points"]["console_scripts"]
+    assert "keras-attn = keras_attn.cli:main" in scripts

@@ -1,0 +1,251 @@
+import copy
+import glob
+import json
+import os
+
+import pytest
+
+from keras_attn.zoo import recipe as recipes
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+RECIPES = sorted(
+    path for path in glob.glob(os.path.join(ROOT, "models", "*", "*.json"))
+    if os.path.basename(os.path.dirname(path)) != "results"
+)
+
+
+def _vit():
+    return recipes.read_recipe_file(os.path.join(ROOT, "models/vit/vit_tiny_digits.json"))
+
+
+def test_every_recipe_in_the_zoo_validates():
+    # One test for the whole zoo (each test pays for the Keras session reset
+    # of conftest.py); the failures are listed together.
+    failures = {}
+    for path in RECIPES:
+        try:
+            resolved = recipes.load_recipe(path)
+        except ValueError as error:
+            failures[path] = str(error)
+            continue
+        if os.path.basename(os.path.dirname(path)) != resolved["family"]:
+            failures[path] = f"in the folder of another family than {resolved['family']}"
+        # Resolved recipes are JSON, and resolving again changes nothing.
+        elif recipes.validate_recipe(json.loads(json.dumps(resolved))) != resolved:
+            failures[path] = "resolving the resolved recipe changes it"
+    assert len(RECIPES) >= 4 and not failures, failures
+
+
+def test_recipe_names_are_unique_and_the_small_ones_exist():
+    names = [os.path.splitext(os.path.basename(p))[0] for p in RECIPES]
+    assert len(names) == len(set(names))
+    for name in ("vit_tiny_digits", "bert_tiny_pydoc", "transformer_numbers",
+                 "conformer_tiny_digits"):
+        assert name in names
+
+
+def test_defaults_are_filled_in():
+    minimal = {
+        "name": "x", "family": "vit", "task": "image_classification",
+        "model": {"preset": "vit_tiny_16"}, "data": {"dataset": "embedded"},
+        "training": {"batch_size": 8, "epochs": 1, "optimizer": {"name": "adam"}},
+    }
+    resolved = recipes.validate_recipe(minimal)
+    assert resolved["training"]["schedule"] == {"name": "constant"}
+    assert resolved["training"]["optimizer"]["learning_rate"] == 0.001
+    assert resolved["training"]["precision"] == "float32"
+    assert resolved["evaluation"] == {"metric": "accuracy"}
+    assert resolved["data"]["augmentation"] == {"zoom": 0.0, "translation": 0.0, "flip": False}
+    assert "train_split" not in resolved["data"]  # a tfds-only key
+    assert resolved["expected"] is None and resolved["model"]["overrides"] == {}
+
+
+BAD = [
+    # (overrides, dotted key in the message, received value in the message)
+    ([("colour", "red")], "`colour`", "'red'"),
+    ([("training.optimiser", {})], "`training.optimiser`", "{}"),
+    ([("training.batch_size", "64")], "`training.batch_size`", "'64'"),
+    ([("training.batch_size", True)], "`training.batch_size`", "True"),
+    ([("training.epochs", 0)], "`training.epochs`", "0"),
+    ([("training.optimizer.learning_rate", -1)], "`training.optimizer.learning_rate`", "-1"),
+    ([("model.preset", "vit_gigantic_16")], "`model.preset`", "'vit_gigantic_16'"),
+    ([("model.overrides.hiden_dim", 64)], "`model.overrides.hiden_dim`", "64"),
+    ([("model.overrides.hidden_dim", "wide")], "`model.overrides.hidden_dim`", "'wide'"),
+    ([("model.overrides.num_classes", 5)], "`model.overrides.num_classes`", "5"),
+    ([("family", "gpt")], "`family`", "'gpt'"),
+    ([("task", "masked_lm")], "`task`", "'masked_lm'"),
+    ([("training.optimizer.name", "sgd")], "`training.optimizer.name`", "'sgd'"),
+    ([("training.schedule", {"name": "step"})], "`training.schedule.name`", "'step'"),
+    ([("training.schedule", {"name": "linear", "alpha": 0.1})],
+     "`training.schedule.alpha`", "0.1"),
+    ([("training.schedule.warmup_steps", 2.5)], "`training.schedule.warmup_steps`", "2.5"),
+    ([("training.precision", "float16")], "`training.precision`", "'float16'"),
+    ([("training.jit_compile", "yes")], "`training.jit_compile`", "'yes'"),
+    ([("data.dataset", "imagenet")], "`data.dataset`", "'imagenet'"),
+    ([("data.dataset", "tfds:no_such_dataset")], "`data.dataset`", "'tfds:no_such_dataset'"),
+    ([("data.dataset", "tfds:wmt14_translate/xx-yy")], "`data.dataset`",
+     "'tfds:wmt14_translate/xx-yy'"),
+    ([("data.dataset", "tfds:cifar10")], "`data.test_fraction`", "0.2"),  # embedded only
+    ([("data.train_split", "train")], "`data.train_split`", "'train'"),  # tfds only
+    ([("data.augmentation.zoom", 1.5)], "`data.augmentation.zoom`", "1.5"),
+    ([("evaluation.metric", "bleu")], "`evaluation.metric`", "'bleu'"),
+    ([("evaluation.beam_width", 4)], "`evaluation.beam_width`", "4"),
+    ([("expected", {"metric": "loss", "value": 0.9, "hardware": "cpu",
+                    "train_seconds": 1, "date": "today"})], "`expected.metric`", "'loss'"),
+    ([("name", "other_name")], "`name`", "'other_name'"),
+]
+
+
+@pytest.mark.parametrize("overrides, key, value", BAD, ids=[b[1] + b[2] for b in BAD])
+def test_errors_name_the_dotted_key_and_the_value(overrides, key, value):
+    recipe = recipes.apply_overrides(_vit(), overrides)
+    with pytest.raises(ValueError) as error:
+        recipes.validate_recipe(recipe, name="vit_tiny_digits")
+    message = str(error.value)
+    assert key in message and f"Received: {key.strip('`')}" in message, message
+    assert value in message, message
+
+
+def test_missing_keys_are_named():
+    recipe = _vit()
+    del recipe["training"]["batch_size"]
+    with pytest.raises(ValueError, match=r"Missing recipe key `training.batch_size`"):
+        recipes.validate_recipe(recipe)
+    recipe = _vit()
+    del recipe["model"]["preset"]
+    with pytest.raises(ValueError, match=r"Missing recipe key `model.preset`"):
+        recipes.validate_recipe(recipe)
+    recipe = recipes.apply_overrides(_vit(), [("expected", {"metric": "accuracy", "value": 1})])
+    with pytest.raises(ValueError, match=r"Missing recipe key `expected.hardware` .*"
+                                         r"Received: expected=\{'metric': 'accuracy'"):
+        recipes.validate_recipe(recipe)
+    recipe = _vit()
+    del recipe["family"]
+    with pytest.raises(ValueError, match=r"Missing recipe key `family`"):
+        recipes.validate_recipe(recipe)
+
+
+@pytest.mark.parametrize(
+    "path, overrides, key",
+    [
+        ("bert/bert_tiny_pydoc", [("data.validation_documents", 1)], "data.validation_documents"),
+        ("bert/bert_tiny_pydoc", [("model.overrides.vocabulary_size", 10)],
+         "model.overrides.vocabulary_size"),
+        ("transformer/transformer_numbers", [("data.num_train", 99_990)], "data.num_train"),
+        ("transformer/transformer_numbers", [("data.bucket_boundaries", [16, 8])],
+         "data.bucket_boundaries"),
+        ("transformer/transformer_numbers", [("model.overrides.pad_id", 5)],
+         "model.overrides.pad_id"),
+        ("conformer/conformer_tiny_digits", [("data.utterances", 300)], "data.utterances"),
+        ("conformer/conformer_tiny_digits", [("evaluation.strategy", "sampling")],
+         "evaluation.strategy"),
+        ("conformer/conformer_tiny_digits", [("model.overrides.kernel_size", 3.5)],
+         "model.overrides.kernel_size"),
+    ],
+)
+def test_task_specific_errors(path, overrides, key):
+    recipe = recipes.read_recipe_file(os.path.join(ROOT, "models", path + ".json"))
+    with pytest.raises(ValueError, match=rf"`{key}`.*Received: {key}="):
+        recipes.validate_recipe(recipes.apply_overrides(recipe, overrides))
+
+
+def test_tfds_datasets_validate_with_their_own_keys():
+    recipe = _vit()
+    del recipe["data"]["test_fraction"]
+    recipe = recipes.apply_overrides(recipe, ["data.dataset=tfds:cifar10",
+                                              "data.train_split=train[:50%]"])
+    data = recipes.validate_recipe(recipe)["data"]
+    assert data["dataset"] == "tfds:cifar10" and data["train_split"] == "train[:50%]"
+    assert data["test_split"] == "test" and data["download"] is False
+    assert recipes.check_tfds_name("tfds:wmt14_translate/de-en") == "wmt14_translate/de-en"
+
+
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        ("training.epochs=3", ("training.epochs", 3)),
+        ("training.optimizer.learning_rate=1e-3", ("training.optimizer.learning_rate", 0.001)),
+        ("training.optimizer.name=adamw", ("training.optimizer.name", "adamw")),
+        ("data.dataset=tfds:cifar10", ("data.dataset", "tfds:cifar10")),
+        ("training.jit_compile=false", ("training.jit_compile", False)),
+        ("training.steps_per_epoch=null", ("training.steps_per_epoch", None)),
+        ("data.bucket_boundaries=[8, 16]", ("data.bucket_boundaries", [8, 16])),
+        ('training.schedule={"name": "linear"}', ("training.schedule", {"name": "linear"})),
+        ('description="3"', ("description", "3")),  # a JSON string stays a string
+        ("description=a=b", ("description", "a=b")),  # split at the first "="
+        ("description=", ("description", "")),
+    ],
+)
+def test_set_parsing(text, expected):
+    assert recipes.parse_override(text) == expected
+
+
+@pytest.mark.parametrize("text", ["training.epochs", "=3", "training..epochs=3", ".a=1"])
+def test_set_parsing_errors(text):
+    with pytest.raises(ValueError, match=r"Received: --set"):
+        recipes.parse_override(text)
+
+
+def test_overrides_create_missing_objects_and_refuse_to_descend_into_values():
+    recipe = recipes.apply_overrides({"a": 1}, ["b.c.d=2"])
+    assert recipe == {"a": 1, "b": {"c": {"d": 2}}}
+    with pytest.raises(ValueError, match=r"`a` is not an object.*Received: a=1"):
+        recipes.apply_overrides({"a": 1}, ["a.b=2"])
+    original = _vit()
+    recipes.apply_overrides(original, ["training.epochs=1"])
+    assert original == _vit()  # a copy is changed, not the argument
+
+
+def test_load_recipe_applies_set_and_checks_the_file_name(tmp_path):
+    resolved = recipes.load_recipe(os.path.join(ROOT, "models/vit/vit_tiny_digits.json"),
+                                   ["training.epochs=2"])
+    assert resolved["training"]["epochs"] == 2
+    path = tmp_path / "renamed.json"
+    path.write_text(json.dumps(_vit()))
+    with pytest.raises(ValueError, match=r"`name` must equal .*'renamed'"):
+        recipes.load_recipe(path)
+    path.write_text("{not json")
+    with pytest.raises(ValueError, match=r"not valid JSON"):
+        recipes.load_recipe(path)
+
+
+def _schema_keys():
+    """Every key name of the schema, for the docstring check."""
+    keys = set()
+
+    def walk(fields):
+        for name, field in fields.items():
+            keys.add(name)
+            if field.fields:
+                walk(field.fields)
+
+    walk(recipes.TOP_FIELDS)
+    for schedule in recipes.SCHEDULE_FIELDS.values():
+        walk(schedule)
+    for task in recipes.TASK_FIELDS.values():
+        walk(task["data"])
+        walk(task["evaluation"])
+        keys.update(task["metrics"])
+    return keys
+
+
+def test_the_docstring_documents_every_key_and_choice():
+    doc = recipes.__doc__
+    missing = sorted(key for key in _schema_keys() if key not in doc)
+    assert not missing, missing
+    for choice in recipes.SCHEDULES + recipes.OPTIMIZERS + recipes.PRECISIONS:
+        assert choice in doc
+    for task in recipes.TASK_FIELDS:
+        assert f"\n{task} (" in doc  # a section per task
+
+
+def test_fingerprint_and_difference():
+    resolved = recipes.load_recipe(os.path.join(ROOT, "models/vit/vit_tiny_digits.json"))
+    documented = copy.deepcopy(resolved)
+    documented["expected"] = {"metric": "accuracy", "value": 1}
+    documented["description"] = "changed"
+    assert recipes.fingerprint(documented) == recipes.fingerprint(resolved)
+    changed = recipes.apply_overrides(resolved, ["training.optimizer.learning_rate=0.1"])
+    assert recipes.find_difference(resolved, changed) == (
+        "training.optimizer.learning_rate", 0.002, 0.1)
+    assert recipes.find_difference(resolved, copy.deepcopy(resolved)) is None
