@@ -1,7 +1,7 @@
 """CPU benchmarks: keras_attn side by side with keras-hub, same shapes and
 weight counts, in one process. Prints a table of ratios (never run as a test).
 
-Run:  python benchmarks/cpu.py [--quick] [--rows vit,conformer,attention]
+Run:  python benchmarks/cpu.py [--quick] [--rows bert,vit,transformer,decoding]
       (TensorFlow backend by default; KERAS_BACKEND=jax works too)
 
 Each row times a compiled training step (forward + backward + Adam) and a
@@ -9,6 +9,13 @@ compiled inference call, median of `--repeats` timed runs after warm-up, for
 keras_attn and its peer; the ratio is keras_attn / peer (< 1.00 = faster).
 Rows are interleaved (ours, peer, ours, peer, ...) so that a change in the
 machine's load hits both sides alike.
+
+The `decoding` rows are the exception: one keras_attn Transformer (the
+`transformer` row's model) decodes the same sources with its key/value
+cache ("keras_attn" column) and by re-running the decoder on the whole
+prefix ("peer" column), greedy and beam 4, and must give the same tokens;
+tokens/s are printed as it runs. `benchmarks/decoding.py` does the same for
+other sizes.
 """
 
 import argparse
@@ -21,6 +28,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
+from keras import ops  # noqa: E402
 
 
 def _timed(fn, repeats):
@@ -79,7 +87,11 @@ def bert_models(quick):
     from keras_attn.models.bert import build_bert
 
     # bert_small shapes (4 layers, 512 wide, 8 heads), batch 8, length 128.
-    ours = build_bert("bert_small", dropout=0.0)
+    # keras-hub's `dropout` also sets its attention dropout; ours is a
+    # separate field, so both are 0 here (with attention dropout left at 0.1,
+    # the train step also draws and applies a (B, N, T, S) dropout mask per
+    # layer, +5.5% under XLA: the 1.07 measured before this was fixed).
+    ours = build_bert("bert_small", dropout=0.0, attention_dropout=0.0)
     peer = keras_hub.models.BertBackbone(
         vocabulary_size=30522, num_layers=4, num_heads=8, hidden_dim=512,
         intermediate_dim=2048, dropout=0.0,
@@ -130,6 +142,100 @@ def conformer_models(quick):
     return ours, peer, x
 
 
+TRANSFORMER_SHAPE = dict(vocabulary_size=8000, layers=2, batch=8, length=32)
+
+
+def _transformer():
+    from keras_attn.models.transformer import build_transformer
+
+    shape = TRANSFORMER_SHAPE
+    return build_transformer(
+        "transformer_base", vocabulary_size=shape["vocabulary_size"],
+        num_encoder_layers=shape["layers"], num_decoder_layers=shape["layers"],
+        dropout=0.0, max_sequence_length=128,
+    )
+
+
+def transformer_models(quick):
+    import keras_hub
+
+    # transformer_base widths (D 512, d_ff 2048, 8 heads, post-norm, ReLU,
+    # sinusoidal positions, shared vocabulary with the output projection
+    # tied to the embedding), 2 + 2 layers, batch 8, source and target
+    # length 32, vocabulary 8000, dropout 0.
+    v, n, b, t = (TRANSFORMER_SHAPE[k] for k in ("vocabulary_size", "layers", "batch", "length"))
+    width = 512
+    ours = _transformer()
+    # The peer, from keras-hub pieces with the same parameters one for one:
+    # one tied ReversibleEmbedding for both sides and the logits (keras-hub's
+    # TokenAndPositionEmbedding would add learned positions the paper's
+    # model does not have), parameter-free SinePositionEncoding, and
+    # TransformerEncoder / TransformerDecoder (post-norm, ReLU) blocks.
+    embedding = keras_hub.layers.ReversibleEmbedding(v, width, tie_weights=True, name="embedding")
+    positions = keras_hub.layers.SinePositionEncoding()
+
+    def embed(ids):
+        x = embedding(ids) * width**0.5
+        return x + positions(x)
+
+    source = keras.Input((None,), dtype="int32", name="source_ids")
+    target = keras.Input((None,), dtype="int32", name="target_ids")
+    source_mask, target_mask = ops.not_equal(source, 0), ops.not_equal(target, 0)
+    x = embed(source)
+    for _ in range(n):
+        x = keras_hub.layers.TransformerEncoder(
+            intermediate_dim=4 * width, num_heads=8, layer_norm_epsilon=1e-6,
+        )(x, padding_mask=source_mask)
+    y = embed(target)
+    for _ in range(n):
+        y = keras_hub.layers.TransformerDecoder(
+            intermediate_dim=4 * width, num_heads=8, layer_norm_epsilon=1e-6,
+        )(y, x, decoder_padding_mask=target_mask, encoder_padding_mask=source_mask)
+    peer = keras.Model([source, target], embedding(y, reverse=True))
+    rng = np.random.default_rng(0)
+    ids = [rng.integers(1, v, (b, t)).astype("int32") for _ in range(2)]
+    return ours, peer, ids
+
+
+def decoding_rows(repeats, jit_compile):
+    """Transformer decoding, with the key/value cache ("keras_attn") vs
+    re-running the decoder on the whole prefix ("peer"), same model (the
+    Transformer row's), same tokens; greedy and beam 4, 32 steps each."""
+    from keras_attn.models.transformer.decoding import TransformerTranslator
+
+    v, b, t = (TRANSFORMER_SHAPE[k] for k in ("vocabulary_size", "batch", "length"))
+    keras.utils.set_random_seed(0)
+    model = _transformer()
+    source = np.random.default_rng(0).integers(3, v, (b, t)).astype("int32")
+    rows = []
+    for beam in (None, 4):
+        fns, outputs = [], []
+        for use_cache in (True, False):
+            # end_id=-1 is never emitted: every sentence runs all t steps.
+            translator = TransformerTranslator(
+                model, start_id=1, end_id=-1, beam_width=beam, max_length=t, use_cache=use_cache,
+            )
+            translator.compile(jit_compile=jit_compile)
+            outputs.append(translator.predict_on_batch(source)[0])
+            fns.append(lambda tr=translator: tr.predict_on_batch(source))
+        if not np.array_equal(outputs[0], outputs[1]):
+            raise RuntimeError("cached and uncached decoding gave different tokens")
+        fns[1]()  # the uncached beam search takes seconds: one warm-up call each
+        fns[0]()
+        cached, recomputed = [], []
+        for _ in range(repeats):
+            for fn, times in ((fns[0], cached), (fns[1], recomputed)):
+                start = time.perf_counter()
+                fn()
+                times.append(time.perf_counter() - start)
+        a, c = statistics.median(cached), statistics.median(recomputed)
+        what = f"{'greedy' if beam is None else f'beam {beam}'}, {t} tokens"
+        rows.append((DECODING_TITLE, what, jit_compile, a * 1e3, c * 1e3, a / c))
+        print(f"  {what}, XLA {'on' if jit_compile else 'off'}: {b * t / a:.0f} tokens/s "
+              f"with the cache, {b * t / c:.0f} recomputing the prefix", flush=True)
+    return rows
+
+
 def attention_models(quick):
     from keras_attn.layers import MultiHeadAttention
 
@@ -150,7 +256,17 @@ ROWS = {
     "attention": ("MHA, causal, B8 T128 D512 (vs keras.layers.MultiHeadAttention)", attention_models),
     "vit": ("ViT-S/16 shapes, batch 8 (vs keras-hub ViTBackbone)", vit_models),
     "conformer": ("Conformer-S block, B8 T50 (vs keras-hub TransformerEncoder)", conformer_models),
+    "transformer": (
+        "Transformer enc-dec, base widths, 2+2 layers, B8 S=T=32, V 8000 "
+        "(vs keras-hub TransformerEncoder/Decoder)",
+        transformer_models,
+    ),
+    "decoding": None,  # see decoding_rows
 }
+DECODING_TITLE = (
+    "Transformer decoding, same model, B8 (cache vs recomputing the prefix; "
+    "ms per batch)"
+)
 
 
 def main(argv=None):
@@ -166,6 +282,11 @@ def main(argv=None):
           f"python {sys.version.split()[0]}, {os.cpu_count()} CPUs")
     table = []
     for key in args.rows.split(","):
+        if key == "decoding":
+            for jit in xla_modes:
+                print(f"{DECODING_TITLE}, XLA {'on' if jit else 'off'}", flush=True)
+                table += decoding_rows(repeats, jit)
+            continue
         title, make = ROWS[key]
         for jit in xla_modes:
             ours, peer, inputs = make(args.quick)

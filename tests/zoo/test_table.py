@@ -1,0 +1,85 @@
+"""models/README.md is generated from the recipes and the results files, and
+the parameter counts it shows are the models' own."""
+
+import importlib.util
+import json
+import os
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+MODELS = os.path.join(ROOT, "models")
+
+
+def _make_table():
+    spec = importlib.util.spec_from_file_location(
+        "make_table", os.path.join(MODELS, "make_table.py")
+    )
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_readme_table_is_up_to_date():
+    make_table = _make_table()
+    with open(os.path.join(MODELS, "README.md")) as handle:
+        assert handle.read() == make_table.render(), (
+            "models/README.md is stale: run python models/make_table.py"
+        )
+
+
+def test_every_recipe_has_a_row_and_a_parameter_count():
+    make_table = _make_table()
+    text = make_table.render()
+    with open(os.path.join(MODELS, "parameters.json")) as handle:
+        counts = json.load(handle)
+    for recipe in make_table.load_recipes():
+        name = recipe["name"]
+        assert f"[{name}]({recipe['family']}/{name}.json)" in text
+        if recipe["data"]["dataset"] == "embedded":
+            # Counted by its run: the vocabulary is learned from the data.
+            result = os.path.join(MODELS, "results", name + ".json")
+            if os.path.exists(result):
+                with open(result) as handle:
+                    assert json.load(handle)["parameters"] > 0
+        else:
+            assert counts.get(name, 0) > 0, f"{name} has no count: make_table.py --count"
+
+
+def test_render_uses_the_results_files(tmp_path):
+    make_table = _make_table()
+    family = tmp_path / "vit"
+    family.mkdir()
+    recipe = {
+        "name": "vit_example", "family": "vit", "data": {"dataset": "embedded"},
+        "paper": {"parameters": 5_000_000, "result": "top-1 72.2", "source": "X et al., Table 1"},
+    }
+    (family / "vit_example.json").write_text(json.dumps(recipe))
+    (tmp_path / "parameters.json").write_text("{}")
+    text = make_table.render(str(tmp_path))
+    assert "| not run here |" in text and "| 5M |" in text
+    (tmp_path / "results").mkdir()
+    (tmp_path / "results" / "vit_example.json").write_text(json.dumps({
+        "name": "vit_example", "metric": "accuracy", "value": 0.9861,
+        "train_seconds": 86.0, "hardware": "2 CPU cores", "parameters": 204_810,
+    }))
+    row = [line for line in make_table.render(str(tmp_path)).splitlines() if "vit_example" in line]
+    assert row == [
+        "| [vit_example](vit/vit_example.json) | 204,810 | 5M | embedded: scikit-learn digits "
+        "| accuracy 0.9861 | 86 s | 2 CPU cores | top-1 72.2 (X et al., Table 1) "
+        "| `keras-attn train vit_example` |"
+    ]
+
+
+@pytest.mark.parametrize("name", ["vit_tiny_16", "bert_tiny", "conformer_small", "transformer_b_key16"])
+def test_recorded_counts_are_the_models(name):
+    make_table = _make_table()
+    from keras_attn.zoo.recipe import load_recipe
+
+    family = name.split("_")[0]
+    recipe = load_recipe(os.path.join(MODELS, family, name + ".json"))
+    model = make_table._nominal_task(recipe).make_model(
+        recipe["model"]["preset"], dict(recipe["model"]["overrides"])
+    )
+    with open(os.path.join(MODELS, "parameters.json")) as handle:
+        assert json.load(handle)[name] == model.count_params()
