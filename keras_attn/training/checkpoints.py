@@ -418,4 +418,7 @@ def assign_group(checkpoint, group, variables):
 
 def read_group(variables):
     """`[(path, np.ndarray), ...]` of the current values."""
-    return [(v.path, keras.ops.convert_to_numpy(v.value)) for v in variables]
+    # `convert_to_numpy(v)`, not `(v.value)`: under tf.distribute a metric
+    # total is a SyncOnReadVariable whose `.value` NumPy cannot read; read
+    # through the Keras variable it is the sum over the replicas.
+    return [(v.path, keras.ops.convert_to_numpy(v)) for v in variables]

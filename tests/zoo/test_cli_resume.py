@@ -74,3 +74,32 @@ def test_killed_run_resumes_to_the_uninterrupted_weights(tmp_path):
     assert "resuming from ckpt-" in again.stdout + again.stderr
     for a, b in zip(_weights(reference), _weights(killed), strict=True):
         np.testing.assert_allclose(b, a, atol=1e-6, rtol=0)
+
+
+def test_distributed_run_checkpoints_and_resumes_on_tensorflow(tmp_path):
+    """`--distribute` on two logical CPUs (MirroredStrategy): checkpoints
+    read the replicated and sync-on-read (metric) variables, and a run cut
+    back to a mid-epoch checkpoint resumes from it."""
+    run = tmp_path / "run"
+    script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_two_cpu_cli.py")
+    sets = [item for value in TINY["vit_tiny_digits"] + [
+        "training.epochs=2", "training.steps_per_epoch=5", "training.checkpoint_every=3",
+        "training.jit_compile=false",
+    ] for item in ("--set", value)]
+    command = [sys.executable, script, "train", "vit_tiny_digits", "--output", str(run),
+               "--verbose", "2", "--distribute", *sets]
+    first = subprocess.run(command, env=_env(), capture_output=True, text=True, timeout=600)
+    assert first.returncode == 0, first.stderr[-2000:]
+    assert "2 replicas" in first.stdout
+    # Cut the run back to its oldest checkpoint (mid-epoch 2) and go on.
+    manifests = sorted(glob.glob(str(run / "checkpoints" / "ckpt-*.json")))
+    assert len(manifests) > 1
+    for manifest in manifests[1:]:
+        os.remove(manifest)
+        os.remove(manifest[:-len(".json")] + ".npz")
+    os.remove(run / "results.json")
+    os.remove(run / "model.keras")
+    second = subprocess.run(command, env=_env(), capture_output=True, text=True, timeout=600)
+    assert second.returncode == 0, second.stderr[-2000:]
+    assert f"resuming from {os.path.basename(manifests[0])[:-5]}.npz" in second.stdout
+    assert (run / "model.keras").exists() and (run / "results.json").exists()
