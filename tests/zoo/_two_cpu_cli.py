@@ -3,11 +3,18 @@ devices must be configured before TensorFlow starts."""
 
 import sys
 
-import tensorflow as tf
 
-cpu = tf.config.list_physical_devices("CPU")[0]
-tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
+def main():
+    import tensorflow as tf
 
-from keras_attn import cli  # noqa: E402
+    cpu = tf.config.list_physical_devices("CPU")[0]
+    tf.config.set_logical_device_configuration(
+        cpu, [tf.config.LogicalDeviceConfiguration()] * 2
+    )
+    from keras_attn import cli
 
-sys.exit(cli.main(sys.argv[1:]))
+    return cli.main(sys.argv[1:])
+
+
+if __name__ == "__main__":
+    sys.exit(main())
