@@ -398,6 +398,10 @@ def list_recipes(args):
         if args.family and recipe.get("family") != args.family:
             continue
         count = counts.get(name)
+        result_path = os.path.join(directory, "results", name + ".json")
+        if count is None and os.path.exists(result_path):
+            # Recipes on embedded data learn their vocabulary: counted by their run.
+            count = read_json(result_path).get("parameters")
         expected = recipe.get("expected") or {}
         rows.append((
             name, recipe.get("family", "?"), recipe.get("model", {}).get("preset", "?"),
@@ -461,7 +465,8 @@ def build_parser():
                                   "help": "SavedModel directory (default: RUN_DIR/saved_model)"}))
     add("list", list_recipes, "list the zoo's recipes",
         "List every recipe in the zoo's models/ directory with its family, preset, dataset, "
-        "parameter count (models/parameters.json) and expected result.",
+        "parameter count (models/parameters.json, or the recorded run in "
+        "models/results/) and expected result.",
         (("--family",), {"choices": sorted(FAMILIES)}))
     return parser
 

@@ -178,6 +178,11 @@ def test_list_shows_every_recipe_and_the_parameter_counts(tmp_path, monkeypatch,
     assert cli.main(["list"]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert len(lines) == 2 and "136,906" in lines[1]  # results/ is not a recipe
+    # Without an entry there, the recorded run's count (embedded recipes).
+    (models / "parameters.json").write_text("{}")
+    (models / "results" / "vit_tiny_digits.json").write_text(json.dumps({"parameters": 1234}))
+    assert cli.main(["list"]) == 0
+    assert "1,234" in capsys.readouterr().out.splitlines()[1]
 
 
 def test_recipe_names_resolve_to_zoo_files(tmp_path):
