@@ -47,7 +47,6 @@ import json
 import os
 import platform
 import sys
-import tempfile
 import time
 
 RESULTS = "results.json"
@@ -98,24 +97,17 @@ def locate_recipe(recipe):
     )
 
 
-def _atomic_write(path, text):
-    directory = os.path.dirname(os.path.abspath(path))
-    os.makedirs(directory, exist_ok=True)
-    handle, staging = tempfile.mkstemp(prefix=".tmp-", dir=directory)
-    try:
-        with os.fdopen(handle, "w", encoding="utf-8") as stream:
-            stream.write(text)
-            stream.flush()
-            os.fsync(stream.fileno())
-        os.chmod(staging, 0o644)
-        os.replace(staging, path)
-    finally:
-        if os.path.exists(staging):
-            os.remove(staging)
+def write_text(path, text):
+    """Writes `path` atomically (temporary file, fsync, rename), making its
+    directory first."""
+    from keras_attn.training.checkpoints import atomic_write
+
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    atomic_write(path, lambda stream: stream.write(text.encode("utf-8")))
 
 
 def write_json(path, value):
-    _atomic_write(path, json.dumps(value, indent=2) + "\n")
+    write_text(path, json.dumps(value, indent=2) + "\n")
 
 
 def read_json(path):
@@ -288,7 +280,7 @@ def train(args):
     model = task.load_model(model_path)
     metrics = task.evaluate(model)
     for name, text in task.assets().items():
-        _atomic_write(os.path.join(output, name), text)
+        write_text(os.path.join(output, name), text)
     if keras.backend.backend() == "tensorflow":
         task.export(model, os.path.join(output, SAVED_MODEL))
     else:

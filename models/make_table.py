@@ -24,6 +24,10 @@ import re
 import shutil
 import sys
 
+from keras_attn.cli import recipe_paths
+from keras_attn.cli import write_json
+from keras_attn.cli import write_text
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 FAMILIES = ("vit", "bert", "transformer", "conformer")
 TITLES = {
@@ -46,13 +50,7 @@ METRIC_NAMES = {
 
 
 def load_recipes(root=HERE):
-    recipes = []
-    for path in sorted(glob.glob(os.path.join(root, "*", "*.json"))):
-        if os.path.basename(os.path.dirname(path)) == "results":
-            continue
-        with open(path) as handle:
-            recipes.append(json.load(handle))
-    return recipes
+    return [_load_json(path, None) for path in recipe_paths(root).values()]
 
 
 def _load_json(path, default):
@@ -60,14 +58,6 @@ def _load_json(path, default):
         return default
     with open(path) as handle:
         return json.load(handle)
-
-
-def _write_json_atomic(path, data):
-    temporary = path + ".tmp"
-    with open(temporary, "w") as handle:
-        json.dump(data, handle, indent=2, sort_keys=True, ensure_ascii=False)
-        handle.write("\n")
-    os.replace(temporary, path)
 
 
 def _dataset(recipe):
@@ -231,7 +221,7 @@ def count_parameters(names, root=HERE):
         print(f"{recipe['name']}: {counts[recipe['name']]:,}", flush=True)
         del model
         keras.backend.clear_session()
-        _write_json_atomic(path, counts)
+        write_json(path, dict(sorted(counts.items())))
 
 
 def record(run_dir, root=HERE):
@@ -262,9 +252,7 @@ def main(argv=None):
             print("models/README.md is stale: run python models/make_table.py", file=sys.stderr)
             return 1
         return 0
-    with open(path + ".tmp", "w") as handle:
-        handle.write(text)
-    os.replace(path + ".tmp", path)
+    write_text(path, text)
     print(f"wrote {path}")
     return 0
 
