@@ -5,10 +5,12 @@ Run:  python benchmarks/cpu.py [--quick] [--rows bert,vit,transformer,decoding]
       (TensorFlow backend by default; KERAS_BACKEND=jax works too)
 
 Each row times a compiled training step (forward + backward + Adam) and a
-compiled inference call, median of `--repeats` timed runs after warm-up, for
-keras_attn and its peer; the ratio is keras_attn / peer (< 1.00 = faster).
-Rows are interleaved (ours, peer, ours, peer, ...) so that a change in the
-machine's load hits both sides alike.
+compiled inference call of keras_attn and its peer in `--repeats` rounds
+after warm-up. A round times both back to back, in alternating order, so a
+change in the machine's load hits both sides alike; the ratio is the median
+of the rounds' keras_attn / peer ratios (< 1.00 = faster), with a 95%
+interval for it and a verdict: "faster" / "slower" only when the whole
+interval is below / above 1.00, else "tie" (see `_stats.py`).
 
 The `decoding` rows are the exception: one keras_attn Transformer (the
 `transformer` row's model) decodes the same sources with its key/value
@@ -30,16 +32,9 @@ import keras  # noqa: E402
 import numpy as np  # noqa: E402
 from keras import ops  # noqa: E402
 
-
-def _timed(fn, repeats):
-    fn()  # compile
-    fn()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return times
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _stats import paired_ratio  # noqa: E402
+from _stats import time_pair  # noqa: E402
 
 
 def _train_step_fn(model, inputs, targets, jit_compile):
@@ -61,7 +56,8 @@ def _predict_fn(model, inputs, jit_compile):
 
 
 def compare(name, ours, peer, inputs, targets_fn, repeats, jit_compile):
-    """Times training and inference of two models on the same inputs."""
+    """Times training and inference of two models on the same inputs, in
+    alternating pairs (see `_stats`)."""
     rows = []
     for what in ("train step", "inference"):
         fns = []
@@ -72,13 +68,15 @@ def compare(name, ours, peer, inputs, targets_fn, repeats, jit_compile):
                 fns.append(_predict_fn(model, inputs, jit_compile))
         for fn in fns:  # compile both before timing either
             fn()
-        ours_times, peer_times = [], []
-        for _ in range(repeats):
-            ours_times += _timed(fns[0], 1)
-            peer_times += _timed(fns[1], 1)
-        a, b = statistics.median(ours_times), statistics.median(peer_times)
-        rows.append((name, what, jit_compile, a * 1e3, b * 1e3, a / b))
+        ours_times, peer_times = time_pair(fns[0], fns[1], repeats)
+        rows.append(_row(name, what, jit_compile, ours_times, peer_times))
     return rows
+
+
+def _row(name, what, jit_compile, ours_times, peer_times):
+    ratio, lo, hi, verdict = paired_ratio(ours_times, peer_times)
+    return (name, what, jit_compile, statistics.median(ours_times) * 1e3,
+            statistics.median(peer_times) * 1e3, ratio, lo, hi, verdict)
 
 
 def bert_models(quick):
@@ -220,17 +218,11 @@ def decoding_rows(repeats, jit_compile):
             fns.append(lambda tr=translator: tr.predict_on_batch(source))
         if not np.array_equal(outputs[0], outputs[1]):
             raise RuntimeError("cached and uncached decoding gave different tokens")
-        fns[1]()  # the uncached beam search takes seconds: one warm-up call each
-        fns[0]()
-        cached, recomputed = [], []
-        for _ in range(repeats):
-            for fn, times in ((fns[0], cached), (fns[1], recomputed)):
-                start = time.perf_counter()
-                fn()
-                times.append(time.perf_counter() - start)
+        # The uncached beam search takes seconds: one warm-up call each.
+        cached, recomputed = time_pair(fns[0], fns[1], repeats, warmup=1)
         a, c = statistics.median(cached), statistics.median(recomputed)
         what = f"{'greedy' if beam is None else f'beam {beam}'}, {t} tokens"
-        rows.append((DECODING_TITLE, what, jit_compile, a * 1e3, c * 1e3, a / c))
+        rows.append(_row(DECODING_TITLE, what, jit_compile, cached, recomputed))
         print(f"  {what}, XLA {'on' if jit_compile else 'off'}: {b * t / a:.0f} tokens/s "
               f"with the cache, {b * t / c:.0f} recomputing the prefix", flush=True)
     return rows
@@ -272,11 +264,11 @@ DECODING_TITLE = (
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", default=",".join(ROWS))
-    parser.add_argument("--repeats", type=int, default=10)
+    parser.add_argument("--repeats", type=int, default=15)
     parser.add_argument("--quick", action="store_true", help="fewer layers and repeats")
     parser.add_argument("--xla", default="both", choices=("on", "off", "both"))
     args = parser.parse_args(argv)
-    repeats = 3 if args.quick else args.repeats
+    repeats = 6 if args.quick else args.repeats
     xla_modes = {"on": [True], "off": [False], "both": [True, False]}[args.xla]
     print(f"keras {keras.__version__}, backend {keras.backend.backend()}, "
           f"python {sys.version.split()[0]}, {os.cpu_count()} CPUs")
@@ -299,10 +291,11 @@ def main(argv=None):
 
             table += compare(title, ours, peer, inputs, targets, repeats, jit)
     print()
-    print(f"| case | measure | XLA | keras_attn ms | peer ms | ratio |")
-    print("|---|---|---|---|---|---|")
-    for name, what, jit, a, b, ratio in table:
-        print(f"| {name} | {what} | {'on' if jit else 'off'} | {a:.1f} | {b:.1f} | {ratio:.2f} |")
+    print("| case | measure | XLA | keras_attn ms | peer ms | ratio | 95% interval | verdict |")
+    print("|---|---|---|---|---|---|---|---|")
+    for name, what, jit, a, b, ratio, lo, hi, verdict in table:
+        print(f"| {name} | {what} | {'on' if jit else 'off'} | {a:.1f} | {b:.1f} "
+              f"| {ratio:.3f} | {lo:.3f}-{hi:.3f} | {verdict} |")
 
 
 if __name__ == "__main__":

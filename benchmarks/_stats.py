@@ -1,0 +1,77 @@
+"""Small, dependency-free helpers shared by the benchmark scripts.
+
+Timing ratios: each round times keras_attn and its peer back to back, in
+alternating order (ours first on even rounds, the peer first on odd ones,
+so neither side always runs on a warmer or cooler machine), and the round's
+ratio is ours / peer. The reported ratio is the median of those paired
+ratios, with a distribution-free confidence interval for that median (from
+the binomial distribution of order statistics), so a 2% difference can be
+told apart from the machine's noise: the verdict is "faster" or "slower"
+only when the whole interval is on one side of 1.00.
+"""
+
+import math
+import statistics
+import time
+
+
+def time_pair(fn_a, fn_b, rounds, warmup=2):
+    """Times `fn_a` and `fn_b` in `rounds` alternating pairs after `warmup`
+    calls of each. Returns two lists of seconds, index-aligned by round."""
+    for _ in range(warmup):
+        fn_a()
+        fn_b()
+    times_a, times_b = [], []
+    for r in range(rounds):
+        order = ((fn_a, times_a), (fn_b, times_b))
+        for fn, times in order if r % 2 == 0 else order[::-1]:
+            start = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - start)
+    return times_a, times_b
+
+
+def median_interval(values, confidence=0.95):
+    """The median of `values` and a distribution-free interval `(lo, hi)`
+    that covers the population median with at least `confidence`.
+
+    The interval is `(x_(k), x_(n+1-k))` of the sorted values, with the
+    largest `k` for which `P(k <= Binomial(n, 1/2) <= n - k) >= confidence`.
+    With 6 values or fewer the interval is the whole range (for 5 or fewer
+    even that covers less than 95%: use more rounds).
+
+    >>> median_interval([1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 9.0, 10.0])
+    (5.5, 2.0, 9.0)
+    """
+    if not values:
+        raise ValueError(f"`values` must not be empty. Received: values={values!r}")
+    if not 0.0 < confidence < 1.0:
+        raise ValueError(
+            f"`confidence` must be in (0, 1). Received: confidence={confidence!r}"
+        )
+    xs = sorted(values)
+    n = len(xs)
+
+    def coverage(k):  # P(k <= X <= n - k), X ~ Binomial(n, 1/2)
+        return sum(math.comb(n, i) for i in range(k, n - k + 1)) / 2**n
+
+    k = 0
+    while k + 1 <= n // 2 and coverage(k + 1) >= confidence:
+        k += 1
+    lo, hi = (xs[0], xs[-1]) if k == 0 else (xs[k - 1], xs[n - k])
+    return statistics.median(xs), lo, hi
+
+
+def paired_ratio(times_ours, times_peer, confidence=0.95):
+    """Median of the per-round ratios ours / peer and its interval, and a
+    verdict: "faster" (interval below 1), "slower" (above 1), else "tie"."""
+    if len(times_ours) != len(times_peer):
+        raise ValueError(
+            "`times_ours` and `times_peer` must be paired round by round. "
+            f"Received: {len(times_ours)} and {len(times_peer)} times"
+        )
+    ratio, lo, hi = median_interval(
+        [a / b for a, b in zip(times_ours, times_peer)], confidence
+    )
+    verdict = "faster" if hi < 1.0 else "slower" if lo > 1.0 else "tie"
+    return ratio, lo, hi, verdict
