@@ -1,6 +1,7 @@
 """Reusable attention layers, written with `keras.ops` only (TensorFlow, JAX
 and PyTorch backends)."""
 
+from keras_attn.layers.activations import gelu
 from keras_attn.layers.class_token import ClassToken
 from keras_attn.layers.conformer_block import ConformerBlock
 from keras_attn.layers.conformer_conv_module import ConformerConvModule
@@ -45,6 +46,7 @@ __all__ = [
     "TransformerBlock",
     "TransformerDecoderBlock",
     "causal_mask",
+    "gelu",
     "fused_dot_product_attention",
     "scaled_dot_product_attention",
     "sinusoidal_positional_encoding",

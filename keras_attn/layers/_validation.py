@@ -68,7 +68,13 @@ def check_flash_attention(value):
 
 
 def get_activation(name, value):
-    """`keras.activations.get` with an error that names the argument."""
+    """`keras.activations.get` with an error that names the argument;
+    `"gelu"` is `keras_attn.layers.activations.gelu` (the same function,
+    computed through `erf`)."""
+    if value == "gelu":
+        from keras_attn.layers.activations import gelu
+
+        return gelu
     try:
         return keras.activations.get(value)
     except (ValueError, TypeError) as error:

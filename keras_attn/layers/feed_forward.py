@@ -5,6 +5,7 @@ import keras
 from keras_attn.layers._validation import check_positive_int
 from keras_attn.layers._validation import check_rate
 from keras_attn.layers._validation import get_activation
+from keras_attn.layers.activations import serialize_activation
 
 
 @keras.saving.register_keras_serializable(package="keras_attn")
@@ -99,7 +100,7 @@ class FeedForward(keras.layers.Layer):
         config.update(
             {
                 "intermediate_dim": self.intermediate_dim,
-                "activation": keras.activations.serialize(self.activation),
+                "activation": serialize_activation(self.activation),
                 "dropout": self.dropout,
                 "activation_dropout": self.activation_dropout,
                 "output_dim": self.output_dim,

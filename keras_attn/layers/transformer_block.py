@@ -8,6 +8,7 @@ from keras_attn.layers._validation import check_positive_float
 from keras_attn.layers._validation import check_positive_int
 from keras_attn.layers._validation import check_rate
 from keras_attn.layers._validation import get_activation
+from keras_attn.layers.activations import serialize_activation
 from keras_attn.layers.feed_forward import FeedForward
 from keras_attn.layers.masking import get_keras_mask
 from keras_attn.layers.multi_head_attention import MultiHeadAttention
@@ -122,7 +123,7 @@ class ResidualSublayers:
             "key_dim": self.key_dim,
             "value_dim": self.value_dim,
             "norm_position": self.norm_position,
-            "activation": keras.activations.serialize(self.activation),
+            "activation": serialize_activation(self.activation),
             "dropout": self.dropout,
             "attention_dropout": self.attention_dropout,
             "activation_dropout": self.activation_dropout,

@@ -4,6 +4,7 @@ import keras
 import numpy as np
 import pytest
 
+from keras_attn.layers import gelu
 from keras_attn.models.bert import BERT_PRESETS
 from keras_attn.models.bert import BertBackbone
 from keras_attn.models.bert import BertConfig
@@ -100,7 +101,9 @@ def test_structure_post_norm_exact_gelu_and_names():
         model.get_layer(name)
     block = model.get_layer("transformer_block_1")
     assert block.norm_position == "post"
-    assert block.activation is keras.activations.gelu
+    # The exact GELU (erf), not the tanh approximation.
+    assert block.activation is gelu
+    np.testing.assert_allclose(to_numpy(block.activation(np.float32(1.0))), 0.8413447, rtol=1e-6)
     assert block.layer_norm_epsilon == 1e-12
     assert model.get_layer("embeddings_layer_norm").epsilon == 1e-12
     assert model.get_layer("pooled_dense").activation is keras.activations.tanh

@@ -6,6 +6,7 @@ from keras import ops
 from keras_attn.layers._validation import check_positive_float
 from keras_attn.layers._validation import check_positive_int
 from keras_attn.layers._validation import get_activation
+from keras_attn.layers.activations import serialize_activation
 
 
 @keras.saving.register_keras_serializable(package="keras_attn")
@@ -106,7 +107,7 @@ class BertMaskedLMHead(keras.layers.Layer):
         config.update(
             {
                 "vocabulary_size": self.vocabulary_size,
-                "activation": keras.activations.serialize(self.activation),
+                "activation": serialize_activation(self.activation),
                 "layer_norm_epsilon": self.layer_norm_epsilon,
                 "kernel_initializer": keras.initializers.serialize(
                     self.kernel_initializer
