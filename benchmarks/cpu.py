@@ -33,6 +33,7 @@ import numpy as np  # noqa: E402
 from keras import ops  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(1, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from _stats import paired_ratio  # noqa: E402
 from _stats import time_pair  # noqa: E402
 
