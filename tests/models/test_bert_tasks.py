@@ -1,3 +1,5 @@
+import warnings
+
 import keras
 import numpy as np
 import pytest
@@ -115,12 +117,21 @@ def test_pretrainer_ties_decoder_to_token_embedding_and_fits():
 
 def test_pretrainer_saves_with_the_tie(tmp_path):
     model = BertPretrainer(backbone())
-    path = str(tmp_path / "pretrainer.keras")
-    model.save(path)
-    reloaded = keras.saving.load_model(path)
+    model.compile(keras.optimizers.Adam(1e-3))
     x = features()
     x["mask_positions"] = np.zeros((B, P), "int32")
+    y = {"mlm": np.ones((B, P), "int32"), "nsp": np.zeros((B,), "int32")}
+    model.train_on_batch(x, y)
+    path = str(tmp_path / "pretrainer.keras")
+    model.save(path)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # reloads compiled, without a warning
+        reloaded = keras.saving.load_model(path)
     np.testing.assert_allclose(to_numpy(model(x)["mlm"]), to_numpy(reloaded(x)["mlm"]), atol=1e-6)
+    # The same losses and metrics (perplexity included) as the saved model.
+    scores = [m.evaluate(x, y, verbose=0, return_dict=True) for m in (model, reloaded)]
+    assert "mlm_perplexity" in scores[1]
+    assert scores[0] == pytest.approx(scores[1], rel=1e-5)
     table = reloaded.backbone.get_layer("token_embedding").embeddings
     assert [w for w in reloaded.weights if tuple(w.shape) == (V, 16)] == [table]
 
@@ -135,10 +146,19 @@ def test_sequence_classifier_fits_and_reports_accuracy(tmp_path):
     assert model.output_shape == (None, 3)
     path = str(tmp_path / "classifier.keras")
     model.save(path)
-    reloaded = keras.saving.load_model(path)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # "compile() was not called ..." would fail here
+        reloaded = keras.saving.load_model(path)
     assert reloaded.num_classes == 3 and reloaded.dropout == 0.2
     np.testing.assert_allclose(to_numpy(model(features())), to_numpy(reloaded(features())),
                                atol=1e-6)
+    # Reloaded compiled, with the optimizer's state: it evaluates and trains on.
+    assert reloaded.compiled
+    assert int(reloaded.optimizer.iterations) == int(model.optimizer.iterations) == 2
+    for a, b in zip(model.optimizer.variables, reloaded.optimizer.variables):
+        np.testing.assert_allclose(to_numpy(a), to_numpy(b), atol=1e-7)
+    scores = [m.evaluate(dataset, verbose=0, return_dict=True) for m in (model, reloaded)]
+    assert scores[0] == pytest.approx(scores[1], rel=1e-5)
     with pytest.raises(ValueError, match="Received: num_classes=0"):
         BertSequenceClassifier(backbone(), num_classes=0)
     with pytest.raises(ValueError, match="Received: backbone=Sequential"):

@@ -58,6 +58,17 @@ class _BertTask(keras.Model):
         config["backbone"] = keras.saving.deserialize_keras_object(config["backbone"])
         return cls(**config)
 
+    def compile_from_config(self, config):
+        """Compiles a reloaded model as it was saved: the saved config holds
+        the losses and metrics `compile` resolved, so they are passed back
+        as they are (Keras skips this for models whose `compile` is custom,
+        which left reloaded task models uncompiled)."""
+        config = keras.saving.deserialize_keras_object(config)
+        self.compile(**config)
+        if self.built:
+            # Variables to load the saved optimizer state into.
+            self.optimizer.build(self.trainable_variables)
+
 
 @keras.saving.register_keras_serializable(package="keras_attn")
 class BertPretrainer(_BertTask):
