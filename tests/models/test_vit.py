@@ -75,6 +75,8 @@ def test_output_shapes_and_layer_names():
     assert block.norm_position == "pre" and block.activation.__name__ == "gelu"
     backbone = tiny()
     assert backbone.output_shape == (None, 16)
+    assert model.name == "vit"  # not Keras's "vi_t" from the class name
+    assert ViT(**dataclasses.asdict(ViTConfig(**TINY)), name="digits").name == "digits"
 
 
 def test_fit_step_on_tiny_data():

@@ -219,6 +219,8 @@ class ViT(ConfigModel, keras.Model):
                 dtype=dtype,
                 name="classifier",
             )(outputs)
+        # Keras would name the model "vi_t" after the class.
+        kwargs.setdefault("name", "vit")
         super().__init__(inputs=images, outputs=outputs, dtype=dtype, **kwargs)
 
         # === Config ===
