@@ -155,3 +155,85 @@ def run_layer_test(
         for a, b in zip(expected, got):
             np.testing.assert_allclose(a, b, atol=1e-6)
     return eager
+
+
+def training_step_results(model, inputs, loss_fn):
+    """One training-mode forward and backward pass, compiled as `fit`
+    compiles it (`tf.function` on TensorFlow, `jax.jit` on JAX).
+
+    Returns NumPy arrays: the outputs (flattened), the gradients of
+    `loss_fn(outputs)` for `model.trainable_variables` (zeros where a weight
+    gets none) and the non-trainable state after the call (dropout seeds,
+    BatchNorm statistics).
+    """
+    backend = keras.backend.backend()
+    trainable = model.trainable_variables
+    if backend == "jax":
+        import jax
+
+        def compute(trainable_values, state_values):
+            outputs, state = model.stateless_call(
+                trainable_values, state_values, inputs, training=True
+            )
+            return loss_fn(outputs), (outputs, state)
+
+        (_, (outputs, state)), grads = jax.jit(
+            jax.value_and_grad(compute, has_aux=True)
+        )(
+            [v.value for v in trainable],
+            [v.value for v in model.non_trainable_variables],
+        )
+    elif backend == "tensorflow":
+        import tensorflow as tf
+
+        @tf.function
+        def step():
+            with tf.GradientTape() as tape:
+                outputs = model(inputs, training=True)
+                loss = loss_fn(outputs)
+            return outputs, tape.gradient(loss, trainable)
+
+        outputs, grads = step()
+        state = model.non_trainable_variables
+    else:
+        import torch
+
+        # Unseeded dropout draws from torch's global generator: fix it.
+        keras.utils.set_random_seed(0)
+        outputs = model(inputs, training=True)
+        grads = torch.autograd.grad(
+            loss_fn(outputs), [v.value for v in trainable], allow_unused=True
+        )
+        state = model.non_trainable_variables
+    grads = [
+        np.zeros(v.shape, "float32") if g is None else to_numpy(g)
+        for v, g in zip(trainable, grads)
+    ]
+    return (
+        [to_numpy(o) for o in keras.tree.flatten(outputs)],
+        grads,
+        [to_numpy(s) for s in state],
+    )
+
+
+def assert_all_close(expected, got, atol, what):
+    """Two lists of arrays equal within `atol`, naming the first that is not."""
+    assert len(expected) == len(got), what
+    for i, (a, b) in enumerate(zip(expected, got)):
+        np.testing.assert_allclose(
+            np.asarray(a, "float64"), np.asarray(b, "float64"), rtol=0, atol=atol,
+            err_msg=f"{what} #{i}",
+        )
+
+
+def checkpoint_count(jaxpr):
+    """The checkpoint (remat) equations of a JAX `jaxpr`, nested ones included."""
+    count = 0
+    for eqn in jaxpr.eqns:
+        count += "checkpoint" in eqn.primitive.name or "remat" in eqn.primitive.name
+        for param in eqn.params.values():
+            for item in param if isinstance(param, (list, tuple)) else [param]:
+                inner = getattr(item, "jaxpr", item)  # a ClosedJaxpr holds a Jaxpr
+                if hasattr(inner, "eqns"):
+                    count += checkpoint_count(inner)
+    return count

@@ -49,6 +49,15 @@ def check_positive_float(name, value):
     return float(value)
 
 
+def check_bool(name, value):
+    """A flag: True or False, not a truthy stand-in such as 1 or "yes"."""
+    if not isinstance(value, bool):
+        raise ValueError(
+            f"`{name}` must be True or False. Received: {name}={value!r}"
+        )
+    return value
+
+
 def check_choice(name, value, choices):
     if value not in choices:
         raise ValueError(

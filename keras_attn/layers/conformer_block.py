@@ -2,6 +2,7 @@
 
 import keras
 
+from keras_attn.layers._remat import RematCall
 from keras_attn.layers._validation import check_positive_float
 from keras_attn.layers._validation import check_positive_int
 from keras_attn.layers._validation import check_rate
@@ -12,7 +13,7 @@ from keras_attn.layers.relative_multi_head_attention import RelativeMultiHeadAtt
 
 
 @keras.saving.register_keras_serializable(package="keras_attn")
-class ConformerBlock(keras.layers.Layer):
+class ConformerBlock(RematCall, keras.layers.Layer):
     """A macaron of feed-forward halves around self-attention and convolution.
 
     ```

@@ -2,6 +2,7 @@
 
 import keras
 
+from keras_attn.layers._remat import RematCall
 from keras_attn.layers._validation import check_choice
 from keras_attn.layers._validation import check_flash_attention
 from keras_attn.layers._validation import check_positive_float
@@ -136,7 +137,7 @@ class ResidualSublayers:
 
 
 @keras.saving.register_keras_serializable(package="keras_attn")
-class TransformerBlock(ResidualSublayers, keras.layers.Layer):
+class TransformerBlock(RematCall, ResidualSublayers, keras.layers.Layer):
     """The encoder block: self-attention then a feed-forward network, each
     wrapped in a residual connection and a LayerNorm.
 

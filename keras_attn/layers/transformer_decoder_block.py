@@ -2,12 +2,13 @@
 
 import keras
 
+from keras_attn.layers._remat import RematCall
 from keras_attn.layers.masking import get_keras_mask
 from keras_attn.layers.transformer_block import ResidualSublayers
 
 
 @keras.saving.register_keras_serializable(package="keras_attn")
-class TransformerDecoderBlock(ResidualSublayers, keras.layers.Layer):
+class TransformerDecoderBlock(RematCall, ResidualSublayers, keras.layers.Layer):
     """Causal self-attention, cross-attention over the encoder output, and a
     feed-forward network, each with a residual connection and a LayerNorm.
 

@@ -22,7 +22,9 @@ Top level:
         preset      str, required. A preset of the family (VIT_PRESETS, ...).
         overrides   object, {}. Fields of the family's config dataclass
                     (ViTConfig, BertConfig, TransformerConfig,
-                    ConformerConfig), each of the field's type. The task sets
+                    ConformerConfig), each of the field's type; e.g. remat
+                    (bool, false: gradient checkpointing of the blocks,
+                    `--set model.overrides.remat=true`). The task sets
                     some from the data, and they may not be overridden:
                     vit num_classes; bert and transformer vocabulary_size;
                     transformer target_vocabulary_size and pad_id.

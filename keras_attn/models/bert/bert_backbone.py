@@ -21,6 +21,8 @@ import numpy as np
 from keras import ops
 
 from keras_attn.models._config import ConfigModel
+from keras_attn.layers._remat import remat_scope
+from keras_attn.layers._validation import check_bool
 from keras_attn.layers._validation import check_positive_float
 from keras_attn.layers._validation import check_positive_int
 from keras_attn.layers._validation import check_rate
@@ -49,6 +51,7 @@ def _check_config(config):
     check_positive_int("max_sequence_length", config.max_sequence_length)
     check_positive_int("num_segments", config.num_segments)
     check_positive_float("layer_norm_epsilon", config.layer_norm_epsilon)
+    check_bool("remat", config.remat)
     if config.hidden_dim % config.num_heads:
         raise ValueError(
             "`num_heads` must divide `hidden_dim`. Received: "
@@ -127,6 +130,7 @@ class BertBackbone(ConfigModel, keras.Model):
         max_sequence_length=512,
         num_segments=2,
         layer_norm_epsilon=1e-12,
+        remat=False,
         dtype=None,
         **kwargs,
     ):
@@ -141,6 +145,7 @@ class BertBackbone(ConfigModel, keras.Model):
             max_sequence_length=max_sequence_length,
             num_segments=num_segments,
             layer_norm_epsilon=layer_norm_epsilon,
+            remat=remat,
         )
         _check_config(config)
 
@@ -173,21 +178,23 @@ class BertBackbone(ConfigModel, keras.Model):
         embeddings_dropout = keras.layers.Dropout(
             dropout, dtype=dtype, name="embeddings_dropout"
         )
-        blocks = [
-            TransformerBlock(
-                num_heads=num_heads,
-                intermediate_dim=intermediate_dim,
-                norm_position="post",
-                activation="gelu",
-                dropout=dropout,
-                attention_dropout=attention_dropout,
-                layer_norm_epsilon=layer_norm_epsilon,
-                kernel_initializer=bert_initializer(),
-                dtype=dtype,
-                name=f"transformer_block_{i}",
-            )
-            for i in range(num_layers)
-        ]
+        block_names = [f"transformer_block_{i}" for i in range(num_layers)]
+        with remat_scope(remat, block_names):
+            blocks = [
+                TransformerBlock(
+                    num_heads=num_heads,
+                    intermediate_dim=intermediate_dim,
+                    norm_position="post",
+                    activation="gelu",
+                    dropout=dropout,
+                    attention_dropout=attention_dropout,
+                    layer_norm_epsilon=layer_norm_epsilon,
+                    kernel_initializer=bert_initializer(),
+                    dtype=dtype,
+                    name=name,
+                )
+                for name in block_names
+            ]
         pooled_dense = keras.layers.Dense(
             hidden_dim,
             activation="tanh",

@@ -34,6 +34,11 @@ class BertConfig:
         num_segments: rows of the segment ("token type") table; 2 for
             sentence A / sentence B.
         layer_norm_epsilon: LayerNorm epsilon (1e-12 in the reference code).
+        remat: rematerialise each encoder block in training (gradient
+            checkpointing): its activations are recomputed in the backward
+            pass instead of stored. Less memory for about one more forward
+            pass per step; the same weights give the same outputs and
+            gradients either way.
     """
 
     vocabulary_size: int = 30522
@@ -46,6 +51,7 @@ class BertConfig:
     max_sequence_length: int = 512
     num_segments: int = 2
     layer_norm_epsilon: float = 1e-12
+    remat: bool = False
 
 
 def _variant(num_layers, hidden_dim, num_heads):

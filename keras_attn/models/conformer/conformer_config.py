@@ -34,6 +34,11 @@ class ConformerConfig:
     # log-mel front end inside the model; "features": inputs {"features"
     # (B, T, num_mel_bins), "feature_length" (B,)} already computed.
     input_type: str = "waveform"
+    # Rematerialise each Conformer block in training (gradient
+    # checkpointing): activations are recomputed in the backward pass instead
+    # of stored; less memory for about one more forward pass per step, the
+    # same outputs and gradients.
+    remat: bool = False
 
 
 CONFORMER_PRESETS = {

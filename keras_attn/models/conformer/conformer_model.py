@@ -17,6 +17,8 @@ import keras
 from keras import ops
 
 from keras_attn.models._config import ConfigModel
+from keras_attn.layers._remat import remat_scope
+from keras_attn.layers._validation import check_bool
 from keras_attn.layers.conformer_block import ConformerBlock
 from keras_attn.layers.conv_subsampling import ConvSubsampling
 from keras_attn.layers.conv_subsampling import subsampled_length
@@ -78,6 +80,7 @@ class ConformerCTC(ConfigModel, keras.Model):
                 "`input_type` must be 'waveform' or 'features'. "
                 f"Received: input_type={c.input_type!r}"
             )
+        check_bool("remat", c.remat)
 
         # === Layers ===
         frontend = LogMelFeatures(
@@ -92,16 +95,18 @@ class ConformerCTC(ConfigModel, keras.Model):
         )
         subsampling = ConvSubsampling(c.hidden_dim, dtype=dtype, name="subsampling")
         input_dropout = keras.layers.Dropout(c.dropout, dtype=dtype, name="input_dropout")
-        blocks = [
-            ConformerBlock(
-                num_heads=c.num_heads, intermediate_dim=c.intermediate_dim,
-                kernel_size=c.kernel_size, dropout=c.dropout,
-                attention_dropout=c.attention_dropout,
-                layer_norm_epsilon=c.layer_norm_epsilon,
-                dtype=dtype, name=f"conformer_block_{i}",
-            )
-            for i in range(c.num_layers)
-        ]
+        block_names = [f"conformer_block_{i}" for i in range(c.num_layers)]
+        with remat_scope(c.remat, block_names):
+            blocks = [
+                ConformerBlock(
+                    num_heads=c.num_heads, intermediate_dim=c.intermediate_dim,
+                    kernel_size=c.kernel_size, dropout=c.dropout,
+                    attention_dropout=c.attention_dropout,
+                    layer_norm_epsilon=c.layer_norm_epsilon,
+                    dtype=dtype, name=name,
+                )
+                for name in block_names
+            ]
         ctc_head = keras.layers.Dense(vocabulary_size + 1, dtype=dtype, name="ctc_logits")
 
         # === Functional Model ===

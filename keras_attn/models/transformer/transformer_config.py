@@ -48,6 +48,11 @@ class TransformerConfig:
         label_smoothing: epsilon of the label-smoothed loss (0.1 in the paper);
             used by `Transformer.compile` defaults and the examples.
         pad_id: the padding token id; padding masks are `ids != pad_id`.
+        remat: rematerialise each encoder and decoder block in training (gradient
+            checkpointing): its activations are recomputed in the backward
+            pass instead of stored. Less memory for about one more forward
+            pass per step; the same weights give the same outputs and
+            gradients either way.
     """
 
     vocabulary_size: int = 37000
@@ -69,6 +74,7 @@ class TransformerConfig:
     layer_norm_epsilon: float = 1e-6
     label_smoothing: float = 0.1
     pad_id: int = 0
+    remat: bool = False
 
     @property
     def shared_vocabulary(self):

@@ -23,6 +23,8 @@ import keras
 from keras import ops
 
 from keras_attn.models._config import ConfigModel
+from keras_attn.layers._remat import remat_scope
+from keras_attn.layers._validation import check_bool
 from keras_attn.layers._validation import check_choice
 from keras_attn.layers._validation import check_positive_float
 from keras_attn.layers._validation import check_positive_int
@@ -64,6 +66,7 @@ def _check_config(config):
     check_positive_int("max_sequence_length", config.max_sequence_length)
     check_positive_float("layer_norm_epsilon", config.layer_norm_epsilon)
     check_rate("label_smoothing", config.label_smoothing)
+    check_bool("remat", config.remat)
     if isinstance(config.pad_id, bool) or not isinstance(config.pad_id, int):
         raise ValueError(f"`pad_id` must be an integer. Received: pad_id={config.pad_id!r}")
     if not 0 <= config.pad_id < config.vocabulary_size:
@@ -138,6 +141,7 @@ class Transformer(ConfigModel, keras.Model):
         layer_norm_epsilon=1e-6,
         label_smoothing=0.1,
         pad_id=0,
+        remat=False,
         dtype=None,
         **kwargs,
     ):
@@ -161,6 +165,7 @@ class Transformer(ConfigModel, keras.Model):
             layer_norm_epsilon=layer_norm_epsilon,
             label_smoothing=label_smoothing,
             pad_id=pad_id,
+            remat=remat,
         )
         _check_config(config)
         # N(0, D^-0.5): after the sqrt(D) scaling the embeddings have unit
@@ -221,14 +226,16 @@ class Transformer(ConfigModel, keras.Model):
             layer_norm_epsilon=layer_norm_epsilon,
             dtype=dtype,
         )
-        encoder_blocks = [
-            TransformerBlock(**block_args, name=f"encoder_block_{i}")
-            for i in range(num_encoder_layers)
-        ]
-        decoder_blocks = [
-            TransformerDecoderBlock(**block_args, name=f"decoder_block_{i}")
-            for i in range(num_decoder_layers)
-        ]
+        encoder_names = [f"encoder_block_{i}" for i in range(num_encoder_layers)]
+        decoder_names = [f"decoder_block_{i}" for i in range(num_decoder_layers)]
+        with remat_scope(remat, encoder_names + decoder_names):
+            encoder_blocks = [
+                TransformerBlock(**block_args, name=name) for name in encoder_names
+            ]
+            decoder_blocks = [
+                TransformerDecoderBlock(**block_args, name=name)
+                for name in decoder_names
+            ]
 
         # === Functional Model ===
         source_ids = keras.Input((None,), dtype="int32", name="source_ids")

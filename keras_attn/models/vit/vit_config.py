@@ -38,6 +38,11 @@ class ViTConfig:
             `pool_type="gap"`).
         num_classes: size of the classifier head; None for the backbone, which
             returns the pooled `(B, D)` representation.
+        remat: rematerialise each encoder block in training (gradient
+            checkpointing): its activations are recomputed in the backward
+            pass instead of stored. Less memory for about one more forward
+            pass per step; the same weights give the same outputs and
+            gradients either way.
     """
 
     image_size: int = 224
@@ -52,6 +57,7 @@ class ViTConfig:
     layer_norm_epsilon: float = 1e-6
     pooling: str = "cls"
     num_classes: int = None
+    remat: bool = False
 
     @property
     def grid_size(self):

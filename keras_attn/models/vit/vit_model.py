@@ -21,6 +21,8 @@ import keras
 from keras import ops
 
 from keras_attn.models._config import ConfigModel
+from keras_attn.layers._remat import remat_scope
+from keras_attn.layers._validation import check_bool
 from keras_attn.layers._validation import check_choice
 from keras_attn.layers._validation import check_positive_float
 from keras_attn.layers._validation import check_positive_int
@@ -47,6 +49,7 @@ def _check_config(config):
     check_positive_float("layer_norm_epsilon", config.layer_norm_epsilon)
     check_choice("pooling", config.pooling, POOLINGS)
     check_positive_int("num_classes", config.num_classes, allow_none=True)
+    check_bool("remat", config.remat)
     if config.image_size % config.patch_size:
         raise ValueError(
             "`patch_size` must divide `image_size` (the image is cut into "
@@ -126,6 +129,7 @@ class ViT(ConfigModel, keras.Model):
         layer_norm_epsilon=1e-6,
         pooling="cls",
         num_classes=None,
+        remat=False,
         dtype=None,
         **kwargs,
     ):
@@ -142,6 +146,7 @@ class ViT(ConfigModel, keras.Model):
             layer_norm_epsilon=layer_norm_epsilon,
             pooling=pooling,
             num_classes=num_classes,
+            remat=remat,
         )
         _check_config(config)
         grid, width = config.grid_size, config.hidden_dim
@@ -174,20 +179,22 @@ class ViT(ConfigModel, keras.Model):
         embedding_dropout = keras.layers.Dropout(
             dropout, dtype=dtype, name="embedding_dropout"
         )
-        blocks = [
-            TransformerBlock(
-                num_heads=num_heads,
-                intermediate_dim=intermediate_dim,
-                norm_position="pre",
-                activation="gelu",
-                dropout=dropout,
-                attention_dropout=attention_dropout,
-                layer_norm_epsilon=layer_norm_epsilon,
-                dtype=dtype,
-                name=f"transformer_block_{i}",
-            )
-            for i in range(num_layers)
-        ]
+        block_names = [f"transformer_block_{i}" for i in range(num_layers)]
+        with remat_scope(remat, block_names):
+            blocks = [
+                TransformerBlock(
+                    num_heads=num_heads,
+                    intermediate_dim=intermediate_dim,
+                    norm_position="pre",
+                    activation="gelu",
+                    dropout=dropout,
+                    attention_dropout=attention_dropout,
+                    layer_norm_epsilon=layer_norm_epsilon,
+                    dtype=dtype,
+                    name=name,
+                )
+                for name in block_names
+            ]
         final_layer_norm = keras.layers.LayerNormalization(
             epsilon=layer_norm_epsilon, dtype=dtype, name="final_layer_norm"
         )

@@ -1,0 +1,164 @@
+"""`remat=True` (gradient checkpointing of the blocks) in the four families:
+a training-memory option, not architecture. The same weights give the same
+outputs, gradients and state updates; the flag survives `get_config` and
+`.keras` files; builders and recipes take it as a config field."""
+
+import os
+
+import keras
+import numpy as np
+import pytest
+from keras import ops
+
+from keras_attn.models.bert import BertBackbone
+from keras_attn.models.bert import build_bert
+from keras_attn.models.conformer import build_conformer
+from keras_attn.models.transformer import build_transformer
+from keras_attn.models.vit import ViT
+from keras_attn.models.vit import build_vit
+from keras_attn.zoo import recipe as recipes
+from test_case import assert_all_close
+from test_case import checkpoint_count
+from test_case import to_numpy
+from test_case import training_step_results
+
+ROOT = os.path.join(os.path.dirname(__file__), "..", "..")
+RNG = np.random.default_rng(11)
+
+# Tiny models with dropout on (the seeds must replay in the recomputation);
+# the ViT has no classifier because its zero-initialised head would zero
+# every other gradient.
+FAMILIES = {
+    "bert": (
+        lambda **kw: build_bert("bert_tiny", vocabulary_size=40, num_layers=2,
+                                hidden_dim=16, intermediate_dim=32,
+                                max_sequence_length=16, **kw),
+        {
+            "token_ids": RNG.integers(1, 40, (2, 9)).astype("int32"),
+            "segment_ids": np.array([[0] * 5 + [1] * 4] * 2, "int32"),
+            "padding_mask": np.array([[1] * 9, [1] * 6 + [0] * 3], "int32"),
+        },
+    ),
+    "vit": (
+        lambda **kw: build_vit("vit_tiny_16", image_size=16, patch_size=4, num_layers=2,
+                               hidden_dim=16, num_heads=2, intermediate_dim=32,
+                               dropout=0.1, **kw),
+        RNG.integers(0, 256, (2, 16, 16, 3)).astype("uint8"),
+    ),
+    "transformer": (
+        lambda **kw: build_transformer("transformer_base", vocabulary_size=30, hidden_dim=16,
+                                       intermediate_dim=32, num_heads=2,
+                                       num_encoder_layers=2, num_decoder_layers=2, **kw),
+        [
+            np.array([[4, 9, 3, 2, 0], [5, 6, 7, 8, 2]], "int32"),
+            np.array([[1, 7, 7, 0], [1, 3, 4, 5]], "int32"),
+        ],
+    ),
+    "conformer": (
+        lambda **kw: build_conformer("conformer_tiny", vocabulary_size=6, num_layers=2,
+                                     hidden_dim=16, num_mel_bins=20, freq_mask_width=4,
+                                     **kw),
+        {
+            "waveform": (RNG.standard_normal((2, 4000)) * 0.1).astype("float32"),
+            "waveform_length": np.array([4000, 3000], "int32"),
+        },
+    ),
+}
+BLOCKS = {
+    "bert": ["transformer_block_0", "transformer_block_1"],
+    "vit": ["transformer_block_0", "transformer_block_1"],
+    "transformer": ["encoder_block_0", "encoder_block_1", "decoder_block_0", "decoder_block_1"],
+    "conformer": ["conformer_block_0", "conformer_block_1"],
+}
+
+
+def build(family, remat, seed=3):
+    """The family's tiny model; the same seed gives the same weights and
+    dropout / SpecAugment seeds with and without remat."""
+    keras.utils.set_random_seed(seed)
+    return FAMILIES[family][0](remat=remat)
+
+
+def mean_square(outputs):
+    return sum(ops.mean(ops.square(ops.cast(o, "float32"))) for o in keras.tree.flatten(outputs))
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_remat_gives_the_same_outputs_gradients_and_state(family):
+    plain, remat = build(family, remat=False), build(family, remat=True)
+    remat.set_weights(plain.get_weights())
+    inputs = FAMILIES[family][1]
+    outputs, grads, state = training_step_results(plain, inputs, mean_square)
+    remat_outputs, remat_grads, remat_state = training_step_results(remat, inputs, mean_square)
+    assert_all_close(outputs, remat_outputs, 1e-5, "output")
+    assert_all_close(grads, remat_grads, 1e-5, "gradient")
+    assert_all_close(state, remat_state, 1e-5, "state")
+    assert sum(np.abs(g).max() > 0 for g in grads) > len(grads) // 2
+
+
+@pytest.mark.skipif(keras.backend.backend() != "jax", reason="a fact about JAX programs")
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_jax_program_checkpoints_every_block(family):
+    import jax
+
+    def checkpoints(model):
+        state = [v.value for v in model.non_trainable_variables]
+
+        def loss(values):
+            outputs, _ = model.stateless_call(values, state, FAMILIES[family][1], training=True)
+            return mean_square(outputs)
+
+        trainable = [v.value for v in model.trainable_variables]
+        return (
+            checkpoint_count(jax.make_jaxpr(loss)(trainable).jaxpr),
+            checkpoint_count(jax.make_jaxpr(jax.grad(loss))(trainable).jaxpr),
+        )
+
+    forward, backward = checkpoints(build(family, remat=True))
+    assert forward == len(BLOCKS[family]) and backward > 0
+    assert checkpoints(build(family, remat=False)) == (0, 0)
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_remat_survives_config_and_keras_file(family, tmp_path):
+    model = build(family, remat=True)
+    inputs = FAMILIES[family][1]
+    assert model.get_config()["remat"] is True
+    clone = model.__class__.from_config(model.get_config())
+    assert clone.get_config() == model.get_config()
+    path = str(tmp_path / f"{family}.keras")
+    model.save(path)
+    reloaded = keras.saving.load_model(path)
+    assert reloaded.get_config()["remat"] is True
+    assert_all_close(
+        [to_numpy(o) for o in keras.tree.flatten(model(inputs))],
+        [to_numpy(o) for o in keras.tree.flatten(reloaded(inputs))],
+        1e-5,
+        "output",
+    )
+    # Each block of the reloaded model is made inside the RematScope again.
+    for name in BLOCKS[family]:
+        assert name in reloaded.get_layer(name)._remat_mode.layer_names
+
+
+@pytest.mark.parametrize("value", [1, "true", None])
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_remat_must_be_a_bool(family, value):
+    with pytest.raises(ValueError, match=rf"`remat` must be True or False\. Received: remat={value!r}"):
+        FAMILIES[family][0](remat=value)
+
+
+def test_constructors_take_remat_and_default_to_off():
+    assert build_bert("bert_tiny", num_layers=1).bert_config.remat is False
+    assert BertBackbone(vocabulary_size=20, num_layers=1, num_heads=2, hidden_dim=8,
+                        intermediate_dim=16, remat=True).bert_config.remat is True
+    assert ViT(image_size=8, patch_size=4, hidden_dim=8, num_layers=1, num_heads=2,
+               intermediate_dim=16, remat=True).get_config()["remat"] is True
+
+
+def test_recipe_override_sets_remat():
+    path = os.path.join(ROOT, "models", "vit", "vit_tiny_digits.json")
+    resolved = recipes.load_recipe(path, ["model.overrides.remat=true"])
+    assert resolved["model"]["overrides"]["remat"] is True
+    with pytest.raises(ValueError, match=r"model\.overrides\.remat.*Received: model\.overrides\.remat='yes'"):
+        recipes.load_recipe(path, ["model.overrides.remat=yes"])
