@@ -210,19 +210,11 @@ def _bert_inputs(np_rng, batch, length, vocab, jnp):
 
 
 def build_keras_attn_bert(cfg, remat=False):
-    import keras
-
     from keras_attn.models.bert import BertPretrainer
     from keras_attn.models.bert import build_bert
 
-    def build():
-        return BertPretrainer(build_bert("bert_base", **cfg))
-
-    if not remat:
-        return build()
-    names = [f"transformer_block_{i}" for i in range(cfg["num_layers"])]
-    with keras.RematScope(mode="list_of_layers", layer_names=names):
-        return build()
+    # remat=True rematerialises each transformer block (keras.RematScope).
+    return BertPretrainer(build_bert("bert_base", remat=remat, **cfg))
 
 
 def run_bert_jax(impl, case, smoke):

@@ -725,10 +725,24 @@ def load_recipe(path, overrides=()):
     return validate_recipe(apply_overrides(read_recipe_file(path), overrides), name=stem)
 
 
+# Model overrides that change neither the numbers nor the variables: a run
+# may resume with them changed (say, remat turned on after running out of
+# memory).
+RUN_NEUTRAL_OVERRIDES = ("remat",)
+
+
 def fingerprint(recipe):
     """What identifies a run: the resolved recipe without the documentation
-    keys (a run resumes after `expected` is filled in)."""
-    return {k: v for k, v in recipe.items() if k not in DOCUMENTATION_KEYS}
+    keys (a run resumes after `expected` is filled in) and without the
+    run-neutral model overrides (`model.overrides.remat`)."""
+    found = {k: v for k, v in recipe.items() if k not in DOCUMENTATION_KEYS}
+    model = found.get("model")
+    if isinstance(model, dict) and isinstance(model.get("overrides"), dict):
+        overrides = {
+            k: v for k, v in model["overrides"].items() if k not in RUN_NEUTRAL_OVERRIDES
+        }
+        found["model"] = {**model, "overrides": overrides}
+    return found
 
 
 def find_difference(a, b, prefix=""):

@@ -249,3 +249,14 @@ def test_fingerprint_and_difference():
     assert recipes.find_difference(resolved, changed) == (
         "training.optimizer.learning_rate", 0.002, 0.1)
     assert recipes.find_difference(resolved, copy.deepcopy(resolved)) is None
+    # remat changes neither numbers nor variables: a run resumes with it
+    # turned on (it is still validated as a config field).
+    remat = recipes.validate_recipe(
+        recipes.apply_overrides(resolved, ["model.overrides.remat=true"]), name="vit_tiny_digits")
+    assert remat["model"]["overrides"]["remat"] is True
+    before = copy.deepcopy(remat)
+    assert recipes.fingerprint(remat) == recipes.fingerprint(resolved)
+    assert remat == before  # the recipe itself keeps its remat
+    other = recipes.apply_overrides(resolved, ["model.overrides.num_layers=1"])
+    assert recipes.find_difference(recipes.fingerprint(resolved), recipes.fingerprint(other))[0] == (
+        "model.overrides.num_layers")
