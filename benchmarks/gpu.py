@@ -673,14 +673,14 @@ def table(results, smoke):
             lines.append(f"| all | | | not measured: {att['error']} |")
     mem = [(k, v) for k, v in results.items() if k.startswith("memory:")]
     if mem:
-        lines += ["", "| BERT-base length 512 | per example GiB | fixed GiB | largest batch | s/step there |",
+        lines += ["", "| BERT-base length 512 | per example MiB | fixed GiB | largest batch | s/step there |",
                   "|---|---|---|---|---|"]
         for key, r in mem:
             if "error" in r:
                 lines.append(f"| {key.split(':')[1]} | | | not measured: {r['error']} | |")
                 continue
             step = f"{r['seconds_per_step']:.3f}" if r.get("seconds_per_step") else ""
-            lines.append(f"| {key.split(':')[1]} | {r['per_example_bytes'] / 2**30:.3f} | "
+            lines.append(f"| {key.split(':')[1]} | {r['per_example_bytes'] / 2**20:.1f} | "
                          f"{r['fixed_bytes'] / 2**30:.2f} | {r.get('largest_batch')} | {step} |")
     return "\n".join(lines)
 
