@@ -18,7 +18,6 @@ from keras_attn.models.vit import ViT
 from keras_attn.models.vit import build_vit
 from keras_attn.zoo import recipe as recipes
 from test_case import assert_all_close
-from test_case import checkpoint_count
 from test_case import to_numpy
 from test_case import training_step_results
 
@@ -96,29 +95,6 @@ def test_remat_gives_the_same_outputs_gradients_and_state(family):
     assert sum(np.abs(g).max() > 0 for g in grads) > len(grads) // 2
 
 
-@pytest.mark.skipif(keras.backend.backend() != "jax", reason="a fact about JAX programs")
-@pytest.mark.parametrize("family", sorted(FAMILIES))
-def test_jax_program_checkpoints_every_block(family):
-    import jax
-
-    def checkpoints(model):
-        state = [v.value for v in model.non_trainable_variables]
-
-        def loss(values):
-            outputs, _ = model.stateless_call(values, state, FAMILIES[family][1], training=True)
-            return mean_square(outputs)
-
-        trainable = [v.value for v in model.trainable_variables]
-        return (
-            checkpoint_count(jax.make_jaxpr(loss)(trainable).jaxpr),
-            checkpoint_count(jax.make_jaxpr(jax.grad(loss))(trainable).jaxpr),
-        )
-
-    forward, backward = checkpoints(build(family, remat=True))
-    assert forward == len(BLOCKS[family]) and backward > 0
-    assert checkpoints(build(family, remat=False)) == (0, 0)
-
-
 @pytest.mark.parametrize("family", sorted(FAMILIES))
 def test_remat_survives_config_and_keras_file(family, tmp_path):
     model = build(family, remat=True)
@@ -136,9 +112,14 @@ def test_remat_survives_config_and_keras_file(family, tmp_path):
         1e-5,
         "output",
     )
-    # Each block of the reloaded model is made inside the RematScope again.
+    # Each block of the reloaded model is made inside the RematScope again,
+    # listed by name (tests/layers/test_remat.py shows, in the JAX pass of
+    # CI, that a listed block is one checkpoint in the program and its
+    # sublayers none).
     for name in BLOCKS[family]:
         assert name in reloaded.get_layer(name)._remat_mode.layer_names
+        assert model.get_layer(name)._remat_mode.layer_names == reloaded.get_layer(
+            name)._remat_mode.layer_names
 
 
 @pytest.mark.parametrize("value", [1, "true", None])
