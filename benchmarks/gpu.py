@@ -28,14 +28,15 @@ memory is its own and JAX and PyTorch never share an allocator):
   forced) against the explicit `softmax(QK^T)V` path.
 - `memory`: BERT-base at length 512: the largest batch that fits on the
   device without and with rematerialisation of each transformer block
-  (`keras.RematScope`), read off XLA's compiled memory analysis and then
+  (`build_bert(..., remat=True)`), read off XLA's compiled memory analysis and then
   checked by running that batch.
 
 Training steps on JAX are one jitted function over the models'
 `stateless_call` and the optimizer's `stateless_apply` with donated
 buffers, the data already on the device; PyTorch peers run the usual eager
 loop (`--torch-compile` adds `torch.compile` rows). Throughput is the
-median over `--rounds` timed rounds of `--steps` steps each, after warm-up.
+median over 5 timed rounds of 10 steps each (2 of 2 with `--smoke`), after
+a compiling call and one warm-up round.
 
 MFU = model FLOPs per second / the device's dense bf16 peak, with the model
 FLOPs per token 6N + 12 L d T (N parameters, L layers, d width, T length;
