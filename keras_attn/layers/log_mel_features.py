@@ -12,9 +12,18 @@ class LogMelFeatures(keras.layers.Layer):
     """Waveform `(B, N)` -> log-mel features `(B, T, num_mel_bins)`.
 
     `keras.layers.MelSpectrogram` (centred frames, so `T = 1 + N // frame_step`),
-    then, per utterance and per mel bin, mean and variance normalisation over
-    the utterance's valid frames only; padded frames are set to 0. Keeping it
-    in the model means a SavedModel takes raw audio.
+    in decibels floored at `top_db` below the utterance's own loudest valid
+    frame, then, per utterance and per mel bin, mean and variance
+    normalisation over the utterance's valid frames only; padded frames are
+    set to 0. Keeping it in the model means a SavedModel takes raw audio.
+
+    An utterance's features depend on its own `waveform_length` samples
+    only, never on the padding after them or on the other utterances of the
+    batch: samples past the length are zeroed, the frames near the end see
+    zeros past it whether or not more padding follows, and the decibel floor
+    is per utterance (Keras's is over the whole batch). A `waveform_length`
+    below 0 or above the padded length `N` gives NaN features (an error that
+    cannot go unseen where no Python check runs).
 
     Args:
         sampling_rate: audio sampling rate in Hz.
@@ -23,6 +32,7 @@ class LogMelFeatures(keras.layers.Layer):
         frame_step: hop in samples (160 = 10 ms).
         fft_length: FFT size (>= frame_length).
         epsilon: added to the variance.
+        top_db: the dynamic range kept below each utterance's loudest bin.
         **kwargs: base layer arguments.
 
     Call arguments:
@@ -48,6 +58,7 @@ class LogMelFeatures(keras.layers.Layer):
         frame_step=160,
         fft_length=512,
         epsilon=1e-5,
+        top_db=80.0,
         **kwargs,
     ):
         super().__init__(**kwargs)
@@ -62,6 +73,7 @@ class LogMelFeatures(keras.layers.Layer):
                 f"fft_length={fft_length}, frame_length={frame_length}"
             )
         self.epsilon = check_positive_float("epsilon", epsilon)
+        self.top_db = check_positive_float("top_db", top_db)
 
     def build(self, waveform_shape, waveform_length_shape=None):
         self.mel_spectrogram = keras.layers.MelSpectrogram(
@@ -70,6 +82,7 @@ class LogMelFeatures(keras.layers.Layer):
             sequence_length=self.frame_length,
             sampling_rate=self.sampling_rate,
             num_mel_bins=self.num_mel_bins,
+            power_to_db=False,  # in `call`, per utterance
             dtype=self.dtype_policy,
             name="mel_spectrogram",
         )
@@ -80,20 +93,38 @@ class LogMelFeatures(keras.layers.Layer):
         return 1 + waveform_length // self.frame_step
 
     def call(self, waveform, waveform_length=None):
-        # The STFT and the logarithm run in float32 whatever the policy.
-        features = self.mel_spectrogram(ops.cast(waveform, "float32"))  # (B, M, T)
-        features = ops.cast(ops.transpose(features, (0, 2, 1)), "float32")  # (B, T, M)
-        steps = ops.shape(features)[1]
+        waveform = ops.cast(waveform, "float32")  # (B, N)
+        samples = ops.shape(waveform)[1]
+        steps = 1 + samples // self.frame_step  # frames of the padded batch
         if waveform_length is None:
+            lengths = None
+        else:
+            lengths = ops.cast(waveform_length, "int32")  # (B,)
+            inside = ops.less(ops.arange(samples)[None, :], lengths[:, None])
+            waveform = ops.where(inside, waveform, 0.0)
+        # Zeros after the end: the last valid frames' windows reach half an
+        # FFT past the length and must see zeros there whether or not the
+        # batch pads this utterance (the STFT reflects the array's own end).
+        waveform = ops.pad(waveform, [[0, 0], [0, self.fft_length // 2]])
+        # The STFT and the logarithm run in float32 whatever the policy.
+        power = self.mel_spectrogram(waveform)  # (B, M, T + extra)
+        power = ops.cast(ops.transpose(power, (0, 2, 1)), "float32")[:, :steps]  # (B, T, M)
+        features = 10.0 * ops.log10(ops.maximum(power, 1e-10))  # dB
+        if lengths is None:
             valid = ops.ones_like(features[:, :, :1])
         else:
-            frames = self.num_frames(ops.cast(waveform_length, "int32"))
+            frames = self.num_frames(lengths)
             valid = ops.less(ops.arange(steps)[None, :], frames[:, None])
             valid = ops.cast(valid, "float32")[:, :, None]  # (B, T, 1)
+        loudest = ops.max(features * valid + (valid - 1.0) * 1e9, axis=(1, 2), keepdims=True)
+        features = ops.maximum(features, loudest - self.top_db)
         count = ops.maximum(ops.sum(valid, axis=1, keepdims=True), 1.0)  # (B, 1, 1)
         mean = ops.sum(features * valid, axis=1, keepdims=True) / count
         variance = ops.sum(ops.square(features - mean) * valid, axis=1, keepdims=True) / count
         features = (features - mean) / ops.sqrt(variance + self.epsilon) * valid
+        if lengths is not None:
+            bad = ops.logical_or(lengths < 0, lengths > samples)  # (B,)
+            features = ops.where(bad[:, None, None], float("nan"), features)
         return ops.cast(features, self.compute_dtype)
 
     def compute_output_shape(self, waveform_shape, waveform_length_shape=None):
@@ -113,6 +144,7 @@ class LogMelFeatures(keras.layers.Layer):
                 "frame_step": self.frame_step,
                 "fft_length": self.fft_length,
                 "epsilon": self.epsilon,
+                "top_db": self.top_db,
             }
         )
         return config

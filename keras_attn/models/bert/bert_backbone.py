@@ -20,6 +20,10 @@ import keras
 import numpy as np
 from keras import ops
 
+from keras_attn._guard import GuardedModel
+from keras_attn._guard import IdSpec
+from keras_attn._guard import MaskSpec
+from keras_attn._guard import check_ids
 from keras_attn.models._config import ConfigModel
 from keras_attn.layers._remat import remat_scope
 from keras_attn.layers._validation import check_bool
@@ -62,23 +66,29 @@ def _check_config(config):
 def check_token_ids(token_ids, vocabulary_size, name="token_ids"):
     """Raises `ValueError` if a concrete id lies outside `[0, vocabulary_size)`.
 
-    Use it on NumPy data before it reaches the model. Inside the model an
-    out-of-range id cannot raise on every backend (a gather clamps under XLA
-    and on GPUs), so the backbone makes the embedding of such an id NaN
-    instead: the error shows in the outputs, never a silent wrong vector.
+    Use it on NumPy data before it reaches the model (the model checks
+    concrete inputs itself). Inside a compiled step an out-of-range id cannot
+    raise on every backend (a gather clamps under XLA and on GPUs), so the
+    backbone makes the embedding of such an id NaN instead: the error shows
+    in the outputs (and a training step on it is skipped), never a silent
+    wrong vector.
     """
-    ids = np.asarray(token_ids)
-    if ids.size and (ids.min() < 0 or ids.max() >= vocabulary_size):
-        bad = ids[(ids < 0) | (ids >= vocabulary_size)]
-        raise ValueError(
-            f"`{name}` must lie in [0, {vocabulary_size}) (the vocabulary "
-            f"size). Received: {name} out of range={sorted(set(bad.tolist()))[:10]}"
-        )
+    check_ids(name, token_ids, IdSpec(0, vocabulary_size, "the vocabulary"))
     return token_ids
 
 
+def _lookup_or_nan(embedding, ids, size):
+    """`embedding(ids)`, with a NaN vector for an id outside `[0, size)`
+    on every backend, never a silently clamped row (XLA and GPUs clamp
+    gathers; TF on CPU raises): id 0 is looked up in its place, then
+    overwritten."""
+    valid = ops.logical_and(ids >= 0, ids < size)  # (B, T)
+    vectors = embedding(ops.where(valid, ids, 0))  # (B, T, D)
+    return ops.where(ops.expand_dims(valid, -1), vectors, float("nan"))
+
+
 @keras.saving.register_keras_serializable(package="keras_attn")
-class BertBackbone(ConfigModel, keras.Model):
+class BertBackbone(GuardedModel, ConfigModel, keras.Model):
     """BERT encoder: token, segment and padding inputs in, the sequence and
     pooled outputs out.
 
@@ -94,9 +104,10 @@ class BertBackbone(ConfigModel, keras.Model):
         sequence_output: `(B, T, D)`, the last block's output.
         pooled_output: `(B, D)`, `tanh(W h_[CLS] + b)`.
 
-    An input longer than `max_sequence_length` raises `ValueError` (see
-    `PositionEmbedding`); an out-of-range token id gives NaN outputs (see
-    `check_token_ids`).
+    Concrete inputs are checked (`ValueError` for a token or segment id out
+    of range, a `padding_mask` that is not boolean or 0/1, a length past
+    `max_sequence_length`); inside a compiled step, where nothing can raise,
+    such ids give NaN outputs instead (see `keras_attn._guard`).
 
     Example:
 
@@ -207,15 +218,9 @@ class BertBackbone(ConfigModel, keras.Model):
         token_ids = keras.Input(shape=(None,), dtype="int32", name="token_ids")
         segment_ids = keras.Input(shape=(None,), dtype="int32", name="segment_ids")
         padding_mask = keras.Input(shape=(None,), dtype="int32", name="padding_mask")
-        # An id outside the table gives a NaN vector on every backend, never
-        # a silently clamped row (XLA and GPUs clamp gathers; TF on CPU
-        # raises): look up id 0 in its place, then overwrite with NaN.
-        valid = ops.logical_and(token_ids >= 0, token_ids < vocabulary_size)
-        tokens = token_embedding(ops.where(valid, token_ids, 0))  # (B, T, D)
-        tokens = ops.where(ops.expand_dims(valid, -1), tokens, float("nan"))
-        x = embeddings_add(
-            [tokens, segment_embedding(segment_ids), position_embedding(tokens)]
-        )
+        tokens = _lookup_or_nan(token_embedding, token_ids, vocabulary_size)
+        segments = _lookup_or_nan(segment_embedding, segment_ids, num_segments)
+        x = embeddings_add([tokens, segments, position_embedding(tokens)])
         x = embeddings_layer_norm(x)
         x = embeddings_dropout(x)
         mask = ops.cast(padding_mask, "bool")  # (B, T), True = real token
@@ -240,6 +245,17 @@ class BertBackbone(ConfigModel, keras.Model):
         # === Config ===
         self.bert_config = config
         self.token_embedding = token_embedding
+
+    def input_specs(self):
+        config = self.bert_config
+        return {
+            "token_ids": IdSpec(0, config.vocabulary_size, "the vocabulary"),
+            "segment_ids": IdSpec(0, config.num_segments, "the segments"),
+            "padding_mask": MaskSpec(),
+        }
+
+    def max_length(self):
+        return {"token_ids": self.bert_config.max_sequence_length}
 
 
 def build_bert(config, **overrides):

@@ -92,8 +92,13 @@ class BertMaskedLMHead(keras.layers.Layer):
                 f"`embeddings` must have vocabulary_size={self.vocabulary_size} "
                 f"rows. Received: embeddings.shape={tuple(embeddings.shape)}"
             )
-        positions = ops.cast(mask_positions, "int32")[..., None]  # (B, P, 1)
+        positions = ops.cast(mask_positions, "int32")  # (B, P)
+        # A position outside the sequence gives NaN, never the clamped last
+        # (or first) token that XLA's gather would return silently.
+        valid = ops.logical_and(positions >= 0, positions < ops.shape(inputs)[1])
+        positions = ops.where(valid, positions, 0)[..., None]  # (B, P, 1)
         x = ops.take_along_axis(inputs, positions, axis=1)  # (B, P, D)
+        x = ops.where(valid[..., None], x, ops.cast(float("nan"), x.dtype))
         x = self.transform_layer_norm(self.activation(self.transform_dense(x)))
         table = ops.cast(embeddings, self.compute_dtype)  # (V, D)
         logits = ops.einsum("bpd,vd->bpv", x, table)  # (B, P, V)

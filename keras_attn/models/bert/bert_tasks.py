@@ -8,6 +8,9 @@ fills in the loss and metrics when they are left out, so
 
 import keras
 
+from keras_attn._guard import GuardedModel
+from keras_attn._guard import IdSpec
+from keras_attn._guard import check_ids
 from keras_attn.layers._validation import check_positive_int
 from keras_attn.layers._validation import check_rate
 from keras_attn.models.bert.bert_backbone import BertBackbone
@@ -36,11 +39,21 @@ def _sparse_ce(**kwargs):
     return keras.losses.SparseCategoricalCrossentropy(from_logits=True, **kwargs)
 
 
-class _BertTask(keras.Model):
+class _BertTask(GuardedModel, keras.Model):
     """Config handling shared by the task models: the backbone is serialized
-    as a nested object, the other constructor arguments as they are."""
+    as a nested object, the other constructor arguments as they are. Inputs
+    and labels are checked as `keras_attn._guard.GuardedModel` says."""
 
     _task_args = ()
+
+    def input_specs(self):
+        return self.backbone.input_specs()
+
+    def max_length(self):
+        return self.backbone.max_length()
+
+    def label_specs(self):
+        return {None: IdSpec(0, self.num_classes, "the classes")}
 
     def get_config(self):
         config = {
@@ -57,17 +70,6 @@ class _BertTask(keras.Model):
         config = dict(config)
         config["backbone"] = keras.saving.deserialize_keras_object(config["backbone"])
         return cls(**config)
-
-    def compile_from_config(self, config):
-        """Compiles a reloaded model as it was saved: the saved config holds
-        the losses and metrics `compile` resolved, so they are passed back
-        as they are (Keras skips this for models whose `compile` is custom,
-        which left reloaded task models uncompiled)."""
-        config = keras.saving.deserialize_keras_object(config)
-        self.compile(**config)
-        if self.built:
-            # Variables to load the saved optimizer state into.
-            self.optimizer.build(self.trainable_variables)
 
 
 @keras.saving.register_keras_serializable(package="keras_attn")
@@ -136,6 +138,18 @@ class BertPretrainer(_BertTask):
 
         # === Config ===
         self.backbone = backbone
+
+    def label_specs(self):
+        return {
+            "mlm": IdSpec(0, self.backbone.bert_config.vocabulary_size, "the vocabulary"),
+            "nsp": IdSpec(0, 2, "0 random, 1 next"),
+        }
+
+    def check_arrays(self, named):
+        positions, tokens = named.get("mask_positions"), named.get("token_ids")
+        if positions is not None and tokens is not None and tokens.ndim == 2:
+            check_ids("mask_positions", positions,
+                      IdSpec(0, tokens.shape[1], "positions of token_ids"))
 
     def compile(self, optimizer="adam", loss="auto", metrics="auto",
                 weighted_metrics="auto", **kwargs):

@@ -13,9 +13,16 @@ waveform (B, N), waveform_length (B,)
 
 import dataclasses
 
+import warnings
+
 import keras
+import numpy as np
 from keras import ops
 
+from keras_attn._guard import GuardedModel
+from keras_attn._guard import IdSpec
+from keras_attn._guard import check_ids
+from keras_attn._guard import concrete_value
 from keras_attn.models._config import ConfigModel
 from keras_attn.layers._remat import remat_scope
 from keras_attn.layers._validation import check_bool
@@ -50,7 +57,7 @@ class LengthMask(keras.layers.Layer):
 
 
 @keras.saving.register_keras_serializable(package="keras_attn")
-class ConformerCTC(ConfigModel, keras.Model):
+class ConformerCTC(GuardedModel, ConfigModel, keras.Model):
     """A Conformer encoder trained with CTC; build it with `build_conformer`.
 
     Inputs: `{"waveform": (B, N) float32, "waveform_length": (B,) int32}`,
@@ -141,6 +148,52 @@ class ConformerCTC(ConfigModel, keras.Model):
         self.conformer_config = config
         self.vocabulary_size = vocabulary_size
 
+    def label_specs(self):
+        return {None: IdSpec(0, self.vocabulary_size + 1, "1..V, 0 pads")}
+
+    def check_arrays(self, named):
+        if self.conformer_config.input_type == "waveform":
+            signal, lengths = named.get("waveform"), named.get("waveform_length")
+            name = "waveform_length"
+        else:
+            signal, lengths = named.get("features"), named.get("feature_length")
+            name = "feature_length"
+        if signal is None or lengths is None or np.ndim(signal) < 2:
+            return
+        check_ids(name, lengths, IdSpec(0, np.shape(signal)[1] + 1,
+                                        "at most the padded length"))
+
+    def _check_data(self, x, y=None):
+        super()._check_data(x, y)
+        if y is None or isinstance(y, dict):
+            return
+        named, labels = self._named(x), concrete_value(y)
+        frames = self._frames(named)
+        if labels is None or frames is None or labels.ndim != 2:
+            return
+        needed = ctc_frames_needed(labels)
+        emitted = subsampled_length(frames)
+        short = int(np.sum(needed > emitted))
+        if short:
+            warnings.warn(
+                f"{short} of {len(labels)} utterance(s) have more labels than "
+                "their logits can emit after 4x subsampling (CTC needs one frame "
+                "per label plus one between repeated labels); their loss is "
+                "infinite and their steps will be skipped. Received: "
+                f"labels needing {needed[needed > emitted][:5].tolist()} frames, "
+                f"logits of {emitted[needed > emitted][:5].tolist()}",
+                stacklevel=3,
+            )
+
+    def _frames(self, named):
+        """Feature frames per utterance `(B,)` from concrete inputs, or None."""
+        if "waveform_length" in named:
+            lengths = np.asarray(named["waveform_length"]).astype("int64")
+            return 1 + lengths // self.conformer_config.frame_step
+        if "feature_length" in named:
+            return np.asarray(named["feature_length"]).astype("int64")
+        return None
+
     def compute_loss(self, x=None, y=None, y_pred=None, sample_weight=None, training=True):
         labels = ops.cast(y, "int32")
         label_lengths = ops.sum(ops.cast(labels > 0, "int32"), axis=1)
@@ -152,8 +205,9 @@ class ConformerCTC(ConfigModel, keras.Model):
             mask_index=0,
         )  # (B,)
         # The regularization losses added to every utterance add them once
-        # to the mean, scaled for the replicas like the CTC term.
-        losses = losses + sum(self.losses, 0.0)  # (B,)
+        # to the mean, scaled for the replicas like the CTC term; a label out
+        # of range makes the loss NaN (the step is skipped).
+        losses = losses + sum(self.losses, 0.0) + self.label_guard(labels)  # (B,)
         return _BatchMean(name="ctc_loss")(losses, losses)
 
     def decode(self, inputs, strategy="greedy", beam_width=16):
@@ -170,6 +224,19 @@ class ConformerCTC(ConfigModel, keras.Model):
             mask_index=0,
         )
         return decoded[0]
+
+
+def ctc_frames_needed(labels):
+    """Frames CTC needs to emit each row of `labels` `(B, L)` (0 pads): one
+    per label plus one blank between two equal labels in a row.
+
+    >>> ctc_frames_needed(np.array([[3, 3, 4, 0], [1, 2, 0, 0]])).tolist()
+    [4, 2]
+    """
+    labels = np.asarray(labels)
+    real = labels > 0
+    repeats = real[:, 1:] & (labels[:, 1:] == labels[:, :-1])
+    return real.sum(axis=1) + repeats.sum(axis=1)
 
 
 def build_conformer(config, vocabulary_size, **overrides):

@@ -69,7 +69,12 @@ class SharedEmbedding(keras.layers.Layer):
         table = ops.cast(self.embeddings, self.compute_dtype)
         if reverse:
             return ops.matmul(inputs, ops.transpose(table))  # (B, T, V)
-        vectors = ops.take(table, ops.cast(inputs, "int32"), axis=0)  # (B, T, D)
+        ids = ops.cast(inputs, "int32")
+        # An id outside the table gives a NaN vector, never the clamped row
+        # that XLA's gather (and a GPU's) returns silently; TF on CPU raises.
+        valid = ops.logical_and(ids >= 0, ids < self.vocabulary_size)  # (B, T)
+        vectors = ops.take(table, ops.where(valid, ids, 0), axis=0)  # (B, T, D)
+        vectors = ops.where(valid[..., None], vectors, ops.cast(float("nan"), vectors.dtype))
         if self.scale_by_sqrt_dim:
             vectors = vectors * ops.cast(self.hidden_dim**0.5, self.compute_dtype)
         return vectors

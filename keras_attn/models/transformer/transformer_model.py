@@ -22,6 +22,8 @@ import dataclasses
 import keras
 from keras import ops
 
+from keras_attn._guard import GuardedModel
+from keras_attn._guard import IdSpec
 from keras_attn.models._config import ConfigModel
 from keras_attn.layers._remat import remat_scope
 from keras_attn.layers._validation import check_bool
@@ -88,14 +90,20 @@ def _check_config(config):
 
 
 @keras.saving.register_keras_serializable(package="keras_attn")
-class Transformer(ConfigModel, keras.Model):
+class Transformer(GuardedModel, ConfigModel, keras.Model):
     """The encoder-decoder Transformer: `[source_ids, target_ids]` in,
     next-token logits `(B, T, V)` out.
 
-    Train with `fit(((source_ids, target_in_ids), target_out_ids))` where
+    Train with `fit([source_ids, target_in_ids], target_out_ids)` where
     `target_in_ids` is the target shifted right (starting with a start
     token) and `target_out_ids` the target followed by an end token; pad both
-    with `pad_id`. The arguments are the fields of `TransformerConfig`; prefer
+    with `pad_id`. `compile()` defaults to the paper's loss (label-smoothed
+    cross-entropy that ignores padding) and a padding-aware token accuracy.
+
+    Concrete inputs and labels are checked (`ValueError` for an id outside
+    the vocabulary, a length past `max_sequence_length` with learned
+    positions); inside a compiled step such ids give NaN outputs and a NaN
+    loss, and the step is skipped (see `keras_attn._guard`). The arguments are the fields of `TransformerConfig`; prefer
     `build_transformer("transformer_base", ...)`.
 
     Besides the functional call, the model exposes what decoding needs:
@@ -274,6 +282,40 @@ class Transformer(ConfigModel, keras.Model):
 
         # === Config ===
         self.transformer_config = config
+
+    def input_specs(self):
+        config = self.transformer_config
+        return {
+            "source_ids": IdSpec(0, config.vocabulary_size, "the source vocabulary"),
+            "target_ids": IdSpec(0, self._target_vocabulary_size(), "the target vocabulary"),
+        }
+
+    def max_length(self):
+        config = self.transformer_config
+        if config.position_embedding == "sinusoidal":
+            return {}
+        return {name: config.max_sequence_length for name in ("source_ids", "target_ids")}
+
+    def label_specs(self):
+        return {None: IdSpec(0, self._target_vocabulary_size(), "the target vocabulary")}
+
+    def _target_vocabulary_size(self):
+        config = self.transformer_config
+        return config.target_vocabulary_size or config.vocabulary_size
+
+    def compile(self, optimizer="adam", loss="auto", metrics="auto", **kwargs):
+        """`keras.Model.compile`; "auto" is the paper's label-smoothed
+        cross-entropy (`label_smoothing` of the config) averaged over the
+        real target tokens, and the token accuracy over them."""
+        from keras_attn.training.losses import LabelSmoothedCrossEntropy
+        from keras_attn.training.metrics import MaskedTokenAccuracy
+
+        config = self.transformer_config
+        if loss == "auto":
+            loss = LabelSmoothedCrossEntropy(config.label_smoothing, pad_id=config.pad_id)
+        if metrics == "auto":
+            metrics = [MaskedTokenAccuracy(pad_id=config.pad_id)]
+        super().compile(optimizer=optimizer, loss=loss, metrics=metrics, **kwargs)
 
     @staticmethod
     def _final_norm(side, epsilon, dtype):

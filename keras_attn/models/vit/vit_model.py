@@ -20,6 +20,8 @@ import dataclasses
 import keras
 from keras import ops
 
+from keras_attn._guard import GuardedModel
+from keras_attn._guard import IdSpec
 from keras_attn.models._config import ConfigModel
 from keras_attn.layers._remat import remat_scope
 from keras_attn.layers._validation import check_bool
@@ -89,7 +91,7 @@ class _Pooling(keras.layers.Layer):
 
 
 @keras.saving.register_keras_serializable(package="keras_attn")
-class ViT(ConfigModel, keras.Model):
+class ViT(GuardedModel, ConfigModel, keras.Model):
     """Vision Transformer: images in, `(B, num_classes)` logits (or the
     pooled `(B, hidden_dim)` representation when `num_classes` is None) out.
 
@@ -232,6 +234,10 @@ class ViT(ConfigModel, keras.Model):
 
         # === Config ===
         self.vit_config = config
+
+    def label_specs(self):
+        num_classes = self.vit_config.num_classes
+        return {} if num_classes is None else {None: IdSpec(0, num_classes, "the classes")}
 
 
 def build_vit(config, num_classes=None, **overrides):

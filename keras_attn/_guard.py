@@ -1,0 +1,479 @@
+"""Bad data never reaches the weights: the checks and the safety net that
+every model family shares.
+
+Three lines of defence, from the cheapest to the last resort:
+
+1. Checks in Python whenever the data is concrete (eager calls, and `fit`,
+   `evaluate`, `predict` on NumPy arrays, checked once before the first
+   step): an id outside its range, a mask that is not boolean or 0/1, a
+   sequence past `max_sequence_length` or a label outside its classes is a
+   `ValueError` that names the input, the values seen and the range allowed.
+2. Inside the model, where no Python runs (a `jit`-compiled step, a
+   `tf.data` pipeline, a SavedModel), an out-of-range id or position makes
+   the outputs NaN (a gather would otherwise clamp silently under XLA) and
+   an out-of-range label makes the loss NaN.
+3. `SkipNonFiniteSteps` wraps the optimizer in `compile`: a step whose
+   gradients are not all finite changes no weight and no optimizer state
+   (its iteration count included), and `StopOnNonFiniteLoss`, added to every
+   `fit`, ends training at the end of that step with `NonFiniteLossError`.
+
+Layers and models use `keras.ops` only; this module touches backend
+specifics only through Keras's own helpers, to tell a concrete tensor from
+a traced one.
+"""
+
+import dataclasses
+import math
+import numbers
+
+import keras
+import numpy as np
+from keras import ops
+
+try:  # what Keras's own LossScaleOptimizer.build is decorated with
+    from keras.src.utils.tracking import no_automatic_dependency_tracking
+except ImportError:  # pragma: no cover - reorganised Keras
+
+    def no_automatic_dependency_tracking(fn):
+        return fn
+
+# === Concrete values ===
+
+
+def concrete_value(x):
+    """`x` as a NumPy array when its values exist now, else None.
+
+    None for symbolic Keras tensors and for tensors being traced (a
+    `tf.function` graph, a `jax.jit` trace), where no Python check can run.
+    """
+    if x is None or isinstance(x, keras.KerasTensor):
+        return None
+    if isinstance(x, np.ndarray):
+        return x
+    if isinstance(x, (numbers.Number, list)):
+        return np.asarray(x)
+    if not ops.is_tensor(x):
+        return None
+    backend = keras.backend.backend()
+    if backend == "tensorflow":
+        from keras.src.utils.backend_utils import in_tf_graph
+
+        if in_tf_graph():
+            return None
+    elif backend == "jax":
+        from keras.src.utils.jax_utils import is_in_jax_tracing_scope
+
+        if is_in_jax_tracing_scope(x):
+            return None
+    elif backend == "torch":
+        import torch  # only reached on the torch backend
+
+        if torch.compiler.is_compiling():
+            return None
+    return ops.convert_to_numpy(x)
+
+
+# === What a model accepts ===
+
+
+@dataclasses.dataclass(frozen=True)
+class IdSpec:
+    """Integer ids in `[low, high)` (token, segment, label ids)."""
+
+    low: int
+    high: int
+    what: str = ""
+
+    def describe(self, name):
+        what = f" ({self.what})" if self.what else ""
+        return f"{name} in [{self.low}, {self.high}){what}"
+
+
+@dataclasses.dataclass(frozen=True)
+class MaskSpec:
+    """A boolean mask, or numbers that are exactly 0 or 1."""
+
+    def describe(self, name):
+        return f"{name} boolean or 0/1"
+
+
+def _sample(values, limit=8):
+    values = sorted(set(np.asarray(values).ravel().tolist()))
+    text = ", ".join(repr(v) for v in values[:limit])
+    return text + (", ..." if len(values) > limit else "")
+
+
+def check_ids(name, values, spec):
+    """`ValueError` unless every value of the NumPy array `values` is an
+    integer in `[spec.low, spec.high)`."""
+    values = np.asarray(values)
+    if values.size == 0:
+        return
+    if values.dtype.kind == "f":
+        if not np.all(np.isfinite(values)) or np.any(values != np.round(values)):
+            bad = values[~np.isfinite(values) | (values != np.round(values))]
+            raise ValueError(
+                f"`{name}` must hold integer ids in [{spec.low}, {spec.high}). "
+                f"Received: {name} with non-integer values {_sample(bad)}"
+            )
+    elif values.dtype.kind not in "iub":
+        raise ValueError(
+            f"`{name}` must hold integer ids in [{spec.low}, {spec.high}). "
+            f"Received: {name}.dtype={values.dtype}"
+        )
+    bad = values[(values < spec.low) | (values >= spec.high)]
+    if bad.size:
+        what = f" ({spec.what})" if spec.what else ""
+        raise ValueError(
+            f"`{name}` must lie in [{spec.low}, {spec.high}){what}. "
+            f"Received: {bad.size} value(s) of {name} out of range: {_sample(bad)}"
+        )
+
+
+def check_mask(name, values):
+    """`ValueError` unless the mask is boolean or holds only 0 and 1 (a
+    float 0.4 would be read as True: refused rather than guessed)."""
+    values = np.asarray(values)
+    if values.dtype == bool or values.size == 0:
+        return
+    bad = values[(values != 0) & (values != 1)]
+    if bad.size:
+        raise ValueError(
+            f"`{name}` must be boolean or hold only 0 and 1 (1 = a real "
+            f"token). Received: {name} with values {_sample(bad)}"
+        )
+
+
+def check_length(name, values, max_length, axis=1):
+    """`ValueError` when `values` is longer than `max_length` on `axis`."""
+    shape = np.shape(values)
+    if len(shape) > axis and shape[axis] > max_length:
+        raise ValueError(
+            f"`{name}` is longer than the model's max_sequence_length="
+            f"{max_length}. Received: {name}.shape={tuple(shape)}"
+        )
+
+
+def nan_unless_in_range(values, low, high):
+    """0.0 when every id of the tensor `values` lies in `[low, high)`, else
+    NaN: added to a loss, it makes a step on bad labels non-finite (and so
+    skipped by `SkipNonFiniteSteps`) where no Python check can run."""
+    values = ops.cast(values, "int32")
+    valid = ops.logical_and(values >= low, values < high)
+    ok = ops.all(valid) if len(values.shape) else valid
+    return ops.where(ok, 0.0, float("nan"))
+
+
+# === The safety net of a compiled step ===
+
+
+@keras.saving.register_keras_serializable(package="keras_attn")
+class SkipNonFiniteSteps(keras.optimizers.LossScaleOptimizer):
+    """Wraps an optimizer so that a step with a non-finite gradient is a
+    no-op: no weight, moment or iteration count changes.
+
+    Keras's `LossScaleOptimizer` already skips such steps on every backend
+    (under `tf.distribute` too); this keeps its skipping and drops the loss
+    scaling (the scale stays 1, nothing is multiplied). `skipped_steps`
+    counts the steps skipped. The family models' `compile` wraps the
+    optimizer in it, except under `mixed_float16`, where Keras wraps it in
+    the `LossScaleOptimizer` it needs, which skips the same steps.
+
+    Args:
+        inner_optimizer: the optimizer that makes the updates.
+        name: the optimizer's name.
+    """
+
+    def __init__(self, inner_optimizer, name=None, **kwargs):
+        # A saved config of the parent class carries these two; they have
+        # no meaning here.
+        kwargs.pop("initial_scale", None)
+        kwargs.pop("dynamic_growth_steps", None)
+        inner_optimizer = keras.optimizers.get(inner_optimizer)
+        super().__init__(inner_optimizer, initial_scale=1.0, name=name, **kwargs)
+
+    @no_automatic_dependency_tracking
+    def build(self, var_list):
+        # Not the parent's `build`: one counter instead of its scale and
+        # growth counter.
+        self.skipped_steps = self.add_variable(
+            shape=(),
+            dtype="int",
+            initializer=keras.initializers.Zeros(),
+            aggregation="none",
+            name="skipped_steps",
+        )
+        self.inner_optimizer.build(var_list)
+        keras.optimizers.Optimizer.build(self, var_list)
+
+    def scale_loss(self, loss):
+        return loss
+
+    def _stateful_handle_finite_grads(self, grads, trainable_variables):
+        self.inner_optimizer.apply(grads, trainable_variables=trainable_variables)
+
+    def _stateful_handle_non_finite_grads(self):
+        self.skipped_steps.assign_add(1)
+
+    def _stateless_handle_finite_grads(self, optimizer_variables, grads, trainable_variables):
+        own = len(self._variables)
+        new_trainable, new_inner = self.inner_optimizer.stateless_apply(
+            list(optimizer_variables[own:]), grads, trainable_variables
+        )
+        return new_trainable, list(optimizer_variables[:own]) + list(new_inner)
+
+    def _stateless_handle_non_finite_grads(self, optimizer_variables, trainable_variables):
+        skipped = optimizer_variables[0] + ops.ones_like(optimizer_variables[0])
+        return list(trainable_variables), [skipped] + list(optimizer_variables[1:])
+
+    def get_config(self):
+        return {
+            "name": self.name,
+            "inner_optimizer": keras.saving.serialize_keras_object(self.inner_optimizer),
+        }
+
+
+def guard_optimizer(optimizer, dtype_policy):
+    """The optimizer `compile` should use: wrapped in `SkipNonFiniteSteps`
+    unless it already skips non-finite steps (a `LossScaleOptimizer`), or
+    Keras will wrap it in one (`mixed_float16`)."""
+    optimizer = keras.optimizers.get(optimizer)
+    if isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
+        return optimizer
+    if getattr(dtype_policy, "name", None) == "mixed_float16":
+        return optimizer
+    return SkipNonFiniteSteps(optimizer)
+
+
+class NonFiniteLossError(ValueError):
+    """A training step produced a non-finite loss; its update was skipped."""
+
+
+class StopOnNonFiniteLoss(keras.callbacks.Callback):
+    """Ends `fit` with `NonFiniteLossError` at the end of the first step
+    whose loss is not finite. With `SkipNonFiniteSteps` that step has changed
+    nothing, so the weights are those before it. At the end of an epoch it
+    warns about steps skipped for non-finite gradients under a finite loss.
+
+    Unlike Keras's `TerminateOnNaN`, which stops quietly, it raises: a run
+    that ends early because of bad data must not look like a finished one.
+    """
+
+    def __init__(self, describe_inputs=None):
+        super().__init__()
+        self.describe_inputs = describe_inputs
+        self._epoch = 0
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self._epoch = epoch
+
+    def on_train_batch_end(self, batch, logs=None):
+        loss = (logs or {}).get("loss")
+        if loss is None:
+            return
+        loss = float(loss)
+        if math.isfinite(loss):
+            return
+        self.model.stop_training = True
+        expected = ""
+        if self.describe_inputs:
+            expected = f" This model expects: {self.describe_inputs}."
+        raise NonFiniteLossError(
+            f"Training stopped at step {batch + 1} of epoch {self._epoch + 1}: the "
+            f"loss is {loss}. The update of that step was skipped, so the weights "
+            "are those before it. keras_attn models make the loss NaN on purpose "
+            "for bad data that cannot raise inside a compiled step (an id or label "
+            "out of range, a sequence longer than max_sequence_length); call the "
+            f"model on that batch eagerly to see which input.{expected}"
+        )
+
+    def on_epoch_end(self, epoch, logs=None):
+        counter = getattr(self.model.optimizer, "skipped_steps", None)
+        if counter is None:
+            return
+        skipped = int(ops.convert_to_numpy(counter.value))
+        if skipped:
+            import warnings
+
+            warnings.warn(
+                f"{skipped} training step(s) so far were skipped because their "
+                "gradients were not finite (the loss was finite).",
+                stacklevel=2,
+            )
+
+
+def with_stop_callback(callbacks, describe_inputs=None):
+    """`callbacks` with a `StopOnNonFiniteLoss` first (unless present), so
+    that it runs before anything that would record the bad step."""
+    callbacks = list(callbacks or [])
+    if not any(isinstance(c, StopOnNonFiniteLoss) for c in callbacks):
+        callbacks.insert(0, StopOnNonFiniteLoss(describe_inputs))
+    return callbacks
+
+
+# === The mixin of the family models ===
+
+
+class GuardedModel:
+    """What the four families share: input checks on concrete data, the
+    label guard in the loss, and the guarded optimizer and stop callback.
+
+    A subclass lists what it accepts in `input_specs()` (`{input name:
+    IdSpec | MaskSpec}`), `max_length()` (`{input name: max length}`) and
+    `label_specs()` (`{output name or None: IdSpec}`), and may add checks
+    that relate inputs in `check_arrays(named)`. Mix it in first:
+    `class ViT(GuardedModel, ConfigModel, keras.Model)`.
+    """
+
+    def input_specs(self):
+        return {}
+
+    def max_length(self):
+        return {}
+
+    def label_specs(self):
+        return {}
+
+    def check_arrays(self, named):
+        """Checks between inputs (e.g. a length no larger than its array)."""
+
+    def describe_inputs(self):
+        parts = [spec.describe(name) for name, spec in self.input_specs().items()]
+        parts += [f"{name} at most {n} long" for name, n in self.max_length().items()]
+        for name, spec in self.label_specs().items():
+            parts.append(spec.describe(f"labels[{name!r}]" if name else "labels"))
+        return ", ".join(parts)
+
+    # --- checks in Python ---
+
+    def _input_names(self):
+        return [tensor.name for tensor in self.inputs]
+
+    def _named(self, x):
+        """`{input name: array}` of the concrete parts of `x`."""
+        names = self._input_names()
+        if isinstance(x, dict):
+            pairs = [(name, x[name]) for name in names if name in x]
+        elif isinstance(x, (list, tuple)) and len(x) == len(names):
+            pairs = list(zip(names, x))
+        elif len(names) == 1:
+            pairs = [(names[0], x)]
+        else:
+            pairs = []
+        named = {}
+        for name, value in pairs:
+            array = concrete_value(value)
+            if array is not None:
+                named[name] = array
+        return named
+
+    def check_inputs(self, x):
+        """Raises `ValueError` for concrete inputs the model cannot read."""
+        named = self._named(x)
+        if not named:
+            return
+        specs = self.input_specs()
+        for name, array in named.items():
+            spec = specs.get(name)
+            if isinstance(spec, IdSpec):
+                check_ids(name, array, spec)
+            elif isinstance(spec, MaskSpec):
+                check_mask(name, array)
+        for name, limit in self.max_length().items():
+            if name in named:
+                check_length(name, named[name], limit)
+        self.check_arrays(named)
+
+    def check_labels(self, y):
+        specs = self.label_specs()
+        if y is None or not specs:
+            return
+        if isinstance(y, dict):
+            pairs = [(name, y[name]) for name in specs if name in y]
+        else:
+            pairs = [(next(iter(specs)), y)] if len(specs) == 1 else []
+        for name, value in pairs:
+            array = concrete_value(value)
+            if array is not None:
+                check_ids(f"labels[{name!r}]" if name else "labels", array, specs[name])
+
+    def _check_data(self, x, y=None):
+        if _is_dataset_like(x):
+            return
+        self.check_inputs(x)
+        self.check_labels(y)
+
+    # --- the label guard, inside the compiled step ---
+
+    def label_guard(self, y):
+        """0.0, or NaN when a label lies outside its range (as a tensor)."""
+        specs = self.label_specs()
+        if y is None or not specs:
+            return 0.0
+        guard = 0.0
+        if isinstance(y, dict):
+            pairs = [(name, y[name]) for name in specs if name in y]
+        else:
+            pairs = [(next(iter(specs)), y)] if len(specs) == 1 else []
+        for name, value in pairs:
+            spec = specs[name]
+            guard = guard + nan_unless_in_range(value, spec.low, spec.high)
+        return guard
+
+    def compute_loss(self, x=None, y=None, y_pred=None, sample_weight=None, training=True):
+        loss = super().compute_loss(
+            x=x, y=y, y_pred=y_pred, sample_weight=sample_weight, training=training
+        )
+        return loss + ops.cast(self.label_guard(y), loss.dtype)
+
+    # --- Keras entry points ---
+
+    def __call__(self, *args, **kwargs):
+        if args:
+            self.check_inputs(args[0])
+        elif "inputs" in kwargs:
+            self.check_inputs(kwargs["inputs"])
+        return super().__call__(*args, **kwargs)
+
+    def compile(self, optimizer="rmsprop", *args, **kwargs):
+        super().compile(guard_optimizer(optimizer, self.dtype_policy), *args, **kwargs)
+
+    def compile_from_config(self, config):
+        """Compiles a reloaded model as it was saved: the saved config holds
+        the optimizer, losses and metrics `compile` resolved, so they are
+        passed back as they are (Keras skips this for models whose `compile`
+        is custom, which would leave a reloaded model uncompiled)."""
+        config = keras.saving.deserialize_keras_object(config)
+        self.compile(**config)
+        if self.built:
+            # Variables to load the saved optimizer state into.
+            self.optimizer.build(self.trainable_variables)
+
+    def fit(self, x=None, y=None, *args, **kwargs):
+        self._check_data(x, y)
+        validation = kwargs.get("validation_data")
+        if isinstance(validation, (tuple, list)) and len(validation) >= 2:
+            self._check_data(validation[0], validation[1])
+        if len(args) < 4:  # `callbacks` is fit's sixth argument
+            kwargs["callbacks"] = with_stop_callback(
+                kwargs.get("callbacks"), self.describe_inputs()
+            )
+        return super().fit(x, y, *args, **kwargs)
+
+    def evaluate(self, x=None, y=None, *args, **kwargs):
+        self._check_data(x, y)
+        return super().evaluate(x, y, *args, **kwargs)
+
+    def predict(self, x, *args, **kwargs):
+        self._check_data(x)
+        return super().predict(x, *args, **kwargs)
+
+
+def _is_dataset_like(x):
+    """A tf.data dataset, a generator or a `PyDataset`: checked batch by
+    batch by the pipeline (or by the guard in the step), not here."""
+    if x is None or isinstance(x, (np.ndarray, dict, list, tuple)):
+        return False
+    if isinstance(x, keras.utils.PyDataset):
+        return True
+    return hasattr(x, "__iter__") and not ops.is_tensor(x)
