@@ -154,16 +154,6 @@ def check_length(name, values, max_length, axis=1):
         )
 
 
-def nan_unless_in_range(values, low, high):
-    """0.0 when every id of the tensor `values` lies in `[low, high)`, else
-    NaN: added to a loss, it makes a step on bad labels non-finite (and so
-    skipped by `SkipNonFiniteSteps`) where no Python check can run."""
-    values = ops.cast(values, "int32")
-    valid = ops.logical_and(values >= low, values < high)
-    ok = ops.all(valid) if len(values.shape) else valid
-    return ops.where(ok, 0.0, float("nan"))
-
-
 # === The safety net of a compiled step ===
 
 
@@ -223,8 +213,10 @@ class SkipNonFiniteSteps(keras.optimizers.LossScaleOptimizer):
         return new_trainable, list(optimizer_variables[:own]) + list(new_inner)
 
     def _stateless_handle_non_finite_grads(self, optimizer_variables, trainable_variables):
-        skipped = optimizer_variables[0] + ops.ones_like(optimizer_variables[0])
-        return list(trainable_variables), [skipped] + list(optimizer_variables[1:])
+        values = list(optimizer_variables)
+        index = next(i for i, v in enumerate(self.variables) if v is self.skipped_steps)
+        values[index] = values[index] + ops.ones_like(values[index])
+        return list(trainable_variables), values
 
     def get_config(self):
         return {
@@ -405,26 +397,82 @@ class GuardedModel:
 
     # --- the label guard, inside the compiled step ---
 
-    def label_guard(self, y):
-        """0.0, or NaN when a label lies outside its range (as a tensor)."""
+    def guard_labels(self, y):
+        """`(labels, guard)`: `y` with every out-of-range label replaced by
+        a valid one, and a factor for the loss: 1.0, or NaN when a label was
+        out of range (tensors).
+
+        The replaced labels keep the loss from raising on one backend
+        (TensorFlow's sparse cross-entropy on a CPU) and from reading
+        another class silently on another (a one-hot of an out-of-range
+        label is all zeros); the factor, multiplying the loss, makes the
+        loss and every gradient NaN on every backend (an added constant
+        would leave the gradients finite), so `SkipNonFiniteSteps` drops
+        the step.
+        """
         specs = self.label_specs()
         if y is None or not specs:
-            return 0.0
-        guard = 0.0
+            return y, 1.0
+        guard = 1.0
         if isinstance(y, dict):
-            pairs = [(name, y[name]) for name in specs if name in y]
+            names = [name for name in specs if name in y]
         else:
-            pairs = [(next(iter(specs)), y)] if len(specs) == 1 else []
-        for name, value in pairs:
+            names = [next(iter(specs))] if len(specs) == 1 else []
+        clean = dict(y) if isinstance(y, dict) else y
+        for name in names:
             spec = specs[name]
-            guard = guard + nan_unless_in_range(value, spec.low, spec.high)
-        return guard
+            value = ops.cast(y[name] if isinstance(y, dict) else y, "int32")
+            valid = ops.logical_and(value >= spec.low, value < spec.high)
+            ok = ops.all(valid) if len(value.shape) else valid
+            guard = guard * ops.where(ok, 1.0, float("nan"))
+            value = ops.where(valid, value, spec.low)
+            if isinstance(y, dict):
+                clean[name] = value
+            else:
+                clean = value
+        return clean, guard
+
+    def guard_inputs(self, x):
+        """A factor for the loss: 1.0, or NaN when an input id lies out of
+        its range or a sequence is longer than `max_length()` (tensors).
+
+        The model already makes its outputs NaN for such inputs, but NaN does
+        not survive every op under XLA (a ReLU of NaN is 0 there), so the loss
+        checks the inputs itself.
+        """
+        named = self._named_tensors(x)
+        guard = 1.0
+        for name, spec in self.input_specs().items():
+            if isinstance(spec, IdSpec) and name in named:
+                value = ops.cast(named[name], "int32")
+                ok = ops.all(ops.logical_and(value >= spec.low, value < spec.high))
+                guard = guard * ops.where(ok, 1.0, float("nan"))
+        for name, limit in self.max_length().items():
+            if name in named and len(named[name].shape) > 1:
+                ok = ops.shape(named[name])[1] <= limit
+                guard = guard * ops.where(ok, 1.0, float("nan"))
+        return guard * self.guard_relations(named)
+
+    def guard_relations(self, named):
+        """`guard_inputs` for relations between inputs (tensors)."""
+        return 1.0
+
+    def _named_tensors(self, x):
+        names = self._input_names()
+        if isinstance(x, dict):
+            return {name: x[name] for name in names if name in x}
+        if isinstance(x, (list, tuple)) and len(x) == len(names):
+            return dict(zip(names, x))
+        if len(names) == 1 and x is not None:
+            return {names[0]: x}
+        return {}
 
     def compute_loss(self, x=None, y=None, y_pred=None, sample_weight=None, training=True):
+        y, guard = self.guard_labels(y)
         loss = super().compute_loss(
             x=x, y=y, y_pred=y_pred, sample_weight=sample_weight, training=training
         )
-        return loss + ops.cast(self.label_guard(y), loss.dtype)
+        return loss * ops.cast(guard * self.guard_inputs(x), loss.dtype)
 
     # --- Keras entry points ---
 

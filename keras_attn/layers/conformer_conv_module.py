@@ -129,10 +129,26 @@ class ConformerConvModule(keras.layers.Layer):
         if padding_mask is not None:
             x = ops.where(padding_mask[:, :, None], x, ops.zeros_like(x))
         x = self._depthwise(x)
-        x = self.batch_norm(x, training=training, mask=padding_mask)
+        x = self._batch_norm(x, padding_mask, training)
         x = ops.silu(x)
         x = self.pointwise_conv_2(x)
         return self.dropout_layer(x, training=training)
+
+    def _batch_norm(self, x, padding_mask, training):
+        """`self.batch_norm` (valid frames only), except that a batch
+        whose statistics are not finite leaves the moving averages as they
+        were: a NaN batch (the models make bad inputs NaN) never poisons the
+        statistics used at inference, as `SkipNonFiniteSteps` keeps it from
+        the weights."""
+        if not training:
+            return self.batch_norm(x, training=training, mask=padding_mask)
+        moving = [self.batch_norm.moving_mean, self.batch_norm.moving_variance]
+        before = [ops.copy(v.value) for v in moving]  # a read, not the variable
+        x = self.batch_norm(x, training=training, mask=padding_mask)
+        for variable, old in zip(moving, before):
+            new = variable.value
+            variable.assign(ops.where(ops.all(ops.isfinite(new)), new, old))
+        return x
 
     def _depthwise(self, x):
         """`self.depthwise_conv(x)` computed as a sum of K shifted products.

@@ -62,9 +62,11 @@ import time
 import warnings
 
 import keras
+import numpy as np
 from keras.src.backend import random_seed_dtype
 from keras.src.backend.common import global_state
 
+from keras_attn._guard import StopOnNonFiniteLoss
 from keras_attn.layers._validation import check_positive_int
 from keras_attn.training import checkpoints
 
@@ -273,6 +275,9 @@ class ResumableTrainer:
 
         run = _OneRun(list(callbacks), verbose, epochs, steps_per_epoch)
         saver = _Saver(self, history, steps_per_epoch, metrics_checkpoint)
+        # First: a step with a non-finite loss ends the run before the saver
+        # or a caller's callback can record it.
+        stop = StopOnNonFiniteLoss(getattr(model, "describe_inputs", lambda: None)())
         run.set_model(model)
         run.begin()
         while epoch < epochs:
@@ -290,7 +295,7 @@ class ResumableTrainer:
                 epochs=epoch + 1,
                 steps_per_epoch=steps_per_epoch - step_in_epoch,
                 validation_data=validation_data,
-                callbacks=[run, saver],
+                callbacks=[stop, run, saver],
                 verbose=0,
                 shuffle=False,  # the order is train_dataset_fn's
             )
@@ -369,6 +374,7 @@ class ResumableTrainer:
             group: checkpoints.read_group(variables)
             for group, variables in _state(model).items()
         }
+        _check_finite(groups, step)
         metadata = {
             "epoch": epoch,
             "step_in_epoch": step_in_epoch,
@@ -378,6 +384,24 @@ class ResumableTrainer:
             "time": time.time(),
         }
         return self.manager.save(step, groups, metadata)
+
+
+def _check_finite(groups, step):
+    """Refuses to save non-finite weights or optimizer state: nothing is
+    written, so the last good checkpoint stays the newest and is never
+    pruned because of a bad one. (The running metrics may be NaN: they are
+    logs, not state that training continues from.)"""
+    for group in ("model", "optimizer"):
+        for path, array in groups.get(group, ()):
+            if array.dtype.kind in "fc" and not np.all(np.isfinite(array)):
+                count = int(np.sum(~np.isfinite(array)))
+                raise ValueError(
+                    f"Not writing checkpoint {step}: {group} variable {path!r} has "
+                    f"{count} non-finite value(s). Training diverged or bad data "
+                    "reached the weights; the newest checkpoint on disk is the last "
+                    "good state. Received: non-finite values in "
+                    f"{path}, shape {array.shape}"
+                )
 
 
 class _Saver(keras.callbacks.Callback):

@@ -57,6 +57,17 @@ class LengthMask(keras.layers.Layer):
 
 
 @keras.saving.register_keras_serializable(package="keras_attn")
+class LengthGuard(keras.layers.Layer):
+    """`x (B, T', D)` as it is, or NaN for each utterance whose length (in
+    frames of `sequence (B, T, ...)`) is negative or past `T`."""
+
+    def call(self, x, sequence, lengths):
+        lengths = ops.cast(lengths, "int32")
+        bad = ops.logical_or(lengths < 0, lengths > ops.shape(sequence)[1])  # (B,)
+        return ops.where(bad[:, None, None], ops.cast(float("nan"), x.dtype), x)
+
+
+@keras.saving.register_keras_serializable(package="keras_attn")
 class ConformerCTC(GuardedModel, ConfigModel, keras.Model):
     """A Conformer encoder trained with CTC; build it with `build_conformer`.
 
@@ -130,6 +141,9 @@ class ConformerCTC(GuardedModel, ConfigModel, keras.Model):
         frame_mask = LengthMask(name="frame_mask")(features, frame_lengths)
         x = spec_augment(features, padding_mask=frame_mask)
         x = subsampling(x, padding_mask=frame_mask)  # (B, T', D)
+        # NaN for an utterance whose length does not fit its array, after the
+        # subsampling's ReLUs (XLA's ReLU turns NaN into 0).
+        x = LengthGuard(name="length_guard")(x, features, frame_lengths)
         logit_lengths = subsampled_length(frame_lengths)  # (B,)
         mask = LengthMask(name="encoder_mask")(x, logit_lengths)
         x = input_dropout(x)
@@ -163,6 +177,17 @@ class ConformerCTC(GuardedModel, ConfigModel, keras.Model):
         check_ids(name, lengths, IdSpec(0, np.shape(signal)[1] + 1,
                                         "at most the padded length"))
 
+    def guard_relations(self, named):
+        if self.conformer_config.input_type == "waveform":
+            signal, lengths = named.get("waveform"), named.get("waveform_length")
+        else:
+            signal, lengths = named.get("features"), named.get("feature_length")
+        if signal is None or lengths is None:
+            return 1.0
+        lengths = ops.cast(lengths, "int32")
+        ok = ops.all(ops.logical_and(lengths >= 0, lengths <= ops.shape(signal)[1]))
+        return ops.where(ok, 1.0, float("nan"))
+
     def _check_data(self, x, y=None):
         super()._check_data(x, y)
         if y is None or isinstance(y, dict):
@@ -172,7 +197,9 @@ class ConformerCTC(GuardedModel, ConfigModel, keras.Model):
         if labels is None or frames is None or labels.ndim != 2:
             return
         needed = ctc_frames_needed(labels)
-        emitted = subsampled_length(frames)
+        emitted = frames
+        for _ in range(2):  # subsampled_length, in NumPy
+            emitted = np.maximum((emitted - 3) // 2 + 1, 0)
         short = int(np.sum(needed > emitted))
         if short:
             warnings.warn(
@@ -195,7 +222,8 @@ class ConformerCTC(GuardedModel, ConfigModel, keras.Model):
         return None
 
     def compute_loss(self, x=None, y=None, y_pred=None, sample_weight=None, training=True):
-        labels = ops.cast(y, "int32")
+        labels, guard = self.guard_labels(y)
+        labels = ops.cast(labels, "int32")
         label_lengths = ops.sum(ops.cast(labels > 0, "int32"), axis=1)
         losses = ops.ctc_loss(
             labels,
@@ -207,7 +235,7 @@ class ConformerCTC(GuardedModel, ConfigModel, keras.Model):
         # The regularization losses added to every utterance add them once
         # to the mean, scaled for the replicas like the CTC term; a label out
         # of range makes the loss NaN (the step is skipped).
-        losses = losses + sum(self.losses, 0.0) + self.label_guard(labels)  # (B,)
+        losses = (losses + sum(self.losses, 0.0)) * guard * self.guard_inputs(x)  # (B,)
         return _BatchMean(name="ctc_loss")(losses, losses)
 
     def decode(self, inputs, strategy="greedy", beam_width=16):
