@@ -3,6 +3,8 @@
 Shape legend: B batch, T query length, S key length.
 """
 
+import numbers
+
 from keras import ops
 
 try:  # Keras keeps the implicit mask helpers out of its public namespace.
@@ -43,6 +45,12 @@ def causal_mask(query_length, key_length, offset=0):
     >>> ops.convert_to_numpy(causal_mask(2, 3, offset=1)).tolist()
     [[True, True, False], [True, True, True]]
     """
+    for name, value in (("query_length", query_length), ("key_length", key_length)):
+        # A Python int is checked here; a tensor (a traced length) is not.
+        if isinstance(value, numbers.Integral) and (isinstance(value, bool) or value < 0):
+            raise ValueError(
+                f"`{name}` must be a non-negative integer. Received: {name}={value!r}"
+            )
     rows = ops.arange(query_length)[:, None] + offset  # (T, 1)
     cols = ops.arange(key_length)[None, :]  # (1, S)
     return cols <= rows

@@ -522,3 +522,48 @@ def test_sigkill_mid_epoch_on_jax_then_rerun_is_exact_and_restores_on_tensorflow
             np.testing.assert_array_equal(
                 keras.ops.convert_to_numpy(variable), trained[f"model.{index}"]
             )
+
+
+# --- non-finite state is never checkpointed ------------------------------
+
+
+def _data_with_nan_at_batch(bad_batch):
+    def fn(epoch):
+        x = np.random.default_rng(3).standard_normal((24, 4)).astype("float32")
+        x[bad_batch * 4] = np.nan  # the first example of that batch
+        y = (np.nan_to_num(x[:, 0]) > 0).astype("int32")
+        return tf.data.Dataset.from_tensor_slices((x, y)).batch(4)
+
+    return fn
+
+
+def test_a_nan_step_ends_the_run_and_the_last_good_checkpoint_stays(tmp_path):
+    directory = str(tmp_path / "run")
+    # A plain Keras model (no keras_attn guard on its optimizer): the NaN
+    # batch reaches its weights (its ReLU hides the NaN from the loss), and
+    # the trainer must not save them.
+    model = _model()
+    trainer = ResumableTrainer(directory, checkpoint_every=1, max_to_keep=2)
+    with pytest.raises(ValueError, match="Not writing checkpoint 4: model variable"):
+        trainer.fit(model, _data_with_nan_at_batch(3), epochs=1, steps_per_epoch=STEPS,
+                    verbose=0)
+    manager = checkpoints.CheckpointManager(directory)
+    assert manager.steps() == [2, 3]  # written after steps 2 and 3; none after the bad one
+    latest = manager.latest()
+    assert latest.step == 3
+    for group in ("model", "optimizer"):
+        for array in latest.arrays[group]:
+            assert array.dtype.kind != "f" or np.all(np.isfinite(array))
+
+
+def test_checkpoints_of_non_finite_weights_are_refused(tmp_path):
+    directory = str(tmp_path / "run")
+    model = _model()
+    _train(directory, model=model, every=3)
+    steps = checkpoints.CheckpointManager(directory).steps()
+    model.layers[0].kernel.assign(np.full(model.layers[0].kernel.shape, np.nan, "float32"))
+    trainer = ResumableTrainer(directory, checkpoint_every=3, max_to_keep=1)
+    with pytest.raises(ValueError, match="Not writing checkpoint 99: model variable .*kernel.* non-finite"):
+        trainer._write_checkpoint(model, 16, 3, STEPS, {})
+    # Nothing written, nothing pruned (max_to_keep=1 would have pruned).
+    assert checkpoints.CheckpointManager(directory).steps() == steps

@@ -26,6 +26,9 @@ from keras_attn._guard import concrete_value
 from keras_attn.models._config import ConfigModel
 from keras_attn.layers._remat import remat_scope
 from keras_attn.layers._validation import check_bool
+from keras_attn.layers._validation import check_positive_float
+from keras_attn.layers._validation import check_positive_int
+from keras_attn.layers._validation import check_rate
 from keras_attn.layers.conformer_block import ConformerBlock
 from keras_attn.layers.conv_subsampling import ConvSubsampling
 from keras_attn.layers.conv_subsampling import subsampled_length
@@ -45,6 +48,34 @@ class _BatchMean(keras.losses.Loss):
 
     def call(self, y_true, y_pred):
         return y_pred
+
+
+def _check_config(c):
+    """The package's own `ValueError` for every field, before any layer is
+    built (the layers would raise later, or not at all for `num_layers=0`)."""
+    check_positive_int("num_layers", c.num_layers)
+    check_positive_int("hidden_dim", c.hidden_dim)
+    check_positive_int("num_heads", c.num_heads)
+    check_positive_int("intermediate_dim", c.intermediate_dim, allow_none=True)
+    check_positive_int("kernel_size", c.kernel_size)
+    check_rate("dropout", c.dropout)
+    check_rate("attention_dropout", c.attention_dropout)
+    check_positive_float("layer_norm_epsilon", c.layer_norm_epsilon)
+    for name in ("sampling_rate", "num_mel_bins", "frame_length", "frame_step", "fft_length"):
+        check_positive_int(name, getattr(c, name))
+    for name in ("freq_mask_count", "freq_mask_width", "time_mask_count"):
+        value = getattr(c, name)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise ValueError(
+                f"`{name}` must be a non-negative integer. Received: {name}={value!r}"
+            )
+    check_rate("time_mask_ratio", c.time_mask_ratio)
+    check_bool("remat", c.remat)
+    if c.hidden_dim % c.num_heads:
+        raise ValueError(
+            "`num_heads` must divide `hidden_dim`. Received: "
+            f"hidden_dim={c.hidden_dim}, num_heads={c.num_heads}"
+        )
 
 
 @keras.saving.register_keras_serializable(package="keras_attn")
@@ -98,7 +129,7 @@ class ConformerCTC(GuardedModel, ConfigModel, keras.Model):
                 "`input_type` must be 'waveform' or 'features'. "
                 f"Received: input_type={c.input_type!r}"
             )
-        check_bool("remat", c.remat)
+        _check_config(c)
 
         # === Layers ===
         frontend = LogMelFeatures(
