@@ -14,7 +14,7 @@ directory (the one beside the package in a source checkout, else
 anything else, then writes into `--output` (default `runs/<name>`):
 
 ```
-recipe.json           the resolved recipe, written first
+recipe.json           the resolved recipe, written once it builds and compiles
 checkpoints/          ResumableTrainer checkpoints and history.json
 tensorboard/          TensorBoard logs
 model.keras           the trained model (written atomically)
@@ -36,8 +36,14 @@ The SavedModel exporters trace TensorFlow graphs: on the JAX or torch
 backend, `train` and `export` write it in a subprocess on the TensorFlow
 backend, from model.keras (train on JAX on a GPU, export on TensorFlow).
 
-Errors (a bad recipe, a missing run) print the message and exit with status
-2; set KERAS_ATTN_TRACEBACK=1 to see the traceback instead.
+One `train` at a time per output directory: a second one is refused at once
+with the first one's process id (a lock released when that process ends,
+however it ends). Leftovers of a process killed while writing (`.export-*`,
+`.partial-*`, `*.tmp`) are removed when the run starts again.
+
+Errors (a bad recipe, a missing run, an `--output` that is a file or cannot
+be written, a full disk) print the message and exit with status 2; set
+KERAS_ATTN_TRACEBACK=1 to see the traceback instead.
 """
 
 import argparse
@@ -165,13 +171,113 @@ def describe_hardware(replicas=1):
 # === train ===
 
 
+def _check_output_path(output):
+    """`ValueError` (exit status 2) for an `--output` that cannot be a run
+    directory: an existing file, or a place where no directory can be made
+    or written to. Nothing is created here."""
+    if os.path.exists(output) and not os.path.isdir(output):
+        raise ValueError(f"--output must be a directory; {output} is a file. "
+                         f"Received: --output={output!r}")
+    existing = output
+    while not os.path.exists(existing):
+        parent = os.path.dirname(os.path.abspath(existing))
+        if parent == os.path.abspath(existing):
+            break
+        existing = parent
+    if not os.path.isdir(existing) or not os.access(existing, os.W_OK | os.X_OK):
+        raise ValueError(f"--output is not writable: {existing} does not accept new "
+                         f"files. Received: --output={output!r}")
+
+
+def _has_progress(output):
+    """Whether a run in `output` got past its start: a checkpoint, the model
+    or the results exist (a run whose build failed left none of them)."""
+    checkpoints_dir = os.path.join(output, CHECKPOINTS)
+    return (os.path.exists(os.path.join(output, MODEL))
+            or os.path.exists(os.path.join(output, RESULTS))
+            or (os.path.isdir(checkpoints_dir) and bool(os.listdir(checkpoints_dir))))
+
+
+def _remove_staging(output):
+    """Deletes what a process killed while writing left in `output`: a
+    SavedModel staging directory (`.export-*`), a model being saved
+    (`.partial-*`), an atomic write's temporary file (`.*.tmp`)."""
+    import shutil
+
+    for path in glob.glob(os.path.join(output, ".export-*")):
+        shutil.rmtree(path, ignore_errors=True)
+    for pattern in (".partial-*", ".*.tmp"):
+        for path in glob.glob(os.path.join(output, pattern)):
+            if os.path.isfile(path):
+                os.remove(path)
+
+
+class RunLock:
+    """One `keras-attn train` per run directory: an exclusive `flock` on
+    `<output>/.lock` (which holds the owner's process id), released when the
+    process ends, however it ends. A second process is refused at once with
+    the first one's id. Where `fcntl` is missing (Windows) there is no lock.
+    """
+
+    def __init__(self, output):
+        self.output = output
+        self.path = os.path.join(output, ".lock")
+        self.file = None
+        self.created = False
+
+    def __enter__(self):
+        try:
+            import fcntl
+        except ImportError:  # pragma: no cover - not POSIX
+            return self
+        self.created = not os.path.isdir(self.output)
+        os.makedirs(self.output, exist_ok=True)
+        self.file = open(self.path, "a+", encoding="utf-8")
+        try:
+            fcntl.flock(self.file.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            self.file.seek(0)
+            owner = self.file.read().strip() or "unknown"
+            self.file.close()
+            self.file = None
+            raise ValueError(
+                f"{self.output} is being trained by another keras-attn process "
+                f"(pid {owner}); wait for it to end or use another --output. "
+                f"Received: --output={self.output!r}"
+            ) from None
+        self.file.seek(0)
+        self.file.truncate()
+        self.file.write(f"{os.getpid()}\n")
+        self.file.flush()
+        return self
+
+    def __exit__(self, *exc_info):
+        if self.file is None:
+            return False
+        try:
+            os.remove(self.path)
+        except OSError:
+            pass
+        self.file.close()  # releases the flock
+        self.file = None
+        if self.created:
+            try:
+                os.rmdir(self.output)  # only when nothing else was written
+            except OSError:
+                pass
+        return False
+
+
 def _check_output(output, recipe):
-    """Refuses a directory that holds a run of another recipe."""
+    """Refuses a directory that holds a run of another recipe (one that made
+    progress: a run that failed before its first checkpoint is replaced)."""
     from keras_attn.zoo.recipe import find_difference
     from keras_attn.zoo.recipe import fingerprint
 
     path = os.path.join(output, RECIPE)
     if not os.path.exists(path):
+        return False
+    if not _has_progress(output):
         return False
     difference = find_difference(fingerprint(read_json(path)), fingerprint(recipe))
     if difference:
@@ -218,18 +324,25 @@ def _report(output, results):
 
 
 def train(args):
-    from keras_attn.zoo.recipe import fingerprint
     from keras_attn.zoo.recipe import load_recipe
 
     recipe = load_recipe(locate_recipe(args.recipe), args.set or ())
     output = args.output or os.path.join("runs", recipe["name"])
+    _check_output_path(output)
+    with RunLock(output):
+        return _train_locked(args, recipe, output)
+
+
+def _train_locked(args, recipe, output):
+    from keras_attn.zoo.recipe import fingerprint
+
     resumed = _check_output(output, recipe)
     if resumed and os.path.exists(os.path.join(output, RESULTS)):
         print(f"{output}: this run is already complete; nothing to train. "
               "`keras-attn evaluate` / `keras-attn export` evaluate or export it again.")
         _report(output, read_json(os.path.join(output, RESULTS)))
         return 0
-    write_json(os.path.join(output, RECIPE), recipe)
+    _remove_staging(output)
 
     import keras
 
@@ -249,6 +362,9 @@ def train(args):
         task.prepare()
         model = task.build_model()
         task.compile(model)
+        # Written once the recipe has built and compiled: a recipe that fails
+        # there leaves no recipe.json to refuse its corrected command.
+        write_json(os.path.join(output, RECIPE), recipe)
         parameters = model.count_params()
         steps = task.steps_per_epoch
         print(f"{recipe['name']}: {parameters:,} parameters, {training['epochs']} epochs of "
@@ -469,7 +585,9 @@ def main(argv=None):
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
-    except ValueError as error:
+    except (ValueError, OSError) as error:
+        # OSError: a full disk, a read-only or vanished directory. Atomic
+        # writes leave no half-written file; the message says what failed.
         if os.environ.get("KERAS_ATTN_TRACEBACK"):
             raise
         print(f"keras-attn {args.command}: error: {error}", file=sys.stderr)

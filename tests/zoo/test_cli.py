@@ -197,3 +197,60 @@ def test_console_script_is_declared():
     config.read(os.path.join(ROOT, "setup.cfg"))
     scripts = config["options.entry_points"]["console_scripts"]
     assert "keras-attn = keras_attn.cli:main" in scripts
+
+
+# === The command line never leaves a run broken ===
+
+
+def test_a_recipe_that_fails_to_build_leaves_no_recipe_json(tmp_path):
+    run = tmp_path / "run"
+    bad = _cli(*_train_args("vit_tiny_digits", run, ["model.overrides.num_heads=3"]),
+               cwd=tmp_path)
+    assert bad.returncode == 2 and "Traceback" not in bad.stderr
+    assert "Received: hidden_dim=16, num_heads=3" in bad.stderr
+    assert not run.exists()  # nothing written, not even the directory
+    # Leftovers of a process killed while exporting or saving are removed.
+    run.mkdir()
+    (run / ".export-abc123").mkdir()
+    (run / ".partial-model.keras").write_text("half")
+    (run / ".results.json.x1y2.tmp").write_text("half")
+    good = _cli(*_train_args("vit_tiny_digits", run), cwd=tmp_path)
+    assert good.returncode == 0, good.stderr[-4000:]
+    assert (run / "results.json").exists() and not (run / ".lock").exists()
+    assert not [p.name for p in run.iterdir() if p.name.startswith(".")]
+
+
+def test_output_that_is_a_file_or_cannot_be_made_exits_2(tmp_path, capsys):
+    target = tmp_path / "a_file"
+    target.write_text("x")
+    assert cli.main(["train", "vit_tiny_digits", "--output", str(target)]) == 2
+    assert "--output must be a directory" in capsys.readouterr().err
+    assert target.read_text() == "x"
+    # /proc takes no new directory, whoever we are (root included).
+    assert cli.main(["train", "vit_tiny_digits", "--output", "/proc/keras_attn/run"]) == 2
+    assert "keras-attn train: error:" in capsys.readouterr().err
+
+
+def test_a_full_disk_is_a_message_and_leaves_no_partial_file(tmp_path, monkeypatch, capsys):
+    import errno
+
+    def full(fd):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "fsync", full)
+    run = tmp_path / "run"
+    argv = [str(arg) for arg in _train_args("vit_tiny_digits", run)]
+    assert cli.main(argv) == 2
+    assert "No space left on device" in capsys.readouterr().err
+    assert not run.exists() or not [p for p in run.iterdir() if p.name != "tensorboard"]
+
+
+def test_a_second_train_on_the_same_output_is_refused_at_once(tmp_path):
+    run = tmp_path / "run"
+    with cli.RunLock(str(run)):
+        assert (run / ".lock").read_text().strip() == str(os.getpid())
+        second = _cli(*_train_args("vit_tiny_digits", run), cwd=tmp_path)
+        assert second.returncode == 2 and "Traceback" not in second.stderr
+        assert f"being trained by another keras-attn process (pid {os.getpid()})" in second.stderr
+        assert not (run / "recipe.json").exists()
+    assert not run.exists()  # the lock made the directory and took it away again
