@@ -8,14 +8,23 @@ is a `keras_hub.tokenizers.WordPieceTokenizer` (TensorFlow), imported only
 when asked for.
 
 Every tensor is checked against the shape the config implies before any
-weight is assigned: a checkpoint that does not match its config is a
-`ValueError` naming the tensor, and the model is never left half loaded.
+weight is assigned, and every tensor is used: a checkpoint that does not
+match its config (a tensor of another shape, a layer more or less) or a
+malformed file is a `ValueError` naming the file and the tensor or key, and
+the model is never left half loaded. The task heads of `BertFor...`
+checkpoints (`cls.*`, `classifier.*`, `qa_outputs.*`) are dropped by the
+backbone loader, which names them in a warning.
 """
 
 import json
 import os
+import warnings
 
-
+from keras_attn.convert._checkpoint import Tensors
+from keras_attn.convert._checkpoint import config_float
+from keras_attn.convert._checkpoint import config_int
+from keras_attn.convert._checkpoint import read_config
+from keras_attn.convert._checkpoint import read_safetensors
 from keras_attn.models.bert import BertConfig
 from keras_attn.models.bert import build_bert
 
@@ -34,49 +43,46 @@ def bert_config_from_hf(hf_config):
             "Only absolute (learned) position embeddings are supported. "
             f"Received: position_embedding_type={position!r}"
         )
+    file = "config.json"
     return BertConfig(
-        vocabulary_size=int(hf_config["vocab_size"]),
-        num_layers=int(hf_config["num_hidden_layers"]),
-        num_heads=int(hf_config["num_attention_heads"]),
-        hidden_dim=int(hf_config["hidden_size"]),
-        intermediate_dim=int(hf_config["intermediate_size"]),
-        dropout=float(hf_config.get("hidden_dropout_prob", 0.1)),
-        attention_dropout=float(hf_config.get("attention_probs_dropout_prob", 0.1)),
-        max_sequence_length=int(hf_config.get("max_position_embeddings", 512)),
-        num_segments=int(hf_config.get("type_vocab_size", 2)),
-        layer_norm_epsilon=float(hf_config.get("layer_norm_eps", 1e-12)),
+        vocabulary_size=config_int(hf_config, "vocab_size", file),
+        num_layers=config_int(hf_config, "num_hidden_layers", file),
+        num_heads=config_int(hf_config, "num_attention_heads", file),
+        hidden_dim=config_int(hf_config, "hidden_size", file),
+        intermediate_dim=config_int(hf_config, "intermediate_size", file),
+        dropout=config_float(hf_config, "hidden_dropout_prob", file, 0.1),
+        attention_dropout=config_float(hf_config, "attention_probs_dropout_prob", file, 0.1),
+        max_sequence_length=config_int(hf_config, "max_position_embeddings", file, 512),
+        num_segments=config_int(hf_config, "type_vocab_size", file, 2),
+        layer_norm_epsilon=config_float(hf_config, "layer_norm_eps", file, 1e-12),
     )
 
 
-class _Checkpoint:
-    """Tensor look-up with the shape check and the naming of errors."""
+# Task heads of BertFor* checkpoints, which a backbone has no place for, and
+# buffers that hold no weight.
+HEADS = ("cls.", "classifier.", "qa_outputs.")
+BUFFERS = ("bert.embeddings.position_ids", "embeddings.position_ids",
+           "bert.embeddings.token_type_ids", "embeddings.token_type_ids")
+
+
+class _Checkpoint(Tensors):
+    """`Tensors` with BERT's names: the "bert." prefix of BertFor* models,
+    and the TF-converted LayerNorm names."""
 
     def __init__(self, tensors, path):
-        self.tensors = tensors
-        self.path = path
-        # BertFor* models prefix the encoder with "bert.".
-        self.prefix = "bert." if any(k.startswith("bert.") for k in tensors) else ""
+        prefix = "bert." if any(k.startswith("bert.") for k in tensors) else ""
+        super().__init__(tensors, path, prefix)
 
     def get(self, name, shape):
         key = self.prefix + name
         if key not in self.tensors:
             # Checkpoints converted from TensorFlow name LayerNorm gamma / beta.
-            legacy = key.replace("LayerNorm.weight", "LayerNorm.gamma").replace(
+            legacy = name.replace("LayerNorm.weight", "LayerNorm.gamma").replace(
                 "LayerNorm.bias", "LayerNorm.beta"
             )
-            if legacy not in self.tensors:
-                raise ValueError(
-                    f"The checkpoint has no tensor {key!r}. Received: path={self.path!r}"
-                )
-            key = legacy
-        value = self.tensors[key]
-        if tuple(value.shape) != tuple(shape):
-            raise ValueError(
-                f"Tensor {key!r} has shape {tuple(value.shape)} but the config "
-                f"(config.json) implies {tuple(shape)}. Received: "
-                f"{key}.shape={tuple(value.shape)}"
-            )
-        return value.astype("float32")
+            if self.prefix + legacy in self.tensors:
+                name = legacy
+        return super().get(name, shape)
 
 
 def _weight_plan(model, config, ckpt):
@@ -136,24 +142,36 @@ def _weight_plan(model, config, ckpt):
     return plan
 
 
-def load_hf_bert_backbone(path):
+def load_hf_bert_backbone(path, drop_heads=True):
     """A `BertBackbone` with the weights of a Hugging Face BERT directory.
 
     Args:
         path: directory with `config.json` and `model.safetensors`.
+        drop_heads: skip the task heads of a `BertFor...` checkpoint
+            (`cls.*`, `classifier.*`, `qa_outputs.*`), naming them in a
+            warning; False makes their presence an error.
 
     Returns:
         The `BertBackbone`; its `sequence_output` equals Hugging Face's
         `last_hidden_state` and `pooled_output` its `pooler_output`.
-    """
-    from safetensors.numpy import load_file
 
-    with open(os.path.join(path, "config.json")) as f:
-        hf_config = json.load(f)
-    config = bert_config_from_hf(hf_config)
-    ckpt = _Checkpoint(load_file(os.path.join(path, "model.safetensors")), path)
+    Raises:
+        ValueError: a malformed file, a tensor missing or of another shape
+            than `config.json` implies, or a tensor the model has no place
+            for (nothing is assigned then).
+    """
+    config = bert_config_from_hf(read_config(path))
+    ckpt = _Checkpoint(read_safetensors(path), path)
     model = build_bert(config)
     plan = _weight_plan(model, config, ckpt)  # raises before anything is assigned
+    dropped = ckpt.check_all_used(BUFFERS, HEADS if drop_heads else ())
+    if dropped:
+        heads = sorted({".".join(k.split(".")[:2]) for k in dropped})
+        warnings.warn(
+            f"{os.path.join(path, 'model.safetensors')}: {len(dropped)} tensor(s) of "
+            f"task heads not loaded into the backbone: {', '.join(heads)}",
+            stacklevel=2,
+        )
     for variable, array in plan:
         variable.assign(array)
     return model
@@ -191,14 +209,24 @@ def load_hf_bert_tokenizer(path, sequence_length=None, lowercase=None):
 
 def _read_lowercase(path, vocabulary):
     for name in ("tokenizer_config.json", "config.json"):
-        file = os.path.join(path, name)
-        if os.path.exists(file):
-            with open(file) as f:
-                value = json.load(f).get("do_lower_case")
+        if os.path.exists(os.path.join(path, name)):
+            value = _read_json_object(path, name).get("do_lower_case")
             if value is not None:
                 return bool(value)
     plain = [t for t in vocabulary if not (t.startswith("[") and t.endswith("]"))]
     return not any(ch.isupper() for token in plain for ch in token)
+
+
+def _read_json_object(path, name):
+    file = os.path.join(path, name)
+    try:
+        with open(file, encoding="utf-8") as stream:
+            value = json.load(stream)
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        raise ValueError(f"{file} is not valid JSON ({error}). Received: path={path!r}") from None
+    if not isinstance(value, dict):
+        raise ValueError(f"{file} must hold a JSON object. Received: {type(value).__name__}")
+    return value
 
 
 def load_hf_bert(path, sequence_length=None):

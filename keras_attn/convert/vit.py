@@ -9,14 +9,22 @@ Hugging Face models take normalised `(B, C, H, W)` pixel values
 takes raw `(B, H, W, C)` pixels in [0, 255] and does the same rescaling
 itself, so `hf(pixel_values=(x / 127.5 - 1).transpose(0, 3, 1, 2))` equals
 `keras_vit(x)`.
+
+Every tensor must have exactly the shape `config.json` implies before it is
+laid out for Keras, and every tensor must be used (the `ViTModel` pooler and,
+with `include_classifier=False`, the classifier are dropped and named in a
+warning); a malformed file is a `ValueError` naming the file and the key.
 """
 
 import dataclasses
-import json
 import os
+import warnings
 
-import numpy as np
-
+from keras_attn.convert._checkpoint import Tensors
+from keras_attn.convert._checkpoint import config_float
+from keras_attn.convert._checkpoint import config_int
+from keras_attn.convert._checkpoint import read_config
+from keras_attn.convert._checkpoint import read_safetensors
 from keras_attn.models.vit import ViTConfig
 from keras_attn.models.vit import build_vit
 
@@ -32,20 +40,23 @@ def vit_config_from_hf(hf_config):
         raise ValueError(
             "The attention projections must have biases. Received: qkv_bias=False"
         )
-    num_labels = len(hf_config.get("id2label") or {}) or None
+    labels = hf_config.get("id2label") or {}
+    if not isinstance(labels, dict):
+        raise ValueError(f"config.json: 'id2label' must be an object. Received: id2label={labels!r}")
+    file = "config.json"
     return ViTConfig(
-        image_size=int(hf_config.get("image_size", 224)),
-        patch_size=int(hf_config.get("patch_size", 16)),
-        num_channels=int(hf_config.get("num_channels", 3)),
-        hidden_dim=int(hf_config["hidden_size"]),
-        num_layers=int(hf_config["num_hidden_layers"]),
-        num_heads=int(hf_config["num_attention_heads"]),
-        intermediate_dim=int(hf_config["intermediate_size"]),
-        dropout=float(hf_config.get("hidden_dropout_prob", 0.0)),
-        attention_dropout=float(hf_config.get("attention_probs_dropout_prob", 0.0)),
-        layer_norm_epsilon=float(hf_config.get("layer_norm_eps", 1e-12)),
+        image_size=config_int(hf_config, "image_size", file, 224),
+        patch_size=config_int(hf_config, "patch_size", file, 16),
+        num_channels=config_int(hf_config, "num_channels", file, 3),
+        hidden_dim=config_int(hf_config, "hidden_size", file),
+        num_layers=config_int(hf_config, "num_hidden_layers", file),
+        num_heads=config_int(hf_config, "num_attention_heads", file),
+        intermediate_dim=config_int(hf_config, "intermediate_size", file),
+        dropout=config_float(hf_config, "hidden_dropout_prob", file, 0.0),
+        attention_dropout=config_float(hf_config, "attention_probs_dropout_prob", file, 0.0),
+        layer_norm_epsilon=config_float(hf_config, "layer_norm_eps", file, 1e-12),
         pooling="cls",
-        num_classes=num_labels,
+        num_classes=len(labels) or None,
     )
 
 
@@ -63,101 +74,69 @@ def load_hf_vit(path, include_classifier=True):
     Returns:
         The Keras `ViT`.
     """
-    from safetensors.numpy import load_file
-
-    with open(os.path.join(path, "config.json")) as f:
-        hf_config = json.load(f)
-    tensors = load_file(os.path.join(path, "model.safetensors"))
+    config = vit_config_from_hf(read_config(path))
+    raw = read_safetensors(path)
     # ViTForImageClassification prefixes the backbone with "vit.".
-    prefix = "vit." if any(k.startswith("vit.") for k in tensors) else ""
-    has_head = "classifier.weight" in tensors and include_classifier
-    config = vit_config_from_hf(hf_config)
-    num_classes = tensors["classifier.weight"].shape[0] if has_head else None
+    prefix = "vit." if any(k.startswith("vit.") for k in raw) else ""
+    tensors = Tensors(raw, path, prefix)
+    has_head = "classifier.weight" in raw and include_classifier
+    num_classes = raw["classifier.weight"].shape[0] if has_head else None
     model = build_vit(dataclasses.replace(config, num_classes=num_classes))
+    D, F, C = config.hidden_dim, config.intermediate_dim, config.num_channels
+    N, P = config.num_heads, config.patch_size
+    H = D // N
+    T = config.num_patches + 1  # patches and the class token
+    plan = []  # (layer, [arrays]): everything is checked before any assignment
 
-    def get(name):
-        key = prefix + name
-        if key not in tensors:
-            raise ValueError(f"The checkpoint has no tensor {key!r}. Received: path={path!r}")
-        return tensors[key]
+    def linear(name, n_out, n_in):  # torch (out, in) -> Keras (in, out)
+        return tensors.get(name + ".weight", (n_out, n_in)).T, tensors.get(name + ".bias", (n_out,))
 
-    def assign(layer, weights, sources):
-        """Sets `layer`'s weights after checking every shape; `sources` are
-        the checkpoint keys, so a mismatch says which tensor is wrong."""
-        for variable, value, source in zip(layer.weights, weights, sources):
-            if tuple(variable.shape) != tuple(value.shape):
-                raise ValueError(
-                    f"Checkpoint tensor {source!r} does not fit "
-                    f"{variable.path} of shape {tuple(variable.shape)} (does "
-                    f"config.json match the weights?). Received: shape={tuple(value.shape)}"
-                )
-        layer.set_weights(list(weights))
-
-    def set_layer(name, *weights, sources):
-        assign(model.get_layer(name), weights, sources)
-
-    heads, width = config.num_heads, config.hidden_dim
-    head_dim = width // heads
-
-    def reshaped(source, array, shape):
-        if array.size != int(np.prod(shape)):
-            raise ValueError(
-                f"Checkpoint tensor {source!r} cannot be laid out as "
-                f"{shape} (does config.json match the weights?). "
-                f"Received: shape={tuple(array.shape)}"
-            )
-        return array.reshape(shape)
+    def norm(name):
+        return [tensors.get(name + ".weight", (D,)), tensors.get(name + ".bias", (D,))]
 
     # Conv kernel: torch (D, C, P, P) -> Keras (P, P, C, D).
     patch = "embeddings.patch_embeddings.projection."
-    set_layer(
-        "patch_embedding",
-        get(patch + "weight").transpose(2, 3, 1, 0),
-        get(patch + "bias"),
-        sources=[prefix + patch + "weight", prefix + patch + "bias"],
-    )
-    set_layer("class_token", reshaped(prefix + "embeddings.cls_token", get("embeddings.cls_token"), (width,)),
-              sources=[prefix + "embeddings.cls_token"])
-    set_layer("position_embedding", get("embeddings.position_embeddings")[0],
-              sources=[prefix + "embeddings.position_embeddings"])
+    plan.append((model.get_layer("patch_embedding"),
+                 [tensors.get(patch + "weight", (D, C, P, P)).transpose(2, 3, 1, 0),
+                  tensors.get(patch + "bias", (D,))]))
+    plan.append((model.get_layer("class_token"),
+                 [tensors.get("embeddings.cls_token", (1, 1, D)).reshape(D)]))
+    plan.append((model.get_layer("position_embedding"),
+                 [tensors.get("embeddings.position_embeddings", (1, T, D))[0]]))
     for i in range(config.num_layers):
         hf = f"encoder.layer.{i}."
         block = model.get_layer(f"transformer_block_{i}")
-
-        def linear(name, kernel_shape=None, bias_shape=None):
-            # torch (out, in) -> Keras (in, out), then the head layout
-            kernel, bias = get(hf + name + ".weight").T, get(hf + name + ".bias")
-            if kernel_shape is not None:
-                kernel = reshaped(prefix + hf + name + ".weight", kernel, kernel_shape)
-            if bias_shape is not None:
-                bias = reshaped(prefix + hf + name + ".bias", bias, bias_shape)
-            return [kernel, bias], [prefix + hf + name + ".weight", prefix + hf + name + ".bias"]
-
         attention = block.self_attention
         for name in ("query", "key", "value"):
-            weights, sources = linear(
-                f"attention.attention.{name}", (width, heads, head_dim), (heads, head_dim)
-            )
-            assign(_sublayer(attention, name), weights, sources)
-        weights, sources = linear("attention.output.dense", (heads, head_dim, width))
-        assign(_sublayer(attention, "attention_output"), weights, sources)
-        for layer, name in (
-            (block.self_attention_layer_norm, "layernorm_before"),
-            (block.feed_forward_layer_norm, "layernorm_after"),
-        ):
-            keys = [hf + name + ".weight", hf + name + ".bias"]
-            assign(layer, [get(k) for k in keys], [prefix + k for k in keys])
-        assign(block.feed_forward.intermediate_dense, *linear("intermediate.dense"))
-        assign(block.feed_forward.output_dense, *linear("output.dense"))
-    set_layer("final_layer_norm", get("layernorm.weight"), get("layernorm.bias"),
-              sources=[prefix + "layernorm.weight", prefix + "layernorm.bias"])
+            kernel, bias = linear(hf + f"attention.attention.{name}", D, D)
+            plan.append((_sublayer(attention, name), [kernel.reshape(D, N, H), bias.reshape(N, H)]))
+        kernel, bias = linear(hf + "attention.output.dense", D, D)
+        plan.append((_sublayer(attention, "attention_output"), [kernel.reshape(N, H, D), bias]))
+        plan.append((block.self_attention_layer_norm, norm(hf + "layernorm_before")))
+        plan.append((block.feed_forward_layer_norm, norm(hf + "layernorm_after")))
+        plan.append((block.feed_forward.intermediate_dense, list(linear(hf + "intermediate.dense", F, D))))
+        plan.append((block.feed_forward.output_dense, list(linear(hf + "output.dense", D, F))))
+    plan.append((model.get_layer("final_layer_norm"), norm("layernorm")))
     if has_head:
-        set_layer(
-            "classifier",
-            tensors["classifier.weight"].T,
-            tensors["classifier.bias"],
-            sources=["classifier.weight", "classifier.bias"],
+        kernel = tensors.get("classifier.weight", (num_classes, D), prefixed=False).T
+        bias = tensors.get("classifier.bias", (num_classes,), prefixed=False)
+        plan.append((model.get_layer("classifier"), [kernel, bias]))
+    for layer, arrays in plan:
+        for variable, array in zip(layer.weights, arrays):
+            if len(layer.weights) != len(arrays) or tuple(variable.shape) != array.shape:
+                raise ValueError(  # a bug of this converter, not of the file
+                    f"Layer {layer.name!r} does not take the arrays laid out for it. "
+                    f"Received: shapes={[a.shape for a in arrays]}"
+                )
+    dropped = tensors.check_all_used(dropped=(prefix + "pooler.", "classifier."))
+    if dropped:
+        warnings.warn(
+            f"{os.path.join(path, 'model.safetensors')}: not loaded (by choice): "
+            f"{', '.join(sorted({k.rsplit('.', 1)[0] for k in dropped}))}",
+            stacklevel=2,
         )
+    for layer, arrays in plan:
+        layer.set_weights(arrays)
     return model
 
 

@@ -79,7 +79,7 @@ def test_checkpoint_that_does_not_match_its_config(tmp_path):
     config = json.loads(config_path.read_text())
     config["intermediate_size"] = 32  # the checkpoint's MLP is 24 wide
     config_path.write_text(json.dumps(config))
-    with pytest.raises(ValueError, match=r"'encoder.layer.0.intermediate.dense.weight' does not fit.*Received: shape=\(16, 24\)"):
+    with pytest.raises(ValueError, match=r"'encoder.layer.0.intermediate.dense.weight' has shape \(24, 16\) but config.json implies \(32, 16\)"):
         load_hf_vit(str(tmp_path))
 
 
