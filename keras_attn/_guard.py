@@ -144,6 +144,23 @@ def check_mask(name, values):
         )
 
 
+def _check_not_empty(name, values):
+    """One clear error for an empty batch or a sequence of length 0, the same
+    in every family and entry point (Keras's own `predict` fails on an empty
+    batch with an UnboundLocalError, the convolutions with shape errors)."""
+    shape = np.shape(values)
+    if len(shape) >= 1 and shape[0] == 0:
+        raise ValueError(
+            f"`{name}` holds no example (a batch of 0); keras_attn models need "
+            f"at least one. Received: {name}.shape={tuple(shape)}"
+        )
+    if len(shape) == 2 and shape[1] == 0:
+        raise ValueError(
+            f"`{name}` has length 0; keras_attn models need at least one step. "
+            f"Received: {name}.shape={tuple(shape)}"
+        )
+
+
 def check_length(name, values, max_length, axis=1):
     """`ValueError` when `values` is longer than `max_length` on `axis`."""
     shape = np.shape(values)
@@ -366,6 +383,7 @@ class GuardedModel:
             return
         specs = self.input_specs()
         for name, array in named.items():
+            _check_not_empty(name, array)
             spec = specs.get(name)
             if isinstance(spec, IdSpec):
                 check_ids(name, array, spec)

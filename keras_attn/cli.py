@@ -347,6 +347,7 @@ def _train_locked(args, recipe, output):
     import keras
 
     import keras_attn
+    from keras_attn.data.checks import check_batches
     from keras_attn.training.distribute import data_parallel
     from keras_attn.training.distribute import describe_replicas
     from keras_attn.training.resumable import ResumableTrainer
@@ -379,9 +380,14 @@ def _train_locked(args, recipe, output):
         if args.verbose:  # given here so that it prints before the epoch line
             callbacks.append(keras.callbacks.ProgbarLogger())
         callbacks.append(_epoch_logger(training["epochs"], times_path))
-        train_dataset_fn, validation = task.train_dataset_fn, task.validation_data()
+        # Every batch checked in the pipeline (ids, labels, lengths), before a
+        # compiled step could see it.
+        train_dataset_fn = lambda epoch: check_batches(task.train_dataset_fn(epoch), model)  # noqa: E731
+        validation = task.validation_data()
+        validation = validation and check_batches(validation, model)
         if replicas > 1:  # JAX shards a batch only when the replicas divide it
-            train_dataset_fn = lambda epoch: even_batches(task.train_dataset_fn(epoch), replicas)  # noqa: E731
+            checked_fn = train_dataset_fn
+            train_dataset_fn = lambda epoch: even_batches(checked_fn(epoch), replicas)  # noqa: E731
             validation = validation and even_batches(validation, replicas)
         history = trainer.fit(model, train_dataset_fn, training["epochs"], steps,
                               validation_data=validation, callbacks=callbacks,
@@ -591,6 +597,15 @@ def main(argv=None):
         if os.environ.get("KERAS_ATTN_TRACEBACK"):
             raise
         print(f"keras-attn {args.command}: error: {error}", file=sys.stderr)
+        return 2
+    except Exception as error:
+        # A batch refused by the pipeline's data check (keras_attn.data.checks)
+        # arrives as TensorFlow's InvalidArgumentError.
+        if os.environ.get("KERAS_ATTN_TRACEBACK") or "keras_attn data check:" not in str(error):
+            raise
+        from keras_attn.data.checks import data_check_message
+
+        print(f"keras-attn {args.command}: error: {data_check_message(error)}", file=sys.stderr)
         return 2
 
 

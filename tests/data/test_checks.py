@@ -1,0 +1,74 @@
+"""Each batch is checked inside the tf.data pipeline, before a compiled step."""
+
+import re
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from keras_attn.data.checks import check_batches
+from keras_attn.data.checks import data_check_message
+from keras_attn.models.bert import BertSequenceClassifier
+from keras_attn.models.bert import build_bert
+from keras_attn.models.conformer import build_conformer
+
+pytestmark = pytest.mark.tf_only
+
+
+def _bert():
+    backbone = build_bert("bert_tiny", vocabulary_size=30, num_layers=1, hidden_dim=8,
+                          num_heads=2, intermediate_dim=16, max_sequence_length=10)
+    return BertSequenceClassifier(backbone, num_classes=2)
+
+
+def _bert_batches(ids, labels, mask=None):
+    x = {"token_ids": ids, "segment_ids": np.zeros_like(ids),
+         "padding_mask": np.ones_like(ids) if mask is None else mask}
+    return tf.data.Dataset.from_tensor_slices((x, labels)).batch(2)
+
+
+def _first_error(dataset):
+    with pytest.raises(tf.errors.InvalidArgumentError) as error:
+        for _ in dataset:
+            pass
+    return data_check_message(error.value)
+
+
+def test_good_batches_pass_unchanged():
+    ids = np.arange(1, 17, dtype="int32").reshape(4, 4)
+    batches = list(check_batches(_bert_batches(ids, np.array([0, 1, 1, 0])), _bert()))
+    np.testing.assert_array_equal(np.concatenate([b[0]["token_ids"] for b in batches]), ids)
+
+
+@pytest.mark.parametrize(
+    "edit, message",
+    [
+        (lambda ids, y, m: ids.__setitem__((3, 1), 30), r"`token_ids` must lie in \[0, 30\)"),
+        (lambda ids, y, m: y.__setitem__(2, 2), r"`labels` must lie in \[0, 2\)"),
+        (lambda ids, y, m: m.__setitem__((0, 0), 0.4), "`padding_mask` must be boolean or hold only 0 and 1"),
+    ],
+)
+def test_bad_batches_stop_the_pipeline_naming_the_input(edit, message):
+    ids = np.ones((4, 4), "int32")
+    labels = np.array([0, 1, 1, 0])
+    mask = np.ones((4, 4), "float32")
+    edit(ids, labels, mask)
+    text = _first_error(check_batches(_bert_batches(ids, labels, mask), _bert()))
+    assert text.startswith("keras_attn data check:")
+    assert re.search(message, text), text
+
+
+def test_too_long_sequences_stop_the_pipeline():
+    ids = np.ones((2, 11), "int32")
+    text = _first_error(check_batches(_bert_batches(ids, np.array([0, 1])), _bert()))
+    assert "`token_ids` is longer than max_sequence_length=10" in text
+
+
+def test_ctc_labels_the_utterance_cannot_emit_stop_the_pipeline():
+    model = build_conformer("conformer_tiny", vocabulary_size=5, num_layers=1)
+    x = {"waveform": np.zeros((2, 2000), "float32"),  # 13 frames -> 2 logits
+         "waveform_length": np.array([2000, 2000], "int32")}
+    labels = np.array([[1, 2, 0], [3, 3, 0]], "int32")  # need 2 and 3 frames
+    dataset = tf.data.Dataset.from_tensor_slices((x, labels)).batch(2)
+    text = _first_error(check_batches(dataset, model))
+    assert "CTC label sequence is longer than its utterance can emit" in text
