@@ -16,6 +16,37 @@ def _default_signature(model):
     return specs
 
 
+EMPTY_INPUT = "keras_attn: empty input:"
+
+
+def _refuse_empty(fn, signature):
+    """`fn` behind a check of each input: an empty batch, or a sequence of
+    length 0 (rank-2 numeric inputs: ids, masks, waveforms), stops the call
+    with `InvalidArgumentError` whose message names the input, as the
+    models' Python entry points raise `ValueError`, instead of failing deep
+    inside a convolution or returning an empty answer in one family and not
+    in another."""
+    import tensorflow as tf
+
+    def guarded(*inputs):
+        checks = []
+        for index, (spec, x) in enumerate(zip(signature, inputs)):
+            name = getattr(spec, "name", None) or f"input {index}"
+            rank = x.shape.rank
+            if rank is not None and rank >= 1:
+                checks.append(tf.debugging.assert_positive(
+                    tf.shape(x)[0], message=f"{EMPTY_INPUT} `{name}` holds no example "
+                                            "(a batch of 0)"))
+            if rank == 2 and x.dtype != tf.string:
+                checks.append(tf.debugging.assert_positive(
+                    tf.shape(x)[1], message=f"{EMPTY_INPUT} `{name}` has length 0"))
+        with tf.control_dependencies(checks):
+            inputs = [tf.identity(x) for x in inputs]
+        return fn(*inputs)
+
+    return guarded
+
+
 def export_saved_model(
     model,
     path,
@@ -47,6 +78,9 @@ def export_saved_model(
         track: more objects whose resources the endpoints use (a
             tokenizer's vocabulary tables).
 
+    Every endpoint refuses an empty batch and a sequence of length 0 with
+    `InvalidArgumentError` naming the input (`EMPTY_INPUT`).
+
     Returns:
         `path`. Load it with `tf.saved_model.load(path)` and call
         `loaded.serve(...)` (or `loaded.signatures["serving_default"]`).
@@ -72,9 +106,10 @@ def export_saved_model(
             else:
                 def serving_fn(inputs):
                     return model(inputs, training=False)
-        archive.add_endpoint(endpoint_name, serving_fn, input_signature=input_signature)
+        archive.add_endpoint(endpoint_name, _refuse_empty(serving_fn, input_signature),
+                             input_signature=input_signature)
         for name, (fn, signature) in (extra_endpoints or {}).items():
-            archive.add_endpoint(name, fn, input_signature=signature)
+            archive.add_endpoint(name, _refuse_empty(fn, signature), input_signature=signature)
         target = os.path.join(staging, "model")
         archive.write_out(target, verbose=False)
         if os.path.exists(path):

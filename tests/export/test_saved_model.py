@@ -62,3 +62,17 @@ def test_export_replaces_an_existing_model_atomically(tmp_path):
     got = loaded.serve(ids, ids).numpy()
     np.testing.assert_allclose(got, ops.convert_to_numpy(second([ids, ids])), atol=1e-5)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["saved"]  # no leftovers
+
+
+def test_an_empty_batch_or_length_is_refused_naming_the_input(tmp_path):
+    import pytest
+    import tensorflow as tf
+
+    loaded = tf.saved_model.load(str(export_saved_model(tiny_encoder_decoder(),
+                                                        tmp_path / "saved")))
+    ids = np.ones((2, 3), "int32")
+    for source, message in ((ids[:0], "`source_ids` holds no example"),
+                            (ids[:, :0], "`source_ids` has length 0")):
+        with pytest.raises(tf.errors.InvalidArgumentError, match=message):
+            loaded.serve(source, ids[: len(source)])
+    assert loaded.serve(ids, ids).shape == (2, 3, 40)
