@@ -300,7 +300,9 @@ class StopOnNonFiniteLoss(keras.callbacks.Callback):
         counter = getattr(self.model.optimizer, "skipped_steps", None)
         if counter is None:
             return
-        skipped = int(ops.convert_to_numpy(counter.value))
+        # Through the Keras variable: under tf.distribute `.value` is a
+        # mirrored variable NumPy cannot read.
+        skipped = int(ops.convert_to_numpy(counter))
         if skipped:
             import warnings
 
