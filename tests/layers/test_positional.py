@@ -126,3 +126,13 @@ def test_negative_length():
 def test_non_positive_max_sequence_length():
     with pytest.raises(ValueError, match=r"Received: max_sequence_length=0"):
         PositionEmbedding(max_sequence_length=0)
+
+
+def test_causal_mask_refuses_negative_lengths():
+    from keras_attn.layers.masking import causal_mask
+
+    for args, name in (((-1, 3), "query_length"), ((2, -1), "key_length")):
+        with pytest.raises(ValueError, match=rf"`{name}` must be a non-negative integer. "
+                                             rf"Received: {name}=-1"):
+            causal_mask(*args)
+    assert tuple(causal_mask(0, 0).shape) == (0, 0)

@@ -281,3 +281,28 @@ def test_transformer_compile_defaults_to_the_papers_loss():
     assert all(np.isfinite(losses)) and losses[0] > 1.0
     assert losses[-1] < losses[0] - 0.2
     assert "token_accuracy" in history.history
+
+
+FAMILIES = {
+    "bert": (bert_classifier, lambda b, n: {
+        "token_ids": np.ones((b, n), "int32"), "segment_ids": np.zeros((b, n), "int32"),
+        "padding_mask": np.ones((b, n), "int32")}),
+    "transformer": (transformer, lambda b, n: [np.ones((b, n), "int32")] * 2),
+    "vit": (vit, lambda b, n: np.zeros((b, 8, 8, 3), "uint8")),
+    "conformer": (conformer, lambda b, n: {
+        "waveform": np.zeros((b, n * 400), "float32"),
+        "waveform_length": np.full((b,), n * 400, "int32")}),
+}
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_an_empty_batch_or_length_is_one_clear_error(family):
+    build, make = FAMILIES[family]
+    model = build()
+    shapes = [(0, 5)] + ([] if family == "vit" else [(2, 0)])
+    for batch, length in shapes:
+        message = "holds no example" if batch == 0 else "has length 0"
+        for call in (lambda: model(make(batch, length)),
+                     lambda: model.predict(make(batch, length), verbose=0)):
+            with pytest.raises(ValueError, match=message):
+                call()

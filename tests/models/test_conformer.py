@@ -161,3 +161,19 @@ def test_feature_inputs_match_the_waveform_model():
 def test_unknown_input_type():
     with pytest.raises(ValueError, match=r"Received: input_type='spectrogram'"):
         build_conformer(TINY, vocabulary_size=5, input_type="spectrogram")
+
+
+@pytest.mark.parametrize(
+    "field, value, message",
+    [
+        ("num_layers", 0, "`num_layers` must be a positive integer. Received: num_layers=0"),
+        ("dropout", 1.5, r"`dropout` must be a number in \[0, 1\). Received: dropout=1.5"),
+        ("attention_dropout", -0.1, r"Received: attention_dropout=-0.1"),
+        ("kernel_size", 0, "Received: kernel_size=0"),
+        ("time_mask_count", -1, "Received: time_mask_count=-1"),
+        ("num_heads", 3, "Received: hidden_dim=64, num_heads=3"),
+    ],
+)
+def test_bad_config_fields_are_the_packages_value_errors(field, value, message):
+    with pytest.raises(ValueError, match=message):
+        build_conformer("conformer_tiny", vocabulary_size=5, **{field: value})

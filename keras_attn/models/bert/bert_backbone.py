@@ -98,7 +98,11 @@ class BertBackbone(GuardedModel, ConfigModel, keras.Model):
     Inputs (a dict, any batch size, any length up to `max_sequence_length`):
         token_ids: `(B, T)` int, WordPiece ids in `[0, vocabulary_size)`.
         segment_ids: `(B, T)` int, 0 for sentence A, 1 for sentence B.
-        padding_mask: `(B, T)` int or bool, 1/True for a real token.
+        padding_mask: `(B, T)` bool, or int/float holding only 1 (a real
+            token) and 0; any other value is refused where the mask can be
+            checked (eager calls, `fit`/`predict` on arrays, the zoo's
+            pipelines), and inside a compiled step every nonzero value
+            counts as a real token.
 
     Outputs (a dict):
         sequence_output: `(B, T, D)`, the last block's output.
