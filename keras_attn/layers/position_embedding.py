@@ -79,13 +79,18 @@ class PositionEmbedding(keras.layers.Layer):
         length = shape[-2]
         static = self._check_length(length, start_index)
         positions = ops.arange(length) + start_index  # (T,)
-        # A gather, not a slice, so that a symbolic length traces.
-        table = ops.take(self.position_embeddings, positions, axis=0)  # (T, D)
-        if not static:
+        if static:
+            # A gather, not a slice, so that a symbolic length traces.
+            table = ops.take(self.position_embeddings, positions, axis=0)  # (T, D)
+        else:
             # The length is only known at run time, where no ValueError can be
-            # raised. Out-of-range gathers clamp under XLA; make them NaN so
-            # the error shows in the outputs instead of passing silently.
+            # raised. Out-of-range gathers clamp under XLA and raise a raw
+            # GatherV2 error on TensorFlow's CPU kernels: gather clamped
+            # positions, then make the out-of-range ones NaN so the error
+            # shows in the outputs (and a training step on them is skipped).
             valid = (positions >= 0) & (positions < self.max_sequence_length)
+            clamped = ops.clip(positions, 0, self.max_sequence_length - 1)
+            table = ops.take(self.position_embeddings, clamped, axis=0)  # (T, D)
             table = ops.where(valid[:, None], table, float("nan"))
         return ops.broadcast_to(ops.cast(table, self.compute_dtype), shape)
 

@@ -306,3 +306,17 @@ def test_an_empty_batch_or_length_is_one_clear_error(family):
                      lambda: model.predict(make(batch, length), verbose=0)):
             with pytest.raises(ValueError, match=message):
                 call()
+
+
+def test_too_long_sequences_in_a_compiled_step_change_nothing():
+    """Past max_sequence_length inside `fit`: a ValueError while tracing where
+    the length is static (JAX), else a NaN loss and a skipped step (a
+    TensorFlow graph traced for any length); the weights never change."""
+    model = bert_classifier()
+    _fit_compiled(model, *bert_data())
+    before = _state(model)
+    with pytest.raises(ValueError, match="max_sequence_length=12|the loss is nan"):
+        _fit_compiled(model, *bert_data(length=13))
+    after = _state(model)
+    for path in before:
+        np.testing.assert_array_equal(after[path], before[path], err_msg=path)
