@@ -526,15 +526,42 @@ class GuardedModel:
             kwargs["callbacks"] = with_stop_callback(
                 kwargs.get("callbacks"), self.describe_inputs()
             )
-        return super().fit(x, y, *args, **kwargs)
+        return self._keeping_variables(lambda: super(GuardedModel, self).fit(x, y, *args, **kwargs))
 
     def evaluate(self, x=None, y=None, *args, **kwargs):
         self._check_data(x, y)
-        return super().evaluate(x, y, *args, **kwargs)
+        return self._keeping_variables(
+            lambda: super(GuardedModel, self).evaluate(x, y, *args, **kwargs))
 
     def predict(self, x, *args, **kwargs):
         self._check_data(x)
-        return super().predict(x, *args, **kwargs)
+        return self._keeping_variables(lambda: super(GuardedModel, self).predict(x, *args, **kwargs))
+
+    def _keeping_variables(self, call):
+        """`call()`; on JAX, a call that fails leaves the model usable.
+
+        Keras's JAX trainer detaches the variables' values for its loop and
+        reattaches them from the last finished step; an error before the
+        first step ends (a `ValueError` while tracing it) leaves them
+        detached, and every later use of the model fails. The values from
+        before the call are put back into the variables left empty (those a
+        finished step updated are reattached by Keras itself). Reads the
+        private `_value`: Keras has no public way to see a detached value.
+        """
+        if keras.backend.backend() != "jax":
+            return call()
+        variables = list(self.variables) + list(self.metrics_variables)
+        optimizer = getattr(self, "optimizer", None)
+        if optimizer is not None:
+            variables += list(optimizer.variables)
+        saved = [(v, getattr(v, "_value", None)) for v in variables]
+        try:
+            return call()
+        except BaseException:
+            for variable, value in saved:
+                if value is not None and getattr(variable, "_value", None) is None:
+                    variable._value = value
+            raise
 
 
 def _is_dataset_like(x):
