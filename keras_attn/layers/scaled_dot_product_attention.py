@@ -10,9 +10,11 @@ import numpy as np
 from keras import ops
 from keras import random
 
+from keras_attn.layers._validation import check_positive_int
 from keras_attn.layers._validation import check_rate
 from keras_attn.layers._validation import static_dim
 from keras_attn.layers.masking import causal_mask
+from keras_attn.layers.masking import merge_masks
 
 # Masked logits are replaced (not offset) by this value, and the softmax runs
 # in float32 or wider, so the constant never overflows float16 or bfloat16.
@@ -197,6 +199,30 @@ def fused_attention_supports(dtype):
     )
 
 
+# cuDNN's fused attention (what JAX's `dot_product_attention` uses on an
+# NVIDIA GPU) takes only lengths that are multiples of 8 and falls back to a
+# slower path otherwise (measured on an H100: ViT-B/16's 197 tokens ran 2.58 ms
+# forward + backward against 1.07 ms at 200; ../shared/gpu/BASELINE.md).
+KERNEL_LENGTH_MULTIPLE = 8
+
+
+def default_length_multiple():
+    """The multiple that `fused_dot_product_attention` pads lengths to by
+    default: `KERNEL_LENGTH_MULTIPLE` where the kernel needs it (JAX on a
+    GPU), else 1 (no padding: TensorFlow computes the same ops as the
+    explicit path, PyTorch's SDPA kernels take any length, and a CPU has no
+    fused kernel)."""
+    if keras.backend.backend() == "jax" and not _default_device_is_cpu():
+        return KERNEL_LENGTH_MULTIPLE
+    return 1
+
+
+def _padded(x, length):
+    """`x (B, L, N, H)` padded with zeros to `length` steps on axis 1."""
+    extra = length - x.shape[1]
+    return ops.pad(x, [[0, 0], [0, extra], [0, 0], [0, 0]]) if extra else x
+
+
 def fused_dot_product_attention(
     query,
     key,
@@ -205,6 +231,7 @@ def fused_dot_product_attention(
     scale=None,
     is_causal=False,
     flash_attention=None,
+    length_multiple=None,
 ):
     """Same result as `scaled_dot_product_attention` through
     `keras.ops.dot_product_attention` (flash / cuDNN kernels where the
@@ -212,17 +239,45 @@ def fused_dot_product_attention(
 
     `keras.ops.dot_product_attention` averages the values of a query whose
     keys are all masked; the reference says zero, so those rows are zeroed.
+
+    Lengths that the backend's fast kernel refuses are padded: with
+    `length_multiple=m` (default: `default_length_multiple()`), statically
+    known query and key lengths are padded with zeros to multiples of `m`,
+    the padded keys are masked out (a boolean key mask keeps cuDNN's kernel),
+    and the padded queries are sliced off, so every answer and gradient is
+    the unpadded one.
     """
     query = ops.convert_to_tensor(query)
     key = ops.convert_to_tensor(key)
     value = ops.convert_to_tensor(value)
     _check_qkv(query, key, value)
     mask = normalize_attention_mask(mask, query, key)
-    if is_causal and mask is not None:
+    if length_multiple is None:
+        length_multiple = default_length_multiple()
+    length_multiple = check_positive_int("length_multiple", length_multiple)
+    t, s = _static_dim(query, 1), _static_dim(key, 1)
+    pad = length_multiple > 1 and t is not None and s is not None and (
+        t % length_multiple or s % length_multiple
+    )
+    if is_causal and (mask is not None or pad):
         # Fold the causal mask in so that rows it empties are zeroed below.
         causal = causal_mask(ops.shape(query)[1], ops.shape(key)[1])
-        mask = ops.logical_and(mask, causal[None, None, :, :])
+        mask = merge_masks(mask, causal[None, None, :, :])
         is_causal = False
+    if pad:
+        t_pad = -(-t // length_multiple) * length_multiple
+        s_pad = -(-s // length_multiple) * length_multiple
+        query, key, value = _padded(query, t_pad), _padded(key, s_pad), _padded(value, s_pad)
+        real_keys = (ops.arange(s_pad) < s)[None, None, None, :]  # (1, 1, 1, S')
+        if mask is not None:
+            # (B|1, N|1, T|1, S|1) -> (B|1, N|1, T'|1, S'): padded keys
+            # hidden; the padded query rows are sliced off below.
+            if static_dim(mask.shape[3]) == 1:
+                shape = ops.shape(mask)
+                mask = ops.broadcast_to(mask, (shape[0], shape[1], shape[2], s))
+            rows = 0 if static_dim(mask.shape[2]) == 1 else t_pad - t
+            mask = ops.pad(mask, [[0, 0], [0, 0], [0, rows], [0, s_pad - s]])
+        mask = merge_masks(mask, real_keys)
     output = ops.dot_product_attention(
         query,
         key,
@@ -231,9 +286,11 @@ def fused_dot_product_attention(
         scale=scale,
         is_causal=is_causal,
         flash_attention=flash_attention,
-    )  # (B, T, N, Hv)
+    )  # (B, T', N, Hv)
     if mask is not None:
-        has_key = ops.any(mask, axis=-1, keepdims=True)  # (B|1, N|1, T, 1)
-        has_key = ops.transpose(has_key, (0, 2, 1, 3))  # (B|1, T, N|1, 1)
+        has_key = ops.any(mask, axis=-1, keepdims=True)  # (B|1, N|1, T', 1)
+        has_key = ops.transpose(has_key, (0, 2, 1, 3))  # (B|1, T', N|1, 1)
         output = ops.where(has_key, output, ops.zeros_like(output))
+    if pad:
+        output = output[:, :t]  # (B, T, N, Hv)
     return output

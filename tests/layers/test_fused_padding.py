@@ -1,0 +1,115 @@
+"""The fused path pads lengths the fast kernel refuses (cuDNN: multiples of
+8) and gives the explicit path's outputs and gradients at every length."""
+
+import keras
+import numpy as np
+import pytest
+from keras import ops
+
+from keras_attn.layers import fused_dot_product_attention
+from keras_attn.layers import scaled_dot_product_attention
+from keras_attn.layers.masking import causal_mask
+from keras_attn.layers.scaled_dot_product_attention import KERNEL_LENGTH_MULTIPLE
+from keras_attn.layers.scaled_dot_product_attention import default_length_multiple
+
+B, N, H = 2, 2, 4
+
+
+def _inputs(t, s, seed):
+    rng = np.random.default_rng(seed)
+    q = rng.normal(size=(B, t, N, H)).astype("float32")
+    k = rng.normal(size=(B, s, N, H)).astype("float32")
+    v = rng.normal(size=(B, s, N, H)).astype("float32")
+    return q, k, v
+
+
+def _masks(t, s, kind):
+    if kind == "none":
+        return None, False
+    if kind == "causal":
+        return None, True
+    keys = np.ones((B, 1, 1, s), bool)
+    keys[0, ..., s // 2 + 1:] = False  # padding in the first example
+    if kind == "padding":
+        return keys, False
+    return keys, True  # padding and causal
+
+
+def _value_and_grad(fn, q, k, v):
+    """`fn(q, k, v)` and the gradient of `sum(fn * w)` w.r.t. q, k, v."""
+    shape = (q.shape[0], q.shape[1], q.shape[2], v.shape[3])  # (B, T, N, Hv)
+    w = np.random.default_rng(9).normal(size=shape).astype("float32")
+    backend = keras.backend.backend()
+    if backend == "jax":
+        import jax
+
+        def loss(q, k, v):
+            out = fn(q, k, v)
+            return (out * w).sum(), out
+
+        # One compiled program per shape: op-by-op JAX would compile every
+        # primitive for each of the 70 lengths.
+        grad_fn = jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2), has_aux=True))
+        (_, out), grads = grad_fn(q, k, v)
+    elif backend == "tensorflow":
+        import tensorflow as tf
+
+        q, k, v = (tf.convert_to_tensor(a) for a in (q, k, v))
+        with tf.GradientTape() as tape:
+            tape.watch([q, k, v])
+            out = fn(q, k, v)
+            loss = tf.reduce_sum(out * w)
+        grads = tape.gradient(loss, [q, k, v])
+    else:
+        import torch
+
+        q, k, v = (torch.tensor(a, requires_grad=True) for a in (q, k, v))
+        out = fn(q, k, v)
+        (out * torch.tensor(w)).sum().backward()
+        grads = (q.grad, k.grad, v.grad)
+    return ops.convert_to_numpy(out), [ops.convert_to_numpy(g) for g in grads]
+
+
+@pytest.mark.parametrize("kind", ["none", "padding", "causal", "padding_causal"])
+def test_padded_fused_path_equals_the_explicit_one_at_every_length(kind):
+    for length in range(1, 71):
+        q, k, v = _inputs(length, length, seed=length)
+        mask, is_causal = _masks(length, length, kind)
+
+        def fused(q, k, v):
+            return fused_dot_product_attention(q, k, v, mask=mask, is_causal=is_causal,
+                                               length_multiple=KERNEL_LENGTH_MULTIPLE)
+
+        def explicit(q, k, v):
+            full = mask
+            if is_causal:
+                causal = causal_mask(length, length)[None, None]
+                full = causal if mask is None else ops.logical_and(mask, causal)
+            return scaled_dot_product_attention(q, k, v, mask=full)
+
+        got, got_grads = _value_and_grad(fused, q, k, v)
+        want, want_grads = _value_and_grad(explicit, q, k, v)
+        assert got.shape == want.shape == (B, length, N, H)
+        np.testing.assert_allclose(got, want, atol=2e-5, err_msg=f"length {length}")
+        for a, b in zip(got_grads, want_grads):
+            np.testing.assert_allclose(a, b, atol=5e-5, err_msg=f"gradient, length {length}")
+
+
+def test_padding_cross_attention_of_other_lengths_and_a_fully_padded_row():
+    q, k, v = _inputs(5, 13, seed=0)
+    mask = np.ones((B, 5, 13), bool)
+    mask[1, 2] = False  # query 2 of example 1 sees no key
+    got = ops.convert_to_numpy(fused_dot_product_attention(
+        q, k, v, mask=mask, length_multiple=KERNEL_LENGTH_MULTIPLE))
+    want = ops.convert_to_numpy(scaled_dot_product_attention(q, k, v, mask=mask))
+    assert np.all(np.isfinite(got))
+    np.testing.assert_array_equal(got[1, 2], 0.0)
+    np.testing.assert_allclose(got, want, atol=2e-5)
+
+
+def test_the_default_pads_only_where_the_kernel_needs_it():
+    # This machine has no GPU: no padding by default on any backend.
+    assert default_length_multiple() == 1
+    with pytest.raises(ValueError, match="Received: length_multiple=0"):
+        q, k, v = _inputs(3, 3, seed=1)
+        fused_dot_product_attention(q, k, v, length_multiple=0)
