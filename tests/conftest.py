@@ -8,6 +8,29 @@ sys.path.insert(0, os.path.dirname(__file__))  # `from test_case import ...`
 import keras  # noqa: E402
 import pytest  # noqa: E402
 
+BACKEND = keras.backend.backend()
+# marker -> the only backend whose pass collects the test (see setup.cfg).
+ONLY_ON = {
+    "tf_only": "tensorflow",
+    "jax_only": "jax",
+    "torch_only": "torch",
+    # Pure Python, or subprocesses that choose their own backend: running it
+    # again in the JAX and PyTorch passes would test nothing new.
+    "backend_independent": "tensorflow",
+}
+
+
+def pytest_collection_modifyitems(config, items):
+    """Deselect (not skip) the tests that belong to another backend's pass,
+    so that `KERAS_BACKEND=jax pytest` runs exactly what JAX can and must."""
+    keep, drop = [], []
+    for item in items:
+        wanted = {ONLY_ON[m.name] for m in item.iter_markers() if m.name in ONLY_ON}
+        (keep if not wanted or wanted == {BACKEND} else drop).append(item)
+    if drop:
+        config.hook.pytest_deselected(items=drop)
+        items[:] = keep
+
 
 @pytest.fixture(autouse=True)
 def _fresh_keras_state():

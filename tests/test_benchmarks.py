@@ -15,6 +15,8 @@ import _flops  # noqa: E402
 import _stats  # noqa: E402
 import gpu  # noqa: E402
 
+pytestmark = pytest.mark.backend_independent
+
 
 @pytest.mark.parametrize(
     "n, ranks",

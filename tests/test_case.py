@@ -135,7 +135,8 @@ def run_layer_test(
         compute_dtype = policy.split("_")[1]
         for output in outputs:
             if _is_float(output):
-                assert output.dtype == compute_dtype, (policy, output.dtype)
+                assert keras.backend.standardize_dtype(output.dtype) == compute_dtype, (
+                    policy, output.dtype)
         for sublayer in mixed._flatten_layers():
             assert sublayer.dtype_policy.name == policy, (
                 f"sublayer {sublayer.name!r} has policy {sublayer.dtype_policy.name}"

@@ -5,6 +5,10 @@ import json
 import os
 import re
 
+import pytest
+
+pytestmark = pytest.mark.backend_independent
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 

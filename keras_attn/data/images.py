@@ -208,10 +208,22 @@ def _batch(dataset, batch_size, training, augmentation, seed, shuffle_buffer, ep
     dataset = dataset.batch(batch_size)
     if training and augmentation is not None:
         dataset = dataset.map(
-            lambda x, y: (augmentation(tf.cast(x, "float32"), training=True), y),
+            lambda x, y: (_augment(augmentation, tf.cast(x, "float32")), y),
             num_parallel_calls=AUTOTUNE,
         )
     return dataset.prefetch(AUTOTUNE)
+
+
+def _augment(augmentation, images):
+    """`augmentation(images, training=True)` inside a tf.data map, on any backend.
+
+    Keras's preprocessing layers use TensorFlow ops when they run inside
+    tf.data whatever the backend, but a `keras.Sequential` of them does not
+    (on JAX it hands the graph tensors to JAX): call its layers one by one."""
+    layers = augmentation.layers if isinstance(augmentation, keras.Sequential) else [augmentation]
+    for layer in layers:
+        images = layer(images, training=True)
+    return images
 
 
 def load_digits_dataset(

@@ -2,14 +2,15 @@
 
 The signature `serve` takes uint8 images `(B, S, S, C)` of the model's own
 size and returns the class probabilities `(B, K)` (softmax of the logits);
-the pixel rescaling is inside the model. Needs the TensorFlow backend, or
-JAX with TensorFlow installed (Keras converts through jax2tf).
+the pixel rescaling is inside the model. Needs the TensorFlow backend (a
+model trained on JAX or PyTorch: save it as `.keras` and export it there).
 
 >>> # export_image_classifier(build_vit(...), "/tmp/vit_savedmodel")
 >>> # tf.saved_model.load("/tmp/vit_savedmodel").serve(images)  # (B, K)
 """
 
 from keras_attn.export.saved_model import export_saved_model
+from keras_attn.export.saved_model import require_tensorflow_backend
 
 
 def export_image_classifier(model, path):
@@ -23,6 +24,7 @@ def export_image_classifier(model, path):
     Returns:
         `path`.
     """
+    require_tensorflow_backend("export_image_classifier")
     import tensorflow as tf
 
     input_shape = tuple(model.input_shape)

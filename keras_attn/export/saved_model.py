@@ -19,6 +19,25 @@ def _default_signature(model):
 EMPTY_INPUT = "keras_attn: empty input:"
 
 
+def require_tensorflow_backend(function):
+    """Refuses to export from another backend, naming the way that works.
+
+    The exporters trace TensorFlow graphs around the model (string
+    tokenization, beam search, input checks): on JAX they would go through
+    jax2tf, which cannot carry those, and PyTorch has no such route."""
+    import keras
+
+    backend = keras.backend.backend()
+    if backend != "tensorflow":
+        raise RuntimeError(
+            f"{function} writes a TensorFlow SavedModel and needs the TensorFlow "
+            f"backend; this process runs Keras on {backend!r}. Save the model "
+            "(`model.save('model.keras')`: it loads on every backend) and export it "
+            "from a process started with KERAS_BACKEND=tensorflow, or run "
+            "`keras-attn export RUN_DIR`, which does that for a zoo run."
+        )
+
+
 def _refuse_empty(fn, signature):
     """`fn` behind a check of each input: an empty batch, or a sequence of
     length 0 (rank-2 numeric inputs: ids, masks, waveforms), stops the call
@@ -84,8 +103,13 @@ def export_saved_model(
     Returns:
         `path`. Load it with `tf.saved_model.load(path)` and call
         `loaded.serve(...)` (or `loaded.signatures["serving_default"]`).
+
+    Raises:
+        RuntimeError: the Keras backend is not TensorFlow.
     """
     import keras
+
+    require_tensorflow_backend("export_saved_model")
 
     if input_signature is None:
         input_signature = _default_signature(model)

@@ -2,6 +2,7 @@
 takes raw waveforms and returns token ids."""
 
 from keras_attn.export.saved_model import export_saved_model
+from keras_attn.export.saved_model import require_tensorflow_backend
 
 
 def export_speech_recognizer(model, path, strategy="greedy", beam_width=16):
@@ -19,6 +20,7 @@ def export_speech_recognizer(model, path, strategy="greedy", beam_width=16):
         model's sampling rate and int32 `(B,)` lengths, and returns int32
         `(B, T')` token ids, -1 after each transcript.
     """
+    require_tensorflow_backend("export_speech_recognizer")
     import tensorflow as tf
 
     if strategy not in ("greedy", "beam_search"):

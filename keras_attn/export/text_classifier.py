@@ -12,6 +12,7 @@ only (the string signature needs TensorFlow ops).
 """
 
 from keras_attn.export.saved_model import export_saved_model
+from keras_attn.export.saved_model import require_tensorflow_backend
 
 
 def export_text_classifier(model, tokenizer, path, sequence_length=128):
@@ -28,6 +29,7 @@ def export_text_classifier(model, tokenizer, path, sequence_length=128):
     Returns:
         `path`.
     """
+    require_tensorflow_backend("export_text_classifier")
     import tensorflow as tf
 
     from keras_attn.data.text import pack_pairs

@@ -13,6 +13,7 @@ WordPiece vocabulary).
 """
 
 from keras_attn.export.saved_model import export_saved_model
+from keras_attn.export.saved_model import require_tensorflow_backend
 
 
 def export_translator(
@@ -40,6 +41,7 @@ def export_translator(
     Returns:
         `path`.
     """
+    require_tensorflow_backend("export_translator")
     import tensorflow as tf
 
     from keras_attn.models.transformer.decoding import TransformerTranslator

@@ -12,8 +12,6 @@ from keras_attn.models.bert import BertSequenceClassifier
 from keras_attn.models.bert import build_bert
 from keras_attn.models.conformer import build_conformer
 
-pytestmark = pytest.mark.tf_only
-
 
 def _bert():
     backbone = build_bert("bert_tiny", vocabulary_size=30, num_layers=1, hidden_dim=8,

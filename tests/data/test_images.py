@@ -1,12 +1,9 @@
 import numpy as np
 import pytest
-
 import tensorflow as tf
 import tensorflow_datasets as tfds
 
 from keras_attn.data import images as image_data
-
-pytestmark = pytest.mark.tf_only
 
 
 def test_digits_arrays_shapes_split_and_range():

@@ -2,6 +2,10 @@ import os
 import subprocess
 import sys
 
+import pytest
+
+pytestmark = pytest.mark.backend_independent
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
@@ -10,7 +14,7 @@ def test_attention_tour_smoke(tmp_path):
         [sys.executable, os.path.join(ROOT, "examples", "attention_tour.py"), "--smoke", "--output", str(tmp_path)],
         capture_output=True,
         text=True,
-        timeout=300,
+        timeout=900,
     )
     assert result.returncode == 0, result.stderr[-3000:]
     assert "reversal accuracy on the sentence" in result.stdout

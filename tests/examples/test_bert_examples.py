@@ -4,6 +4,10 @@ import re
 import subprocess
 import sys
 
+import pytest
+
+pytestmark = pytest.mark.backend_independent
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
@@ -11,7 +15,7 @@ def run_example(name, *args):
     env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
     result = subprocess.run(
         [sys.executable, os.path.join(ROOT, "examples", name), "--smoke", *args],
-        capture_output=True, text=True, timeout=180, env=env, cwd=ROOT,
+        capture_output=True, text=True, timeout=900, env=env, cwd=ROOT,
     )
     assert result.returncode == 0, result.stderr[-3000:]
     return result.stdout

@@ -3,6 +3,10 @@ import re
 import subprocess
 import sys
 
+import pytest
+
+pytestmark = pytest.mark.backend_independent
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
@@ -11,7 +15,7 @@ def test_conformer_asr_smoke(tmp_path):
     result = subprocess.run(
         [sys.executable, os.path.join(ROOT, "examples", "conformer_asr.py"), "--smoke",
          "--export", str(tmp_path / "saved")],
-        capture_output=True, text=True, timeout=300, env=env, cwd=ROOT,
+        capture_output=True, text=True, timeout=900, env=env, cwd=ROOT,
     )
     assert result.returncode == 0, result.stderr[-3000:]
     assert re.search(r"greedy: WER [0-9.]+", result.stdout), result.stdout[-2000:]

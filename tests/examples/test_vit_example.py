@@ -3,6 +3,10 @@ import re
 import subprocess
 import sys
 
+import pytest
+
+pytestmark = pytest.mark.backend_independent
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
@@ -12,7 +16,7 @@ def test_vit_classify_smoke(tmp_path):
         [sys.executable, os.path.join(ROOT, "examples", "vit_classify.py"), "--smoke", "--output", str(tmp_path)],
         capture_output=True,
         text=True,
-        timeout=180,
+        timeout=900,
         env=env,
         cwd=ROOT,
     )

@@ -11,6 +11,8 @@ from keras import ops
 from keras_attn import layers
 from keras_attn.export import export_saved_model
 
+pytestmark = pytest.mark.tf_only
+
 def tiny_encoder_decoder():
     source = keras.Input((None,), dtype="int32", name="source_ids")
     target = keras.Input((None,), dtype="int32", name="target_ids")

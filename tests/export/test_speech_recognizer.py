@@ -5,7 +5,7 @@ from keras_attn.export import export_speech_recognizer
 from keras_attn.models.conformer import build_conformer
 from test_case import to_numpy
 
-pytestmark = pytest.mark.large
+pytestmark = [pytest.mark.large, pytest.mark.tf_only]
 
 
 def _model():

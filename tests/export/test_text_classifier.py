@@ -21,6 +21,8 @@ import json, sys
 import numpy as np
 import tensorflow as tf
 import tensorflow_text  # noqa: F401  (the WordPiece ops)
+
+pytestmark = pytest.mark.tf_only
 loaded = tf.saved_model.load(sys.argv[1])
 texts = json.loads(sys.argv[2])
 ids = json.loads(sys.argv[3])

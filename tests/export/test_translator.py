@@ -18,6 +18,8 @@ RELOAD = """
 import json, sys
 import numpy as np
 import tensorflow as tf
+
+pytestmark = pytest.mark.tf_only
 loaded = tf.saved_model.load(sys.argv[1])
 out = {}
 for name, source in json.loads(sys.argv[2]).items():

@@ -35,64 +35,84 @@ def _masks(t, s, kind):
     return keys, True  # padding and causal
 
 
-def _value_and_grad(fn, q, k, v):
-    """`fn(q, k, v)` and the gradient of `sum(fn * w)` w.r.t. q, k, v."""
+def _values_and_grads(fns, q, k, v):
+    """For each `fn` of `fns`: `fn(q, k, v)` and the gradient of
+    `sum(fn * w)` w.r.t. q, k, v."""
     shape = (q.shape[0], q.shape[1], q.shape[2], v.shape[3])  # (B, T, N, Hv)
     w = np.random.default_rng(9).normal(size=shape).astype("float32")
     backend = keras.backend.backend()
     if backend == "jax":
         import jax
 
-        def loss(q, k, v):
-            out = fn(q, k, v)
-            return (out * w).sum(), out
+        def one(fn):
+            def loss(q, k, v):
+                out = fn(q, k, v)
+                return (out * w).sum(), out
 
-        # One compiled program per shape: op-by-op JAX would compile every
-        # primitive for each of the 70 lengths.
-        grad_fn = jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2), has_aux=True))
-        (_, out), grads = grad_fn(q, k, v)
+            return jax.value_and_grad(loss, argnums=(0, 1, 2), has_aux=True)
+
+        # One compiled program per length for every function: op-by-op JAX
+        # would compile every primitive again for each of the 70 lengths.
+        results = jax.jit(lambda q, k, v: [one(fn)(q, k, v) for fn in fns])(q, k, v)
+        results = [(out, grads) for (_, out), grads in results]
     elif backend == "tensorflow":
         import tensorflow as tf
 
         q, k, v = (tf.convert_to_tensor(a) for a in (q, k, v))
-        with tf.GradientTape() as tape:
-            tape.watch([q, k, v])
-            out = fn(q, k, v)
-            loss = tf.reduce_sum(out * w)
-        grads = tape.gradient(loss, [q, k, v])
+        results = []
+        for fn in fns:
+            with tf.GradientTape() as tape:
+                tape.watch([q, k, v])
+                out = fn(q, k, v)
+                loss = tf.reduce_sum(out * w)
+            results.append((out, tape.gradient(loss, [q, k, v])))
     else:
         import torch
 
-        q, k, v = (torch.tensor(a, requires_grad=True) for a in (q, k, v))
-        out = fn(q, k, v)
-        (out * torch.tensor(w)).sum().backward()
-        grads = (q.grad, k.grad, v.grad)
-    return ops.convert_to_numpy(out), [ops.convert_to_numpy(g) for g in grads]
+        results = []
+        for fn in fns:
+            leaves = [torch.tensor(a, requires_grad=True) for a in (q, k, v)]
+            out = fn(*leaves)
+            (out * torch.tensor(w)).sum().backward()
+            results.append((out, [leaf.grad for leaf in leaves]))
+    return [(ops.convert_to_numpy(out), [ops.convert_to_numpy(g) for g in grads])
+            for out, grads in results]
 
 
-@pytest.mark.parametrize("kind", ["none", "padding", "causal", "padding_causal"])
-def test_padded_fused_path_equals_the_explicit_one_at_every_length(kind):
-    for length in range(1, 71):
+KINDS = ["none", "padding", "causal", "padding_causal"]
+
+
+def _fused_and_explicit(length, kind):
+    mask, is_causal = _masks(length, length, kind)
+
+    def fused(q, k, v):
+        return fused_dot_product_attention(q, k, v, mask=mask, is_causal=is_causal,
+                                           length_multiple=KERNEL_LENGTH_MULTIPLE)
+
+    def explicit(q, k, v):
+        full = mask
+        if is_causal:
+            causal = causal_mask(length, length)[None, None]
+            full = causal if mask is None else ops.logical_and(mask, causal)
+        return scaled_dot_product_attention(q, k, v, mask=full)
+
+    return [fused, explicit]
+
+
+@pytest.mark.parametrize("lengths", [range(1, 36), range(36, 71)], ids=["1-35", "36-70"])
+def test_padded_fused_path_equals_the_explicit_one_at_every_length(lengths):
+    """Without a mask, with padding, causal, and both."""
+    for length in lengths:
         q, k, v = _inputs(length, length, seed=length)
-        mask, is_causal = _masks(length, length, kind)
-
-        def fused(q, k, v):
-            return fused_dot_product_attention(q, k, v, mask=mask, is_causal=is_causal,
-                                               length_multiple=KERNEL_LENGTH_MULTIPLE)
-
-        def explicit(q, k, v):
-            full = mask
-            if is_causal:
-                causal = causal_mask(length, length)[None, None]
-                full = causal if mask is None else ops.logical_and(mask, causal)
-            return scaled_dot_product_attention(q, k, v, mask=full)
-
-        got, got_grads = _value_and_grad(fused, q, k, v)
-        want, want_grads = _value_and_grad(explicit, q, k, v)
-        assert got.shape == want.shape == (B, length, N, H)
-        np.testing.assert_allclose(got, want, atol=2e-5, err_msg=f"length {length}")
-        for a, b in zip(got_grads, want_grads):
-            np.testing.assert_allclose(a, b, atol=5e-5, err_msg=f"gradient, length {length}")
+        fns = [fn for kind in KINDS for fn in _fused_and_explicit(length, kind)]
+        results = _values_and_grads(fns, q, k, v)
+        for index, kind in enumerate(KINDS):
+            (got, got_grads), (want, want_grads) = results[2 * index:2 * index + 2]
+            context = f"{kind}, length {length}"
+            assert got.shape == want.shape == (B, length, N, H)
+            np.testing.assert_allclose(got, want, atol=2e-5, err_msg=context)
+            for a, b in zip(got_grads, want_grads):
+                np.testing.assert_allclose(a, b, atol=5e-5, err_msg=f"gradient, {context}")
 
 
 def test_padding_cross_attention_of_other_lengths_and_a_fully_padded_row():

@@ -93,7 +93,7 @@ def test_a_scope_without_the_name_changes_nothing():
     assert call == block.call
 
 
-@pytest.mark.skipif(keras.backend.backend() != "jax", reason="a fact about JAX programs")
+@pytest.mark.jax_only  # a fact about JAX programs
 def test_jax_program_checkpoints_each_listed_block_in_training_only():
     import jax
 

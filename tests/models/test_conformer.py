@@ -33,6 +33,7 @@ def test_every_preset_shrunk_builds_and_runs(name):
 
 
 @pytest.mark.large
+@pytest.mark.backend_independent  # a count, the same on every backend
 def test_encoder_parameter_counts():
     # Encoder without the CTC head (BatchNorm moving statistics included).
     # Gulati et al. (2020) Table 1 report 10.3M / 30.7M / 118.8M for S / M / L

@@ -203,6 +203,7 @@ def _by_hand_count(d, f, layers, vocab=37000):
 
 
 @pytest.mark.large
+@pytest.mark.backend_independent  # a count, the same on every backend
 def test_full_size_parameter_counts():
     # base: embedding 37000*512 = 18,944,000; encoder block 1,050,624 (MHA)
     # + 2,099,712 (FFN) + 2,048 (LNs) = 3,152,384, x6 = 18,914,304; decoder

@@ -33,6 +33,9 @@ from keras_attn.training import distribute
 from keras_attn.training.distribute import data_parallel
 from keras_attn.training.distribute import describe_replicas
 
+# The training runs choose their engine in their own subprocesses; the rest
+# is argument checking: run once, in the TensorFlow pass.
+pytestmark = pytest.mark.backend_independent
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 WORKER = os.path.join(HERE, "distribute_worker.py")

@@ -7,6 +7,8 @@ import pytest
 
 from keras_attn.zoo import recipe as recipes
 
+pytestmark = pytest.mark.backend_independent
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 RECIPES = sorted(
     path for path in glob.glob(os.path.join(ROOT, "models", "*", "*.json"))

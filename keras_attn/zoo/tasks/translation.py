@@ -222,10 +222,12 @@ class Translation(Task):
         return {"tokens": cut, "scores": np.asarray(scores, "float32")}
 
     def reference_outputs(self, model, inputs):
+        import keras
+
         # The SavedModel searches up to max_sequence_length tokens.
         length = model.transformer_config.max_sequence_length
         tokens, scores = self._translator(model, length)(inputs["source_ids"])
-        return self._outputs(tokens, scores)
+        return self._outputs(*(keras.ops.convert_to_numpy(x) for x in (tokens, scores)))
 
     def served_outputs(self, loaded, inputs):
         outputs = loaded.serve(inputs["source_ids"])
