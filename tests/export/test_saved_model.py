@@ -1,17 +1,19 @@
 """SavedModel export of a model built from the layers.
 
-Run under the TensorFlow backend (the default); CI runs only tests/layers
-again under JAX.
+TensorFlow backend only (`tf_only`): the other backends refuse to export
+(tests/export/test_backend_check.py).
 """
 
 import keras
 import numpy as np
+import pytest
 from keras import ops
 
 from keras_attn import layers
 from keras_attn.export import export_saved_model
 
 pytestmark = pytest.mark.tf_only
+
 
 def tiny_encoder_decoder():
     source = keras.Input((None,), dtype="int32", name="source_ids")

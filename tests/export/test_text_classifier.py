@@ -16,13 +16,13 @@ VOCAB = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "the", "cat", "sat", "on"
          "dog", "##s", "a", "run", "##ning", ".", ","]
 TEXTS = ["the cat sat on the mat .", "a dog", "dogs running , cats sat on a mat . the end"]
 
+pytestmark = pytest.mark.tf_only
+
 LOAD = r"""
 import json, sys
 import numpy as np
 import tensorflow as tf
 import tensorflow_text  # noqa: F401  (the WordPiece ops)
-
-pytestmark = pytest.mark.tf_only
 loaded = tf.saved_model.load(sys.argv[1])
 texts = json.loads(sys.argv[2])
 ids = json.loads(sys.argv[3])

@@ -14,12 +14,12 @@ from keras_attn.models.transformer import build_transformer
 from keras_attn.models.transformer.decoding import transformer_beam_search
 from test_case import to_numpy
 
+pytestmark = pytest.mark.tf_only
+
 RELOAD = """
 import json, sys
 import numpy as np
 import tensorflow as tf
-
-pytestmark = pytest.mark.tf_only
 loaded = tf.saved_model.load(sys.argv[1])
 out = {}
 for name, source in json.loads(sys.argv[2]).items():

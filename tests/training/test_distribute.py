@@ -35,7 +35,9 @@ from keras_attn.training.distribute import describe_replicas
 
 # The training runs choose their engine in their own subprocesses; the rest
 # is argument checking: run once, in the TensorFlow pass.
-pytestmark = pytest.mark.backend_independent
+# One worker runs the module: its training-run fixtures are computed once
+# (`--dist loadgroup`), not once per pytest-xdist worker.
+pytestmark = [pytest.mark.backend_independent, pytest.mark.xdist_group("distribute")]
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 WORKER = os.path.join(HERE, "distribute_worker.py")
