@@ -317,7 +317,11 @@ def _report(output, results):
     print(f"\n{results['name']}: {results['metric']} = {value:.4f} "
           f"(trained {results['train_seconds']:.0f} s on {results['hardware']})")
     print(f"model:           {os.path.join(output, MODEL)}")
-    print(f"SavedModel:      {os.path.join(output, SAVED_MODEL)}")
+    saved_model = os.path.join(output, SAVED_MODEL)
+    if os.path.exists(saved_model):
+        print(f"SavedModel:      {saved_model}")
+    else:
+        print(f"SavedModel:      not written; `keras-attn export {output}` writes it")
     print(f"learning curves: {os.path.join(output, CURVES)}")
     print(f"results:         {os.path.join(output, RESULTS)}")
     print(f"TensorBoard:     tensorboard --logdir {os.path.join(output, 'tensorboard')}")
@@ -403,7 +407,9 @@ def _train_locked(args, recipe, output):
     metrics = task.evaluate(model)
     for name, text in task.assets().items():
         write_text(os.path.join(output, name), text)
-    if keras.backend.backend() == "tensorflow":
+    if args.no_export:
+        pass
+    elif keras.backend.backend() == "tensorflow":
         task.export(model, os.path.join(output, SAVED_MODEL))
     else:
         export_on_tensorflow(output, os.path.join(output, SAVED_MODEL))
@@ -566,6 +572,10 @@ def build_parser():
                              "help": "data-parallel over every local accelerator (or the "
                                      "workers of TF_CONFIG / the JAX multi-process "
                                      "environment)"}),
+        (("--no-export",), {"action": "store_true",
+                            "help": "do not write the SavedModel (`keras-attn export RUN_DIR` "
+                                    "writes it later; on JAX and PyTorch export runs in a "
+                                    "TensorFlow subprocess)"}),
         (("--verbose",), {"type": int, "choices": (0, 1, 2), "default": 1,
                           "help": "Keras progress output: 1 a progress bar (default), "
                                   "2 a line per epoch, 0 none"}))
