@@ -407,12 +407,11 @@ def _train_locked(args, recipe, output):
     metrics = task.evaluate(model)
     for name, text in task.assets().items():
         write_text(os.path.join(output, name), text)
-    if args.no_export:
-        pass
-    elif keras.backend.backend() == "tensorflow":
-        task.export(model, os.path.join(output, SAVED_MODEL))
-    else:
-        export_on_tensorflow(output, os.path.join(output, SAVED_MODEL))
+    if not args.no_export:
+        if keras.backend.backend() == "tensorflow":
+            task.export(model, os.path.join(output, SAVED_MODEL))
+        else:
+            export_on_tensorflow(output, os.path.join(output, SAVED_MODEL))
     plot_learning_curves(history, os.path.join(output, CURVES), title=recipe["name"])
     times = read_json(times_path) if os.path.exists(times_path) else {}
     metric = recipe["evaluation"]["metric"]
