@@ -30,12 +30,9 @@ import keras
 import numpy as np
 from keras import ops
 
-try:  # what Keras's own LossScaleOptimizer.build is decorated with
-    from keras.src.utils.tracking import no_automatic_dependency_tracking
-except ImportError:  # pragma: no cover - reorganised Keras
-
-    def no_automatic_dependency_tracking(fn):
-        return fn
+from keras_attn._keras_compat import in_tf_graph
+from keras_attn._keras_compat import is_in_jax_tracing_scope
+from keras_attn._keras_compat import no_automatic_dependency_tracking
 
 # === Concrete values ===
 
@@ -56,13 +53,9 @@ def concrete_value(x):
         return None
     backend = keras.backend.backend()
     if backend == "tensorflow":
-        from keras.src.utils.backend_utils import in_tf_graph
-
         if in_tf_graph():
             return None
     elif backend == "jax":
-        from keras.src.utils.jax_utils import is_in_jax_tracing_scope
-
         if is_in_jax_tracing_scope(x):
             return None
     elif backend == "torch":

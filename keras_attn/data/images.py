@@ -12,8 +12,8 @@ import tensorflow as tf
 
 import keras
 
-from keras_attn.data._epochs import epoch_permutation
-from keras_attn.data._epochs import epoch_seed
+from keras_attn._epochs import epoch_permutation
+from keras_attn._epochs import epoch_seed
 
 AUTOTUNE = tf.data.AUTOTUNE
 

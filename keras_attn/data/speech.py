@@ -18,9 +18,9 @@ import zipfile
 
 import numpy as np
 
-from keras_attn.data._epochs import bucket_batch_count
-from keras_attn.data._epochs import epoch_permutation
-from keras_attn.data._epochs import epoch_seed
+from keras_attn._epochs import bucket_batch_count
+from keras_attn._epochs import epoch_permutation
+from keras_attn._epochs import epoch_seed
 
 DIGIT_VOCABULARY = tuple("0123456789")
 VOICES = ("en", "en-us", "en+f3", "en+m3", "en+f2", "en-gb-scotland")

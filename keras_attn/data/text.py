@@ -21,7 +21,7 @@ import re
 import numpy as np
 import tensorflow as tf
 
-from keras_attn.data._epochs import epoch_permutation
+from keras_attn._epochs import epoch_permutation
 
 AUTOTUNE = tf.data.AUTOTUNE
 SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")

@@ -27,8 +27,8 @@ import dataclasses
 import numpy as np
 import tensorflow as tf
 
-from keras_attn.data._epochs import epoch_permutation
-from keras_attn.data._epochs import epoch_seed
+from keras_attn._epochs import epoch_permutation
+from keras_attn._epochs import epoch_seed
 
 SPECIAL_TOKENS = ("[PAD]", "[START]", "[END]", "[UNK]")
 PAD_ID, START_ID, END_ID, UNK_ID = 0, 1, 2, 3

@@ -2,10 +2,10 @@
 
 import keras
 
-from keras_attn.layers._remat import RematCall
-from keras_attn.layers._validation import check_positive_float
-from keras_attn.layers._validation import check_positive_int
-from keras_attn.layers._validation import check_rate
+from keras_attn._remat import RematCall
+from keras_attn._checks import check_positive_float
+from keras_attn._checks import check_positive_int
+from keras_attn._checks import check_rate
 from keras_attn.layers.conformer_conv_module import ConformerConvModule
 from keras_attn.layers.feed_forward import FeedForward
 from keras_attn.layers.masking import get_keras_mask

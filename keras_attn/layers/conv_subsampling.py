@@ -5,7 +5,7 @@ import numbers
 import keras
 from keras import ops
 
-from keras_attn.layers._validation import check_positive_int
+from keras_attn._checks import check_positive_int
 from keras_attn.layers.masking import get_keras_mask
 
 

@@ -2,9 +2,9 @@
 
 import keras
 
-from keras_attn.layers._validation import check_positive_int
-from keras_attn.layers._validation import check_rate
-from keras_attn.layers._validation import get_activation
+from keras_attn._checks import check_positive_int
+from keras_attn._checks import check_rate
+from keras_attn._checks import get_activation
 from keras_attn.layers.activations import serialize_activation
 
 

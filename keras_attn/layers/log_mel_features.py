@@ -3,8 +3,8 @@
 import keras
 from keras import ops
 
-from keras_attn.layers._validation import check_positive_float
-from keras_attn.layers._validation import check_positive_int
+from keras_attn._checks import check_positive_float
+from keras_attn._checks import check_positive_int
 
 
 @keras.saving.register_keras_serializable(package="keras_attn")

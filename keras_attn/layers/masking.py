@@ -7,19 +7,8 @@ import numbers
 
 from keras import ops
 
-try:  # Keras keeps the implicit mask helpers out of its public namespace.
-    from keras.src.backend import get_keras_mask as _get_keras_mask
-    from keras.src.backend import set_keras_mask as _set_keras_mask
-except ImportError:  # pragma: no cover - older or reorganised Keras
-
-    def _get_keras_mask(x):
-        return getattr(x, "_keras_mask", None)
-
-    def _set_keras_mask(x, mask):
-        try:
-            x._keras_mask = mask
-        except AttributeError:
-            pass
+from keras_attn._keras_compat import get_keras_mask as _get_keras_mask
+from keras_attn._keras_compat import set_keras_mask as _set_keras_mask
 
 
 def get_keras_mask(x):

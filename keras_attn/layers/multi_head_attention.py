@@ -3,11 +3,11 @@
 import keras
 from keras import ops
 
-from keras_attn.layers._validation import check_flash_attention
-from keras_attn.layers._validation import check_positive_int
-from keras_attn.layers._validation import check_rate
-from keras_attn.layers._validation import check_static_shape
-from keras_attn.layers._validation import static_dim
+from keras_attn._checks import check_flash_attention
+from keras_attn._checks import check_positive_int
+from keras_attn._checks import check_rate
+from keras_attn._checks import check_static_shape
+from keras_attn._checks import static_dim
 from keras_attn.layers.masking import causal_mask
 from keras_attn.layers.masking import get_keras_mask
 from keras_attn.layers.masking import merge_masks

@@ -3,10 +3,10 @@
 import keras
 from keras import ops
 
-from keras_attn.layers._validation import check_positive_float
-from keras_attn.layers._validation import check_positive_int
-from keras_attn.layers._validation import check_rate
-from keras_attn.layers._validation import check_static_shape
+from keras_attn._checks import check_positive_float
+from keras_attn._checks import check_positive_int
+from keras_attn._checks import check_rate
+from keras_attn._checks import check_static_shape
 from keras_attn.layers.masking import get_keras_mask
 from keras_attn.layers.masking import merge_masks
 from keras_attn.layers.scaled_dot_product_attention import (

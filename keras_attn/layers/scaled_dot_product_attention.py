@@ -10,9 +10,9 @@ import numpy as np
 from keras import ops
 from keras import random
 
-from keras_attn.layers._validation import check_positive_int
-from keras_attn.layers._validation import check_rate
-from keras_attn.layers._validation import static_dim
+from keras_attn._checks import check_positive_int
+from keras_attn._checks import check_rate
+from keras_attn._checks import static_dim
 from keras_attn.layers.masking import causal_mask
 from keras_attn.layers.masking import merge_masks
 

@@ -6,7 +6,7 @@ import keras
 import numpy as np
 from keras import ops
 
-from keras_attn.layers._validation import check_positive_float
+from keras_attn._checks import check_positive_float
 
 
 def _check_depth(depth):

@@ -4,7 +4,7 @@ import keras
 from keras import ops
 from keras import random
 
-from keras_attn.layers._validation import check_rate
+from keras_attn._checks import check_rate
 from keras_attn.layers.masking import get_keras_mask
 
 

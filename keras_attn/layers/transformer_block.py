@@ -2,13 +2,13 @@
 
 import keras
 
-from keras_attn.layers._remat import RematCall
-from keras_attn.layers._validation import check_choice
-from keras_attn.layers._validation import check_flash_attention
-from keras_attn.layers._validation import check_positive_float
-from keras_attn.layers._validation import check_positive_int
-from keras_attn.layers._validation import check_rate
-from keras_attn.layers._validation import get_activation
+from keras_attn._remat import RematCall
+from keras_attn._checks import check_choice
+from keras_attn._checks import check_flash_attention
+from keras_attn._checks import check_positive_float
+from keras_attn._checks import check_positive_int
+from keras_attn._checks import check_rate
+from keras_attn._checks import get_activation
 from keras_attn.layers.activations import serialize_activation
 from keras_attn.layers.feed_forward import FeedForward
 from keras_attn.layers.masking import get_keras_mask

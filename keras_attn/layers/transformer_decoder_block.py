@@ -2,7 +2,7 @@
 
 import keras
 
-from keras_attn.layers._remat import RematCall
+from keras_attn._remat import RematCall
 from keras_attn.layers.masking import get_keras_mask
 from keras_attn.layers.transformer_block import ResidualSublayers
 

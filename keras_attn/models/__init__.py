@@ -1,9 +1,81 @@
-"""Model builders: configs, presets and functional `keras.Model`s, one
-subpackage per family (importing this registers them all for loading)."""
+"""Model builders: the four families, each with the same template
+(`XConfig`, `X_PRESETS`, `get_x_config`, `replace_x_config`, `build_x`; see
+`keras_attn/models/_config.py`) and its task models.
+
+    from keras_attn.models import build_bert
+    model = build_bert("bert_base")
+
+Importing this registers every model class for `keras.saving.load_model`.
+The family subpackages (`keras_attn.models.bert`, ...) export the same names
+and a few more specialised ones (decoding functions, ViT resizing).
+"""
 
 from keras_attn.models import bert
 from keras_attn.models import conformer
 from keras_attn.models import transformer
 from keras_attn.models import vit
+from keras_attn.models.bert import BERT_PRESETS
+from keras_attn.models.bert import BertBackbone
+from keras_attn.models.bert import BertConfig
+from keras_attn.models.bert import BertMaskedLMHead
+from keras_attn.models.bert import BertPretrainer
+from keras_attn.models.bert import BertSequenceClassifier
+from keras_attn.models.bert import BertTokenClassifier
+from keras_attn.models.bert import build_bert
+from keras_attn.models.bert import get_bert_config
+from keras_attn.models.bert import replace_bert_config
+from keras_attn.models.conformer import CONFORMER_PRESETS
+from keras_attn.models.conformer import ConformerConfig
+from keras_attn.models.conformer import ConformerCTC
+from keras_attn.models.conformer import build_conformer
+from keras_attn.models.conformer import get_conformer_config
+from keras_attn.models.conformer import replace_conformer_config
+from keras_attn.models.transformer import TRANSFORMER_PRESETS
+from keras_attn.models.transformer import Transformer
+from keras_attn.models.transformer import TransformerConfig
+from keras_attn.models.transformer import TransformerTranslator
+from keras_attn.models.transformer import build_transformer
+from keras_attn.models.transformer import get_transformer_config
+from keras_attn.models.transformer import replace_transformer_config
+from keras_attn.models.vit import VIT_PRESETS
+from keras_attn.models.vit import ViT
+from keras_attn.models.vit import ViTConfig
+from keras_attn.models.vit import build_vit
+from keras_attn.models.vit import get_vit_config
+from keras_attn.models.vit import replace_vit_config
 
-__all__ = ["bert", "conformer", "transformer", "vit"]
+__all__ = [
+    "BERT_PRESETS",
+    "BertBackbone",
+    "BertConfig",
+    "BertMaskedLMHead",
+    "BertPretrainer",
+    "BertSequenceClassifier",
+    "BertTokenClassifier",
+    "CONFORMER_PRESETS",
+    "ConformerCTC",
+    "ConformerConfig",
+    "TRANSFORMER_PRESETS",
+    "Transformer",
+    "TransformerConfig",
+    "TransformerTranslator",
+    "VIT_PRESETS",
+    "ViT",
+    "ViTConfig",
+    "bert",
+    "build_bert",
+    "build_conformer",
+    "build_transformer",
+    "build_vit",
+    "conformer",
+    "get_bert_config",
+    "get_conformer_config",
+    "get_transformer_config",
+    "get_vit_config",
+    "replace_bert_config",
+    "replace_conformer_config",
+    "replace_transformer_config",
+    "replace_vit_config",
+    "transformer",
+    "vit",
+]

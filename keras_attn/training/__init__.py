@@ -4,6 +4,7 @@ TensorFlow)."""
 
 from keras_attn.training.losses import LabelSmoothedCrossEntropy
 from keras_attn.training.metrics import MaskedTokenAccuracy
+from keras_attn.training.metrics import Perplexity
 from keras_attn.training.resumable import ResumableTrainer
 from keras_attn.training.resumable import restore_latest
 from keras_attn.training.schedules import TransformerSchedule
@@ -12,6 +13,7 @@ from keras_attn.training.schedules import transformer_adam
 __all__ = [
     "LabelSmoothedCrossEntropy",
     "MaskedTokenAccuracy",
+    "Perplexity",
     "ResumableTrainer",
     "TransformerSchedule",
     "restore_latest",

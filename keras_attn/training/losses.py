@@ -3,7 +3,7 @@
 import keras
 from keras import ops
 
-from keras_attn.layers._validation import check_rate
+from keras_attn._checks import check_rate
 
 
 @keras.saving.register_keras_serializable(package="keras_attn")

@@ -1,4 +1,4 @@
-"""Token accuracy over non-padding positions."""
+"""Metrics over tokens: accuracy over non-padding positions, and perplexity."""
 
 import keras
 from keras import ops
@@ -47,3 +47,38 @@ class MaskedTokenAccuracy(keras.metrics.Metric):
 
     def get_config(self):
         return {"name": self.name, "dtype": self.dtype, "pad_id": self.pad_id}
+
+
+@keras.saving.register_keras_serializable(package="keras_attn")
+class Perplexity(keras.metrics.Metric):
+    """`exp` of the (sample-weighted) mean cross-entropy of integer targets
+    under logits: the masked-LM perplexity when the weights mark the real
+    predictions. Equals `keras_hub.metrics.Perplexity(from_logits=True)`,
+    written here because keras_hub imports TensorFlow and this module must
+    run on every backend without it.
+    """
+
+    def __init__(self, name="perplexity", dtype="float32", **kwargs):
+        super().__init__(name=name, dtype=dtype, **kwargs)
+        self.total = self.add_variable(shape=(), initializer="zeros", name="total")
+        self.count = self.add_variable(shape=(), initializer="zeros", name="count")
+
+    def update_state(self, y_true, y_pred, sample_weight=None):
+        y_pred = ops.cast(y_pred, "float32")
+        loss = keras.losses.sparse_categorical_crossentropy(
+            y_true, y_pred, from_logits=True
+        )  # (B, ...)
+        weight = (
+            ops.ones_like(loss)
+            if sample_weight is None
+            else ops.broadcast_to(ops.cast(sample_weight, "float32"), ops.shape(loss))
+        )
+        self.total.assign_add(ops.sum(loss * weight))
+        self.count.assign_add(ops.sum(weight))
+
+    def result(self):
+        return ops.exp(ops.divide_no_nan(self.total, self.count))
+
+    def reset_state(self):
+        self.total.assign(0.0)
+        self.count.assign(0.0)

@@ -63,15 +63,15 @@ import warnings
 
 import keras
 import numpy as np
-from keras.src.backend import random_seed_dtype
-from keras.src.backend.common import global_state
+from keras_attn._keras_compat import get_global_seed_generator
+from keras_attn._keras_compat import random_seed_dtype
+from keras_attn._keras_compat import set_global_seed_generator
 
 from keras_attn._guard import StopOnNonFiniteLoss
-from keras_attn.layers._validation import check_positive_int
+from keras_attn._checks import check_positive_int
 from keras_attn.training import checkpoints
 
 HISTORY_FILE = "history.json"
-_GLOBAL_SEED_GENERATOR = "global_seed_generator"  # keras.src.random.seed_generator
 
 
 # What `checkpoints.check_group` reads of a variable.
@@ -85,7 +85,7 @@ def _state(model):
         "optimizer": list(model.optimizer.variables),
         "metrics": list(model.metrics_variables),
     }
-    generator = global_state.get_global_attribute(_GLOBAL_SEED_GENERATOR)
+    generator = get_global_seed_generator()
     if generator is not None:
         groups["global_seed_generator"] = [generator.state]
     return groups
@@ -100,12 +100,12 @@ def _check_model(checkpoint, model, fingerprint):
 
 
 def _global_seed_generator():
-    generator = global_state.get_global_attribute(_GLOBAL_SEED_GENERATOR)
+    generator = get_global_seed_generator()
     if generator is None:
         # What `keras.random` would create lazily; its seed is overwritten
         # at once, so do not consume Python's `random` for it.
         generator = keras.random.SeedGenerator(seed=0)
-        global_state.set_global_attribute(_GLOBAL_SEED_GENERATOR, generator)
+        set_global_seed_generator(generator)
     return generator
 
 

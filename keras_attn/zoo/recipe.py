@@ -26,7 +26,8 @@ Top level:
                     (bool, false: gradient checkpointing of the blocks,
                     `--set model.overrides.remat=true`). The task sets
                     some from the data, and they may not be overridden:
-                    vit num_classes; bert and transformer vocabulary_size;
+                    vit num_classes; bert, transformer and conformer
+                    vocabulary_size;
                     transformer target_vocabulary_size and pad_id.
     data            object, required: `dataset` and the task's keys below.
         dataset     str, required. "embedded" (the family's offline data set)
@@ -143,6 +144,8 @@ numerals (num2words), numbers split at random; tfds: any translation set.
     data.target_language      str|null, null: the other one. tfds only.
     data.vocabulary_examples  int >= 1, 10000. tfds only: pairs the
                     vocabulary is learned from.
+    training.label_smoothing  float in [0, 0.99], 0.1. Epsilon of the
+                    label-smoothed cross-entropy (the paper's section 5.4).
     evaluation.metric         bleu | exact_match (sacrebleu corpus BLEU and
                     the share of exact translations, on the test set).
     evaluation.beam_width     int >= 1|null, 4. null: greedy search.
@@ -235,7 +238,7 @@ SCHEDULE_FIELDS = {
         "scale": _f("float", 1.0, minimum=0.0, exclusive=True),
     },
 }
-_TRAINING = {
+TRAINING_FIELDS = {
     "batch_size": _f("int", minimum=1),
     "epochs": _f("int", minimum=1),
     "steps_per_epoch": _f("int", None, nullable=True, minimum=1),
@@ -266,7 +269,7 @@ TOP_FIELDS = {
     "description": _f("str", ""),
     "model": _f("object", fields=_MODEL),
     "data": _f("any"),  # keys depend on the task
-    "training": _f("object", fields=_TRAINING),
+    "training": _f("any"),  # TRAINING_FIELDS and the task's keys
     "evaluation": _f("any", {}),  # keys depend on the task
     "expected": _f("object", None, nullable=True, fields=_EXPECTED),
     "paper": _f("object", None, nullable=True, fields=_PAPER),
@@ -290,8 +293,9 @@ def _tfds_splits(validation):
 
 _FRACTION = dict(minimum=0.0, maximum=1.0, exclusive=True)
 
-# Per task: the `data` keys besides `dataset`, the `evaluation` keys besides
-# `metric`, and the metrics (the first is the default).
+# Per task: the `data` keys besides `dataset`, the task's own `training` keys,
+# the `evaluation` keys besides `metric`, and the metrics (the first is the
+# default).
 TASK_FIELDS = {
     "image_classification": {
         "data": {
@@ -338,6 +342,9 @@ TASK_FIELDS = {
             "target_language": _f("str", None, nullable=True, only="tfds"),
             "vocabulary_examples": _f("int", 10_000, minimum=1, only="tfds"),
         },
+        "training": {
+            "label_smoothing": _f("float", 0.1, minimum=0.0, maximum=0.99),
+        },
         "evaluation": {
             "beam_width": _f("int", 4, nullable=True, minimum=1),
             "alpha": _f("float", 0.6, minimum=0.0),
@@ -369,7 +376,7 @@ TASK_SET_FIELDS = {
     "vit": ("num_classes",),
     "bert": ("vocabulary_size",),
     "transformer": ("vocabulary_size", "target_vocabulary_size", "pad_id"),
-    "conformer": (),
+    "conformer": ("vocabulary_size",),
 }
 # Documentation only: not part of a run's fingerprint.
 DOCUMENTATION_KEYS = ("description", "expected", "paper")
@@ -476,38 +483,22 @@ def _check_object(prefix, value, fields, dataset_kind=None):
 
 
 def _family_module(family):
-    """(presets, config class, family name in messages) of a family."""
-    if family == "vit":
-        from keras_attn.models.vit.vit_config import VIT_PRESETS, ViTConfig
+    """(config getter, config class) of a family."""
+    from keras_attn import models
 
-        return VIT_PRESETS, ViTConfig, "ViT"
-    if family == "bert":
-        from keras_attn.models.bert.bert_config import BERT_PRESETS, BertConfig
-
-        return BERT_PRESETS, BertConfig, "BERT"
-    if family == "transformer":
-        from keras_attn.models.transformer.transformer_config import (
-            TRANSFORMER_PRESETS,
-            TransformerConfig,
-        )
-
-        return TRANSFORMER_PRESETS, TransformerConfig, "Transformer"
-    from keras_attn.models.conformer.conformer_config import CONFORMER_PRESETS
-    from keras_attn.models.conformer.conformer_config import ConformerConfig
-
-    return CONFORMER_PRESETS, ConformerConfig, "Conformer"
+    config_class = {"vit": models.ViTConfig, "bert": models.BertConfig,
+                    "transformer": models.TransformerConfig,
+                    "conformer": models.ConformerConfig}[family]
+    return getattr(models, f"get_{family}_config"), config_class
 
 
 _FIELD_KINDS = {int: "int", float: "float", str: "str", bool: "bool"}
 
 
 def _check_model(model, family):
-    from keras_attn.models._config import replace_fields
-    from keras_attn.models._config import resolve_config
-
-    presets, config_class, family_name = _family_module(family)
+    get_config, config_class = _family_module(family)
     try:
-        config = resolve_config(model["preset"], config_class, presets, family_name)
+        config = get_config(model["preset"])
     except ValueError as error:
         raise _rephrase("model.preset", model["preset"], error) from None
     overrides = model["overrides"]
@@ -521,7 +512,7 @@ def _check_model(model, family):
             raise _error(dotted, "is set by the task from its data and cannot be overridden",
                          value)
         try:
-            replace_fields(config, family_name, **{key: value})
+            get_config(config, **{key: value})
         except ValueError as error:
             raise _rephrase(dotted, value, error) from None
         kind = _FIELD_KINDS.get(types[key], "any")
@@ -638,7 +629,11 @@ def validate_recipe(recipe, name=None):
         raise _error("name", f"must equal the file name's stem {name!r}", resolved["name"])
     resolved["model"] = _check_model(resolved["model"], family)
     resolved["data"] = _check_data(resolved["data"], task)
-    training = resolved["training"]
+    if not isinstance(resolved["training"], dict):
+        raise _error("training", "must be an object", resolved["training"])
+    training = resolved["training"] = _check_object(
+        "training", resolved["training"], {**TRAINING_FIELDS, **TASK_FIELDS[task].get("training", {})}
+    )
     training["schedule"] = _check_schedule(training["schedule"])
     training["jit_compile"] = _check_jit(training["jit_compile"])
     resolved["evaluation"] = _check_evaluation(resolved["evaluation"], task)

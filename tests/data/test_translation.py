@@ -110,7 +110,7 @@ def test_tfds_translation_by_name_with_mock_data(tmp_path):
 
 
 def test_epoch_batches_repeat_and_count_as_predicted(data):
-    from keras_attn.data._epochs import bucket_batch_count
+    from keras_attn._epochs import bucket_batch_count
 
     english, japanese = zip(*data.train_pairs)
 

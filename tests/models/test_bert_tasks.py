@@ -10,7 +10,7 @@ from keras_attn.models.bert import BertMaskedLMHead
 from keras_attn.models.bert import BertPretrainer
 from keras_attn.models.bert import BertSequenceClassifier
 from keras_attn.models.bert import BertTokenClassifier
-from keras_attn.models.bert import Perplexity
+from keras_attn.training import Perplexity
 from keras_attn.models.bert import build_bert
 from test_case import run_layer_test
 from test_case import to_numpy

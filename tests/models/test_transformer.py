@@ -86,7 +86,20 @@ def test_preset_values_are_the_papers():
     for config in (base, big):
         assert config.norm_position == "post" and config.activation == "relu"
         assert config.position_embedding == "sinusoidal" and config.shared_vocabulary
-        assert config.label_smoothing == 0.1
+
+
+def test_label_smoothing_is_a_compile_setting_not_a_config_field():
+    # Section 5.4's eps_ls = 0.1 is the default of the "auto" loss.
+    model = build_transformer("transformer_base", vocabulary_size=20, hidden_dim=8,
+                              intermediate_dim=16, num_heads=2, num_encoder_layers=1,
+                              num_decoder_layers=1)
+    model.compile()
+    assert model.loss.label_smoothing == 0.1
+    model.compile(label_smoothing=0.2)
+    assert model.loss.label_smoothing == 0.2 and model.loss.pad_id == 0
+    with pytest.raises(ValueError, match=r"label_smoothing.*Transformer.compile.*"
+                                         r"Received: label_smoothing=0.2"):
+        build_transformer("transformer_base", label_smoothing=0.2)
 
 
 def test_unknown_preset_and_field():

@@ -15,7 +15,7 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
-from keras.src.backend.common import global_state
+from keras_attn._keras_compat import global_state
 
 from keras_attn.training import ResumableTrainer
 from keras_attn.training import checkpoints

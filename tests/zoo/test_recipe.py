@@ -143,12 +143,30 @@ def test_missing_keys_are_named():
          "evaluation.strategy"),
         ("conformer/conformer_tiny_digits", [("model.overrides.kernel_size", 3.5)],
          "model.overrides.kernel_size"),
+        ("conformer/conformer_tiny_digits", [("model.overrides.vocabulary_size", 30)],
+         "model.overrides.vocabulary_size"),
+        ("transformer/transformer_numbers", [("training.label_smoothing", 1.0)],
+         "training.label_smoothing"),
+        # A training key of another task is unknown here.
+        ("vit/vit_tiny_digits", [("training.label_smoothing", 0.1)], "training.label_smoothing"),
+        # Moved out of the model config: the error says where it went.
+        ("transformer/transformer_numbers", [("model.overrides.label_smoothing", 0.2)],
+         "model.overrides.label_smoothing"),
     ],
 )
 def test_task_specific_errors(path, overrides, key):
     recipe = recipes.read_recipe_file(os.path.join(ROOT, "models", path + ".json"))
     with pytest.raises(ValueError, match=rf"`{key}`.*Received: {key}="):
         recipes.validate_recipe(recipes.apply_overrides(recipe, overrides))
+
+
+def test_label_smoothing_is_a_translation_training_key():
+    path = os.path.join(ROOT, "models/transformer/transformer_numbers.json")
+    assert recipes.load_recipe(path)["training"]["label_smoothing"] == 0.1  # the paper's
+    resolved = recipes.load_recipe(path, ["training.label_smoothing=0"])
+    assert resolved["training"]["label_smoothing"] == 0.0
+    with pytest.raises(ValueError, match=r"Transformer.compile.*training.label_smoothing"):
+        recipes.load_recipe(path, ["model.overrides.label_smoothing=0.2"])
 
 
 def test_tfds_datasets_validate_with_their_own_keys():
@@ -222,10 +240,12 @@ def _schema_keys():
                 walk(field.fields)
 
     walk(recipes.TOP_FIELDS)
+    walk(recipes.TRAINING_FIELDS)
     for schedule in recipes.SCHEDULE_FIELDS.values():
         walk(schedule)
     for task in recipes.TASK_FIELDS.values():
         walk(task["data"])
+        walk(task.get("training", {}))
         walk(task["evaluation"])
         keys.update(task["metrics"])
     return keys

@@ -5,7 +5,6 @@ from keras_attn.models.bert.bert_backbone import build_bert
 from keras_attn.models.bert.bert_backbone import check_token_ids
 from keras_attn.models.bert.bert_config import BERT_PRESETS
 from keras_attn.models.bert.bert_heads import BertMaskedLMHead
-from keras_attn.models.bert.bert_heads import Perplexity
 from keras_attn.models.bert.bert_tasks import BertPretrainer
 from keras_attn.models.bert.bert_tasks import BertSequenceClassifier
 from keras_attn.models.bert.bert_tasks import BertTokenClassifier
@@ -21,7 +20,6 @@ __all__ = [
     "BertPretrainer",
     "BertSequenceClassifier",
     "BertTokenClassifier",
-    "Perplexity",
     "build_bert",
     "check_token_ids",
     "get_bert_config",

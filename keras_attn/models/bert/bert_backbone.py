@@ -25,16 +25,16 @@ from keras_attn._guard import IdSpec
 from keras_attn._guard import MaskSpec
 from keras_attn._guard import check_ids
 from keras_attn.models._config import ConfigModel
-from keras_attn.layers._remat import remat_scope
-from keras_attn.layers._validation import check_bool
-from keras_attn.layers._validation import check_positive_float
-from keras_attn.layers._validation import check_positive_int
-from keras_attn.layers._validation import check_rate
+from keras_attn._remat import remat_scope
+from keras_attn._checks import check_bool
+from keras_attn._checks import check_positive_float
+from keras_attn._checks import check_positive_int
+from keras_attn._checks import check_rate
 from keras_attn.layers.position_embedding import PositionEmbedding
 from keras_attn.layers.transformer_block import TransformerBlock
+from keras_attn.models.bert.bert_config import DEFAULT_PRESET
 from keras_attn.models.bert.bert_config import BertConfig
 from keras_attn.models.bert.bert_config import get_bert_config
-from keras_attn.models.bert.bert_config import replace_bert_config
 
 INPUT_NAMES = ("token_ids", "segment_ids", "padding_mask")
 
@@ -262,7 +262,7 @@ class BertBackbone(GuardedModel, ConfigModel, keras.Model):
         return {"token_ids": self.bert_config.max_sequence_length}
 
 
-def build_bert(config, **overrides):
+def build_bert(config=DEFAULT_PRESET, **overrides):
     """Builds a `BertBackbone` from a `BertConfig`, a preset name or a dict.
 
     Args:
@@ -280,5 +280,5 @@ def build_bert(config, **overrides):
     >>> model.count_params()
     293632
     """
-    config = replace_bert_config(get_bert_config(config), **overrides)
+    config = get_bert_config(config, **overrides)
     return BertBackbone(**dataclasses.asdict(config))

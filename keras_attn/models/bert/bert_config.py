@@ -79,9 +79,13 @@ BERT_PRESETS = {
 }
 
 
-def get_bert_config(config):
-    """A `BertConfig` from a config, a preset name or a dict of fields."""
-    return resolve_config(config, BertConfig, BERT_PRESETS, "BERT")
+DEFAULT_PRESET = "bert_base"
+
+
+def get_bert_config(config=DEFAULT_PRESET, **overrides):
+    """A `BertConfig` from a config, a preset name or a dict of fields, with
+    `overrides` (fields) applied; an unknown name or field is a `ValueError`."""
+    return resolve_config(config, BertConfig, BERT_PRESETS, "BERT", **overrides)
 
 
 def replace_bert_config(config, **overrides):

@@ -3,9 +3,9 @@
 import keras
 from keras import ops
 
-from keras_attn.layers._validation import check_positive_float
-from keras_attn.layers._validation import check_positive_int
-from keras_attn.layers._validation import get_activation
+from keras_attn._checks import check_positive_float
+from keras_attn._checks import check_positive_int
+from keras_attn._checks import get_activation
 from keras_attn.layers.activations import serialize_activation
 
 
@@ -120,37 +120,3 @@ class BertMaskedLMHead(keras.layers.Layer):
             }
         )
         return config
-
-
-@keras.saving.register_keras_serializable(package="keras_attn")
-class Perplexity(keras.metrics.Metric):
-    """`exp` of the (sample-weighted) mean cross-entropy of integer targets
-    under logits: the masked-LM perplexity when the weights mark the real
-    predictions. Equals `keras_hub.metrics.Perplexity(from_logits=True)`
-    without importing keras_hub (which imports TensorFlow).
-    """
-
-    def __init__(self, name="perplexity", dtype="float32", **kwargs):
-        super().__init__(name=name, dtype=dtype, **kwargs)
-        self.total = self.add_variable(shape=(), initializer="zeros", name="total")
-        self.count = self.add_variable(shape=(), initializer="zeros", name="count")
-
-    def update_state(self, y_true, y_pred, sample_weight=None):
-        y_pred = ops.cast(y_pred, "float32")
-        loss = keras.losses.sparse_categorical_crossentropy(
-            y_true, y_pred, from_logits=True
-        )  # (B, ...)
-        weight = (
-            ops.ones_like(loss)
-            if sample_weight is None
-            else ops.broadcast_to(ops.cast(sample_weight, "float32"), ops.shape(loss))
-        )
-        self.total.assign_add(ops.sum(loss * weight))
-        self.count.assign_add(ops.sum(weight))
-
-    def result(self):
-        return ops.exp(ops.divide_no_nan(self.total, self.count))
-
-    def reset_state(self):
-        self.total.assign(0.0)
-        self.count.assign(0.0)

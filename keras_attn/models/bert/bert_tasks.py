@@ -11,12 +11,12 @@ import keras
 from keras_attn._guard import GuardedModel
 from keras_attn._guard import IdSpec
 from keras_attn._guard import check_ids
-from keras_attn.layers._validation import check_positive_int
-from keras_attn.layers._validation import check_rate
+from keras_attn._checks import check_positive_int
+from keras_attn._checks import check_rate
 from keras_attn.models.bert.bert_backbone import BertBackbone
 from keras_attn.models.bert.bert_backbone import bert_initializer
 from keras_attn.models.bert.bert_heads import BertMaskedLMHead
-from keras_attn.models.bert.bert_heads import Perplexity
+from keras_attn.training.metrics import Perplexity
 
 
 def _check_backbone(backbone):

@@ -3,6 +3,7 @@
 from keras_attn.models.conformer.conformer_config import CONFORMER_PRESETS
 from keras_attn.models.conformer.conformer_config import ConformerConfig
 from keras_attn.models.conformer.conformer_config import get_conformer_config
+from keras_attn.models.conformer.conformer_config import replace_conformer_config
 from keras_attn.models.conformer.conformer_model import ConformerCTC
 from keras_attn.models.conformer.conformer_model import build_conformer
 
@@ -12,4 +13,5 @@ __all__ = [
     "ConformerConfig",
     "build_conformer",
     "get_conformer_config",
+    "replace_conformer_config",
 ]

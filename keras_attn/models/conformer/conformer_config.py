@@ -2,17 +2,25 @@
 
 import dataclasses
 
+from keras_attn.models._config import replace_fields
 from keras_attn.models._config import resolve_config
+
+
+INPUT_TYPES = ("waveform", "features")
 
 
 @dataclasses.dataclass(frozen=True)
 class ConformerConfig:
-    """Fields mirror `build_conformer`'s arguments.
+    """Conformer hyper-parameters; the fields are the arguments of
+    `ConformerCTC` / `build_conformer`.
 
     The front end turns 16 kHz audio into 80 log-mel bins with 25 ms windows
     (400 samples) every 10 ms (160 samples), as in the paper's section 3.1.
+    `vocabulary_size` (the labels 1..V; 0 is the CTC blank) has no default:
+    it is the task's, so every build names it.
     """
 
+    vocabulary_size: int = None
     num_layers: int = 16
     hidden_dim: int = 144
     num_heads: int = 4
@@ -57,6 +65,17 @@ CONFORMER_PRESETS = {
 }
 
 
-def get_conformer_config(config):
-    """A `ConformerConfig` from a config, a preset name or a dict of fields."""
-    return resolve_config(config, ConformerConfig, CONFORMER_PRESETS, "Conformer")
+DEFAULT_PRESET = "conformer_small"
+
+
+def get_conformer_config(config=DEFAULT_PRESET, **overrides):
+    """A `ConformerConfig` from a config, a preset name or a dict of fields,
+    with `overrides` (fields) applied; an unknown name or field is a
+    `ValueError`."""
+    return resolve_config(config, ConformerConfig, CONFORMER_PRESETS, "Conformer",
+                          **overrides)
+
+
+def replace_conformer_config(config, **overrides):
+    """`dataclasses.replace` that names an unknown field in its error."""
+    return replace_fields(config, "Conformer", **overrides)

@@ -24,19 +24,22 @@ from keras_attn._guard import IdSpec
 from keras_attn._guard import check_ids
 from keras_attn._guard import concrete_value
 from keras_attn.models._config import ConfigModel
-from keras_attn.layers._remat import remat_scope
-from keras_attn.layers._validation import check_bool
-from keras_attn.layers._validation import check_positive_float
-from keras_attn.layers._validation import check_positive_int
-from keras_attn.layers._validation import check_rate
+from keras_attn._remat import remat_scope
+from keras_attn._checks import check_bool
+from keras_attn._checks import check_choice
+from keras_attn._checks import check_positive_float
+from keras_attn._checks import check_positive_int
+from keras_attn._checks import check_rate
 from keras_attn.layers.conformer_block import ConformerBlock
 from keras_attn.layers.conv_subsampling import ConvSubsampling
 from keras_attn.layers.conv_subsampling import subsampled_length
 from keras_attn.layers.log_mel_features import LogMelFeatures
 from keras_attn.layers.spec_augment import SpecAugment
-from keras_attn.models._config import replace_fields
+from keras_attn.models.conformer.conformer_config import DEFAULT_PRESET
+from keras_attn.models.conformer.conformer_config import INPUT_TYPES
 from keras_attn.models.conformer.conformer_config import ConformerConfig
 from keras_attn.models.conformer.conformer_config import get_conformer_config
+from keras_attn.models.conformer.conformer_config import replace_conformer_config
 
 
 class _BatchMean(keras.losses.Loss):
@@ -53,6 +56,13 @@ class _BatchMean(keras.losses.Loss):
 def _check_config(c):
     """The package's own `ValueError` for every field, before any layer is
     built (the layers would raise later, or not at all for `num_layers=0`)."""
+    if (isinstance(c.vocabulary_size, bool) or not isinstance(c.vocabulary_size, int)
+            or c.vocabulary_size < 1):
+        raise ValueError(
+            "`vocabulary_size` must be a positive integer (labels 1..V, 0 is "
+            f"the CTC blank). Received: vocabulary_size={c.vocabulary_size!r}"
+        )
+    check_choice("input_type", c.input_type, INPUT_TYPES)
     check_positive_int("num_layers", c.num_layers)
     check_positive_int("hidden_dim", c.hidden_dim)
     check_positive_int("num_heads", c.num_heads)
@@ -112,23 +122,12 @@ class ConformerCTC(GuardedModel, ConfigModel, keras.Model):
     """
 
     config_attribute = "conformer_config"
-    extra_config = ("vocabulary_size",)
 
-
-    def __init__(self, vocabulary_size, dtype=None, name="conformer_ctc", trainable=True,
+    def __init__(self, vocabulary_size=None, dtype=None, name="conformer_ctc", trainable=True,
                  **config_fields):
-        config = replace_fields(ConformerConfig(), "Conformer", **config_fields)
-        if isinstance(vocabulary_size, bool) or not isinstance(vocabulary_size, int) or vocabulary_size < 1:
-            raise ValueError(
-                "`vocabulary_size` must be a positive integer (labels 1..V, 0 is "
-                f"the CTC blank). Received: vocabulary_size={vocabulary_size!r}"
-            )
-        c = config
-        if c.input_type not in ("waveform", "features"):
-            raise ValueError(
-                "`input_type` must be 'waveform' or 'features'. "
-                f"Received: input_type={c.input_type!r}"
-            )
+        c = config = replace_conformer_config(
+            ConformerConfig(), vocabulary_size=vocabulary_size, **config_fields
+        )
         _check_config(c)
 
         # === Layers ===
@@ -156,7 +155,7 @@ class ConformerCTC(GuardedModel, ConfigModel, keras.Model):
                 )
                 for name in block_names
             ]
-        ctc_head = keras.layers.Dense(vocabulary_size + 1, dtype=dtype, name="ctc_logits")
+        ctc_head = keras.layers.Dense(c.vocabulary_size + 1, dtype=dtype, name="ctc_logits")
 
         # === Functional Model ===
         if c.input_type == "waveform":
@@ -191,7 +190,7 @@ class ConformerCTC(GuardedModel, ConfigModel, keras.Model):
 
         # === Config ===
         self.conformer_config = config
-        self.vocabulary_size = vocabulary_size
+        self.vocabulary_size = c.vocabulary_size
 
     def label_specs(self):
         return {None: IdSpec(0, self.vocabulary_size + 1, "1..V, 0 pads")}
@@ -298,8 +297,10 @@ def ctc_frames_needed(labels):
     return real.sum(axis=1) + repeats.sum(axis=1)
 
 
-def build_conformer(config, vocabulary_size, **overrides):
-    """A `ConformerCTC` from a `ConformerConfig`, a preset name or a dict.
+def build_conformer(config=DEFAULT_PRESET, **overrides):
+    """A `ConformerCTC` from a `ConformerConfig`, a preset name or a dict,
+    with `overrides` (fields; `vocabulary_size` is required unless the config
+    has it) applied.
 
     Example:
 
@@ -307,5 +308,5 @@ def build_conformer(config, vocabulary_size, **overrides):
     >>> model.output["logits"].shape
     (None, None, 13)
     """
-    config = replace_fields(get_conformer_config(config), "Conformer", **overrides)
-    return ConformerCTC(vocabulary_size, **dataclasses.asdict(config))
+    config = get_conformer_config(config, **overrides)
+    return ConformerCTC(**dataclasses.asdict(config))

@@ -12,6 +12,9 @@ from keras_attn.models.transformer.transformer_config import TransformerConfig
 from keras_attn.models.transformer.transformer_config import (
     get_transformer_config,
 )
+from keras_attn.models.transformer.transformer_config import (
+    replace_transformer_config,
+)
 from keras_attn.models.transformer.transformer_model import Transformer
 from keras_attn.models.transformer.transformer_model import build_transformer
 
@@ -25,6 +28,7 @@ __all__ = [
     "build_transformer",
     "get_transformer_config",
     "greedy_search",
+    "replace_transformer_config",
     "transformer_beam_search",
     "transformer_greedy_search",
 ]

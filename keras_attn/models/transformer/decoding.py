@@ -24,7 +24,7 @@ end token included, `pad_id` after it (no start token).
 import keras
 from keras import ops
 
-from keras_attn.layers._validation import check_positive_int
+from keras_attn._checks import check_positive_int
 
 NEG_INF = -1e9  # finite, so that `-inf - -inf` never makes a NaN
 

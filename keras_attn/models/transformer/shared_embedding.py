@@ -3,7 +3,7 @@
 import keras
 from keras import ops
 
-from keras_attn.layers._validation import check_positive_int
+from keras_attn._checks import check_positive_int
 
 
 @keras.saving.register_keras_serializable(package="keras_attn")
@@ -36,6 +36,13 @@ class SharedEmbedding(keras.layers.Layer):
     >>> x = layer(np.array([[1, 2, 3]]))
     >>> tuple(x.shape), tuple(layer(x, reverse=True).shape)
     ((1, 3, 4), (1, 3, 10))
+
+    Why not `keras.layers.ReversibleEmbedding` (which BERT uses): Keras's
+    layer has no `sqrt(D)` scaling, and a lookup of an id outside `[0, V)`
+    returns a clamped row on XLA and GPUs, a silent wrong answer; here such an
+    id gives a NaN vector, which the step guard turns into a skipped step.
+    Its weight path (`.../embeddings`) is the same, but saved files name this
+    class, so it stays.
 
     References:
         Press and Wolf, "Using the Output Embedding to Improve Language

@@ -45,8 +45,6 @@ class TransformerConfig:
         max_sequence_length: longest sequence the positions cover: the size
             of the learned table, and the cap on decoding lengths for both.
         layer_norm_epsilon: LayerNorm epsilon (1e-6 as in tensor2tensor).
-        label_smoothing: epsilon of the label-smoothed loss (0.1 in the paper);
-            used by `Transformer.compile` defaults and the examples.
         pad_id: the padding token id; padding masks are `ids != pad_id`.
         remat: rematerialise each encoder and decoder block in training (gradient
             checkpointing): its activations are recomputed in the backward
@@ -72,7 +70,6 @@ class TransformerConfig:
     position_embedding: str = "sinusoidal"
     max_sequence_length: int = 1024
     layer_norm_epsilon: float = 1e-6
-    label_smoothing: float = 0.1
     pad_id: int = 0
     remat: bool = False
 
@@ -83,7 +80,7 @@ class TransformerConfig:
 
 TRANSFORMER_PRESETS = {
     # Vaswani et al. 2017, Table 3 "base": N=6, d_model 512, d_ff 2048, h 8,
-    # P_drop 0.1, eps_ls 0.1. 63,082,496 parameters (the paper says 65M).
+    # P_drop 0.1. 63,082,496 parameters (the paper says 65M).
     "transformer_base": TransformerConfig(),
     # Table 3 "big": d_model 1024, d_ff 4096, h 16, P_drop 0.3.
     # 214,245,376 parameters (the paper says 213M).
@@ -93,13 +90,17 @@ TRANSFORMER_PRESETS = {
 }
 
 
-def replace_config(config, **overrides):
+DEFAULT_PRESET = "transformer_base"
+
+
+def get_transformer_config(config=DEFAULT_PRESET, **overrides):
+    """A `TransformerConfig` from a config, a preset name or a dict of
+    fields, with `overrides` (fields) applied; an unknown name or field is a
+    `ValueError`."""
+    return resolve_config(config, TransformerConfig, TRANSFORMER_PRESETS, "Transformer",
+                          **overrides)
+
+
+def replace_transformer_config(config, **overrides):
     """`dataclasses.replace` that names an unknown field in its error."""
     return replace_fields(config, "Transformer", **overrides)
-
-
-def get_transformer_config(config, **overrides):
-    """A `TransformerConfig` from a config, a preset name or a dict of
-    fields, with `overrides` applied."""
-    config = resolve_config(config, TransformerConfig, TRANSFORMER_PRESETS, "Transformer")
-    return replace_config(config, **overrides)

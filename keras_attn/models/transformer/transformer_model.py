@@ -25,12 +25,12 @@ from keras import ops
 from keras_attn._guard import GuardedModel
 from keras_attn._guard import IdSpec
 from keras_attn.models._config import ConfigModel
-from keras_attn.layers._remat import remat_scope
-from keras_attn.layers._validation import check_bool
-from keras_attn.layers._validation import check_choice
-from keras_attn.layers._validation import check_positive_float
-from keras_attn.layers._validation import check_positive_int
-from keras_attn.layers._validation import check_rate
+from keras_attn._remat import remat_scope
+from keras_attn._checks import check_bool
+from keras_attn._checks import check_choice
+from keras_attn._checks import check_positive_float
+from keras_attn._checks import check_positive_int
+from keras_attn._checks import check_rate
 from keras_attn.layers.position_embedding import PositionEmbedding
 from keras_attn.layers.sinusoidal_positional_encoding import (
     SinusoidalPositionalEncoding,
@@ -42,6 +42,7 @@ from keras_attn.models.transformer.transformer_config import NORM_POSITIONS
 from keras_attn.models.transformer.transformer_config import (
     POSITION_EMBEDDINGS,
 )
+from keras_attn.models.transformer.transformer_config import DEFAULT_PRESET
 from keras_attn.models.transformer.transformer_config import TransformerConfig
 from keras_attn.models.transformer.transformer_config import (
     get_transformer_config,
@@ -67,7 +68,6 @@ def _check_config(config):
     check_choice("position_embedding", config.position_embedding, POSITION_EMBEDDINGS)
     check_positive_int("max_sequence_length", config.max_sequence_length)
     check_positive_float("layer_norm_epsilon", config.layer_norm_epsilon)
-    check_rate("label_smoothing", config.label_smoothing)
     check_bool("remat", config.remat)
     if isinstance(config.pad_id, bool) or not isinstance(config.pad_id, int):
         raise ValueError(f"`pad_id` must be an integer. Received: pad_id={config.pad_id!r}")
@@ -147,7 +147,6 @@ class Transformer(GuardedModel, ConfigModel, keras.Model):
         position_embedding="sinusoidal",
         max_sequence_length=1024,
         layer_norm_epsilon=1e-6,
-        label_smoothing=0.1,
         pad_id=0,
         remat=False,
         dtype=None,
@@ -171,7 +170,6 @@ class Transformer(GuardedModel, ConfigModel, keras.Model):
             position_embedding=position_embedding,
             max_sequence_length=max_sequence_length,
             layer_norm_epsilon=layer_norm_epsilon,
-            label_smoothing=label_smoothing,
             pad_id=pad_id,
             remat=remat,
         )
@@ -303,16 +301,18 @@ class Transformer(GuardedModel, ConfigModel, keras.Model):
         config = self.transformer_config
         return config.target_vocabulary_size or config.vocabulary_size
 
-    def compile(self, optimizer="adam", loss="auto", metrics="auto", **kwargs):
+    def compile(self, optimizer="adam", loss="auto", metrics="auto", label_smoothing=0.1,
+                **kwargs):
         """`keras.Model.compile`; "auto" is the paper's label-smoothed
-        cross-entropy (`label_smoothing` of the config) averaged over the
-        real target tokens, and the token accuracy over them."""
+        cross-entropy (epsilon `label_smoothing`, 0.1 in section 5.4; used
+        only by the "auto" loss) averaged over the real target tokens, and the
+        token accuracy over them."""
         from keras_attn.training.losses import LabelSmoothedCrossEntropy
         from keras_attn.training.metrics import MaskedTokenAccuracy
 
         config = self.transformer_config
         if loss == "auto":
-            loss = LabelSmoothedCrossEntropy(config.label_smoothing, pad_id=config.pad_id)
+            loss = LabelSmoothedCrossEntropy(label_smoothing, pad_id=config.pad_id)
         if metrics == "auto":
             metrics = [MaskedTokenAccuracy(pad_id=config.pad_id)]
         super().compile(optimizer=optimizer, loss=loss, metrics=metrics, **kwargs)
@@ -414,7 +414,7 @@ class Transformer(GuardedModel, ConfigModel, keras.Model):
     # === Config ===
 
 
-def build_transformer(config="transformer_base", **overrides):
+def build_transformer(config=DEFAULT_PRESET, **overrides):
     """Builds a `Transformer` from a `TransformerConfig`, a preset name or a
     dict of fields, with `overrides` (config fields) applied.
 

@@ -95,11 +95,15 @@ VIT_PRESETS = {
 }
 
 
-def get_vit_config(config):
-    """A `ViTConfig` from a config, a preset name or a dict of fields."""
-    return resolve_config(config, ViTConfig, VIT_PRESETS, "ViT")
+DEFAULT_PRESET = "vit_base_16"
 
 
-def replace_config(config, **overrides):
+def get_vit_config(config=DEFAULT_PRESET, **overrides):
+    """A `ViTConfig` from a config, a preset name or a dict of fields, with
+    `overrides` (fields) applied; an unknown name or field is a `ValueError`."""
+    return resolve_config(config, ViTConfig, VIT_PRESETS, "ViT", **overrides)
+
+
+def replace_vit_config(config, **overrides):
     """`dataclasses.replace` that names an unknown field in its error."""
     return replace_fields(config, "ViT", **overrides)

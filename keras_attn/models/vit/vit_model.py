@@ -23,19 +23,19 @@ from keras import ops
 from keras_attn._guard import GuardedModel
 from keras_attn._guard import IdSpec
 from keras_attn.models._config import ConfigModel
-from keras_attn.layers._remat import remat_scope
-from keras_attn.layers._validation import check_bool
-from keras_attn.layers._validation import check_choice
-from keras_attn.layers._validation import check_positive_float
-from keras_attn.layers._validation import check_positive_int
-from keras_attn.layers._validation import check_rate
+from keras_attn._remat import remat_scope
+from keras_attn._checks import check_bool
+from keras_attn._checks import check_choice
+from keras_attn._checks import check_positive_float
+from keras_attn._checks import check_positive_int
+from keras_attn._checks import check_rate
 from keras_attn.layers.class_token import ClassToken
 from keras_attn.layers.position_embedding import PositionEmbedding
 from keras_attn.layers.transformer_block import TransformerBlock
 from keras_attn.models.vit.vit_config import POOLINGS
 from keras_attn.models.vit.vit_config import ViTConfig
 from keras_attn.models.vit.vit_config import get_vit_config
-from keras_attn.models.vit.vit_config import replace_config
+from keras_attn.models.vit.vit_config import DEFAULT_PRESET
 
 
 def _check_config(config):
@@ -240,7 +240,7 @@ class ViT(GuardedModel, ConfigModel, keras.Model):
         return {} if num_classes is None else {None: IdSpec(0, num_classes, "the classes")}
 
 
-def build_vit(config, num_classes=None, **overrides):
+def build_vit(config=DEFAULT_PRESET, **overrides):
     """Builds a `ViT` from a `ViTConfig`, a preset name or a dict.
 
     Args:
@@ -262,8 +262,5 @@ def build_vit(config, num_classes=None, **overrides):
     >>> model.output_shape
     (None, 10)
     """
-    config = get_vit_config(config)
-    if num_classes is not None:
-        overrides["num_classes"] = num_classes
-    config = replace_config(config, **overrides)
+    config = get_vit_config(config, **overrides)
     return ViT(**dataclasses.asdict(config))

@@ -10,7 +10,7 @@ import dataclasses
 
 from keras import ops
 
-from keras_attn.layers._validation import check_choice
+from keras_attn._checks import check_choice
 from keras_attn.models.vit.vit_model import ViT
 
 INTERPOLATIONS = ("bilinear", "bicubic")

@@ -17,18 +17,17 @@ from keras_attn.zoo.tasks.base import batch_count
 class ImageClassification(Task):
     def load_data(self):
         from keras_attn.data import images
-        from keras_attn.models.vit.vit_config import get_vit_config
-        from keras_attn.models.vit.vit_config import replace_config
+        from keras_attn.models.vit import get_vit_config
+        from keras_attn.models.vit import replace_vit_config
 
-        overrides = self.recipe["model"]["overrides"]
-        config = replace_config(get_vit_config(self.recipe["model"]["preset"]), **overrides)
+        config = get_vit_config(self.recipe["model"]["preset"], **self.recipe["model"]["overrides"])
         augmentation = self.data["augmentation"]
         self.augmentation = images.StatelessAugmentation(**augmentation)
         if self.embedded:
             self._load_digits(config)
         else:
             self._load_tfds(config)
-        self.model_config = replace_config(config, num_classes=self.num_classes)
+        self.model_config = replace_vit_config(config, num_classes=self.num_classes)
 
     def _load_digits(self, config):
         from sklearn.model_selection import train_test_split

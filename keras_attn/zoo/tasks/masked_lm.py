@@ -24,8 +24,7 @@ INPUTS = ("token_ids", "segment_ids", "padding_mask", "mask_positions")
 class MaskedLM(Task):
     def load_data(self):
         from keras_attn.data import text
-        from keras_attn.models.bert.bert_config import get_bert_config
-        from keras_attn.models.bert.bert_config import replace_bert_config
+        from keras_attn.models.bert import get_bert_config
 
         data = self.data
         if self.embedded:
@@ -68,7 +67,7 @@ class MaskedLM(Task):
         )
         self.batches_per_epoch = batch_count(len(self.train_pairs[2]), self.batch_size)
         overrides = dict(self.recipe["model"]["overrides"], vocabulary_size=len(self.vocabulary))
-        config = replace_bert_config(get_bert_config(self.recipe["model"]["preset"]), **overrides)
+        config = get_bert_config(self.recipe["model"]["preset"], **overrides)
         if config.max_sequence_length < data["sequence_length"]:
             raise ValueError(
                 "Recipe key `data.sequence_length` must be at most the model's "

@@ -23,8 +23,7 @@ LETTERS = tuple("abcdefghijklmnopqrstuvwxyz' ")
 class SpeechCTC(Task):
     def load_data(self):
         from keras_attn.data import speech
-        from keras_attn.models.conformer.conformer_config import get_conformer_config
-        from keras_attn.models._config import replace_fields
+        from keras_attn.models.conformer import get_conformer_config
 
         if self.embedded:
             self.vocabulary = speech.DIGIT_VOCABULARY
@@ -42,8 +41,8 @@ class SpeechCTC(Task):
             self.tfds_builder()
             examples = self.tfds_examples(self.data["train_split"])
             self.batches_per_epoch = max(1, examples // self.batch_size)
-        self.model_config = replace_fields(
-            get_conformer_config(self.recipe["model"]["preset"]), "Conformer",
+        self.model_config = get_conformer_config(
+            self.recipe["model"]["preset"], vocabulary_size=len(self.vocabulary),
             **self.recipe["model"]["overrides"],
         )
 

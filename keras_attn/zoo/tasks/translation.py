@@ -21,7 +21,7 @@ from keras_attn.zoo.tasks.base import Task
 class Translation(Task):
     def load_data(self):
         from keras_attn.data import translation
-        from keras_attn.data._epochs import bucket_batch_count
+        from keras_attn._epochs import bucket_batch_count
         from keras_attn.models.transformer.transformer_config import get_transformer_config
 
         if self.embedded:
@@ -152,8 +152,9 @@ class Translation(Task):
         from keras_attn.training import MaskedTokenAccuracy
 
         config = model.transformer_config
+        smoothing = self.recipe["training"]["label_smoothing"]
         return {
-            "loss": LabelSmoothedCrossEntropy(config.label_smoothing, pad_id=config.pad_id),
+            "loss": LabelSmoothedCrossEntropy(smoothing, pad_id=config.pad_id),
             "metrics": [MaskedTokenAccuracy(pad_id=config.pad_id)],
         }
 

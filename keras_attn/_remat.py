@@ -29,6 +29,7 @@ import functools
 import keras
 from keras import ops
 
+from keras_attn._keras_compat import remat_mode
 from keras_attn.layers.masking import get_keras_mask
 from keras_attn.layers.masking import set_keras_mask
 
@@ -61,10 +62,9 @@ class RematCall:
 
     def rematerialized_call(self, layer_call, *args, **kwargs):
         wrapped = super().rematerialized_call(layer_call, *args, **kwargs)
-        # `_remat_mode` is the RematScope active when the layer was made
-        # (keras.src.ops.operation.Operation). "activations" mode wraps the
-        # activation functions only: Keras's own wrapper handles that.
-        if wrapped is layer_call or self._remat_mode.mode == "activations":
+        # "activations" mode wraps the activation functions only: Keras's
+        # own wrapper handles that.
+        if wrapped is layer_call or remat_mode(self) == "activations":
             return wrapped
         training = kwargs.get("training")
         if training is None or training is False:

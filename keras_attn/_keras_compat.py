@@ -1,0 +1,92 @@
+"""Every use of Keras internals (`keras.src`) in keras_attn, in one place.
+
+Each name below is something the public Keras API does not offer; the comment
+says what we need it for. `setup.cfg` caps keras below the next minor version
+that this module has not been tested with: when Keras moves one of these, the
+fix is here and nowhere else. A fallback is given where a safe one exists.
+"""
+
+import keras
+
+# --- Implicit masks (`tensor._keras_mask`): Keras 3 propagates masks through
+# these two functions and keeps them out of `keras.*`; a layer that builds a
+# new tensor must carry its input's mask on by hand (`keras_attn.layers.masking`).
+try:
+    from keras.src.backend import get_keras_mask
+    from keras.src.backend import set_keras_mask
+except ImportError:  # pragma: no cover - reorganised Keras
+
+    def get_keras_mask(x):
+        return getattr(x, "_keras_mask", None)
+
+    def set_keras_mask(x, mask):
+        try:
+            x._keras_mask = mask
+        except AttributeError:
+            pass
+
+
+# --- Optimizer state created outside Keras's tracking: the decorator Keras's
+# own `LossScaleOptimizer.build` uses, so that the step guard's counters do not
+# become tracked (and saved) attributes twice (`keras_attn._guard`).
+try:
+    from keras.src.utils.tracking import no_automatic_dependency_tracking
+except ImportError:  # pragma: no cover - reorganised Keras
+
+    def no_automatic_dependency_tracking(fn):
+        return fn
+
+
+def in_tf_graph():
+    """True inside a `tf.function` trace, where no tensor has a value (no
+    public Keras function says so; `keras_attn._guard.concrete_value`)."""
+    from keras.src.utils.backend_utils import in_tf_graph as _in_tf_graph
+
+    return _in_tf_graph()
+
+
+def is_in_jax_tracing_scope(x):
+    """True for a tensor being traced by `jax.jit` (as above, for JAX)."""
+    from keras.src.utils.jax_utils import is_in_jax_tracing_scope as _tracing
+
+    return _tracing(x)
+
+
+# --- The global seed generator that `keras.random` creates lazily. Exact
+# resume must save and restore its state, and Keras exposes neither the
+# generator nor the dtype of a seed state (`keras_attn.training.resumable`).
+from keras.src.backend import random_seed_dtype  # noqa: E402
+from keras.src.backend.common import global_state  # noqa: E402
+
+GLOBAL_SEED_GENERATOR = "global_seed_generator"  # keras.src.random.seed_generator
+
+
+def get_global_seed_generator():
+    """The generator behind unseeded `keras.random` calls, or None."""
+    return global_state.get_global_attribute(GLOBAL_SEED_GENERATOR)
+
+
+def set_global_seed_generator(generator):
+    global_state.set_global_attribute(GLOBAL_SEED_GENERATOR, generator)
+
+
+def remat_mode(layer):
+    """The `keras.RematScope` mode active when `layer` was made (Keras stores
+    it as `Operation._remat_mode` and offers no public reader), or None."""
+    mode = getattr(layer, "_remat_mode", None)
+    return None if mode is None else mode.mode
+
+
+__all__ = [
+    "GLOBAL_SEED_GENERATOR",
+    "get_global_seed_generator",
+    "get_keras_mask",
+    "in_tf_graph",
+    "is_in_jax_tracing_scope",
+    "keras",
+    "no_automatic_dependency_tracking",
+    "random_seed_dtype",
+    "remat_mode",
+    "set_global_seed_generator",
+    "set_keras_mask",
+]

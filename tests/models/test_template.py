@@ -1,0 +1,102 @@
+"""The four families follow one template (keras_attn/models/_config.py): the
+same names, defaults, lookups and argument errors in each."""
+
+import dataclasses
+import inspect
+
+import pytest
+
+from keras_attn import models
+
+FAMILIES = {
+    # family: (config class, presets, a tiny override set that builds fast)
+    "bert": (models.BertConfig, models.BERT_PRESETS,
+             dict(vocabulary_size=30, num_layers=1, hidden_dim=8, num_heads=2,
+                  intermediate_dim=16)),
+    "vit": (models.ViTConfig, models.VIT_PRESETS,
+            dict(image_size=8, patch_size=4, num_layers=1, hidden_dim=8, num_heads=2,
+                 intermediate_dim=16)),
+    "transformer": (models.TransformerConfig, models.TRANSFORMER_PRESETS,
+                    dict(vocabulary_size=30, hidden_dim=8, intermediate_dim=16, num_heads=2,
+                         num_encoder_layers=1, num_decoder_layers=1)),
+    "conformer": (models.ConformerConfig, models.CONFORMER_PRESETS,
+                  dict(vocabulary_size=5, num_layers=1, hidden_dim=8, num_heads=2,
+                       intermediate_dim=16, num_mel_bins=20)),
+}
+DEFAULTS = {"bert": "bert_base", "vit": "vit_base_16", "transformer": "transformer_base",
+            "conformer": "conformer_small"}
+
+
+def _api(family):
+    return (getattr(models, f"get_{family}_config"), getattr(models, f"replace_{family}_config"),
+            getattr(models, f"build_{family}"))
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_configs_are_frozen_dataclasses_and_presets_are_instances(family):
+    config_class, presets, _ = FAMILIES[family]
+    assert dataclasses.is_dataclass(config_class)
+    assert config_class.__dataclass_params__.frozen
+    assert presets and all(isinstance(p, config_class) for p in presets.values())
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_getter_and_builder_share_the_default_preset(family):
+    get_config, _, build = _api(family)
+    _, presets, _ = FAMILIES[family]
+    for function in (get_config, build):
+        assert inspect.signature(function).parameters["config"].default == DEFAULTS[family]
+    assert get_config() == presets[DEFAULTS[family]]
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_a_config_a_preset_name_and_a_dict_give_the_same_config(family):
+    get_config, replace_config, _ = _api(family)
+    config_class, presets, tiny = FAMILIES[family]
+    name = sorted(presets)[0]
+    from_name = get_config(name, **tiny)
+    assert from_name == replace_config(presets[name], **tiny)
+    assert get_config(from_name) == from_name
+    assert get_config(dataclasses.asdict(from_name)) == from_name
+    assert get_config(from_name, dropout=0.0).dropout == 0.0
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_the_builder_applies_overrides(family):
+    get_config, _, build = _api(family)
+    _, presets, tiny = FAMILIES[family]
+    model = build(sorted(presets)[0], **tiny)
+    assert getattr(model, f"{family}_config") == get_config(sorted(presets)[0], **tiny)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_the_same_errors_in_every_family(family):
+    get_config, replace_config, build = _api(family)
+    config_class, presets, tiny = FAMILIES[family]
+    label = {"bert": "BERT", "vit": "ViT", "transformer": "Transformer",
+             "conformer": "Conformer"}[family]
+    name = sorted(presets)[0]
+    with pytest.raises(ValueError, match=rf"Unknown {label} preset 'nope'; valid presets are "
+                                         rf".* Received: config='nope'"):
+        get_config("nope")
+    with pytest.raises(ValueError, match=rf"Unknown {label} config field 'width'; valid "
+                                         rf"fields are .* Received: width=3"):
+        get_config(name, width=3)
+    with pytest.raises(ValueError, match=rf"Unknown {label} config field 'width'"):
+        replace_config(presets[name], width=3)
+    with pytest.raises(ValueError, match=rf"`config` must be a {config_class.__name__}, a "
+                                         rf"preset name or a dict. Received: config=3"):
+        get_config(3)
+    bad = {
+        "dropout": (1.5, r"`dropout` must be a number in \[0, 1\). Received: dropout=1.5"),
+        "num_heads": (0, r"`num_heads` must be a positive integer. Received: num_heads=0"),
+        "remat": (1, r"`remat` must be True or False. Received: remat=1"),
+        "layer_norm_epsilon": (0.0, r"`layer_norm_epsilon` must be a positive number. "
+                                    r"Received: layer_norm_epsilon=0.0"),
+    }
+    for field, (value, message) in bad.items():
+        with pytest.raises(ValueError, match=message):
+            build(name, **{**tiny, field: value})
+    with pytest.raises(ValueError, match=r"`num_heads` must divide `hidden_dim`. Received: "
+                                         r"hidden_dim=10, num_heads=3"):
+        build(name, **{**tiny, "hidden_dim": 10, "num_heads": 3})
