@@ -271,7 +271,7 @@ class RunLock:
 def _check_output(output, recipe):
     """Refuses a directory that holds a run of another recipe (one that made
     progress: a run that failed before its first checkpoint is replaced)."""
-    from keras_attn.zoo.recipe import find_difference
+    from keras_attn.training.checkpoints import differences
     from keras_attn.zoo.recipe import fingerprint
 
     path = os.path.join(output, RECIPE)
@@ -279,9 +279,9 @@ def _check_output(output, recipe):
         return False
     if not _has_progress(output):
         return False
-    difference = find_difference(fingerprint(read_json(path)), fingerprint(recipe))
-    if difference:
-        key, there, here = difference
+    found = differences(fingerprint(read_json(path)), fingerprint(recipe))
+    if found:
+        key, there, here = found[0]
         raise ValueError(
             f"{output} holds a run of another recipe: `{key}` is {there!r} there and "
             f"{here!r} here. Use another --output (or delete the directory). "

@@ -22,6 +22,7 @@ import numpy as np
 import tensorflow as tf
 
 from keras_attn._epochs import epoch_permutation
+from keras_attn.data import wordpiece
 
 AUTOTUNE = tf.data.AUTOTUNE
 SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
@@ -95,39 +96,18 @@ def load_tfds_documents(name, data_dir=None, split="train", text_key="text",
     return documents
 
 
-def train_wordpiece_vocabulary(sentences, vocabulary_size, lowercase=True,
-                               reserved_tokens=SPECIAL_TOKENS):
-    """Learns a WordPiece vocabulary with
-    `keras_hub.tokenizers.compute_word_piece_vocabulary`.
-
-    Args:
-        sentences: an iterable of strings.
-        vocabulary_size: size of the vocabulary, reserved tokens included.
-        lowercase: lower-case (and strip accents) first, as uncased BERT.
-        reserved_tokens: tokens placed first, in this order (`[PAD]` is 0).
-
-    Returns:
-        The vocabulary, a list of strings.
-    """
-    import keras_hub
-
-    dataset = tf.data.Dataset.from_tensor_slices(list(sentences)).batch(1000)
-    return keras_hub.tokenizers.compute_word_piece_vocabulary(
-        dataset,
-        vocabulary_size,
-        lowercase=lowercase,
-        strip_accents=lowercase,
-        reserved_tokens=list(reserved_tokens),
-    )
+def train_wordpiece_vocabulary(sentences, vocabulary_size, lowercase=True):
+    """A BERT WordPiece vocabulary learned from `sentences`, `SPECIAL_TOKENS`
+    first (`[PAD]` is 0); lower-cased and accents stripped, as uncased BERT
+    (`keras_attn.data.wordpiece`)."""
+    return wordpiece.train_wordpiece_vocabulary(sentences, vocabulary_size, SPECIAL_TOKENS,
+                                                lowercase=lowercase)
 
 
 def make_tokenizer(vocabulary, lowercase=True):
-    """A `keras_hub.tokenizers.WordPieceTokenizer` for `vocabulary`."""
-    import keras_hub
-
-    return keras_hub.tokenizers.WordPieceTokenizer(
-        vocabulary=list(vocabulary), lowercase=lowercase, strip_accents=lowercase
-    )
+    """A `keras_hub.tokenizers.WordPieceTokenizer` for a BERT `vocabulary`
+    (which must start with `SPECIAL_TOKENS`)."""
+    return wordpiece.make_wordpiece_tokenizer(vocabulary, SPECIAL_TOKENS, lowercase=lowercase)
 
 
 def make_sentence_pairs(documents, seed=0):

@@ -29,6 +29,7 @@ import tensorflow as tf
 
 from keras_attn._epochs import epoch_permutation
 from keras_attn._epochs import epoch_seed
+from keras_attn.data import wordpiece
 
 SPECIAL_TOKENS = ("[PAD]", "[START]", "[END]", "[UNK]")
 PAD_ID, START_ID, END_ID, UNK_ID = 0, 1, 2, 3
@@ -59,33 +60,16 @@ def split_numbers(num_train, num_test, max_number=99_999, seed=0):
 
 
 def train_vocabulary(texts, vocabulary_size=1000):
-    """A WordPiece vocabulary (the 4 special tokens first) from `texts`."""
-    import keras_hub
-
-    return keras_hub.tokenizers.compute_word_piece_vocabulary(
-        tf.data.Dataset.from_tensor_slices(list(texts)),
-        vocabulary_size=vocabulary_size,
-        lowercase=True,
-        reserved_tokens=list(SPECIAL_TOKENS),
-    )
+    """A WordPiece vocabulary (the 4 special tokens first) from `texts`,
+    lower-cased with accents kept (`keras_attn.data.wordpiece`)."""
+    return wordpiece.train_wordpiece_vocabulary(texts, vocabulary_size, SPECIAL_TOKENS,
+                                                strip_accents=False)
 
 
 def make_tokenizer(vocabulary):
-    """keras-hub WordPiece over `vocabulary`, CJK characters split apart."""
-    import keras_hub
-
-    if list(vocabulary[: len(SPECIAL_TOKENS)]) != list(SPECIAL_TOKENS):
-        raise ValueError(
-            f"The vocabulary must start with {list(SPECIAL_TOKENS)}. "
-            f"Received: vocabulary[:4]={list(vocabulary[:4])}"
-        )
-    return keras_hub.tokenizers.WordPieceTokenizer(
-        vocabulary=list(vocabulary),
-        lowercase=True,
-        split_on_cjk=True,
-        oov_token="[UNK]",
-        dtype="int32",
-    )
+    """keras-hub WordPiece over `vocabulary` (which must start with the 4
+    special tokens), CJK characters split apart."""
+    return wordpiece.make_wordpiece_tokenizer(vocabulary, SPECIAL_TOKENS, strip_accents=False)
 
 
 def encode_sources(tokenizer, sentences):

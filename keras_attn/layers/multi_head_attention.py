@@ -8,6 +8,7 @@ from keras_attn._checks import check_positive_int
 from keras_attn._checks import check_rate
 from keras_attn._checks import check_static_shape
 from keras_attn._checks import static_dim
+from keras_attn.layers._projection import einsum_projection
 from keras_attn.layers.masking import causal_mask
 from keras_attn.layers.masking import get_keras_mask
 from keras_attn.layers.masking import merge_masks
@@ -144,19 +145,6 @@ class MultiHeadAttention(keras.layers.Layer):
             keras.random.SeedGenerator(seed) if self.dropout > 0 else None
         )
 
-    def _dense(self, equation, output_shape, bias_axes, name):
-        return keras.layers.EinsumDense(
-            equation,
-            output_shape=output_shape,
-            bias_axes=bias_axes if self.use_bias else None,
-            kernel_initializer=self.kernel_initializer,
-            bias_initializer=self.bias_initializer,
-            kernel_regularizer=self.kernel_regularizer,
-            bias_regularizer=self.bias_regularizer,
-            dtype=self.dtype_policy,
-            name=name,
-        )
-
     def build(self, query_shape, value_shape=None, key_shape=None):
         value_shape = query_shape if value_shape is None else value_shape
         key_shape = value_shape if key_shape is None else key_shape
@@ -174,23 +162,18 @@ class MultiHeadAttention(keras.layers.Layer):
         self._value_dim = self.value_dim or self._key_dim
         self._output_dim = self.output_dim or width
 
-        self.query_dense = self._dense(
-            "btd,dnh->btnh", (None, n, self._key_dim), "nh", "query"
+        self.query_dense = einsum_projection(
+            self, "btd,dnh->btnh", (None, n, self._key_dim), "nh", "query", query_shape
         )
-        self.query_dense.build(query_shape)
-        self.key_dense = self._dense(
-            "bsd,dnh->bsnh", (None, n, self._key_dim), "nh", "key"
+        self.key_dense = einsum_projection(
+            self, "bsd,dnh->bsnh", (None, n, self._key_dim), "nh", "key", key_shape
         )
-        self.key_dense.build(key_shape)
-        self.value_dense = self._dense(
-            "bsd,dnh->bsnh", (None, n, self._value_dim), "nh", "value"
+        self.value_dense = einsum_projection(
+            self, "bsd,dnh->bsnh", (None, n, self._value_dim), "nh", "value", value_shape
         )
-        self.value_dense.build(value_shape)
-        self.output_dense = self._dense(
-            "btnh,nhd->btd", (None, self._output_dim), "d", "attention_output"
-        )
-        self.output_dense.build(
-            (query_shape[0], query_shape[1], n, self._value_dim)
+        self.output_dense = einsum_projection(
+            self, "btnh,nhd->btd", (None, self._output_dim), "d", "attention_output",
+            (query_shape[0], query_shape[1], n, self._value_dim),
         )
         self.built = True
 

@@ -7,6 +7,7 @@ from keras_attn._checks import check_positive_float
 from keras_attn._checks import check_positive_int
 from keras_attn._checks import check_rate
 from keras_attn._checks import check_static_shape
+from keras_attn.layers._projection import einsum_projection
 from keras_attn.layers.masking import get_keras_mask
 from keras_attn.layers.masking import merge_masks
 from keras_attn.layers.scaled_dot_product_attention import (
@@ -132,29 +133,13 @@ class RelativeMultiHeadAttention(keras.layers.Layer):
         self._width = width
 
         def dense(equation, output_shape, bias_axes, name, input_shape):
-            layer = keras.layers.EinsumDense(
-                equation,
-                output_shape=output_shape,
-                bias_axes=bias_axes if self.use_bias else None,
-                kernel_initializer=self.kernel_initializer,
-                bias_initializer=self.bias_initializer,
-                dtype=self.dtype_policy,
-                name=name,
-            )
-            layer.build(input_shape)
-            return layer
+            return einsum_projection(self, equation, output_shape, bias_axes, name, input_shape)
 
         self.query_dense = dense("btd,dnh->btnh", (None, n, h), "nh", "query", inputs_shape)
         self.key_dense = dense("btd,dnh->btnh", (None, n, h), "nh", "key", inputs_shape)
         self.value_dense = dense("btd,dnh->btnh", (None, n, h), "nh", "value", inputs_shape)
-        self.position_dense = keras.layers.EinsumDense(
-            "rd,dnh->rnh",
-            output_shape=(n, h),  # the leading r plays the batch axis
-            kernel_initializer=self.kernel_initializer,
-            dtype=self.dtype_policy,
-            name="position",
-        )
-        self.position_dense.build((None, width))
+        # No bias (Transformer-XL's W_{k,R}); the leading r plays the batch axis.
+        self.position_dense = dense("rd,dnh->rnh", (n, h), None, "position", (None, width))
         self.output_dense = dense(
             "btnh,nhd->btd", (None, width), "d", "attention_output",
             (inputs_shape[0], inputs_shape[1], n, h),

@@ -341,15 +341,26 @@ def flatten(value, prefix=""):
     return {prefix[:-1]: value}
 
 
+ABSENT = "<absent>"
+
+
+def differences(a, b):
+    """`[(dotted key, value in a, value in b)]` for every leaf that differs
+    between two nested dicts (None is an empty dict), keys sorted; a key that
+    one side lacks reads `ABSENT` there. Used for checkpoint fingerprints and
+    for the recipe of a run directory (`keras-attn train`)."""
+    a, b = flatten(a or {}), flatten(b or {})
+    return [
+        (key, a.get(key, ABSENT), b.get(key, ABSENT))
+        for key in sorted(set(a) | set(b))
+        if a.get(key, ABSENT) != b.get(key, ABSENT)
+    ]
+
+
 def fingerprint_differences(saved, current):
     """Dotted keys whose values differ, as `key: checkpoint X, now Y` lines."""
-    saved, current = flatten(saved or {}), flatten(current or {})
-    missing = "<absent>"
-    return [
-        f"{key}: checkpoint {saved.get(key, missing)!r}, now {current.get(key, missing)!r}"
-        for key in sorted(set(saved) | set(current))
-        if saved.get(key, missing) != current.get(key, missing)
-    ]
+    return [f"{key}: checkpoint {there!r}, now {here!r}"
+            for key, there, here in differences(saved, current)]
 
 
 def _castable(array, dtype):

@@ -738,15 +738,3 @@ def fingerprint(recipe):
         }
         found["model"] = {**model, "overrides": overrides}
     return found
-
-
-def find_difference(a, b, prefix=""):
-    """The first dotted key whose values differ between two recipes, as
-    `(key, value_in_a, value_in_b)`, or None."""
-    if isinstance(a, dict) and isinstance(b, dict):
-        for key in sorted(set(a) | set(b)):
-            found = find_difference(a.get(key), b.get(key), _join(prefix, key))
-            if found:
-                return found
-        return None
-    return None if a == b else (prefix or "recipe", a, b)

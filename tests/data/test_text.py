@@ -226,3 +226,9 @@ def test_masking_with_a_seed_is_pure():
         n = int(w.sum())
         assert np.all(np.diff(row[:n]) > 0) and np.all(row[n:] == 0)
     np.testing.assert_array_equal(a["mask_ids"].numpy()[weights > 0], real + 9)
+
+
+def test_a_vocabulary_without_the_special_tokens_first_is_refused():
+    # [PAD] must be id 0 and [MASK] id 4 for the packer and the masking.
+    with pytest.raises(ValueError, match=r"must start with \['\[PAD\]'.*Received: vocabulary"):
+        text.make_tokenizer(["the", "[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"])

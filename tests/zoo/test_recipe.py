@@ -5,6 +5,7 @@ import os
 
 import pytest
 
+from keras_attn.training.checkpoints import differences
 from keras_attn.zoo import recipe as recipes
 
 pytestmark = pytest.mark.backend_independent
@@ -268,9 +269,8 @@ def test_fingerprint_and_difference():
     documented["description"] = "changed"
     assert recipes.fingerprint(documented) == recipes.fingerprint(resolved)
     changed = recipes.apply_overrides(resolved, ["training.optimizer.learning_rate=0.1"])
-    assert recipes.find_difference(resolved, changed) == (
-        "training.optimizer.learning_rate", 0.002, 0.1)
-    assert recipes.find_difference(resolved, copy.deepcopy(resolved)) is None
+    assert differences(resolved, changed) == [("training.optimizer.learning_rate", 0.002, 0.1)]
+    assert differences(resolved, copy.deepcopy(resolved)) == []
     # remat changes neither numbers nor variables: a run resumes with it
     # turned on (it is still validated as a config field).
     remat = recipes.validate_recipe(
@@ -280,5 +280,5 @@ def test_fingerprint_and_difference():
     assert recipes.fingerprint(remat) == recipes.fingerprint(resolved)
     assert remat == before  # the recipe itself keeps its remat
     other = recipes.apply_overrides(resolved, ["model.overrides.num_layers=1"])
-    assert recipes.find_difference(recipes.fingerprint(resolved), recipes.fingerprint(other))[0] == (
-        "model.overrides.num_layers")
+    assert differences(recipes.fingerprint(resolved), recipes.fingerprint(other)) == [
+        ("model.overrides.num_layers", 4, 1)]

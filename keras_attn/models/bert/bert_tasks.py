@@ -180,19 +180,12 @@ class BertPretrainer(_BertTask):
         )
 
 
-@keras.saving.register_keras_serializable(package="keras_attn")
-class BertSequenceClassifier(_BertTask):
-    """A class for the whole input: pooled `[CLS]` -> Dropout -> Dense.
-
-    Args:
-        backbone: a `BertBackbone`.
-        num_classes: K.
-        dropout: rate before the classifier (0.1 in BERT fine-tuning).
-
-    Outputs: `(B, K)` logits. Targets for `fit`: `(B,)` int labels.
-    """
+class _BertClassifier(_BertTask):
+    """A backbone output (`_output`) -> Dropout -> Dense(num_classes): the
+    construction the sequence and token classifiers share."""
 
     _task_args = ("num_classes", "dropout")
+    _output = None
 
     def __init__(self, backbone, num_classes, dropout=0.1, **kwargs):
         backbone = _check_backbone(backbone)
@@ -212,14 +205,29 @@ class BertSequenceClassifier(_BertTask):
 
         # === Functional Model ===
         inputs = _backbone_inputs()
-        pooled = backbone(inputs)["pooled_output"]  # (B, D)
-        logits = classifier(classifier_dropout(pooled))  # (B, K)
+        features = backbone(inputs)[self._output]
+        logits = classifier(classifier_dropout(features))
         super().__init__(inputs=inputs, outputs=logits, **kwargs)
 
         # === Config ===
         self.backbone = backbone
         self.num_classes = num_classes
         self.dropout = dropout
+
+
+@keras.saving.register_keras_serializable(package="keras_attn")
+class BertSequenceClassifier(_BertClassifier):
+    """A class for the whole input: pooled `[CLS]` -> Dropout -> Dense.
+
+    Args:
+        backbone: a `BertBackbone`.
+        num_classes: K.
+        dropout: rate before the classifier (0.1 in BERT fine-tuning).
+
+    Outputs: `(B, K)` logits. Targets for `fit`: `(B,)` int labels.
+    """
+
+    _output = "pooled_output"  # (B, D) -> logits (B, K)
 
     def compile(self, optimizer="adam", loss="auto", metrics="auto", **kwargs):
         """"auto": sparse cross-entropy on logits and accuracy."""
@@ -231,7 +239,7 @@ class BertSequenceClassifier(_BertTask):
 
 
 @keras.saving.register_keras_serializable(package="keras_attn")
-class BertTokenClassifier(_BertTask):
+class BertTokenClassifier(_BertClassifier):
     """A class per token (tagging): sequence output -> Dropout -> Dense.
 
     Args:
@@ -244,34 +252,7 @@ class BertTokenClassifier(_BertTask):
     the loss nor the accuracy.
     """
 
-    _task_args = ("num_classes", "dropout")
-
-    def __init__(self, backbone, num_classes, dropout=0.1, **kwargs):
-        backbone = _check_backbone(backbone)
-        num_classes = check_positive_int("num_classes", num_classes)
-        dropout = check_rate("dropout", dropout)
-
-        # === Layers ===
-        classifier_dropout = keras.layers.Dropout(
-            dropout, dtype=backbone.dtype_policy, name="classifier_dropout"
-        )
-        classifier = keras.layers.Dense(
-            num_classes,
-            kernel_initializer=bert_initializer(),
-            dtype=backbone.dtype_policy,
-            name="classifier",
-        )
-
-        # === Functional Model ===
-        inputs = _backbone_inputs()
-        sequence = backbone(inputs)["sequence_output"]  # (B, T, D)
-        logits = classifier(classifier_dropout(sequence))  # (B, T, K)
-        super().__init__(inputs=inputs, outputs=logits, **kwargs)
-
-        # === Config ===
-        self.backbone = backbone
-        self.num_classes = num_classes
-        self.dropout = dropout
+    _output = "sequence_output"  # (B, T, D) -> logits (B, T, K)
 
     def compile(self, optimizer="adam", loss="auto", metrics="auto",
                 weighted_metrics="auto", **kwargs):
