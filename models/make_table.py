@@ -24,9 +24,9 @@ import re
 import shutil
 import sys
 
-from keras_attn.cli import recipe_paths
-from keras_attn.cli import write_json
-from keras_attn.cli import write_text
+from keras_attn.zoo.runs import recipe_paths
+from keras_attn.zoo.runs import write_json
+from keras_attn.zoo.runs import write_text
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 FAMILIES = ("vit", "bert", "transformer", "conformer")

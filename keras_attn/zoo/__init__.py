@@ -1,3 +1,16 @@
 """The model zoo: training recipes (`models/<family>/<name>.json`), their
-validation (`recipe`), and the task adapters that train, evaluate and
-export them (`tasks`). The `keras-attn` command line drives them."""
+validation (`recipe`), the task adapters that train, evaluate and export
+them (`tasks`), and a run's life from recipe to results (`runs`). The
+`keras-attn` command line is a thin layer over these functions:
+
+    from keras_attn import zoo
+    results = zoo.train("vit_tiny_digits", output="runs/vit")
+"""
+
+from keras_attn.zoo.runs import evaluate
+from keras_attn.zoo.runs import export
+from keras_attn.zoo.runs import list_recipes
+from keras_attn.zoo.runs import load_run
+from keras_attn.zoo.runs import train
+
+__all__ = ["evaluate", "export", "list_recipes", "load_run", "train"]

@@ -1,11 +1,13 @@
-"""Each small recipe trains through `keras-attn train` on JAX and on PyTorch,
-and the model.keras written on one backend serves the same outputs on the
-other two.
+"""Each small recipe trains through `keras_attn.zoo.train` (what `keras-attn
+train` calls) on JAX and on PyTorch, and the model.keras written on one
+backend serves the same outputs on the other two.
 
-Each family: one run on JAX and one on PyTorch (subprocesses). The JAX run's
-model.keras is loaded here on TensorFlow and in a PyTorch subprocess, the
-PyTorch run's here and in a JAX subprocess; the writer's own numbers are its
-test metrics in results.json, which TensorFlow must reproduce."""
+One subprocess per backend trains the four tiny recipes; the JAX runs'
+model.keras files are then loaded here on TensorFlow and in one PyTorch
+subprocess, the PyTorch runs' here and in one JAX subprocess. The writer's
+own numbers are its test metrics in results.json, which TensorFlow must
+reproduce. `keras-attn train` itself (the command line) is tested per
+backend in test_cli.py."""
 
 import json
 import os
@@ -17,35 +19,49 @@ import pytest
 
 from _tiny import ROOT
 from _tiny import SMALL
-from _tiny import tiny_overrides
 
-pytestmark = [pytest.mark.tf_only, pytest.mark.large]
+# One worker runs the module: its fixtures train every recipe once.
+pytestmark = [pytest.mark.tf_only, pytest.mark.large, pytest.mark.xdist_group("backends")]
 HERE = os.path.dirname(os.path.abspath(__file__))
+BACKENDS = ("jax", "torch")
 
 
 def _run(backend, args, cwd):
     env = dict(os.environ, KERAS_BACKEND=backend, TF_CPP_MIN_LOG_LEVEL="3",
                PYTHONPATH=os.pathsep.join([ROOT, HERE, os.environ.get("PYTHONPATH", "")]))
     result = subprocess.run([sys.executable, *map(str, args)], capture_output=True, text=True,
-                            timeout=1200, cwd=cwd, env=env)
+                            timeout=2400, cwd=cwd, env=env)
     assert result.returncode == 0, f"{backend}: {result.stderr[-4000:]}"
     return result
 
 
-def _train(name, backend, run, cwd):
-    sets = [item for value in tiny_overrides(name) for item in ("--set", value)]
-    # The SavedModel of a JAX run, written by a TensorFlow subprocess, is
-    # tested in test_cli.py; here --no-export keeps the suite short.
-    result = _run(backend, ["-m", "keras_attn.cli", "train", name, "--output", run,
-                            "--verbose", "0", "--no-export", *sets], cwd)
-    results = json.loads((run / "results.json").read_text())
-    assert results["backend"] == backend and results["steps"] == 3
-    for path in ("model.keras", "learning_curves.png"):
-        assert (run / path).is_file(), path
-    assert not (run / "saved_model").exists()
-    assert f"SavedModel:      not written; `keras-attn export {run}` writes it" in result.stdout
-    assert list((run / "checkpoints").glob("ckpt-*.npz"))
-    return results
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """`{backend: {recipe name: run directory}}`, each trained on its backend."""
+    found = {}
+    for backend in BACKENDS:
+        out = tmp_path_factory.mktemp(backend)
+        _run(backend, [os.path.join(HERE, "_train_all.py"), out, *sorted(SMALL)], out)
+        found[backend] = {name: out / name for name in sorted(SMALL)}
+    return found
+
+
+@pytest.fixture(scope="module")
+def served(runs, tmp_path_factory):
+    """`{(writer, reader): {name: outputs}}`: what `reader` serves from the
+    model.keras files `writer` wrote, one subprocess per reader."""
+    found = {}
+    for writer, reader in (("jax", "torch"), ("torch", "jax")):
+        out = tmp_path_factory.mktemp(f"{writer}_on_{reader}")
+        pairs = []
+        for name, run in runs[writer].items():
+            pairs += [run, out / f"{name}.npz"]
+        _run(reader, [os.path.join(HERE, "_load_run.py"), *pairs], out)
+        found[writer, reader] = {}
+        for name in runs[writer]:
+            with np.load(out / f"{name}.npz") as arrays:
+                found[writer, reader][name] = dict(arrays)
+    return found
 
 
 def _same(actual, expected, context):
@@ -60,22 +76,24 @@ def _same(actual, expected, context):
 
 
 @pytest.mark.parametrize("name", sorted(SMALL))
-def test_trains_on_jax_and_torch_and_loads_on_every_backend(name, tmp_path):
+def test_trains_on_jax_and_torch_and_loads_on_every_backend(name, runs, served):
     from keras_attn.zoo.recipe import validate_recipe
     from keras_attn.zoo.tasks import make_task
 
-    runs = {backend: tmp_path / backend for backend in ("jax", "torch")}
-    results = {backend: _train(name, backend, run, tmp_path) for backend, run in runs.items()}
     for writer, reader in (("jax", "torch"), ("torch", "jax")):
-        run = runs[writer]
+        run = runs[writer][name]
+        results = json.loads((run / "results.json").read_text())
+        assert results["backend"] == writer and results["steps"] == 3
+        for path in ("model.keras", "learning_curves.png"):
+            assert (run / path).is_file(), path
+        assert not (run / "saved_model").exists()
+        assert list((run / "checkpoints").glob("ckpt-*.npz"))
         task = make_task(validate_recipe(json.loads((run / "recipe.json").read_text())))
         model = task.load_model(str(run / "model.keras"))
         # TensorFlow reproduces the writer's own test metrics...
         metrics = task.evaluate(model)
-        for key, value in results[writer]["metrics"].items():
+        for key, value in results["metrics"].items():
             assert metrics[key] == pytest.approx(value, abs=1e-4), (writer, key)
         # ...and the third backend serves what TensorFlow serves.
         expected = task.reference_outputs(model, task.example_inputs())
-        _run(reader, [os.path.join(HERE, "_load_run.py"), run, tmp_path / "out.npz"], tmp_path)
-        with np.load(tmp_path / "out.npz") as served:
-            _same(dict(served), expected, f"{writer} -> {reader}")
+        _same(served[writer, reader][name], expected, f"{writer} -> {reader}")

@@ -12,6 +12,7 @@ from _tiny import ROOT
 from _tiny import SMALL
 from _tiny import tiny_overrides
 from keras_attn import cli
+from keras_attn.zoo import runs
 
 pytestmark = pytest.mark.tf_only
 RESULT_KEYS = {"name", "metric", "value", "metrics", "train_seconds", "epochs", "steps",
@@ -104,11 +105,14 @@ def test_unfinished_runs_evaluate_from_checkpoints_and_finish_without_training_a
     assert cli.main(["evaluate", str(run)]) == 0
     out = capsys.readouterr().out
     assert "checkpoint at step 3" in out and "accuracy = " in out
-    result = _cli(*_train_args("vit_tiny_digits", run), cwd=tmp_path)
+    result = _cli(*_train_args("vit_tiny_digits", run), "--no-export", cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-4000:]
     assert "epoch 1/1" not in result.stdout  # the checkpoint says the epoch is done
     assert (run / "epoch_seconds.json").read_text() == seconds
-    assert all((run / name).exists() for name in ("results.json", "model.keras", "saved_model"))
+    assert all((run / name).exists() for name in ("results.json", "model.keras"))
+    # --no-export: no SavedModel, and the report says how to write it.
+    assert not (run / "saved_model").exists()
+    assert f"SavedModel:      not written; `keras-attn export {run}` writes it" in result.stdout
     exported = _cli("export", run, "--output", tmp_path / "exported", cwd=tmp_path)
     assert exported.returncode == 0, exported.stderr[-4000:]
     assert (tmp_path / "exported" / "saved_model.pb").is_file()
@@ -174,7 +178,7 @@ def test_list_shows_every_recipe_and_the_parameter_counts(tmp_path, monkeypatch,
     shutil.copy(os.path.join(ROOT, SMALL["vit_tiny_digits"]), models / "vit")
     shutil.copy(os.path.join(ROOT, SMALL["vit_tiny_digits"]), models / "results")
     (models / "parameters.json").write_text(json.dumps({"vit_tiny_digits": 136906}))
-    monkeypatch.setattr(cli, "models_directory", lambda: str(models))
+    monkeypatch.setattr(runs, "models_directory", lambda: str(models))
     assert cli.main(["list"]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert len(lines) == 2 and "136,906" in lines[1]  # results/ is not a recipe
@@ -186,10 +190,10 @@ def test_list_shows_every_recipe_and_the_parameter_counts(tmp_path, monkeypatch,
 
 
 def test_recipe_names_resolve_to_zoo_files(tmp_path):
-    assert cli.locate_recipe("vit_tiny_digits") == os.path.join(ROOT, SMALL["vit_tiny_digits"])
+    assert runs.locate_recipe("vit_tiny_digits") == os.path.join(ROOT, SMALL["vit_tiny_digits"])
     path = tmp_path / "mine.json"
     path.write_text("{}")
-    assert cli.locate_recipe(str(path)) == str(path)
+    assert runs.locate_recipe(str(path)) == str(path)
 
 
 def test_console_script_is_declared():
@@ -247,7 +251,7 @@ def test_a_full_disk_is_a_message_and_leaves_no_partial_file(tmp_path, monkeypat
 
 def test_a_second_train_on_the_same_output_is_refused_at_once(tmp_path):
     run = tmp_path / "run"
-    with cli.RunLock(str(run)):
+    with runs.RunLock(str(run)):
         assert (run / ".lock").read_text().strip() == str(os.getpid())
         second = _cli(*_train_args("vit_tiny_digits", run), cwd=tmp_path)
         assert second.returncode == 2 and "Traceback" not in second.stderr

@@ -1,0 +1,519 @@
+"""A run of a zoo recipe, from the recipe to its results, for Python users and
+for the `keras-attn` command line (which only parses arguments and prints).
+
+```python
+from keras_attn import zoo
+results = zoo.train("vit_tiny_digits", overrides=["training.epochs=2"], output="runs/vit")
+results["value"]                      # the test metric, also in runs/vit/results.json
+recipe, metrics, source = zoo.evaluate("runs/vit")
+zoo.export("runs/vit")                # the serving SavedModel (on TensorFlow)
+```
+
+A run directory holds:
+
+```
+recipe.json           the resolved recipe, written once it builds and compiles
+checkpoints/          ResumableTrainer checkpoints and history.json
+tensorboard/          TensorBoard logs
+model.keras           the trained model (written atomically)
+saved_model/          the task's serving SavedModel (atomically)
+vocab.txt             the vocabulary, for the text tasks
+learning_curves.png   loss and metrics per epoch, training and validation
+results.json          the test metrics, time, hardware, versions
+```
+
+Training again in the same directory after a kill resumes from the newest
+checkpoint (weights, optimizer, seeds, the position in the epoch); after the
+run finished (results.json exists) it trains nothing and returns the results.
+A directory that holds a run of another recipe is refused, and one process
+at a time trains a directory (`RunLock`). The SavedModel exporters trace
+TensorFlow graphs: on JAX or PyTorch the export runs in a TensorFlow
+subprocess, from model.keras.
+"""
+
+import datetime
+import glob
+import json
+import os
+import platform
+import sys
+import time
+
+RESULTS = "results.json"
+RECIPE = "recipe.json"
+MODEL = "model.keras"
+SAVED_MODEL = "saved_model"
+CHECKPOINTS = "checkpoints"
+CURVES = "learning_curves.png"
+PARAMETERS = "parameters.json"
+TIMES = "epoch_seconds.json"  # training seconds of each finished epoch, over all sessions
+
+
+# === Files ===
+
+
+def models_directory():
+    """The zoo's `models/`: beside the package in a source checkout, else
+    `./models`."""
+    import keras_attn
+
+    beside = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(keras_attn.__file__))),
+                          "models")
+    return beside if os.path.isdir(beside) else os.path.abspath("models")
+
+
+def recipe_paths(directory=None):
+    """`{name: path}` of every recipe under `models/` (results and the
+    parameter table left out)."""
+    directory = directory or models_directory()
+    paths = {}
+    for path in sorted(glob.glob(os.path.join(directory, "*", "*.json"))):
+        if os.path.basename(os.path.dirname(path)) == "results":
+            continue
+        paths.setdefault(os.path.splitext(os.path.basename(path))[0], path)
+    return paths
+
+
+def locate_recipe(recipe):
+    """A recipe file from a path or a zoo recipe name."""
+    if os.path.isfile(recipe):
+        return recipe
+    known = recipe_paths()
+    if recipe in known:
+        return known[recipe]
+    raise ValueError(
+        f"No recipe file {recipe!r} and no recipe of that name in {models_directory()} "
+        f"(see `keras-attn list`). Received: RECIPE={recipe!r}"
+    )
+
+
+def write_text(path, text):
+    """Writes `path` atomically (temporary file, fsync, rename), making its
+    directory first."""
+    from keras_attn.training.checkpoints import atomic_write
+
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    atomic_write(path, lambda stream: stream.write(text.encode("utf-8")))
+
+
+def write_json(path, value):
+    write_text(path, json.dumps(value, indent=2) + "\n")
+
+
+def read_json(path):
+    with open(path, encoding="utf-8") as stream:
+        return json.load(stream)
+
+
+def save_model(model, path):
+    """`model.save` to a temporary `.keras` name, then renamed into place."""
+    staging = os.path.join(os.path.dirname(os.path.abspath(path)), ".partial-" + os.path.basename(path))
+    try:
+        model.save(staging)
+        os.replace(staging, path)
+    finally:
+        if os.path.exists(staging):
+            os.remove(staging)
+
+
+# === Environment ===
+
+
+def describe_hardware(replicas=1):
+    """"1 x NVIDIA H100 80GB HBM3", "2 CPU cores (Intel(R) Xeon(R) ...)"."""
+    import keras
+
+    backend = keras.backend.backend()
+    gpus = []
+    if backend == "jax":
+        import jax
+
+        gpus = [d.device_kind for d in jax.devices() if d.platform == "gpu"]
+    elif backend == "tensorflow":
+        import tensorflow as tf
+
+        gpus = [tf.config.experimental.get_device_details(d).get("device_name", "GPU")
+                for d in tf.config.list_physical_devices("GPU")]
+    elif backend == "torch":
+        import torch
+
+        gpus = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
+    if gpus:
+        used = min(len(gpus), replicas) if replicas > 1 else 1
+        return f"{used} x {gpus[0]}"
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    model = platform.processor()
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as stream:
+            model = next(line.split(":", 1)[1].strip() for line in stream
+                         if line.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    return f"{cores} CPU cores" + (f" ({model})" if model else "")
+
+
+# === train ===
+
+
+def _check_output_path(output):
+    """`ValueError` (exit status 2) for an `--output` that cannot be a run
+    directory: an existing file, or a place where no directory can be made
+    or written to. Nothing is created here."""
+    if os.path.exists(output) and not os.path.isdir(output):
+        raise ValueError(f"--output must be a directory; {output} is a file. "
+                         f"Received: --output={output!r}")
+    existing = output
+    while not os.path.exists(existing):
+        parent = os.path.dirname(os.path.abspath(existing))
+        if parent == os.path.abspath(existing):
+            break
+        existing = parent
+    if not os.path.isdir(existing) or not os.access(existing, os.W_OK | os.X_OK):
+        raise ValueError(f"--output is not writable: {existing} does not accept new "
+                         f"files. Received: --output={output!r}")
+
+
+def _has_progress(output):
+    """Whether a run in `output` got past its start: a checkpoint, the model
+    or the results exist (a run whose build failed left none of them)."""
+    checkpoints_dir = os.path.join(output, CHECKPOINTS)
+    return (os.path.exists(os.path.join(output, MODEL))
+            or os.path.exists(os.path.join(output, RESULTS))
+            or (os.path.isdir(checkpoints_dir) and bool(os.listdir(checkpoints_dir))))
+
+
+def _remove_staging(output):
+    """Deletes what a process killed while writing left in `output`: a
+    SavedModel staging directory (`.export-*`), a model being saved
+    (`.partial-*`), an atomic write's temporary file (`.*.tmp`)."""
+    import shutil
+
+    for path in glob.glob(os.path.join(output, ".export-*")):
+        shutil.rmtree(path, ignore_errors=True)
+    for pattern in (".partial-*", ".*.tmp"):
+        for path in glob.glob(os.path.join(output, pattern)):
+            if os.path.isfile(path):
+                os.remove(path)
+
+
+class RunLock:
+    """One `keras-attn train` per run directory: an exclusive `flock` on
+    `<output>/.lock` (which holds the owner's process id), released when the
+    process ends, however it ends. A second process is refused at once with
+    the first one's id. Where `fcntl` is missing (Windows) there is no lock.
+    """
+
+    def __init__(self, output):
+        self.output = output
+        self.path = os.path.join(output, ".lock")
+        self.file = None
+        self.created = False
+
+    def __enter__(self):
+        try:
+            import fcntl
+        except ImportError:  # pragma: no cover - not POSIX
+            return self
+        self.created = not os.path.isdir(self.output)
+        os.makedirs(self.output, exist_ok=True)
+        self.file = open(self.path, "a+", encoding="utf-8")
+        try:
+            fcntl.flock(self.file.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            self.file.seek(0)
+            owner = self.file.read().strip() or "unknown"
+            self.file.close()
+            self.file = None
+            raise ValueError(
+                f"{self.output} is being trained by another keras-attn process "
+                f"(pid {owner}); wait for it to end or use another --output. "
+                f"Received: --output={self.output!r}"
+            ) from None
+        self.file.seek(0)
+        self.file.truncate()
+        self.file.write(f"{os.getpid()}\n")
+        self.file.flush()
+        return self
+
+    def __exit__(self, *exc_info):
+        if self.file is None:
+            return False
+        try:
+            os.remove(self.path)
+        except OSError:
+            pass
+        self.file.close()  # releases the flock
+        self.file = None
+        if self.created:
+            try:
+                os.rmdir(self.output)  # only when nothing else was written
+            except OSError:
+                pass
+        return False
+
+
+def _check_output(output, recipe):
+    """Refuses a directory that holds a run of another recipe (one that made
+    progress: a run that failed before its first checkpoint is replaced)."""
+    from keras_attn.training.checkpoints import differences
+    from keras_attn.zoo.recipe import fingerprint
+
+    path = os.path.join(output, RECIPE)
+    if not os.path.exists(path):
+        return False
+    if not _has_progress(output):
+        return False
+    found = differences(fingerprint(read_json(path)), fingerprint(recipe))
+    if found:
+        key, there, here = found[0]
+        raise ValueError(
+            f"{output} holds a run of another recipe: `{key}` is {there!r} there and "
+            f"{here!r} here. Use another --output (or delete the directory). "
+            f"Received: --output={output!r}"
+        )
+    return True
+
+
+def _epoch_logger(epochs, times_path):
+    import keras
+
+    class EpochLog(keras.callbacks.Callback):
+        """A line per epoch, and the epoch's seconds kept in `times_path`."""
+
+        def on_epoch_begin(self, epoch, logs=None):
+            self.start = time.time()
+
+        def on_epoch_end(self, epoch, logs=None):
+            seconds = time.time() - self.start
+            times = read_json(times_path) if os.path.exists(times_path) else {}
+            times[str(epoch)] = seconds
+            write_json(times_path, times)
+            values = " - ".join(f"{k} {v:.4g}" for k, v in (logs or {}).items())
+            left = (epochs - epoch - 1) * sum(times.values()) / len(times)
+            print(f"epoch {epoch + 1}/{epochs} ({seconds:.1f} s, about {left / 60:.1f} min "
+                  f"left): {values}", flush=True)
+
+    return EpochLog()
+
+
+def train(recipe, overrides=(), output=None, distribute=False, export=True, verbose=1):
+    """Trains a recipe (or resumes its interrupted run), evaluates it on the
+    test set and writes the run directory; returns the results.
+
+    Args:
+        recipe: a recipe file, or the name of one in the zoo (`list_recipes`).
+        overrides: `"dotted.key=value"` strings or `(key, value)` pairs.
+        output: the run directory; None for `runs/<recipe name>`.
+        distribute: data-parallel over every local accelerator (or the
+            workers of TF_CONFIG / the JAX multi-process environment).
+        export: write the serving SavedModel (on JAX and PyTorch through a
+            TensorFlow subprocess); `export(run_dir)` can write it later.
+        verbose: Keras progress output: 1 a progress bar, 2 a line per
+            epoch, 0 none (a line per epoch is printed in every case).
+
+    Returns:
+        The dict written to `<output>/results.json`: `name`, `metric`,
+        `value`, `metrics`, `train_seconds`, `steps`, `parameters`,
+        `backend`, `hardware`, ... and `output`, the run directory.
+
+    Raises:
+        ValueError: a bad recipe or override (naming the dotted key), an
+            output that is a file, not writable, being trained by another
+            process or holding a run of another recipe.
+    """
+    from keras_attn.zoo.recipe import load_recipe
+
+    recipe = load_recipe(locate_recipe(recipe), overrides)
+    output = output or os.path.join("runs", recipe["name"])
+    _check_output_path(output)
+    with RunLock(output):
+        results = _train_locked(recipe, output, distribute, export, verbose)
+    return dict(results, output=output)
+
+
+def _train_locked(recipe, output, distribute, export, verbose):
+    from keras_attn.zoo.recipe import fingerprint
+
+    resumed = _check_output(output, recipe)
+    if resumed and os.path.exists(os.path.join(output, RESULTS)):
+        print(f"{output}: this run is already complete; nothing to train. "
+              "`keras-attn evaluate` / `keras-attn export` evaluate or export it again.")
+        return read_json(os.path.join(output, RESULTS))
+    _remove_staging(output)
+
+    import keras
+
+    import keras_attn
+    from keras_attn.data.checks import check_batches
+    from keras_attn.training.distribute import data_parallel
+    from keras_attn.training.distribute import describe_replicas
+    from keras_attn.training.resumable import ResumableTrainer
+    from keras_attn.viz import plot_learning_curves
+    from keras_attn.zoo.tasks import make_task
+    from keras_attn.zoo.tasks.base import even_batches
+
+    task = make_task(recipe)
+    training = recipe["training"]
+    with data_parallel(distribute) as replicas:
+        # The batch is global: it must split evenly over the replicas.
+        layout = describe_replicas(replicas, training["batch_size"])
+        task.prepare()
+        model = task.build_model()
+        task.compile(model)
+        # Written once the recipe has built and compiled: a recipe that fails
+        # there leaves no recipe.json to refuse its corrected command.
+        write_json(os.path.join(output, RECIPE), recipe)
+        parameters = model.count_params()
+        steps = task.steps_per_epoch
+        print(f"{recipe['name']}: {parameters:,} parameters, {training['epochs']} epochs of "
+              f"{steps} steps, {layout}; writing to {output}", flush=True)
+        trainer = ResumableTrainer(
+            os.path.join(output, CHECKPOINTS),
+            checkpoint_every=training["checkpoint_every"],
+            fingerprint=fingerprint(recipe),
+        )
+        times_path = os.path.join(output, TIMES)
+        callbacks = [keras.callbacks.TensorBoard(os.path.join(output, "tensorboard"))]
+        if verbose:  # given here so that it prints before the epoch line
+            callbacks.append(keras.callbacks.ProgbarLogger())
+        callbacks.append(_epoch_logger(training["epochs"], times_path))
+        # Every batch checked in the pipeline (ids, labels, lengths), before a
+        # compiled step could see it.
+        train_dataset_fn = lambda epoch: check_batches(task.train_dataset_fn(epoch), model)  # noqa: E731
+        validation = task.validation_data()
+        validation = validation and check_batches(validation, model)
+        if replicas > 1:  # JAX shards a batch only when the replicas divide it
+            checked_fn = train_dataset_fn
+            train_dataset_fn = lambda epoch: even_batches(checked_fn(epoch), replicas)  # noqa: E731
+            validation = validation and even_batches(validation, replicas)
+        history = trainer.fit(model, train_dataset_fn, training["epochs"], steps,
+                              validation_data=validation, callbacks=callbacks,
+                              verbose=verbose)
+        model_path = os.path.join(output, MODEL)
+        save_model(model, model_path)
+    # The test set is evaluated and exported from model.keras on one device,
+    # as `keras-attn evaluate` / `export` do (a test batch need not split
+    # evenly over replicas).
+    del model
+    print("evaluating on the test set", flush=True)
+    model = task.load_model(model_path)
+    metrics = task.evaluate(model)
+    for name, text in task.assets().items():
+        write_text(os.path.join(output, name), text)
+    if export:
+        if keras.backend.backend() == "tensorflow":
+            task.export(model, os.path.join(output, SAVED_MODEL))
+        else:
+            export_on_tensorflow(output, os.path.join(output, SAVED_MODEL))
+    plot_learning_curves(history, os.path.join(output, CURVES), title=recipe["name"])
+    times = read_json(times_path) if os.path.exists(times_path) else {}
+    metric = recipe["evaluation"]["metric"]
+    results = {
+        "name": recipe["name"],
+        "metric": metric,
+        "value": metrics[metric],
+        "metrics": metrics,
+        "train_seconds": round(sum(times.values()), 1),
+        "epochs": training["epochs"],
+        "steps": training["epochs"] * steps,
+        "parameters": parameters,
+        "backend": keras.backend.backend(),
+        "hardware": describe_hardware(replicas),
+        "date": datetime.date.today().isoformat(),
+        "keras_attn_version": keras_attn.__version__,
+    }
+    write_json(os.path.join(output, RESULTS), results)
+    return results
+
+
+# === evaluate / export ===
+
+
+def load_run(run_dir):
+    """`(recipe, task, model, source)` of a run directory: model.keras, or
+    the newest checkpoint when the run has not finished."""
+    from keras_attn.zoo.recipe import validate_recipe
+    from keras_attn.zoo.tasks import make_task
+
+    path = os.path.join(run_dir, RECIPE)
+    if not os.path.exists(path):
+        raise ValueError(f"{run_dir} is not a run directory: it has no {RECIPE}. "
+                         f"Received: RUN_DIR={run_dir!r}")
+    recipe = validate_recipe(read_json(path))
+    task = make_task(recipe)
+    model_path = os.path.join(run_dir, MODEL)
+    if os.path.exists(model_path):
+        return recipe, task, task.load_model(model_path), model_path
+    from keras_attn.training.resumable import restore_latest
+
+    model = task.compile(task.build_model())
+    step = restore_latest(model, os.path.join(run_dir, CHECKPOINTS))
+    if step is None:
+        raise ValueError(f"{run_dir} has neither {MODEL} nor a checkpoint to evaluate. "
+                         f"Received: RUN_DIR={run_dir!r}")
+    return recipe, task, model, f"checkpoint at step {step} (the run has not finished)"
+
+
+def evaluate(run_dir):
+    """`(recipe, metrics, source)`: a run's test metrics, from model.keras or
+    (for a run that has not finished) its newest checkpoint, named by
+    `source`."""
+    recipe, task, model, source = load_run(run_dir)
+    return recipe, task.evaluate(model), source
+
+
+def export_on_tensorflow(run_dir, path):
+    """`keras-attn export` in a subprocess on the TensorFlow backend: the
+    SavedModel exporters trace TensorFlow graphs, and model.keras loads on
+    any backend (train on JAX, export on TensorFlow)."""
+    import subprocess
+
+    print(f"exporting {os.path.join(run_dir, MODEL)} on the TensorFlow backend", flush=True)
+    environment = dict(os.environ, KERAS_BACKEND="tensorflow")
+    command = [sys.executable, "-m", "keras_attn.cli", "export", run_dir, "--output", path]
+    result = subprocess.run(command, env=environment)
+    if result.returncode:
+        raise RuntimeError(f"{' '.join(command)} failed with status {result.returncode}")
+
+
+def export(run_dir, output=None):
+    """Writes the task's serving SavedModel of a run (model.keras, or the
+    newest checkpoint) to `output` (default `<run_dir>/saved_model`), on the
+    TensorFlow backend (a subprocess when this one is another); returns
+    `(path, source)`."""
+    import keras
+
+    path = output or os.path.join(run_dir, SAVED_MODEL)
+    if keras.backend.backend() != "tensorflow":
+        export_on_tensorflow(run_dir, path)
+        return path, os.path.join(run_dir, MODEL)
+    _, task, model, source = load_run(run_dir)
+    task.export(model, path)
+    return path, source
+
+
+def list_recipes(family=None, directory=None):
+    """One dict per zoo recipe (of `family`, if given): `name`, `family`,
+    `preset`, `dataset`, `parameters` (from models/parameters.json or the
+    recorded run; None if neither has it), `expected` (or None)."""
+    directory = directory or models_directory()
+    counts_path = os.path.join(directory, PARAMETERS)
+    counts = read_json(counts_path) if os.path.exists(counts_path) else {}
+    rows = []
+    for name, path in recipe_paths(directory).items():
+        recipe = read_json(path)
+        if family and recipe.get("family") != family:
+            continue
+        count = counts.get(name)
+        result_path = os.path.join(directory, "results", name + ".json")
+        if count is None and os.path.exists(result_path):
+            # Recipes on embedded data learn their vocabulary: counted by their run.
+            count = read_json(result_path).get("parameters")
+        rows.append({
+            "name": name, "family": recipe.get("family", "?"),
+            "preset": recipe.get("model", {}).get("preset", "?"),
+            "dataset": recipe.get("data", {}).get("dataset", "?"),
+            "parameters": count if isinstance(count, int) else None,
+            "expected": recipe.get("expected") or None,
+        })
+    return rows
