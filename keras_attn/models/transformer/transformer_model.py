@@ -18,6 +18,7 @@ to every block (so any `pad_id` works, not only 0).
 """
 
 import dataclasses
+import types
 
 import keras
 from keras import ops
@@ -87,6 +88,57 @@ def _check_config(config):
             "Sinusoidal positions need an even `hidden_dim`. Received: "
             f"hidden_dim={config.hidden_dim}"
         )
+
+
+# The model's graph, written once: `Transformer.__init__` builds it from the
+# layers it is making, `encode` / `decode` / `decode_step` run it on the
+# model's attributes (`layers` is either).
+
+
+def _embed(layers, side, ids, start_index=0, training=None):
+    if side == "encoder":
+        embedding, position, dropout = (layers.source_embedding,
+                                        layers.encoder_position_embedding,
+                                        layers.encoder_embedding_dropout)
+    else:
+        embedding, position, dropout = (layers.target_embedding,
+                                        layers.decoder_position_embedding,
+                                        layers.decoder_embedding_dropout)
+    x = embedding(ids)  # (B, L, D), scaled by sqrt(D)
+    x = x + position(x, start_index=start_index)
+    return dropout(x, training=training)
+
+
+def _logits(layers, y):
+    if layers.decoder_final_layer_norm is not None:
+        y = layers.decoder_final_layer_norm(y)
+    if layers.output_projection is None:
+        return layers.target_embedding(y, reverse=True)  # tied: y E^T
+    return layers.output_projection(y)
+
+
+def _encode(layers, pad_id, source_ids, training=None):
+    source_mask = ops.not_equal(source_ids, pad_id)  # (B, S)
+    x = _embed(layers, "encoder", source_ids, training=training)
+    for block in layers.encoder_blocks:
+        x = block(x, padding_mask=source_mask, training=training)
+    if layers.encoder_final_layer_norm is not None:
+        x = layers.encoder_final_layer_norm(x)
+    return x, source_mask
+
+
+def _decode(layers, pad_id, target_ids, encoder_output, source_mask, training=None):
+    target_mask = ops.not_equal(target_ids, pad_id)  # (B, T)
+    y = _embed(layers, "decoder", target_ids, training=training)
+    for block in layers.decoder_blocks:
+        y = block(
+            y,
+            encoder_output,
+            decoder_padding_mask=target_mask,
+            encoder_padding_mask=source_mask,
+            training=training,
+        )
+    return _logits(layers, y)
 
 
 @keras.saving.register_keras_serializable(package="keras_attn")
@@ -179,46 +231,34 @@ class Transformer(GuardedModel, ConfigModel, keras.Model):
         embedding_init = keras.initializers.RandomNormal(stddev=hidden_dim**-0.5)
 
         # === Layers ===
-        if config.shared_vocabulary:
-            source_embedding = SharedEmbedding(
-                vocabulary_size,
-                hidden_dim,
-                embeddings_initializer=embedding_init,
-                dtype=dtype,
-                name="token_embedding",
-            )
-            target_embedding = source_embedding
-            output_projection = None
-        else:
-            source_embedding = SharedEmbedding(
-                vocabulary_size,
-                hidden_dim,
-                embeddings_initializer=embedding_init,
-                dtype=dtype,
-                name="source_token_embedding",
-            )
-            target_embedding = SharedEmbedding(
-                target_vocabulary_size,
-                hidden_dim,
-                embeddings_initializer=embedding_init,
-                dtype=dtype,
-                name="target_token_embedding",
-            )
-            output_projection = keras.layers.Dense(
-                target_vocabulary_size, dtype=dtype, name="output_projection"
-            )
-        positions = {}
-        for side in ("encoder", "decoder"):
+        # Held in `layers` until the graph is built, then made attributes: Keras
+        # orders a model's variables (so the optimizer's, and checkpoints) by
+        # the layers it tracks first, and saved files depend on that order.
+        layers = types.SimpleNamespace()
+        def token_embedding(size, name):
+            return SharedEmbedding(size, hidden_dim, embeddings_initializer=embedding_init,
+                                   dtype=dtype, name=name)
+
+        def position(side):
             name = f"{side}_position_embedding"
             if position_embedding == "sinusoidal":
-                positions[side] = SinusoidalPositionalEncoding(dtype=dtype, name=name)
-            else:
-                positions[side] = PositionEmbedding(
-                    max_sequence_length,
-                    initializer=keras.initializers.RandomNormal(stddev=0.02),
-                    dtype=dtype,
-                    name=name,
-                )
+                return SinusoidalPositionalEncoding(dtype=dtype, name=name)
+            return PositionEmbedding(
+                max_sequence_length,
+                initializer=keras.initializers.RandomNormal(stddev=0.02),
+                dtype=dtype,
+                name=name,
+            )
+
+        def final_norm(side):
+            # Pre-norm stacks end with a LayerNorm (the sublayers' outputs are
+            # added to an un-normalised residual stream).
+            if norm_position != "pre":
+                return None
+            return keras.layers.LayerNormalization(
+                epsilon=layer_norm_epsilon, dtype=dtype, name=f"{side}_final_layer_norm"
+            )
+
         block_args = dict(
             num_heads=num_heads,
             key_dim=key_dim,
@@ -234,49 +274,51 @@ class Transformer(GuardedModel, ConfigModel, keras.Model):
         )
         encoder_names = [f"encoder_block_{i}" for i in range(num_encoder_layers)]
         decoder_names = [f"decoder_block_{i}" for i in range(num_decoder_layers)]
-        with remat_scope(remat, encoder_names + decoder_names):
-            encoder_blocks = [
+
+        layers.source_embedding = token_embedding(
+            vocabulary_size,
+            "token_embedding" if config.shared_vocabulary else "source_token_embedding",
+        )
+        layers.encoder_position_embedding = position("encoder")
+        layers.encoder_embedding_dropout = keras.layers.Dropout(
+            dropout, dtype=dtype, name="encoder_embedding_dropout"
+        )
+        with remat_scope(remat, encoder_names):
+            layers.encoder_blocks = [
                 TransformerBlock(**block_args, name=name) for name in encoder_names
             ]
-            decoder_blocks = [
-                TransformerDecoderBlock(**block_args, name=name)
-                for name in decoder_names
+        layers.encoder_final_layer_norm = final_norm("encoder")
+        if config.shared_vocabulary:
+            layers.target_embedding = layers.source_embedding
+        else:
+            layers.target_embedding = token_embedding(target_vocabulary_size,
+                                                    "target_token_embedding")
+        layers.decoder_position_embedding = position("decoder")
+        layers.decoder_embedding_dropout = keras.layers.Dropout(
+            dropout, dtype=dtype, name="decoder_embedding_dropout"
+        )
+        with remat_scope(remat, decoder_names):
+            layers.decoder_blocks = [
+                TransformerDecoderBlock(**block_args, name=name) for name in decoder_names
             ]
+        layers.decoder_final_layer_norm = final_norm("decoder")
+        layers.output_projection = None  # tied to the target embedding
+        if not config.shared_vocabulary:
+            layers.output_projection = keras.layers.Dense(
+                target_vocabulary_size, dtype=dtype, name="output_projection"
+            )
 
         # === Functional Model ===
+        # The graph is `encode` then `decode`, the methods decoding calls.
         source_ids = keras.Input((None,), dtype="int32", name="source_ids")
         target_ids = keras.Input((None,), dtype="int32", name="target_ids")
-        source_mask = ops.not_equal(source_ids, pad_id)  # (B, S)
-        target_mask = ops.not_equal(target_ids, pad_id)  # (B, T)
-
-        x = source_embedding(source_ids)  # (B, S, D)
-        x = x + positions["encoder"](x)
-        x = keras.layers.Dropout(dropout, dtype=dtype, name="encoder_embedding_dropout")(x)
-        for block in encoder_blocks:
-            x = block(x, padding_mask=source_mask)
-        if norm_position == "pre":
-            x = self._final_norm("encoder", layer_norm_epsilon, dtype)(x)
-        encoder_output = x
-
-        y = target_embedding(target_ids)  # (B, T, D)
-        y = y + positions["decoder"](y)
-        y = keras.layers.Dropout(dropout, dtype=dtype, name="decoder_embedding_dropout")(y)
-        for block in decoder_blocks:
-            y = block(
-                y,
-                encoder_output,
-                decoder_padding_mask=target_mask,
-                encoder_padding_mask=source_mask,
-            )
-        if norm_position == "pre":
-            y = self._final_norm("decoder", layer_norm_epsilon, dtype)(y)
-        if output_projection is None:
-            logits = target_embedding(y, reverse=True)  # (B, T, V)
-        else:
-            logits = output_projection(y)  # (B, T, V)
+        encoder_output, source_mask = _encode(layers, pad_id, source_ids)  # (B, S, D), (B, S)
+        logits = _decode(layers, pad_id, target_ids, encoder_output, source_mask)  # (B, T, V)
         super().__init__(
             inputs=[source_ids, target_ids], outputs=logits, dtype=dtype, **kwargs
         )
+        for name, layer in vars(layers).items():
+            setattr(self, name, layer)
 
         # === Config ===
         self.transformer_config = config
@@ -317,62 +359,22 @@ class Transformer(GuardedModel, ConfigModel, keras.Model):
             metrics = [MaskedTokenAccuracy(pad_id=config.pad_id)]
         super().compile(optimizer=optimizer, loss=loss, metrics=metrics, **kwargs)
 
-    @staticmethod
-    def _final_norm(side, epsilon, dtype):
-        return keras.layers.LayerNormalization(
-            epsilon=epsilon, dtype=dtype, name=f"{side}_final_layer_norm"
-        )
+    # === The graph's pieces, also used by decoding ===
 
-    # === Pieces for decoding ===
-
-    def _embed(self, side, ids, start_index=0, training=False):
-        config = self.transformer_config
-        if config.shared_vocabulary:
-            embedding = self.get_layer("token_embedding")
-        else:
-            embedding = self.get_layer(f"{'source' if side == 'encoder' else 'target'}_token_embedding")
-        x = embedding(ids)
-        x = x + self.get_layer(f"{side}_position_embedding")(x, start_index=start_index)
-        return self.get_layer(f"{side}_embedding_dropout")(x, training=training)
+    def _embed(self, side, ids, start_index=0, training=None):
+        return _embed(self, side, ids, start_index, training)
 
     def _logits(self, y):
-        config = self.transformer_config
-        if config.norm_position == "pre":
-            y = self.get_layer("decoder_final_layer_norm")(y)
-        if config.shared_vocabulary:
-            return self.get_layer("token_embedding")(y, reverse=True)
-        return self.get_layer("output_projection")(y)
+        return _logits(self, y)
 
-    def _decoder_blocks(self):
-        n = self.transformer_config.num_decoder_layers
-        return [self.get_layer(f"decoder_block_{i}") for i in range(n)]
-
-    def encode(self, source_ids, training=False):
+    def encode(self, source_ids, training=None):
         """The encoder output `(B, S, D)` and the source padding mask `(B, S)`."""
-        config = self.transformer_config
-        source_mask = ops.not_equal(source_ids, config.pad_id)
-        x = self._embed("encoder", source_ids, training=training)
-        for i in range(config.num_encoder_layers):
-            x = self.get_layer(f"encoder_block_{i}")(
-                x, padding_mask=source_mask, training=training
-            )
-        if config.norm_position == "pre":
-            x = self.get_layer("encoder_final_layer_norm")(x)
-        return x, source_mask
+        return _encode(self, self.transformer_config.pad_id, source_ids, training)
 
-    def decode(self, target_ids, encoder_output, source_mask, training=False):
+    def decode(self, target_ids, encoder_output, source_mask, training=None):
         """The full (uncached) decoder pass: logits `(B, T, V)`."""
-        target_mask = ops.not_equal(target_ids, self.transformer_config.pad_id)
-        y = self._embed("decoder", target_ids, training=training)
-        for block in self._decoder_blocks():
-            y = block(
-                y,
-                encoder_output,
-                decoder_padding_mask=target_mask,
-                encoder_padding_mask=source_mask,
-                training=training,
-            )
-        return self._logits(y)
+        return _decode(self, self.transformer_config.pad_id, target_ids, encoder_output,
+                       source_mask, training)
 
     def init_decoding_state(self, encoder_output, source_mask, max_length):
         """What `decode_step` carries: per decoder block an empty
@@ -380,7 +382,7 @@ class Transformer(GuardedModel, ConfigModel, keras.Model):
         keys/values `(B, 2, S, N, H)`, computed here once; and the source mask.
         """
         batch = ops.shape(encoder_output)[0]
-        blocks = self._decoder_blocks()
+        blocks = self.decoder_blocks
         return {
             "self_caches": [
                 block.self_attention.empty_cache(batch, max_length) for block in blocks
@@ -397,7 +399,7 @@ class Transformer(GuardedModel, ConfigModel, keras.Model):
         y = self._embed("decoder", token_ids[:, None], start_index=index)  # (B, 1, D)
         self_caches = []
         for block, cache, cross in zip(
-            self._decoder_blocks(), state["self_caches"], state["cross_caches"]
+            self.decoder_blocks, state["self_caches"], state["cross_caches"]
         ):
             y, cache, _ = block(
                 y,
