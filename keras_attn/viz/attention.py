@@ -17,7 +17,8 @@ def plot_attention_heads(
     title="Attention",
     columns=4,
 ):
-    """One heat map per head: row = query token, column = key token.
+    """One heat map per head: row = query token, column = key token, on one
+    colour scale for all heads (0 to the largest weight), with its colour bar.
 
     Args:
         scores: `(N, T, S)` probabilities of one example (slice a batch's
@@ -48,17 +49,23 @@ def plot_attention_heads(
     heads = scores.shape[0]
     columns = min(columns, heads)
     rows = math.ceil(heads / columns)
-    size = 0.32 * max(len(query_tokens), len(key_tokens)) + 1.5
-    figure, axes = plt.subplots(rows, columns, figsize=(size * columns, size * rows), squeeze=False)
+    size = 0.32 * max(len(query_tokens), len(key_tokens)) + 1.8
+    figure, axes = plt.subplots(rows, columns, figsize=(size * columns + 1.2, size * rows),
+                                squeeze=False, layout="constrained")
+    # One scale for every head, so that heads can be compared by colour.
+    top = max(float(scores.max()), 1e-6)
+    image = None
     for head, axis in enumerate(axes.flat):
         if head >= heads:
             axis.axis("off")
             continue
-        axis.imshow(scores[head], cmap="viridis", vmin=0, vmax=max(scores[head].max(), 1e-6))
+        image = axis.imshow(scores[head], cmap="viridis", vmin=0, vmax=top)
         axis.set_title(f"head {head}")
         axis.set_xticks(range(len(key_tokens)), key_tokens, rotation=90, fontsize=7)
         axis.set_yticks(range(len(query_tokens)), query_tokens, fontsize=7)
+        axis.set_xlabel("key (attended to)", fontsize=8)
+        axis.set_ylabel("query (attending)", fontsize=8)
+    figure.colorbar(image, ax=axes, label="attention weight", shrink=0.9)
     figure.suptitle(title)
-    figure.tight_layout()
     save(figure, path)
     return figure

@@ -31,7 +31,7 @@ def plot_positional_encoding(table, path=None, title="Sinusoidal positional enco
         dims = sorted({2 * (depth // d // 2) for d in (16, 8, 4)} | {0})
     plt = pyplot()
     figure, (heat, curves) = plt.subplots(
-        1, 2, figsize=(13, 4.5), gridspec_kw={"width_ratios": [1.6, 1]}
+        1, 2, figsize=(14, 4.5), gridspec_kw={"width_ratios": [1.6, 1]}, layout="constrained"
     )
     image = heat.imshow(table, aspect="auto", cmap="RdBu", vmin=-1, vmax=1, interpolation="nearest")
     heat.set_xlabel("depth index i (sin at even i, cos at odd i)")
@@ -43,6 +43,7 @@ def plot_positional_encoding(table, path=None, title="Sinusoidal positional enco
             curves.plot(table[:, dim], label=f"dim {dim}")
     curves.set_xlabel("position")
     curves.set_title("columns of the table")
-    curves.legend(loc="upper right")
+    # Beside the curves, never over them (they fill the whole [-1, 1] band).
+    curves.legend(loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0.0)
     save(figure, path)
     return figure

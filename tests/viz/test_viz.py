@@ -19,6 +19,11 @@ def test_positional_encoding_plot(tmp_path):
     assert width > 400 and height > 200
     heat = figure.axes[0].images[0].get_array()
     np.testing.assert_allclose(heat, layers.sinusoidal_positional_encoding(50, 32), atol=1e-6)
+    # The legend sits beside the curves' axes, not over them.
+    curves = figure.axes[1]
+    figure.canvas.draw()
+    legend, box = curves.get_legend().get_window_extent(), curves.get_window_extent()
+    assert legend.x0 >= box.x1 and len(curves.get_legend().get_texts()) == 4
 
 
 def test_attention_heads_plot(tmp_path):
@@ -27,9 +32,15 @@ def test_attention_heads_plot(tmp_path):
     path = tmp_path / "heads.png"
     figure = viz.plot_attention_heads(scores[0], ["a", "b", "c", "d"], path=path)
     assert _png_size(path)[0] > 200
-    titled = [axis.get_title() for axis in figure.axes if axis.images]
-    assert titled == ["head 0", "head 1", "head 2"]
-    np.testing.assert_allclose(figure.axes[1].images[0].get_array(), np.asarray(scores[0, 1]), atol=1e-6)
+    heads = [axis for axis in figure.axes if axis.images]
+    assert [axis.get_title() for axis in heads] == ["head 0", "head 1", "head 2"]
+    np.testing.assert_allclose(heads[1].images[0].get_array(), np.asarray(scores[0, 1]), atol=1e-6)
+    # Tokens on both axes, the axes named, and one colour bar on one shared scale.
+    assert [t.get_text() for t in heads[0].get_xticklabels()] == ["a", "b", "c", "d"]
+    assert heads[0].get_xlabel().startswith("key") and heads[0].get_ylabel().startswith("query")
+    colorbars = [axis for axis in figure.axes if axis.get_label() == "<colorbar>"]
+    assert len(colorbars) == 1 and "attention weight" in colorbars[0].get_ylabel()
+    assert {axis.images[0].get_clim() for axis in heads} == {(0, float(np.max(scores[0])))}
 
 
 def test_attention_plot_rejects_mismatched_tokens():
