@@ -246,10 +246,9 @@ def build_vit(config=DEFAULT_PRESET, **overrides):
     Args:
         config: a `ViTConfig`, a name from `VIT_PRESETS` (`"vit_base_16"`) or a
             dict of `ViTConfig` fields.
-        num_classes: size of the classifier head; overrides the config's.
-            None keeps the config's (None there too: the backbone).
-        **overrides: `ViTConfig` fields to change (`image_size=384`,
-            `num_channels=1`, `dtype` is not a field: use
+        **overrides: `ViTConfig` fields to change (`num_classes=1000` for a
+            classifier head, None for the backbone; `image_size=384`,
+            `num_channels=1`; `dtype` is not a field: use
             `keras.config.set_dtype_policy`).
 
     Returns:
