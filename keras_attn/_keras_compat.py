@@ -6,8 +6,6 @@ that this module has not been tested with: when Keras moves one of these, the
 fix is here and nowhere else. A fallback is given where a safe one exists.
 """
 
-import keras
-
 # --- Implicit masks (`tensor._keras_mask`): Keras 3 propagates masks through
 # these two functions and keeps them out of `keras.*`; a layer that builds a
 # new tensor must carry its input's mask on by hand (`keras_attn.layers.masking`).
@@ -83,7 +81,6 @@ __all__ = [
     "get_keras_mask",
     "in_tf_graph",
     "is_in_jax_tracing_scope",
-    "keras",
     "no_automatic_dependency_tracking",
     "random_seed_dtype",
     "remat_mode",

@@ -17,7 +17,6 @@ drift from the recipes (tests/zoo/test_table.py checks it is up to date).
 """
 
 import argparse
-import glob
 import json
 import os
 import re

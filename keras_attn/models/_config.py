@@ -68,14 +68,12 @@ def resolve_config(config, config_class, presets, family, **overrides):
 class ConfigModel:
     """`get_config` / `from_config` for a functional `keras.Model` whose
     constructor takes the fields of its frozen config dataclass (stored in
-    `self.<config_attribute>`), the names in `extra_config` (stored as
-    attributes of the same name), `dtype`, `name` and `trainable`.
+    `self.<config_attribute>`), `dtype`, `name` and `trainable`.
 
     Mix it in before `keras.Model`: `class ViT(ConfigModel, keras.Model)`.
     """
 
     config_attribute = None
-    extra_config = ()
 
     def get_config(self):
         import keras
@@ -85,7 +83,6 @@ class ConfigModel:
             "trainable": self.trainable,
             "dtype": keras.saving.serialize_keras_object(self.dtype_policy),
         }
-        config.update({key: getattr(self, key) for key in self.extra_config})
         config.update(dataclasses.asdict(getattr(self, self.config_attribute)))
         return config
 

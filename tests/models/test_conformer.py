@@ -128,6 +128,13 @@ def test_unknown_override():
         build_conformer("conformer_tiny", vocabulary_size=5, hidden_size=8)
 
 
+def test_vocabulary_size_is_required():
+    # The task's, not the preset's: no default to fall back on silently.
+    with pytest.raises(ValueError, match=r"`vocabulary_size` must be a positive integer.*"
+                                         r"Received: vocabulary_size=None"):
+        build_conformer("conformer_tiny")
+
+
 @pytest.mark.parametrize("size", [0, 2.5])
 def test_bad_vocabulary_size(size):
     with pytest.raises(ValueError, match=rf"Received: vocabulary_size={size}"):

@@ -235,6 +235,7 @@ class Transformer(GuardedModel, ConfigModel, keras.Model):
         # orders a model's variables (so the optimizer's, and checkpoints) by
         # the layers it tracks first, and saved files depend on that order.
         layers = types.SimpleNamespace()
+
         def token_embedding(size, name):
             return SharedEmbedding(size, hidden_dim, embeddings_initializer=embedding_init,
                                    dtype=dtype, name=name)
@@ -292,7 +293,7 @@ class Transformer(GuardedModel, ConfigModel, keras.Model):
             layers.target_embedding = layers.source_embedding
         else:
             layers.target_embedding = token_embedding(target_vocabulary_size,
-                                                    "target_token_embedding")
+                                                      "target_token_embedding")
         layers.decoder_position_embedding = position("decoder")
         layers.decoder_embedding_dropout = keras.layers.Dropout(
             dropout, dtype=dtype, name="decoder_embedding_dropout"
@@ -361,12 +362,6 @@ class Transformer(GuardedModel, ConfigModel, keras.Model):
 
     # === The graph's pieces, also used by decoding ===
 
-    def _embed(self, side, ids, start_index=0, training=None):
-        return _embed(self, side, ids, start_index, training)
-
-    def _logits(self, y):
-        return _logits(self, y)
-
     def encode(self, source_ids, training=None):
         """The encoder output `(B, S, D)` and the source padding mask `(B, S)`."""
         return _encode(self, self.transformer_config.pad_id, source_ids, training)
@@ -396,7 +391,7 @@ class Transformer(GuardedModel, ConfigModel, keras.Model):
     def decode_step(self, token_ids, index, state):
         """One decoding step: `token_ids (B,)` at position `index` (int or
         scalar tensor) -> next-token logits `(B, V)` and the updated state."""
-        y = self._embed("decoder", token_ids[:, None], start_index=index)  # (B, 1, D)
+        y = _embed(self, "decoder", token_ids[:, None], start_index=index)  # (B, 1, D)
         self_caches = []
         for block, cache, cross in zip(
             self.decoder_blocks, state["self_caches"], state["cross_caches"]
@@ -410,10 +405,8 @@ class Transformer(GuardedModel, ConfigModel, keras.Model):
                 cross_attention_cache=cross,
             )
             self_caches.append(cache)
-        logits = self._logits(y)[:, 0, :]  # (B, V)
+        logits = _logits(self, y)[:, 0, :]  # (B, V)
         return logits, dict(state, self_caches=self_caches)
-
-    # === Config ===
 
 
 def build_transformer(config=DEFAULT_PRESET, **overrides):
