@@ -118,7 +118,7 @@ def list_recipes(args):
 
 
 def build_parser():
-    from keras_attn.zoo.recipe import FAMILIES
+    from keras_attn.zoo.tasks import families
 
     parser = argparse.ArgumentParser(
         prog="keras-attn",
@@ -167,7 +167,7 @@ def build_parser():
         "List every recipe in the zoo's models/ directory with its family, preset, dataset, "
         "parameter count (models/parameters.json, or the recorded run in "
         "models/results/) and expected result.",
-        (("--family",), {"choices": sorted(FAMILIES)}))
+        (("--family",), {"choices": sorted(families())}))
     return parser
 
 

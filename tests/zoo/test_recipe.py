@@ -3,10 +3,15 @@ import glob
 import json
 import os
 
+import textwrap
+
 import pytest
 
 from keras_attn.training.checkpoints import differences
 from keras_attn.zoo import recipe as recipes
+from keras_attn.zoo import reference
+from keras_attn.zoo import schema
+from keras_attn.zoo.tasks import TASKS
 
 pytestmark = pytest.mark.backend_independent
 
@@ -178,7 +183,7 @@ def test_tfds_datasets_validate_with_their_own_keys():
     data = recipes.validate_recipe(recipe)["data"]
     assert data["dataset"] == "tfds:cifar10" and data["train_split"] == "train[:50%]"
     assert data["test_split"] == "test" and data["download"] is False
-    assert recipes.check_tfds_name("tfds:wmt14_translate/de-en") == "wmt14_translate/de-en"
+    assert schema.check_tfds_name("tfds:wmt14_translate/de-en") == "wmt14_translate/de-en"
 
 
 @pytest.mark.parametrize(
@@ -230,36 +235,132 @@ def test_load_recipe_applies_set_and_checks_the_file_name(tmp_path):
         recipes.load_recipe(path)
 
 
-def _schema_keys():
-    """Every key name of the schema, for the docstring check."""
-    keys = set()
-
-    def walk(fields):
-        for name, field in fields.items():
-            keys.add(name)
-            if field.fields:
-                walk(field.fields)
-
-    walk(recipes.TOP_FIELDS)
-    walk(recipes.TRAINING_FIELDS)
-    for schedule in recipes.SCHEDULE_FIELDS.values():
-        walk(schedule)
-    for task in recipes.TASK_FIELDS.values():
-        walk(task["data"])
-        walk(task.get("training", {}))
-        walk(task["evaluation"])
-        keys.update(task["metrics"])
-    return keys
+def test_the_generated_schema_and_reference_are_current():
+    # models/recipe.schema.json and models/RECIPES.md come from the pydantic
+    # declaration; a change to a key must regenerate them.
+    command = "python -m keras_attn.zoo.reference"
+    with open(os.path.join(ROOT, "models", schema.SCHEMA_FILE), encoding="utf-8") as handle:
+        assert handle.read() == reference.schema_text(), f"stale: run {command}"
+    with open(os.path.join(ROOT, "models", reference.DOCS_FILE), encoding="utf-8") as handle:
+        text = handle.read()
+    assert text == reference.markdown(), f"stale: run {command}"
+    for task in TASKS.values():
+        assert f"\n## {task.name} (family `{task.family}`)" in text
 
 
-def test_the_docstring_documents_every_key_and_choice():
-    doc = recipes.__doc__
-    missing = sorted(key for key in _schema_keys() if key not in doc)
-    assert not missing, missing
-    for choice in recipes.SCHEDULES + recipes.OPTIMIZERS + recipes.PRECISIONS:
-        assert choice in doc
-    for task in recipes.TASK_FIELDS:
-        assert f"\n{task} (" in doc  # a section per task
+def test_every_recipe_names_the_schema():
+    for path in RECIPES:
+        assert recipes.read_recipe_file(path).get("$schema") == schema.SCHEMA_REFERENCE, path
+
+
+@pytest.fixture(scope="module")
+def json_validator():
+    import jsonschema
+
+    with open(os.path.join(ROOT, "models", schema.SCHEMA_FILE), encoding="utf-8") as handle:
+        published = json.load(handle)
+    jsonschema.Draft202012Validator.check_schema(published)
+    return jsonschema.Draft202012Validator(published)
+
+
+def test_the_json_schema_accepts_every_recipe(json_validator):
+    failures = {path: [error.message for error in
+                       json_validator.iter_errors(recipes.read_recipe_file(path))]
+                for path in RECIPES}
+    assert not any(failures.values()), failures
+
+
+# What an editor flags as it is typed: the published JSON Schema refuses
+# what validate_recipe refuses (the checks that need Python, such as a tfds
+# name or a field of the family config, are validate_recipe's alone).
+EDITOR_CATCHES = [
+    [("colour", "red")],
+    [("training.batch_size", "64")],
+    [("training.epochs", 0)],
+    [("training.optimizer.name", "sgd")],
+    [("training.schedule", {"name": "step"})],
+    [("training.schedule", {"name": "linear", "alpha": 0.1})],
+    [("training.precision", "float16")],
+    [("training.jit_compile", "yes")],
+    [("data.dataset", "imagenet")],
+    [("data.train_split", "train")],  # tfds only
+    [("data.dataset", "tfds:cifar10")],  # keeps the embedded-only test_fraction
+    [("data.augmentation.zoom", 1.5)],
+    [("evaluation.metric", "bleu")],
+    [("model.overrides.hiden_dim", 64)],
+    [("model.overrides.hidden_dim", "wide")],
+    [("model.overrides.num_classes", 5)],
+    [("model.preset", "vit_gigantic_16")],
+    [("task", "masked_lm")],
+]
+
+
+@pytest.mark.parametrize("overrides", EDITOR_CATCHES, ids=[str(o[0][0]) for o in EDITOR_CATCHES])
+def test_the_json_schema_refuses_what_validation_refuses(json_validator, overrides):
+    recipe = recipes.apply_overrides(_vit(), overrides)
+    with pytest.raises(ValueError):
+        recipes.validate_recipe(recipe)
+    assert not json_validator.is_valid(recipe)
+
+
+def test_a_new_task_is_one_module(tmp_path, monkeypatch):
+    # A fifth task (BERT sequence classification) declared in one file of
+    # its own: the recipe schema, its errors and the JSON Schema follow.
+    (tmp_path / "sentence_labels.py").write_text(textwrap.dedent('''
+        from typing import Literal
+
+        from keras_attn.zoo import schema
+        from keras_attn.zoo.tasks.base import Task
+
+
+        class Data(schema.Data):
+            """Sentences and their labels."""
+
+            sequence_length: int = schema.field(128, ge=8, description="Tokens per sentence.")
+
+
+        class Evaluation(schema.Evaluation):
+            metric: Literal["accuracy", "f1"] = schema.field("accuracy", description="Test.")
+
+
+        class SentenceLabels(Task):
+            name = "sentence_labels"
+            family = "bert"
+            Data = Data
+            Evaluation = Evaluation
+            set_fields = ("vocabulary_size",)
+    '''))
+    from keras_attn.zoo import tasks
+
+    monkeypatch.setattr(tasks, "__path__", [*tasks.__path__, str(tmp_path)])
+    monkeypatch.setattr(tasks, "TASKS", tasks.find_tasks())
+    assert tasks.families()["bert"] == ["masked_lm", "sentence_labels"]
+    recipe = {
+        "name": "x", "family": "bert", "task": "sentence_labels",
+        "model": {"preset": "bert_tiny"}, "data": {"dataset": "embedded"},
+        "training": {"batch_size": 8, "epochs": 1, "optimizer": {"name": "adam"}},
+    }
+    resolved = recipes.validate_recipe(recipe)
+    assert resolved["data"] == {"dataset": "embedded", "sequence_length": 128}
+    assert resolved["evaluation"] == {"metric": "accuracy"}
+    with pytest.raises(ValueError, match=r"`data.sequence_length`.*Received: "
+                                         r"data.sequence_length=4"):
+        recipes.validate_recipe(recipes.apply_overrides(recipe, ["data.sequence_length=4"]))
+    with pytest.raises(ValueError,
+                       match=r"`task` must be one of \['masked_lm', 'sentence_labels'\]"):
+        recipes.validate_recipe(recipes.apply_overrides(recipe, ["task=translation"]))
+    tags = reference.json_schema()["discriminator"]["mapping"]
+    assert "sentence_labels" in tags and "masked_lm" in tags
+    assert "## sentence_labels (family `bert`)" in reference.markdown()
+
+
+def test_a_task_module_must_define_its_task(tmp_path, monkeypatch):
+    (tmp_path / "half_done.py").write_text("X = 1\n")
+    from keras_attn.zoo import tasks
+
+    monkeypatch.setattr(tasks, "__path__", [*tasks.__path__, str(tmp_path)])
+    with pytest.raises(ImportError, match=r"half_done must define one Task subclass"):
+        tasks.find_tasks()
 
 
 def test_fingerprint_and_difference():

@@ -16,15 +16,42 @@ class ConformerConfig:
 
     The front end turns 16 kHz audio into 80 log-mel bins with 25 ms windows
     (400 samples) every 10 ms (160 samples), as in the paper's section 3.1.
-    `vocabulary_size` (the labels 1..V; 0 is the CTC blank) has no default:
-    it is the task's, so every build names it.
+
+    Attributes:
+        vocabulary_size: the labels 1..V (0 is the CTC blank). No default:
+            it is the task's, so every build names it.
+        num_layers: Conformer blocks.
+        hidden_dim: model width (the paper's encoder dim).
+        num_heads: attention heads per block.
+        intermediate_dim: feed-forward hidden width; None for 4 x hidden_dim.
+        kernel_size: depthwise convolution kernel of the convolution module.
+        dropout: rate on every module's output and after the subsampling.
+        attention_dropout: rate on the attention probabilities.
+        layer_norm_epsilon: LayerNorm epsilon.
+        sampling_rate: waveform samples per second.
+        num_mel_bins: log-mel features per frame.
+        frame_length: samples per analysis window (25 ms at 16 kHz).
+        frame_step: samples between windows (10 ms at 16 kHz).
+        fft_length: FFT size of the spectrogram.
+        freq_mask_count: SpecAugment frequency masks per utterance (training).
+        freq_mask_width: widest frequency mask in bins.
+        time_mask_count: SpecAugment time masks per utterance (training).
+        time_mask_ratio: widest time mask as a share of the utterance.
+        input_type: `"waveform"`: inputs `{"waveform" (B, N),
+            "waveform_length" (B,)}` and the log-mel front end inside the
+            model; `"features"`: inputs `{"features" (B, T, num_mel_bins),
+            "feature_length" (B,)}` already computed.
+        remat: rematerialise each Conformer block in training (gradient
+            checkpointing): activations are recomputed in the backward pass
+            instead of stored; less memory for about one more forward pass per
+            step, the same outputs and gradients.
     """
 
     vocabulary_size: int = None
     num_layers: int = 16
     hidden_dim: int = 144
     num_heads: int = 4
-    intermediate_dim: int = None  # 4 x hidden_dim
+    intermediate_dim: int = None
     kernel_size: int = 32
     dropout: float = 0.1
     attention_dropout: float = 0.0
@@ -38,14 +65,7 @@ class ConformerConfig:
     freq_mask_width: int = 27
     time_mask_count: int = 10
     time_mask_ratio: float = 0.05
-    # "waveform": inputs {"waveform" (B, N), "waveform_length" (B,)} and the
-    # log-mel front end inside the model; "features": inputs {"features"
-    # (B, T, num_mel_bins), "feature_length" (B,)} already computed.
     input_type: str = "waveform"
-    # Rematerialise each Conformer block in training (gradient
-    # checkpointing): activations are recomputed in the backward pass instead
-    # of stored; less memory for about one more forward pass per step, the
-    # same outputs and gradients.
     remat: bool = False
 
 

@@ -1,20 +1,46 @@
-"""Task adapters: one module per task, each turning a resolved recipe into
-data, a compiled model, an evaluation and an export (see `base.Task`).
+"""Task adapters: one module per task, each declaring its recipe keys and
+turning a resolved recipe into data, a compiled model, an evaluation and an
+export (see `base.Task`).
 
-TensorFlow and the model families are imported when a task loads its data
-or builds its model, never by importing this package."""
+`TASKS` is found, not written: every module here except `base` defines one
+`Task` subclass, so adding a task is adding its module (and its recipes).
+TensorFlow is imported when a task loads its data, never by importing this
+package."""
 
 import importlib
+import pkgutil
 
-TASKS = {
-    "image_classification": ("keras_attn.zoo.tasks.image_classification", "ImageClassification"),
-    "masked_lm": ("keras_attn.zoo.tasks.masked_lm", "MaskedLM"),
-    "translation": ("keras_attn.zoo.tasks.translation", "Translation"),
-    "speech_ctc": ("keras_attn.zoo.tasks.speech_ctc", "SpeechCTC"),
-}
+from keras_attn.zoo.tasks.base import Task
+
+
+def find_tasks():
+    """{task name: its `Task` subclass} of every module in this package."""
+    tasks = {}
+    for module_info in pkgutil.iter_modules(__path__):
+        if module_info.name == "base" or module_info.name.startswith("_"):
+            continue
+        module = importlib.import_module(f"{__name__}.{module_info.name}")
+        found = [value for value in vars(module).values()
+                 if isinstance(value, type) and issubclass(value, Task) and value is not Task
+                 and value.__module__ == module.__name__]
+        if len(found) != 1 or found[0].name != module_info.name:
+            raise ImportError(f"{module.__name__} must define one Task subclass whose `name` "
+                              f"is {module_info.name!r}. Received: {found}")
+        tasks[module_info.name] = found[0]
+    return dict(sorted(tasks.items()))
+
+
+TASKS = find_tasks()
+
+
+def families():
+    """{family: [its tasks]}."""
+    found = {}
+    for task in TASKS.values():
+        found.setdefault(task.family, []).append(task.name)
+    return found
 
 
 def make_task(recipe):
     """The task adapter of a resolved recipe (nothing is loaded yet)."""
-    module, name = TASKS[recipe["task"]]
-    return getattr(importlib.import_module(module), name)(recipe)
+    return TASKS[recipe["task"]](recipe)

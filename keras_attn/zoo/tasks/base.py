@@ -15,6 +15,8 @@ task.export(model, path)              # the serving SavedModel
 
 import math
 
+from keras_attn.zoo import schema
+
 FAMILY_MODULES = {
     "vit": "keras_attn.models.vit",
     "bert": "keras_attn.models.bert",
@@ -78,8 +80,22 @@ def build_optimizer(training, total_steps, hidden_dim):
 
 
 class Task:
-    """The base of the task adapters; a subclass fills in the data, the model
-    and the evaluation of one task.
+    """The base of the task adapters; a subclass declares its recipe keys and
+    fills in the data, the model and the evaluation of one task.
+
+    A task is one module `keras_attn/zoo/tasks/<name>.py` defining one `Task`
+    subclass (found by `keras_attn.zoo.tasks.TASKS`) with these class
+    attributes, from which the recipe schema, its JSON Schema and the key
+    reference are made (`keras_attn.zoo.schema`):
+
+    - `name`: the recipe's `task`; `family`: its model family ("vit", ...);
+    - `Data`, `Training`, `Evaluation`: subclasses of `schema.Data` (or
+      `schema.TfdsSplits`), `schema.Training`, `schema.Evaluation` with the
+      task's keys (types, defaults, limits, `only=` for one kind of dataset,
+      and checks between keys as pydantic validators); `Evaluation.metric`
+      is a `Literal` of the task's metrics, the first the default;
+    - `set_fields`: the family config fields the task sets from its data
+      (`model.overrides` may not set them).
 
     Subclasses set `self.batches_per_epoch`, `self.model_config` (the
     family config the model is built from) in `load_data`, and implement
@@ -90,6 +106,13 @@ class Task:
     Args:
         recipe: a resolved recipe (`keras_attn.zoo.recipe.load_recipe`).
     """
+
+    name = None
+    family = None
+    Data = schema.Data
+    Training = schema.Training
+    Evaluation = schema.Evaluation
+    set_fields = ()
 
     def __init__(self, recipe):
         self.recipe = recipe

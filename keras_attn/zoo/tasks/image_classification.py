@@ -8,13 +8,60 @@ the batch index. Metric: test accuracy. Export: uint8 images in, class
 probabilities out (`keras_attn.export.export_image_classifier`).
 """
 
+from typing import Literal
+from typing import Optional
+
 import numpy as np
 
+from keras_attn.zoo import schema
+from keras_attn.zoo.schema import field
 from keras_attn.zoo.tasks.base import Task
 from keras_attn.zoo.tasks.base import batch_count
 
+_SHARE = dict(ge=0, le=0.99)
+
+
+class Augmentation(schema.Section):
+    """Stateless, keyed by seed, epoch and batch."""
+
+    zoom: float = field(0.0, **_SHARE, description="At most this share of the side cropped "
+                                                   "away.")
+    translation: float = field(0.0, **_SHARE, description="At most this share of the side "
+                                                          "shifted.")
+    flip: bool = field(False, description="Horizontal flips (wrong for digits).")
+
+
+class ImageClassificationData(schema.TfdsSplits):
+    """Embedded: scikit-learn's 1,797 8 x 8 digits, resized to the model's
+    image_size and repeated to its num_channels; tfds: any image
+    classification set (num_classes from its features)."""
+
+    validation_fraction: float = field(
+        0.1, **_SHARE, description="Share of the training images held out for validation "
+                                   "(tfds: when validation_split is null, the end of "
+                                   "train_split).")
+    test_fraction: float = field(0.2, gt=0, lt=1, only="embedded",
+                                 description="The stratified test split (drawn with "
+                                             "training.seed, as are every task's splits).")
+    augmentation: Augmentation = field(Augmentation(), description="Training augmentation.")
+    validation_split: Optional[str] = field(None, only="tfds",
+                                            description="The validation split (null: none).")
+    image_key: str = field("image", only="tfds", description="The feature with the image.")
+    label_key: str = field("label", only="tfds", description="The feature with the label.")
+
+
+class ImageClassificationEvaluation(schema.Evaluation):
+    metric: Literal["accuracy"] = field(
+        "accuracy", description="Test top-1 accuracy (`Model.evaluate`).")
+
 
 class ImageClassification(Task):
+    name = "image_classification"
+    family = "vit"
+    Data = ImageClassificationData
+    Evaluation = ImageClassificationEvaluation
+    set_fields = ("num_classes",)
+
     def load_data(self):
         from keras_attn.data import images
         from keras_attn.models.vit import get_vit_config

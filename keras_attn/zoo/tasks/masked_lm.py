@@ -13,15 +13,63 @@ mask_positions) -> {"mlm": (B, P, V) logits, "nsp": (B, 2) logits}`; the
 run directory gets `vocab.txt`.
 """
 
-import numpy as np
+from typing import Literal
+from typing import Optional
 
+import numpy as np
+import pydantic
+
+from keras_attn.zoo import schema
+from keras_attn.zoo.schema import field
 from keras_attn.zoo.tasks.base import Task
 from keras_attn.zoo.tasks.base import batch_count
 
 INPUTS = ("token_ids", "segment_ids", "padding_mask", "mask_positions")
 
 
+class MaskedLMData(schema.Data):
+    """BERT pretraining, masked LM + next sentence. Embedded: the English
+    documentation inside CPython (`pydoc_data.topics`); tfds: any text set,
+    each example a document."""
+
+    sequence_length: int = field(128, ge=8, description="`[CLS] A [SEP] B [SEP]` length.")
+    vocabulary_size: int = field(8000, ge=16, description="WordPieces to learn from the training "
+                                                         "documents (the model gets the learned "
+                                                         "size).")
+    mask_rate: float = field(0.15, gt=0, lt=1, description="Share of the tokens masked.")
+    max_predictions: Optional[int] = field(
+        None, ge=1, description="Masked positions per sequence (null: round(sequence_length * "
+                                "mask_rate) + 4).")
+    test_documents: int = field(8, ge=2, description="Documents held out for the test (the "
+                                                     "first ones).")
+    validation_documents: int = field(4, ge=0, description="The next ones, for validation: 0 "
+                                                           "or at least 2.")
+    split: str = field("train", only="tfds", description="The split the documents come from.")
+    text_key: str = field("text", only="tfds", description="The feature with the text.")
+    max_documents: Optional[int] = field(
+        None, ge=1, description="Read only the first ones (null: all; quick experiments).")
+
+    @pydantic.field_validator("validation_documents")
+    @classmethod
+    def _negatives_need_two(cls, value):
+        if value == 1:
+            raise schema.key_error("", "must be 0 or at least 2 (next-sentence negatives come "
+                                       "from another document)", value)
+        return value
+
+
+class MaskedLMEvaluation(schema.Evaluation):
+    metric: Literal["mlm_loss", "mlm_accuracy", "mlm_perplexity", "nsp_accuracy"] = field(
+        "mlm_loss", description="On the held-out documents, masks fixed by the seed.")
+
+
 class MaskedLM(Task):
+    name = "masked_lm"
+    family = "bert"
+    Data = MaskedLMData
+    Evaluation = MaskedLMEvaluation
+    set_fields = ("vocabulary_size",)
+
     def load_data(self):
         from keras_attn.data import text
         from keras_attn.models.bert import get_bert_config

@@ -13,14 +13,60 @@ CTC decoding), and the share of exact transcripts. Export: waveforms in,
 token ids out (`keras_attn.export.export_speech_recognizer`).
 """
 
-import numpy as np
+from typing import Literal
+from typing import Optional
 
+import numpy as np
+import pydantic
+
+from keras_attn.zoo import schema
+from keras_attn.zoo.schema import field
 from keras_attn.zoo.tasks.base import Task
 
 LETTERS = tuple("abcdefghijklmnopqrstuvwxyz' ")
 
 
+class SpeechCTCData(schema.TfdsSplits):
+    """Embedded: spoken digit strings synthesised offline with eSpeak NG (the
+    digits are the vocabulary; each digit is a word for the WER); tfds:
+    librispeech, speech_commands or any set with audio and text (vocabulary
+    a-z, apostrophe, space)."""
+
+    utterances: int = field(2000, ge=3, only="embedded",
+                            description="Utterances synthesised; more than test_size + "
+                                        "validation_size.")
+    test_size: int = field(200, ge=1, only="embedded", description="The first ones.")
+    validation_size: int = field(100, ge=0, only="embedded", description="The next ones.")
+    audio_key: Optional[str] = field(None, only="tfds",
+                                     description='The audio feature (null: "speech" or "audio").')
+    text_key: Optional[str] = field(None, only="tfds",
+                                    description='The transcript feature (null: "text" or '
+                                                '"label").')
+
+    @pydantic.model_validator(mode="after")
+    def _utterances_left_to_train(self):
+        if self.dataset == schema.EMBEDDED:
+            if self.test_size + self.validation_size >= self.utterances:
+                raise schema.key_error("utterances", "must exceed test_size + validation_size "
+                                       f"({self.test_size} + {self.validation_size})",
+                                       self.utterances)
+        return self
+
+
+class SpeechCTCEvaluation(schema.Evaluation):
+    metric: Literal["wer", "cer"] = field("wer", description="Corpus word / character error "
+                                                             "rate.")
+    strategy: Literal["greedy", "beam_search"] = field("greedy", description="CTC decoding.")
+    beam_width: int = field(8, ge=1, description="For beam_search.")
+
+
 class SpeechCTC(Task):
+    name = "speech_ctc"
+    family = "conformer"
+    Data = SpeechCTCData
+    Evaluation = SpeechCTCEvaluation
+    set_fields = ("vocabulary_size",)
+
     def load_data(self):
         from keras_attn.data import speech
         from keras_attn.models.conformer import get_conformer_config

@@ -13,12 +13,81 @@ model with its search, `serve(source_ids) -> {"tokens", "scores"}`
 (`keras_attn.export.export_translator`); the run directory gets `vocab.txt`.
 """
 
-import numpy as np
+from typing import Literal
+from typing import Optional
 
+import numpy as np
+import pydantic
+
+from keras_attn.zoo import schema
+from keras_attn.zoo.schema import field
 from keras_attn.zoo.tasks.base import Task
 
 
+class TranslationData(schema.TfdsSplits):
+    """Embedded: English number words -> Japanese numerals (num2words),
+    numbers split at random; tfds: any translation set."""
+
+    vocabulary_size: int = field(1000, ge=8, description="The shared WordPiece vocabulary.")
+    bucket_boundaries: list[int] = field([8, 16, 32, 64], description="Length buckets: a "
+                                         "non-empty increasing list of positive integers.")
+    num_train: int = field(20_000, ge=1, only="embedded", description="Training pairs.")
+    num_validation: int = field(500, ge=0, only="embedded", description="Validation pairs.")
+    num_test: int = field(500, ge=1, only="embedded", description="Test pairs.")
+    max_number: int = field(99_999, ge=2, only="embedded",
+                            description="The numbers are below it; at least num_train + "
+                                        "num_validation + num_test.")
+    source_language: str = field("en", only="tfds", description="The source side.")
+    target_language: Optional[str] = field(None, only="tfds",
+                                           description="The target side (null: the other one).")
+    vocabulary_examples: int = field(10_000, ge=1, only="tfds",
+                                     description="Pairs the vocabulary is learned from.")
+
+    @pydantic.field_validator("bucket_boundaries")
+    @classmethod
+    def _increasing(cls, value):
+        if not value or min(value) < 1 or value != sorted(set(value)):
+            raise schema.key_error("", "must be a non-empty increasing list of positive "
+                                       "integers", value)
+        return value
+
+    @pydantic.model_validator(mode="after")
+    def _enough_numbers(self):
+        if self.dataset == schema.EMBEDDED:
+            used = self.num_train + self.num_validation + self.num_test
+            if used > self.max_number:
+                raise schema.key_error("num_train", "plus num_validation and num_test must be "
+                                       f"at most data.max_number={self.max_number}",
+                                       self.num_train)
+        return self
+
+
+class TranslationTraining(schema.Training):
+    label_smoothing: float = field(0.1, ge=0, le=0.99, description="Epsilon of the "
+                                   "label-smoothed cross-entropy (the paper's section 5.4).")
+
+
+class TranslationEvaluation(schema.Evaluation):
+    metric: Literal["bleu", "exact_match"] = field(
+        "bleu", description="sacrebleu corpus BLEU, or the share of exact translations, on "
+                            "the test set.")
+    beam_width: Optional[int] = field(4, ge=1, description="null: greedy search.")
+    alpha: float = field(0.6, ge=0, description="Length penalty.")
+    tokenize: str = field("13a", description='sacrebleu\'s tokenizer ("char" for Japanese).')
+    join_characters: Optional[bool] = field(
+        None, description="null: true for the embedded task (Japanese is written without "
+                          "spaces), else false.")
+    max_examples: Optional[int] = field(None, ge=1, description="Decode at most this many.")
+
+
 class Translation(Task):
+    name = "translation"
+    family = "transformer"
+    Data = TranslationData
+    Training = TranslationTraining
+    Evaluation = TranslationEvaluation
+    set_fields = ("vocabulary_size", "target_vocabulary_size", "pad_id")
+
     def load_data(self):
         from keras_attn.data import translation
         from keras_attn._epochs import bucket_batch_count
