@@ -26,6 +26,7 @@ import sys
 from keras_attn.zoo.runs import recipe_paths
 from keras_attn.zoo.runs import write_json
 from keras_attn.zoo.runs import write_text
+from keras_attn.zoo.tasks import TASKS
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 FAMILIES = ("vit", "bert", "transformer", "conformer")
@@ -35,19 +36,6 @@ TITLES = {
     "transformer": "Transformer (Attention Is All You Need)",
     "conformer": "Conformer",
 }
-METRIC_NAMES = {
-    "accuracy": "accuracy",
-    "mlm_accuracy": "MLM accuracy",
-    "mlm_loss": "held-out MLM loss",
-    "mlm_perplexity": "MLM perplexity",
-    "nsp_accuracy": "NSP accuracy",
-    "bleu": "BLEU",
-    "exact_match": "exact match",
-    "wer": "WER",
-    "cer": "CER",
-}
-
-
 def load_recipes(root=HERE):
     return [_load_json(path, None) for path in recipe_paths(root).values()]
 
@@ -62,12 +50,7 @@ def _load_json(path, default):
 def _dataset(recipe):
     name = recipe["data"]["dataset"]
     if name == "embedded":
-        return {
-            "vit": "embedded: scikit-learn digits",
-            "bert": "embedded: CPython pydoc topics",
-            "transformer": "embedded: number words EN to JA numerals",
-            "conformer": "embedded: eSpeak NG spoken digits",
-        }[recipe["family"]]
+        return f"embedded: {TASKS[recipe['task']].embedded_data}"
     return name.replace("tfds:", "tfds ")
 
 
@@ -75,10 +58,10 @@ def _count(value):
     return f"{value / 1e6:.2f}M" if value >= 1e6 else f"{value:,}"
 
 
-def _metric(result):
+def _metric(result, task):
     if not result:
         return "not run here"
-    name = METRIC_NAMES.get(result["metric"], result["metric"])
+    name = TASKS[task].metric_names.get(result["metric"], result["metric"])
     value = result["value"]
     text = f"{value:.4f}" if isinstance(value, float) and value < 1.5 else f"{value:.2f}"
     return f"{name} {text}"
@@ -162,7 +145,7 @@ def render(root=HERE):
                 _count(count) if count else "-",
                 _paper_count(paper.get("parameters")),
                 _dataset(recipe),
-                _metric(result),
+                _metric(result, recipe["task"]),
                 _time(result),
                 (result or {}).get("hardware", "-"),
                 (f"{paper['result']} ({paper['source']})" if paper.get("result") else "-"),
@@ -174,24 +157,11 @@ def render(root=HERE):
 
 def _nominal_task(recipe):
     """The recipe's task with the sizes its model takes from the data set
-    filled in from the recipe instead, so that nothing is downloaded: the
-    class count from the tfds metadata, the vocabulary size the recipe asks
-    the WordPiece learner for, the character set of the speech task."""
+    assumed from the recipe, so that nothing is downloaded."""
     from keras_attn.zoo.tasks import make_task
 
     task = make_task(recipe)
-    family, data = recipe["family"], recipe["data"]
-    if family == "vit":
-        import tensorflow_datasets as tfds
-
-        features = tfds.builder(task.tfds_name).info.features
-        task.num_classes = features[data["label_key"]].num_classes
-    elif family in ("bert", "transformer"):
-        task.vocabulary = [None] * data["vocabulary_size"]
-    else:
-        from keras_attn.zoo.tasks.speech_ctc import LETTERS
-
-        task.vocabulary = LETTERS
+    task.assume_data_sizes()
     return task
 
 

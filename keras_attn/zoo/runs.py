@@ -156,12 +156,12 @@ def describe_hardware(replicas=1):
 
 
 def _check_output_path(output):
-    """`ValueError` (exit status 2) for an `--output` that cannot be a run
+    """`ValueError` (exit status 2) for an `output` that cannot be a run
     directory: an existing file, or a place where no directory can be made
     or written to. Nothing is created here."""
     if os.path.exists(output) and not os.path.isdir(output):
-        raise ValueError(f"--output must be a directory; {output} is a file. "
-                         f"Received: --output={output!r}")
+        raise ValueError(f"`output` (--output) must be a directory; {output} is a file. "
+                         f"Received: output={output!r}")
     existing = output
     while not os.path.exists(existing):
         parent = os.path.dirname(os.path.abspath(existing))
@@ -169,8 +169,8 @@ def _check_output_path(output):
             break
         existing = parent
     if not os.path.isdir(existing) or not os.access(existing, os.W_OK | os.X_OK):
-        raise ValueError(f"--output is not writable: {existing} does not accept new "
-                         f"files. Received: --output={output!r}")
+        raise ValueError(f"`output` (--output) is not writable: {existing} does not accept "
+                         f"new files. Received: output={output!r}")
 
 
 def _has_progress(output):
@@ -226,8 +226,8 @@ class RunLock:
             self.file = None
             raise ValueError(
                 f"{self.output} is being trained by another keras-attn process "
-                f"(pid {owner}); wait for it to end or use another --output. "
-                f"Received: --output={self.output!r}"
+                f"(pid {owner}); wait for it to end or use another `output` (--output). "
+                f"Received: output={self.output!r}"
             ) from None
         self.file.seek(0)
         self.file.truncate()
@@ -268,8 +268,8 @@ def _check_output(output, recipe):
         key, there, here = found[0]
         raise ValueError(
             f"{output} holds a run of another recipe: `{key}` is {there!r} there and "
-            f"{here!r} here. Use another --output (or delete the directory). "
-            f"Received: --output={output!r}"
+            f"{here!r} here. Use another `output` (--output), or delete the directory. "
+            f"Received: output={output!r}"
         )
     return True
 

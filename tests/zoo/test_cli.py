@@ -228,7 +228,7 @@ def test_output_that_is_a_file_or_cannot_be_made_exits_2(tmp_path, capsys):
     target = tmp_path / "a_file"
     target.write_text("x")
     assert cli.main(["train", "vit_tiny_digits", "--output", str(target)]) == 2
-    assert "--output must be a directory" in capsys.readouterr().err
+    assert "`output` (--output) must be a directory" in capsys.readouterr().err
     assert target.read_text() == "x"
     # /proc takes no new directory, whoever we are (root included).
     assert cli.main(["train", "vit_tiny_digits", "--output", "/proc/keras_attn/run"]) == 2

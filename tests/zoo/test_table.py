@@ -53,7 +53,8 @@ def test_render_uses_the_results_files(tmp_path):
     family = tmp_path / "vit"
     family.mkdir()
     recipe = {
-        "name": "vit_example", "family": "vit", "data": {"dataset": "embedded"},
+        "name": "vit_example", "family": "vit", "task": "image_classification",
+        "data": {"dataset": "embedded"},
         "paper": {"parameters": 5_000_000, "result": "top-1 72.2", "source": "X et al., Table 1"},
     }
     (family / "vit_example.json").write_text(json.dumps(recipe))

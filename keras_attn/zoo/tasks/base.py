@@ -95,7 +95,9 @@ class Task:
       and checks between keys as pydantic validators); `Evaluation.metric`
       is a `Literal` of the task's metrics, the first the default;
     - `set_fields`: the family config fields the task sets from its data
-      (`model.overrides` may not set them).
+      (`model.overrides` may not set them);
+    - `embedded_data` and `metric_names`: the embedded data set and the
+      metrics in a few words, for the zoo's table (models/make_table.py).
 
     Subclasses set `self.batches_per_epoch`, `self.model_config` (the
     family config the model is built from) in `load_data`, and implement
@@ -113,6 +115,8 @@ class Task:
     Training = schema.Training
     Evaluation = schema.Evaluation
     set_fields = ()
+    embedded_data = None
+    metric_names = {}
 
     def __init__(self, recipe):
         self.recipe = recipe
@@ -199,6 +203,13 @@ class Task:
         return model
 
     def make_model(self, preset, overrides):
+        raise NotImplementedError
+
+    def assume_data_sizes(self):
+        """Sets what `make_model` takes from the data (the class count, the
+        vocabulary) from the recipe and the data set's metadata alone,
+        without loading or downloading the data: for counting a recipe's
+        parameters (models/make_table.py --count)."""
         raise NotImplementedError
 
     def compile_arguments(self, model):

@@ -61,6 +61,8 @@ class ImageClassification(Task):
     Data = ImageClassificationData
     Evaluation = ImageClassificationEvaluation
     set_fields = ("num_classes",)
+    embedded_data = "scikit-learn digits"
+    metric_names = {"accuracy": "accuracy"}
 
     def load_data(self):
         from keras_attn.data import images
@@ -165,6 +167,12 @@ class ImageClassification(Task):
         from keras_attn.models.vit import build_vit
 
         return build_vit(preset, num_classes=self.num_classes, **overrides)
+
+    def assume_data_sizes(self):
+        import tensorflow_datasets as tfds
+
+        features = tfds.builder(self.tfds_name).info.features
+        self.num_classes = features[self.data["label_key"]].num_classes
 
     def compile_arguments(self, model):
         import keras

@@ -69,6 +69,9 @@ class MaskedLM(Task):
     Data = MaskedLMData
     Evaluation = MaskedLMEvaluation
     set_fields = ("vocabulary_size",)
+    embedded_data = "CPython pydoc topics"
+    metric_names = {"mlm_accuracy": "MLM accuracy", "mlm_loss": "held-out MLM loss",
+                    "mlm_perplexity": "MLM perplexity", "nsp_accuracy": "NSP accuracy"}
 
     def load_data(self):
         from keras_attn.data import text
@@ -149,6 +152,9 @@ class MaskedLM(Task):
 
         backbone = build_bert(preset, vocabulary_size=len(self.vocabulary), **overrides)
         return BertPretrainer(backbone)
+
+    def assume_data_sizes(self):
+        self.vocabulary = [None] * self.data["vocabulary_size"]  # the size asked for
 
     def compile_arguments(self, model):
         return {}  # BertPretrainer.compile fills in its losses and metrics

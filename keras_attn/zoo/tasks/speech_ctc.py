@@ -66,6 +66,8 @@ class SpeechCTC(Task):
     Data = SpeechCTCData
     Evaluation = SpeechCTCEvaluation
     set_fields = ("vocabulary_size",)
+    embedded_data = "eSpeak NG spoken digits"
+    metric_names = {"wer": "WER", "cer": "CER"}
 
     def load_data(self):
         from keras_attn.data import speech
@@ -127,6 +129,11 @@ class SpeechCTC(Task):
         from keras_attn.models.conformer import build_conformer
 
         return build_conformer(preset, vocabulary_size=len(self.vocabulary), **overrides)
+
+    def assume_data_sizes(self):
+        from keras_attn.data import speech
+
+        self.vocabulary = speech.DIGIT_VOCABULARY if self.embedded else LETTERS
 
     def compile_arguments(self, model):
         return {}  # ConformerCTC computes its CTC loss itself

@@ -87,6 +87,8 @@ class Translation(Task):
     Training = TranslationTraining
     Evaluation = TranslationEvaluation
     set_fields = ("vocabulary_size", "target_vocabulary_size", "pad_id")
+    embedded_data = "number words EN to JA numerals"
+    metric_names = {"bleu": "BLEU", "exact_match": "exact match"}
 
     def load_data(self):
         from keras_attn.data import translation
@@ -215,6 +217,9 @@ class Translation(Task):
 
         return build_transformer(preset, vocabulary_size=len(self.vocabulary),
                                  pad_id=translation.PAD_ID, **overrides)
+
+    def assume_data_sizes(self):
+        self.vocabulary = [None] * self.data["vocabulary_size"]  # the size asked for
 
     def compile_arguments(self, model):
         from keras_attn.training import LabelSmoothedCrossEntropy
