@@ -53,13 +53,12 @@ TIMES = "epoch_seconds.json"  # training seconds of each finished epoch, over al
 
 
 def models_directory():
-    """The zoo's `models/`: beside the package in a source checkout, else
-    `./models`."""
-    import keras_attn
+    """The zoo's recipes: package data, `keras_attn/zoo/recipes` (in a source
+    checkout a link to the repository's `models/`, their home), so that an
+    installed wheel has them too."""
+    from importlib import resources
 
-    beside = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(keras_attn.__file__))),
-                          "models")
-    return beside if os.path.isdir(beside) else os.path.abspath("models")
+    return os.path.realpath(os.fspath(resources.files("keras_attn.zoo").joinpath("recipes")))
 
 
 def recipe_paths(directory=None):
