@@ -103,7 +103,9 @@ def main():
     )
     print(f"model: {model.count_params():,} parameters")
     fit_start = time.time()
-    model.fit(data.train, epochs=args.epochs, verbose=2 if args.smoke else 1)
+    # shuffle=False: the data set is shuffled in its tf.data pipeline.
+    model.fit(data.train, epochs=args.epochs, shuffle=False,
+              verbose=2 if args.smoke else 1)
     fit_seconds = time.time() - fit_start
 
     sources = translation.encode_sources(data.tokenizer, [en for en, _ in data.test_pairs])

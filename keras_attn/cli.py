@@ -153,8 +153,8 @@ def build_parser():
                                     "writes it later; on JAX and PyTorch export runs in a "
                                     "TensorFlow subprocess)"}),
         (("--verbose",), {"type": int, "choices": (0, 1, 2), "default": 1,
-                          "help": "Keras progress output: 1 a progress bar (default), "
-                                  "2 a line per epoch, 0 none"}))
+                          "help": "a line per epoch in every case; 1 (default) adds a "
+                                  "progress line while an epoch runs, on a terminal"}))
     add("evaluate", evaluate, "evaluate a run on its test set",
         "Evaluate a run directory's model.keras (or, for a run that has not finished, its "
         "newest checkpoint) on the recipe's test set.",

@@ -273,14 +273,57 @@ def _check_output(output, recipe):
     return True
 
 
-def _epoch_logger(epochs, times_path):
+def time_left(epochs_left, times, first):
+    """Seconds left for `epochs_left` epochs at the mean of `times` (epoch ->
+    seconds), leaving out epoch `first` (this process's first: it includes
+    tracing and compilation) once another epoch has been timed."""
+    steady = [seconds for epoch, seconds in times.items() if epoch != first] or list(
+        times.values())
+    return epochs_left * sum(steady) / len(steady)
+
+
+def _epoch_logger(epochs, steps, times_path, verbose):
     import keras
 
-    class EpochLog(keras.callbacks.Callback):
-        """A line per epoch, and the epoch's seconds kept in `times_path`."""
+    # A ProgbarLogger subclass, so that the trainer adds no Keras progress bar
+    # of its own: Keras's bar ends each epoch with a line of the metrics,
+    # which the epoch line would repeat.
+    class EpochLog(keras.callbacks.ProgbarLogger):
+        """One line per epoch (its seconds, the time left, the metrics), the
+        epoch's seconds kept in `times_path`; with `verbose=1` on a terminal,
+        a progress line while the epoch runs, replaced by the epoch line."""
+
+        def __init__(self):
+            super().__init__()
+            self.first = None
+            self.live = verbose == 1 and sys.stdout.isatty()
+
+        def set_params(self, params):
+            keras.callbacks.Callback.set_params(self, params)
 
         def on_epoch_begin(self, epoch, logs=None):
             self.start = time.time()
+            self.first = str(epoch) if self.first is None else self.first
+            self.epoch = epoch
+
+        def on_train_batch_end(self, batch, logs=None):
+            if self.live:
+                values = " - ".join(f"{k} {v:.4g}" for k, v in (logs or {}).items())
+                sys.stdout.write(f"\r\033[Kepoch {self.epoch + 1}/{epochs}: step "
+                                 f"{batch + 1}/{steps} - {values}")
+                sys.stdout.flush()
+
+        def on_test_batch_end(self, batch, logs=None):
+            pass
+
+        def on_predict_batch_end(self, batch, logs=None):
+            pass
+
+        def on_test_end(self, logs=None):
+            pass
+
+        def on_predict_end(self, logs=None):
+            pass
 
         def on_epoch_end(self, epoch, logs=None):
             seconds = time.time() - self.start
@@ -288,7 +331,9 @@ def _epoch_logger(epochs, times_path):
             times[str(epoch)] = seconds
             write_json(times_path, times)
             values = " - ".join(f"{k} {v:.4g}" for k, v in (logs or {}).items())
-            left = (epochs - epoch - 1) * sum(times.values()) / len(times)
+            left = time_left(epochs - epoch - 1, times, self.first)
+            if self.live:
+                sys.stdout.write("\r\033[K")
             print(f"epoch {epoch + 1}/{epochs} ({seconds:.1f} s, about {left / 60:.1f} min "
                   f"left): {values}", flush=True)
 
@@ -307,8 +352,10 @@ def train(recipe, overrides=(), output=None, distribute=False, export=True, verb
             workers of TF_CONFIG / the JAX multi-process environment).
         export: write the serving SavedModel (on JAX and PyTorch through a
             TensorFlow subprocess); `export(run_dir)` can write it later.
-        verbose: Keras progress output: 1 a progress bar, 2 a line per
-            epoch, 0 none (a line per epoch is printed in every case).
+        verbose: a line per epoch is printed in every case (its time, the
+            time left, the metrics); 1 adds a progress line while an epoch
+            runs, on a terminal (replaced by the epoch's line); 0 and 2
+            print the epoch lines only.
 
     Returns:
         The dict written to `<output>/results.json`: `name`, `metric`,
@@ -372,10 +419,8 @@ def _train_locked(recipe, output, distribute, export, verbose):
             fingerprint=fingerprint(recipe),
         )
         times_path = os.path.join(output, TIMES)
-        callbacks = [keras.callbacks.TensorBoard(os.path.join(output, "tensorboard"))]
-        if verbose:  # given here so that it prints before the epoch line
-            callbacks.append(keras.callbacks.ProgbarLogger())
-        callbacks.append(_epoch_logger(training["epochs"], times_path))
+        callbacks = [keras.callbacks.TensorBoard(os.path.join(output, "tensorboard")),
+                     _epoch_logger(training["epochs"], steps, times_path, verbose)]
         # Every batch checked in the pipeline (ids, labels, lengths), before a
         # compiled step could see it.
         train_dataset_fn = lambda epoch: check_batches(task.train_dataset_fn(epoch), model)  # noqa: E731
