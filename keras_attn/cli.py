@@ -8,9 +8,9 @@ keras-attn export RUN_DIR [--output PATH]
 keras-attn list [--family F]
 ```
 
-RECIPE is a path to a recipe file or the name of one in the zoo's `models/`
-directory (the one beside the package in a source checkout, else
-`./models`). `train` validates the recipe (with the `--set` overrides) before
+RECIPE is a path to a recipe file or the name of one in the zoo (shipped with
+the package as `keras_attn/zoo/recipes`; in a source checkout, the
+repository's `models/`). `train` validates the recipe (with the `--set` overrides) before
 anything else, then writes the run directory `--output` (default
 `runs/<name>`; its files are listed in `keras_attn.zoo.runs`).
 
