@@ -114,6 +114,18 @@ def test_errors_name_the_dotted_key_and_the_value(overrides, key, value):
     assert value in message, message
 
 
+def test_every_wrong_key_is_reported_at_once():
+    recipe = recipes.apply_overrides(_vit(), [("training.batch_size", 0), ("data.colour", 1),
+                                              ("training.schedule", {})])
+    with pytest.raises(ValueError) as error:
+        recipes.validate_recipe(recipe)
+    message = str(error.value)
+    assert message.startswith("3 problems in the recipe:\n"), message
+    assert "Received: training.batch_size=0" in message
+    assert "Unknown recipe key `data.colour`" in message
+    assert "Missing recipe key `training.schedule.name` (required)" in message
+
+
 def test_missing_keys_are_named():
     recipe = _vit()
     del recipe["training"]["batch_size"]
