@@ -9,7 +9,7 @@ them (`tasks`), and a run's life from recipe to results (`runs`). The
 
 from keras_attn.zoo.runs import evaluate
 from keras_attn.zoo.runs import export
-from keras_attn.zoo.runs import list_recipes
+from keras_attn_cli import list_recipes  # JSON only: the command line's light half
 from keras_attn.zoo.runs import load_run
 from keras_attn.zoo.runs import train
 

@@ -39,38 +39,21 @@ import platform
 import sys
 import time
 
-RESULTS = "results.json"
+# The light half of the command line (file names, the recipe listing) lives in
+# the top-level module keras_attn_cli, which does not import this package.
+from keras_attn_cli import CURVES
+from keras_attn_cli import MODEL
+from keras_attn_cli import RESULTS
+from keras_attn_cli import SAVED_MODEL
+from keras_attn_cli import models_directory
+from keras_attn_cli import recipe_paths
+
 RECIPE = "recipe.json"
-MODEL = "model.keras"
-SAVED_MODEL = "saved_model"
 CHECKPOINTS = "checkpoints"
-CURVES = "learning_curves.png"
-PARAMETERS = "parameters.json"
 TIMES = "epoch_seconds.json"  # training seconds of each finished epoch, over all sessions
 
 
 # === Files ===
-
-
-def models_directory():
-    """The zoo's recipes: package data, `keras_attn/zoo/recipes` (in a source
-    checkout a link to the repository's `models/`, their home), so that an
-    installed wheel has them too."""
-    from importlib import resources
-
-    return os.path.realpath(os.fspath(resources.files("keras_attn.zoo").joinpath("recipes")))
-
-
-def recipe_paths(directory=None):
-    """`{name: path}` of every recipe under `models/` (results and the
-    parameter table left out)."""
-    directory = directory or models_directory()
-    paths = {}
-    for path in sorted(glob.glob(os.path.join(directory, "*", "*.json"))):
-        if os.path.basename(os.path.dirname(path)) == "results":
-            continue
-        paths.setdefault(os.path.splitext(os.path.basename(path))[0], path)
-    return paths
 
 
 def locate_recipe(recipe):
@@ -331,11 +314,12 @@ def _epoch_logger(epochs, steps, times_path, verbose):
             times[str(epoch)] = seconds
             write_json(times_path, times)
             values = " - ".join(f"{k} {v:.4g}" for k, v in (logs or {}).items())
-            left = time_left(epochs - epoch - 1, times, self.first)
+            left = ""
+            if epoch + 1 < epochs:
+                left = f", about {time_left(epochs - epoch - 1, times, self.first) / 60:.1f} min left"
             if self.live:
                 sys.stdout.write("\r\033[K")
-            print(f"epoch {epoch + 1}/{epochs} ({seconds:.1f} s, about {left / 60:.1f} min "
-                  f"left): {values}", flush=True)
+            print(f"epoch {epoch + 1}/{epochs} ({seconds:.1f} s{left}): {values}", flush=True)
 
     return EpochLog()
 
@@ -514,7 +498,7 @@ def export_on_tensorflow(run_dir, path):
 
     print(f"exporting {os.path.join(run_dir, MODEL)} on the TensorFlow backend", flush=True)
     environment = dict(os.environ, KERAS_BACKEND="tensorflow")
-    command = [sys.executable, "-m", "keras_attn.cli", "export", run_dir, "--output", path]
+    command = [sys.executable, "-m", "keras_attn_cli", "export", run_dir, "--output", path]
     result = subprocess.run(command, env=environment)
     if result.returncode:
         raise RuntimeError(f"{' '.join(command)} failed with status {result.returncode}")
@@ -534,30 +518,3 @@ def export(run_dir, output=None):
     _, task, model, source = load_run(run_dir)
     task.export(model, path)
     return path, source
-
-
-def list_recipes(family=None, directory=None):
-    """One dict per zoo recipe (of `family`, if given): `name`, `family`,
-    `preset`, `dataset`, `parameters` (from models/parameters.json or the
-    recorded run; None if neither has it), `expected` (or None)."""
-    directory = directory or models_directory()
-    counts_path = os.path.join(directory, PARAMETERS)
-    counts = read_json(counts_path) if os.path.exists(counts_path) else {}
-    rows = []
-    for name, path in recipe_paths(directory).items():
-        recipe = read_json(path)
-        if family and recipe.get("family") != family:
-            continue
-        count = counts.get(name)
-        result_path = os.path.join(directory, "results", name + ".json")
-        if count is None and os.path.exists(result_path):
-            # Recipes on embedded data learn their vocabulary: counted by their run.
-            count = read_json(result_path).get("parameters")
-        rows.append({
-            "name": name, "family": recipe.get("family", "?"),
-            "preset": recipe.get("model", {}).get("preset", "?"),
-            "dataset": recipe.get("data", {}).get("dataset", "?"),
-            "parameters": count if isinstance(count, int) else None,
-            "expected": recipe.get("expected") or None,
-        })
-    return rows

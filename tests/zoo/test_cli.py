@@ -11,7 +11,7 @@ import pytest
 from _tiny import ROOT
 from _tiny import SMALL
 from _tiny import tiny_overrides
-from keras_attn import cli
+import keras_attn_cli as cli
 from keras_attn.zoo import runs
 
 pytestmark = pytest.mark.tf_only
@@ -22,7 +22,7 @@ RESULT_KEYS = {"name", "metric", "value", "metrics", "train_seconds", "epochs", 
 def _cli(*args, cwd, timeout=600):
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3",
                PYTHONPATH=os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]))
-    return subprocess.run([sys.executable, "-m", "keras_attn.cli", *map(str, args)],
+    return subprocess.run([sys.executable, "-m", "keras_attn_cli", *map(str, args)],
                           capture_output=True, text=True, timeout=timeout, cwd=cwd, env=env)
 
 
@@ -70,6 +70,8 @@ def test_train_evaluate_export_end_to_end(name, tmp_path, capsys):
     metric = recipe["evaluation"]["metric"]
     assert results["metric"] == metric and results["value"] == results["metrics"][metric]
     assert results["steps"] == 3 and results["parameters"] > 0 and results["name"] == name
+    for notice in ("absl::InitializeLog", "oneDNN custom operations", "Could not find cuda"):
+        assert notice not in result.stderr, result.stderr[-2000:]
     for line in (f"model:           {run / 'model.keras'}", f"SavedModel:      {run / 'saved_model'}",
                  f"learning curves: {run / 'learning_curves.png'}"):
         assert line in result.stdout, result.stdout[-2000:]
@@ -164,6 +166,66 @@ def test_help(command, capsys):
     assert "usage: keras-attn" in capsys.readouterr().out
 
 
+def _python(code, cwd, **env):
+    environment = dict(os.environ, PYTHONPATH=os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]))
+    environment.pop("TF_CPP_MIN_LOG_LEVEL", None)
+    environment.update(env)
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=600, cwd=cwd, env=environment)
+
+
+def test_help_list_and_argument_errors_import_neither_keras_nor_tensorflow(tmp_path):
+    """They answer at once: nothing heavy is imported (issue 20)."""
+    code = (
+        "import sys, keras_attn_cli as cli\n"
+        "for argv in (['--help'], ['train', '--help'], ['list', '--family', 'nope'], ['evaluate']):\n"
+        "    try:\n"
+        "        cli.main(argv)\n"
+        "    except SystemExit as exit_:\n"
+        "        print('status', ' '.join(argv), exit_.code)\n"
+        "print('status list', cli.main(['list']))\n"
+        "heavy = ('keras', 'tensorflow', 'jax', 'torch', 'keras_attn', 'pydantic')\n"
+        "print('imported:', sorted(name for name in heavy if name in sys.modules))\n"
+    )
+    result = _python(code, tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    out = result.stdout
+    for line in ("status --help 0", "status train --help 0", "status list --family nope 2",
+                 "status evaluate 2", "status list 0", "imported: []"):
+        assert line in out, out[-3000:]
+    assert "invalid choice: 'nope'" in result.stderr and "RUN_DIR" in result.stderr
+    assert all(name in out for name in SMALL)
+
+
+def test_family_choices_are_the_families_with_tasks():
+    from keras_attn.zoo.tasks import families
+
+    assert cli.recipe_families() == sorted(families())
+
+
+def test_tensorflow_start_up_notices_are_held_back_and_nothing_else(tmp_path):
+    # A stand-in for TensorFlow's C++ start-up: lines written to fd 2 at import.
+    (tmp_path / "noisy.py").write_text(
+        "import os\n"
+        "os.write(2, b'WARNING: All log messages before absl::InitializeLog() is called are "
+        "written to STDERR\\n'\n"
+        "         b'I0000 00:00:1 1 port.cc:153] oneDNN custom operations are on. You may\\n'\n"
+        "         b'I0000 00:00:1 1 cudart_stub.cc:31] Could not find cuda drivers on your "
+        "machine, GPU will not be used.\\n'\n"
+        "         b'E0000 something real went wrong\\n')\n"
+    )
+    code = "import keras_attn_cli as cli; cli.import_holding_back_notices('noisy'); print('after')"
+    result = _python(code, tmp_path, PYTHONPATH=os.pathsep.join([ROOT, str(tmp_path)]))
+    assert result.returncode == 0 and result.stdout == "after\n", result.stderr
+    assert result.stderr == "E0000 something real went wrong\n"
+    # The real one, without TF_CPP_MIN_LOG_LEVEL in the environment.
+    code = ("import keras_attn_cli as cli; cli.import_tensorflow_quietly(); import tensorflow as tf; "
+            "print(float(tf.reduce_sum(tf.constant([1.0, 2.0]))))")
+    result = _python(code, tmp_path)
+    assert result.returncode == 0 and result.stdout == "3.0\n", result.stderr[-3000:]
+    assert result.stderr == ""
+
+
 def test_list_shows_every_recipe_and_the_parameter_counts(tmp_path, monkeypatch, capsys):
     assert cli.main(["list"]) == 0
     out = capsys.readouterr().out
@@ -178,7 +240,7 @@ def test_list_shows_every_recipe_and_the_parameter_counts(tmp_path, monkeypatch,
     shutil.copy(os.path.join(ROOT, SMALL["vit_tiny_digits"]), models / "vit")
     shutil.copy(os.path.join(ROOT, SMALL["vit_tiny_digits"]), models / "results")
     (models / "parameters.json").write_text(json.dumps({"vit_tiny_digits": 136906}))
-    monkeypatch.setattr(runs, "models_directory", lambda: str(models))
+    monkeypatch.setattr(cli, "models_directory", lambda: str(models))
     assert cli.main(["list"]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert len(lines) == 2 and "136,906" in lines[1]  # results/ is not a recipe
@@ -200,7 +262,7 @@ def test_console_script_is_declared():
     config = configparser.ConfigParser()
     config.read(os.path.join(ROOT, "setup.cfg"))
     scripts = config["options.entry_points"]["console_scripts"]
-    assert "keras-attn = keras_attn.cli:main" in scripts
+    assert "keras-attn = keras_attn_cli:main" in scripts
 
 
 # === The command line never leaves a run broken ===

@@ -28,7 +28,7 @@ SETTINGS = TINY["vit_tiny_digits"] + [
 
 def _command(run):
     sets = [item for value in SETTINGS for item in ("--set", value)]
-    return [sys.executable, "-m", "keras_attn.cli", "train", "vit_tiny_digits",
+    return [sys.executable, "-m", "keras_attn_cli", "train", "vit_tiny_digits",
             "--output", str(run), "--verbose", "2", *sets]
 
 

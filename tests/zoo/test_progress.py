@@ -52,6 +52,8 @@ def test_a_run_prints_one_line_per_epoch_and_no_keras_progress_bar(tmp_path, cap
     epoch_lines = [line for line in out.splitlines() if line.startswith("epoch ")]
     assert [line.split(" (")[0] for line in epoch_lines] == ["epoch 1/2", "epoch 2/2"]
     assert "val_loss" in epoch_lines[0]
+    # The time left is given while epochs are left, not after the last one.
+    assert "min left" in epoch_lines[0] and "left" not in epoch_lines[1]
     # Keras's bar (its "━" blocks and per-step timing) is not shown: output
     # is not a terminal here, and the epoch line says what it would.
     assert "━" not in out and "/step" not in out

@@ -34,7 +34,7 @@ def installed(tmp_path_factory):
     base = tmp_path_factory.mktemp("wheel")
     source = base / "source"  # a copy: building writes build/ and egg-info
     source.mkdir()
-    for name in ("setup.cfg", "pyproject.toml", "README.md"):
+    for name in ("setup.cfg", "pyproject.toml", "README.md", "keras_attn_cli.py"):
         shutil.copy(os.path.join(ROOT, name), source)
     ignore = shutil.ignore_patterns("__pycache__", "*.egg-info", "runs", "results.json")
     shutil.copytree(os.path.join(ROOT, "keras_attn"), source / "keras_attn", symlinks=True,
@@ -52,10 +52,19 @@ def installed(tmp_path_factory):
 def _cli(site, cwd, *args):
     # The wheel's package first on the path, the environment's dependencies
     # after it; the checkout is nowhere on the path and not the directory.
-    env = dict(os.environ, PYTHONPATH=str(site), TF_CPP_MIN_LOG_LEVEL="3")
-    code = ("import sys, keras_attn; from keras_attn import cli; "
-            "print('package:', keras_attn.__file__); sys.exit(cli.main(sys.argv[1:]))")
+    env = dict(os.environ, PYTHONPATH=str(site))
+    code = ("import importlib.util, sys, keras_attn_cli; status = keras_attn_cli.main(sys.argv[1:]); "
+            "print('package:', importlib.util.find_spec('keras_attn').origin); "
+            "print('launcher:', keras_attn_cli.__file__); "
+            "print('keras imported:', 'keras' in sys.modules); sys.exit(status)")
     return _run([sys.executable, "-c", code, *args], cwd=cwd, env=env)
+
+
+def test_the_console_script_runs_from_the_wheel(installed, tmp_path):
+    script = installed / "bin" / "keras-attn"
+    env = dict(os.environ, PYTHONPATH=str(installed))
+    shown = _run([script, "--help"], cwd=tmp_path, env=env).stdout
+    assert "usage: keras-attn" in shown and "train" in shown
 
 
 def test_the_wheel_carries_the_zoo(installed, tmp_path):
@@ -72,7 +81,8 @@ def test_the_wheel_carries_the_zoo(installed, tmp_path):
     assert shipped == in_checkout
 
     listed = _cli(installed, tmp_path, "list").stdout
-    assert f"package: {installed}" in listed
+    assert f"package: {installed}" in listed and f"launcher: {installed}" in listed
+    assert "keras imported: False" in listed  # `list` reads the JSON only
     for name in in_checkout:
         assert name in listed
 
@@ -81,5 +91,6 @@ def test_the_wheel_carries_the_zoo(installed, tmp_path):
     trained = _cli(installed, tmp_path, "train", "vit_tiny_digits", "--output", run,
                    "--no-export", "--verbose", "0", *sets)
     assert f"package: {installed}" in trained.stdout
+    assert "keras imported: True" in trained.stdout
     results = json.loads((run / "results.json").read_text())
     assert results["steps"] == 3 and 0.0 <= results["value"] <= 1.0

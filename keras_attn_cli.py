@@ -38,18 +38,149 @@ however it ends). Leftovers of a process killed while writing (`.export-*`,
 Errors (a bad recipe, a missing run, an `--output` that is a file or cannot
 be written, a full disk) print the message and exit with status 2; set
 KERAS_ATTN_TRACEBACK=1 to see the traceback instead.
+
+Why a module of its own, outside the `keras_attn` package: `import
+keras_attn` registers every saved class with Keras (so that
+`keras.saving.load_model` finds them), which imports Keras and TensorFlow, a
+few seconds. `--help`, `list` and argument errors need none of it, so this
+module imports the package only in the commands that train, evaluate or
+export, and reads the recipes' JSON itself for `list`.
 """
 
 import argparse
+import glob
+import importlib
+import importlib.util
 import json
 import os
+import re
 import sys
+import tempfile
 
-from keras_attn.zoo import runs
-from keras_attn.zoo.runs import CURVES
-from keras_attn.zoo.runs import MODEL
-from keras_attn.zoo.runs import RESULTS
-from keras_attn.zoo.runs import SAVED_MODEL
+MODEL = "model.keras"
+RESULTS = "results.json"
+SAVED_MODEL = "saved_model"
+CURVES = "learning_curves.png"
+PARAMETERS = "parameters.json"
+
+
+# === The zoo's recipes, read without importing keras_attn ===
+
+
+def models_directory():
+    """The zoo's recipes: package data, `keras_attn/zoo/recipes` (in a source
+    checkout a link to the repository's `models/`, their home), so that an
+    installed wheel has them too. Found without running the package's
+    `__init__` (which imports Keras)."""
+    spec = importlib.util.find_spec("keras_attn")
+    if spec is None or not spec.submodule_search_locations:
+        raise ValueError("The keras_attn package is not installed: no zoo recipes to read.")
+    package = list(spec.submodule_search_locations)[0]
+    return os.path.realpath(os.path.join(package, "zoo", "recipes"))
+
+
+def recipe_paths(directory=None):
+    """`{name: path}` of every recipe under `models/` (results and the
+    parameter table left out)."""
+    directory = directory or models_directory()
+    paths = {}
+    for path in sorted(glob.glob(os.path.join(directory, "*", "*.json"))):
+        if os.path.basename(os.path.dirname(path)) == "results":
+            continue
+        paths.setdefault(os.path.splitext(os.path.basename(path))[0], path)
+    return paths
+
+
+def _read_json(path):
+    with open(path, encoding="utf-8") as stream:
+        return json.load(stream)
+
+
+def list_recipes(family=None, directory=None):
+    """One dict per zoo recipe (of `family`, if given): `name`, `family`,
+    `preset`, `dataset`, `parameters` (from models/parameters.json or the
+    recorded run; None if neither has it), `expected` (or None)."""
+    directory = directory or models_directory()
+    counts_path = os.path.join(directory, PARAMETERS)
+    counts = _read_json(counts_path) if os.path.exists(counts_path) else {}
+    rows = []
+    for name, path in recipe_paths(directory).items():
+        recipe = _read_json(path)
+        if family and recipe.get("family") != family:
+            continue
+        count = counts.get(name)
+        result_path = os.path.join(directory, "results", name + ".json")
+        if count is None and os.path.exists(result_path):
+            # Recipes on embedded data learn their vocabulary: counted by their run.
+            count = _read_json(result_path).get("parameters")
+        rows.append({
+            "name": name, "family": recipe.get("family", "?"),
+            "preset": recipe.get("model", {}).get("preset", "?"),
+            "dataset": recipe.get("data", {}).get("dataset", "?"),
+            "parameters": count if isinstance(count, int) else None,
+            "expected": recipe.get("expected") or None,
+        })
+    return rows
+
+
+def recipe_families(directory=None):
+    """The families that have recipes (their directories under `models/`)."""
+    return sorted({os.path.basename(os.path.dirname(path))
+                   for path in recipe_paths(directory).values()})
+
+
+# === Importing TensorFlow quietly ===
+
+# TensorFlow's C++ libraries (2.21) write these notices to the process's
+# stderr while they load, before TF_CPP_MIN_LOG_LEVEL applies: absl's note
+# that logging is not initialised, oneDNN's round-off notice, and "Could not
+# find cuda drivers" on a CPU machine. They come from below us and no setting
+# turns them off, so they alone are held back while TensorFlow is imported;
+# every other line it writes is passed on.
+_STARTUP_NOTICES = re.compile(
+    r"All log messages before absl::InitializeLog\(\) is called"
+    r"|\] oneDNN custom operations are on"
+    r"|\] Could not find cuda drivers on your machine"
+)
+
+
+def import_tensorflow_quietly():
+    """Imports TensorFlow (when installed and not imported yet) with its
+    start-up notices held back. The zoo's data pipelines use TensorFlow on
+    every backend."""
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+    if "tensorflow" not in sys.modules and importlib.util.find_spec("tensorflow") is not None:
+        import_holding_back_notices("tensorflow")
+
+
+def import_holding_back_notices(module):
+    """Imports `module` with the process's stderr file descriptor sent to a
+    temporary file, then writes back every line of it except the start-up
+    notices. Only fd 2 is redirected, and only during the import."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile() as captured:
+        os.dup2(captured.fileno(), 2)
+        try:
+            importlib.import_module(module)
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+            captured.seek(0)
+            for line in captured.read().decode("utf-8", "replace").splitlines(keepends=True):
+                if not _STARTUP_NOTICES.search(line):
+                    sys.stderr.write(line)
+            sys.stderr.flush()
+
+
+def _runs():
+    """`keras_attn.zoo.runs`, imported (with Keras and TensorFlow) when a
+    command needs it."""
+    import_tensorflow_quietly()
+    from keras_attn.zoo import runs
+
+    return runs
 
 
 def _report(output, results):
@@ -69,7 +200,7 @@ def _report(output, results):
 
 
 def train(args):
-    results = runs.train(args.recipe, args.set or (), output=args.output,
+    results = _runs().train(args.recipe, args.set or (), output=args.output,
                          distribute=args.distribute, export=not args.no_export,
                          verbose=args.verbose)
     _report(results["output"], results)
@@ -77,7 +208,7 @@ def train(args):
 
 
 def evaluate(args):
-    recipe, metrics, source = runs.evaluate(args.run_dir)
+    recipe, metrics, source = _runs().evaluate(args.run_dir)
     metric = recipe["evaluation"]["metric"]
     if args.json:
         print(json.dumps({"name": recipe["name"], "metric": metric, "value": metrics[metric],
@@ -91,18 +222,18 @@ def evaluate(args):
 
 
 def export(args):
-    path, source = runs.export(args.run_dir, args.output)
+    path, source = _runs().export(args.run_dir, args.output)
     print(f"SavedModel of {source}: {os.path.abspath(path)}")
     return 0
 
 
-def list_recipes(args):
+def list_command(args):
     rows = [
         (row["name"], row["family"], row["preset"], row["dataset"],
          "-" if row["parameters"] is None else f"{row['parameters']:,}",
          "-" if row["expected"] is None
          else f"{row['expected']['metric']} {row['expected']['value']:.4g}")
-        for row in runs.list_recipes(args.family)
+        for row in list_recipes(args.family)
     ]
     header = ("recipe", "family", "preset", "dataset", "parameters", "expected")
     widths = [max(len(str(row[i])) for row in rows + [header]) for i in range(len(header))]
@@ -110,7 +241,7 @@ def list_recipes(args):
         print("  ".join(str(cell).ljust(width) for cell, width in zip(row, widths)).rstrip())
     if not rows:
         print(f"(no recipe{' of family ' + args.family if args.family else ''} in "
-              f"{runs.models_directory()})")
+              f"{models_directory()})")
     return 0
 
 
@@ -118,8 +249,6 @@ def list_recipes(args):
 
 
 def build_parser():
-    from keras_attn.zoo.tasks import families
-
     parser = argparse.ArgumentParser(
         prog="keras-attn",
         description="Train, evaluate, export and list keras_attn model-zoo recipes.",
@@ -163,20 +292,25 @@ def build_parser():
         "Export a run's model.keras (or newest checkpoint) as the task's serving SavedModel.",
         run_dir, (("--output",), {"metavar": "PATH",
                                   "help": "SavedModel directory (default: RUN_DIR/saved_model)"}))
-    add("list", list_recipes, "list the zoo's recipes",
+    add("list", list_command, "list the zoo's recipes",
         "List every recipe in the zoo's models/ directory with its family, preset, dataset, "
         "parameter count (models/parameters.json, or the recorded run in "
         "models/results/) and expected result.",
-        (("--family",), {"choices": sorted(families())}))
+        (("--family",), {"choices": recipe_families()}))
     return parser
 
 
 def main(argv=None):
     """The `keras-attn` entry point; returns the exit status."""
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
+    except BrokenPipeError:
+        # The reader went away (`keras-attn list | head`): stop quietly, as
+        # Unix tools do; stdout goes to /dev/null so that the interpreter's
+        # final flush does not fail again.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
     except (ValueError, OSError) as error:
         # OSError: a full disk, a read-only or vanished directory. Atomic
         # writes leave no half-written file; the message says what failed.
