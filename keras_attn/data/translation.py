@@ -27,6 +27,7 @@ import dataclasses
 import numpy as np
 import tensorflow as tf
 
+from keras_attn._epochs import bucket_batch_count
 from keras_attn._epochs import epoch_permutation
 from keras_attn._epochs import epoch_seed
 from keras_attn.data import wordpiece
@@ -155,16 +156,31 @@ def make_translation_dataset(
             tf.concat([target_ids, end], 0),
         )
 
+    def length(s, t_in, t_out):
+        return tf.maximum(tf.shape(s)[0], tf.shape(t_in)[0])
+
     dataset = dataset.map(encode, num_parallel_calls=tf.data.AUTOTUNE)
     boundaries = list(bucket_boundaries or [8, 16, 32, 64])
+    batches = None
+    if targets is not None:
+        # Lists: count the batches, so that Keras knows the epoch's length
+        # (a progress bar with its total, and no "Your input ran out of
+        # data" at the end of the first epoch of a dataset of unknown size).
+        lengths = np.concatenate([np.zeros([0], np.int32)] + list(
+            dataset.map(length).batch(4096).as_numpy_iterator()))
+        batches = bucket_batch_count(lengths, boundaries, batch_size)
     dataset = dataset.bucket_by_sequence_length(
-        element_length_func=lambda s, t_in, t_out: tf.maximum(tf.shape(s)[0], tf.shape(t_in)[0]),
+        element_length_func=length,
         bucket_boundaries=boundaries,
         bucket_batch_sizes=[batch_size] * (len(boundaries) + 1),
         padding_values=(PAD_ID, PAD_ID, PAD_ID),
     )
     dataset = dataset.map(lambda s, t_in, t_out: ((s, t_in), t_out))
+    if batches is not None:
+        # Checked as the data is read: a wrong count is an error, not a silently short epoch.
+        dataset = dataset.apply(tf.data.experimental.assert_cardinality(batches))
     return dataset.prefetch(tf.data.AUTOTUNE)
+
 
 
 @dataclasses.dataclass

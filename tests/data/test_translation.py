@@ -126,3 +126,7 @@ def test_epoch_batches_repeat_and_count_as_predicted(data):
     lengths = [max(len(np.asarray(data.tokenizer(en))), len(np.asarray(data.tokenizer(ja)))) + 1
                for en, ja in data.train_pairs]
     assert len(a) == bucket_batch_count(lengths, [8, 16, 32, 64], 8)
+    # The dataset says so itself (Keras reads it: the epoch's length).
+    dataset = tr.make_translation_dataset(english, japanese, data.tokenizer, batch_size=8,
+                                          shuffle=True, seed=1)
+    assert int(dataset.cardinality()) == len(a) == len(list(dataset))
