@@ -19,11 +19,16 @@ import argparse
 import os
 import time
 
-import keras
-import numpy as np
+from keras_attn_cli import import_tensorflow_quietly
 
-from keras_attn import layers
-from keras_attn import viz
+# Before Keras: TensorFlow's C++ start-up notices (absl, oneDNN, CUDA) held back.
+import_tensorflow_quietly()
+
+import keras  # noqa: E402
+import numpy as np  # noqa: E402
+
+from keras_attn import layers  # noqa: E402
+from keras_attn import viz  # noqa: E402
 
 SENTENCE = (
     "every word of the sentence looks at every other word and "

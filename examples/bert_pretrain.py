@@ -25,7 +25,10 @@ import argparse
 import os
 import time
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+from keras_attn_cli import import_tensorflow_quietly  # noqa: E402
+
+# Before Keras: TensorFlow's C++ start-up notices (absl, oneDNN, CUDA) held back.
+import_tensorflow_quietly()
 
 import keras  # noqa: E402
 
@@ -114,7 +117,7 @@ def main():
                         verbose=2 if not args.smoke else 0)
     fit_time = time.time() - fit_start
     after = report("after")
-    print(f"train mlm loss by epoch: "
+    print("train mlm loss by epoch: "
           + " ".join(f"{x:.2f}" for x in history.history["mlm_loss"]))
     print(f"mlm loss before {before['mlm_loss']:.3f} after {after['mlm_loss']:.3f}; "
           f"fit {fit_time:.0f} s, total {time.time() - start:.0f} s")

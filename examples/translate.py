@@ -33,10 +33,12 @@ end of warmup, hence `--lr-scale 0.4`.
 """
 
 import argparse
-import os
 import time
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+from keras_attn_cli import import_tensorflow_quietly  # noqa: E402
+
+# Before Keras: TensorFlow's C++ start-up notices (absl, oneDNN, CUDA) held back.
+import_tensorflow_quietly()
 
 import keras  # noqa: E402
 

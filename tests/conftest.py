@@ -3,6 +3,11 @@ import sys
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 os.environ.setdefault("KERAS_BACKEND", "tensorflow")
+# Test-speed setting (inherited by the tests' subprocesses): XLA compiles the
+# same HLO programs with no LLVM optimisation, which halves the compile time
+# that dominates the JAX pass on a CPU (measured: 16.7 s -> 8.3 s for the
+# fused-padding test's eight lengths). Results differ only by float rounding.
+os.environ.setdefault("XLA_FLAGS", "--xla_backend_optimization_level=0")
 sys.path.insert(0, os.path.dirname(__file__))  # `from test_case import ...`
 
 import keras  # noqa: E402

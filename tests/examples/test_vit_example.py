@@ -1,26 +1,14 @@
-import os
 import re
-import subprocess
-import sys
 
 import pytest
 
-pytestmark = pytest.mark.backend_independent
+from _example import run_example
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+pytestmark = pytest.mark.backend_independent
 
 
 def test_vit_classify_smoke(tmp_path):
-    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    result = subprocess.run(
-        [sys.executable, os.path.join(ROOT, "examples", "vit_classify.py"), "--smoke", "--output", str(tmp_path)],
-        capture_output=True,
-        text=True,
-        timeout=900,
-        env=env,
-        cwd=ROOT,
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
+    result = run_example("vit_classify.py", "--smoke", "--output", tmp_path)
     match = re.search(r"test accuracy: ([0-9.]+)", result.stdout)
     assert match, result.stdout[-3000:]
     assert 0.0 <= float(match.group(1)) <= 1.0

@@ -32,6 +32,7 @@ import pytest
 from keras_attn.training import distribute
 from keras_attn.training.distribute import data_parallel
 from keras_attn.training.distribute import describe_replicas
+from test_case import TWO_JAX_CPU_DEVICES
 
 # The training runs choose their engine in their own subprocesses; the rest
 # is argument checking: run once, in the TensorFlow pass.
@@ -54,7 +55,7 @@ def _env(engine, **extra):
     env = dict(os.environ, KERAS_BACKEND=engine, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="3")
     env.pop("TF_CONFIG", None)
     if engine == "jax":
-        env["XLA_FLAGS"] = "--xla_force_host_platform_device_count=2"
+        env["XLA_FLAGS"] = TWO_JAX_CPU_DEVICES
     env.update(extra)
     return env
 

@@ -11,6 +11,7 @@ import pytest
 from _tiny import ROOT
 from _tiny import SMALL
 from _tiny import tiny_overrides
+from test_case import TWO_JAX_CPU_DEVICES
 import keras_attn_cli as cli
 from keras_attn.zoo import runs
 
@@ -125,7 +126,7 @@ def test_data_parallel_training_on_jax_exports_on_tensorflow(tmp_path, monkeypat
     # host devices, with a last batch (1293 = 3 x 430 + 3) that the replicas
     # do not divide; the SavedModel is written by a TensorFlow subprocess.
     monkeypatch.setenv("KERAS_BACKEND", "jax")
-    monkeypatch.setenv("XLA_FLAGS", "--xla_force_host_platform_device_count=2")
+    monkeypatch.setenv("XLA_FLAGS", TWO_JAX_CPU_DEVICES)
     run = tmp_path / "run"
     extra = ["training.batch_size=430", "training.steps_per_epoch=null"]
     result = _cli(*_train_args("vit_tiny_digits", run, extra), "--distribute", cwd=tmp_path)
