@@ -75,6 +75,22 @@ def remat_mode(layer):
     return None if mode is None else mode.mode
 
 
+def sublayers(layer):
+    """Every layer inside `layer`, depth first, without `layer` itself. Keras
+    tracks sublayers for its own walks (`Layer._flatten_layers`) but offers no
+    public one; LoRA picks projections from the whole model
+    (`keras_attn.models.lora`)."""
+    flatten = getattr(layer, "_flatten_layers", None)
+    if flatten is not None:
+        return list(flatten(include_self=False, recursive=True))
+    found, stack = [], list(getattr(layer, "_layers", []))  # pragma: no cover - fallback
+    while stack:
+        child = stack.pop(0)
+        found.append(child)
+        stack[:0] = list(getattr(child, "_layers", []))
+    return found
+
+
 __all__ = [
     "GLOBAL_SEED_GENERATOR",
     "get_global_seed_generator",
@@ -86,4 +102,5 @@ __all__ = [
     "remat_mode",
     "set_global_seed_generator",
     "set_keras_mask",
+    "sublayers",
 ]

@@ -30,6 +30,11 @@ from keras_attn.models.conformer import ConformerCTC
 from keras_attn.models.conformer import build_conformer
 from keras_attn.models.conformer import get_conformer_config
 from keras_attn.models.conformer import replace_conformer_config
+from keras_attn.models.lora import enable_lora
+from keras_attn.models.lora import load_lora_weights
+from keras_attn.models.lora import lora_layers
+from keras_attn.models.lora import merge_lora
+from keras_attn.models.lora import save_lora_weights
 from keras_attn.models.transformer import TRANSFORMER_PRESETS
 from keras_attn.models.transformer import Transformer
 from keras_attn.models.transformer import TransformerConfig
@@ -68,14 +73,19 @@ __all__ = [
     "build_transformer",
     "build_vit",
     "conformer",
+    "enable_lora",
     "get_bert_config",
     "get_conformer_config",
     "get_transformer_config",
     "get_vit_config",
+    "load_lora_weights",
+    "lora_layers",
+    "merge_lora",
     "replace_bert_config",
     "replace_conformer_config",
     "replace_transformer_config",
     "replace_vit_config",
+    "save_lora_weights",
     "transformer",
     "vit",
 ]

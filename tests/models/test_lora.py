@@ -1,0 +1,252 @@
+"""LoRA on every family: the chosen projections get adapters, only they (and a
+head when asked) train, merging gives a plain model with the same outputs, and
+an adapter file loads onto its own base model only."""
+
+import os
+
+import keras
+import numpy as np
+import pytest
+
+from keras_attn import _keras_compat
+from keras_attn.models import BertSequenceClassifier
+from keras_attn.models import build_bert
+from keras_attn.models import build_conformer
+from keras_attn.models import build_transformer
+from keras_attn.models import build_vit
+from keras_attn.models import enable_lora
+from keras_attn.models import load_lora_weights
+from keras_attn.models import lora_layers
+from keras_attn.models import merge_lora
+from keras_attn.models import save_lora_weights
+from test_case import to_numpy
+
+RNG = np.random.default_rng(5)
+
+
+def _bert(**kw):
+    backbone = build_bert("bert_tiny", vocabulary_size=40, num_layers=2, hidden_dim=16,
+                          intermediate_dim=32, max_sequence_length=16, **kw)
+    return BertSequenceClassifier(backbone, num_classes=3)
+
+
+BERT_INPUTS = {
+    "token_ids": RNG.integers(1, 40, (2, 9)).astype("int32"),
+    "segment_ids": np.zeros((2, 9), "int32"),
+    "padding_mask": np.array([[1] * 9, [1] * 6 + [0] * 3], "int32"),
+}
+# (build, inputs, head patterns for train_also)
+FAMILIES = {
+    "bert": (_bert, BERT_INPUTS, ("classifier",)),
+    "vit": (
+        lambda: build_vit("vit_tiny_16", image_size=16, patch_size=4, num_layers=2,
+                          hidden_dim=16, num_heads=2, intermediate_dim=32, num_classes=3),
+        RNG.integers(0, 256, (2, 16, 16, 3)).astype("uint8"),
+        ("classifier",),
+    ),
+    "transformer": (
+        lambda: build_transformer("transformer_base", vocabulary_size=30, hidden_dim=16,
+                                  intermediate_dim=32, num_heads=2, num_encoder_layers=1,
+                                  num_decoder_layers=1),
+        [np.array([[4, 9, 3, 2, 0], [5, 6, 7, 8, 2]], "int32"),
+         np.array([[1, 7, 7, 0], [1, 3, 4, 5]], "int32")],
+        (),
+    ),
+    "conformer": (
+        lambda: build_conformer("conformer_tiny", vocabulary_size=6, num_layers=2,
+                                hidden_dim=16, num_mel_bins=20),
+        {"waveform": (RNG.standard_normal((2, 4000)) * 0.1).astype("float32"),
+         "waveform_length": np.array([4000, 3000], "int32")},
+        ("ctc_logits",),
+    ),
+}
+
+
+def _outputs(model, inputs):
+    return [to_numpy(o) for o in keras.tree.flatten(model(inputs, training=False))]
+
+
+def _close(a, b, atol):
+    for x, y in zip(a, b, strict=True):
+        np.testing.assert_allclose(x, y, atol=atol, rtol=0)
+
+
+def _perturb_adapters(model, seed=0):
+    rng = np.random.default_rng(seed)
+    for layer in lora_layers(model):
+        layer.lora_kernel_b.assign(rng.normal(0, 0.5, layer.lora_kernel_b.shape).astype("float32"))
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_adapters_train_alone_and_merge_into_a_plain_model(family, tmp_path):
+    build, inputs, heads = FAMILIES[family]
+    model = build()
+    base = _outputs(model, inputs)
+    base_count = len(model.weights)
+    chosen = enable_lora(model, rank=2, train_also=heads)
+
+    # The query and value projections of every attention layer, nothing else.
+    every = _keras_compat.sublayers(model)
+    attention_layers = [layer for layer in every if layer.name == "query"]
+    assert attention_layers and {layer.name for layer in chosen} == {"query", "value"}
+    assert len(chosen) == 2 * len(attention_layers)
+    adapters = [v for layer in chosen for v in (layer.lora_kernel_a, layer.lora_kernel_b)]
+    head_weights = [v for layer in every if any(layer.name == h for h in heads) for v in layer.weights]
+    assert {id(v) for v in model.trainable_weights} == {id(v) for v in adapters + head_weights}
+    assert all(v.dtype == "float32" for v in adapters)
+
+    # B starts at zero: the adapted model starts equal to its base.
+    _close(_outputs(model, inputs), base, atol=1e-6)
+    # A trained-looking head (the ViT's starts at zero and would hide the rest).
+    for layer in every:
+        if layer.name in heads:
+            layer.kernel.assign(RNG.normal(0, 0.5, layer.kernel.shape).astype("float32"))
+    before = _outputs(model, inputs)
+    _perturb_adapters(model)
+    adapted = _outputs(model, inputs)
+    # (at least 100 times the tolerance the merged model is held to)
+    assert max(np.abs(a - b).max() for a, b in zip(adapted, before)) > 1e-3
+
+    merged = merge_lora(model)
+    assert not lora_layers(merged) and len(merged.weights) == base_count
+    assert all(v.trainable for v in merged.trainable_weights) and merged.trainable_weights
+    _close(_outputs(merged, inputs), adapted, atol=1e-5)
+    # The merged model saves and loads like any other.
+    merged.save(tmp_path / "merged.keras")
+    _close(_outputs(keras.saving.load_model(tmp_path / "merged.keras"), inputs), adapted, atol=1e-5)
+    assert lora_layers(model)  # merging leaves the adapted model as it was
+
+
+def test_fit_changes_the_adapters_and_the_head_only():
+    model = _bert()
+    enable_lora(model, rank=2, alpha=4, targets=("query", "key", "value", "attention_output"),
+                train_also=("classifier",))
+    frozen = {v.path: to_numpy(v) for v in model.weights if not v.trainable}
+    trainable = {v.path: to_numpy(v) for v in model.trainable_weights}
+    model.compile(optimizer=keras.optimizers.Adam(1e-2))
+    model.fit(BERT_INPUTS, np.array([0, 2]), epochs=2, verbose=0)
+    for variable in model.weights:
+        if variable.path in frozen:
+            np.testing.assert_array_equal(to_numpy(variable), frozen[variable.path], err_msg=variable.path)
+    changed = [p for p, value in trainable.items()
+               if not np.array_equal(to_numpy(_variable(model, p)), value)]
+    assert any(p.endswith("lora_kernel_b") for p in changed)
+    assert any(p.startswith("classifier/") for p in changed)
+    assert {layer.lora_alpha for layer in lora_layers(model)} == {4}
+
+
+def _variable(model, path):
+    (found,) = [v for v in model.weights if v.path == path]
+    return found
+
+
+def test_adapters_stay_float32_under_mixed_precision():
+    keras.config.set_dtype_policy("mixed_bfloat16")
+    model = _bert()
+    chosen = enable_lora(model, rank=2)
+    assert all(layer.lora_kernel_a.dtype == layer.lora_kernel_b.dtype == "float32" for layer in chosen)
+    assert keras.backend.standardize_dtype(model(BERT_INPUTS).dtype) == "bfloat16"
+
+
+def test_targets_select_by_name_or_path():
+    model = _bert()
+    chosen = enable_lora(model, rank=2, targets=("transformer_block_1/*",))
+    assert chosen and all(layer.path.startswith("transformer_block_1/") for layer in chosen)
+    # every projection of the block: four of attention, two of the feed-forward
+    assert sorted(layer.name for layer in chosen) == sorted(
+        ["query", "key", "value", "attention_output", "intermediate_dense", "output_dense"])
+
+
+def test_adapter_file_loads_onto_its_base_model_only(tmp_path):
+    keras.utils.set_random_seed(1)
+    model = _bert()
+    model.save_weights(tmp_path / "base.weights.h5")
+    enable_lora(model, rank=2, train_also=("classifier",))
+    _perturb_adapters(model)
+    model.get_layer("classifier").kernel.assign(RNG.normal(size=(16, 3)).astype("float32"))
+    adapted = _outputs(model, BERT_INPUTS)
+    path = save_lora_weights(model, tmp_path / "adapters.npz")
+    assert os.path.getsize(path) < os.path.getsize(tmp_path / "base.weights.h5") / 2
+
+    keras.utils.set_random_seed(2)  # other initial weights, then the base checkpoint
+    again = _bert()
+    again.load_weights(tmp_path / "base.weights.h5")
+    layers = load_lora_weights(again, path)
+    assert sorted(layer.path for layer in layers) == sorted(layer.path for layer in lora_layers(model))
+    assert sorted(v.path for v in again.trainable_weights) == sorted(v.path for v in model.trainable_weights)
+    _close(_outputs(again, BERT_INPUTS), adapted, atol=1e-6)
+    # Onto a model adapted the same way: loads too.
+    load_lora_weights(again, path)
+    _close(_outputs(again, BERT_INPUTS), adapted, atol=1e-6)
+
+
+def test_bad_adapter_files_and_models_are_refused_before_any_change(tmp_path):
+    keras.utils.set_random_seed(1)
+    model = _bert()
+    model.save_weights(tmp_path / "base.weights.h5")
+    enable_lora(model, rank=2)
+    _perturb_adapters(model)
+    path = save_lora_weights(model, tmp_path / "adapters.npz")
+
+    other_base = _bert()  # its own random weights
+    before = [to_numpy(v) for v in other_base.weights]
+    with pytest.raises(ValueError, match="trained on another base model"):
+        load_lora_weights(other_base, path)
+    assert not lora_layers(other_base)
+    assert all(np.array_equal(a, to_numpy(v)) for a, v in zip(before, other_base.weights))
+
+    base = _bert()
+    base.load_weights(tmp_path / "base.weights.h5")
+    data = open(path, "rb").read()
+    (tmp_path / "truncated.npz").write_bytes(data[: len(data) // 2])
+    with pytest.raises(ValueError, match="truncated or corrupt"):
+        load_lora_weights(base, tmp_path / "truncated.npz")
+    with np.load(path) as arrays:
+        kept = {k: arrays[k] for k in arrays.files if not k.endswith("lora_kernel_b")}
+    np.savez(tmp_path / "edited.npz", **kept)
+    with pytest.raises(ValueError, match="truncated or edited"):
+        load_lora_weights(base, tmp_path / "edited.npz")
+    np.savez(tmp_path / "other.npz", x=np.zeros(3))
+    with pytest.raises(ValueError, match="not a LoRA adapter file"):
+        load_lora_weights(base, tmp_path / "other.npz")
+    with pytest.raises(ValueError, match="No LoRA adapter file"):
+        load_lora_weights(base, tmp_path / "missing.npz")
+    assert not lora_layers(base)
+
+    enable_lora(base, rank=4)
+    with pytest.raises(ValueError, match="other LoRA adapters"):
+        load_lora_weights(base, path)
+    with pytest.raises(ValueError, match="no LoRA adapters"):
+        save_lora_weights(_bert(), tmp_path / "none.npz")
+    with pytest.raises(ValueError, match="no LoRA adapters"):
+        merge_lora(_bert())
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"rank": 0}, "Received: rank=0"),
+        ({"rank": 2.0}, "Received: rank=2.0"),
+        ({"rank": 2, "alpha": -1}, "Received: alpha=-1"),
+        ({"rank": 2, "targets": ("nope",)}, "`targets` pattern 'nope' matches no"),
+        ({"rank": 2, "targets": ()}, "Received: targets=()"),
+        ({"rank": 2, "train_also": ("head",)}, "`train_also` pattern 'head' matches no"),
+    ],
+)
+def test_bad_arguments(kwargs, message):
+    model = _bert()
+    with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        enable_lora(model, **kwargs)
+    assert not lora_layers(model)
+
+
+def test_enabling_twice_or_after_training_started_is_refused():
+    model = _bert()
+    enable_lora(model, rank=2)
+    with pytest.raises(ValueError, match="already has LoRA adapters"):
+        enable_lora(model, rank=2)
+    trained = _bert()
+    trained.compile(optimizer="adam")
+    trained.fit(BERT_INPUTS, np.array([0, 1]), verbose=0)
+    with pytest.raises(ValueError, match="before the optimizer has taken a step"):
+        enable_lora(trained, rank=2)
