@@ -25,3 +25,16 @@ def test_pretrain_then_finetune_smoke(tmp_path):
     assert 0.0 <= float(match.group(1)) <= 1.0
     assert re.search(r"served: .* -> (specialnames|compound|debugger|string-methods)", out)
     assert os.path.exists(tmp_path / "finetune" / "saved_model" / "saved_model.pb")
+
+
+def test_finetune_with_lora_trains_the_adapters_and_head_and_exports_merged(tmp_path):
+    out = run_example("bert_finetune.py", "--smoke", "--from-scratch", "--lora-rank", "2",
+                      "--output", tmp_path).stdout
+    match = re.search(r"trainable parameters: ([0-9,]+) of ([0-9,]+) \(LoRA rank 2", out)
+    assert match, out[-3000:]
+    trainable, total = (int(group.replace(",", "")) for group in match.groups())
+    assert 0 < trainable < total / 20
+    assert re.search(r"test accuracy: [0-9.]+ .* ms a step after the first epoch; peak memory", out)
+    # The merged model is what is exported and served.
+    assert re.search(r"served: .* -> (specialnames|compound|debugger|string-methods)", out)
+    assert os.path.exists(tmp_path / "saved_model" / "saved_model.pb")
