@@ -91,6 +91,22 @@ def sublayers(layer):
     return found
 
 
+def resolve_policy_maps(model):
+    """Gives each layer inside `model` built with a `DTypePolicyMap` its own
+    policy from the map. Keras 3.15 resolves a map by the layer's path in
+    `quantization_mode` but not in `Dense/EinsumDense._get_kernel_with_merged_lora`
+    (it reads `dtype_policy.quantization_mode`, the map's default): a quantized
+    model loaded with a map could not be saved again ("Invalid dtype: object").
+    The setter `layer.dtype_policy = ...` writes into the map instead, hence
+    the private attribute."""
+    from keras.dtype_policies import DTypePolicyMap
+
+    for layer in sublayers(model):
+        policies = getattr(layer, "_dtype_policy", None)
+        if isinstance(policies, DTypePolicyMap) and layer.path:
+            layer._dtype_policy = policies[layer.path]
+
+
 __all__ = [
     "GLOBAL_SEED_GENERATOR",
     "get_global_seed_generator",
@@ -100,6 +116,7 @@ __all__ = [
     "no_automatic_dependency_tracking",
     "random_seed_dtype",
     "remat_mode",
+    "resolve_policy_maps",
     "set_global_seed_generator",
     "set_keras_mask",
     "sublayers",

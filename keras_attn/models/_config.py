@@ -65,6 +65,35 @@ def resolve_config(config, config_class, presets, family, **overrides):
     return replace_fields(config, family, **overrides) if overrides else config
 
 
+def dtype_policy_with_quantization(model, base=None):
+    """`base` (default: `model`'s dtype policy), or, when layers of `model`
+    are quantized (`model.quantize("int8")`), a `DTypePolicyMap` of `base`
+    and each quantized layer's policy by its path. Every layer of the four
+    families passes its dtype policy to the layers it makes, so a model built
+    with this map makes the quantized layers quantized again and a `.keras`
+    file of a quantized model loads (the way keras-hub's backbones do it)."""
+    import keras
+
+    from keras_attn import _keras_compat
+
+    base = model.dtype_policy if base is None else base
+    quantized = {layer.path: layer.dtype_policy for layer in _keras_compat.sublayers(model)
+                 if layer.quantization_mode is not None and layer.path}
+    if not quantized:
+        return base
+    if isinstance(base, keras.dtype_policies.DTypePolicyMap):
+        policies = base
+    else:
+        policies = keras.dtype_policies.DTypePolicyMap(default_policy=base)
+    for path, policy in quantized.items():
+        if isinstance(policy, keras.dtype_policies.DTypePolicyMap):
+            policy = policy[path]
+        if path in policies:
+            del policies[path]
+        policies[path] = policy
+    return policies
+
+
 class ConfigModel:
     """`get_config` / `from_config` for a functional `keras.Model` whose
     constructor takes the fields of its frozen config dataclass (stored in
@@ -81,7 +110,7 @@ class ConfigModel:
         config = {
             "name": self.name,
             "trainable": self.trainable,
-            "dtype": keras.saving.serialize_keras_object(self.dtype_policy),
+            "dtype": keras.saving.serialize_keras_object(dtype_policy_with_quantization(self)),
         }
         config.update(dataclasses.asdict(getattr(self, self.config_attribute)))
         return config
@@ -93,4 +122,12 @@ class ConfigModel:
         config = {k: v for k, v in config.items() if k not in MOVED_FIELDS}
         if isinstance(config.get("dtype"), dict):
             config["dtype"] = keras.saving.deserialize_keras_object(config["dtype"])
-        return cls(**config)
+        model = cls(**config)
+        if isinstance(config.get("dtype"), keras.dtype_policies.DTypePolicyMap):
+            from keras_attn import _keras_compat
+
+            _keras_compat.resolve_policy_maps(model)
+            # A functional model does not keep the `dtype` it was given; the
+            # map must stay for the layers a task model puts on it (heads).
+            model.dtype_policy = config["dtype"]
+        return model

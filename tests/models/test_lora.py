@@ -9,61 +9,17 @@ import numpy as np
 import pytest
 
 from keras_attn import _keras_compat
-from keras_attn.models import BertSequenceClassifier
-from keras_attn.models import build_bert
-from keras_attn.models import build_conformer
-from keras_attn.models import build_transformer
-from keras_attn.models import build_vit
 from keras_attn.models import enable_lora
 from keras_attn.models import load_lora_weights
 from keras_attn.models import lora_layers
 from keras_attn.models import merge_lora
 from keras_attn.models import save_lora_weights
+from _families import BERT_INPUTS
+from _families import FAMILIES
+from _families import RNG
+from _families import bert_classifier as _bert
+from _families import outputs as _outputs
 from test_case import to_numpy
-
-RNG = np.random.default_rng(5)
-
-
-def _bert(**kw):
-    backbone = build_bert("bert_tiny", vocabulary_size=40, num_layers=2, hidden_dim=16,
-                          intermediate_dim=32, max_sequence_length=16, **kw)
-    return BertSequenceClassifier(backbone, num_classes=3)
-
-
-BERT_INPUTS = {
-    "token_ids": RNG.integers(1, 40, (2, 9)).astype("int32"),
-    "segment_ids": np.zeros((2, 9), "int32"),
-    "padding_mask": np.array([[1] * 9, [1] * 6 + [0] * 3], "int32"),
-}
-# (build, inputs, head patterns for train_also)
-FAMILIES = {
-    "bert": (_bert, BERT_INPUTS, ("classifier",)),
-    "vit": (
-        lambda: build_vit("vit_tiny_16", image_size=16, patch_size=4, num_layers=2,
-                          hidden_dim=16, num_heads=2, intermediate_dim=32, num_classes=3),
-        RNG.integers(0, 256, (2, 16, 16, 3)).astype("uint8"),
-        ("classifier",),
-    ),
-    "transformer": (
-        lambda: build_transformer("transformer_base", vocabulary_size=30, hidden_dim=16,
-                                  intermediate_dim=32, num_heads=2, num_encoder_layers=1,
-                                  num_decoder_layers=1),
-        [np.array([[4, 9, 3, 2, 0], [5, 6, 7, 8, 2]], "int32"),
-         np.array([[1, 7, 7, 0], [1, 3, 4, 5]], "int32")],
-        (),
-    ),
-    "conformer": (
-        lambda: build_conformer("conformer_tiny", vocabulary_size=6, num_layers=2,
-                                hidden_dim=16, num_mel_bins=20),
-        {"waveform": (RNG.standard_normal((2, 4000)) * 0.1).astype("float32"),
-         "waveform_length": np.array([4000, 3000], "int32")},
-        ("ctc_logits",),
-    ),
-}
-
-
-def _outputs(model, inputs):
-    return [to_numpy(o) for o in keras.tree.flatten(model(inputs, training=False))]
 
 
 def _close(a, b, atol):

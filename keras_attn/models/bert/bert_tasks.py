@@ -8,11 +8,13 @@ fills in the loss and metrics when they are left out, so
 
 import keras
 
+from keras_attn import _keras_compat
 from keras_attn._guard import GuardedModel
 from keras_attn._guard import IdSpec
 from keras_attn._guard import check_ids
 from keras_attn._checks import check_positive_int
 from keras_attn._checks import check_rate
+from keras_attn.models._config import dtype_policy_with_quantization
 from keras_attn.models.bert.bert_backbone import BertBackbone
 from keras_attn.models.bert.bert_backbone import bert_initializer
 from keras_attn.models.bert.bert_heads import BertMaskedLMHead
@@ -56,11 +58,12 @@ class _BertTask(GuardedModel, keras.Model):
         return {None: IdSpec(0, self.num_classes, "the classes")}
 
     def get_config(self):
-        config = {
-            "name": self.name,
-            "trainable": self.trainable,
-            "backbone": keras.saving.serialize_keras_object(self.backbone),
-        }
+        backbone = keras.saving.serialize_keras_object(self.backbone)
+        # The heads take the backbone's dtype policy: quantized heads go into
+        # its map (see dtype_policy_with_quantization).
+        backbone["config"]["dtype"] = keras.saving.serialize_keras_object(
+            dtype_policy_with_quantization(self, self.backbone.dtype_policy))
+        config = {"name": self.name, "trainable": self.trainable, "backbone": backbone}
         for arg in self._task_args:
             config[arg] = getattr(self, arg)
         return config
@@ -69,7 +72,9 @@ class _BertTask(GuardedModel, keras.Model):
     def from_config(cls, config):
         config = dict(config)
         config["backbone"] = keras.saving.deserialize_keras_object(config["backbone"])
-        return cls(**config)
+        model = cls(**config)
+        _keras_compat.resolve_policy_maps(model)  # the heads (see there)
+        return model
 
 
 @keras.saving.register_keras_serializable(package="keras_attn")

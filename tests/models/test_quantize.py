@@ -1,0 +1,71 @@
+"""int8 on every family: `model.quantize("int8")` (Keras) reaches every
+projection of every block, the quantized model stays close to the float one,
+and its `.keras` file loads quantized with the same outputs: the families
+record the quantized layers in their config (`dtype_policy_with_quantization`)."""
+
+import keras
+import numpy as np
+import pytest
+
+from _families import FAMILIES
+from _families import RNG
+from _families import outputs
+from keras_attn import _keras_compat
+
+PROJECTIONS = (keras.layers.Dense, keras.layers.EinsumDense)
+
+
+def _trained_looking_heads(model, heads):
+    # The ViT's head starts at zero and would hide every other difference.
+    for layer in _keras_compat.sublayers(model):
+        if layer.name in heads:
+            layer.kernel.assign(RNG.normal(0, 0.5, layer.kernel.shape).astype("float32"))
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_int8_reaches_every_projection_and_survives_saving(family, tmp_path):
+    build, inputs, heads = FAMILIES[family]
+    model = build()
+    _trained_looking_heads(model, heads)
+    float_outputs = outputs(model, inputs)
+    model.quantize("int8")
+
+    projections = [layer for layer in _keras_compat.sublayers(model) if isinstance(layer, PROJECTIONS)]
+    assert projections and all(layer.quantization_mode == "int8" for layer in projections)
+    kernels = [w for layer in projections for w in layer.weights if w.name == "kernel"]
+    assert len(kernels) == len(projections) and all(w.dtype == "int8" for w in kernels)
+    quantized = outputs(model, inputs)
+    for got, want in zip(quantized, float_outputs, strict=True):
+        if np.issubdtype(want.dtype, np.floating):
+            scale = np.abs(want).max()
+            assert np.abs(got - want).max() <= 0.05 * scale, (family, np.abs(got - want).max(), scale)
+        else:  # lengths
+            np.testing.assert_array_equal(got, want)
+
+    model.save(tmp_path / "int8.keras")
+    reloaded = keras.saving.load_model(tmp_path / "int8.keras")
+    again = [layer for layer in _keras_compat.sublayers(reloaded) if isinstance(layer, PROJECTIONS)]
+    assert sorted(layer.path for layer in again if layer.quantization_mode == "int8") == sorted(
+        layer.path for layer in projections)
+    for got, want in zip(outputs(reloaded, inputs), quantized, strict=True):
+        np.testing.assert_allclose(got, want, atol=1e-6, rtol=0)
+    # Saved again from the reloaded model: still quantized.
+    reloaded.save(tmp_path / "again.keras")
+    for got, want in zip(outputs(keras.saving.load_model(tmp_path / "again.keras"), inputs),
+                         quantized, strict=True):
+        np.testing.assert_allclose(got, want, atol=1e-6, rtol=0)
+
+
+@pytest.mark.tf_only
+def test_an_int8_model_exports_as_a_saved_model(tmp_path):
+    import tensorflow as tf
+
+    from keras_attn.export import export_saved_model
+
+    build, images, heads = FAMILIES["vit"]
+    model = build()
+    _trained_looking_heads(model, heads)
+    model.quantize("int8")
+    want = outputs(model, images)[0]
+    loaded = tf.saved_model.load(str(export_saved_model(model, tmp_path / "saved")))
+    np.testing.assert_allclose(loaded.serve(tf.constant(images, tf.float32)).numpy(), want, atol=1e-5)
