@@ -22,6 +22,10 @@ ONLY_ON = {
     # Pure Python, or subprocesses that choose their own backend: running it
     # again in the JAX and PyTorch passes would test nothing new.
     "backend_independent": "tensorflow",
+    # A check of the preset tables (each preset, shrunk, builds and runs):
+    # the layers and builders they reach are tested on every backend by the
+    # model tests, and on JAX these ~60 eager builds cost ~3 min of the budget.
+    "presets": "tensorflow",
 }
 
 

@@ -51,6 +51,7 @@ def test_presets_follow_the_papers():
         assert config.dropout == config.attention_dropout == 0.1
 
 
+@pytest.mark.presets
 @pytest.mark.parametrize("name", sorted(BERT_PRESETS))
 def test_every_preset_shrunk_builds_and_runs(name):
     preset = BERT_PRESETS[name]

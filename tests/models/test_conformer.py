@@ -22,6 +22,7 @@ def batch(lengths, seed=0):
     return {"waveform": wave, "waveform_length": np.asarray(lengths, "int32")}
 
 
+@pytest.mark.presets
 @pytest.mark.parametrize("name", sorted(CONFORMER_PRESETS))
 def test_every_preset_shrunk_builds_and_runs(name):
     config = CONFORMER_PRESETS[name]

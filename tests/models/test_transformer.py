@@ -58,6 +58,7 @@ def test_shared_embedding_scales_and_ties():
     np.testing.assert_allclose(logits[0, 0], table.sum(axis=1), rtol=1e-5)
 
 
+@pytest.mark.presets
 @pytest.mark.parametrize("preset", sorted(TRANSFORMER_PRESETS))
 def test_presets_shrunk(preset):
     model = build_transformer(preset, **TINY)

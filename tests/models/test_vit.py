@@ -28,6 +28,7 @@ def images(batch=2, size=32, channels=3, dtype="uint8", seed=0):
     return rng.integers(0, 256, (batch, size, size, channels)).astype(dtype)
 
 
+@pytest.mark.presets
 @pytest.mark.parametrize("name", sorted(VIT_PRESETS))
 def test_every_preset_shrunk_builds_and_runs(name):
     preset = VIT_PRESETS[name]
