@@ -81,15 +81,14 @@ def dtype_policy_with_quantization(model, base=None):
                  if layer.quantization_mode is not None and layer.path}
     if not quantized:
         return base
-    if isinstance(base, keras.dtype_policies.DTypePolicyMap):
-        policies = base
-    else:
-        policies = keras.dtype_policies.DTypePolicyMap(default_policy=base)
+    # A new map (`base` may be the model's own map, which get_config must not
+    # change): base's entries, then each quantized layer's own policy.
+    Map = keras.dtype_policies.DTypePolicyMap
+    policies = Map(default_policy=base.default_policy if isinstance(base, Map) else base)
+    entries = {path: base[path] for path in base} if isinstance(base, Map) else {}
     for path, policy in quantized.items():
-        if isinstance(policy, keras.dtype_policies.DTypePolicyMap):
-            policy = policy[path]
-        if path in policies:
-            del policies[path]
+        entries[path] = policy[path] if isinstance(policy, Map) else policy
+    for path, policy in entries.items():
         policies[path] = policy
     return policies
 
