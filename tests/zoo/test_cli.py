@@ -20,6 +20,15 @@ RESULT_KEYS = {"name", "metric", "value", "metrics", "train_seconds", "epochs", 
                "parameters", "backend", "hardware", "date", "keras_attn_version"}
 
 
+# Multi-device JAX runs compile their step, as on a GPU. Run eagerly (the tiny
+# runs' jit_compile=false), every primitive of the step is its own program over
+# both virtual CPU devices; on a loaded 2-core machine XLA:CPU's asynchronous
+# dispatch of those programs deadlocked (one device waiting in an all-reduce, the
+# other's launch blocked behind it: two of three concurrent runs hung, seen with
+# gdb), while compiled runs finished every time (seven of seven, four at once).
+DISTRIBUTED_JIT = ["training.jit_compile=true"]
+
+
 def _cli(*args, cwd, timeout=600):
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3",
                PYTHONPATH=os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]))
@@ -128,7 +137,7 @@ def test_data_parallel_training_on_jax_exports_on_tensorflow(tmp_path, monkeypat
     monkeypatch.setenv("KERAS_BACKEND", "jax")
     monkeypatch.setenv("XLA_FLAGS", TWO_JAX_CPU_DEVICES)
     run = tmp_path / "run"
-    extra = ["training.batch_size=430", "training.steps_per_epoch=null"]
+    extra = ["training.batch_size=430", "training.steps_per_epoch=null", *DISTRIBUTED_JIT]
     result = _cli(*_train_args("vit_tiny_digits", run, extra), "--distribute", cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-4000:]
     assert "2 replicas: global batch 430" in result.stdout
