@@ -2,7 +2,7 @@
 recipes (`models/<family>/<name>.json`).
 
 ```
-keras-attn train RECIPE [--set key=value ...] [--output DIR] [--distribute]
+keras-attn train RECIPE [--set key=value ...] [--output DIR] [--distribute [MODE]]
 keras-attn evaluate RUN_DIR [--json]
 keras-attn export RUN_DIR [--output PATH]
 keras-attn list [--family F]
@@ -248,6 +248,16 @@ def list_command(args):
 # === Parser ===
 
 
+def _distribute_mode(value):
+    # The same forms as keras_attn.training.distribute.parse_distribute, checked
+    # here so that a typo is an argument error before Keras is imported.
+    if value == "data_parallel" or re.fullmatch(r"model_parallel:[1-9][0-9]*x[1-9][0-9]*", value):
+        return value
+    raise argparse.ArgumentTypeError(
+        f"expected data_parallel or model_parallel:MxN (e.g. model_parallel:2x4), got {value!r}"
+    )
+
+
 def build_parser():
     parser = argparse.ArgumentParser(
         prog="keras-attn",
@@ -273,10 +283,14 @@ def build_parser():
                       "help": "override a dotted recipe key, e.g. --set training.epochs=3 "
                               "(the value is JSON, else a string); repeatable"}),
         (("--output",), {"metavar": "DIR", "help": "run directory (default: runs/<recipe name>)"}),
-        (("--distribute",), {"action": "store_true",
-                             "help": "data-parallel over every local accelerator (or the "
-                                     "workers of TF_CONFIG / the JAX multi-process "
-                                     "environment)"}),
+        (("--distribute",), {"nargs": "?", "const": "data_parallel", "default": None,
+                             "type": _distribute_mode, "metavar": "MODE",
+                             "help": "alone (or `data_parallel`): data parallel over every "
+                                     "local accelerator (or the workers of TF_CONFIG / the "
+                                     "JAX multi-process environment); `model_parallel:MxN` "
+                                     "(JAX): M data replicas x N model shards, each "
+                                     "attention layer split over its heads and each "
+                                     "feed-forward over its inner width"}),
         (("--no-export",), {"action": "store_true",
                             "help": "do not write the SavedModel (`keras-attn export RUN_DIR` "
                                     "writes it later; on JAX and PyTorch export runs in a "

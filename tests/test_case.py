@@ -18,13 +18,18 @@ from keras import ops
 
 BASE_CONFIG_KEYS = {"name", "trainable", "dtype"}
 
-# XLA_FLAGS for a JAX subprocess that splits the CPU into two devices. XLA
-# aborts the process when one device reaches a collective (the gradients'
-# all-reduce) 40 s after the other; on a loaded 2-core CI machine that
-# happened once (a fresh-clone run, 2026-11-24), so the tests give it 15 min.
-TWO_JAX_CPU_DEVICES = ("--xla_force_host_platform_device_count=2"
-                       " --xla_cpu_collective_call_terminate_timeout_seconds=900"
-                       " --xla_cpu_collective_call_warn_stuck_timeout_seconds=300")
+def jax_cpu_devices_flags(count):
+    """XLA_FLAGS for a JAX subprocess that splits the CPU into `count`
+    devices. XLA aborts the process when one device reaches a collective (the
+    gradients' all-reduce) 40 s after another; on a loaded 2-core CI machine
+    that happened once (a fresh-clone run, 2026-11-24), so the tests give it
+    15 min."""
+    return (f"--xla_force_host_platform_device_count={count}"
+            " --xla_cpu_collective_call_terminate_timeout_seconds=900"
+            " --xla_cpu_collective_call_warn_stuck_timeout_seconds=300")
+
+
+TWO_JAX_CPU_DEVICES = jax_cpu_devices_flags(2)
 
 
 def to_numpy(x):

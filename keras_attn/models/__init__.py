@@ -35,6 +35,7 @@ from keras_attn.models.lora import load_lora_weights
 from keras_attn.models.lora import lora_layers
 from keras_attn.models.lora import merge_lora
 from keras_attn.models.lora import save_lora_weights
+from keras_attn.models.parallel import layout_map
 from keras_attn.models.transformer import TRANSFORMER_PRESETS
 from keras_attn.models.transformer import Transformer
 from keras_attn.models.transformer import TransformerConfig
@@ -78,6 +79,7 @@ __all__ = [
     "get_conformer_config",
     "get_transformer_config",
     "get_vit_config",
+    "layout_map",
     "load_lora_weights",
     "lora_layers",
     "merge_lora",

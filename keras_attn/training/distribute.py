@@ -44,6 +44,7 @@ TensorFlow is imported only in the TensorFlow branch, JAX only in the JAX one.
 
 import contextlib
 import os
+import re
 import warnings
 
 import keras
@@ -242,6 +243,100 @@ def data_parallel(enabled=True, devices=None):
         )
     with manager as replicas:
         yield replicas
+
+
+MODEL_PARALLEL = "model_parallel"
+
+
+def parse_distribute(value):
+    """Reads a `--distribute` value: `None` or `False` (one device), `True`
+    or `"data_parallel"` (data parallel), `"model_parallel:MxN"` (M data
+    replicas times N model shards).
+
+    Returns:
+        None, `"data_parallel"`, or `(M, N)` for model parallel.
+
+    Raises:
+        ValueError: for any other value, naming it.
+
+    Example:
+
+    >>> parse_distribute("model_parallel:2x4")
+    (2, 4)
+    >>> parse_distribute(True)
+    'data_parallel'
+    """
+    if value is None or value is False:
+        return None
+    if value is True or value == "data_parallel":
+        return "data_parallel"
+    match = isinstance(value, str) and re.fullmatch(
+        MODEL_PARALLEL + r":([1-9][0-9]*)x([1-9][0-9]*)", value
+    )
+    if not match:
+        raise ValueError(
+            "`distribute` (--distribute) must be `data_parallel` or "
+            "`model_parallel:MxN` (M data replicas x N model shards, e.g. "
+            f"model_parallel:2x4). Received: distribute={value!r}"
+        )
+    return int(match.group(1)), int(match.group(2))
+
+
+@contextlib.contextmanager
+def model_parallel(mesh_shape, model_or_config, devices=None):
+    """Runs the block model parallel (JAX); yields the number of data
+    replicas.
+
+    A `(data, model)` device mesh over `devices` (default: every device,
+    `keras.distribution.list_devices()`, after `keras.distribution.initialize()`
+    when a multi-process launcher set its variables, as in `data_parallel`),
+    with the family's `keras_attn.models.layout_map`: each attention layer
+    sharded over its heads, each feed-forward over its inner width, token
+    embeddings over the vocabulary, the rest replicated. Each batch is split
+    over the `data` axis (keep it a multiple of M). Build, compile, train and
+    save the model inside the block; the previous distribution is put back
+    after it.
+
+    Args:
+        mesh_shape: `(M, N)`: M data replicas times N model shards; M x N
+            must be the number of devices.
+        model_or_config: what `layout_map` takes: the family config the
+            model will be built from, or a model of the same configuration.
+        devices: Keras JAX device names instead of every device.
+
+    Raises:
+        ValueError: on a backend other than JAX, when M x N is not the
+            number of devices, or when the heads or the inner width do not
+            divide over N (from `layout_map`).
+    """
+    from keras_attn.models.parallel import layout_map
+
+    backend = keras.backend.backend()
+    if backend != "jax":
+        raise ValueError(
+            "Model parallel training (`--distribute model_parallel:MxN`) runs on "
+            "the jax backend (Keras's distribution API); use data parallel "
+            f"(`--distribute`) on {backend}. Received: backend={backend!r}"
+        )
+    devices = _check_devices(devices)
+    _jax_initialize()
+    devices = list(devices or keras.distribution.list_devices())
+    data, shards = mesh_shape
+    if data * shards != len(devices):
+        raise ValueError(
+            f"The mesh {data}x{shards} needs {data * shards} devices and there are "
+            f"{len(devices)} ({', '.join(devices)}). Received: mesh_shape={tuple(mesh_shape)}"
+        )
+    mesh = keras.distribution.DeviceMesh((data, shards), ("batch", "model"), devices)
+    distribution = keras.distribution.ModelParallel(
+        layout_map=layout_map(model_or_config, mesh, "model"), batch_dim_name="batch"
+    )
+    previous = keras.distribution.distribution()
+    keras.distribution.set_distribution(distribution)
+    try:
+        yield data
+    finally:
+        keras.distribution.set_distribution(previous)
 
 
 def describe_replicas(replicas, batch_size):

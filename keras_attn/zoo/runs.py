@@ -15,7 +15,10 @@ A run directory holds:
 recipe.json           the resolved recipe, written once it builds and compiles
 checkpoints/          ResumableTrainer checkpoints and history.json
 tensorboard/          TensorBoard logs
-model.keras           the trained model (written atomically)
+model.keras           the trained model (written atomically); with `training.lora`
+                      the merged model (adapters folded into the kernels)
+adapters.npz          with `training.lora`: the adapters and fully trained layers
+                      alone (`keras_attn.models.load_lora_weights` onto the base)
 saved_model/          the task's serving SavedModel (atomically)
 vocab.txt             the vocabulary, for the text tasks
 learning_curves.png   loss and metrics per epoch, training and validation
@@ -34,6 +37,7 @@ subprocess, from model.keras.
 import datetime
 import glob
 import json
+import math
 import os
 import platform
 import sys
@@ -51,6 +55,7 @@ from keras_attn_cli import recipe_paths
 RECIPE = "recipe.json"
 CHECKPOINTS = "checkpoints"
 TIMES = "epoch_seconds.json"  # training seconds of each finished epoch, over all sessions
+ADAPTERS = "adapters.npz"
 
 
 # === Files ===
@@ -332,8 +337,11 @@ def train(recipe, overrides=(), output=None, distribute=False, export=True, verb
         recipe: a recipe file, or the name of one in the zoo (`list_recipes`).
         overrides: `"dotted.key=value"` strings or `(key, value)` pairs.
         output: the run directory; None for `runs/<recipe name>`.
-        distribute: data-parallel over every local accelerator (or the
-            workers of TF_CONFIG / the JAX multi-process environment).
+        distribute: False for one device; True or `"data_parallel"`:
+            data parallel over every local accelerator (or the workers of
+            TF_CONFIG / the JAX multi-process environment);
+            `"model_parallel:MxN"` (JAX): M data replicas x N model shards,
+            laid out by `keras_attn.models.layout_map`.
         export: write the serving SavedModel (on JAX and PyTorch through a
             TensorFlow subprocess); `export(run_dir)` can write it later.
         verbose: a line per epoch is printed in every case (its time, the
@@ -351,8 +359,10 @@ def train(recipe, overrides=(), output=None, distribute=False, export=True, verb
             output that is a file, not writable, being trained by another
             process or holding a run of another recipe.
     """
+    from keras_attn.training.distribute import parse_distribute
     from keras_attn.zoo.recipe import load_recipe
 
+    distribute = parse_distribute(distribute)
     recipe = load_recipe(locate_recipe(recipe), overrides)
     output = output or os.path.join("runs", recipe["name"])
     _check_output_path(output)
@@ -377,6 +387,7 @@ def _train_locked(recipe, output, distribute, export, verbose):
     from keras_attn.data.checks import check_batches
     from keras_attn.training.distribute import data_parallel
     from keras_attn.training.distribute import describe_replicas
+    from keras_attn.training.distribute import model_parallel
     from keras_attn.training.resumable import ResumableTrainer
     from keras_attn.viz import plot_learning_curves
     from keras_attn.zoo.tasks import make_task
@@ -384,9 +395,18 @@ def _train_locked(recipe, output, distribute, export, verbose):
 
     task = make_task(recipe)
     training = recipe["training"]
-    with data_parallel(distribute) as replicas:
+    if isinstance(distribute, tuple):
+        # The layout follows the model's sizes, which the data can set (the
+        # vocabulary, the classes): the data is loaded first.
+        task.prepare()
+        distribution = model_parallel(distribute, task.model_config)
+    else:
+        distribution = data_parallel(distribute == "data_parallel")
+    with distribution as replicas:
         # The batch is global: it must split evenly over the replicas.
         layout = describe_replicas(replicas, training["batch_size"])
+        if isinstance(distribute, tuple):
+            layout += f", each model split over {distribute[1]} devices"
         task.prepare()
         model = task.build_model()
         task.compile(model)
@@ -395,6 +415,10 @@ def _train_locked(recipe, output, distribute, export, verbose):
         write_json(os.path.join(output, RECIPE), recipe)
         parameters = model.count_params()
         steps = task.steps_per_epoch
+        trainable = sum(int(math.prod(v.shape)) for v in model.trainable_weights)
+        if training.get("lora"):
+            print(f"LoRA on {training['lora']['base']}: {trainable:,} of {parameters:,} "
+                  "parameters train", flush=True)
         print(f"{recipe['name']}: {parameters:,} parameters, {training['epochs']} epochs of "
               f"{steps} steps, {layout}; writing to {output}", flush=True)
         trainer = ResumableTrainer(
@@ -418,6 +442,12 @@ def _train_locked(recipe, output, distribute, export, verbose):
                               validation_data=validation, callbacks=callbacks,
                               verbose=verbose)
         model_path = os.path.join(output, MODEL)
+        if training.get("lora"):
+            from keras_attn.models import merge_lora
+            from keras_attn.models import save_lora_weights
+
+            save_lora_weights(model, os.path.join(output, ADAPTERS))
+            model = merge_lora(model)
         save_model(model, model_path)
     # The test set is evaluated and exported from model.keras on one device,
     # as `keras-attn evaluate` / `export` do (a test batch need not split

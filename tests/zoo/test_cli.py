@@ -12,6 +12,7 @@ from _tiny import ROOT
 from _tiny import SMALL
 from _tiny import tiny_overrides
 from test_case import TWO_JAX_CPU_DEVICES
+from test_case import jax_cpu_devices_flags
 import keras_attn_cli as cli
 from keras_attn.zoo import runs
 
@@ -144,6 +145,22 @@ def test_data_parallel_training_on_jax_exports_on_tensorflow(tmp_path, monkeypat
     results = json.loads((run / "results.json").read_text())
     assert results["backend"] == "jax" and results["steps"] == 4
     _compare_exported(str(run))
+
+
+def test_model_parallel_training_on_jax(tmp_path, monkeypatch):
+    # 4 host devices: 2 replicas x 2 model shards (vit_tiny_digits has 4 heads
+    # and an inner width of 128).
+    monkeypatch.setenv("KERAS_BACKEND", "jax")
+    monkeypatch.setenv("XLA_FLAGS", jax_cpu_devices_flags(4))
+    run = tmp_path / "run"
+    result = _cli(*_train_args("vit_tiny_digits", run), "--distribute", "model_parallel:2x2",
+                  "--no-export", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-4000:]
+    assert "2 replicas: global batch" in result.stdout
+    assert "each model split over 2 devices" in result.stdout
+    results = json.loads((run / "results.json").read_text())
+    assert results["backend"] == "jax" and 0 <= results["value"] <= 1
+    # (A mesh that does not fit the devices: tests/models/test_parallel.py.)
 
 
 def test_errors_exit_with_status_2_and_no_traceback(tmp_path):
