@@ -258,6 +258,29 @@ SCHEDULES = (ConstantSchedule, CosineSchedule, LinearSchedule, TransformerSchedu
 Schedule = Annotated[Union[SCHEDULES], Field(discriminator="name")]
 
 
+class Lora(Section):
+    """LoRA fine-tuning of a trained model (`keras_attn.models.enable_lora`)."""
+
+    base: str = field(description="The trained model to adapt: a run directory (its "
+                                  "model.keras; its recipe must build the same model) or a "
+                                  ".keras file.")
+    rank: int = field(ge=1, description="The adapters' rank r.")
+    alpha: Optional[float] = field(None, gt=0, description="The adapters' scale is alpha / r "
+                                                          "(null: alpha = r, scale 1).")
+    targets: list[str] = field(["query", "value"], description="Projections to adapt: layer "
+                               "name or path patterns (shell style, e.g. \"query\", "
+                               "\"*attention_output\").")
+    train_also: list[str] = field([], description="Layers trained in full beside the adapters "
+                                  "(a new head, e.g. \"classifier\").")
+
+    @pydantic.field_validator("targets")
+    @classmethod
+    def _some_targets(cls, value):
+        if not value or not all(value):
+            raise key_error("", "must name at least one projection pattern", value)
+        return value
+
+
 class Training(Section):
     """The keys of every task's `training`."""
 
@@ -278,6 +301,19 @@ class Training(Section):
                                                          "(there is one at each epoch's end too).")
     jit_compile: Union[bool, Literal["auto"]] = field(
         "auto", description="Passed to `Model.compile`.")
+    lora: Optional[Lora] = field(
+        None, description="null: train every weight. An object: LoRA-adapt a trained model "
+                          "instead; the run's model.keras is the merged model, adapters.npz "
+                          "the adapters and trained layers alone.")
+
+    @pydantic.model_serializer(mode="wrap")
+    def _without_null_lora(self, handler):
+        # Recipes without LoRA resolve as before (same fingerprint: their
+        # runs resume).
+        dumped = handler(self)
+        if dumped.get("lora") is None:
+            dumped.pop("lora", None)
+        return dumped
 
     @pydantic.field_validator("jit_compile", mode="before")
     @classmethod

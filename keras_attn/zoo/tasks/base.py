@@ -200,7 +200,48 @@ class Task:
         keras.utils.set_random_seed(self.seed)
         model = self.make_model(self.recipe["model"]["preset"],
                                 dict(self.recipe["model"]["overrides"]))
+        lora = self.training.get("lora")
+        if lora:
+            self._load_base_weights(model, lora["base"])
+            from keras_attn.models import enable_lora
+
+            enable_lora(model, lora["rank"], targets=lora["targets"], alpha=lora["alpha"],
+                        train_also=lora["train_also"])
         return model
+
+    def _load_base_weights(self, model, base):
+        """The weights of `training.lora.base` (a run directory or a .keras
+        file) into `model`, refusing a base of another model."""
+        import json
+        import os
+
+        key = "`training.lora.base`"
+        path = base
+        if os.path.isdir(base):
+            path = os.path.join(base, "model.keras")
+            recipe_path = os.path.join(base, "recipe.json")
+            if os.path.exists(recipe_path):
+                with open(recipe_path, encoding="utf-8") as handle:
+                    theirs = json.load(handle)
+                ours = {"family": self.recipe["family"], **self.recipe["model"]}
+                theirs = {"family": theirs.get("family"), **theirs.get("model", {})}
+                if theirs != ours:
+                    raise ValueError(
+                        f"{key} was trained with another model: its recipe has "
+                        f"{theirs}, this one {ours}. Received: training.lora.base={base!r}"
+                    )
+        if not (os.path.isfile(path) and path.endswith(".keras")):
+            raise ValueError(
+                f"{key} must be a run directory with a model.keras (a finished run) or a "
+                f".keras file. Received: training.lora.base={base!r}"
+            )
+        try:
+            model.load_weights(path)
+        except (ValueError, KeyError, OSError) as error:
+            raise ValueError(
+                f"{key} does not hold this recipe's model ({error}). "
+                f"Received: training.lora.base={base!r}"
+            ) from None
 
     def make_model(self, preset, overrides):
         raise NotImplementedError
