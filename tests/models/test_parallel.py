@@ -65,7 +65,7 @@ def _expected_spec(path, rank):
 
 
 @pytest.mark.backend_independent
-@pytest.mark.xdist_group("parallel")  # one worker runs the subprocess
+@pytest.mark.xdist_group("distribute")  # one worker, after the other multi-device runs
 @pytest.mark.parametrize("family", FAMILIES)
 def test_every_large_variable_is_sharded_as_intended(report, family):
     variables = report[family]["variables"]
@@ -85,7 +85,7 @@ def test_every_large_variable_is_sharded_as_intended(report, family):
 
 
 @pytest.mark.backend_independent
-@pytest.mark.xdist_group("parallel")  # one worker runs the subprocess
+@pytest.mark.xdist_group("distribute")  # one worker, after the other multi-device runs
 @pytest.mark.parametrize("family", FAMILIES)
 def test_a_device_holds_a_model_shard_of_the_sharded_weights(report, family):
     variables = report[family]["variables"].values()
@@ -106,7 +106,7 @@ def test_a_device_holds_a_model_shard_of_the_sharded_weights(report, family):
 
 
 @pytest.mark.backend_independent
-@pytest.mark.xdist_group("parallel")  # one worker runs the subprocess
+@pytest.mark.xdist_group("distribute")  # one worker, after the other multi-device runs
 @pytest.mark.parametrize("family", FAMILIES)
 def test_model_parallel_steps_give_the_one_device_losses(report, family):
     single, parallel = report[family]["single_losses"], report[family]["losses"]
