@@ -154,13 +154,13 @@ def test_data_parallel_training_on_jax_exports_on_tensorflow(tmp_path, monkeypat
 # two at once on 2 cores starved XLA's collectives past the test timeout.
 @pytest.mark.xdist_group("distribute")
 def test_model_parallel_training_on_jax(tmp_path, monkeypatch):
-    # 4 host devices: 2 replicas x 2 model shards (vit_tiny_digits has 4 heads
-    # and an inner width of 128).
+    # 4 host devices: 2 replicas x 2 model shards (the tiny ViT's 2 heads and
+    # inner width of 32 split in two).
     monkeypatch.setenv("KERAS_BACKEND", "jax")
     monkeypatch.setenv("XLA_FLAGS", jax_cpu_devices_flags(4))
     run = tmp_path / "run"
-    result = _cli(*_train_args("vit_tiny_digits", run), "--distribute", "model_parallel:2x2",
-                  "--no-export", cwd=tmp_path)
+    result = _cli(*_train_args("vit_tiny_digits", run, DISTRIBUTED_JIT), "--distribute",
+                  "model_parallel:2x2", "--no-export", cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-4000:]
     assert "2 replicas: global batch" in result.stdout
     assert "each model split over 2 devices" in result.stdout
