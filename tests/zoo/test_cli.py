@@ -131,8 +131,8 @@ def test_unfinished_runs_evaluate_from_checkpoints_and_finish_without_training_a
     assert (tmp_path / "exported" / "saved_model.pb").is_file()
 
 
-# Multi-device JAX subprocesses run one at a time (the "distribute" group):
-# two at once on 2 cores starved XLA's collectives past the test timeout.
+# Multi-device JAX subprocesses run one at a time (the "distribute" group), so
+# that their virtual devices share the 2 cores with as little else as possible.
 @pytest.mark.xdist_group("distribute")
 def test_data_parallel_training_on_jax_exports_on_tensorflow(tmp_path, monkeypatch):
     # The GPU path of the project: train on JAX, here data parallel over two
@@ -150,8 +150,8 @@ def test_data_parallel_training_on_jax_exports_on_tensorflow(tmp_path, monkeypat
     _compare_exported(str(run))
 
 
-# Multi-device JAX subprocesses run one at a time (the "distribute" group):
-# two at once on 2 cores starved XLA's collectives past the test timeout.
+# Multi-device JAX subprocesses run one at a time (the "distribute" group), so
+# that their virtual devices share the 2 cores with as little else as possible.
 @pytest.mark.xdist_group("distribute")
 def test_model_parallel_training_on_jax(tmp_path, monkeypatch):
     # 4 host devices: 2 replicas x 2 model shards (the tiny ViT's 2 heads and
