@@ -8,25 +8,30 @@ import numpy as np
 import pytest
 
 from _families import FAMILIES
-from _families import RNG
 from _families import outputs
 from keras_attn import _keras_compat
 
 PROJECTIONS = (keras.layers.Dense, keras.layers.EinsumDense)
 
 
-def _trained_looking_heads(model, heads):
-    # The ViT's head starts at zero and would hide every other difference.
+def _seeded(build, heads):
+    """`build()` with the same weights in every run (rounding errors depend
+    on them: unseeded, they depended on the tests run before in the same
+    worker), the task heads set to trained-looking values: the ViT's head
+    starts at zero and would hide every other difference."""
+    keras.utils.set_random_seed(0)
+    model = build()
+    rng = np.random.default_rng(0)
     for layer in _keras_compat.sublayers(model):
         if layer.name in heads:
-            layer.kernel.assign(RNG.normal(0, 0.5, layer.kernel.shape).astype("float32"))
+            layer.kernel.assign(rng.normal(0, 0.5, layer.kernel.shape).astype("float32"))
+    return model
 
 
 @pytest.mark.parametrize("family", sorted(FAMILIES))
 def test_int8_reaches_every_projection_and_survives_saving(family, tmp_path):
     build, inputs, heads = FAMILIES[family]
-    model = build()
-    _trained_looking_heads(model, heads)
+    model = _seeded(build, heads)
     float_outputs = outputs(model, inputs)
     model.quantize("int8")
 
@@ -37,8 +42,11 @@ def test_int8_reaches_every_projection_and_survives_saving(family, tmp_path):
     quantized = outputs(model, inputs)
     for got, want in zip(quantized, float_outputs, strict=True):
         if np.issubdtype(want.dtype, np.floating):
-            scale = np.abs(want).max()
-            assert np.abs(got - want).max() <= 0.05 * scale, (family, np.abs(got - want).max(), scale)
+            # Relative to the outputs' norm: in these width-16 models int8 moves
+            # the outputs by 0.5-6% (16 seeds per family, JAX); a wrong scale or
+            # a layer left unquantized-but-rescaled moves them by ~100%.
+            error = np.linalg.norm(got - want) / np.linalg.norm(want)
+            assert error <= 0.1, (family, error)
         else:  # lengths
             np.testing.assert_array_equal(got, want)
 
@@ -63,8 +71,7 @@ def test_an_int8_model_exports_as_a_saved_model(tmp_path):
     from keras_attn.export import export_saved_model
 
     build, images, heads = FAMILIES["vit"]
-    model = build()
-    _trained_looking_heads(model, heads)
+    model = _seeded(build, heads)
     model.quantize("int8")
     want = outputs(model, images)[0]
     loaded = tf.saved_model.load(str(export_saved_model(model, tmp_path / "saved")))
