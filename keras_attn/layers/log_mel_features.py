@@ -86,6 +86,10 @@ class LogMelFeatures(keras.layers.Layer):
             dtype=self.dtype_policy,
             name="mel_spectrogram",
         )
+        # Built here, not at its first call: a model loaded from a .keras file
+        # is not called before `model.quantize("int8")`, which refuses unbuilt
+        # layers.
+        self.mel_spectrogram.build(waveform_shape)
         self.built = True
 
     def num_frames(self, waveform_length):
