@@ -37,6 +37,8 @@ from keras_attn.models.conformer import build_conformer  # noqa: E402
 def transcribe(model, dataset, strategy):
     references, hypotheses = [], []
     for inputs, labels in dataset:
+        # As NumPy: decode runs its compiled predict step on concrete values.
+        inputs = {name: value.numpy() for name, value in inputs.items()}
         decoded = keras.ops.convert_to_numpy(model.decode(inputs, strategy=strategy, beam_width=8))
         for ids, label in zip(decoded, labels.numpy()):
             references.append(speech.decode_ids(label))

@@ -101,6 +101,14 @@ def test_beam_search_decode_runs():
     assert decoded.shape[0] == 2
 
 
+def test_decode_refuses_lengths_past_the_waveform_before_its_compiled_step():
+    model = build_conformer(TINY, vocabulary_size=4)
+    data = batch([4000, 2000])
+    data["waveform_length"] = np.array([4000, 4001], "int32")
+    with pytest.raises(ValueError, match="waveform_length.*4001"):
+        model.decode(data)
+
+
 def test_keras_save_and_reload(tmp_path):
     model = build_conformer(TINY, vocabulary_size=7)
     data = batch([5000, 3000])

@@ -150,6 +150,9 @@ class SpeechCTC(Task):
         self.prepare()
         references, hypotheses = [], []
         for inputs, labels in self._dataset("test"):
+            # NumPy, not tf.data's tensors: on JAX and PyTorch only concrete
+            # values of the backend take decode's compiled path.
+            inputs = {name: np.asarray(value) for name, value in inputs.items()}
             decoded = model.decode(inputs, strategy=self.evaluation["strategy"],
                                    beam_width=self.evaluation["beam_width"])
             for ids, label in zip(keras.ops.convert_to_numpy(decoded), np.asarray(labels)):
@@ -176,7 +179,8 @@ class SpeechCTC(Task):
     def reference_outputs(self, model, inputs):
         import keras
 
-        decoded = model.decode(dict(inputs), strategy=self.evaluation["strategy"],
+        inputs = {name: np.asarray(value) for name, value in inputs.items()}
+        decoded = model.decode(inputs, strategy=self.evaluation["strategy"],
                                beam_width=self.evaluation["beam_width"])
         return {"token_ids": keras.ops.convert_to_numpy(decoded).astype("int32")}
 
