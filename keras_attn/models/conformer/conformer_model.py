@@ -272,15 +272,17 @@ class ConformerCTC(GuardedModel, ConfigModel, keras.Model):
         """Token ids `(B, T')`, -1 after each transcript's end.
 
         `strategy` is `"greedy"` or `"beam_search"` (keras.ops.ctc_decode).
-        Inputs whose values exist now (NumPy arrays, eager tensors of this
-        backend) go through the compiled predict step (`predict_on_batch`,
-        checked first like a call): called op by op, JAX compiled every
-        primitive of the encoder again, ~8 s a batch for a tiny model on the
-        CPU. Traced inputs (a `tf.function` export) are called directly.
+        On JAX, inputs whose values exist now (NumPy arrays, JAX arrays) go
+        through the model's predict step (`predict_on_batch`, compiled unless
+        the model was compiled with `jit_compile=False`; checked first like a
+        call): called op by op, JAX compiled every primitive of the encoder
+        again, ~8 s a batch for a tiny model on the CPU. TensorFlow and
+        PyTorch run eager calls fast and call the model directly, as do
+        traced inputs (a `tf.function` export).
         """
         named = inputs if isinstance(inputs, dict) else {"": inputs}
         values = {name: concrete_value(value) for name, value in named.items()}
-        if all(value is not None for value in values.values()):
+        if keras.backend.backend() == "jax" and all(v is not None for v in values.values()):
             self.check_inputs(inputs)
             concrete = values if isinstance(inputs, dict) else values[""]
             outputs = self._keeping_variables(lambda: self.predict_on_batch(concrete))

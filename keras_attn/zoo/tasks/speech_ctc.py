@@ -150,8 +150,8 @@ class SpeechCTC(Task):
         self.prepare()
         references, hypotheses = [], []
         for inputs, labels in self._dataset("test"):
-            # NumPy, not tf.data's tensors: on JAX and PyTorch only concrete
-            # values of the backend take decode's compiled path.
+            # NumPy, not tf.data's tensors: on JAX only values JAX can read
+            # take decode's compiled path.
             inputs = {name: np.asarray(value) for name, value in inputs.items()}
             decoded = model.decode(inputs, strategy=self.evaluation["strategy"],
                                    beam_width=self.evaluation["beam_width"])
