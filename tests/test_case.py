@@ -132,10 +132,9 @@ def run_layer_test(
     symbolic = _as_tuple(model.outputs)
     assert tuple(tuple(o.shape) for o in symbolic) == expected_output_shape
 
-    # One fit step, compiled as Keras compiles by default ("auto": XLA on
-    # TensorFlow and JAX, eager on PyTorch), gives a finite loss. torch.compile
-    # (jit_compile=True on PyTorch) cost 10-80 s a layer here and is not what
-    # a PyTorch user of Keras gets unless asked; the README does not claim it.
+    # One fit step gives a finite loss: under XLA on TensorFlow and JAX, eager
+    # on PyTorch (what Keras's "auto" gives there). jit_compile=True on PyTorch
+    # is torch.compile: 10-83 s a layer here, and not claimed by the README.
     model, _ = _build_model(layer_cls(**init_kwargs), input_data, call_kwargs)
     first = _as_tuple(model.outputs)[0]
     train_model = keras.Model(model.inputs, first)
