@@ -1,21 +1,28 @@
-"""Importing public checkpoints (Hugging Face safetensors directories).
+"""Weights in and out: Hugging Face safetensors directories, both ways.
 
-    from keras_attn.convert import load_hf_bert_backbone
+    from keras_attn.convert import load_hf_bert_backbone, save_hf_bert
     backbone = load_hf_bert_backbone("path/to/bert-base-uncased")
+    save_hf_bert(classifier, "path/to/out", tokenizer=tokenizer)  # BertForSequenceClassification
 """
 
 from keras_attn.convert.bert import bert_config_from_hf
 from keras_attn.convert.bert import load_hf_bert
 from keras_attn.convert.bert import load_hf_bert_backbone
+from keras_attn.convert.bert import load_hf_bert_task
 from keras_attn.convert.bert import load_hf_bert_tokenizer
+from keras_attn.convert.bert import save_hf_bert
 from keras_attn.convert.vit import load_hf_vit
+from keras_attn.convert.vit import save_hf_vit
 from keras_attn.convert.vit import vit_config_from_hf
 
 __all__ = [
     "bert_config_from_hf",
     "load_hf_bert",
     "load_hf_bert_backbone",
+    "load_hf_bert_task",
     "load_hf_bert_tokenizer",
     "load_hf_vit",
+    "save_hf_bert",
+    "save_hf_vit",
     "vit_config_from_hf",
 ]

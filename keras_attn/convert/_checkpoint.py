@@ -113,3 +113,105 @@ class Tensors:
                 f"{len(self.tensors)} tensors"
             )
         return skipped
+
+
+# === Writing (keras_attn -> Hugging Face) ===
+
+
+class Entry:
+    """One checkpoint tensor and the Keras variable it fills: `to_keras`
+    lays the checkpoint's array out for the variable, `to_hf` undoes it
+    (transposes and reshapes only, so a round trip is exact).
+
+    The loaders and the savers read one list of entries, so the two
+    directions cannot disagree on a name or a layout."""
+
+    def __init__(self, name, shape, variable, to_keras=None, to_hf=None):
+        self.name = name
+        self.shape = tuple(shape)
+        self.variable = variable
+        self.to_keras = to_keras or _same
+        self.to_hf = to_hf or _same
+
+
+def _same(array):
+    return array
+
+
+def transposed(array):
+    return array.T
+
+
+def layer_weights(layer, count):
+    """`layer.weights`, which must be the `count` float weights of a plain
+    layer: a layer with LoRA adapters or int8 weights has no checkpoint
+    layout (a `ValueError` that says what to do)."""
+    if getattr(layer, "lora_enabled", False):
+        raise ValueError(
+            f"Layer {layer.path!r} has LoRA adapters: fold them in first with "
+            "keras_attn.models.merge_lora(model), then convert the merged model. "
+            f"Received: {layer.path}.lora_rank={layer.lora_rank}"
+        )
+    mode = getattr(layer, "quantization_mode", None)
+    if mode is not None:
+        raise ValueError(
+            f"Layer {layer.path!r} is quantized ({mode}); checkpoints of the other "
+            "libraries hold float weights: convert the model before `quantize`. "
+            f"Received: {layer.path}.quantization_mode={mode!r}"
+        )
+    weights = list(layer.weights)
+    if len(weights) != count:
+        raise ValueError(  # a bug of the converter's layout, not of the user's model
+            f"Layer {layer.path!r} has {len(weights)} weights, the layout expects {count}. "
+            f"Received: weights={[w.path for w in weights]}"
+        )
+    return weights
+
+
+def write_directory(directory, files, tensors, overwrite=False):
+    """Writes `files` (`{name: text}`) and `tensors` (`{name: array}`, as
+    `model.safetensors`) into `directory` atomically: everything goes to a
+    new sibling directory first, which then takes `directory`'s place, so
+    an error or an interruption never leaves a half-written directory.
+
+    An existing non-empty `directory` is a `ValueError` unless `overwrite`.
+    """
+    import shutil
+    import tempfile
+
+    import numpy as np
+    from safetensors.numpy import save_file
+
+    directory = os.path.abspath(os.fspath(directory))
+    if os.path.exists(directory):
+        if not os.path.isdir(directory):
+            raise ValueError(f"`directory` is a file. Received: directory={directory!r}")
+        if os.listdir(directory) and not overwrite:
+            raise ValueError(
+                "`directory` exists and is not empty; pass overwrite=True to replace it. "
+                f"Received: directory={directory!r}"
+            )
+    parent = os.path.dirname(directory)
+    os.makedirs(parent, exist_ok=True)
+    staging = tempfile.mkdtemp(prefix=".tmp-" + os.path.basename(directory) + "-", dir=parent)
+    try:
+        for name, text in files.items():
+            with open(os.path.join(staging, name), "w", encoding="utf-8") as stream:
+                stream.write(text)
+        arrays = {name: np.ascontiguousarray(value) for name, value in tensors.items()}
+        save_file(arrays, os.path.join(staging, "model.safetensors"), metadata={"format": "pt"})
+        if os.path.exists(directory):
+            old = staging + ".old"
+            os.replace(directory, old)
+            os.replace(staging, directory)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.replace(staging, directory)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return directory
+
+
+def json_text(value):
+    return json.dumps(value, indent=2, sort_keys=True) + "\n"

@@ -20,11 +20,16 @@ import json
 import os
 import warnings
 
+from keras_attn.convert._checkpoint import Entry
 from keras_attn.convert._checkpoint import Tensors
 from keras_attn.convert._checkpoint import config_float
 from keras_attn.convert._checkpoint import config_int
 from keras_attn.convert._checkpoint import read_config
+from keras_attn.convert._checkpoint import json_text
+from keras_attn.convert._checkpoint import layer_weights
 from keras_attn.convert._checkpoint import read_safetensors
+from keras_attn.convert._checkpoint import transposed
+from keras_attn.convert._checkpoint import write_directory
 from keras_attn.models.bert import BertConfig
 from keras_attn.models.bert import build_bert
 
@@ -66,79 +71,138 @@ BUFFERS = ("bert.embeddings.position_ids", "embeddings.position_ids",
 
 
 class _Checkpoint(Tensors):
-    """`Tensors` with BERT's names: the "bert." prefix of BertFor* models,
-    and the TF-converted LayerNorm names."""
+    """`Tensors` of a BERT directory: `prefix` is "bert." for BertFor*
+    models (the layout adds it to the names it asks for), and the names of
+    checkpoints converted from TensorFlow (LayerNorm gamma / beta) are
+    accepted."""
 
     def __init__(self, tensors, path):
-        prefix = "bert." if any(k.startswith("bert.") for k in tensors) else ""
-        super().__init__(tensors, path, prefix)
+        super().__init__(tensors, path)
+        self.prefix = "bert." if any(k.startswith("bert.") for k in tensors) else ""
 
     def get(self, name, shape):
-        key = self.prefix + name
-        if key not in self.tensors:
-            # Checkpoints converted from TensorFlow name LayerNorm gamma / beta.
+        if name not in self.tensors:
             legacy = name.replace("LayerNorm.weight", "LayerNorm.gamma").replace(
                 "LayerNorm.bias", "LayerNorm.beta"
             )
-            if self.prefix + legacy in self.tensors:
+            if legacy in self.tensors:
                 name = legacy
-        return super().get(name, shape)
+        return super().get(name, shape, prefixed=False)
 
 
-def _weight_plan(model, config, ckpt):
-    """[(variable, array)] for every weight of the backbone, all checked."""
-    D, F = config.hidden_dim, config.intermediate_dim
-    N = config.num_heads
+def _backbone_layout(backbone, prefix, pooler=True):
+    """The `Entry` of every backbone weight under Hugging Face's names
+    (`prefix` "bert." inside a BertFor* model)."""
+    config = backbone.bert_config
+    D, F, N = config.hidden_dim, config.intermediate_dim, config.num_heads
     H = D // N
-    plan = []
+    entries = []
 
-    def add(layer, *arrays):
-        weights = layer.weights
-        if len(weights) != len(arrays):
-            raise ValueError(
-                f"Layer {layer.name!r} has {len(weights)} weights. "
-                f"Received: arrays={len(arrays)}"
-            )
-        for variable, array in zip(weights, arrays):
-            if tuple(variable.shape) != tuple(array.shape):
-                raise ValueError(
-                    f"Weight {variable.path!r} has shape {tuple(variable.shape)}. "
-                    f"Received: shape={tuple(array.shape)}"
-                )
-            plan.append((variable, array))
+    def dense(layer, name, n_out, n_in):  # torch (out, in) <-> Keras (in, out)
+        kernel, bias = layer_weights(layer, 2)
+        entries.append(Entry(name + ".weight", (n_out, n_in), kernel, transposed, transposed))
+        entries.append(Entry(name + ".bias", (n_out,), bias))
 
-    def linear(name, n_out, n_in):  # torch (out, in) -> Keras (in, out)
-        return ckpt.get(name + ".weight", (n_out, n_in)).T, ckpt.get(name + ".bias", (n_out,))
+    def heads_in(layer, name):  # (D, D) <-> (D, N, H)
+        kernel, bias = layer_weights(layer, 2)
+        entries.append(Entry(name + ".weight", (D, D), kernel,
+                             lambda a: a.T.reshape(D, N, H), lambda a: a.reshape(D, D).T))
+        entries.append(Entry(name + ".bias", (D,), bias,
+                             lambda a: a.reshape(N, H), lambda a: a.reshape(D)))
 
-    def norm(name):
-        return ckpt.get(name + ".weight", (D,)), ckpt.get(name + ".bias", (D,))
+    def heads_out(layer, name):  # (D, D) <-> (N, H, D)
+        kernel, bias = layer_weights(layer, 2)
+        entries.append(Entry(name + ".weight", (D, D), kernel,
+                             lambda a: a.T.reshape(N, H, D), lambda a: a.reshape(D, D).T))
+        entries.append(Entry(name + ".bias", (D,), bias))
 
-    add(model.get_layer("token_embedding"),
-        ckpt.get("embeddings.word_embeddings.weight", (config.vocabulary_size, D)))
-    add(model.get_layer("segment_embedding"),
-        ckpt.get("embeddings.token_type_embeddings.weight", (config.num_segments, D)))
-    add(model.get_layer("position_embedding"),
-        ckpt.get("embeddings.position_embeddings.weight", (config.max_sequence_length, D)))
-    add(model.get_layer("embeddings_layer_norm"), *norm("embeddings.LayerNorm"))
+    def norm(layer, name):
+        gamma, beta = layer_weights(layer, 2)
+        entries.append(Entry(name + ".weight", (D,), gamma))
+        entries.append(Entry(name + ".bias", (D,), beta))
+
+    def table(layer, name, rows):
+        (embeddings,) = layer_weights(layer, 1)
+        entries.append(Entry(name + ".weight", (rows, D), embeddings))
+
+    p = prefix + "embeddings."
+    table(backbone.get_layer("token_embedding"), p + "word_embeddings", config.vocabulary_size)
+    table(backbone.get_layer("segment_embedding"), p + "token_type_embeddings",
+          config.num_segments)
+    table(backbone.get_layer("position_embedding"), p + "position_embeddings",
+          config.max_sequence_length)
+    norm(backbone.get_layer("embeddings_layer_norm"), p + "LayerNorm")
     for i in range(config.num_layers):
-        hf = f"encoder.layer.{i}."
-        block = model.get_layer(f"transformer_block_{i}")
+        hf = f"{prefix}encoder.layer.{i}."
+        block = backbone.get_layer(f"transformer_block_{i}")
         attention = block.self_attention
         for name in ("query", "key", "value"):
-            kernel, bias = linear(hf + f"attention.self.{name}", D, D)
-            add(_sublayer(attention, name), kernel.reshape(D, N, H), bias.reshape(N, H))
-        kernel, bias = linear(hf + "attention.output.dense", D, D)
-        add(_sublayer(attention, "attention_output"), kernel.reshape(N, H, D), bias)
-        add(block.self_attention_layer_norm, *norm(hf + "attention.output.LayerNorm"))
-        add(block.feed_forward.intermediate_dense, *linear(hf + "intermediate.dense", F, D))
-        add(block.feed_forward.output_dense, *linear(hf + "output.dense", D, F))
-        add(block.feed_forward_layer_norm, *norm(hf + "output.LayerNorm"))
-    add(model.get_layer("pooled_dense"), *linear("pooler.dense", D, D))
+            heads_in(_sublayer(attention, name), hf + f"attention.self.{name}")
+        heads_out(_sublayer(attention, "attention_output"), hf + "attention.output.dense")
+        norm(block.self_attention_layer_norm, hf + "attention.output.LayerNorm")
+        dense(block.feed_forward.intermediate_dense, hf + "intermediate.dense", F, D)
+        dense(block.feed_forward.output_dense, hf + "output.dense", D, F)
+        norm(block.feed_forward_layer_norm, hf + "output.LayerNorm")
+    if pooler:
+        dense(backbone.get_layer("pooled_dense"), prefix + "pooler.dense", D, D)
+    return entries, dense, norm
 
-    covered = {id(variable) for variable, _ in plan}
-    missing = [w.path for w in model.weights if id(w) not in covered]
-    if missing:
-        raise ValueError(f"Weights without a tensor. Received: missing={missing}")
+
+# The Hugging Face class of each keras_attn BERT model, and whether its
+# backbone keeps the pooler (BertForTokenClassification has none).
+_ARCHITECTURES = {
+    "BertBackbone": ("BertModel", True),
+    "BertSequenceClassifier": ("BertForSequenceClassification", True),
+    "BertTokenClassifier": ("BertForTokenClassification", False),
+    "BertPretrainer": ("BertForPreTraining", True),
+}
+
+
+def _layout(model, prefix="bert."):
+    """`(architecture, entries)` of a keras_attn BERT model: the backbone's
+    entries and its task head's."""
+    kind = type(model).__name__
+    if kind not in _ARCHITECTURES:
+        raise ValueError(
+            "`model` must be a BertBackbone (build_bert) or a BertSequenceClassifier, "
+            f"BertTokenClassifier or BertPretrainer. Received: model={kind}"
+        )
+    architecture, pooler = _ARCHITECTURES[kind]
+    if kind == "BertBackbone":
+        return architecture, _backbone_layout(model, "", pooler)[0]
+    config = model.backbone.bert_config
+    D = config.hidden_dim
+    entries, dense, norm = _backbone_layout(model.backbone, prefix, pooler)
+    if kind == "BertPretrainer":
+        head = model.get_layer("mlm_head")
+        dense(head.transform_dense, "cls.predictions.transform.dense", D, D)
+        norm(head.transform_layer_norm, "cls.predictions.transform.LayerNorm")
+        # The decoder matrix is the token embedding table (tied in both).
+        entries.append(Entry("cls.predictions.bias", (config.vocabulary_size,),
+                             head.output_bias))
+        dense(model.get_layer("nsp_dense"), "cls.seq_relationship", 2, D)
+    else:
+        dense(model.get_layer("classifier"), "classifier", model.num_classes, D)
+    return architecture, entries
+
+
+def _plan(entries, ckpt, model=None):
+    """[(variable, array)] for every entry, all read and checked first; with
+    `model`, every weight of it must have an entry."""
+    if model is not None:
+        covered = {id(entry.variable) for entry in entries}
+        missing = [w.path for w in model.weights if id(w) not in covered]
+        if missing:
+            raise ValueError(f"Weights without a tensor. Received: missing={missing}")
+    plan = []
+    for entry in entries:
+        array = entry.to_keras(ckpt.get(entry.name, entry.shape))
+        if tuple(entry.variable.shape) != tuple(array.shape):
+            raise ValueError(  # a bug of the layout, not of the file
+                f"Weight {entry.variable.path!r} has shape {tuple(entry.variable.shape)}. "
+                f"Received: shape={tuple(array.shape)}"
+            )
+        plan.append((entry.variable, array))
     return plan
 
 
@@ -163,7 +227,8 @@ def load_hf_bert_backbone(path, drop_heads=True):
     config = bert_config_from_hf(read_config(path))
     ckpt = _Checkpoint(read_safetensors(path), path)
     model = build_bert(config)
-    plan = _weight_plan(model, config, ckpt)  # raises before anything is assigned
+    entries = _backbone_layout(model, ckpt.prefix)[0]
+    plan = _plan(entries, ckpt, model)  # raises before anything is assigned
     dropped = ckpt.check_all_used(BUFFERS, HEADS if drop_heads else ())
     if dropped:
         heads = sorted({".".join(k.split(".")[:2]) for k in dropped})
@@ -235,6 +300,160 @@ def load_hf_bert(path, sequence_length=None):
     return load_hf_bert_backbone(path), load_hf_bert_tokenizer(path, sequence_length)
 
 
+def load_hf_bert_task(path):
+    """The keras_attn model of a Hugging Face BERT directory, task head
+    included, chosen by `architectures` in its `config.json`:
+
+    | `architectures` | keras_attn model |
+    |---|---|
+    | `BertModel` | `BertBackbone` |
+    | `BertForSequenceClassification` | `BertSequenceClassifier` |
+    | `BertForTokenClassification` | `BertTokenClassifier` (its pooler stays as initialised: the task does not use it) |
+    | `BertForPreTraining` | `BertPretrainer` |
+
+    Every tensor must be used and have the shape the config implies
+    (`ValueError` otherwise, before any weight is assigned).
+    `save_hf_bert` writes such directories.
+    """
+    from keras_attn.models.bert import BertPretrainer
+    from keras_attn.models.bert import BertSequenceClassifier
+    from keras_attn.models.bert import BertTokenClassifier
+
+    hf_config = read_config(path)
+    architectures = hf_config.get("architectures") or ["BertModel"]
+    architecture = architectures[0] if isinstance(architectures, list) else architectures
+    known = {hf: kind for kind, (hf, _) in _ARCHITECTURES.items()}
+    if architecture not in known:
+        raise ValueError(
+            f"{os.path.join(path, 'config.json')}: 'architectures' must be one of "
+            f"{sorted(known)}. Received: architectures={architectures!r}"
+        )
+    config = bert_config_from_hf(hf_config)
+    ckpt = _Checkpoint(read_safetensors(path), path)
+    backbone = build_bert(config)
+    kind = known[architecture]
+    if kind == "BertBackbone":
+        model = backbone
+    elif kind == "BertPretrainer":
+        model = BertPretrainer(backbone)
+    else:
+        labels = hf_config.get("id2label") or {}
+        num_classes = config_int(hf_config, "num_labels", "config.json", len(labels) or 2)
+        dropout = hf_config.get("classifier_dropout")
+        if dropout is None:
+            dropout = config.dropout
+        task = BertSequenceClassifier if kind == "BertSequenceClassifier" else BertTokenClassifier
+        model = task(backbone, num_classes=num_classes, dropout=dropout)
+    # The pooler of a token classifier is not in its checkpoint.
+    entries = _layout(model, ckpt.prefix)[1]
+    unused_pooler = [] if _ARCHITECTURES[kind][1] else [
+        v for v in backbone.get_layer("pooled_dense").weights]
+    covered = {id(e.variable) for e in entries} | {id(v) for v in unused_pooler}
+    missing = [w.path for w in model.weights if id(w) not in covered]
+    if missing:
+        raise ValueError(f"Weights without a tensor. Received: missing={missing}")
+    plan = _plan(entries, ckpt)
+    ckpt.check_all_used(BUFFERS)
+    for variable, array in plan:
+        variable.assign(array)
+    return model
+
+
+def save_hf_bert(model, directory, tokenizer=None, overwrite=False):
+    """Writes a keras_attn BERT model as a Hugging Face directory.
+
+    `config.json` and `model.safetensors` (float32), and, given a
+    `tokenizer`, `vocab.txt` and `tokenizer_config.json`:
+    `transformers.AutoModel.from_pretrained(directory)` (or the class named
+    below) loads it with no missing or unexpected key, and its outputs equal
+    the Keras model's.
+
+    | keras_attn model | written as |
+    |---|---|
+    | `BertBackbone` | `BertModel` |
+    | `BertSequenceClassifier` | `BertForSequenceClassification` |
+    | `BertTokenClassifier` | `BertForTokenClassification` (no pooler) |
+    | `BertPretrainer` | `BertForPreTraining` (decoder tied to the embeddings) |
+
+    Args:
+        model: one of the models above, float (not quantized) and without
+            LoRA adapters (`keras_attn.models.merge_lora` folds them in).
+        directory: where to write; created, or replaced when `overwrite`.
+            Written atomically (a new directory takes its place at the end).
+        tokenizer: optional `keras_hub.tokenizers.WordPieceTokenizer`
+            (`load_hf_bert_tokenizer`'s): its vocabulary and case handling
+            are written for `transformers.BertTokenizer`.
+        overwrite: replace an existing non-empty `directory`.
+
+    Returns:
+        The absolute path of `directory`.
+
+    Raises:
+        ValueError: another model type, a quantized or LoRA-adapted layer, a
+            tokenizer whose vocabulary size is not the model's, or an
+            existing non-empty directory without `overwrite` (nothing is
+            written then).
+    """
+    import numpy as np
+    from keras import ops
+
+    architecture, entries = _layout(model)
+    backbone = model if type(model).__name__ == "BertBackbone" else model.backbone
+    config = backbone.bert_config
+    hf_config = {
+        "architectures": [architecture],
+        "model_type": "bert",
+        "vocab_size": config.vocabulary_size,
+        "hidden_size": config.hidden_dim,
+        "num_hidden_layers": config.num_layers,
+        "num_attention_heads": config.num_heads,
+        "intermediate_size": config.intermediate_dim,
+        "hidden_act": "gelu",
+        "hidden_dropout_prob": config.dropout,
+        "attention_probs_dropout_prob": config.attention_dropout,
+        "max_position_embeddings": config.max_sequence_length,
+        "type_vocab_size": config.num_segments,
+        "layer_norm_eps": config.layer_norm_epsilon,
+        "initializer_range": 0.02,
+        "position_embedding_type": "absolute",
+        "pad_token_id": 0,
+        "tie_word_embeddings": True,
+        "dtype": "float32",
+    }
+    if hasattr(model, "num_classes"):
+        hf_config["num_labels"] = model.num_classes
+        hf_config["id2label"] = {str(i): f"LABEL_{i}" for i in range(model.num_classes)}
+        hf_config["label2id"] = {f"LABEL_{i}": i for i in range(model.num_classes)}
+        hf_config["classifier_dropout"] = model.dropout
+    files = {"config.json": json_text(hf_config)}
+    if tokenizer is not None:
+        files.update(_tokenizer_files(tokenizer, config))
+    tensors = {
+        entry.name: entry.to_hf(np.asarray(ops.convert_to_numpy(entry.variable), "float32"))
+        for entry in entries
+    }
+    return write_directory(directory, files, tensors, overwrite=overwrite)
+
+
+def _tokenizer_files(tokenizer, config):
+    vocabulary = list(tokenizer.get_vocabulary())
+    if len(vocabulary) != config.vocabulary_size:
+        raise ValueError(
+            f"`tokenizer` has {len(vocabulary)} tokens but the model's vocabulary_size is "
+            f"{config.vocabulary_size}. Received: tokenizer vocabulary of {len(vocabulary)}"
+        )
+    lowercase = bool(tokenizer.lowercase)
+    settings = {
+        "tokenizer_class": "BertTokenizer",
+        "do_lower_case": lowercase,
+        "model_max_length": config.max_sequence_length,
+    }
+    if bool(tokenizer.strip_accents) != lowercase:  # BertTokenizer's default follows the case
+        settings["strip_accents"] = bool(tokenizer.strip_accents)
+    return {"vocab.txt": "\n".join(vocabulary) + "\n",
+            "tokenizer_config.json": json_text(settings)}
+
+
 def _sublayer(layer, name):
     for sub in layer._flatten_layers(include_self=False, recursive=False):
         if sub.name == name:
@@ -246,5 +465,7 @@ __all__ = [
     "bert_config_from_hf",
     "load_hf_bert",
     "load_hf_bert_backbone",
+    "load_hf_bert_task",
     "load_hf_bert_tokenizer",
+    "save_hf_bert",
 ]

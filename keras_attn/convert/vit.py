@@ -20,11 +20,16 @@ import dataclasses
 import os
 import warnings
 
+from keras_attn.convert._checkpoint import Entry
 from keras_attn.convert._checkpoint import Tensors
 from keras_attn.convert._checkpoint import config_float
 from keras_attn.convert._checkpoint import config_int
 from keras_attn.convert._checkpoint import read_config
+from keras_attn.convert._checkpoint import json_text
+from keras_attn.convert._checkpoint import layer_weights
 from keras_attn.convert._checkpoint import read_safetensors
+from keras_attn.convert._checkpoint import transposed
+from keras_attn.convert._checkpoint import write_directory
 from keras_attn.models.vit import ViTConfig
 from keras_attn.models.vit import build_vit
 
@@ -60,6 +65,62 @@ def vit_config_from_hf(hf_config):
     )
 
 
+def _layout(model, prefix):
+    """The `Entry` of every weight of a keras_attn `ViT` under Hugging
+    Face's names (`prefix` "vit." in a ViTForImageClassification)."""
+    config = model.vit_config
+    D, F, C = config.hidden_dim, config.intermediate_dim, config.num_channels
+    N, P = config.num_heads, config.patch_size
+    H = D // N
+    T = config.num_patches + 1  # patches and the class token
+    entries = []
+
+    def dense(layer, name, n_out, n_in):  # torch (out, in) <-> Keras (in, out)
+        kernel, bias = layer_weights(layer, 2)
+        entries.append(Entry(name + ".weight", (n_out, n_in), kernel, transposed, transposed))
+        entries.append(Entry(name + ".bias", (n_out,), bias))
+
+    def norm(layer, name):
+        gamma, beta = layer_weights(layer, 2)
+        entries.append(Entry(name + ".weight", (D,), gamma))
+        entries.append(Entry(name + ".bias", (D,), beta))
+
+    # Conv kernel: torch (D, C, P, P) <-> Keras (P, P, C, D).
+    patch = prefix + "embeddings.patch_embeddings.projection."
+    kernel, bias = layer_weights(model.get_layer("patch_embedding"), 2)
+    entries.append(Entry(patch + "weight", (D, C, P, P), kernel,
+                         lambda a: a.transpose(2, 3, 1, 0), lambda a: a.transpose(3, 2, 0, 1)))
+    entries.append(Entry(patch + "bias", (D,), bias))
+    (token,) = layer_weights(model.get_layer("class_token"), 1)
+    entries.append(Entry(prefix + "embeddings.cls_token", (1, 1, D), token,
+                         lambda a: a.reshape(D), lambda a: a.reshape(1, 1, D)))
+    (table,) = layer_weights(model.get_layer("position_embedding"), 1)
+    entries.append(Entry(prefix + "embeddings.position_embeddings", (1, T, D), table,
+                         lambda a: a[0], lambda a: a[None]))
+    for i in range(config.num_layers):
+        hf = f"{prefix}encoder.layer.{i}."
+        block = model.get_layer(f"transformer_block_{i}")
+        attention = block.self_attention
+        for name in ("query", "key", "value"):
+            kernel, bias = layer_weights(_sublayer(attention, name), 2)
+            entries.append(Entry(hf + f"attention.attention.{name}.weight", (D, D), kernel,
+                                 lambda a: a.T.reshape(D, N, H), lambda a: a.reshape(D, D).T))
+            entries.append(Entry(hf + f"attention.attention.{name}.bias", (D,), bias,
+                                 lambda a: a.reshape(N, H), lambda a: a.reshape(D)))
+        kernel, bias = layer_weights(_sublayer(attention, "attention_output"), 2)
+        entries.append(Entry(hf + "attention.output.dense.weight", (D, D), kernel,
+                             lambda a: a.T.reshape(N, H, D), lambda a: a.reshape(D, D).T))
+        entries.append(Entry(hf + "attention.output.dense.bias", (D,), bias))
+        norm(block.self_attention_layer_norm, hf + "layernorm_before")
+        norm(block.feed_forward_layer_norm, hf + "layernorm_after")
+        dense(block.feed_forward.intermediate_dense, hf + "intermediate.dense", F, D)
+        dense(block.feed_forward.output_dense, hf + "output.dense", D, F)
+    norm(model.get_layer("final_layer_norm"), prefix + "layernorm")
+    if config.num_classes is not None:
+        dense(model.get_layer("classifier"), "classifier", config.num_classes, D)
+    return entries
+
+
 def load_hf_vit(path, include_classifier=True):
     """Builds a `ViT` and loads the weights of a Hugging Face ViT directory.
 
@@ -78,56 +139,19 @@ def load_hf_vit(path, include_classifier=True):
     raw = read_safetensors(path)
     # ViTForImageClassification prefixes the backbone with "vit.".
     prefix = "vit." if any(k.startswith("vit.") for k in raw) else ""
-    tensors = Tensors(raw, path, prefix)
+    tensors = Tensors(raw, path)
     has_head = "classifier.weight" in raw and include_classifier
     num_classes = raw["classifier.weight"].shape[0] if has_head else None
     model = build_vit(dataclasses.replace(config, num_classes=num_classes))
-    D, F, C = config.hidden_dim, config.intermediate_dim, config.num_channels
-    N, P = config.num_heads, config.patch_size
-    H = D // N
-    T = config.num_patches + 1  # patches and the class token
-    plan = []  # (layer, [arrays]): everything is checked before any assignment
-
-    def linear(name, n_out, n_in):  # torch (out, in) -> Keras (in, out)
-        return tensors.get(name + ".weight", (n_out, n_in)).T, tensors.get(name + ".bias", (n_out,))
-
-    def norm(name):
-        return [tensors.get(name + ".weight", (D,)), tensors.get(name + ".bias", (D,))]
-
-    # Conv kernel: torch (D, C, P, P) -> Keras (P, P, C, D).
-    patch = "embeddings.patch_embeddings.projection."
-    plan.append((model.get_layer("patch_embedding"),
-                 [tensors.get(patch + "weight", (D, C, P, P)).transpose(2, 3, 1, 0),
-                  tensors.get(patch + "bias", (D,))]))
-    plan.append((model.get_layer("class_token"),
-                 [tensors.get("embeddings.cls_token", (1, 1, D)).reshape(D)]))
-    plan.append((model.get_layer("position_embedding"),
-                 [tensors.get("embeddings.position_embeddings", (1, T, D))[0]]))
-    for i in range(config.num_layers):
-        hf = f"encoder.layer.{i}."
-        block = model.get_layer(f"transformer_block_{i}")
-        attention = block.self_attention
-        for name in ("query", "key", "value"):
-            kernel, bias = linear(hf + f"attention.attention.{name}", D, D)
-            plan.append((_sublayer(attention, name), [kernel.reshape(D, N, H), bias.reshape(N, H)]))
-        kernel, bias = linear(hf + "attention.output.dense", D, D)
-        plan.append((_sublayer(attention, "attention_output"), [kernel.reshape(N, H, D), bias]))
-        plan.append((block.self_attention_layer_norm, norm(hf + "layernorm_before")))
-        plan.append((block.feed_forward_layer_norm, norm(hf + "layernorm_after")))
-        plan.append((block.feed_forward.intermediate_dense, list(linear(hf + "intermediate.dense", F, D))))
-        plan.append((block.feed_forward.output_dense, list(linear(hf + "output.dense", D, F))))
-    plan.append((model.get_layer("final_layer_norm"), norm("layernorm")))
-    if has_head:
-        kernel = tensors.get("classifier.weight", (num_classes, D), prefixed=False).T
-        bias = tensors.get("classifier.bias", (num_classes,), prefixed=False)
-        plan.append((model.get_layer("classifier"), [kernel, bias]))
-    for layer, arrays in plan:
-        for variable, array in zip(layer.weights, arrays):
-            if len(layer.weights) != len(arrays) or tuple(variable.shape) != array.shape:
-                raise ValueError(  # a bug of this converter, not of the file
-                    f"Layer {layer.name!r} does not take the arrays laid out for it. "
-                    f"Received: shapes={[a.shape for a in arrays]}"
-                )
+    plan = []  # everything is read and checked before any assignment
+    for entry in _layout(model, prefix):
+        array = entry.to_keras(tensors.get(entry.name, entry.shape, prefixed=False))
+        if tuple(entry.variable.shape) != tuple(array.shape):
+            raise ValueError(  # a bug of this converter, not of the file
+                f"Weight {entry.variable.path!r} has shape {tuple(entry.variable.shape)}. "
+                f"Received: shape={tuple(array.shape)}"
+            )
+        plan.append((entry.variable, array))
     dropped = tensors.check_all_used(dropped=(prefix + "pooler.", "classifier."))
     if dropped:
         warnings.warn(
@@ -135,9 +159,98 @@ def load_hf_vit(path, include_classifier=True):
             f"{', '.join(sorted({k.rsplit('.', 1)[0] for k in dropped}))}",
             stacklevel=2,
         )
-    for layer, arrays in plan:
-        layer.set_weights(arrays)
+    for variable, array in plan:
+        variable.assign(array)
     return model
+
+
+def save_hf_vit(model, directory, overwrite=False):
+    """Writes a keras_attn `ViT` as a Hugging Face directory:
+    `config.json`, `model.safetensors` (float32) and
+    `preprocessor_config.json` (the [-1, 1] rescaling the Keras model does
+    itself).
+
+    A model with a classifier is written as a `ViTForImageClassification`;
+    a backbone (`num_classes=None`) as a `ViTModel` without the pooler that
+    keras_attn's ViT does not have: load it with
+    `transformers.ViTModel.from_pretrained(directory, add_pooling_layer=False)`.
+    Either loads with no missing or unexpected key, and
+    `hf(pixel_values=(x / 127.5 - 1).transpose(0, 3, 1, 2))` equals `model(x)`
+    (logits, or for the backbone the final-norm [CLS] token,
+    `last_hidden_state[:, 0]`).
+
+    Args:
+        model: a `ViT` (`build_vit`) with `pooling="cls"`, float (not
+            quantized) and without LoRA adapters (`merge_lora` folds them in).
+        directory: where to write; created, or replaced when `overwrite`
+            (atomically).
+        overwrite: replace an existing non-empty `directory`.
+
+    Returns:
+        The absolute path of `directory`.
+
+    Raises:
+        ValueError: not a ViT, a GAP-pooled ViT (Hugging Face's classifies
+            from the [CLS] token), a quantized or LoRA-adapted layer, or an
+            existing non-empty directory without `overwrite` (nothing is
+            written then).
+    """
+    import numpy as np
+    from keras import ops
+
+    config = getattr(model, "vit_config", None)
+    if config is None:
+        raise ValueError(
+            f"`model` must be a keras_attn ViT (build_vit). Received: model={type(model).__name__}"
+        )
+    if config.pooling != "cls":
+        raise ValueError(
+            "Hugging Face's ViT classifies from the [CLS] token; a GAP-pooled ViT has no "
+            f"equivalent there. Received: pooling={config.pooling!r}"
+        )
+    head = config.num_classes is not None
+    entries = _layout(model, "vit." if head else "")
+    hf_config = {
+        "architectures": ["ViTForImageClassification" if head else "ViTModel"],
+        "model_type": "vit",
+        "image_size": config.image_size,
+        "patch_size": config.patch_size,
+        "num_channels": config.num_channels,
+        "hidden_size": config.hidden_dim,
+        "num_hidden_layers": config.num_layers,
+        "num_attention_heads": config.num_heads,
+        "intermediate_size": config.intermediate_dim,
+        "hidden_act": "gelu",
+        "hidden_dropout_prob": config.dropout,
+        "attention_probs_dropout_prob": config.attention_dropout,
+        "layer_norm_eps": config.layer_norm_epsilon,
+        "qkv_bias": True,
+        "initializer_range": 0.02,
+        "encoder_stride": config.patch_size,
+        "dtype": "float32",
+    }
+    if head:
+        hf_config["num_labels"] = config.num_classes
+        hf_config["id2label"] = {str(i): f"LABEL_{i}" for i in range(config.num_classes)}
+        hf_config["label2id"] = {f"LABEL_{i}": i for i in range(config.num_classes)}
+    processor = {
+        "image_processor_type": "ViTImageProcessor",
+        "do_resize": True,
+        "size": {"height": config.image_size, "width": config.image_size},
+        "resample": 2,
+        "do_rescale": True,
+        "rescale_factor": 1 / 255,
+        "do_normalize": True,
+        "image_mean": [0.5] * config.num_channels,
+        "image_std": [0.5] * config.num_channels,
+    }
+    tensors = {
+        entry.name: entry.to_hf(np.asarray(ops.convert_to_numpy(entry.variable), "float32"))
+        for entry in entries
+    }
+    files = {"config.json": json_text(hf_config),
+             "preprocessor_config.json": json_text(processor)}
+    return write_directory(directory, files, tensors, overwrite=overwrite)
 
 
 def _sublayer(layer, name):
