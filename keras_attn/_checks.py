@@ -84,6 +84,10 @@ def get_activation(name, value):
         from keras_attn.layers.activations import gelu
 
         return gelu
+    if value == "gelu_approximate":
+        from keras_attn.layers.activations import gelu_approximate
+
+        return gelu_approximate
     try:
         return keras.activations.get(value)
     except (ValueError, TypeError) as error:

@@ -34,13 +34,27 @@ from keras_attn.models.bert import BertConfig
 from keras_attn.models.bert import build_bert
 
 
+# Hugging Face's `hidden_act` names and the activations of keras_attn's
+# BertConfig that compute the same function.
+_FROM_HF_ACTIVATION = {
+    "gelu": "gelu",  # exact (erf)
+    "gelu_new": "gelu_approximate",  # tanh approximation
+    "gelu_pytorch_tanh": "gelu_approximate",
+    "relu": "relu",
+    "silu": "silu",
+    "swish": "silu",
+}
+_TO_HF_ACTIVATION = {"gelu": "gelu", "gelu_approximate": "gelu_pytorch_tanh", "relu": "relu",
+                     "silu": "silu"}
+
+
 def bert_config_from_hf(hf_config):
     """A `BertConfig` from the fields of a Hugging Face BERT `config.json`."""
     act = hf_config.get("hidden_act", "gelu")
-    if act != "gelu":
+    if act not in _FROM_HF_ACTIVATION:
         raise ValueError(
-            "Only the exact (erf) GELU of the reference BERT is supported. "
-            f"Received: hidden_act={act!r}"
+            f"config.json: 'hidden_act' must be one of {sorted(_FROM_HF_ACTIVATION)} "
+            f"(the activations keras_attn's BERT computes). Received: hidden_act={act!r}"
         )
     position = hf_config.get("position_embedding_type", "absolute")
     if position != "absolute":
@@ -60,6 +74,7 @@ def bert_config_from_hf(hf_config):
         max_sequence_length=config_int(hf_config, "max_position_embeddings", file, 512),
         num_segments=config_int(hf_config, "type_vocab_size", file, 2),
         layer_norm_epsilon=config_float(hf_config, "layer_norm_eps", file, 1e-12),
+        activation=_FROM_HF_ACTIVATION[act],
     )
 
 
@@ -400,6 +415,12 @@ def save_hf_bert(model, directory, tokenizer=None, overwrite=False):
     architecture, entries = _layout(model)
     backbone = model if type(model).__name__ == "BertBackbone" else model.backbone
     config = backbone.bert_config
+    if config.activation not in _TO_HF_ACTIVATION:
+        raise ValueError(
+            f"transformers' BERT has no activation {config.activation!r}; it takes "
+            f"{sorted(_TO_HF_ACTIVATION)} from keras_attn. "
+            f"Received: activation={config.activation!r}"
+        )
     hf_config = {
         "architectures": [architecture],
         "model_type": "bert",
@@ -408,7 +429,7 @@ def save_hf_bert(model, directory, tokenizer=None, overwrite=False):
         "num_hidden_layers": config.num_layers,
         "num_attention_heads": config.num_heads,
         "intermediate_size": config.intermediate_dim,
-        "hidden_act": "gelu",
+        "hidden_act": _TO_HF_ACTIVATION[config.activation],
         "hidden_dropout_prob": config.dropout,
         "attention_probs_dropout_prob": config.attention_dropout,
         "max_position_embeddings": config.max_sequence_length,

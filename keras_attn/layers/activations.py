@@ -30,10 +30,28 @@ def gelu(x):
     return 0.5 * x * (1.0 + ops.erf(x * ops.cast(_SQRT_HALF, x.dtype)))
 
 
+@keras.saving.register_keras_serializable(package="keras_attn", name="gelu_approximate")
+def gelu_approximate(x):
+    """GELU's tanh approximation,
+    `0.5 x (1 + tanh(sqrt(2 / pi) (x + 0.044715 x^3)))`: what keras-hub's
+    BERT computes, and Hugging Face's `"gelu_new"` / `"gelu_pytorch_tanh"`.
+    It differs from the exact GELU by up to about 5e-4.
+
+    Example:
+
+    >>> import numpy as np
+    >>> [round(float(v), 4) for v in gelu_approximate(np.array([-1.0, 0.0, 1.0]))]
+    [-0.1588, 0.0, 0.8412]
+    """
+    return keras.activations.gelu(x, approximate=True)
+
+
 def serialize_activation(activation):
     """`keras.activations.serialize`, except that the layers' exact GELU is
     written as `"gelu"` (the name it was given by), so configs stay the same
     as with Keras's activation of that name."""
     if activation is gelu:
         return "gelu"
+    if activation is gelu_approximate:
+        return "gelu_approximate"
     return keras.activations.serialize(activation)

@@ -142,6 +142,6 @@ def test_missing_tensor_and_unsupported_activation(hf_dir, tmp_path):
         load_hf_bert_backbone(bad)
     (tmp_path / "relu").mkdir()
     bad = _copy(path, tmp_path / "relu",
-                edit_config=lambda c: c.update(hidden_act="relu"))
-    with pytest.raises(ValueError, match="Received: hidden_act='relu'"):
+                edit_config=lambda c: c.update(hidden_act="quick_gelu"))
+    with pytest.raises(ValueError, match="Received: hidden_act='quick_gelu'"):
         load_hf_bert_backbone(bad)

@@ -19,7 +19,8 @@ BERT_CONFIGS = [
     dict(vocabulary_size=61, num_layers=2, num_heads=3, hidden_dim=24, intermediate_dim=40,
          max_sequence_length=24, num_segments=3, layer_norm_epsilon=1e-6),
     dict(vocabulary_size=47, num_layers=1, num_heads=4, hidden_dim=20, intermediate_dim=36,
-         max_sequence_length=16, num_segments=2, layer_norm_epsilon=1e-12),
+         max_sequence_length=16, num_segments=2, layer_norm_epsilon=1e-12,
+         activation="gelu_approximate"),
 ]
 BERT_KINDS = {
     "BertBackbone": "BertModel",
@@ -108,6 +109,7 @@ def test_saved_bert_loads_in_transformers_with_equal_outputs(kind, index, tmp_pa
         written = json.load(f)
     assert written["num_attention_heads"] == config["num_heads"]
     assert written["type_vocab_size"] == config["num_segments"]
+    assert written["hidden_act"] == ("gelu_pytorch_tanh" if index else "gelu")
 
 
 @pytest.mark.parametrize("kind", sorted(BERT_KINDS))
@@ -120,7 +122,7 @@ def test_hf_bert_round_trip_is_bit_exact(kind, tmp_path):
     hf_config = transformers.BertConfig(
         vocab_size=53, hidden_size=18, num_hidden_layers=2, num_attention_heads=3,
         intermediate_size=30, max_position_embeddings=20, type_vocab_size=3, num_labels=4,
-        layer_norm_eps=1e-7)
+        layer_norm_eps=1e-7, hidden_act="gelu_new")
     original = getattr(transformers, BERT_KINDS[kind])(hf_config)
     original.save_pretrained(tmp_path / "original")
     model = load_hf_bert_task(str(tmp_path / "original"))
@@ -228,6 +230,9 @@ def test_what_the_other_format_cannot_express_is_refused_before_writing(tmp_path
     enable_lora(adapted, 2)
     with pytest.raises(ValueError, match="LoRA.*merge_lora"):
         save_hf_bert(adapted, tmp_path / "lora")
+    with pytest.raises(ValueError, match="no activation 'mish'.*Received: activation='mish'"):
+        save_hf_bert(_bert("BertBackbone", dict(BERT_CONFIGS[1], activation="mish")),
+                     tmp_path / "mish")
     with pytest.raises(ValueError, match="model=ViT"):
         save_hf_bert(_vit(VIT_CONFIGS[1]), tmp_path / "vit_as_bert")
     assert os.listdir(tmp_path) == []  # no directory, no staging left

@@ -27,6 +27,7 @@ from keras_attn._guard import check_ids
 from keras_attn.models._config import ConfigModel
 from keras_attn._remat import remat_scope
 from keras_attn._checks import check_bool
+from keras_attn._checks import get_activation
 from keras_attn._checks import check_positive_float
 from keras_attn._checks import check_positive_int
 from keras_attn._checks import check_rate
@@ -55,6 +56,12 @@ def _check_config(config):
     check_positive_int("max_sequence_length", config.max_sequence_length)
     check_positive_int("num_segments", config.num_segments)
     check_positive_float("layer_norm_epsilon", config.layer_norm_epsilon)
+    if not isinstance(config.activation, str):
+        raise ValueError(
+            "`activation` must be the name of an activation (it is saved in the config). "
+            f"Received: activation={config.activation!r}"
+        )
+    get_activation("activation", config.activation)
     check_bool("remat", config.remat)
     if config.hidden_dim % config.num_heads:
         raise ValueError(
@@ -145,6 +152,7 @@ class BertBackbone(GuardedModel, ConfigModel, keras.Model):
         max_sequence_length=512,
         num_segments=2,
         layer_norm_epsilon=1e-12,
+        activation="gelu",
         remat=False,
         dtype=None,
         **kwargs,
@@ -160,6 +168,7 @@ class BertBackbone(GuardedModel, ConfigModel, keras.Model):
             max_sequence_length=max_sequence_length,
             num_segments=num_segments,
             layer_norm_epsilon=layer_norm_epsilon,
+            activation=activation,
             remat=remat,
         )
         _check_config(config)
@@ -200,7 +209,7 @@ class BertBackbone(GuardedModel, ConfigModel, keras.Model):
                     num_heads=num_heads,
                     intermediate_dim=intermediate_dim,
                     norm_position="post",
-                    activation="gelu",
+                    activation=activation,
                     dropout=dropout,
                     attention_dropout=attention_dropout,
                     layer_norm_epsilon=layer_norm_epsilon,

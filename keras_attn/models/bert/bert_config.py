@@ -34,6 +34,11 @@ class BertConfig:
         num_segments: rows of the segment ("token type") table; 2 for
             sentence A / sentence B.
         layer_norm_epsilon: LayerNorm epsilon (1e-12 in the reference code).
+        activation: the feed-forward (and masked-LM transform) activation:
+            `"gelu"`, the exact GELU of the reference code, or
+            `"gelu_approximate"`, its tanh approximation, which keras-hub's
+            BERT uses (`keras_attn.convert.from_keras_hub` sets it); any
+            Keras activation name is accepted.
         remat: rematerialise each encoder block in training (gradient
             checkpointing): its activations are recomputed in the backward
             pass instead of stored. Less memory for about one more forward
@@ -51,6 +56,7 @@ class BertConfig:
     max_sequence_length: int = 512
     num_segments: int = 2
     layer_norm_epsilon: float = 1e-12
+    activation: str = "gelu"
     remat: bool = False
 
 

@@ -112,7 +112,7 @@ class BertPretrainer(_BertTask):
         # === Layers ===
         mlm_head = BertMaskedLMHead(
             config.vocabulary_size,
-            activation="gelu",
+            activation=config.activation,
             layer_norm_epsilon=config.layer_norm_epsilon,
             kernel_initializer=bert_initializer(),
             dtype=backbone.dtype_policy,
