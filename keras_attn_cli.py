@@ -4,7 +4,7 @@ recipes (`models/<family>/<name>.json`).
 ```
 keras-attn train RECIPE [--set key=value ...] [--output DIR] [--distribute [MODE]]
 keras-attn evaluate RUN_DIR [--json]
-keras-attn export RUN_DIR [--output PATH]
+keras-attn export RUN_DIR [--output PATH] [--format saved_model|hf]
 keras-attn list [--family F]
 ```
 
@@ -222,8 +222,9 @@ def evaluate(args):
 
 
 def export(args):
-    path, source = _runs().export(args.run_dir, args.output)
-    print(f"SavedModel of {source}: {os.path.abspath(path)}")
+    path, source = _runs().export(args.run_dir, args.output, args.format)
+    kind = "Hugging Face directory" if args.format == "hf" else "SavedModel"
+    print(f"{kind} of {source}: {os.path.abspath(path)}")
     return 0
 
 
@@ -302,10 +303,16 @@ def build_parser():
         "Evaluate a run directory's model.keras (or, for a run that has not finished, its "
         "newest checkpoint) on the recipe's test set.",
         run_dir, (("--json",), {"action": "store_true", "help": "print one JSON object"}))
-    add("export", export, "write a run's serving SavedModel",
-        "Export a run's model.keras (or newest checkpoint) as the task's serving SavedModel.",
+    add("export", export, "write a run's serving SavedModel (or a Hugging Face directory)",
+        "Export a run's model.keras (or newest checkpoint) as the task's serving SavedModel, "
+        "or, for BERT and ViT runs, as a Hugging Face directory (config.json, "
+        "model.safetensors, the tokenizer's vocab.txt) that transformers loads.",
         run_dir, (("--output",), {"metavar": "PATH",
-                                  "help": "SavedModel directory (default: RUN_DIR/saved_model)"}))
+                                  "help": "output directory (default: RUN_DIR/saved_model, "
+                                          "or RUN_DIR/hf with --format hf)"}),
+        (("--format",), {"choices": ("saved_model", "hf"), "default": "saved_model",
+                         "help": "saved_model (default): the serving SavedModel; hf: a "
+                                 "Hugging Face directory (BERT and ViT runs)"}))
     add("list", list_command, "list the zoo's recipes",
         "List every recipe in the zoo's models/ directory with its family, preset, dataset, "
         "parameter count (models/parameters.json, or the recorded run in "

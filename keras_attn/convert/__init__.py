@@ -1,4 +1,5 @@
-"""Weights in and out: Hugging Face safetensors directories, both ways.
+"""Weights in and out: Hugging Face safetensors directories and keras-hub
+models, both ways.
 
     from keras_attn.convert import load_hf_bert_backbone, save_hf_bert
     backbone = load_hf_bert_backbone("path/to/bert-base-uncased")
@@ -11,12 +12,15 @@ from keras_attn.convert.bert import load_hf_bert_backbone
 from keras_attn.convert.bert import load_hf_bert_task
 from keras_attn.convert.bert import load_hf_bert_tokenizer
 from keras_attn.convert.bert import save_hf_bert
+from keras_attn.convert.hub import from_keras_hub
+from keras_attn.convert.hub import to_keras_hub
 from keras_attn.convert.vit import load_hf_vit
 from keras_attn.convert.vit import save_hf_vit
 from keras_attn.convert.vit import vit_config_from_hf
 
 __all__ = [
     "bert_config_from_hf",
+    "from_keras_hub",
     "load_hf_bert",
     "load_hf_bert_backbone",
     "load_hf_bert_task",
@@ -24,5 +28,6 @@ __all__ = [
     "load_hf_vit",
     "save_hf_bert",
     "save_hf_vit",
+    "to_keras_hub",
     "vit_config_from_hf",
 ]

@@ -520,6 +520,25 @@ def evaluate(run_dir):
     return recipe, task.evaluate(model), source
 
 
+def _export_hf(run_dir, path):
+    from keras_attn.convert import save_hf_bert
+    from keras_attn.convert import save_hf_vit
+
+    recipe = read_json(os.path.join(run_dir, RECIPE)) if os.path.isdir(run_dir) else {}
+    family = recipe.get("family")
+    if family is not None and family not in ("bert", "vit"):
+        raise ValueError(
+            "Hugging Face directories are written for BERT and ViT runs; this run's family "
+            f"is {family!r}. Received: RUN_DIR={run_dir!r}, format='hf'"
+        )
+    _, task, model, source = load_run(run_dir)
+    if family == "bert":
+        save_hf_bert(model, path, tokenizer=getattr(task, "tokenizer", None), overwrite=True)
+    else:
+        save_hf_vit(model, path, overwrite=True)
+    return path, source
+
+
 def export_on_tensorflow(run_dir, path):
     """`keras-attn export` in a subprocess on the TensorFlow backend: the
     SavedModel exporters trace TensorFlow graphs, and model.keras loads on
@@ -534,13 +553,26 @@ def export_on_tensorflow(run_dir, path):
         raise RuntimeError(f"{' '.join(command)} failed with status {result.returncode}")
 
 
-def export(run_dir, output=None):
-    """Writes the task's serving SavedModel of a run (model.keras, or the
-    newest checkpoint) to `output` (default `<run_dir>/saved_model`), on the
-    TensorFlow backend (a subprocess when this one is another); returns
-    `(path, source)`."""
+EXPORT_FORMATS = ("saved_model", "hf")
+
+
+def export(run_dir, output=None, format="saved_model"):
+    """Writes a run's model (model.keras, or the newest checkpoint) for
+    serving or sharing; returns `(path, source)`.
+
+    `format="saved_model"`: the task's serving SavedModel, to `output`
+    (default `<run_dir>/saved_model`), on the TensorFlow backend (a
+    subprocess when this one is another). `format="hf"`: a Hugging Face
+    directory of a BERT or ViT run (`keras_attn.convert.save_hf_bert` with
+    the run's tokenizer, `save_hf_vit`), to `output` (default
+    `<run_dir>/hf`), on any backend.
+    """
     import keras
 
+    if format not in EXPORT_FORMATS:
+        raise ValueError(f"`format` must be one of {EXPORT_FORMATS}. Received: format={format!r}")
+    if format == "hf":
+        return _export_hf(run_dir, output or os.path.join(run_dir, "hf"))
     path = output or os.path.join(run_dir, SAVED_MODEL)
     if keras.backend.backend() != "tensorflow":
         export_on_tensorflow(run_dir, path)

@@ -64,6 +64,49 @@ def _compare_exported(run):
             np.testing.assert_allclose(served[key], expected[key], atol=1e-5, rtol=0, err_msg=key)
 
 
+def _check_hf_export(run, name, capsys):
+    """`keras-attn export --format hf`: BERT and ViT runs as directories
+    transformers loads with every weight and the run's outputs; other
+    families refused by name."""
+    capsys.readouterr()
+    if name not in ("bert_tiny_pydoc", "vit_tiny_digits"):
+        assert cli.main(["export", str(run), "--format", "hf"]) == 2
+        assert "BERT and ViT runs" in capsys.readouterr().err
+        return
+    import torch
+    import transformers
+
+    assert cli.main(["export", str(run), "--format", "hf"]) == 0
+    assert f"Hugging Face directory of {run / 'model.keras'}" in capsys.readouterr().out
+    _, task, model, _ = runs.load_run(str(run))
+    bert = name == "bert_tiny_pydoc"
+    hf_class = transformers.BertForPreTraining if bert else transformers.ViTForImageClassification
+    hf, info = hf_class.from_pretrained(run / "hf", output_loading_info=True)
+    assert not any(info.values()), info
+    hf.eval()
+    if bert:
+        text = "The interpreter reads the source file."
+        hf_tokenizer = transformers.BertTokenizer.from_pretrained(run / "hf")
+        ids = np.asarray(task.tokenizer(text)).tolist()
+        assert hf_tokenizer(text, add_special_tokens=False)["input_ids"] == ids
+        ids = np.array([[2] + ids + [3]], "int32")  # [CLS] ... [SEP]
+        inputs = {"token_ids": ids, "segment_ids": np.zeros_like(ids),
+                  "padding_mask": np.ones_like(ids), "mask_positions": np.array([[1, 2, 3]])}
+        ours = model.predict_on_batch(inputs)
+        with torch.no_grad():
+            theirs = hf(input_ids=torch.tensor(ids, dtype=torch.long))
+        np.testing.assert_allclose(ours["mlm"], theirs.prediction_logits.numpy()[:, 1:4],
+                                   atol=1e-4)
+        np.testing.assert_allclose(ours["nsp"], theirs.seq_relationship_logits.numpy(),
+                                   atol=1e-4)
+    else:
+        images = task.example_inputs()["images"].astype("float32")
+        with torch.no_grad():
+            theirs = hf(pixel_values=torch.tensor((images / 127.5 - 1).transpose(0, 3, 1, 2)))
+        np.testing.assert_allclose(model.predict_on_batch(images), theirs.logits.numpy(),
+                                   atol=1e-4)
+
+
 @pytest.mark.parametrize("name", sorted(SMALL))
 def test_train_evaluate_export_end_to_end(name, tmp_path, capsys):
     run = tmp_path / "run"
@@ -95,6 +138,7 @@ def test_train_evaluate_export_end_to_end(name, tmp_path, capsys):
     np.testing.assert_allclose(printed["value"], results["value"], rtol=1e-6, atol=1e-6)
 
     _compare_exported(str(run))
+    _check_hf_export(run, name, capsys)
 
     # Again after completion: nothing is trained, the results are reported.
     assert cli.main(_train_args(name, str(run))) == 0
