@@ -22,10 +22,30 @@ def _check_depth(depth):
         )
 
 
+LAYOUTS = ("interleaved", "concatenated")
+
+
+def _check_layout(layout):
+    if layout not in LAYOUTS:
+        raise ValueError(f"`layout` must be one of {LAYOUTS}. Received: layout={layout!r}")
+    return layout
+
+
+def _arrange(sin, cos, layout, stack, concatenate, reshape, length, depth):
+    """[sin_0, cos_0, sin_1, cos_1, ...] (the paper's tensor2tensor code) or
+    [sin_0, sin_1, ..., cos_0, cos_1, ...] (fairseq and Marian)."""
+    if layout == "concatenated":
+        return concatenate([sin, cos], axis=-1)  # (T, D)
+    return reshape(stack([sin, cos], axis=-1), (length, depth))  # (T, D/2, 2) -> (T, D)
+
+
 def sinusoidal_positional_encoding(
-    length, depth, max_wavelength=10000.0, start_index=0, dtype="float32"
+    length, depth, max_wavelength=10000.0, start_index=0, dtype="float32",
+    layout="interleaved",
 ):
-    """The `(length, depth)` table of the paper, sin and cos interleaved.
+    """The `(length, depth)` table of the paper, sin and cos interleaved
+    (`layout="concatenated"`: all sines, then all cosines, with the same
+    frequencies, as Marian and fairseq lay them out).
 
     `PE[pos, 2k] = sin(pos / max_wavelength^(2k / depth))` and
     `PE[pos, 2k + 1] = cos(pos / max_wavelength^(2k / depth))` for
@@ -47,23 +67,23 @@ def sinusoidal_positional_encoding(
             f"`length` must be a non-negative integer. Received: length={length!r}"
         )
     max_wavelength = check_positive_float("max_wavelength", max_wavelength)
+    _check_layout(layout)
     if isinstance(length, numbers.Integral) and isinstance(start_index, numbers.Integral):
         # Static positions: build the table in float64 NumPy. In float32 the
         # angle `pos * freq` alone is off by up to 1e-4 at position 1000.
         positions = np.arange(start_index, start_index + length, dtype="float64")
         inverse_freq = max_wavelength ** (-2.0 * np.arange(depth // 2) / depth)
         angles = positions[:, None] * inverse_freq[None, :]  # (T, D/2)
-        table = np.stack([np.sin(angles), np.cos(angles)], axis=-1)  # (T, D/2, 2)
-        table = table.reshape(length, depth).astype("float32")
+        table = _arrange(np.sin(angles), np.cos(angles), layout, np.stack, np.concatenate,
+                         np.reshape, length, depth).astype("float32")
         return ops.cast(ops.convert_to_tensor(table), dtype)
     # Dynamic length or start (a traced shape, a decoding step): float32 ops.
     positions = ops.cast(ops.arange(length) + start_index, "float32")  # (T,)
     pair = ops.cast(ops.arange(depth // 2), "float32")  # (D/2,) = k
     inverse_freq = ops.power(max_wavelength, -2.0 * pair / depth)  # (D/2,)
     angles = positions[:, None] * inverse_freq[None, :]  # (T, D/2)
-    # Stack on a new last axis, then flatten: [sin_0, cos_0, sin_1, cos_1, ...]
-    table = ops.stack([ops.sin(angles), ops.cos(angles)], axis=-1)  # (T, D/2, 2)
-    table = ops.reshape(table, (-1, depth))  # (T, D)
+    table = _arrange(ops.sin(angles), ops.cos(angles), layout, ops.stack, ops.concatenate,
+                     ops.reshape, -1, depth)
     return ops.cast(table, dtype)
 
 
@@ -79,6 +99,9 @@ class SinusoidalPositionalEncoding(keras.layers.Layer):
     Args:
         max_wavelength: the base of the geometric wavelength progression,
             10000 in the paper.
+        layout: `"interleaved"` (the paper's code: sin and cos of each
+            frequency side by side) or `"concatenated"` (all sines, then all
+            cosines: Marian / opus-mt, fairseq).
         **kwargs: base layer arguments.
 
     Call arguments:
@@ -100,9 +123,10 @@ class SinusoidalPositionalEncoding(keras.layers.Layer):
         Vaswani et al., "Attention Is All You Need", 2017, section 3.5.
     """
 
-    def __init__(self, max_wavelength=10000.0, **kwargs):
+    def __init__(self, max_wavelength=10000.0, layout="interleaved", **kwargs):
         super().__init__(**kwargs)
         self.max_wavelength = check_positive_float("max_wavelength", max_wavelength)
+        self.layout = _check_layout(layout)
         self.supports_masking = True
 
     def build(self, inputs_shape):
@@ -118,6 +142,7 @@ class SinusoidalPositionalEncoding(keras.layers.Layer):
             max_wavelength=self.max_wavelength,
             start_index=start_index,
             dtype=self.compute_dtype,
+            layout=self.layout,
         )
         return ops.broadcast_to(table, shape)
 
@@ -127,4 +152,6 @@ class SinusoidalPositionalEncoding(keras.layers.Layer):
     def get_config(self):
         config = super().get_config()
         config["max_wavelength"] = self.max_wavelength
+        if self.layout != "interleaved":  # files of the interleaved layer stay as they were
+            config["layout"] = self.layout
         return config

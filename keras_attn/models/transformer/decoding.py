@@ -94,9 +94,19 @@ def greedy_search(step_fn, state, start_ids, max_length, end_id, pad_id=0):
     return _while(cond, body, loop)[2]
 
 
-def length_penalty(length, alpha):
-    """GNMT's `((5 + length) / 6) ** alpha` (Wu et al., 2016, section 7)."""
-    return ops.power((5.0 + ops.cast(length, "float32")) / 6.0, alpha)
+LENGTH_PENALTIES = ("gnmt", "hf")
+
+
+def length_penalty(length, alpha, convention="gnmt"):
+    """GNMT's `((5 + length) / 6) ** alpha` (Wu et al., 2016, section 7), or
+    with `convention="hf"` Hugging Face's `length ** alpha`."""
+    length = ops.cast(length, "float32")
+    if convention == "hf":
+        return ops.power(length, alpha)
+    return ops.power((5.0 + length) / 6.0, alpha)
+
+
+_penalty = length_penalty  # for `beam_search`, whose argument takes the name
 
 
 def expand_to_beams(x, beam_width):
@@ -115,8 +125,9 @@ def beam_search(
     alpha=0.6,
     pad_id=0,
     return_all_beams=False,
+    length_penalty="gnmt",
 ):
-    """Beam search with the GNMT length penalty.
+    """Beam search with the GNMT length penalty (or Hugging Face's).
 
     Keeps `beam_width` (K) live hypotheses per sentence. Each step scores the
     K x V extensions by total log-probability and takes the best 2K: a
@@ -128,6 +139,19 @@ def beam_search(
     hypothesis could still reach (`log_prob / penalty(max_length)`: log
     probabilities only fall); the loop stops when every sentence is done.
     With `beam_width=1` and `alpha=0` this is exactly greedy search.
+
+    `length_penalty="hf"` follows Hugging Face's `generate` (`num_beams=K`,
+    `length_penalty=alpha`, the default `early_stopping=False`): finished
+    scores are `log_prob / length ** alpha`, and a sentence stops taking
+    finished hypotheses once its best live one, scored at its current
+    length, no longer beats its K-th finished one (a heuristic: with
+    `alpha > 0` a longer hypothesis could still have won); the loop stops
+    when no sentence can improve. The same model then gives Hugging Face's
+    tokens and `sequences_scores` (tested against Marian models), with one
+    difference: the pad id is removed from the softmax here, where
+    `bad_words_ids` sets its log-probability to -inf after it, so scores
+    agree when the model gives the pad id a negligible probability, as
+    trained translation models do.
 
     Args:
         step_fn: `(token_ids (B*K,), index, state) -> (logits (B*K, V), state)`.
@@ -145,6 +169,7 @@ def beam_search(
             ranks by total log-probability).
         pad_id: filler after the end token.
         return_all_beams: return all K finished hypotheses per sentence.
+        length_penalty: `"gnmt"` (the Transformer paper's) or `"hf"`.
 
     Returns:
         `(tokens (B, max_length), scores (B,))`, best first; with
@@ -153,9 +178,14 @@ def beam_search(
     max_length = _check_max_length(max_length)
     k = check_positive_int("beam_width", beam_width)
     alpha = float(alpha)
+    convention = length_penalty
+    if convention not in LENGTH_PENALTIES:
+        raise ValueError(f"`length_penalty` must be one of {LENGTH_PENALTIES}. "
+                         f"Received: length_penalty={convention!r}")
+    penalty = _penalty
     start_ids = ops.cast(start_ids, "int32")
     batch = ops.shape(start_ids)[0]
-    penalty_at_max = length_penalty(max_length, alpha)
+    penalty_at_max = penalty(max_length, alpha, convention)
 
     alive_tokens = ops.full((batch, k, max_length), pad_id, dtype="int32")
     # Only the first copy of each sentence is live at the start, so that the
@@ -165,19 +195,24 @@ def beam_search(
     )  # (B, K)
     finished_tokens = ops.full((batch, k, max_length), pad_id, dtype="int32")
     finished_scores = ops.full((batch, k), NEG_INF, dtype="float32")
+    # "hf": whether each sentence may still take finished hypotheses.
+    improvable = ops.ones((batch,), dtype="bool")
     last = expand_to_beams(start_ids, k)  # (B*K,)
     # Batch offsets that turn a per-sentence beam index into a row of state.
     offsets = ops.arange(batch, dtype="int32")[:, None] * k  # (B, 1)
 
     def cond(loop):
-        index, _, _, alive_log_probs, _, finished_scores, _ = loop
+        index, _, _, alive_log_probs, _, finished_scores, improvable, _ = loop
+        if convention == "hf":
+            return ops.logical_and(index < max_length, ops.any(improvable))
         best_alive = ops.max(alive_log_probs, axis=1) / penalty_at_max  # (B,)
         worst_finished = ops.min(finished_scores, axis=1)  # (B,)
         done = ops.all(worst_finished >= best_alive)
         return ops.logical_and(index < max_length, ops.logical_not(done))
 
     def body(loop):
-        index, last, alive_tokens, alive_log_probs, finished_tokens, finished_scores, state = loop
+        (index, last, alive_tokens, alive_log_probs, finished_tokens, finished_scores,
+         improvable, state) = loop
         logits, state = step_fn(last, index, state)
         vocabulary = logits.shape[-1] or ops.shape(logits)[-1]
         log_probs = ops.log_softmax(ops.cast(logits, "float32"), axis=-1)
@@ -196,7 +231,9 @@ def beam_search(
         in_top_k = ops.arange(num_candidates) < k  # (2K,)
         ends = ops.logical_or(ops.equal(token, end_id), index == max_length - 1)
         ends = ops.logical_and(ends, in_top_k[None, :])
-        scores = top_log_probs / length_penalty(index + 1, alpha)
+        if convention == "hf":
+            ends = ops.logical_and(ends, improvable[:, None])
+        scores = top_log_probs / penalty(index + 1, alpha, convention)
         scores = ops.where(ends, scores, NEG_INF)
         # Finished entries first, so a tie keeps the earlier (shorter) one.
         pool_scores = ops.concatenate([finished_scores, scores], axis=1)  # (B, 3K)
@@ -214,11 +251,16 @@ def beam_search(
         rows = ops.reshape(ops.take_along_axis(origin, keep, axis=1) + offsets, (-1,))
         state = keras.tree.map_structure(lambda x: ops.take(x, rows, axis=0), state)
         last = ops.reshape(ops.take_along_axis(token, keep, axis=1), (-1,))  # (B*K,)
+        if convention == "hf":
+            # Hugging Face's early-stopping heuristic, at the length reached.
+            best_alive = alive_log_probs[:, 0] / penalty(index + 1, alpha, convention)
+            improvable = ops.logical_and(
+                improvable, best_alive > ops.min(finished_scores, axis=1))
         return (index + 1, last, alive_tokens, alive_log_probs, finished_tokens,
-                finished_scores, state)
+                finished_scores, improvable, state)
 
     loop = (ops.convert_to_tensor(0, "int32"), last, alive_tokens, alive_log_probs,
-            finished_tokens, finished_scores, state)
+            finished_tokens, finished_scores, improvable, state)
     loop = _while(cond, body, loop)
     finished_tokens, finished_scores = loop[4], loop[5]
     if return_all_beams:
@@ -299,11 +341,6 @@ def make_transformer_step_fn(model, encoder_output, source_mask, max_length, use
 
 
 def _prepare(model, source_ids, max_length, start_id):
-    if start_id == model.transformer_config.pad_id:
-        raise ValueError(
-            "`start_id` must differ from the padding id (padding is masked out "
-            f"of the decoder input). Received: start_id={start_id}"
-        )
     source_ids = ops.convert_to_tensor(source_ids, "int32")
     if max_length is None:
         max_length = default_max_length(model, source_ids)
@@ -341,6 +378,7 @@ def transformer_beam_search(
     max_length=None,
     return_all_beams=False,
     use_cache=True,
+    length_penalty="gnmt",
 ):
     """Beam-search translation of `source_ids (B, S)` with a `Transformer`.
 
@@ -348,7 +386,8 @@ def transformer_beam_search(
     cross-attention keys/values are repeated K times and closed over (never
     reordered); only the self-attention caches follow the hypotheses.
 
-    Returns `(tokens (B, max_length), scores (B,))` (see `beam_search`).
+    Returns `(tokens (B, max_length), scores (B,))` (see `beam_search`;
+    `length_penalty="hf"` follows Hugging Face's convention).
     """
     source_ids, max_length, start = _prepare(model, source_ids, max_length, start_id)
     k = check_positive_int("beam_width", beam_width)
@@ -363,6 +402,7 @@ def transformer_beam_search(
     return beam_search(
         step_fn, state, start + start_id, max_length, end_id, beam_width=k, alpha=alpha,
         pad_id=model.transformer_config.pad_id, return_all_beams=return_all_beams,
+        length_penalty=length_penalty,
     )
 
 
@@ -386,6 +426,8 @@ class TransformerTranslator(keras.Model):
         use_cache: decode with the key/value caches (False re-runs the
             decoder on the whole prefix each step: same tokens, slower; for
             benchmarks).
+        length_penalty: `"gnmt"` (default) or `"hf"` (Hugging Face's
+            convention, for imported Marian models; see `beam_search`).
     """
 
     def __init__(
@@ -397,9 +439,14 @@ class TransformerTranslator(keras.Model):
         alpha=0.6,
         max_length=None,
         use_cache=True,
+        length_penalty="gnmt",
         **kwargs,
     ):
         super().__init__(**kwargs)
+        if length_penalty not in LENGTH_PENALTIES:
+            raise ValueError(f"`length_penalty` must be one of {LENGTH_PENALTIES}. "
+                             f"Received: length_penalty={length_penalty!r}")
+        self.length_penalty = length_penalty
         self.transformer = transformer
         self.start_id = int(start_id)
         self.end_id = int(end_id)
@@ -418,7 +465,7 @@ class TransformerTranslator(keras.Model):
         return transformer_beam_search(
             self.transformer, source_ids, self.start_id, self.end_id,
             beam_width=self.beam_width, alpha=self.alpha, max_length=self.max_length,
-            use_cache=self.use_cache,
+            use_cache=self.use_cache, length_penalty=self.length_penalty,
         )
 
     def get_config(self):
@@ -432,6 +479,7 @@ class TransformerTranslator(keras.Model):
                 "alpha": self.alpha,
                 "max_length": self.max_length,
                 "use_cache": self.use_cache,
+                "length_penalty": self.length_penalty,
             }
         )
         return config

@@ -20,6 +20,8 @@ class SharedEmbedding(keras.layers.Layer):
         hidden_dim: D.
         scale_by_sqrt_dim: multiply the looked-up vectors by `sqrt(D)`.
         embeddings_initializer: initializer of `E`.
+        output_bias: add a learned `(V,)` bias (zeros at first) to the
+            logits of `reverse=True` (Marian's `final_logits_bias`).
         **kwargs: base layer arguments.
 
     Call arguments:
@@ -55,9 +57,11 @@ class SharedEmbedding(keras.layers.Layer):
         hidden_dim,
         scale_by_sqrt_dim=True,
         embeddings_initializer="uniform",
+        output_bias=False,
         **kwargs,
     ):
         super().__init__(**kwargs)
+        self.output_bias = bool(output_bias)
         self.vocabulary_size = check_positive_int("vocabulary_size", vocabulary_size)
         self.hidden_dim = check_positive_int("hidden_dim", hidden_dim)
         self.scale_by_sqrt_dim = bool(scale_by_sqrt_dim)
@@ -70,12 +74,19 @@ class SharedEmbedding(keras.layers.Layer):
             initializer=self.embeddings_initializer,
             trainable=True,
         )
+        if self.output_bias:
+            self.logits_bias = self.add_weight(
+                name="logits_bias", shape=(self.vocabulary_size,), initializer="zeros"
+            )
         self.built = True
 
     def call(self, inputs, reverse=False):
         table = ops.cast(self.embeddings, self.compute_dtype)
         if reverse:
-            return ops.matmul(inputs, ops.transpose(table))  # (B, T, V)
+            logits = ops.matmul(inputs, ops.transpose(table))  # (B, T, V)
+            if self.output_bias:
+                logits = logits + ops.cast(self.logits_bias, self.compute_dtype)
+            return logits
         ids = ops.cast(inputs, "int32")
         # An id outside the table gives a NaN vector, never the clamped row
         # that XLA's gather (and a GPU's) returns silently; TF on CPU raises.
@@ -93,6 +104,7 @@ class SharedEmbedding(keras.layers.Layer):
                 "vocabulary_size": self.vocabulary_size,
                 "hidden_dim": self.hidden_dim,
                 "scale_by_sqrt_dim": self.scale_by_sqrt_dim,
+                "output_bias": self.output_bias,
                 "embeddings_initializer": keras.initializers.serialize(
                     self.embeddings_initializer
                 ),

@@ -13,6 +13,7 @@ from keras_attn.models._config import resolve_config
 
 NORM_POSITIONS = ("post", "pre")
 POSITION_EMBEDDINGS = ("sinusoidal", "learned")
+SINUSOID_LAYOUTS = ("interleaved", "concatenated")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -45,7 +46,15 @@ class TransformerConfig:
         max_sequence_length: longest sequence the positions cover: the size
             of the learned table, and the cap on decoding lengths for both.
         layer_norm_epsilon: LayerNorm epsilon (1e-6 as in tensor2tensor).
-        pad_id: the padding token id; padding masks are `ids != pad_id`.
+        pad_id: the padding token id; padding masks are `ids != pad_id`,
+            except at the first target position, which always holds the
+            start token (so the start token may be the pad id, as in
+            Marian).
+        sinusoid_layout: `"interleaved"` (the paper's code) or
+            `"concatenated"` (all sines, then all cosines: Marian / opus-mt).
+        output_bias: a learned bias on the tied output logits (Marian's
+            `final_logits_bias`); the untied `output_projection` always has
+            its own.
         remat: rematerialise each encoder and decoder block in training (gradient
             checkpointing): its activations are recomputed in the backward
             pass instead of stored. Less memory for about one more forward
@@ -71,6 +80,8 @@ class TransformerConfig:
     max_sequence_length: int = 1024
     layer_norm_epsilon: float = 1e-6
     pad_id: int = 0
+    sinusoid_layout: str = "interleaved"
+    output_bias: bool = False
     remat: bool = False
 
     @property

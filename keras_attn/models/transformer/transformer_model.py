@@ -13,8 +13,9 @@ source_ids (B, S)                          target_ids (B, T) (BOS y_1 .. y_{T-1}
                                                  "output_projection"  (B, T, V) logits
 ```
 
-Padding masks are `ids != pad_id` on both sides and are passed explicitly
-to every block (so any `pad_id` works, not only 0).
+Padding masks are `ids != pad_id` on both sides (the first target position
+excepted: it holds the start token, which may be the pad id, as in Marian)
+and are passed explicitly to every block (so any `pad_id` works, not only 0).
 """
 
 import dataclasses
@@ -44,6 +45,7 @@ from keras_attn.models.transformer.transformer_config import (
     POSITION_EMBEDDINGS,
 )
 from keras_attn.models.transformer.transformer_config import DEFAULT_PRESET
+from keras_attn.models.transformer.transformer_config import SINUSOID_LAYOUTS
 from keras_attn.models.transformer.transformer_config import TransformerConfig
 from keras_attn.models.transformer.transformer_config import (
     get_transformer_config,
@@ -70,6 +72,8 @@ def _check_config(config):
     check_positive_int("max_sequence_length", config.max_sequence_length)
     check_positive_float("layer_norm_epsilon", config.layer_norm_epsilon)
     check_bool("remat", config.remat)
+    check_choice("sinusoid_layout", config.sinusoid_layout, SINUSOID_LAYOUTS)
+    check_bool("output_bias", config.output_bias)
     if isinstance(config.pad_id, bool) or not isinstance(config.pad_id, int):
         raise ValueError(f"`pad_id` must be an integer. Received: pad_id={config.pad_id!r}")
     if not 0 <= config.pad_id < config.vocabulary_size:
@@ -127,8 +131,15 @@ def _encode(layers, pad_id, source_ids, training=None):
     return x, source_mask
 
 
+def _target_mask(target_ids, pad_id):
+    """`target_ids != pad_id`, and True at position 0: the first decoder
+    input is the start token, real even when it is the pad id (Marian)."""
+    first = ops.ones_like(target_ids[:, :1], dtype="bool")  # (B, 1)
+    return ops.concatenate([first, ops.not_equal(target_ids[:, 1:], pad_id)], axis=1)
+
+
 def _decode(layers, pad_id, target_ids, encoder_output, source_mask, training=None):
-    target_mask = ops.not_equal(target_ids, pad_id)  # (B, T)
+    target_mask = _target_mask(target_ids, pad_id)  # (B, T)
     y = _embed(layers, "decoder", target_ids, training=training)
     for block in layers.decoder_blocks:
         y = block(
@@ -200,6 +211,8 @@ class Transformer(GuardedModel, ConfigModel, keras.Model):
         max_sequence_length=1024,
         layer_norm_epsilon=1e-6,
         pad_id=0,
+        sinusoid_layout="interleaved",
+        output_bias=False,
         remat=False,
         dtype=None,
         **kwargs,
@@ -223,6 +236,8 @@ class Transformer(GuardedModel, ConfigModel, keras.Model):
             max_sequence_length=max_sequence_length,
             layer_norm_epsilon=layer_norm_epsilon,
             pad_id=pad_id,
+            sinusoid_layout=sinusoid_layout,
+            output_bias=output_bias,
             remat=remat,
         )
         _check_config(config)
@@ -236,14 +251,15 @@ class Transformer(GuardedModel, ConfigModel, keras.Model):
         # the layers it tracks first, and saved files depend on that order.
         layers = types.SimpleNamespace()
 
-        def token_embedding(size, name):
+        def token_embedding(size, name, bias=False):
             return SharedEmbedding(size, hidden_dim, embeddings_initializer=embedding_init,
-                                   dtype=dtype, name=name)
+                                   output_bias=bias, dtype=dtype, name=name)
 
         def position(side):
             name = f"{side}_position_embedding"
             if position_embedding == "sinusoidal":
-                return SinusoidalPositionalEncoding(dtype=dtype, name=name)
+                return SinusoidalPositionalEncoding(layout=sinusoid_layout, dtype=dtype,
+                                                    name=name)
             return PositionEmbedding(
                 max_sequence_length,
                 initializer=keras.initializers.RandomNormal(stddev=0.02),
@@ -279,6 +295,7 @@ class Transformer(GuardedModel, ConfigModel, keras.Model):
         layers.source_embedding = token_embedding(
             vocabulary_size,
             "token_embedding" if config.shared_vocabulary else "source_token_embedding",
+            bias=output_bias and config.shared_vocabulary,
         )
         layers.encoder_position_embedding = position("encoder")
         layers.encoder_embedding_dropout = keras.layers.Dropout(
