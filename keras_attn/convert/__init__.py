@@ -14,20 +14,26 @@ from keras_attn.convert.bert import load_hf_bert_tokenizer
 from keras_attn.convert.bert import save_hf_bert
 from keras_attn.convert.hub import from_keras_hub
 from keras_attn.convert.hub import to_keras_hub
+from keras_attn.convert.marian import MarianTokenizer
+from keras_attn.convert.marian import load_hf_marian
+from keras_attn.convert.marian import transformer_config_from_marian
 from keras_attn.convert.vit import load_hf_vit
 from keras_attn.convert.vit import save_hf_vit
 from keras_attn.convert.vit import vit_config_from_hf
 
 __all__ = [
+    "MarianTokenizer",
     "bert_config_from_hf",
     "from_keras_hub",
     "load_hf_bert",
     "load_hf_bert_backbone",
     "load_hf_bert_task",
     "load_hf_bert_tokenizer",
+    "load_hf_marian",
     "load_hf_vit",
     "save_hf_bert",
     "save_hf_vit",
     "to_keras_hub",
+    "transformer_config_from_marian",
     "vit_config_from_hf",
 ]

@@ -1,0 +1,291 @@
+"""A translation model from a Hugging Face `MarianMTModel` directory (the
+opus-mt checkpoints): the paper's base Transformer with a few differences,
+which `TransformerConfig` expresses:
+
+| Marian | keras_attn `TransformerConfig` |
+|---|---|
+| sinusoids laid out as all sines, then all cosines | `sinusoid_layout="concatenated"` |
+| `activation_function` (`"swish"` in opus-mt) | `activation="silu"` (and gelu, gelu_new, relu) |
+| `final_logits_bias` on the tied logits | `output_bias=True` |
+| the decoder starts from the pad id | the first target position is never masked |
+| LayerNorm epsilon 1e-5 | `layer_norm_epsilon=1e-5` |
+
+Beam search as Hugging Face's `generate` does it: `transformer_beam_search(
+..., alpha=length_penalty, length_penalty="hf")` (see `beam_search`).
+
+The directory holds `config.json` and `model.safetensors` (what
+`save_pretrained` writes), and for the tokenizer `source.spm`, `target.spm`
+(SentencePiece models) and `vocab.json` (piece -> id, shared by both sides).
+Weights are read with NumPy and `safetensors`; every tensor must have the
+shape the config implies and every tensor must be used, before any weight is
+assigned (a `ValueError` naming the file and the tensor otherwise).
+"""
+
+import json
+import os
+
+from keras_attn.convert._checkpoint import Tensors
+from keras_attn.convert._checkpoint import config_float
+from keras_attn.convert._checkpoint import config_int
+from keras_attn.convert._checkpoint import read_config
+from keras_attn.convert._checkpoint import read_safetensors
+
+_ACTIVATIONS = {"swish": "silu", "silu": "silu", "gelu": "gelu", "gelu_new": "gelu_approximate",
+                "gelu_pytorch_tanh": "gelu_approximate", "relu": "relu"}
+_LAYER_NORM_EPSILON = 1e-5  # torch.nn.LayerNorm's default, which Marian keeps
+
+
+def transformer_config_from_marian(hf_config):
+    """`(TransformerConfig, start_id, end_id)` from the fields of a Marian
+    `config.json`; a setting the Transformer cannot express is a
+    `ValueError` naming it."""
+    from keras_attn.models.transformer import TransformerConfig
+
+    file = "config.json"
+
+    def same(key_a, key_b):
+        a, b = config_int(hf_config, key_a, file), config_int(hf_config, key_b, file)
+        if a != b:
+            raise ValueError(f"{file}: keras_attn's Transformer has one {key_a.split('_', 1)[1]} "
+                             f"for both stacks. Received: {key_a}={a}, {key_b}={b}")
+        return a
+
+    activation = hf_config.get("activation_function", "gelu")
+    if activation not in _ACTIVATIONS:
+        raise ValueError(f"{file}: 'activation_function' must be one of {sorted(_ACTIVATIONS)}. "
+                         f"Received: activation_function={activation!r}")
+    for key, wanted in (("scale_embedding", True), ("share_encoder_decoder_embeddings", True),
+                        ("tie_word_embeddings", True)):
+        value = hf_config.get(key, wanted if key != "scale_embedding" else False)
+        if value is not wanted:
+            raise ValueError(
+                f"{file}: keras_attn's Transformer needs {key}={wanted} (one vocabulary, "
+                f"embeddings scaled by sqrt(d_model) and tied to the logits). "
+                f"Received: {key}={value!r}"
+            )
+    vocabulary = config_int(hf_config, "vocab_size", file)
+    decoder_vocabulary = hf_config.get("decoder_vocab_size") or vocabulary
+    if decoder_vocabulary != vocabulary:
+        raise ValueError(f"{file}: the decoder vocabulary must be the shared one. Received: "
+                         f"decoder_vocab_size={decoder_vocabulary}, vocab_size={vocabulary}")
+    pad_id = config_int(hf_config, "pad_token_id", file)
+    config = TransformerConfig(
+        vocabulary_size=vocabulary,
+        hidden_dim=config_int(hf_config, "d_model", file),
+        intermediate_dim=same("encoder_ffn_dim", "decoder_ffn_dim"),
+        num_heads=same("encoder_attention_heads", "decoder_attention_heads"),
+        num_encoder_layers=config_int(hf_config, "encoder_layers", file),
+        num_decoder_layers=config_int(hf_config, "decoder_layers", file),
+        dropout=config_float(hf_config, "dropout", file, 0.1),
+        attention_dropout=config_float(hf_config, "attention_dropout", file, 0.0),
+        activation_dropout=config_float(hf_config, "activation_dropout", file, 0.0),
+        activation=_ACTIVATIONS[activation],
+        norm_position="post",
+        position_embedding="sinusoidal",
+        sinusoid_layout="concatenated",
+        max_sequence_length=config_int(hf_config, "max_position_embeddings", file, 512),
+        layer_norm_epsilon=_LAYER_NORM_EPSILON,
+        pad_id=pad_id,
+        output_bias=True,
+    )
+    start_id = config_int(hf_config, "decoder_start_token_id", file, pad_id)
+    end_id = config_int(hf_config, "eos_token_id", file)
+    return config, start_id, end_id
+
+
+def _plan(model, config, tensors):
+    """[(variable, array)] for every weight of `model`, all checked."""
+    D, F, N = config.hidden_dim, config.intermediate_dim, config.num_heads
+    H = D // N
+    variables = {w.path: w for w in model.weights}
+    plan = []
+
+    def put(path, array):
+        variable = variables.pop(path, None)
+        if variable is None or tuple(variable.shape) != tuple(array.shape):
+            raise ValueError(  # a bug of this converter, not of the file
+                f"Weight {path!r} does not take an array of shape {tuple(array.shape)}. "
+                f"Received: {None if variable is None else tuple(variable.shape)}"
+            )
+        plan.append((variable, array))
+
+    def attention(ours, hf):
+        for name, proj in (("query", "q_proj"), ("key", "k_proj"), ("value", "v_proj")):
+            put(f"{ours}/{name}/kernel", tensors.get(f"{hf}.{proj}.weight", (D, D)).T.reshape(D, N, H))
+            put(f"{ours}/{name}/bias", tensors.get(f"{hf}.{proj}.bias", (D,)).reshape(N, H))
+        put(f"{ours}/attention_output/kernel",
+            tensors.get(f"{hf}.out_proj.weight", (D, D)).T.reshape(N, H, D))
+        put(f"{ours}/attention_output/bias", tensors.get(f"{hf}.out_proj.bias", (D,)))
+
+    def norm(ours, hf):
+        put(f"{ours}/gamma", tensors.get(f"{hf}.weight", (D,)))
+        put(f"{ours}/beta", tensors.get(f"{hf}.bias", (D,)))
+
+    def feed_forward(ours, hf):
+        put(f"{ours}/feed_forward/intermediate_dense/kernel", tensors.get(f"{hf}.fc1.weight", (F, D)).T)
+        put(f"{ours}/feed_forward/intermediate_dense/bias", tensors.get(f"{hf}.fc1.bias", (F,)))
+        put(f"{ours}/feed_forward/output_dense/kernel", tensors.get(f"{hf}.fc2.weight", (D, F)).T)
+        put(f"{ours}/feed_forward/output_dense/bias", tensors.get(f"{hf}.fc2.bias", (D,)))
+        norm(f"{ours}/feed_forward_layer_norm", f"{hf}.final_layer_norm")
+
+    V = config.vocabulary_size
+    put("token_embedding/embeddings", tensors.get("model.shared.weight", (V, D)))
+    put("token_embedding/logits_bias", tensors.get("final_logits_bias", (1, V))[0])
+    for i in range(config.num_encoder_layers):
+        ours, hf = f"encoder_block_{i}", f"model.encoder.layers.{i}"
+        attention(f"{ours}/self_attention", f"{hf}.self_attn")
+        norm(f"{ours}/self_attention_layer_norm", f"{hf}.self_attn_layer_norm")
+        feed_forward(ours, hf)
+    for i in range(config.num_decoder_layers):
+        ours, hf = f"decoder_block_{i}", f"model.decoder.layers.{i}"
+        attention(f"{ours}/self_attention", f"{hf}.self_attn")
+        norm(f"{ours}/self_attention_layer_norm", f"{hf}.self_attn_layer_norm")
+        attention(f"{ours}/cross_attention", f"{hf}.encoder_attn")
+        norm(f"{ours}/cross_attention_layer_norm", f"{hf}.encoder_attn_layer_norm")
+        feed_forward(ours, hf)
+    if variables:
+        raise ValueError(f"Weights without a tensor. Received: missing={sorted(variables)}")
+    return plan
+
+
+# Tensors that hold no weight of their own: the embedding tables and the
+# output projection tied to `model.shared`, and the sinusoids (computed).
+_TIED_OR_COMPUTED = ("model.encoder.embed_tokens.", "model.decoder.embed_tokens.", "lm_head.",
+                     "model.encoder.embed_positions.", "model.decoder.embed_positions.")
+
+
+def load_hf_marian(path, tokenizer=True):
+    """A `Transformer` (and its tokenizer) from a Hugging Face Marian
+    directory.
+
+    Args:
+        path: a `MarianMTModel` directory: `config.json`,
+            `model.safetensors`, and for the tokenizer `source.spm`,
+            `target.spm` and `vocab.json`.
+        tokenizer: also load the `MarianTokenizer`; False returns the model
+            alone.
+
+    Returns:
+        `(model, tokenizer)`, or the model alone. The model's logits equal
+        `MarianMTModel`'s; translate with `tokenizer.translate(model, texts)`
+        or with `transformer_beam_search(model, ids, tokenizer.start_id,
+        tokenizer.end_id, alpha=..., length_penalty="hf")`.
+
+    Raises:
+        ValueError: a malformed file, a setting keras_attn's Transformer
+            cannot express, a tensor missing, of another shape, or left
+            over (nothing is assigned then).
+    """
+    from keras_attn.models.transformer import Transformer
+    import dataclasses
+
+    hf_config = read_config(path)
+    if hf_config.get("model_type", "marian") != "marian":
+        raise ValueError(f"{os.path.join(path, 'config.json')} is not a Marian model. "
+                         f"Received: model_type={hf_config.get('model_type')!r}")
+    config, start_id, end_id = transformer_config_from_marian(hf_config)
+    tensors = Tensors(read_safetensors(path), path)
+    model = Transformer(**dataclasses.asdict(config))
+    plan = _plan(model, config, tensors)  # raises before anything is assigned
+    tensors.check_all_used(ignored=_TIED_OR_COMPUTED)
+    for variable, array in plan:
+        variable.assign(array)
+    if not tokenizer:
+        return model
+    return model, MarianTokenizer(path, start_id=start_id, end_id=end_id, pad_id=config.pad_id)
+
+
+class MarianTokenizer:
+    """Marian's tokenization with the `sentencepiece` package: the source
+    SentencePiece model cuts a text into pieces, `vocab.json` maps them to
+    ids, and `</s>` ends the sentence; decoding maps ids back to pieces and
+    joins them with the target model. A leading language token
+    (`>>fra<<`, multilingual opus-mt models) is kept as one token. Gives the
+    ids of `transformers.MarianTokenizer` (tested) when `sacremoses` is not
+    installed; with it, transformers first normalises punctuation the Moses
+    way, which this tokenizer does not (texts with unusual quotes or dashes
+    can then get other ids).
+
+    Written by hand because keras-hub's `SentencePieceTokenizer` gives the
+    SentencePiece model's own ids, and Marian's ids are those of
+    `vocab.json`.
+
+    Args:
+        path: directory with `source.spm`, `target.spm` and `vocab.json`.
+        start_id, end_id, pad_id: the decoder's start token, `</s>` and the
+            padding id (from `config.json`, as `load_hf_marian` reads them).
+    """
+
+    def __init__(self, path, start_id, end_id, pad_id):
+        import sentencepiece
+
+        files = {name: os.path.join(path, name) for name in ("source.spm", "target.spm",
+                                                               "vocab.json")}
+        for name, file in files.items():
+            if not os.path.exists(file):
+                raise ValueError(f"{file} does not exist (Marian's tokenizer needs source.spm, "
+                                 f"target.spm and vocab.json). Received: path={path!r}")
+        try:
+            with open(files["vocab.json"], encoding="utf-8") as stream:
+                self.vocabulary = json.load(stream)
+        except (json.JSONDecodeError, UnicodeDecodeError) as error:
+            raise ValueError(f"{files['vocab.json']} is not valid JSON ({error}). "
+                             f"Received: path={path!r}") from None
+        if not isinstance(self.vocabulary, dict) or not all(
+                isinstance(v, int) for v in self.vocabulary.values()):
+            raise ValueError(f"{files['vocab.json']} must map pieces to integer ids. "
+                             f"Received: {type(self.vocabulary).__name__}")
+        self.pieces = {i: piece for piece, i in self.vocabulary.items()}
+        self.source = sentencepiece.SentencePieceProcessor(model_file=files["source.spm"])
+        self.target = sentencepiece.SentencePieceProcessor(model_file=files["target.spm"])
+        self.start_id, self.end_id, self.pad_id = int(start_id), int(end_id), int(pad_id)
+        if "<unk>" not in self.vocabulary:
+            raise ValueError(f"{files['vocab.json']} has no '<unk>'. Received: "
+                             f"{len(self.vocabulary)} pieces")
+        self.unknown_id = self.vocabulary["<unk>"]
+
+    def encode(self, text):
+        """The source ids of one text, `</s>` included (a list of ints)."""
+        code = []
+        end = text.find("<<") if text.startswith(">>") else -1
+        if end != -1:
+            code, text = [text[:end + 2]], text[end + 2:]
+        pieces = code + self.source.encode(text, out_type=str)
+        return [self.vocabulary.get(piece, self.unknown_id) for piece in pieces] + [self.end_id]
+
+    def __call__(self, texts):
+        """`(B, S)` int32 source ids of `texts`, padded with the pad id."""
+        import numpy as np
+
+        rows = [self.encode(text) for text in texts]
+        ids = np.full((len(rows), max(len(row) for row in rows)), self.pad_id, "int32")
+        for i, row in enumerate(rows):
+            ids[i, :len(row)] = row
+        return ids
+
+    def decode(self, ids):
+        """The text of one row of target ids, up to `</s>`; the special
+        tokens (pad, start, `<unk>`) are dropped, as
+        `transformers.MarianTokenizer.decode(ids, skip_special_tokens=True)`
+        drops them."""
+        pieces = []
+        for i in ids:
+            i = int(i)
+            if i == self.end_id:
+                break
+            if i in (self.pad_id, self.start_id, self.unknown_id):
+                continue
+            pieces.append(self.pieces.get(i, "<unk>"))
+        return self.target.decode_pieces(pieces).replace("\u2581", " ").strip()
+
+    def translate(self, model, texts, beam_width=4, alpha=1.0, max_length=None):
+        """Translations of `texts` with `model` (Hugging Face's beam search:
+        `generate(num_beams=beam_width, length_penalty=alpha)`)."""
+        from keras import ops
+
+        from keras_attn.models.transformer import transformer_beam_search
+
+        tokens, _ = transformer_beam_search(
+            model, self(texts), self.start_id, self.end_id, beam_width=beam_width,
+            alpha=alpha, max_length=max_length, length_penalty="hf")
+        return [self.decode(row) for row in ops.convert_to_numpy(tokens)]

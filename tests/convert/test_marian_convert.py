@@ -1,0 +1,170 @@
+"""Marian (opus-mt) directories into the Transformer: the same encoder
+output and logits as transformers' MarianMTModel, the same greedy and beam
+tokens and scores as `generate`, the same ids as its tokenizer, on two
+random non-default configurations saved with `save_pretrained`."""
+
+import json
+import os
+
+import numpy as np
+import pytest
+
+from keras_attn.convert.marian import load_hf_marian
+from keras_attn.models.transformer import transformer_beam_search
+from keras_attn.models.transformer import transformer_greedy_search
+from test_case import to_numpy
+
+CORPUS = [
+    "the cat sat on the mat", "a dog ran in the park", "we read books at night",
+    "the sun is warm today", "my friend likes green tea", "birds sing in the morning",
+    "le chat est sur le tapis", "un chien court dans le parc", "nous lisons la nuit",
+]
+CONFIGS = [
+    dict(d_model=16, encoder_layers=2, decoder_layers=1, encoder_attention_heads=2,
+         decoder_attention_heads=2, encoder_ffn_dim=32, decoder_ffn_dim=32,
+         activation_function="swish"),
+    dict(d_model=24, encoder_layers=1, decoder_layers=2, encoder_attention_heads=3,
+         decoder_attention_heads=3, encoder_ffn_dim=40, decoder_ffn_dim=40,
+         activation_function="gelu"),
+]
+
+
+def _spm(directory, name, vocab_size):
+    import sentencepiece
+
+    sentencepiece.SentencePieceTrainer.train(
+        sentence_iterator=iter(CORPUS), model_prefix=os.path.join(directory, name),
+        vocab_size=vocab_size, character_coverage=1.0, minloglevel=2)
+    os.replace(os.path.join(directory, name + ".model"), os.path.join(directory, name + ".spm"))
+    return sentencepiece.SentencePieceProcessor(model_file=os.path.join(directory, name + ".spm"))
+
+
+@pytest.fixture(scope="module", params=[0, 1])
+def marian_dir(request, tmp_path_factory):
+    import torch
+    import transformers
+
+    index = request.param
+    path = str(tmp_path_factory.mktemp(f"marian{index}"))
+    source, target = _spm(path, "source", 40), _spm(path, "target", 44)
+    pieces = ["</s>", "<unk>", ">>fra<<"]
+    for processor in (source, target):
+        for i in range(processor.get_piece_size()):
+            piece = processor.id_to_piece(i)
+            if piece not in pieces and piece not in ("<unk>", "<s>", "</s>"):
+                pieces.append(piece)
+    pieces.append("<pad>")
+    with open(os.path.join(path, "vocab.json"), "w") as f:
+        json.dump({piece: i for i, piece in enumerate(pieces)}, f)
+    vocabulary, pad = len(pieces), len(pieces) - 1
+    torch.manual_seed(index)
+    config = transformers.MarianConfig(
+        vocab_size=vocabulary, decoder_vocab_size=vocabulary, max_position_embeddings=64,
+        pad_token_id=pad, eos_token_id=0, decoder_start_token_id=pad, forced_eos_token_id=None,
+        scale_embedding=True, **CONFIGS[index])
+    model = transformers.MarianMTModel(config).eval()
+    with torch.no_grad():  # a trained model's bias: the pad id never, the end a little likelier
+        bias = torch.randn(1, vocabulary) * 0.5
+        bias[0, pad], bias[0, 0] = -30.0, 1.0
+        model.final_logits_bias.copy_(bias)
+    model.save_pretrained(path)
+    return path, model
+
+
+def _sources(tokenizer):
+    return tokenizer(["the cat sat in the park", ">>fra<< le chien", "we like tea at night"])
+
+
+def test_encoder_output_and_logits_equal_transformers(marian_dir):
+    import torch
+
+    path, hf = marian_dir
+    model, tokenizer = load_hf_marian(path)
+    source = _sources(tokenizer)
+    mask = source != tokenizer.pad_id
+    assert not mask.all()  # padded rows
+    target = np.random.default_rng(0).integers(0, tokenizer.pad_id, (3, 6)).astype("int32")
+    target[:, 0] = tokenizer.start_id  # the pad id, Marian's start
+    with torch.no_grad():
+        out = hf(input_ids=torch.tensor(source, dtype=torch.long),
+                 attention_mask=torch.tensor(mask, dtype=torch.long),
+                 decoder_input_ids=torch.tensor(target, dtype=torch.long))
+    encoded, _ = model.encode(source)
+    np.testing.assert_allclose(to_numpy(encoded)[mask], out.encoder_last_hidden_state.numpy()[mask],
+                               atol=1e-4)
+    np.testing.assert_allclose(to_numpy(model([source, target])), out.logits.numpy(), atol=1e-4)
+
+
+def _generate(hf, source, pad, **options):
+    import torch
+
+    with torch.no_grad():
+        return hf.generate(
+            input_ids=torch.tensor(source, dtype=torch.long),
+            attention_mask=torch.tensor(source != pad, dtype=torch.long),
+            do_sample=False, bad_words_ids=[[pad]], return_dict_in_generate=True,
+            output_scores=True, **options)
+
+
+def test_greedy_and_beam_search_equal_generate(marian_dir):
+    path, hf = marian_dir
+    model, tokenizer = load_hf_marian(path)
+    source = _sources(tokenizer)
+    steps = 12
+    theirs = _generate(hf, source, tokenizer.pad_id, num_beams=1, max_length=steps + 1)
+    ours = to_numpy(transformer_greedy_search(model, source, tokenizer.start_id,
+                                              tokenizer.end_id, max_length=steps))
+    generated = theirs.sequences.numpy()[:, 1:]  # without the start token
+    np.testing.assert_array_equal(ours[:, :generated.shape[1]], generated)
+    assert (ours[:, generated.shape[1]:] == tokenizer.pad_id).all()
+    assert (generated == tokenizer.end_id).any()  # some sentence ended before the limit
+    for alpha in (1.0, 0.6):
+        theirs = _generate(hf, source, tokenizer.pad_id, num_beams=4, length_penalty=alpha,
+                           early_stopping=False, max_length=steps + 1)
+        tokens, scores = transformer_beam_search(
+            model, source, tokenizer.start_id, tokenizer.end_id, beam_width=4, alpha=alpha,
+            max_length=steps, length_penalty="hf")
+        tokens, generated = to_numpy(tokens), theirs.sequences.numpy()[:, 1:]
+        np.testing.assert_array_equal(tokens[:, :generated.shape[1]], generated)
+        np.testing.assert_allclose(to_numpy(scores), theirs.sequences_scores.numpy(), atol=1e-4)
+
+
+def test_tokenizer_gives_the_ids_and_texts_of_transformers(marian_dir):
+    import transformers
+
+    path, _ = marian_dir
+    _, tokenizer = load_hf_marian(path)
+    theirs = transformers.MarianTokenizer.from_pretrained(path)
+    texts = ["the cat sat in the park", ">>fra<< le chien est sur le tapis", "unseen xyz words"]
+    for text in texts:
+        ids = theirs(text)["input_ids"]
+        assert tokenizer.encode(text) == ids, text
+        assert tokenizer.decode(ids) == theirs.decode(ids, skip_special_tokens=True), text
+
+
+def test_a_checkpoint_that_does_not_fit_is_refused(marian_dir, tmp_path):
+    import shutil
+
+    from safetensors.numpy import load_file
+    from safetensors.numpy import save_file
+
+    path, _ = marian_dir
+    for name in os.listdir(path):
+        shutil.copy(os.path.join(path, name), tmp_path / name)
+    with open(tmp_path / "config.json") as f:
+        config = json.load(f)
+    with open(tmp_path / "config.json", "w") as f:
+        json.dump(dict(config, decoder_layers=config["decoder_layers"] + 1), f)
+    with pytest.raises(ValueError, match=r"no tensor 'model.decoder.layers.\d.self_attn"):
+        load_hf_marian(str(tmp_path), tokenizer=False)
+    with open(tmp_path / "config.json", "w") as f:
+        json.dump(dict(config, scale_embedding=False), f)
+    with pytest.raises(ValueError, match="Received: scale_embedding=False"):
+        load_hf_marian(str(tmp_path), tokenizer=False)
+    with open(tmp_path / "config.json", "w") as f:
+        json.dump(config, f)
+    tensors = load_file(tmp_path / "model.safetensors")
+    tensors["model.encoder.layers.9.fc1.bias"] = np.zeros(3, "float32")
+    save_file(tensors, str(tmp_path / "model.safetensors"))
+    with pytest.raises(ValueError, match="model.encoder.layers.9.fc1.bias"):
+        load_hf_marian(str(tmp_path), tokenizer=False)
