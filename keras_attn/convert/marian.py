@@ -236,6 +236,7 @@ class MarianTokenizer:
             raise ValueError(f"{files['vocab.json']} must map pieces to integer ids. "
                              f"Received: {type(self.vocabulary).__name__}")
         self.pieces = {i: piece for piece, i in self.vocabulary.items()}
+        self.source_path, self.target_path = files["source.spm"], files["target.spm"]
         self.source = sentencepiece.SentencePieceProcessor(model_file=files["source.spm"])
         self.target = sentencepiece.SentencePieceProcessor(model_file=files["target.spm"])
         self.start_id, self.end_id, self.pad_id = int(start_id), int(end_id), int(pad_id)

@@ -8,6 +8,12 @@ log-probability. The whole search is one graph `While` loop with key/value
 caches. Tokenization stays outside (a server tokenizes with the same
 WordPiece vocabulary).
 
+With `tokenizer=` (the `keras_attn.convert.MarianTokenizer` of an imported
+opus-mt model), a second endpoint `translate` takes strings `(B,)` and
+returns `{"translations": (B,) strings, "scores": (B,)}`: the SentencePiece
+models and the `vocab.json` mapping are inside the SavedModel
+(tensorflow-text), so a server needs nothing else.
+
 >>> # export_translator(model, "/tmp/translator", start_id=1, end_id=2)
 >>> # tf.saved_model.load("/tmp/translator").serve(source_ids)["tokens"]
 """
@@ -24,6 +30,8 @@ def export_translator(
     beam_width=4,
     alpha=0.6,
     max_length=None,
+    length_penalty="gnmt",
+    tokenizer=None,
 ):
     """Writes `model` (a `Transformer`) with beam search to `path`.
 
@@ -37,6 +45,10 @@ def export_translator(
             when the graph is traced, so the default is the model's
             `max_sequence_length` (the loop still stops when every beam has
             ended).
+        length_penalty: `"gnmt"` or `"hf"` (Hugging Face's convention, for
+            an imported Marian model; see `beam_search`).
+        tokenizer: a `keras_attn.convert.MarianTokenizer`: adds the
+            `translate` endpoint, strings in and out.
 
     Returns:
         `path`.
@@ -52,7 +64,8 @@ def export_translator(
             f"Received: model={type(model).__name__}"
         )
     translator = TransformerTranslator(
-        model, start_id, end_id, beam_width=beam_width, alpha=alpha, max_length=max_length
+        model, start_id, end_id, beam_width=beam_width, alpha=alpha, max_length=max_length,
+        length_penalty=length_penalty,
     )
     translator(tf.constant([[start_id]], tf.int32))  # builds it (nothing to build but the flag)
 
@@ -60,9 +73,82 @@ def export_translator(
         tokens, scores = translator(source_ids)
         return {"tokens": tokens, "scores": scores}
 
+    extra, track = None, ()
+    if tokenizer is not None:
+        text_graph = _marian_text_graph_class()(tokenizer, model.transformer_config.pad_id)
+
+        def translate(text):
+            tokens, scores = translator(text_graph.encode(text))
+            return {"translations": text_graph.decode(tokens), "scores": scores}
+
+        extra = {"translate": (translate, [tf.TensorSpec((None,), tf.string, name="text")])}
+        track = [text_graph]
     return export_saved_model(
         translator,
         path,
         input_signature=[tf.TensorSpec((None, None), tf.int32, name="source_ids")],
         serving_fn=serve,
+        extra_endpoints=extra,
+        track=track,
     )
+
+
+def _marian_text_graph_class():
+    import tensorflow as tf
+
+    class MarianTextGraph(tf.Module):
+        """`MarianTokenizer` as TensorFlow ops: the SentencePiece models
+        (tensorflow-text) give pieces, lookup tables map them to Marian's
+        ids and back. Written here because tensorflow-text's
+        `SentencepieceTokenizer` gives the SentencePiece model's own ids."""
+
+        def __init__(self, tokenizer, pad_id):
+            import tensorflow_text as tf_text
+
+            super().__init__()
+            with open(tokenizer.source_path, "rb") as stream:
+                self.source = tf_text.SentencepieceTokenizer(stream.read(), out_type=tf.string)
+            with open(tokenizer.target_path, "rb") as stream:
+                self.target = tf_text.SentencepieceTokenizer(stream.read(), out_type=tf.int32)
+            pieces = sorted(tokenizer.vocabulary.items(), key=lambda item: item[1])
+            self.piece_to_id = tf.lookup.StaticHashTable(
+                tf.lookup.KeyValueTensorInitializer(
+                    tf.constant([p for p, _ in pieces]), tf.constant([i for _, i in pieces], tf.int32)),
+                default_value=tokenizer.unknown_id)
+            # Marian id -> the target SentencePiece model's id of the same piece.
+            ids = [i for _, i in pieces]
+            self.id_to_target = tf.lookup.StaticHashTable(
+                tf.lookup.KeyValueTensorInitializer(
+                    tf.constant(ids, tf.int32),
+                    tf.constant([tokenizer.target.piece_to_id(p) for p, _ in pieces], tf.int32)),
+                default_value=tokenizer.target.unk_id())
+            self.special = tf.constant(
+                sorted({tokenizer.pad_id, tokenizer.start_id, tokenizer.unknown_id}), tf.int32)
+            self.end_id, self.pad_id = tokenizer.end_id, pad_id
+
+        def encode(self, text):
+            # A leading language token (">>fra<<") is one piece, as transformers cuts it.
+            has_code = tf.strings.regex_full_match(text, r">>.*?<<(?s:.*)")
+            code = tf.strings.regex_replace(text, r"^(>>.*?<<)(?s:.*)$", r"\1")
+            code = tf.where(has_code, code, "")
+            rest = tf.where(has_code, tf.strings.regex_replace(text, r"^>>.*?<<", ""), text)
+            codes = tf.ragged.boolean_mask(code[:, None], has_code[:, None])  # (B, 0 or 1)
+            pieces = tf.concat([codes, self.source.tokenize(rest)], axis=1)
+            ids = tf.ragged.map_flat_values(self.piece_to_id.lookup, pieces)
+            ends = tf.fill([tf.shape(text)[0], 1], tf.constant(self.end_id, tf.int32))
+            ids = tf.concat([ids, tf.RaggedTensor.from_tensor(ends)], axis=1)
+            return ids.to_tensor(default_value=self.pad_id)
+
+        def decode(self, tokens):
+            # Up to the first end token; special tokens dropped (as
+            # MarianTokenizer.decode(skip_special_tokens=True)).
+            before_end = tf.math.cumsum(tf.cast(tf.equal(tokens, self.end_id), tf.int32),
+                                        axis=1) == 0
+            keep = tf.logical_and(before_end, tf.reduce_all(
+                tf.not_equal(tokens[:, :, None], self.special[None, None, :]), axis=-1))
+            kept = tf.ragged.boolean_mask(tokens, keep)
+            text = self.target.detokenize(tf.ragged.map_flat_values(self.id_to_target.lookup, kept))
+            return tf.strings.strip(tf.strings.regex_replace(text, "\u2581", " "))
+
+    return MarianTextGraph
+

@@ -41,10 +41,13 @@ def _spm(directory, name, vocab_size):
 
 @pytest.fixture(scope="module", params=[0, 1])
 def marian_dir(request, tmp_path_factory):
+    return _make_marian(tmp_path_factory, request.param)
+
+
+def _make_marian(tmp_path_factory, index):
     import torch
     import transformers
 
-    index = request.param
     path = str(tmp_path_factory.mktemp(f"marian{index}"))
     source, target = _spm(path, "source", 40), _spm(path, "target", 44)
     pieces = ["</s>", "<unk>", ">>fra<<"]
@@ -168,3 +171,29 @@ def test_a_checkpoint_that_does_not_fit_is_refused(marian_dir, tmp_path):
     save_file(tensors, str(tmp_path / "model.safetensors"))
     with pytest.raises(ValueError, match="model.encoder.layers.9.fc1.bias"):
         load_hf_marian(str(tmp_path), tokenizer=False)
+
+
+@pytest.mark.tf_only
+def test_exported_translator_translates_strings_as_transformers(tmp_path_factory, tmp_path):
+    import tensorflow as tf
+    import transformers
+
+    from keras_attn.export import export_translator
+
+    path, hf = _make_marian(tmp_path_factory, 0)
+    model, tokenizer = load_hf_marian(path)
+    texts = ["the cat sat in the park", ">>fra<< le chien", "we like tea at night", "xyz"]
+    exported = export_translator(model, tmp_path / "translator", tokenizer.start_id,
+                                 tokenizer.end_id, beam_width=4, alpha=1.0, max_length=12,
+                                 length_penalty="hf", tokenizer=tokenizer)
+    loaded = tf.saved_model.load(exported)  # referenced while it serves
+    served = loaded.translate(tf.constant(texts))
+    translations = [t.decode("utf-8") for t in served["translations"].numpy()]
+    assert all(translations)  # random weights, but words out
+    assert translations == tokenizer.translate(model, texts, max_length=12)
+    theirs = transformers.MarianTokenizer.from_pretrained(path)
+    generated = _generate(hf, tokenizer(texts), tokenizer.pad_id, num_beams=4, length_penalty=1.0,
+                          early_stopping=False, max_length=13)
+    assert translations == theirs.batch_decode(generated.sequences, skip_special_tokens=True)
+    np.testing.assert_allclose(served["scores"].numpy(), generated.sequences_scores.numpy(),
+                               atol=1e-4)
