@@ -250,3 +250,20 @@ def test_an_existing_directory_is_replaced_only_when_asked(tmp_path):
     assert sorted(os.listdir(target)) == ["config.json", "model.safetensors",
                                           "preprocessor_config.json"]
     assert sorted(os.listdir(tmp_path)) == ["hf"]
+
+
+def test_a_task_checkpoint_that_does_not_fit_is_refused(tmp_path):
+    model = _bert("BertSequenceClassifier", BERT_CONFIGS[1])
+    path = save_hf_bert(model, tmp_path / "hf")
+    with open(os.path.join(path, "config.json")) as f:
+        config = json.load(f)
+    config.update(num_labels=7, id2label={str(i): str(i) for i in range(7)})
+    with open(os.path.join(path, "config.json"), "w") as f:
+        json.dump(config, f)
+    with pytest.raises(ValueError, match=r"'classifier.weight' has shape \(5, 20\).*\(7, 20\)"):
+        load_hf_bert_task(path)
+    config.update(num_labels=5, architectures=["BertForMaskedLM"])
+    with open(os.path.join(path, "config.json"), "w") as f:
+        json.dump(config, f)
+    with pytest.raises(ValueError, match="Received: architectures=\\['BertForMaskedLM'\\]"):
+        load_hf_bert_task(path)
