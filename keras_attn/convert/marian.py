@@ -149,9 +149,33 @@ def _plan(model, config, tensors):
 
 
 # Tensors that hold no weight of their own: the embedding tables and the
-# output projection tied to `model.shared`, and the sinusoids (computed).
-_TIED_OR_COMPUTED = ("model.encoder.embed_tokens.", "model.decoder.embed_tokens.", "lm_head.",
-                     "model.encoder.embed_positions.", "model.decoder.embed_positions.")
+# output projection tied to `model.shared`, and the sinusoids (computed here;
+# checked when a checkpoint carries them).
+_TIED = ("model.encoder.embed_tokens.", "model.decoder.embed_tokens.", "lm_head.")
+_SINUSOIDS = ("model.encoder.embed_positions.weight", "model.decoder.embed_positions.weight")
+
+
+def _check_sinusoids(tensors, config):
+    """A checkpoint that stores its position table must hold the sinusoids
+    the model computes (anything else would be ignored silently)."""
+    import numpy as np
+    from keras import ops
+
+    from keras_attn.layers.sinusoidal_positional_encoding import sinusoidal_positional_encoding
+
+    for name in _SINUSOIDS:
+        if name not in tensors.tensors:
+            continue
+        stored = tensors.tensors[name]
+        expected = ops.convert_to_numpy(sinusoidal_positional_encoding(
+            stored.shape[0], config.hidden_dim, layout="concatenated"))
+        if stored.shape != expected.shape or not np.allclose(stored, expected, atol=1e-4):
+            raise ValueError(
+                f"{tensors.file}: {name!r} is not the sinusoid table Marian computes (sines, "
+                "then cosines): a model with learned or other positions cannot be loaded "
+                f"as a Marian model. Received: {name}.shape={tuple(stored.shape)}"
+            )
+        tensors.used.add(name)
 
 
 def load_hf_marian(path, tokenizer=True):
@@ -187,7 +211,8 @@ def load_hf_marian(path, tokenizer=True):
     tensors = Tensors(read_safetensors(path), path)
     model = Transformer(**dataclasses.asdict(config))
     plan = _plan(model, config, tensors)  # raises before anything is assigned
-    tensors.check_all_used(ignored=_TIED_OR_COMPUTED)
+    _check_sinusoids(tensors, config)
+    tensors.check_all_used(ignored=_TIED)
     for variable, array in plan:
         variable.assign(array)
     if not tokenizer:

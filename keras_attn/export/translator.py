@@ -97,9 +97,9 @@ def _marian_text_graph_class():
     import tensorflow as tf
 
     class MarianTextGraph(tf.Module):
-        """`MarianTokenizer` as TensorFlow ops: the SentencePiece models
-        (tensorflow-text) give pieces, lookup tables map them to Marian's
-        ids and back. Written here because tensorflow-text's
+        """`MarianTokenizer` as TensorFlow ops: the source SentencePiece
+        model (tensorflow-text) gives pieces, lookup tables map them to
+        Marian's ids and back. Written here because tensorflow-text's
         `SentencepieceTokenizer` gives the SentencePiece model's own ids."""
 
         def __init__(self, tokenizer, pad_id):
@@ -108,20 +108,15 @@ def _marian_text_graph_class():
             super().__init__()
             with open(tokenizer.source_path, "rb") as stream:
                 self.source = tf_text.SentencepieceTokenizer(stream.read(), out_type=tf.string)
-            with open(tokenizer.target_path, "rb") as stream:
-                self.target = tf_text.SentencepieceTokenizer(stream.read(), out_type=tf.int32)
             pieces = sorted(tokenizer.vocabulary.items(), key=lambda item: item[1])
             self.piece_to_id = tf.lookup.StaticHashTable(
                 tf.lookup.KeyValueTensorInitializer(
                     tf.constant([p for p, _ in pieces]), tf.constant([i for _, i in pieces], tf.int32)),
                 default_value=tokenizer.unknown_id)
-            # Marian id -> the target SentencePiece model's id of the same piece.
-            ids = [i for _, i in pieces]
-            self.id_to_target = tf.lookup.StaticHashTable(
+            self.id_to_piece = tf.lookup.StaticHashTable(
                 tf.lookup.KeyValueTensorInitializer(
-                    tf.constant(ids, tf.int32),
-                    tf.constant([tokenizer.target.piece_to_id(p) for p, _ in pieces], tf.int32)),
-                default_value=tokenizer.target.unk_id())
+                    tf.constant([i for _, i in pieces], tf.int32), tf.constant([p for p, _ in pieces])),
+                default_value="")
             self.special = tf.constant(
                 sorted({tokenizer.pad_id, tokenizer.start_id, tokenizer.unknown_id}), tf.int32)
             self.end_id, self.pad_id = tokenizer.end_id, pad_id
@@ -147,7 +142,15 @@ def _marian_text_graph_class():
             keep = tf.logical_and(before_end, tf.reduce_all(
                 tf.not_equal(tokens[:, :, None], self.special[None, None, :]), axis=-1))
             kept = tf.ragged.boolean_mask(tokens, keep)
-            text = self.target.detokenize(tf.ragged.map_flat_values(self.id_to_target.lookup, kept))
+            # SentencePiece's decoding of plain pieces: joined, the word-start
+            # mark made a space (Marian's models have no byte-fallback pieces).
+            # The target model itself is not used: with two tensorflow-text
+            # SentencePiece models in one SavedModel, the restored target one
+            # decoded with the wrong vocabulary (seen: "Invalid id: 43" for a
+            # 44-piece target model beside a 40-piece source one, and wrong
+            # texts).
+            text = tf.strings.reduce_join(
+                tf.ragged.map_flat_values(self.id_to_piece.lookup, kept), axis=1)
             return tf.strings.strip(tf.strings.regex_replace(text, "\u2581", " "))
 
     return MarianTextGraph
