@@ -137,9 +137,9 @@ def test_what_keras_hub_cannot_express_is_refused_by_name():
     exact = build_bert("bert_tiny", **dict(BERT_CONFIGS[1], dropout=0.1))
     with pytest.raises(ValueError, match="activation='gelu'.*Received: activation='gelu'"):
         to_keras_hub(exact)
-    two_rates = build_bert("bert_tiny", activation="gelu_approximate",
+    approximate = build_bert("bert_tiny", activation="gelu_approximate",
                            **dict(BERT_CONFIGS[1], dropout=0.1))  # attention_dropout 0.1 too
-    to_keras_hub(two_rates)
+    to_keras_hub(approximate)
     with pytest.raises(ValueError, match="attention_dropout=0.3"):
         to_keras_hub(build_bert("bert_tiny", activation="gelu_approximate",
                                 attention_dropout=0.3, **dict(BERT_CONFIGS[1], dropout=0.1)))
@@ -148,9 +148,9 @@ def test_what_keras_hub_cannot_express_is_refused_by_name():
         intermediate_dim=8)
     with pytest.raises(ValueError, match="intermediate_dim=8"):
         from_keras_hub(pre_logits)
-    enable_lora(two_rates, 2)
+    enable_lora(approximate, 2)
     with pytest.raises(ValueError, match="LoRA.*merge_lora"):
-        to_keras_hub(two_rates)
+        to_keras_hub(approximate)
     with pytest.raises(ValueError, match="model=object"):
         to_keras_hub(object())
     with pytest.raises(ValueError, match="model=BertTokenClassifier"):
