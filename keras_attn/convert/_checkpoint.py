@@ -72,17 +72,12 @@ class Tensors:
     """The checkpoint's tensors, handed out with an exact shape check; what
     was never asked for is reported by `check_all_used`."""
 
-    def __init__(self, tensors, directory, prefix=""):
+    def __init__(self, tensors, directory):
         self.tensors = tensors
         self.file = os.path.join(directory, "model.safetensors")
-        self.prefix = prefix
         self.used = set()
 
-    def has(self, name):
-        return self.prefix + name in self.tensors or name in self.tensors
-
-    def get(self, name, shape, prefixed=True):
-        key = (self.prefix if prefixed else "") + name
+    def get(self, key, shape):
         if key not in self.tensors:
             raise ValueError(f"{self.file} has no tensor {key!r}, which the config implies. "
                              f"Received: path={os.path.dirname(self.file)!r}")
@@ -140,6 +135,28 @@ def _same(array):
 
 def transposed(array):
     return array.T
+
+
+def read_entries(entries, tensors, model=None, unread=()):
+    """[(variable, array)] for every `Entry`, each tensor read from
+    `tensors` (`Tensors`) and checked before anything is assigned. With
+    `model`, every weight of it must have an entry, except the variables in
+    `unread` (weights the checkpoint has no place for, left as they are)."""
+    if model is not None:
+        covered = {id(entry.variable) for entry in entries} | {id(v) for v in unread}
+        missing = [w.path for w in model.weights if id(w) not in covered]
+        if missing:
+            raise ValueError(f"Weights without a tensor. Received: missing={missing}")
+    plan = []
+    for entry in entries:
+        array = entry.to_keras(tensors.get(entry.name, entry.shape))
+        if tuple(entry.variable.shape) != tuple(array.shape):
+            raise ValueError(  # a bug of the layout, not of the file
+                f"Weight {entry.variable.path!r} has shape {tuple(entry.variable.shape)}. "
+                f"Received: shape={tuple(array.shape)}"
+            )
+        plan.append((entry.variable, array))
+    return plan
 
 
 def layer_weights(layer, count):

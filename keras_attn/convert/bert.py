@@ -24,9 +24,10 @@ from keras_attn.convert._checkpoint import Entry
 from keras_attn.convert._checkpoint import Tensors
 from keras_attn.convert._checkpoint import config_float
 from keras_attn.convert._checkpoint import config_int
-from keras_attn.convert._checkpoint import read_config
 from keras_attn.convert._checkpoint import json_text
 from keras_attn.convert._checkpoint import layer_weights
+from keras_attn.convert._checkpoint import read_config
+from keras_attn.convert._checkpoint import read_entries
 from keras_attn.convert._checkpoint import read_safetensors
 from keras_attn.convert._checkpoint import transposed
 from keras_attn.convert._checkpoint import write_directory
@@ -102,7 +103,7 @@ class _Checkpoint(Tensors):
             )
             if legacy in self.tensors:
                 name = legacy
-        return super().get(name, shape, prefixed=False)
+        return super().get(name, shape)
 
 
 def _backbone_layout(backbone, prefix, pooler=True):
@@ -201,26 +202,6 @@ def _layout(model, prefix="bert."):
     return architecture, entries
 
 
-def _plan(entries, ckpt, model=None):
-    """[(variable, array)] for every entry, all read and checked first; with
-    `model`, every weight of it must have an entry."""
-    if model is not None:
-        covered = {id(entry.variable) for entry in entries}
-        missing = [w.path for w in model.weights if id(w) not in covered]
-        if missing:
-            raise ValueError(f"Weights without a tensor. Received: missing={missing}")
-    plan = []
-    for entry in entries:
-        array = entry.to_keras(ckpt.get(entry.name, entry.shape))
-        if tuple(entry.variable.shape) != tuple(array.shape):
-            raise ValueError(  # a bug of the layout, not of the file
-                f"Weight {entry.variable.path!r} has shape {tuple(entry.variable.shape)}. "
-                f"Received: shape={tuple(array.shape)}"
-            )
-        plan.append((entry.variable, array))
-    return plan
-
-
 def load_hf_bert_backbone(path, drop_heads=True):
     """A `BertBackbone` with the weights of a Hugging Face BERT directory.
 
@@ -243,7 +224,7 @@ def load_hf_bert_backbone(path, drop_heads=True):
     ckpt = _Checkpoint(read_safetensors(path), path)
     model = build_bert(config)
     entries = _backbone_layout(model, ckpt.prefix)[0]
-    plan = _plan(entries, ckpt, model)  # raises before anything is assigned
+    plan = read_entries(entries, ckpt, model)  # raises before anything is assigned
     dropped = ckpt.check_all_used(BUFFERS, HEADS if drop_heads else ())
     if dropped:
         heads = sorted({".".join(k.split(".")[:2]) for k in dropped})
@@ -360,14 +341,8 @@ def load_hf_bert_task(path):
         task = BertSequenceClassifier if kind == "BertSequenceClassifier" else BertTokenClassifier
         model = task(backbone, num_classes=num_classes, dropout=dropout)
     # The pooler of a token classifier is not in its checkpoint.
-    entries = _layout(model, ckpt.prefix)[1]
-    unused_pooler = [] if _ARCHITECTURES[kind][1] else [
-        v for v in backbone.get_layer("pooled_dense").weights]
-    covered = {id(e.variable) for e in entries} | {id(v) for v in unused_pooler}
-    missing = [w.path for w in model.weights if id(w) not in covered]
-    if missing:
-        raise ValueError(f"Weights without a tensor. Received: missing={missing}")
-    plan = _plan(entries, ckpt)
+    unread = [] if _ARCHITECTURES[kind][1] else backbone.get_layer("pooled_dense").weights
+    plan = read_entries(_layout(model, ckpt.prefix)[1], ckpt, model, unread)
     ckpt.check_all_used(BUFFERS)
     for variable, array in plan:
         variable.assign(array)

@@ -116,7 +116,7 @@ def _copy(source, target, pairs, source_is_ours):
             raise ValueError(  # a layout this converter does not know
                 f"The {side} model has no weight "
                 f"{our_path if side == 'keras_attn' else their_path!r}; the converter "
-                "expects the layout of keras-hub 0.18-0.32. "
+                "expects the layout of keras-hub 0.32 (the version it is tested with). "
                 f"Received: {side} weights={sorted(ours if side == 'keras_attn' else theirs)[:6]}..."
             )
         a, b = ours[our_path], theirs[their_path]
@@ -128,9 +128,9 @@ def _copy(source, target, pairs, source_is_ours):
                 f"{tuple(src.shape)}"
             )
         plan.append((dst, np.asarray(ops.convert_to_numpy(src)).reshape(dst.shape)))
-    paired = {id(dst) for dst, _ in plan}
-    unpaired = [w.path for w in target.weights if id(w) not in paired]
-    if unpaired:
+    paired = {id(ours[o]) for o, _ in pairs} | {id(theirs[t]) for _, t in pairs}
+    unpaired = [w.path for w in ours_model.weights + theirs_model.weights if id(w) not in paired]
+    if unpaired:  # a weight of either model the layout does not know
         raise ValueError(f"Weights with no counterpart. Received: unpaired={unpaired}")
     for variable, array in plan:
         variable.assign(array)

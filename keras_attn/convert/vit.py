@@ -24,9 +24,10 @@ from keras_attn.convert._checkpoint import Entry
 from keras_attn.convert._checkpoint import Tensors
 from keras_attn.convert._checkpoint import config_float
 from keras_attn.convert._checkpoint import config_int
-from keras_attn.convert._checkpoint import read_config
 from keras_attn.convert._checkpoint import json_text
 from keras_attn.convert._checkpoint import layer_weights
+from keras_attn.convert._checkpoint import read_config
+from keras_attn.convert._checkpoint import read_entries
 from keras_attn.convert._checkpoint import read_safetensors
 from keras_attn.convert._checkpoint import transposed
 from keras_attn.convert._checkpoint import write_directory
@@ -143,15 +144,7 @@ def load_hf_vit(path, include_classifier=True):
     has_head = "classifier.weight" in raw and include_classifier
     num_classes = raw["classifier.weight"].shape[0] if has_head else None
     model = build_vit(dataclasses.replace(config, num_classes=num_classes))
-    plan = []  # everything is read and checked before any assignment
-    for entry in _layout(model, prefix):
-        array = entry.to_keras(tensors.get(entry.name, entry.shape, prefixed=False))
-        if tuple(entry.variable.shape) != tuple(array.shape):
-            raise ValueError(  # a bug of this converter, not of the file
-                f"Weight {entry.variable.path!r} has shape {tuple(entry.variable.shape)}. "
-                f"Received: shape={tuple(array.shape)}"
-            )
-        plan.append((entry.variable, array))
+    plan = read_entries(_layout(model, prefix), tensors, model)  # before any assignment
     dropped = tensors.check_all_used(dropped=(prefix + "pooler.", "classifier."))
     if dropped:
         warnings.warn(

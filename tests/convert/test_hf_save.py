@@ -267,3 +267,15 @@ def test_a_task_checkpoint_that_does_not_fit_is_refused(tmp_path):
         json.dump(config, f)
     with pytest.raises(ValueError, match="Received: architectures=\\['BertForMaskedLM'\\]"):
         load_hf_bert_task(path)
+
+
+def test_bad_arguments_are_refused_by_name(tmp_path):
+    from keras_attn.models.bert import build_bert
+
+    with pytest.raises(ValueError, match="model=BertBackbone"):
+        save_hf_vit(_bert("BertBackbone", BERT_CONFIGS[1]), tmp_path / "bert_as_vit")
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(ValueError, match="`directory` is a file"):
+        save_hf_vit(_vit(VIT_CONFIGS[1]), tmp_path / "file")
+    with pytest.raises(ValueError, match="Received: activation='no_such'"):
+        build_bert("bert_tiny", num_layers=1, activation="no_such")

@@ -226,3 +226,25 @@ def test_exported_translator_translates_strings_as_transformers(tmp_path_factory
     assert translations == theirs.batch_decode(generated.sequences, skip_special_tokens=True)
     np.testing.assert_allclose(served["scores"].numpy(), generated.sequences_scores.numpy(),
                                atol=1e-4)
+
+
+def test_settings_and_files_the_loader_cannot_use_are_refused(marian_dir, tmp_path):
+    import shutil
+
+    path, _ = marian_dir
+    for name in os.listdir(path):
+        shutil.copy(os.path.join(path, name), tmp_path / name)
+    with open(tmp_path / "config.json") as f:
+        config = json.load(f)
+    for change, message in (({"activation_function": "quick_gelu"}, "activation_function='quick_gelu'"),
+                            ({"decoder_ffn_dim": 8}, "decoder_ffn_dim=8"),
+                            ({"model_type": "bart"}, "model_type='bart'")):
+        with open(tmp_path / "config.json", "w") as f:
+            json.dump(dict(config, **change), f)
+        with pytest.raises(ValueError, match=message):
+            load_hf_marian(str(tmp_path))
+    with open(tmp_path / "config.json", "w") as f:
+        json.dump(config, f)
+    os.remove(tmp_path / "target.spm")
+    with pytest.raises(ValueError, match="target.spm does not exist"):
+        load_hf_marian(str(tmp_path))

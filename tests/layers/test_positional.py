@@ -136,3 +136,25 @@ def test_causal_mask_refuses_negative_lengths():
                                              rf"Received: {name}=-1"):
             causal_mask(*args)
     assert tuple(causal_mask(0, 0).shape) == (0, 0)
+
+
+def test_concatenated_layout_is_the_interleaved_table_regrouped(tmp_path):
+    run_layer_test(
+        SinusoidalPositionalEncoding,
+        init_kwargs={"max_wavelength": 500.0, "layout": "concatenated"},
+        input_data={"inputs": np.zeros((2, 5, 6), "float32")},
+        expected_output_shape=(2, 5, 6),
+        expected_num_trainable_weights=0,
+        tmp_path=tmp_path,
+    )
+    interleaved = to_numpy(sinusoidal_positional_encoding(7, 8))
+    expected = np.concatenate([interleaved[:, 0::2], interleaved[:, 1::2]], axis=1)
+    np.testing.assert_allclose(
+        to_numpy(sinusoidal_positional_encoding(7, 8, layout="concatenated")), expected, atol=1e-6)
+    # The traced path (a start index from a decoding step) lays it out the same way.
+    layer = SinusoidalPositionalEncoding(layout="concatenated")
+    stepped = to_numpy(layer(np.zeros((1, 1, 8), "float32"),
+                             start_index=keras.ops.convert_to_tensor(3)))
+    np.testing.assert_allclose(stepped[0, 0], expected[3], atol=1e-5)
+    with pytest.raises(ValueError, match=r"Received: layout='split'"):
+        SinusoidalPositionalEncoding(layout="split")

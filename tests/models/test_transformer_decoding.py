@@ -322,3 +322,8 @@ def test_cached_decoding_with_learned_positions_pre_norm_and_separate_vocabulari
     np.testing.assert_array_equal(
         greedy, to_numpy(transformer_greedy_search(variant, source, use_cache=False, **kwargs))
     )
+
+
+def test_unknown_length_penalty_is_refused(model):
+    with pytest.raises(ValueError, match="Received: length_penalty='google'"):
+        transformer_beam_search(model, sources(), START, EOS, max_length=2, length_penalty="google")

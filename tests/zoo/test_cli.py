@@ -397,3 +397,8 @@ def test_a_second_train_on_the_same_output_is_refused_at_once(tmp_path):
         assert f"being trained by another keras-attn process (pid {os.getpid()})" in second.stderr
         assert not (run / "recipe.json").exists()
     assert not run.exists()  # the lock made the directory and took it away again
+
+
+def test_an_unknown_export_format_is_refused_before_the_run_is_read():
+    with pytest.raises(ValueError, match="Received: format='onnx'"):
+        runs.export("/no/such/run", format="onnx")
