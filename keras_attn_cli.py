@@ -2,7 +2,8 @@
 recipes (`models/<family>/<name>.json`).
 
 ```
-keras-attn train RECIPE [--set key=value ...] [--output DIR] [--distribute [MODE]]
+keras-attn train RECIPE [--set key=value ...] [--output DIR] [--distribute [MODE]] [--data DIR]
+keras-attn prepare RECIPE [--set key=value ...] [--out DIR]
 keras-attn evaluate RUN_DIR [--json]
 keras-attn export RUN_DIR [--output PATH] [--format saved_model|hf]
 keras-attn list [--family F]
@@ -25,6 +26,11 @@ exists) trains nothing and only reports the results: use `keras-attn
 evaluate` / `keras-attn export` to evaluate or export again, another
 `--output` to train again. A directory that holds a run of a different
 recipe is refused.
+
+`prepare` writes a recipe's batches (every epoch, validation, test) to files
+where TensorFlow is installed; `train --data DIR` trains from them where it
+is not (`keras_attn.zoo.prepared`: image classification and masked LM so
+far).
 
 The SavedModel exporters trace TensorFlow graphs: on the JAX or torch
 backend, `train` and `export` write it in a subprocess on the TensorFlow
@@ -149,8 +155,16 @@ def import_tensorflow_quietly():
     start-up notices held back. The zoo's data pipelines use TensorFlow on
     every backend."""
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
-    if "tensorflow" not in sys.modules and importlib.util.find_spec("tensorflow") is not None:
+    if "tensorflow" not in sys.modules and tensorflow_installed():
         import_holding_back_notices("tensorflow")
+
+
+def tensorflow_installed():
+    """Whether TensorFlow can be imported here, without importing it."""
+    try:
+        return importlib.util.find_spec("tensorflow") is not None
+    except (ImportError, ValueError):
+        return False
 
 
 def import_holding_back_notices(module):
@@ -195,15 +209,26 @@ def _report(output, results):
         print(f"SavedModel:      not written; `keras-attn export {output}` writes it")
     print(f"learning curves: {os.path.join(output, CURVES)}")
     print(f"results:         {os.path.join(output, RESULTS)}")
-    print(f"TensorBoard:     tensorboard --logdir {os.path.join(output, 'tensorboard')}")
+    if os.path.isdir(os.path.join(output, "tensorboard")):
+        print(f"TensorBoard:     tensorboard --logdir {os.path.join(output, 'tensorboard')}")
 
 
 
 def train(args):
     results = _runs().train(args.recipe, args.set or (), output=args.output,
-                         distribute=args.distribute, export=not args.no_export,
-                         verbose=args.verbose)
+                            distribute=args.distribute, export=not args.no_export,
+                            verbose=args.verbose, data=args.data)
     _report(results["output"], results)
+    return 0
+
+
+def prepare(args):
+    _runs()  # TensorFlow, quietly
+    from keras_attn.zoo.prepared import prepare as prepare_data
+
+    manifest = prepare_data(args.recipe, args.set or (), output=args.out)
+    print(f"train from it with: keras-attn train {args.recipe} --data {manifest['output']}"
+          + "".join(f" --set {value}" for value in args.set or ()))
     return 0
 
 
@@ -292,6 +317,9 @@ def build_parser():
                                      "(JAX): M data replicas x N model shards, each "
                                      "attention layer split over its heads and each "
                                      "feed-forward over its inner width"}),
+        (("--data",), {"metavar": "DIR",
+                       "help": "train from a directory written by `keras-attn prepare` for "
+                               "this recipe and overrides (no TensorFlow needed)"}),
         (("--no-export",), {"action": "store_true",
                             "help": "do not write the SavedModel (`keras-attn export RUN_DIR` "
                                     "writes it later; on JAX and PyTorch export runs in a "
@@ -299,6 +327,17 @@ def build_parser():
         (("--verbose",), {"type": int, "choices": (0, 1, 2), "default": 1,
                           "help": "a line per epoch in every case; 1 (default) adds a "
                                   "progress line while an epoch runs, on a terminal"}))
+    add("prepare", prepare, "write a recipe's batches to files, for `train --data`",
+        "Make a recipe's batches (every training epoch, validation, test) with its tf.data "
+        "pipelines and write them to a directory, checksummed, so that `keras-attn train "
+        "RECIPE --data DIR` trains from them where TensorFlow is not installed. Needs "
+        "TensorFlow. Give `train` the same --set overrides.",
+        (("recipe",), {"metavar": "RECIPE",
+                       "help": "a recipe file, or a recipe name from `keras-attn list`"}),
+        (("--set",), {"action": "append", "metavar": "KEY=VALUE",
+                      "help": "override a dotted recipe key (as for train); repeatable"}),
+        (("--out",), {"metavar": "DIR",
+                      "help": "the directory (default: prepared/<recipe name>)"}))
     add("evaluate", evaluate, "evaluate a run on its test set",
         "Evaluate a run directory's model.keras (or, for a run that has not finished, its "
         "newest checkpoint) on the recipe's test set.",

@@ -125,11 +125,13 @@ class StatelessAugmentation:
     def __bool__(self):
         return bool(self.zoom or self.translation or self.flip)
 
-    def __call__(self, images, seed):
-        images = tf.cast(images, "float32")
-        shape = tf.shape(images)
-        batch = shape[0]
-        height, width = tf.cast(shape[1], "float32"), tf.cast(shape[2], "float32")
+    def transforms(self, batch, height, width, seed):
+        """The `(batch, 8)` projective transforms (Keras's and TensorFlow's
+        layout) a call with this seed applies: a pure function of the seed
+        and the batch's shape. `keras-attn prepare` stores them, so that a
+        machine without TensorFlow applies the same ones
+        (`keras.ops.image.affine_transform`)."""
+        height, width = tf.cast(height, "float32"), tf.cast(width, "float32")
         seeds = tf.random.experimental.stateless_split(tf.cast(seed, tf.int64), 4)
 
         def uniform(i, low, high):
@@ -148,10 +150,14 @@ class StatelessAugmentation:
             a = tf.where(mirrored, -scale, scale)
             x0 = tf.where(mirrored, width - 1.0 - x0, x0)
         zeros = tf.zeros_like(scale)
-        transforms = tf.stack([a, zeros, x0, zeros, scale, y0, zeros, zeros], axis=1)  # (B, 8)
+        return tf.stack([a, zeros, x0, zeros, scale, y0, zeros, zeros], axis=1)  # (B, 8)
+
+    def __call__(self, images, seed):
+        images = tf.cast(images, "float32")
+        shape = tf.shape(images)
         return tf.raw_ops.ImageProjectiveTransformV3(
             images=images,
-            transforms=transforms,
+            transforms=self.transforms(shape[0], shape[1], shape[2], seed),
             output_shape=shape[1:3],
             fill_value=0.0,
             interpolation="BILINEAR",

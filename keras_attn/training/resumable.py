@@ -19,6 +19,8 @@ What a checkpoint holds (see `checkpoints.py` for the file format):
 - the Keras global `SeedGenerator` (used by `keras.random.*` calls without a
   seed) when it exists at the time of saving: it is created lazily, so it is
   recorded only when present and re-created on restore when absent;
+- on PyTorch, torch's global random states (CPU, and CUDA when in use):
+  Keras's PyTorch dropout draws from them, not from the SeedGenerators;
 - `model.metrics_variables`: the running means of the interrupted epoch, so
   that its logged loss / metrics equal those of the uninterrupted run;
 - the epoch, the step in the epoch, `steps_per_epoch`, the caller's
@@ -162,8 +164,13 @@ def _build_metrics(model, dataset):
     under a tf.distribute strategy; plain TensorFlow defers it to the tracing
     of the first step, too late."""
     symbolic_build = getattr(model, "_symbolic_build", None)
-    if symbolic_build is not None:
-        symbolic_build(data_batch=next(iter(dataset.take(1))))
+    if symbolic_build is None:
+        return
+    if isinstance(dataset, keras.utils.PyDataset):
+        first = dataset[0]
+    else:
+        first = next(iter(dataset.take(1)))
+    symbolic_build(data_batch=first)
 
 
 def _cardinality(dataset):
@@ -231,7 +238,9 @@ class ResumableTrainer:
         Args:
             model: a built, compiled `keras.Model` (inside the distribution
                 scope, if any).
-            train_dataset_fn: `epoch -> tf.data.Dataset` yielding at least
+            train_dataset_fn: `epoch -> tf.data.Dataset` (or a
+                `keras.utils.PyDataset` with `skip(k)` and `cardinality()`,
+                as `keras_attn.zoo.prepared.Batches`) yielding at least
                 `steps_per_epoch` batches, the same ones on every call (random
                 choices drawn from stateless ops keyed by seed and epoch).
             epochs: the total number of epochs, finished ones included.
@@ -275,6 +284,10 @@ class ResumableTrainer:
 
         run = _OneRun(list(callbacks), verbose, epochs, steps_per_epoch)
         saver = _Saver(self, history, steps_per_epoch, metrics_checkpoint)
+        # Mid-epoch, torch's random states are set before the first step (see
+        # `_Saver.on_train_batch_begin`).
+        saver.random_states_checkpoint = metrics_checkpoint
+        saver.torch_seed = self._torch_seed()
         # First: a step with a non-finite loss ends the run before the saver
         # or a caller's callback can record it.
         stop = StopOnNonFiniteLoss(getattr(model, "describe_inputs", lambda: None)())
@@ -305,10 +318,23 @@ class ResumableTrainer:
         run.end(history)
         return copy.deepcopy(history)
 
+    def _torch_seed(self):
+        """On PyTorch, the seed torch's global generator is set from at each
+        epoch's first step (with the epoch): the run's first seed, kept in
+        its checkpoints. None on the other backends."""
+        if keras.backend.backend() != "torch":
+            return None
+        if "torch_seed" in self._restored_manifest:
+            return self._restored_manifest["torch_seed"]
+        import torch
+
+        return int(torch.initial_seed())
+
     def _restore(self, model, epochs, steps_per_epoch, verbose):
         """Loads the newest checkpoint; returns (epoch, step in epoch,
         history, metrics arrays or None). Everything is checked first."""
         checkpoint = self.manager.latest()
+        self._restored_manifest = {} if checkpoint is None else checkpoint.manifest
         if checkpoint is None:
             return 0, 0, {}, None
         manifest = checkpoint.manifest
@@ -356,7 +382,8 @@ class ResumableTrainer:
     def _check_dataset(self, dataset, epoch, steps_per_epoch):
         if not hasattr(dataset, "skip"):
             raise ValueError(
-                "`train_dataset_fn` must return a tf.data.Dataset. "
+                "`train_dataset_fn` must return a tf.data.Dataset (or a PyDataset with "
+                "`skip`). "
                 f"Received: train_dataset_fn({epoch}) -> {type(dataset).__name__}"
             )
         batches = _cardinality(dataset)
@@ -366,7 +393,8 @@ class ResumableTrainer:
                 f"steps_per_epoch={steps_per_epoch}."
             )
 
-    def _write_checkpoint(self, model, epoch, step_in_epoch, steps_per_epoch, history):
+    def _write_checkpoint(self, model, epoch, step_in_epoch, steps_per_epoch, history,
+                          torch_seed=None):
         """Writes the checkpoint of (epoch, step_in_epoch); `model` must be
         the synced one (`Callback.model` on JAX)."""
         step = epoch * steps_per_epoch + step_in_epoch
@@ -375,6 +403,7 @@ class ResumableTrainer:
             for group, variables in _state(model).items()
         }
         _check_finite(groups, step)
+        groups.update(_torch_random_states())
         metadata = {
             "epoch": epoch,
             "step_in_epoch": step_in_epoch,
@@ -383,7 +412,43 @@ class ResumableTrainer:
             "history": history,
             "time": time.time(),
         }
+        if torch_seed is not None:
+            metadata["torch_seed"] = torch_seed
         return self.manager.save(step, groups, metadata)
+
+
+def _torch_random_states():
+    """On PyTorch, `{group: [(path, array)]}` of torch's global random
+    states: Keras's PyTorch dropout draws its masks from them (its fast path
+    for layers built without a seed, as the models here are), not from the
+    layers' SeedGenerators, so a resumed run needs them to draw the masks of
+    the uninterrupted one."""
+    if keras.backend.backend() != "torch":
+        return {}
+    import torch
+
+    groups = {"torch_random_state": [("cpu", torch.get_rng_state().numpy())]}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        groups["torch_cuda_random_states"] = [
+            (f"cuda:{i}", state.numpy()) for i, state in enumerate(torch.cuda.get_rng_state_all())
+        ]
+    return groups
+
+
+def _restore_torch_random_states(checkpoint):
+    """Sets torch's global random states from a checkpoint written on
+    PyTorch (a checkpoint of another backend has none: nothing to set)."""
+    if keras.backend.backend() != "torch":
+        return
+    import torch
+
+    if checkpoint.specs("torch_random_state") is not None:
+        torch.set_rng_state(torch.from_numpy(checkpoint.arrays["torch_random_state"][0].copy()))
+    cuda = checkpoint.specs("torch_cuda_random_states")
+    if cuda is not None and torch.cuda.is_available():
+        states = checkpoint.arrays["torch_cuda_random_states"]
+        if len(states) == torch.cuda.device_count():
+            torch.cuda.set_rng_state_all([torch.from_numpy(s.copy()) for s in states])
 
 
 def _check_finite(groups, step):
@@ -417,13 +482,16 @@ class _Saver(keras.callbacks.Callback):
         self.epoch = 0
         self.offset = 0
         self.step_in_epoch = 0
+        self.random_states_checkpoint = None
+        self.torch_seed = None
 
     def _global_step(self):
         return self.epoch * self.steps_per_epoch + self.step_in_epoch
 
     def _save(self):
         self.trainer._write_checkpoint(
-            self.model, self.epoch, self.step_in_epoch, self.steps_per_epoch, self.history
+            self.model, self.epoch, self.step_in_epoch, self.steps_per_epoch, self.history,
+            self.torch_seed,
         )
 
     def on_epoch_begin(self, epoch, logs=None):
@@ -442,6 +510,25 @@ class _Saver(keras.callbacks.Callback):
             )
             return
         checkpoints.assign_group(checkpoint, "metrics", variables)
+
+    def on_train_batch_begin(self, batch, logs=None):
+        # Keras's PyTorch dropout draws from torch's global generator, and
+        # Keras's PyTorch `fit` draws from it too as it starts (its
+        # DataLoader's seed; more at a process's first `fit`), a number of
+        # draws that differs between a run and its resumption. So the
+        # generator is set right before the step: at an epoch's first step
+        # from (run seed, epoch), inside an epoch from the checkpoint.
+        if self.torch_seed is None:
+            return
+        import torch
+
+        from keras_attn._epochs import epoch_seed
+
+        if self.offset + batch == 0:
+            torch.manual_seed(epoch_seed(self.torch_seed, self.epoch))
+        elif self.random_states_checkpoint is not None:
+            _restore_torch_random_states(self.random_states_checkpoint)
+        self.random_states_checkpoint = None
 
     def on_train_batch_end(self, batch, logs=None):
         before = self._global_step()

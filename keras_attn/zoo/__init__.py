@@ -5,12 +5,16 @@ them (`tasks`), and a run's life from recipe to results (`runs`). The
 
     from keras_attn import zoo
     results = zoo.train("vit_tiny_digits", output="runs/vit")
+
+    zoo.prepare("vit_tiny_digits", output="prepared/vit")        # with TensorFlow
+    zoo.train("vit_tiny_digits", data="prepared/vit")             # without it
 """
 
 from keras_attn.zoo.runs import evaluate
 from keras_attn.zoo.runs import export
 from keras_attn_cli import list_recipes  # JSON only: the command line's light half
+from keras_attn.zoo.prepared import prepare
 from keras_attn.zoo.runs import load_run
 from keras_attn.zoo.runs import train
 
-__all__ = ["evaluate", "export", "list_recipes", "load_run", "train"]
+__all__ = ["evaluate", "export", "list_recipes", "load_run", "prepare", "train"]

@@ -51,6 +51,7 @@ from keras_attn_cli import RESULTS
 from keras_attn_cli import SAVED_MODEL
 from keras_attn_cli import models_directory
 from keras_attn_cli import recipe_paths
+from keras_attn_cli import tensorflow_installed
 
 RECIPE = "recipe.json"
 CHECKPOINTS = "checkpoints"
@@ -329,7 +330,8 @@ def _epoch_logger(epochs, steps, times_path, verbose):
     return EpochLog()
 
 
-def train(recipe, overrides=(), output=None, distribute=False, export=True, verbose=1):
+def train(recipe, overrides=(), output=None, distribute=False, export=True, verbose=1,
+          data=None):
     """Trains a recipe (or resumes its interrupted run), evaluates it on the
     test set and writes the run directory; returns the results.
 
@@ -348,6 +350,12 @@ def train(recipe, overrides=(), output=None, distribute=False, export=True, verb
             time left, the metrics); 1 adds a progress line while an epoch
             runs, on a terminal (replaced by the epoch's line); 0 and 2
             print the epoch lines only.
+        data: a directory written by `keras_attn.zoo.prepared.prepare`
+            (`keras-attn prepare`) for this recipe: train and evaluate from
+            its batches instead of the tf.data pipelines, with no TensorFlow
+            needed (without it, no SavedModel is written and no TensorBoard
+            logs; `export(run_dir)` writes the SavedModel where TensorFlow
+            is). Every file is checked before the first step.
 
     Returns:
         The dict written to `<output>/results.json`: `name`, `metric`,
@@ -357,7 +365,9 @@ def train(recipe, overrides=(), output=None, distribute=False, export=True, verb
     Raises:
         ValueError: a bad recipe or override (naming the dotted key), an
             output that is a file, not writable, being trained by another
-            process or holding a run of another recipe.
+            process or holding a run of another recipe; prepared `data`
+            that is missing, of another recipe, truncated or edited, or
+            with values the model does not accept.
     """
     from keras_attn.training.distribute import parse_distribute
     from keras_attn.zoo.recipe import load_recipe
@@ -366,12 +376,22 @@ def train(recipe, overrides=(), output=None, distribute=False, export=True, verb
     recipe = load_recipe(locate_recipe(recipe), overrides)
     output = output or os.path.join("runs", recipe["name"])
     _check_output_path(output)
+    prepared = None
+    if data is not None:
+        from keras_attn.zoo.prepared import PreparedData
+
+        if distribute:
+            raise ValueError(
+                "`distribute` (--distribute) does not take prepared `data` (--data) yet: "
+                f"train on one device. Received: distribute={distribute!r}, data={data!r}"
+            )
+        prepared = PreparedData(data, recipe)
     with RunLock(output):
-        results = _train_locked(recipe, output, distribute, export, verbose)
+        results = _train_locked(recipe, output, distribute, export, verbose, prepared)
     return dict(results, output=output)
 
 
-def _train_locked(recipe, output, distribute, export, verbose):
+def _train_locked(recipe, output, distribute, export, verbose, prepared=None):
     from keras_attn.zoo.recipe import fingerprint
 
     resumed = _check_output(output, recipe)
@@ -394,6 +414,8 @@ def _train_locked(recipe, output, distribute, export, verbose):
     from keras_attn.zoo.tasks.base import even_batches
 
     task = make_task(recipe)
+    if prepared is not None:
+        task.use_prepared(prepared.state)
     training = recipe["training"]
     if isinstance(distribute, tuple):
         # The layout follows the model's sizes, which the data can set (the
@@ -427,13 +449,21 @@ def _train_locked(recipe, output, distribute, export, verbose):
             fingerprint=fingerprint(recipe),
         )
         times_path = os.path.join(output, TIMES)
-        callbacks = [keras.callbacks.TensorBoard(os.path.join(output, "tensorboard")),
-                     _epoch_logger(training["epochs"], steps, times_path, verbose)]
-        # Every batch checked in the pipeline (ids, labels, lengths), before a
-        # compiled step could see it.
-        train_dataset_fn = lambda epoch: check_batches(task.train_dataset_fn(epoch), model)  # noqa: E731
-        validation = task.validation_data()
-        validation = validation and check_batches(validation, model)
+        callbacks = [_epoch_logger(training["epochs"], steps, times_path, verbose)]
+        if tensorflow_installed():  # Keras writes TensorBoard logs with tf.summary
+            callbacks.insert(0, keras.callbacks.TensorBoard(os.path.join(output, "tensorboard")))
+        if prepared is None:
+            # Every batch checked in the pipeline (ids, labels, lengths),
+            # before a compiled step could see it.
+            train_dataset_fn = lambda epoch: check_batches(task.train_dataset_fn(epoch), model)  # noqa: E731
+            validation = task.validation_data()
+            validation = validation and check_batches(validation, model)
+        else:
+            # Every prepared batch checked now, before the first step.
+            prepared.check(model)
+            finish = task.finish_prepared
+            train_dataset_fn = lambda epoch: prepared.batches("train", epoch, finish)  # noqa: E731
+            validation = prepared.batches("validation", finish=finish)
         if replicas > 1:  # JAX shards a batch only when the replicas divide it
             checked_fn = train_dataset_fn
             train_dataset_fn = lambda epoch: even_batches(checked_fn(epoch), replicas)  # noqa: E731
@@ -455,10 +485,16 @@ def _train_locked(recipe, output, distribute, export, verbose):
     del model
     print("evaluating on the test set", flush=True)
     model = task.load_model(model_path)
-    metrics = task.evaluate(model)
+    if prepared is None:
+        metrics = task.evaluate(model)
+    else:
+        metrics = task.evaluate_batches(model, prepared.batches("test", finish=task.finish_prepared))
     for name, text in task.assets().items():
         write_text(os.path.join(output, name), text)
-    if export:
+    if export and not tensorflow_installed():
+        print("TensorFlow is not installed here: no SavedModel written; `keras-attn export "
+              f"{output}` writes it where TensorFlow is", flush=True)
+    elif export:
         if keras.backend.backend() == "tensorflow":
             task.export(model, os.path.join(output, SAVED_MODEL))
         else:
@@ -479,6 +515,7 @@ def _train_locked(recipe, output, distribute, export, verbose):
         "hardware": describe_hardware(replicas),
         "date": datetime.date.today().isoformat(),
         "keras_attn_version": keras_attn.__version__,
+        "data": "tf.data" if prepared is None else f"prepared: {os.path.abspath(prepared.directory)}",
     }
     write_json(os.path.join(output, RESULTS), results)
     return results

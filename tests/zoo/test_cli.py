@@ -17,7 +17,7 @@ import keras_attn_cli as cli
 from keras_attn.zoo import runs
 
 pytestmark = pytest.mark.tf_only
-RESULT_KEYS = {"name", "metric", "value", "metrics", "train_seconds", "epochs", "steps",
+RESULT_KEYS = {"name", "metric", "value", "metrics", "train_seconds", "epochs", "steps", "data",
                "parameters", "backend", "hardware", "date", "keras_attn_version"}
 
 

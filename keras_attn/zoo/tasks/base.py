@@ -187,6 +187,47 @@ class Task:
         """Batches for `fit`'s validation (the same at every pass), or None."""
         raise NotImplementedError
 
+    # === Prepared data (keras_attn.zoo.prepared) ===
+
+    # Whether `keras-attn prepare` can write this task's data; if not, why.
+    preparable = False
+    not_preparable_because = ""
+
+    def test_data(self):
+        """The test batches."""
+        raise NotImplementedError
+
+    def prepared_batches(self, split, epoch=None):
+        """The batches `keras-attn prepare` stores for `split` ("train" with
+        `epoch`, "validation", "test"; None when the recipe has none):
+        `(x, y[, sample_weight])`, or a dict with those and what
+        `finish_prepared` needs. By default the task's own pipelines."""
+        if split == "train":
+            return self.train_dataset_fn(epoch)
+        return self.validation_data() if split == "validation" else self.test_data()
+
+    def prepared_tables(self):
+        """Arrays `keras-attn prepare` stores once, for `finish_prepared`
+        (e.g. examples the batches index): `{name: array}`."""
+        return {}
+
+    def finish_prepared(self, parts, tables):
+        """A stored batch's parts (`{"x": ..., "y": ..., ...}`, NumPy) and
+        the `prepared_tables` -> the model's `(x, y[, sample_weight])`,
+        without TensorFlow."""
+        return tuple(parts[key] for key in ("x", "y", "sample_weight") if key in parts)
+
+    def prepared_state(self):
+        """What `use_prepared` needs to build the model and its schedule
+        without the data (JSON): the steps, and the sizes the data sets."""
+        return {"batches_per_epoch": self.batches_per_epoch}
+
+    def use_prepared(self, state):
+        """Takes the sizes from a prepared directory's `state` instead of
+        loading the data (which needs TensorFlow)."""
+        self.batches_per_epoch = state["batches_per_epoch"]
+        self._prepared = True
+
     # === Model ===
 
     def build_model(self):
@@ -284,6 +325,13 @@ class Task:
     def evaluate(self, model):
         """The test metrics: a dict of floats including the recipe's metric."""
         raise NotImplementedError
+
+    def evaluate_batches(self, model, batches):
+        """`model.evaluate` of test batches (a dataset or prepared `Batches`)
+        as a dict of floats: the whole evaluation of the tasks that can be
+        prepared."""
+        metrics = model.evaluate(batches, verbose=0, return_dict=True)
+        return {name: float(value) for name, value in metrics.items()}
 
     def export(self, model, path):
         """Writes the serving SavedModel to `path` (atomically)."""

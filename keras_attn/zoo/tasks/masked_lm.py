@@ -146,6 +146,26 @@ class MaskedLM(Task):
             return None
         return self._dataset(self.validation_pairs, 0, shuffle=False)
 
+    def test_data(self):
+        self.prepare()
+        return self._dataset(self.test_pairs, 0, shuffle=False)
+
+    # Prepared data: every epoch's masked batches as the pipeline made them.
+    preparable = True
+
+    def prepared_state(self):
+        return dict(super().prepared_state(), vocabulary=list(self.vocabulary),
+                    max_predictions=self.max_predictions)
+
+    def use_prepared(self, state):
+        from keras_attn.models.bert import get_bert_config
+
+        self.vocabulary = state["vocabulary"]
+        self.max_predictions = state["max_predictions"]
+        overrides = dict(self.recipe["model"]["overrides"], vocabulary_size=len(self.vocabulary))
+        self.model_config = get_bert_config(self.recipe["model"]["preset"], **overrides)
+        super().use_prepared(state)
+
     def make_model(self, preset, overrides):
         from keras_attn.models.bert import BertPretrainer
         from keras_attn.models.bert import build_bert
@@ -160,10 +180,7 @@ class MaskedLM(Task):
         return {}  # BertPretrainer.compile fills in its losses and metrics
 
     def evaluate(self, model):
-        self.prepare()
-        test = self._dataset(self.test_pairs, 0, shuffle=False)
-        metrics = model.evaluate(test, verbose=0, return_dict=True)
-        return {name: float(value) for name, value in metrics.items()}
+        return self.evaluate_batches(model, self.test_data())
 
     def export(self, model, path):
         import tensorflow as tf

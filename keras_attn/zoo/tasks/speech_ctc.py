@@ -68,6 +68,9 @@ class SpeechCTC(Task):
     set_fields = ("vocabulary_size",)
     embedded_data = "eSpeak NG spoken digits"
     metric_names = {"wer": "WER", "cer": "CER"}
+    not_preparable_because = (
+        "speech batches vary in length, the embedded waveforms alone are ~140 MB, and its "
+        "WER uses keras-hub's EditDistance (TensorFlow)")
 
     def load_data(self):
         from keras_attn.data import speech

@@ -89,6 +89,9 @@ class Translation(Task):
     set_fields = ("vocabulary_size", "target_vocabulary_size", "pad_id")
     embedded_data = "number words EN to JA numerals"
     metric_names = {"bleu": "BLEU", "exact_match": "exact match"}
+    not_preparable_because = (
+        "translation batches vary in length and its BLEU decodes with the TensorFlow "
+        "tokenizer")
 
     def load_data(self):
         from keras_attn.data import translation

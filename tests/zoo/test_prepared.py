@@ -1,0 +1,294 @@
+"""Prepared data (`keras-attn prepare`, `train --data`): a recipe's batches
+made once with TensorFlow, trained from where TensorFlow is not installed
+(issue 23, part 3). The batches are the tf.data pipelines' own, a run from
+them is the run from tf.data and resumes exactly, and bad prepared data is
+refused before the first step."""
+
+import glob
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import keras
+import numpy as np
+import pytest
+
+from _tiny import ROOT
+from _tiny import tiny_overrides
+from keras_attn.zoo import prepared as prepared_module
+from keras_attn.zoo import runs
+from keras_attn.zoo.recipe import load_recipe
+from keras_attn.zoo.tasks import make_task
+
+NO_TENSORFLOW = os.path.join(os.path.dirname(os.path.abspath(__file__)), "no_tensorflow")
+# Two epochs of 4 steps, a checkpoint every 3 (and at epoch ends): step 6
+# falls inside the second epoch and is among the 3 checkpoints kept.
+_RUN = ["training.epochs=2", "training.steps_per_epoch=4", "training.checkpoint_every=3",
+        "training.jit_compile=false"]
+SETTINGS = {
+    "vit_tiny_digits": tiny_overrides("vit_tiny_digits", run=False) + _RUN
+    + ["training.batch_size=16"],
+    "bert_tiny_pydoc": tiny_overrides("bert_tiny_pydoc", run=False) + _RUN,
+}
+
+
+def _recipe(name, extra=()):
+    return load_recipe(runs.locate_recipe(name), SETTINGS[name] + list(extra))
+
+
+@pytest.fixture(scope="module")
+def prepared(tmp_path_factory):
+    """`{recipe name: prepared directory}` of the two tiny recipes."""
+    directories = {}
+    for name in SETTINGS:
+        directory = str(tmp_path_factory.mktemp("prepared") / name)
+        prepared_module.prepare(name, SETTINGS[name], output=directory, verbose=False)
+        directories[name] = directory
+    return directories
+
+
+def _copy(prepared, name, tmp_path):
+    target = str(tmp_path / f"copy_{name}")
+    shutil.copytree(prepared[name], target)
+    return target
+
+
+@pytest.mark.parametrize("name", sorted(SETTINGS))
+def test_prepared_batches_are_the_pipelines_batches(prepared, name):
+    """Every epoch, the validation and the test batches read back from the
+    files equal the tf.data pipelines' (the masks, the order, the
+    augmentation): bit for bit on TensorFlow; augmented pixels within 1e-3
+    of 255 on JAX and PyTorch (`affine_transform`'s own arithmetic)."""
+    recipe = _recipe(name)
+    task = make_task(recipe)
+    data = prepared_module.PreparedData(prepared[name], recipe)
+    exact = keras.backend.backend() == "tensorflow"
+    passes = [("train", 0, task.train_dataset_fn(0)), ("train", 1, task.train_dataset_fn(1)),
+              ("validation", None, task.validation_data()), ("test", None, task.test_data())]
+    for split, epoch, expected in passes:
+        stored = data.batches(split, epoch, task.finish_prepared)
+        count = 0
+        for want, got in zip(expected, stored):
+            want, got = keras.tree.flatten(tuple(want)), keras.tree.flatten(tuple(got))
+            assert len(want) == len(got)
+            for a, b in zip(want, got):
+                a = np.asarray(a)
+                assert a.dtype == b.dtype and a.shape == b.shape, (split, epoch)
+                if exact or a.dtype.kind != "f":
+                    np.testing.assert_array_equal(b, a, err_msg=f"{split} {epoch}")
+                else:
+                    np.testing.assert_allclose(b, a, atol=1e-3, rtol=0, err_msg=f"{split} {epoch}")
+            count += 1
+        expected_count = 4 if split == "train" else len(list(expected))
+        assert count == expected_count == len(stored), (split, epoch)
+    # Resuming reads the rest of an epoch: skip(k) starts at batch k.
+    epoch_1 = data.batches("train", 1, task.finish_prepared)
+    np.testing.assert_array_equal(keras.tree.flatten(epoch_1.skip(3)[0])[0],
+                                  keras.tree.flatten(epoch_1[3])[0])
+    assert len(epoch_1.skip(3)) == 1
+
+
+@pytest.mark.large
+@pytest.mark.backend_independent
+def test_the_digits_recipe_prepares_into_a_few_mib(tmp_path):
+    """The full vit_tiny_digits (60 augmented epochs) is small enough to
+    carry to another machine: the augmentation is stored as transforms."""
+    manifest = prepared_module.prepare("vit_tiny_digits", output=str(tmp_path / "vit"),
+                                       verbose=False)
+    total = sum(entry["bytes"] for entry in manifest["files"].values())
+    assert len(manifest["files"]) == 60 + 3  # the epochs, validation, test, the table
+    assert total < 4 * 2**20, total
+
+
+@pytest.mark.tf_only
+def test_training_from_prepared_files_is_training_from_tf_data(prepared, tmp_path):
+    """On TensorFlow the batches are bit-identical, so the run is: the same
+    weights and the same test metrics."""
+    name = "vit_tiny_digits"
+    reference = runs.train(name, SETTINGS[name], output=str(tmp_path / "tf_data"),
+                           export=False, verbose=0)
+    from_files = runs.train(name, SETTINGS[name], output=str(tmp_path / "files"),
+                            export=False, verbose=0, data=prepared[name])
+    assert from_files["metrics"] == reference["metrics"]
+    assert reference["data"] == "tf.data" and from_files["data"].startswith("prepared: ")
+    weights = [keras.saving.load_model(os.path.join(run, "model.keras"), compile=False).weights
+               for run in (reference["output"], from_files["output"])]
+    for a, b in zip(*weights, strict=True):
+        np.testing.assert_array_equal(keras.ops.convert_to_numpy(b),
+                                      keras.ops.convert_to_numpy(a))
+
+
+def _train_without_tensorflow(name, backend, data, output, timeout=900):
+    environment = dict(
+        os.environ, KERAS_BACKEND=backend, TF_CPP_MIN_LOG_LEVEL="3",
+        PYTHONPATH=os.pathsep.join([NO_TENSORFLOW, ROOT, os.environ.get("PYTHONPATH", "")]))
+    sets = [item for value in SETTINGS[name] for item in ("--set", value)]
+    command = [sys.executable, "-m", "keras_attn_cli", "train", name, "--data", data,
+               "--output", output, "--verbose", "2", *sets]
+    return subprocess.run(command, env=environment, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def _weights(run):
+    with np.load(sorted(glob.glob(os.path.join(run, "checkpoints", "ckpt-*.npz")))[-1]) as ckpt:
+        return {key: ckpt[key] for key in ckpt.files}
+
+
+@pytest.mark.large
+@pytest.mark.backend_independent
+@pytest.mark.parametrize("name, backend, cut", [("vit_tiny_digits", "jax", 6),
+                                                ("bert_tiny_pydoc", "torch", 6),
+                                                ("vit_tiny_digits", "torch", 4)])
+def test_trains_and_resumes_bit_identically_where_tensorflow_is_not_installed(
+        prepared, tmp_path, name, backend, cut):
+    """`keras-attn train --data` on JAX and on PyTorch with TensorFlow (and
+    keras-hub, tfds, tensorboard) not importable: the run finishes with its
+    model and results, and a run cut back to a checkpoint inside an epoch
+    (step 6) or at an epoch's end (step 4) resumes to the uninterrupted
+    run's weights and optimizer, bit for bit (dropout on: PyTorch draws its
+    masks from torch's global generator, which the trainer sets)."""
+    whole = str(tmp_path / "whole")
+    done = _train_without_tensorflow(name, backend, prepared[name], whole)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "TensorFlow is not installed here: no SavedModel written" in done.stdout
+    with open(os.path.join(whole, "results.json")) as handle:
+        results = json.load(handle)
+    assert results["backend"] == backend and results["steps"] == 8
+    assert os.path.exists(os.path.join(whole, "model.keras"))
+    assert not os.path.exists(os.path.join(whole, "saved_model"))
+
+    # Cut back to the checkpoint of step `cut`, as a kill after it leaves the run.
+    cut_run = str(tmp_path / "cut")
+    shutil.copytree(whole, cut_run)
+    for path in glob.glob(os.path.join(cut_run, "checkpoints", "ckpt-*")):
+        if not os.path.basename(path).startswith(f"ckpt-{cut:08d}."):
+            os.remove(path)
+    for file in ("model.keras", "results.json"):
+        os.remove(os.path.join(cut_run, file))
+    again = _train_without_tensorflow(name, backend, prepared[name], cut_run)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert f"resuming from ckpt-{cut:08d}.npz at epoch 2/2 step {cut - 4}/4" in again.stdout
+    expected, resumed = _weights(whole), _weights(cut_run)
+    assert sorted(expected) == sorted(resumed)
+    for key in expected:
+        np.testing.assert_array_equal(resumed[key], expected[key], err_msg=key)
+
+
+# === Bad prepared data: refused, naming what is wrong, before the first step ===
+
+
+def test_a_directory_without_prepared_data_is_refused(tmp_path):
+    with pytest.raises(ValueError, match="written by `keras-attn prepare`.*has no prepared.json"):
+        prepared_module.PreparedData(str(tmp_path), _recipe("vit_tiny_digits"))
+
+
+@pytest.mark.parametrize("name, extra, key", [
+    ("vit_tiny_digits", ["training.seed=1"], "`training.seed` is 0 there and 1 here"),
+    ("vit_tiny_digits", ["data.augmentation.zoom=0.3"], "`data`"),
+    ("vit_tiny_digits", ["training.epochs=3"], "`training.epochs` is 2 there and 3 here"),
+])
+def test_data_prepared_for_another_recipe_is_refused(prepared, name, extra, key):
+    with pytest.raises(ValueError, match="prepared for another recipe: " + key):
+        prepared_module.PreparedData(prepared[name], _recipe(name, extra))
+
+
+def test_another_recipes_data_and_run_neutral_changes(prepared):
+    with pytest.raises(ValueError, match="`family` is 'bert' there and 'vit' here"):
+        prepared_module.PreparedData(prepared["bert_tiny_pydoc"], _recipe("vit_tiny_digits"))
+    # What does not change the batches may change between prepare and train.
+    recipe = _recipe("vit_tiny_digits", ["training.optimizer.learning_rate=0.01",
+                                         "training.jit_compile=true"])
+    prepared_module.PreparedData(prepared["vit_tiny_digits"], recipe)
+
+
+def test_missing_truncated_or_edited_files_are_refused(prepared, tmp_path):
+    recipe = _recipe("vit_tiny_digits")
+    directory = _copy(prepared, "vit_tiny_digits", tmp_path)
+    os.remove(os.path.join(directory, "train-0001.npz"))
+    with pytest.raises(ValueError, match="train-0001.npz is missing"):
+        prepared_module.PreparedData(directory, recipe)
+
+    directory = _copy(prepared, "vit_tiny_digits", tmp_path / "truncated")
+    test_file = os.path.join(directory, "test.npz")
+    with open(test_file, "r+b") as handle:
+        handle.truncate(os.path.getsize(test_file) // 2)
+    with pytest.raises(ValueError, match="test.npz is not the file `prepare` wrote.*truncated"):
+        prepared_module.PreparedData(directory, recipe)
+
+    directory = _copy(prepared, "vit_tiny_digits", tmp_path / "edited")
+    tables = os.path.join(directory, "tables.npz")
+    with open(tables, "r+b") as handle:  # one byte changed, the size kept
+        handle.seek(200)
+        byte = handle.read(1)
+        handle.seek(200)
+        handle.write(bytes([byte[0] ^ 0xFF]))
+    with pytest.raises(ValueError, match="tables.npz is not the file `prepare` wrote"):
+        prepared_module.PreparedData(directory, recipe)
+
+    directory = _copy(prepared, "vit_tiny_digits", tmp_path / "format")
+    manifest = os.path.join(directory, "prepared.json")
+    with open(manifest) as handle:
+        content = json.load(handle)
+    with open(manifest, "w") as handle:
+        json.dump(dict(content, format=99), handle)
+    with pytest.raises(ValueError, match="of format 99; this keras_attn reads format 1"):
+        prepared_module.PreparedData(directory, recipe)
+
+
+def _rewrite(directory, name, change):
+    """Rewrites a prepared file with `change(arrays)` applied and its
+    manifest entry updated: data edited consistently, as a bug or a person
+    could, which the checksums cannot catch."""
+    path = os.path.join(directory, "prepared.json")
+    with open(path) as handle:
+        manifest = json.load(handle)
+    file = os.path.join(directory, manifest["files"][name]["file"])
+    with np.load(file) as stored:
+        arrays = {key: stored[key] for key in stored.files}
+    change(arrays)
+    np.savez_compressed(file, **arrays)
+    manifest["files"][name]["bytes"] = os.path.getsize(file)
+    manifest["files"][name]["sha256"] = prepared_module._sha256(file)
+    with open(path, "w") as handle:
+        json.dump(manifest, handle)
+
+
+def test_ids_out_of_range_are_refused_before_the_first_step(prepared, tmp_path):
+    name = "bert_tiny_pydoc"
+    directory = _copy(prepared, name, tmp_path)
+
+    def out_of_range(arrays):
+        arrays["x/token_ids"] = arrays["x/token_ids"].astype("int32")
+        arrays["x/token_ids"][5, 3] = 100_000
+
+    _rewrite(directory, "train-0001", out_of_range)
+    output = str(tmp_path / "run")
+    with pytest.raises(ValueError, match=r"train-0001.npz: .*token_ids.*100000"):
+        runs.train(name, SETTINGS[name], output=output, export=False, verbose=0,
+                   data=directory)
+    assert not glob.glob(os.path.join(output, "checkpoints", "ckpt-*"))  # no step was taken
+
+    directory = _copy(prepared, "vit_tiny_digits", tmp_path / "index")
+
+    def past_the_table(arrays):
+        arrays["index"] = arrays["index"].astype("int32") + 10_000
+
+    _rewrite(directory, "train-0000", past_the_table)
+    recipe = _recipe("vit_tiny_digits")
+    data = prepared_module.PreparedData(directory, recipe)
+    task = make_task(recipe)
+    task.use_prepared(data.state)
+    with pytest.raises(ValueError, match=r"train-0000.npz: `index` must lie in \[0, "):
+        data.check(task.build_model())
+
+
+def test_tasks_that_cannot_be_prepared_yet_and_distribution_are_refused(tmp_path, prepared):
+    with pytest.raises(ValueError, match="task 'translation' cannot be prepared yet.*BLEU"):
+        prepared_module.prepare("transformer_numbers", output=str(tmp_path / "t"),
+                                verbose=False)
+    assert not os.path.exists(tmp_path / "t")
+    with pytest.raises(ValueError, match="`distribute` .* does not take prepared `data`"):
+        runs.train("vit_tiny_digits", SETTINGS["vit_tiny_digits"], output=str(tmp_path / "r"),
+                   distribute=True, data=prepared["vit_tiny_digits"])
