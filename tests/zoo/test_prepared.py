@@ -138,11 +138,10 @@ def _weights(run):
 
 @pytest.mark.large
 @pytest.mark.backend_independent
-@pytest.mark.parametrize("name, backend, cut", [("vit_tiny_digits", "jax", 6),
-                                                ("bert_tiny_pydoc", "torch", 6),
-                                                ("vit_tiny_digits", "torch", 4)])
+@pytest.mark.parametrize("name, backend, cuts", [("vit_tiny_digits", "jax", (6,)),
+                                                 ("bert_tiny_pydoc", "torch", (6, 4))])
 def test_trains_and_resumes_bit_identically_where_tensorflow_is_not_installed(
-        prepared, tmp_path, name, backend, cut):
+        prepared, tmp_path, name, backend, cuts):
     """`keras-attn train --data` on JAX and on PyTorch with TensorFlow (and
     keras-hub, tfds, tensorboard) not importable: the run finishes with its
     model and results, and a run cut back to a checkpoint inside an epoch
@@ -159,21 +158,23 @@ def test_trains_and_resumes_bit_identically_where_tensorflow_is_not_installed(
     assert os.path.exists(os.path.join(whole, "model.keras"))
     assert not os.path.exists(os.path.join(whole, "saved_model"))
 
-    # Cut back to the checkpoint of step `cut`, as a kill after it leaves the run.
-    cut_run = str(tmp_path / "cut")
-    shutil.copytree(whole, cut_run)
-    for path in glob.glob(os.path.join(cut_run, "checkpoints", "ckpt-*")):
-        if not os.path.basename(path).startswith(f"ckpt-{cut:08d}."):
-            os.remove(path)
-    for file in ("model.keras", "results.json"):
-        os.remove(os.path.join(cut_run, file))
-    again = _train_without_tensorflow(name, backend, prepared[name], cut_run)
-    assert again.returncode == 0, again.stderr[-3000:]
-    assert f"resuming from ckpt-{cut:08d}.npz at epoch 2/2 step {cut - 4}/4" in again.stdout
-    expected, resumed = _weights(whole), _weights(cut_run)
-    assert sorted(expected) == sorted(resumed)
-    for key in expected:
-        np.testing.assert_array_equal(resumed[key], expected[key], err_msg=key)
+    expected = _weights(whole)
+    for cut in cuts:
+        # Cut back to the checkpoint of step `cut`, as a kill after it leaves the run.
+        cut_run = str(tmp_path / f"cut_{cut}")
+        shutil.copytree(whole, cut_run)
+        for path in glob.glob(os.path.join(cut_run, "checkpoints", "ckpt-*")):
+            if not os.path.basename(path).startswith(f"ckpt-{cut:08d}."):
+                os.remove(path)
+        for file in ("model.keras", "results.json"):
+            os.remove(os.path.join(cut_run, file))
+        again = _train_without_tensorflow(name, backend, prepared[name], cut_run)
+        assert again.returncode == 0, again.stderr[-3000:]
+        assert f"resuming from ckpt-{cut:08d}.npz at epoch 2/2 step {cut - 4}/4" in again.stdout
+        resumed = _weights(cut_run)
+        assert sorted(expected) == sorted(resumed)
+        for key in expected:
+            np.testing.assert_array_equal(resumed[key], expected[key], err_msg=f"{cut} {key}")
 
 
 # === Bad prepared data: refused, naming what is wrong, before the first step ===
