@@ -31,9 +31,15 @@ from keras_attn._epochs import bucket_batch_count
 from keras_attn._epochs import epoch_permutation
 from keras_attn._epochs import epoch_seed
 from keras_attn.data import wordpiece
+# The special ids are defined with the TensorFlow-free decoding; this module
+# offers them and evaluate_translations as before.
+from keras_attn.data.scoring import END_ID  # noqa: F401
+from keras_attn.data.scoring import PAD_ID  # noqa: F401
+from keras_attn.data.scoring import START_ID  # noqa: F401
+from keras_attn.data.scoring import evaluate_translations  # noqa: F401
 
 SPECIAL_TOKENS = ("[PAD]", "[START]", "[END]", "[UNK]")
-PAD_ID, START_ID, END_ID, UNK_ID = 0, 1, 2, 3
+UNK_ID = 3
 
 
 # === The offline numbers task ===
@@ -298,25 +304,5 @@ def load_tfds_translation(
 # === Evaluation ===
 
 
-def evaluate_translations(hypotheses, references, tokenize="13a"):
-    """Corpus BLEU (sacrebleu's standard settings: 4-grams, brevity penalty,
-    exponential smoothing; `tokenize` as sacrebleu's) and exact match.
-
-    For Japanese use `tokenize="char"` (sacrebleu's own recommendation is
-    "ja-mecab", which needs MeCab; numerals are single characters, so
-    character n-grams are the natural unit here).
-
-    Returns:
-        `{"bleu": 0..100, "exact_match": 0..1}`.
-    """
-    import sacrebleu
-
-    hypotheses, references = list(hypotheses), list(references)
-    if len(hypotheses) != len(references) or not references:
-        raise ValueError(
-            "Need as many hypotheses as references, at least one. Received: "
-            f"len(hypotheses)={len(hypotheses)}, len(references)={len(references)}"
-        )
-    bleu = sacrebleu.corpus_bleu(hypotheses, [references], tokenize=tokenize)
-    exact = np.mean([h.strip() == r.strip() for h, r in zip(hypotheses, references)])
-    return {"bleu": float(bleu.score), "exact_match": float(exact)}
+# evaluate_translations lives in keras_attn.data.scoring (no TensorFlow there),
+# imported above so that this module keeps offering it.

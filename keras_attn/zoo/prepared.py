@@ -13,12 +13,17 @@ prepared.json        the format, the recipe's data-defining keys, the task's
                      sizes (classes, vocabulary), every file's size and SHA-256
 train-0000.npz ...   epoch e's training batches, as the tf.data pipeline made them
 validation.npz       the validation batches (when the recipe has them)
-test.npz             the test batches
+test.npz             the test batches (translation: its sources and references
+                     are in tables.npz, decoded and scored with BLEU)
+tables.npz           what a task stores once
 ```
 
 Each `.npz` holds the batches of one pass laid end to end (`sizes`: the
-rows of each batch) in the narrowest integer type that holds their values;
-they are read back in the pipeline's dtypes. The training batches of every
+rows of each batch; batches of varying width, as a length bucket each, are
+padded to the widest and cut back to their own `shape/<part>` when read) in
+the narrowest integer type that holds their values; they are read back in
+the pipeline's dtypes. `tables.npz` holds what a task stores once (the
+digits the augmented batches index, the translation test set). The training batches of every
 epoch are stored (an epoch is a pure function of the recipe and the epoch:
 `Task.train_dataset_fn`), so a run from prepared files sees the batches of a
 run from tf.data, the masks and orders included, and resumes exactly as it
@@ -52,11 +57,12 @@ import numpy as np
 
 MANIFEST = "prepared.json"
 FORMAT = 1
-# The recipe keys that decide the batches: a directory prepared with other
-# values is refused. The rest (optimizer, schedule, precision, checkpoints,
-# XLA, evaluation) may change between `prepare` and `train`.
+# The recipe keys that decide the batches (and the translation test set): a
+# directory prepared with other values is refused. The rest (optimizer,
+# schedule, precision, checkpoints, XLA, the search) may change between
+# `prepare` and `train`.
 DATA_KEYS = ("family", "task", "model", "data", "training.seed", "training.batch_size",
-             "training.epochs", "training.steps_per_epoch")
+             "training.epochs", "training.steps_per_epoch", "evaluation.max_examples")
 
 
 def _data_keys(recipe):
@@ -74,8 +80,9 @@ def _data_keys(recipe):
 
 
 def _flatten(batch):
-    """`{"x/token_ids": array, "y": array, ...}` of an `(x, y[, sample_weight])`
-    batch (each part an array or a dict of arrays) and extra parts."""
+    """`{"x/token_ids": array, "x/0": array, "y": array, ...}` of an `(x, y[,
+    sample_weight])` batch (each part an array, a dict or a tuple of arrays)
+    or of a dict with those parts and extra ones."""
     names = ("x", "y", "sample_weight")
     parts = dict(zip(names, batch)) if isinstance(batch, (tuple, list)) else dict(batch)
     flat = {}
@@ -83,12 +90,16 @@ def _flatten(batch):
         if isinstance(value, dict):
             for key, leaf in value.items():
                 flat[f"{part}/{key}"] = np.asarray(leaf)
+        elif isinstance(value, (tuple, list)):
+            for index, leaf in enumerate(value):
+                flat[f"{part}/{index}"] = np.asarray(leaf)
         else:
             flat[part] = np.asarray(value)
     return flat
 
 
 def _unflatten(flat):
+    """The inverse of `_flatten` (parts whose leaves are 0, 1, ... are tuples)."""
     parts = {}
     for key, value in flat.items():
         part, _, leaf = key.partition("/")
@@ -96,6 +107,9 @@ def _unflatten(flat):
             parts.setdefault(part, {})[leaf] = value
         else:
             parts[part] = value
+    for part, value in parts.items():
+        if isinstance(value, dict) and all(key.isdigit() for key in value):
+            parts[part] = tuple(value[str(i)] for i in range(len(value)))
     return parts
 
 
@@ -131,16 +145,24 @@ def _write_pass(path, batches):
             raise ValueError(f"Batch {index} of {os.path.basename(path)} has parts "
                              f"{sorted(batch)}, the first {keys}.")
         for key in keys:
-            if batch[key].shape[1:] != batches[0][key].shape[1:]:
-                raise ValueError(
-                    f"Batch {index} of {os.path.basename(path)} has `{key}` of shape "
-                    f"{batch[key].shape}, the first {batches[0][key].shape}: this task's "
-                    "batches vary in shape, which prepared files do not hold yet."
-                )
-    arrays = {key: np.concatenate([batch[key] for batch in batches]) for key in keys}
+            if batch[key].ndim != batches[0][key].ndim:
+                raise ValueError(f"Batch {index} of {os.path.basename(path)} has `{key}` of "
+                                 f"shape {batch[key].shape}, the first {batches[0][key].shape}.")
+    arrays, shapes = {}, {}
+    for key in keys:
+        leaves = [batch[key] for batch in batches]
+        widest = np.max([leaf.shape[1:] for leaf in leaves], axis=0).astype(int).tolist() \
+            if leaves[0].ndim > 1 else []
+        if any(list(leaf.shape[1:]) != widest for leaf in leaves):
+            # Padded batches of varying width (a length bucket each): stored
+            # padded to the widest, each batch's own shape kept beside.
+            shapes[f"shape/{key}"] = np.array([leaf.shape[1:] for leaf in leaves], "int64")
+            leaves = [np.pad(leaf, [(0, 0)] + [(0, w - n) for n, w in zip(leaf.shape[1:], widest)])
+                      for leaf in leaves]
+        arrays[key] = np.concatenate(leaves)
     sizes = np.array([len(batch[keys[0]]) for batch in batches], "int64")
-    return dict(_write_arrays(path, arrays, sizes=sizes), batches=len(batches),
-                rows=int(sizes.sum()))
+    return dict(_write_arrays(path, arrays, sizes=sizes, **shapes), batches=len(batches),
+                rows=int(sizes.sum()), varying=sorted(key[len("shape/"):] for key in shapes))
 
 
 def _write_arrays(path, arrays, **extra):
@@ -301,7 +323,7 @@ class PreparedData:
                 )
         self.manifest = manifest
         self.files = manifest["files"]
-        expected = [f"train-{epoch:04d}" for epoch in range(manifest["epochs"])] + ["test"]
+        expected = [f"train-{epoch:04d}" for epoch in range(manifest["epochs"])]
         for name in expected:
             if name not in self.files:
                 raise ValueError(f"{path} lists no `{name}` file. Received: data={directory!r}")
@@ -338,12 +360,18 @@ class PreparedData:
             arrays = {key: stored[key].astype(dtype, copy=False)
                       for key, dtype in entry["dtypes"].items()}
             sizes = stored["sizes"] if "sizes" in stored.files else None
+            shapes = {key: stored[f"shape/{key}"] for key in entry.get("varying", ())}
+        for key, shape in shapes.items():
+            if shape.shape != (entry["batches"], arrays[key].ndim - 1) or np.any(
+                    shape > np.asarray(arrays[key].shape[1:])):
+                raise ValueError(f"Prepared file {file}: the batch shapes of `{key}` do not "
+                                 f"fit its array {arrays[key].shape}.")
         for key, array in arrays.items():
             shape = entry["shapes"][key]
             if list(array.shape) != shape:
                 raise ValueError(f"Prepared file {file}: `{key}` has shape {array.shape}, "
                                  f"not {tuple(shape)}.")
-        return file, arrays, sizes
+        return file, arrays, sizes, shapes
 
     @property
     def tables(self):
@@ -352,14 +380,15 @@ class PreparedData:
         return self._tables
 
     def _arrays(self, name):
-        """`(sizes, {key: array in the pipeline's dtype})` of one pass."""
+        """`(sizes, {key: array in the pipeline's dtype}, {key: batch
+        shapes})` of one pass."""
         if name not in self._cache:
-            file, arrays, sizes = self._load(name)
+            file, arrays, sizes, shapes = self._load(name)
             entry = self.files[name]
             if sizes is None or len(sizes) != entry["batches"] or int(sizes.sum()) != entry["rows"]:
                 raise ValueError(f"Prepared file {file}: its batch sizes do not add up to "
                                  f"its {entry['rows']} rows.")
-            self._cache = {name: (sizes, arrays)}  # one pass in memory at a time
+            self._cache = {name: (sizes, arrays, shapes)}  # one pass in memory at a time
         return self._cache[name]
 
     def check(self, model):
@@ -368,7 +397,7 @@ class PreparedData:
         for name in self.files:
             if name == "tables":
                 continue
-            _, arrays = self._arrays(name)
+            _, arrays, _ = self._arrays(name)
             parts = _unflatten(arrays)
             try:
                 if "x" in parts:
@@ -394,11 +423,11 @@ class PreparedData:
                 raise ValueError(f"{self.directory} holds {self.manifest['epochs']} epochs; "
                                  f"epoch {epoch} was asked for.")
             return None
-        sizes, arrays = self._arrays(name)
+        sizes, arrays, shapes = self._arrays(name)
         if finish is not None:
             tables = self.tables
-            return Batches(sizes, arrays, lambda parts: finish(parts, tables))
-        return Batches(sizes, arrays)
+            return Batches(sizes, arrays, lambda parts: finish(parts, tables), shapes=shapes)
+        return Batches(sizes, arrays, shapes=shapes)
 
 
 def _check_index(index, rows):
@@ -417,12 +446,13 @@ class Batches(keras.utils.PyDataset):
     batch k (what `ResumableTrainer` asks of a dataset to resume mid-epoch).
     """
 
-    def __init__(self, sizes, arrays, finish=None, start=0):
+    def __init__(self, sizes, arrays, finish=None, start=0, shapes=None):
         super().__init__()
         self.sizes = np.asarray(sizes)
         self.arrays = arrays
         self.finish = finish or _default_finish
         self.start = start
+        self.shapes = shapes or {}
         self.offsets = np.concatenate([[0], np.cumsum(self.sizes)])
 
     def __len__(self):
@@ -436,11 +466,39 @@ class Batches(keras.utils.PyDataset):
         return len(self)
 
     def skip(self, count):
-        return Batches(self.sizes, self.arrays, self.finish, self.start + int(count))
+        return Batches(self.sizes, self.arrays, self.finish, self.start + int(count), self.shapes)
+
+    def for_backend(self):
+        """These batches as `Model.fit` reads them best on this backend: on
+        TensorFlow, batches of varying width as a `tf.data.Dataset` (Keras
+        turns a `PyDataset` into one whose shapes it takes from its first
+        batches, and a wider batch later fails); otherwise `self`."""
+        if not self.shapes or keras.backend.backend() != "tensorflow":
+            return self
+        import tensorflow as tf
+
+        first = self[0]
+
+        def spec(array, varying):
+            shape = (None,) + tuple(None if varying else n for n in array.shape[1:])
+            return tf.TensorSpec(shape, tf.as_dtype(array.dtype))
+
+        # A varying part may sit anywhere in the structure: every axis but the
+        # batch's is left open where any of the stored parts varies.
+        signature = keras.tree.map_structure(lambda array: spec(array, True), first)
+        dataset = tf.data.Dataset.from_generator(
+            lambda: (self[index] for index in range(len(self))), output_signature=signature)
+        return dataset.apply(tf.data.experimental.assert_cardinality(len(self)))
 
     def __getitem__(self, index):
         if not 0 <= index < len(self):
             raise IndexError(f"batch {index} of {len(self)}")
         index += self.start
         rows = slice(int(self.offsets[index]), int(self.offsets[index + 1]))
-        return self.finish(_unflatten({key: array[rows] for key, array in self.arrays.items()}))
+        parts = {}
+        for key, array in self.arrays.items():
+            value = array[rows]
+            if key in self.shapes:  # cut back to this batch's own width
+                value = value[(slice(None),) + tuple(slice(0, int(n)) for n in self.shapes[key][index])]
+            parts[key] = value
+        return self.finish(_unflatten(parts))

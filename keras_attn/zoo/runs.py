@@ -462,8 +462,9 @@ def _train_locked(recipe, output, distribute, export, verbose, prepared=None):
             # Every prepared batch checked now, before the first step.
             prepared.check(model)
             finish = task.finish_prepared
-            train_dataset_fn = lambda epoch: prepared.batches("train", epoch, finish)  # noqa: E731
+            train_dataset_fn = lambda epoch: prepared.batches("train", epoch, finish).for_backend()  # noqa: E731
             validation = prepared.batches("validation", finish=finish)
+            validation = validation and validation.for_backend()
         if replicas > 1:  # JAX shards a batch only when the replicas divide it
             checked_fn = train_dataset_fn
             train_dataset_fn = lambda epoch: even_batches(checked_fn(epoch), replicas)  # noqa: E731
@@ -488,7 +489,7 @@ def _train_locked(recipe, output, distribute, export, verbose, prepared=None):
     if prepared is None:
         metrics = task.evaluate(model)
     else:
-        metrics = task.evaluate_batches(model, prepared.batches("test", finish=task.finish_prepared))
+        metrics = task.evaluate_prepared(model, prepared)
     for name, text in task.assets().items():
         write_text(os.path.join(output, name), text)
     if export and not tensorflow_installed():

@@ -326,6 +326,11 @@ class Task:
         """The test metrics: a dict of floats including the recipe's metric."""
         raise NotImplementedError
 
+    def evaluate_prepared(self, model, prepared):
+        """The test metrics from prepared data (`keras_attn.zoo.prepared.
+        PreparedData`), without TensorFlow: by default its test batches."""
+        return self.evaluate_batches(model, prepared.batches("test", finish=self.finish_prepared))
+
     def evaluate_batches(self, model, batches):
         """`model.evaluate` of test batches (a dataset or prepared `Batches`)
         as a dict of floats: the whole evaluation of the tasks that can be

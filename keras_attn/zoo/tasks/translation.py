@@ -89,9 +89,10 @@ class Translation(Task):
     set_fields = ("vocabulary_size", "target_vocabulary_size", "pad_id")
     embedded_data = "number words EN to JA numerals"
     metric_names = {"bleu": "BLEU", "exact_match": "exact match"}
-    not_preparable_because = (
-        "translation batches vary in length and its BLEU decodes with the TensorFlow "
-        "tokenizer")
+    # Prepared data: every epoch's length-bucketed batches, and for the BLEU the
+    # test sources as ids and the references as text (decoded without
+    # TensorFlow by keras_attn.data.scoring).
+    preparable = True
 
     def load_data(self):
         from keras_attn.data import translation
@@ -215,11 +216,11 @@ class Translation(Task):
         )
 
     def make_model(self, preset, overrides):
-        from keras_attn.data import translation
+        from keras_attn.data.scoring import PAD_ID
         from keras_attn.models.transformer import build_transformer
 
         return build_transformer(preset, vocabulary_size=len(self.vocabulary),
-                                 pad_id=translation.PAD_ID, **overrides)
+                                 pad_id=PAD_ID, **overrides)
 
     def assume_data_sizes(self):
         self.vocabulary = [None] * self.data["vocabulary_size"]  # the size asked for
@@ -236,11 +237,12 @@ class Translation(Task):
         }
 
     def _translator(self, model, max_length=None):
-        from keras_attn.data import translation
+        from keras_attn.data.scoring import END_ID
+        from keras_attn.data.scoring import START_ID
         from keras_attn.models.transformer.decoding import TransformerTranslator
 
         return TransformerTranslator(
-            model, translation.START_ID, translation.END_ID,
+            model, START_ID, END_ID,
             beam_width=self.evaluation["beam_width"], alpha=self.evaluation["alpha"],
             max_length=max_length,
         )
@@ -255,13 +257,55 @@ class Translation(Task):
         self.prepare()
         pairs = self.test_pairs[: self.evaluation["max_examples"]]
         sources = translation.encode_sources(self.tokenizer, [s for s, _ in pairs])
+
+        def detokenize(tokens):
+            return translation.detokenize(self.tokenizer, tokens,
+                                          join_characters=self._join_characters())
+
+        return self._score(model, sources, [t for _, t in pairs], detokenize)
+
+    def _score(self, model, sources, references, detokenize):
+        from keras_attn.data.scoring import evaluate_translations
+
         tokens, _ = self._translator(model).predict(sources, batch_size=self.batch_size,
                                                      verbose=0)
-        hypotheses = translation.detokenize(self.tokenizer, tokens,
-                                            join_characters=self._join_characters())
-        return translation.evaluate_translations(
-            hypotheses, [t for _, t in pairs], tokenize=self.evaluation["tokenize"]
-        )
+        return evaluate_translations(detokenize(tokens), references,
+                                     tokenize=self.evaluation["tokenize"])
+
+    def test_data(self):
+        return None  # evaluated by decoding (`prepared_tables`), not by batches
+
+    def prepared_tables(self):
+        from keras_attn.data import translation
+
+        self.prepare()
+        pairs = self.test_pairs[: self.evaluation["max_examples"]]
+        return {"test_sources": translation.encode_sources(self.tokenizer, [s for s, _ in pairs]),
+                "test_references": np.array([t for _, t in pairs])}
+
+    def evaluate_prepared(self, model, prepared):
+        from keras_attn.data.scoring import detokenize_ids
+
+        tables = prepared.tables
+
+        def detokenize(tokens):
+            return detokenize_ids(tokens, self.vocabulary, self._join_characters())
+
+        return self._score(model, tables["test_sources"],
+                           [str(text) for text in tables["test_references"]], detokenize)
+
+    def prepared_state(self):
+        return dict(super().prepared_state(), vocabulary=list(self.vocabulary))
+
+    def use_prepared(self, state):
+        from keras_attn.data.scoring import PAD_ID
+        from keras_attn.models.transformer.transformer_config import get_transformer_config
+
+        self.vocabulary = state["vocabulary"]
+        overrides = dict(self.recipe["model"]["overrides"], vocabulary_size=len(self.vocabulary),
+                         pad_id=PAD_ID)
+        self.model_config = get_transformer_config(self.recipe["model"]["preset"], **overrides)
+        super().use_prepared(state)
 
     def export(self, model, path):
         from keras_attn.data import translation
