@@ -29,8 +29,8 @@ recipe is refused.
 
 `prepare` writes a recipe's batches (every epoch, validation, test) to files
 where TensorFlow is installed; `train --data DIR` trains from them where it
-is not (`keras_attn.zoo.prepared`: image classification, masked LM and
-translation so far).
+is not (`keras_attn.zoo.prepared`: every task; speech from the embedded
+digits only).
 
 The SavedModel exporters trace TensorFlow graphs: on the JAX or torch
 backend, `train` and `export` write it in a subprocess on the TensorFlow

@@ -62,3 +62,29 @@ def detokenize_ids(ids, vocabulary, join_characters=False):
         text = join_wordpieces([vocabulary[t] for t in row if t not in (PAD_ID, START_ID)])
         texts.append(text.replace(" ", "") if join_characters else text)
     return texts
+
+
+def edit_distance_rate(references, hypotheses, split=str.split):
+    """Corpus error rate: the edits (insertions, deletions, substitutions)
+    turning each hypothesis into its reference, summed, over the reference
+    tokens summed; `split` makes the tokens (words: `str.split`; characters:
+    `list`). keras-hub's `EditDistance` metric computes this (the WER of
+    `keras_attn.data.speech`) but needs TensorFlow; tests/zoo/test_prepared.py
+    checks the two agree."""
+    if len(references) != len(hypotheses):
+        raise ValueError(
+            "Need one hypothesis per reference. Received: "
+            f"{len(references)} references, {len(hypotheses)} hypotheses"
+        )
+    edits = tokens = 0
+    for reference, hypothesis in zip(references, hypotheses):
+        reference, hypothesis = split(reference), split(hypothesis)
+        row = list(range(len(hypothesis) + 1))  # Levenshtein, one row at a time
+        for i, wanted in enumerate(reference, 1):
+            previous, row[0] = row[0], i
+            for j, got in enumerate(hypothesis, 1):
+                previous, row[j] = row[j], min(row[j] + 1, row[j - 1] + 1,
+                                               previous + (wanted != got))
+        edits += row[-1]
+        tokens += len(reference)
+    return edits / tokens if tokens else 0.0

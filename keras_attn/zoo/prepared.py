@@ -206,8 +206,8 @@ def prepare(recipe, overrides=(), output=None, verbose=True):
         The manifest (a dict; also `<output>/prepared.json`), with `output`.
 
     Raises:
-        ValueError: a bad recipe or override, a task whose data cannot be
-            prepared yet (named), an output that is a file.
+        ValueError: a bad recipe or override, data that cannot be prepared
+            yet (a tfds speech set), an output that is a file.
     """
     import shutil
 
@@ -218,15 +218,7 @@ def prepare(recipe, overrides=(), output=None, verbose=True):
 
     recipe = load_recipe(locate_recipe(recipe), overrides)
     task = make_task(recipe)
-    if not task.preparable:
-        from keras_attn.zoo.tasks import TASKS
-
-        able = sorted(name for name, cls in TASKS.items() if cls.preparable)
-        raise ValueError(
-            f"Recipes of task {task.name!r} cannot be prepared yet (prepared data is made "
-            f"for tasks {', '.join(able)}: {task.not_preparable_because}). "
-            f"Received: RECIPE={recipe['name']!r}"
-        )
+    task.check_preparable()
     output = output or os.path.join("prepared", recipe["name"])
     if os.path.exists(output) and not os.path.isdir(output):
         raise ValueError(f"`output` (--out) must be a directory; {output} is a file. "
@@ -391,9 +383,10 @@ class PreparedData:
             self._cache = {name: (sizes, arrays, shapes)}  # one pass in memory at a time
         return self._cache[name]
 
-    def check(self, model):
+    def check(self, model, task=None):
         """Every batch of every file against what `model` accepts (the
-        model's own checks on concrete arrays); `ValueError` naming the file."""
+        model's own checks on concrete arrays, and `task.check_prepared`);
+        `ValueError` naming the file."""
         for name in self.files:
             if name == "tables":
                 continue
@@ -403,9 +396,10 @@ class PreparedData:
                 if "x" in parts:
                     model.check_inputs(parts["x"])
                 model.check_labels(parts.get("y"))
-                if "index" in parts:  # rows of the tables
-                    rows = min(len(table) for table in self.tables.values())
-                    _check_index(parts["index"], rows)
+                if "index" in parts:  # rows of the examples stored once
+                    _check_index(parts["index"], self.state["index_rows"])
+                if task is not None:
+                    task.check_prepared(parts, model)
             except ValueError as error:
                 raise ValueError(
                     f"Prepared file {os.path.join(self.directory, self.files[name]['file'])}: "

@@ -460,7 +460,7 @@ def _train_locked(recipe, output, distribute, export, verbose, prepared=None):
             validation = validation and check_batches(validation, model)
         else:
             # Every prepared batch checked now, before the first step.
-            prepared.check(model)
+            prepared.check(model, task)
             finish = task.finish_prepared
             train_dataset_fn = lambda epoch: prepared.batches("train", epoch, finish).for_backend()  # noqa: E731
             validation = prepared.batches("validation", finish=finish)

@@ -32,6 +32,7 @@ SETTINGS = {
     + ["training.batch_size=16"],
     "bert_tiny_pydoc": tiny_overrides("bert_tiny_pydoc", run=False) + _RUN,
     "transformer_numbers": tiny_overrides("transformer_numbers", run=False) + _RUN,
+    "conformer_tiny_digits": tiny_overrides("conformer_tiny_digits", run=False) + _RUN,
 }
 
 
@@ -68,6 +69,7 @@ def test_prepared_batches_are_the_pipelines_batches(prepared, name):
     exact = keras.backend.backend() == "tensorflow"
     passes = [("train", 0, task.train_dataset_fn(0)), ("train", 1, task.train_dataset_fn(1)),
               ("validation", None, task.validation_data()), ("test", None, task.test_data())]
+    task.use_prepared(data.state)  # what finish_prepared reads (the speech made again)
     for split, epoch, expected in passes:
         if expected is None:  # translation is tested by decoding, not by batches
             assert data.batches(split, epoch) is None
@@ -132,8 +134,26 @@ def test_the_digits_recipe_prepares_into_a_few_mib(tmp_path):
     assert total < 4 * 2**20, total
 
 
+def test_the_error_rates_without_tensorflow_are_keras_hubs():
+    """`edit_distance_rate` (the WER and CER of prepared runs) equals
+    keras-hub's EditDistance, which the tf.data runs use."""
+    from keras_attn.data import speech
+    from keras_attn.data.scoring import edit_distance_rate
+
+    rng = np.random.default_rng(0)
+    texts = [" ".join(rng.choice(list("0123456789"), rng.integers(0, 7))) for _ in range(60)]
+    references, hypotheses = texts[:30], texts[30:]
+    hypotheses[:5] = references[:5]  # some exact
+    assert edit_distance_rate(references, hypotheses) == pytest.approx(
+        speech.word_error_rate(references, hypotheses), abs=1e-6)
+    characters = lambda text: list(text.replace(" ", ""))  # noqa: E731
+    assert edit_distance_rate(references, hypotheses, characters) == pytest.approx(
+        speech.character_error_rate(references, hypotheses), abs=1e-6)
+
+
 @pytest.mark.tf_only
-@pytest.mark.parametrize("name", ["vit_tiny_digits", "transformer_numbers"])
+@pytest.mark.parametrize("name", ["vit_tiny_digits", "transformer_numbers",
+                                  "conformer_tiny_digits"])
 def test_training_from_prepared_files_is_training_from_tf_data(prepared, tmp_path, name):
     """On TensorFlow the batches are bit-identical, so the run is: the same
     weights and the same test metrics (the BLEU decoded without TensorFlow
@@ -171,7 +191,8 @@ def _weights(run):
 @pytest.mark.backend_independent
 @pytest.mark.parametrize("name, backend, cuts", [("vit_tiny_digits", "jax", (6,)),
                                                  ("bert_tiny_pydoc", "torch", (6, 4)),
-                                                 ("transformer_numbers", "torch", ())])
+                                                 ("transformer_numbers", "torch", ()),
+                                                 ("conformer_tiny_digits", "torch", ())])
 def test_trains_and_resumes_bit_identically_where_tensorflow_is_not_installed(
         prepared, tmp_path, name, backend, cuts):
     """`keras-attn train --data` on JAX and on PyTorch with TensorFlow (and
@@ -317,11 +338,38 @@ def test_ids_out_of_range_are_refused_before_the_first_step(prepared, tmp_path):
         data.check(task.build_model())
 
 
-def test_tasks_that_cannot_be_prepared_yet_and_distribution_are_refused(tmp_path, prepared):
-    with pytest.raises(ValueError, match="task 'speech_ctc' cannot be prepared yet.*WER"):
-        prepared_module.prepare("conformer_tiny_digits", output=str(tmp_path / "t"),
-                                verbose=False)
+def test_what_cannot_be_prepared_yet_and_distribution_are_refused(tmp_path, prepared):
+    with pytest.raises(ValueError, match="embedded spoken digits only.*tfds:librispeech"):
+        prepared_module.prepare("conformer_small", output=str(tmp_path / "t"), verbose=False)
     assert not os.path.exists(tmp_path / "t")
     with pytest.raises(ValueError, match="`distribute` .* does not take prepared `data`"):
         runs.train("vit_tiny_digits", SETTINGS["vit_tiny_digits"], output=str(tmp_path / "r"),
                    distribute=True, data=prepared["vit_tiny_digits"])
+
+
+def test_speech_made_again_elsewhere_must_be_the_prepared_speech(prepared, tmp_path):
+    """The spoken digits are synthesised again where the data is used: a
+    different synthesis (another eSpeak NG or SciPy) is refused, and so is a
+    stored length that is not its utterance's."""
+    name = "conformer_tiny_digits"
+    directory = _copy(prepared, name, tmp_path)
+    path = os.path.join(directory, "prepared.json")
+    with open(path) as handle:
+        manifest = json.load(handle)
+    manifest["state"]["waveforms_sha256"] = "0" * 64
+    with open(path, "w") as handle:
+        json.dump(manifest, handle)
+    with pytest.raises(ValueError, match="not the ones the data was prepared from"):
+        runs.train(name, SETTINGS[name], output=str(tmp_path / "run"), export=False,
+                   verbose=0, data=directory)
+
+    directory = _copy(prepared, name, tmp_path / "length")
+
+    def longer(arrays):
+        arrays["length"] = arrays["length"].astype("int64")
+        arrays["length"][0] += 1
+
+    _rewrite(directory, "test", longer)
+    with pytest.raises(ValueError, match=r"test.npz: `length` must be the utterance's own"):
+        runs.train(name, SETTINGS[name], output=str(tmp_path / "run2"), export=False,
+                   verbose=0, data=directory)

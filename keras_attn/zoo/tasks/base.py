@@ -189,9 +189,9 @@ class Task:
 
     # === Prepared data (keras_attn.zoo.prepared) ===
 
-    # Whether `keras-attn prepare` can write this task's data; if not, why.
-    preparable = False
-    not_preparable_because = ""
+    def check_preparable(self):
+        """Raises `ValueError` when this recipe's data cannot be prepared
+        (the task can, this data set not yet)."""
 
     def test_data(self):
         """The test batches."""
@@ -206,6 +206,11 @@ class Task:
             return self.train_dataset_fn(epoch)
         return self.validation_data() if split == "validation" else self.test_data()
 
+    def check_prepared(self, parts, model):
+        """Raises `ValueError` for stored parts (a whole pass, NumPy) that
+        the model's own checks do not see (e.g. lengths of examples stored
+        once); called before the first step."""
+
     def prepared_tables(self):
         """Arrays `keras-attn prepare` stores once, for `finish_prepared`
         (e.g. examples the batches index): `{name: array}`."""
@@ -219,7 +224,8 @@ class Task:
 
     def prepared_state(self):
         """What `use_prepared` needs to build the model and its schedule
-        without the data (JSON): the steps, and the sizes the data sets."""
+        without the data (JSON): the steps, and the sizes the data sets
+        (and `index_rows`, the examples an `index` part may point at)."""
         return {"batches_per_epoch": self.batches_per_epoch}
 
     def use_prepared(self, state):

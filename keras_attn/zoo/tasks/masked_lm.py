@@ -151,8 +151,6 @@ class MaskedLM(Task):
         return self._dataset(self.test_pairs, 0, shuffle=False)
 
     # Prepared data: every epoch's masked batches as the pipeline made them.
-    preparable = True
-
     def prepared_state(self):
         return dict(super().prepared_state(), vocabulary=list(self.vocabulary),
                     max_predictions=self.max_predictions)

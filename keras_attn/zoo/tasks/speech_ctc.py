@@ -68,9 +68,11 @@ class SpeechCTC(Task):
     set_fields = ("vocabulary_size",)
     embedded_data = "eSpeak NG spoken digits"
     metric_names = {"wer": "WER", "cer": "CER"}
-    not_preparable_because = (
-        "speech batches vary in length, the embedded waveforms alone are ~140 MB, and its "
-        "WER uses keras-hub's EditDistance (TensorFlow)")
+    # Prepared data (embedded digits): each batch as the utterances' rows in
+    # the spoken-digits set, their lengths, the batch's padded width and the
+    # labels; the waveforms (~140 MB for 2,000) are made again where the data
+    # is used (eSpeak NG and SciPy, no TensorFlow) and checked against the
+    # SHA-256 of the ones prepared from.
 
     def load_data(self):
         from keras_attn.data import speech
@@ -146,13 +148,19 @@ class SpeechCTC(Task):
         return " ".join(text) if self.embedded else text
 
     def evaluate(self, model):
+        from keras_attn.data import speech
+
+        self.prepare()
+        return self._score(model, self._dataset("test"), speech.word_error_rate,
+                           speech.character_error_rate)
+
+    def _score(self, model, batches, word_error_rate, character_error_rate):
         import keras
 
         from keras_attn.data import speech
 
-        self.prepare()
         references, hypotheses = [], []
-        for inputs, labels in self._dataset("test"):
+        for inputs, labels in batches:
             # NumPy, not tf.data's tensors: on JAX only values JAX can read
             # take decode's compiled path.
             inputs = {name: np.asarray(value) for name, value in inputs.items()}
@@ -162,11 +170,123 @@ class SpeechCTC(Task):
                 references.append(speech.decode_ids(label, self.vocabulary))
                 hypotheses.append(speech.decode_ids(ids, self.vocabulary))
         return {
-            "wer": speech.word_error_rate([self._words(r) for r in references],
-                                          [self._words(h) for h in hypotheses]),
-            "cer": speech.character_error_rate(references, hypotheses),
+            "wer": word_error_rate([self._words(r) for r in references],
+                                   [self._words(h) for h in hypotheses]),
+            "cer": character_error_rate(references, hypotheses),
             "exact": float(np.mean([r == h for r, h in zip(references, hypotheses)])),
         }
+
+    def test_data(self):
+        self.prepare()
+        return self._dataset("test")
+
+    def check_preparable(self):
+        if not self.embedded:
+            raise ValueError(
+                "Prepared data for speech is made from the embedded spoken digits only so far "
+                "(a tfds speech set's waveforms would have to be stored whole). "
+                f"Received: data.dataset={self.data['dataset']!r}")
+
+    def prepared_batches(self, split, epoch=None):
+        import hashlib
+
+        dataset = (self.train_dataset_fn(epoch) if split == "train" else
+                   self.validation_data() if split == "validation" else self.test_data())
+        if dataset is None:
+            return None
+        # The pipeline buckets (and so reorders) the utterances: each row is
+        # found again by its samples.
+        waveforms = self._prepared_waveforms()
+        rows = {hashlib.sha256(w.tobytes()).hexdigest(): i for i, w in enumerate(waveforms)}
+
+        def batches():
+            for inputs, labels in dataset.as_numpy_iterator():
+                lengths, padded = inputs["waveform_length"], inputs["waveform"]
+                index = [rows[hashlib.sha256(row[:n].tobytes()).hexdigest()]
+                         for row, n in zip(padded, lengths)]
+                yield {"index": np.array(index, "int32"), "length": lengths, "y": labels,
+                       "width": np.full(len(index), padded.shape[1], "int32")}
+
+        return batches()
+
+    def _prepared_waveforms(self):
+        """Every utterance of the embedded set, in load_data's order."""
+        from keras_attn.data import speech
+
+        return speech.load_spoken_digits(self.data["utterances"], seed=self.seed)[0]
+
+    @staticmethod
+    def _digest(waveforms):
+        import hashlib
+
+        digest = hashlib.sha256()
+        for waveform in waveforms:
+            digest.update(np.int64(len(waveform)).tobytes())
+            digest.update(np.asarray(waveform, "float32").tobytes())
+        return digest.hexdigest()
+
+    def prepared_state(self):
+        waveforms = self._prepared_waveforms()
+        return dict(super().prepared_state(), index_rows=len(waveforms),
+                    waveforms_sha256=self._digest(waveforms))
+
+    def use_prepared(self, state):
+        from keras_attn.data import speech
+        from keras_attn.models.conformer import get_conformer_config
+
+        self.vocabulary = speech.DIGIT_VOCABULARY
+        self.model_config = get_conformer_config(
+            self.recipe["model"]["preset"], vocabulary_size=len(self.vocabulary),
+            **self.recipe["model"]["overrides"],
+        )
+        waveforms = self._prepared_waveforms()
+        if self._digest(waveforms) != state["waveforms_sha256"]:
+            raise ValueError(
+                "The spoken digits made here (eSpeak NG, SciPy) are not the ones the data was "
+                "prepared from (another SHA-256): another espeakng-loader or SciPy version. "
+                "Install the versions of the machine that prepared it. Received: "
+                f"data.utterances={self.data['utterances']}, training.seed={self.seed}")
+        self._waveforms = waveforms
+        super().use_prepared(state)
+
+    def check_prepared(self, parts, model):
+        from keras_attn.models.conformer.conformer_model import ctc_frames_needed
+
+        index, lengths, widths = parts["index"], parts["length"], parts["width"]
+        own = np.array([len(self._waveforms[i]) for i in index])
+        if np.any(lengths != own) or np.any(lengths > widths):
+            bad = int(np.flatnonzero((lengths != own) | (lengths > widths))[0])
+            raise ValueError(
+                "`length` must be the utterance's own length, at most the batch's `width`. "
+                f"Received: length={int(lengths[bad])} for utterance {int(index[bad])} of "
+                f"{int(own[bad])} samples, width={int(widths[bad])}")
+        # What the pipeline's data check asks (keras_attn.data.checks): labels
+        # the utterance can emit after the 4x subsampling.
+        emitted = 1 + lengths.astype("int64") // self.model_config.frame_step
+        for _ in range(2):  # keras_attn.layers.subsampled_length, in NumPy
+            emitted = np.maximum((emitted - 3) // 2 + 1, 0)
+        needed = ctc_frames_needed(parts["y"])
+        if np.any(needed > emitted):
+            bad = int(np.flatnonzero(needed > emitted)[0])
+            raise ValueError(
+                "a CTC label sequence is longer than its utterance can emit after 4x "
+                f"subsampling. Received: labels needing {int(needed[bad])} frames, "
+                f"{int(emitted[bad])} frames for utterance {int(index[bad])}")
+
+    def finish_prepared(self, parts, tables):
+        padded = np.zeros((len(parts["index"]), int(parts["width"][0])), "float32")
+        for row, (index, length) in enumerate(zip(parts["index"], parts["length"])):
+            padded[row, :length] = self._waveforms[index][:length]
+        return {"waveform": padded, "waveform_length": parts["length"]}, parts["y"]
+
+    def evaluate_prepared(self, model, prepared):
+        from keras_attn.data.scoring import edit_distance_rate
+
+        return self._score(
+            model, prepared.batches("test", finish=self.finish_prepared),
+            edit_distance_rate,
+            lambda references, hypotheses: edit_distance_rate(
+                references, hypotheses, lambda text: list(text.replace(" ", ""))))
 
     def export(self, model, path):
         from keras_attn.export import export_speech_recognizer

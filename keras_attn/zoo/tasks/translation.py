@@ -92,7 +92,6 @@ class Translation(Task):
     # Prepared data: every epoch's length-bucketed batches, and for the BLEU the
     # test sources as ids and the references as text (decoded without
     # TensorFlow by keras_attn.data.scoring).
-    preparable = True
 
     def load_data(self):
         from keras_attn.data import translation
