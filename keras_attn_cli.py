@@ -5,7 +5,7 @@ recipes (`models/<family>/<name>.json`).
 keras-attn train RECIPE [--set key=value ...] [--output DIR] [--distribute [MODE]] [--data DIR]
 keras-attn prepare RECIPE [--set key=value ...] [--out DIR]
 keras-attn evaluate RUN_DIR [--json]
-keras-attn export RUN_DIR [--output PATH] [--format saved_model|hf]
+keras-attn export RUN_DIR [--output PATH] [--format saved_model|onnx|litert|hf]
 keras-attn list [--family F]
 ```
 
@@ -248,7 +248,8 @@ def evaluate(args):
 
 def export(args):
     path, source = _runs().export(args.run_dir, args.output, args.format)
-    kind = "Hugging Face directory" if args.format == "hf" else "SavedModel"
+    kind = {"hf": "Hugging Face directory", "saved_model": "SavedModel", "onnx": "ONNX model",
+            "litert": "LiteRT model"}[args.format]
     print(f"{kind} of {source}: {os.path.abspath(path)}")
     return 0
 
@@ -348,10 +349,14 @@ def build_parser():
         "model.safetensors, the tokenizer's vocab.txt) that transformers loads.",
         run_dir, (("--output",), {"metavar": "PATH",
                                   "help": "output directory (default: RUN_DIR/saved_model, "
-                                          "or RUN_DIR/hf with --format hf)"}),
-        (("--format",), {"choices": ("saved_model", "hf"), "default": "saved_model",
-                         "help": "saved_model (default): the serving SavedModel; hf: a "
-                                 "Hugging Face directory (BERT and ViT runs)"}))
+                                          "or RUN_DIR/<format>: onnx, litert, hf)"}),
+        (("--format",), {"choices": ("saved_model", "onnx", "litert", "hf"),
+                         "default": "saved_model",
+                         "help": "saved_model (default): the serving SavedModel; onnx, litert: "
+                                 "the same model as model.onnx / model.tflite with serving.json "
+                                 "(image classification and masked LM runs so far; pip install "
+                                 "keras-attn[onnx]); hf: a Hugging Face directory (BERT and ViT "
+                                 "runs)"}))
     add("list", list_command, "list the zoo's recipes",
         "List every recipe in the zoo's models/ directory with its family, preset, dataset, "
         "parameter count (models/parameters.json, or the recorded run in "

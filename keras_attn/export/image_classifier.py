@@ -1,6 +1,7 @@
-"""Export an image classifier (a ViT) as a SavedModel that serves raw pixels.
+"""Export an image classifier (a ViT) that serves raw pixels: a SavedModel,
+ONNX or LiteRT.
 
-The signature `serve` takes uint8 images `(B, S, S, C)` of the model's own
+The SavedModel's signature `serve` takes uint8 images `(B, S, S, C)` of the model's own
 size and returns the class probabilities `(B, K)` (softmax of the logits);
 the pixel rescaling is inside the model. Needs the TensorFlow backend (a
 model trained on JAX or PyTorch: save it as `.keras` and export it there).
@@ -13,19 +14,27 @@ from keras_attn.export.saved_model import export_saved_model
 from keras_attn.export.saved_model import require_tensorflow_backend
 
 
-def export_image_classifier(model, path):
-    """Writes `model` to `path` as a SavedModel with a `serve` endpoint.
+def export_image_classifier(model, path, format="saved_model", precision="float32"):
+    """Writes `model` to `path`: uint8 images in, class probabilities out.
 
     Args:
         model: a Keras model from images `(B, S, S, C)` to logits `(B, K)`,
             e.g. `build_vit(..., num_classes=K)`.
-        path: the SavedModel directory.
+        path: the directory to write (atomically).
+        format: `"saved_model"` (a `serve` endpoint), `"onnx"` or
+            `"litert"` (`model.onnx` / `model.tflite` with `serving.json`;
+            input "images" uint8 `(B, S, S, C)`, any batch; output
+            "probabilities" float32 `(B, K)`); see `keras_attn.export.portable`.
+        precision: `"float32"`; LiteRT also `"float16"` and `"int8"`
+            (dynamic-range) weights.
 
     Returns:
         `path`.
     """
+    from keras_attn.export.portable import check_format
+
+    check_format(format, precision)
     require_tensorflow_backend("export_image_classifier")
-    import tensorflow as tf
 
     input_shape = tuple(model.input_shape)
     if len(input_shape) != 4 or None in input_shape[1:]:
@@ -47,9 +56,29 @@ def export_image_classifier(model, path):
             f"Received: num_classes={vit_config.num_classes}"
         )
 
+    if format != "saved_model":
+        return _export_portable(model, path, format, precision, input_shape)
+    import tensorflow as tf
+
     def serve(images):
         logits = model(tf.cast(images, "float32"), training=False)
         return tf.nn.softmax(tf.cast(logits, "float32"), axis=-1)
 
     signature = [tf.TensorSpec((None,) + input_shape[1:], tf.uint8, name="images")]
     return export_saved_model(model, path, input_signature=signature, serving_fn=serve)
+
+
+def _export_portable(model, path, format, precision, input_shape):
+    import keras
+
+    from keras_attn.export.portable import export_portable
+
+    images = keras.Input(input_shape[1:], dtype="uint8", name="images")
+    logits = model(keras.ops.cast(images, "float32"), training=False)
+    probabilities = keras.ops.softmax(keras.ops.cast(logits, "float32"), axis=-1)
+    serving = keras.Model(images, {"probabilities": probabilities},
+                          name="image_classifier_serving")
+    return export_portable(
+        serving, path, format, precision,
+        preprocessing={"images": "uint8 pixels, 0-255, of the model's size; the rescaling "
+                                 "is inside the model"})

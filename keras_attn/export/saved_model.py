@@ -30,7 +30,8 @@ def require_tensorflow_backend(function):
     backend = keras.backend.backend()
     if backend != "tensorflow":
         raise RuntimeError(
-            f"{function} writes a TensorFlow SavedModel and needs the TensorFlow "
+            f"{function} traces a TensorFlow graph (a SavedModel, or what tf2onnx and "
+            "the LiteRT converter convert) and needs the TensorFlow "
             f"backend; this process runs Keras on {backend!r}. Save the model "
             "(`model.save('model.keras')`: it loads on every backend) and export it "
             "from a process started with KERAS_BACKEND=tensorflow, or run "

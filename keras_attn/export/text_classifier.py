@@ -15,8 +15,19 @@ from keras_attn.export.saved_model import export_saved_model
 from keras_attn.export.saved_model import require_tensorflow_backend
 
 
-def export_text_classifier(model, tokenizer, path, sequence_length=128):
+def export_text_classifier(model, tokenizer, path, sequence_length=128, format="saved_model",
+                           precision="float32"):
     """Writes `model` with its tokenizer to `path` (atomically).
+
+    ONNX and LiteRT cannot hold the tokenizer's string ops: with
+    `format="onnx"` or `"litert"` the artifact takes the token ids
+    ("token_ids", "segment_ids", "padding_mask": int32 `(B, T)`, any batch,
+    any `T` up to `max_sequence_length`) and returns "probabilities"; the
+    directory also holds `vocab.txt` and, in `serving.json`, the
+    pre-processing a server must reproduce (keras-hub's
+    `WordPieceTokenizer(vocabulary="vocab.txt", lowercase=..., strip_accents=...)`,
+    then `[CLS] text [SEP]` padded with `[PAD]` to `sequence_length`,
+    segment ids 0, padding mask 1 for every token that is not `[PAD]`).
 
     Args:
         model: a `BertSequenceClassifier` (or any model from the three BERT
@@ -25,10 +36,15 @@ def export_text_classifier(model, tokenizer, path, sequence_length=128):
             vocabulary (`[PAD]`, `[CLS]` and `[SEP]` in the vocabulary).
         path: the SavedModel directory.
         sequence_length: length strings are packed (padded or truncated) to.
+        format: `"saved_model"`, `"onnx"` or `"litert"`.
+        precision: `"float32"`; LiteRT also `"float16"` and `"int8"`.
 
     Returns:
         `path`.
     """
+    from keras_attn.export.portable import check_format
+
+    check_format(format, precision)
     require_tensorflow_backend("export_text_classifier")
     import tensorflow as tf
 
@@ -49,6 +65,8 @@ def export_text_classifier(model, tokenizer, path, sequence_length=128):
             f"`sequence_length` must be at most the model's max_sequence_length="
             f"{max_length}. Received: sequence_length={sequence_length}"
         )
+    if format != "saved_model":
+        return _export_portable(model, tokenizer, path, sequence_length, format, precision)
     pack = pack_pairs(tokenizer, sequence_length)
     if not tokenizer.built:
         tokenizer(tf.constant(["."]))  # builds it, for the export to track
@@ -73,3 +91,41 @@ def export_text_classifier(model, tokenizer, path, sequence_length=128):
         extra_endpoints={"serve_ids": (probabilities, ids_spec)},
         track=[tokenizer],
     )
+
+
+def _export_portable(model, tokenizer, path, sequence_length, format, precision):
+    import keras
+
+    from keras_attn.export.portable import export_portable
+
+    names = ("token_ids", "segment_ids", "padding_mask")
+    inputs = {name: keras.Input((None,), dtype="int32", name=name) for name in names}
+    logits = model(inputs, training=False)
+    probabilities = keras.ops.softmax(keras.ops.cast(logits, "float32"), axis=-1)
+    serving = keras.Model([inputs[name] for name in names], {"probabilities": probabilities},
+                          name="text_classifier_serving")
+    vocabulary = list(tokenizer.get_vocabulary())
+    preprocessing = {
+        "tokenizer": "WordPiece (keras_hub.tokenizers.WordPieceTokenizer)",
+        "vocabulary": "vocab.txt",
+        "lowercase": bool(tokenizer.lowercase),
+        "strip_accents": bool(tokenizer.strip_accents),
+        "suffix_indicator": tokenizer.suffix_indicator,
+        "oov_token": tokenizer.oov_token,
+        "packing": "[CLS] text [SEP], truncated to sequence_length, padded with [PAD]",
+        "sequence_length": int(sequence_length),
+        "max_sequence_length": _max_length(model),
+        "cls_id": vocabulary.index("[CLS]"),
+        "sep_id": vocabulary.index("[SEP]"),
+        "pad_id": vocabulary.index("[PAD]"),
+        "segment_ids": "0 for every token of a single text",
+        "padding_mask": "1 where token_ids is not pad_id, else 0",
+    }
+    return export_portable(serving, path, format, precision, preprocessing=preprocessing,
+                           files={"vocab.txt": "".join(token + "\n" for token in vocabulary)})
+
+
+def _max_length(model):
+    backbone = getattr(model, "backbone", None)
+    config = getattr(backbone, "bert_config", None)
+    return None if config is None else int(config.max_sequence_length)

@@ -67,10 +67,13 @@ def normalize_attention_mask(mask, query, key):
     mask = ops.convert_to_tensor(mask)
     received = tuple(static_dim(d) for d in mask.shape)
     rank = len(received)
+    # expand_dims, not `mask[:, None]`: a strided slice of booleans with a new
+    # axis is not a LiteRT builtin op (the exported model would need the Flex
+    # delegate); ExpandDims is.
     if rank == 2:
-        mask = mask[None, None, :, :]
+        mask = ops.expand_dims(mask, (0, 1))
     elif rank == 3:
-        mask = mask[:, None, :, :]
+        mask = ops.expand_dims(mask, 1)
     elif rank != 4:
         raise ValueError(
             "`mask` must have rank 2 (T, S), 3 (B, T, S) or 4 (B, N, T, S). "

@@ -577,7 +577,7 @@ def _export_hf(run_dir, path):
     return path, source
 
 
-def export_on_tensorflow(run_dir, path):
+def export_on_tensorflow(run_dir, path, format="saved_model"):
     """`keras-attn export` in a subprocess on the TensorFlow backend: the
     SavedModel exporters trace TensorFlow graphs, and model.keras loads on
     any backend (train on JAX, export on TensorFlow)."""
@@ -585,13 +585,14 @@ def export_on_tensorflow(run_dir, path):
 
     print(f"exporting {os.path.join(run_dir, MODEL)} on the TensorFlow backend", flush=True)
     environment = dict(os.environ, KERAS_BACKEND="tensorflow")
-    command = [sys.executable, "-m", "keras_attn_cli", "export", run_dir, "--output", path]
+    command = [sys.executable, "-m", "keras_attn_cli", "export", run_dir, "--output", path,
+               "--format", format]
     result = subprocess.run(command, env=environment)
     if result.returncode:
         raise RuntimeError(f"{' '.join(command)} failed with status {result.returncode}")
 
 
-EXPORT_FORMATS = ("saved_model", "hf")
+EXPORT_FORMATS = ("saved_model", "onnx", "litert", "hf")
 
 
 def export(run_dir, output=None, format="saved_model"):
@@ -600,7 +601,11 @@ def export(run_dir, output=None, format="saved_model"):
 
     `format="saved_model"`: the task's serving SavedModel, to `output`
     (default `<run_dir>/saved_model`), on the TensorFlow backend (a
-    subprocess when this one is another). `format="hf"`: a Hugging Face
+    subprocess when this one is another). `"onnx"`, `"litert"`: the same
+    serving model as `model.onnx` / `model.tflite` with `serving.json`
+    (`keras_attn.export.portable`), to `<run_dir>/onnx` or `<run_dir>/litert`,
+    for the tasks whose `export_formats` have them (else a `ValueError`
+    with the reason). `format="hf"`: a Hugging Face
     directory of a BERT or ViT run (`keras_attn.convert.save_hf_bert` with
     the run's tokenizer, `save_hf_vit`), to `output` (default
     `<run_dir>/hf`), on any backend.
@@ -611,10 +616,14 @@ def export(run_dir, output=None, format="saved_model"):
         raise ValueError(f"`format` must be one of {EXPORT_FORMATS}. Received: format={format!r}")
     if format == "hf":
         return _export_hf(run_dir, output or os.path.join(run_dir, "hf"))
-    path = output or os.path.join(run_dir, SAVED_MODEL)
+    path = output or os.path.join(run_dir, SAVED_MODEL if format == "saved_model" else format)
+    if os.path.isfile(os.path.join(run_dir, RECIPE)):  # refused before loading anything
+        from keras_attn.zoo.tasks import make_task
+
+        make_task(read_json(os.path.join(run_dir, RECIPE))).check_export_format(format)
     if keras.backend.backend() != "tensorflow":
-        export_on_tensorflow(run_dir, path)
+        export_on_tensorflow(run_dir, path, format)
         return path, os.path.join(run_dir, MODEL)
     _, task, model, source = load_run(run_dir)
-    task.export(model, path)
+    task.export(model, path, format=format)
     return path, source

@@ -64,6 +64,35 @@ def _compare_exported(run):
             np.testing.assert_allclose(served[key], expected[key], atol=1e-5, rtol=0, err_msg=key)
 
 
+def _check_portable_export(run, name, capsys):
+    """`keras-attn export --format onnx|litert`: the image classifier and
+    the masked LM in their runtimes give model.keras's outputs; the other
+    tasks are refused with the reason."""
+    from keras_attn.export.portable import Artifact
+    from keras_attn.zoo.recipe import validate_recipe
+    from keras_attn.zoo.tasks import make_task
+
+    capsys.readouterr()
+    if name not in ("bert_tiny_pydoc", "vit_tiny_digits"):
+        for format in ("onnx", "litert"):
+            assert cli.main(["export", str(run), "--format", format]) == 2
+            assert "export to saved_model so far" in capsys.readouterr().err
+            assert not (run / format).exists()
+        return
+    with open(os.path.join(run, "recipe.json")) as handle:
+        task = make_task(validate_recipe(json.load(handle)))
+    model = task.load_model(os.path.join(run, "model.keras"))
+    inputs = task.example_inputs()
+    expected = task.reference_outputs(model, inputs)
+    for format, kind in (("onnx", "ONNX model"), ("litert", "LiteRT model")):
+        assert cli.main(["export", str(run), "--format", format]) == 0
+        assert f"{kind} of {run / 'model.keras'}: {run / format}" in capsys.readouterr().out
+        served = Artifact(str(run / format))(**inputs)
+        assert sorted(served) == sorted(expected)
+        for key in expected:
+            np.testing.assert_allclose(served[key], expected[key], atol=1e-4, err_msg=key)
+
+
 def _check_hf_export(run, name, capsys):
     """`keras-attn export --format hf`: BERT and ViT runs as directories
     transformers loads with every weight and the run's outputs; other
@@ -138,6 +167,7 @@ def test_train_evaluate_export_end_to_end(name, tmp_path, capsys):
     np.testing.assert_allclose(printed["value"], results["value"], rtol=1e-6, atol=1e-6)
 
     _compare_exported(str(run))
+    _check_portable_export(run, name, capsys)
     _check_hf_export(run, name, capsys)
 
     # Again after completion: nothing is trained, the results are reported.
@@ -400,5 +430,5 @@ def test_a_second_train_on_the_same_output_is_refused_at_once(tmp_path):
 
 
 def test_an_unknown_export_format_is_refused_before_the_run_is_read():
-    with pytest.raises(ValueError, match="Received: format='onnx'"):
-        runs.export("/no/such/run", format="onnx")
+    with pytest.raises(ValueError, match="Received: format='tflite'"):
+        runs.export("/no/such/run", format="tflite")

@@ -96,9 +96,11 @@ class BertMaskedLMHead(keras.layers.Layer):
         # A position outside the sequence gives NaN, never the clamped last
         # (or first) token that XLA's gather would return silently.
         valid = ops.logical_and(positions >= 0, positions < ops.shape(inputs)[1])
-        positions = ops.where(valid, positions, 0)[..., None]  # (B, P, 1)
+        # expand_dims, not `[..., None]`: LiteRT has no builtin strided slice
+        # that adds an axis (see keras_attn.export.portable).
+        positions = ops.expand_dims(ops.where(valid, positions, 0), -1)  # (B, P, 1)
         x = ops.take_along_axis(inputs, positions, axis=1)  # (B, P, D)
-        x = ops.where(valid[..., None], x, ops.cast(float("nan"), x.dtype))
+        x = ops.where(ops.expand_dims(valid, -1), x, ops.cast(float("nan"), x.dtype))
         x = self.transform_layer_norm(self.activation(self.transform_dense(x)))
         table = ops.cast(embeddings, self.compute_dtype)  # (V, D)
         logits = ops.einsum("bpd,vd->bpv", x, table)  # (B, P, V)

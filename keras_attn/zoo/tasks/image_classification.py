@@ -256,10 +256,13 @@ class ImageClassification(Task):
         self.prepare()
         return self.evaluate_batches(model, self.test_data())
 
-    def export(self, model, path):
+    export_formats = ("saved_model", "onnx", "litert")
+
+    def export(self, model, path, format="saved_model"):
         from keras_attn.export import export_image_classifier
 
-        return export_image_classifier(model, path)
+        self.check_export_format(format)
+        return export_image_classifier(model, path, format=format)
 
     def example_inputs(self):
         self.prepare()

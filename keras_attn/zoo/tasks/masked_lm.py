@@ -180,7 +180,12 @@ class MaskedLM(Task):
     def evaluate(self, model):
         return self.evaluate_batches(model, self.test_data())
 
-    def export(self, model, path):
+    export_formats = ("saved_model", "onnx", "litert")
+
+    def export(self, model, path, format="saved_model"):
+        self.check_export_format(format)
+        if format != "saved_model":
+            return self._export_portable(model, path, format)
         import tensorflow as tf
 
         from keras_attn.export import export_saved_model
@@ -195,6 +200,25 @@ class MaskedLM(Task):
 
         signature = [tf.TensorSpec((None, None), tf.int32, name=name) for name in INPUTS]
         return export_saved_model(model, path, input_signature=signature, serving_fn=serve)
+
+    def _export_portable(self, model, path, format):
+        import keras
+
+        from keras_attn.export.portable import export_portable
+
+        self.prepare()
+        inputs = {name: keras.Input((None,), dtype="int32", name=name) for name in INPUTS}
+        outputs = model(inputs, training=False)
+        outputs = {name: keras.ops.cast(value, "float32") for name, value in outputs.items()}
+        serving = keras.Model([inputs[name] for name in INPUTS], outputs,
+                              name="masked_lm_serving")
+        vocabulary = list(self.vocabulary)
+        return export_portable(
+            serving, path, format, files={"vocab.txt": "".join(t + "\n" for t in vocabulary)},
+            preprocessing={"vocabulary": "vocab.txt (WordPiece)",
+                           "mask_positions": "indices of the [MASK] tokens, padded with 0",
+                           "mask_id": vocabulary.index("[MASK]"),
+                           "pad_id": vocabulary.index("[PAD]")})
 
     def assets(self):
         self.prepare()

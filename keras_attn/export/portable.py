@@ -1,0 +1,242 @@
+"""ONNX and LiteRT export: a serving model written with Keras's own
+`model.export(format="onnx" | "litert")` (tf2onnx; the TensorFlow Lite
+converter), into a directory that also holds `serving.json`, the contract
+a server needs: each input's name, dtype and shape (-1 where any size is
+accepted), each output's, the precision, and the task's pre-processing
+(for a text classifier, the tokenizer's settings beside its `vocab.txt`).
+
+    <path>/model.onnx | model.tflite
+    <path>/serving.json
+    <path>/vocab.txt            (text classifiers)
+
+The serving model is a Keras model whose call is the whole computation
+from the served inputs (uint8 pixels, token ids) to the served outputs
+(probabilities), in `keras.ops`, so that the converters see one graph. The
+formats cannot carry TensorFlow's string ops (tokenization) or its CTC and
+FFT kernels: which task goes to which format is checked by the task
+exporters (`export_image_classifier`, `export_text_classifier`).
+
+The directory is written beside `path` and renamed into place (a crash
+never leaves half a model where a server loads it). Conversion runs on the
+TensorFlow backend, like the SavedModel.
+"""
+
+import json
+import os
+import shutil
+import tempfile
+
+FORMATS = ("saved_model", "onnx", "litert")
+PORTABLE_FORMATS = ("onnx", "litert")
+FILES = {"onnx": "model.onnx", "litert": "model.tflite"}
+CONTRACT = "serving.json"
+# float16 weights and dynamic-range int8 weights are the TensorFlow Lite
+# converter's post-training options; tf2onnx has none (ONNX float16 would
+# need onnxconverter-common: not done yet).
+PRECISIONS = {"saved_model": ("float32",), "onnx": ("float32",),
+              "litert": ("float32", "float16", "int8")}
+EXTRAS = {"onnx": ("tf2onnx", "onnx"), "litert": ()}
+
+
+def check_format(format, precision="float32"):
+    """`ValueError` naming an unknown format, or a precision the format's
+    converter does not offer."""
+    if format not in FORMATS:
+        raise ValueError(f"`format` must be one of {FORMATS}. Received: format={format!r}")
+    if precision not in PRECISIONS[format]:
+        raise ValueError(
+            f"`precision` must be one of {PRECISIONS[format]} for format={format!r}. "
+            f"Received: precision={precision!r}"
+        )
+
+
+def _require_packages(format):
+    import importlib.util
+
+    missing = [name for name in EXTRAS[format] if importlib.util.find_spec(name) is None]
+    if missing:
+        raise ImportError(
+            f"The {format} export needs {', '.join(missing)}: "
+            f"`pip install keras-attn[{format}]`."
+        )
+
+
+def _rename_onnx_outputs(file, names):
+    """tf2onnx names the graph outputs after TensorFlow tensors
+    ("Identity:0"); a server reads them by name, so they get the model's
+    output names (in the order of the flattened outputs)."""
+    import onnx
+
+    model = onnx.load(file)
+    outputs = list(model.graph.output)
+    if len(outputs) != len(names):
+        raise RuntimeError(f"Expected {len(names)} ONNX outputs, the graph has {len(outputs)}")
+    renames = {output.name: name for output, name in zip(outputs, names)}
+    for node in model.graph.node:
+        node.output[:] = [renames.get(name, name) for name in node.output]
+        node.input[:] = [renames.get(name, name) for name in node.input]
+    for output in outputs:
+        output.name = renames[output.name]
+    onnx.save(model, file)
+
+
+def _describe(tensor, name):
+    import keras
+
+    return {"name": name, "dtype": keras.backend.standardize_dtype(tensor.dtype),
+            "shape": [-1 if dim is None else int(dim) for dim in tensor.shape]}
+
+
+def _contract(serving, format, precision, preprocessing):
+    from keras_attn import __version__
+
+    # Keras flattens a dict of outputs in sorted key order, as tf2onnx does.
+    names = sorted(serving.output) if isinstance(serving.output, dict) else ["probabilities"]
+    outputs = [serving.output[name] for name in names] if isinstance(serving.output, dict) \
+        else serving.outputs
+    return {
+        "format": format,
+        "file": FILES[format],
+        "precision": precision,
+        "inputs": [_describe(x, x.name) for x in serving.inputs],
+        "outputs": [_describe(y, name) for y, name in zip(outputs, names)],
+        "preprocessing": preprocessing,
+        "keras_attn": __version__,
+    }
+
+
+def export_portable(serving, path, format, precision="float32", preprocessing=None,
+                    files=None, verbose=False):
+    """Writes the functional Keras model `serving` as ONNX or LiteRT into
+    the directory `path` with `serving.json` (atomically).
+
+    Args:
+        serving: a functional `keras.Model` from named `keras.Input`s to one
+            output (named "probabilities" in the contract) or a dict of
+            outputs (their names); batch and length dims that are None in
+            its inputs stay free in the artifact.
+        path: the directory to write.
+        format: `"onnx"` or `"litert"`.
+        precision: `"float32"`; for LiteRT also `"float16"` (weights stored
+            in float16) or `"int8"` (dynamic-range int8 weights).
+        preprocessing: JSON-able dict written into the contract.
+        files: `{name: bytes or str}` written beside the model (a vocabulary).
+
+    Returns:
+        `path`.
+
+    Raises:
+        ValueError: an unknown format or precision; an op the format cannot
+            hold (the LiteRT converter is restricted to builtin ops: an
+            artifact needing TensorFlow's Flex delegate would fail in
+            `ai_edge_litert`, so it fails here instead).
+        ImportError: the format's converter is not installed (the extra).
+    """
+    import keras
+
+    from keras_attn.export.saved_model import require_tensorflow_backend
+
+    if format not in PORTABLE_FORMATS:
+        raise ValueError(f"`format` must be one of {PORTABLE_FORMATS}. Received: format={format!r}")
+    check_format(format, precision)
+    require_tensorflow_backend("export_portable")
+    _require_packages(format)
+    contract = _contract(serving, format, precision, preprocessing or {})
+
+    path = os.path.abspath(os.fspath(path))
+    if os.path.exists(path) and not os.path.isdir(path):
+        raise ValueError(f"`path` must be a directory; {path} is a file. Received: path={path!r}")
+    parent = os.path.dirname(path)
+    os.makedirs(parent, exist_ok=True)
+    staging = tempfile.mkdtemp(prefix=".export-", dir=parent)
+    try:
+        target = os.path.join(staging, "model")
+        os.makedirs(target)
+        file = os.path.join(target, FILES[format])
+        signature = [[keras.InputSpec(shape=x.shape, dtype=x.dtype, name=x.name)
+                      for x in serving.inputs]]
+        if len(serving.inputs) == 1:
+            signature = signature[0]
+        if format == "onnx":
+            serving.export(file, format="onnx", input_signature=signature, verbose=verbose)
+            _rename_onnx_outputs(file, [o["name"] for o in contract["outputs"]])
+        else:
+            serving.export(file, format="litert", input_signature=signature, verbose=verbose,
+                           **_litert_options(precision))
+        for name, content in (files or {}).items():
+            mode = "wb" if isinstance(content, bytes) else "w"
+            with open(os.path.join(target, name), mode) as stream:
+                stream.write(content)
+        with open(os.path.join(target, CONTRACT), "w") as stream:
+            json.dump(contract, stream, indent=2)
+            stream.write("\n")
+        _replace(target, path)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return path
+
+
+def _litert_options(precision):
+    import tensorflow as tf
+
+    # Builtin ops only: an artifact that needs the Flex delegate (TensorFlow
+    # ops inside LiteRT) does not run in `ai_edge_litert`'s interpreter, and
+    # the error would come at serving time. Keras's default allows them.
+    options = {"target_spec": {"supported_ops": [tf.lite.OpsSet.TFLITE_BUILTINS]}}
+    if precision == "float16":
+        options["optimizations"] = [tf.lite.Optimize.DEFAULT]
+        options["target_spec"]["supported_types"] = [tf.float16]
+    elif precision == "int8":
+        options["optimizations"] = [tf.lite.Optimize.DEFAULT]
+    return options
+
+
+class Artifact:
+    """An exported ONNX or LiteRT directory, run in its own runtime
+    (onnxruntime's `InferenceSession`, ai_edge_litert's `Interpreter`):
+    neither TensorFlow nor Keras is imported. Calls pass the arrays as they
+    are, so a wrong dtype or shape gets the runtime's own error.
+
+    >>> # artifact = Artifact("exported/vit_onnx")
+    >>> # artifact(images=uint8_batch)["probabilities"]   # (B, K)
+    """
+
+    def __init__(self, path):
+        with open(os.path.join(path, CONTRACT)) as stream:
+            self.contract = json.load(stream)
+        self.format = self.contract["format"]
+        file = os.path.join(path, self.contract["file"])
+        if self.format == "onnx":
+            import onnxruntime
+
+            self._session = onnxruntime.InferenceSession(file, providers=["CPUExecutionProvider"])
+        elif self.format == "litert":
+            from ai_edge_litert.interpreter import Interpreter
+
+            self._interpreter = Interpreter(model_path=file)
+            # Resizes the inputs to each call's shapes.
+            self._runner = self._interpreter.get_signature_runner()
+        else:
+            raise ValueError(f"{path}: `format` must be one of {PORTABLE_FORMATS}. "
+                             f"Received: format={self.format!r}")
+
+    @property
+    def input_names(self):
+        return [spec["name"] for spec in self.contract["inputs"]]
+
+    def __call__(self, **inputs):
+        if self.format == "onnx":
+            names = [output["name"] for output in self.contract["outputs"]]
+            return dict(zip(names, self._session.run(names, inputs)))
+        return dict(self._runner(**inputs))
+
+
+def _replace(target, path):
+    if os.path.exists(path):
+        old = path + ".old"
+        shutil.rmtree(old, ignore_errors=True)
+        os.replace(path, old)
+        os.replace(target, path)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        os.replace(target, path)

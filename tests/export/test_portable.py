@@ -1,0 +1,212 @@
+"""ONNX and LiteRT export of the image and text classifiers: each artifact
+run in its own runtime (onnxruntime, ai_edge_litert) in a fresh process
+that imports neither TensorFlow nor Keras, against the Keras model."""
+
+import json
+import os
+import subprocess
+import sys
+
+import keras
+import numpy as np
+import pytest
+
+from keras_attn.data import text
+from keras_attn.export import export_image_classifier
+from keras_attn.export import export_text_classifier
+from keras_attn.export.portable import Artifact
+from keras_attn.export.portable import export_portable
+from keras_attn.models.bert import BertSequenceClassifier
+from keras_attn.models.bert import build_bert
+from keras_attn.models.vit import build_vit
+from test_case import to_numpy
+
+pytestmark = pytest.mark.tf_only
+
+RUNNER = os.path.join(os.path.dirname(__file__), "_run_portable.py")
+VOCAB = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "the", "cat", "sat", "on", "mat",
+         "dog", "##s", "a", "run", "##ning", ".", ","]
+TEXTS = ["the cat sat on the mat .", "a dog", "dogs running , cats sat on a mat . the end"]
+
+
+def run_in_runtimes(tmp_path, jobs):
+    """`jobs`: `[(artifact dir, {input: array})]` -> per job the outputs
+    dict, or the runtime's error message (a string)."""
+    spec = []
+    for index, (path, inputs) in enumerate(jobs):
+        np.savez(tmp_path / f"in{index}.npz", **inputs)
+        spec.append({"path": str(path), "inputs": str(tmp_path / f"in{index}.npz"),
+                     "outputs": str(tmp_path / f"out{index}.npz")})
+    result = subprocess.run([sys.executable, RUNNER, json.dumps(spec)], capture_output=True,
+                            text=True, timeout=900)
+    assert result.returncode == 0, result.stderr[-3000:]
+    imported = json.loads(result.stdout.split("IMPORTED")[-1])
+    assert imported == [], f"the serving process imported {imported}"
+    results = []
+    for job in spec:
+        if os.path.exists(job["outputs"] + ".json"):
+            with open(job["outputs"] + ".json") as stream:
+                results.append(json.load(stream)["error"])
+        else:
+            with np.load(job["outputs"]) as stored:
+                results.append(dict(stored))
+    return results
+
+
+def randomize(model, seed=0):
+    """Trained-looking weights: the classifier heads start at zero (every
+    answer uniform), which would hide any difference."""
+    rng = np.random.default_rng(seed)
+    for variable in model.weights:
+        variable.assign(rng.normal(0, 0.3, variable.shape).astype(variable.dtype))
+    return model
+
+
+def softmax(logits):
+    e = np.exp(logits - logits.max(-1, keepdims=True))
+    return e / e.sum(-1, keepdims=True)
+
+
+@pytest.mark.large
+def test_image_classifier_runs_the_same_in_onnx_runtime_and_litert(tmp_path):
+    vit = build_vit("vit_tiny_16", image_size=16, patch_size=4, num_channels=3, num_layers=2,
+                    hidden_dim=32, num_heads=2, intermediate_dim=64, num_classes=5)
+    randomize(vit)
+    rng = np.random.default_rng(0)
+    batches = [rng.integers(0, 256, (n, 16, 16, 3)).astype("uint8") for n in (1, 4)]
+    expected = [softmax(to_numpy(vit(b.astype("float32")))) for b in batches]
+    assert np.ptp(expected[1], axis=0).max() > 1e-3  # the examples get different answers
+
+    paths = {}
+    for format, precision in (("onnx", "float32"), ("litert", "float32"),
+                              ("litert", "float16"), ("litert", "int8")):
+        paths[format, precision] = export_image_classifier(
+            vit, tmp_path / f"{format}_{precision}", format=format, precision=precision)
+    for path in paths.values():  # nothing left beside the artifacts
+        assert sorted(os.listdir(path)) in (["model.onnx", "serving.json"],
+                                            ["model.tflite", "serving.json"])
+    assert sorted(os.listdir(tmp_path)) == sorted(os.path.basename(p) for p in paths.values())
+    with open(os.path.join(paths["onnx", "float32"], "serving.json")) as stream:
+        contract = json.load(stream)
+    assert contract["inputs"] == [{"name": "images", "dtype": "uint8", "shape": [-1, 16, 16, 3]}]
+    assert contract["outputs"] == [{"name": "probabilities", "dtype": "float32",
+                                    "shape": [-1, 5]}]
+
+    jobs = [(paths[key], {"images": b}) for key in paths for b in batches]
+    # Bad input, one per format: float pixels, and images of another size.
+    jobs.append((paths["onnx", "float32"], {"images": batches[0].astype("float32")}))
+    jobs.append((paths["litert", "float32"], {"images": batches[0].astype("float32")}))
+    jobs.append((paths["onnx", "float32"], {"images": np.zeros((1, 20, 20, 3), "uint8")}))
+    jobs.append((paths["litert", "float32"], {"images": np.zeros((1, 20, 20, 3), "uint8")}))
+    results = run_in_runtimes(tmp_path, jobs)
+
+    for (key, b), got in zip([(key, b) for key in paths for b in range(2)], results):
+        assert isinstance(got, dict), (key, got)
+        assert got["probabilities"].shape == expected[b].shape
+        if key[1] == "float32":
+            np.testing.assert_allclose(got["probabilities"], expected[b], atol=1e-4,
+                                       err_msg=str(key))
+        else:  # reduced precision: probabilities still, the drop is measured elsewhere
+            np.testing.assert_allclose(got["probabilities"].sum(-1), 1.0, atol=1e-3)
+    bad = results[len(paths) * 2:]
+    assert all(isinstance(message, str) for message in bad), bad
+    assert "data type" in bad[0] and "uint8" in bad[0], bad[0]
+    assert "UINT8" in bad[1], bad[1]
+    assert "Got invalid dimensions" in bad[2] or "dimension" in bad[2], bad[2]
+    assert bad[3].startswith("RuntimeError"), bad[3]  # LiteRT: a RESHAPE that fails
+
+    # Reduced precision: the weights are stored smaller.
+    size = {key: os.path.getsize(os.path.join(p, "model.tflite"))
+            for key, p in paths.items() if key[0] == "litert"}
+    assert size["litert", "float16"] < 0.75 * size["litert", "float32"]
+    assert size["litert", "int8"] < size["litert", "float16"]
+
+    # The in-package runner gives the same numbers.
+    for key in (("onnx", "float32"), ("litert", "float32")):
+        got = Artifact(paths[key])(images=batches[1])["probabilities"]
+        np.testing.assert_allclose(got, expected[1], atol=1e-4)
+
+
+@pytest.mark.large
+def test_text_classifier_follows_its_contract_in_onnx_runtime_and_litert(tmp_path):
+    import keras_hub
+    import tensorflow as tf
+
+    backbone = build_bert("bert_tiny", vocabulary_size=len(VOCAB), hidden_dim=16,
+                          intermediate_dim=32, num_layers=2, max_sequence_length=16)
+    model = randomize(BertSequenceClassifier(backbone, num_classes=3))
+    tokenizer = text.make_tokenizer(VOCAB)
+    paths = {format: export_text_classifier(model, tokenizer, tmp_path / format,
+                                            sequence_length=12, format=format)
+             for format in ("onnx", "litert")}
+    assert sorted(os.listdir(paths["onnx"])) == ["model.onnx", "serving.json", "vocab.txt"]
+
+    # A server follows the contract: the tokenizer rebuilt from vocab.txt and
+    # serving.json, [CLS] text [SEP] padded to sequence_length.
+    with open(os.path.join(paths["litert"], "serving.json")) as stream:
+        contract = json.load(stream)
+    pre = contract["preprocessing"]
+    assert (pre["sequence_length"], pre["max_sequence_length"]) == (12, 16)
+    served = keras_hub.tokenizers.WordPieceTokenizer(
+        vocabulary=os.path.join(paths["litert"], "vocab.txt"), lowercase=pre["lowercase"],
+        strip_accents=pre["strip_accents"], suffix_indicator=pre["suffix_indicator"],
+        oov_token=pre["oov_token"])
+    token_ids = np.full((len(TEXTS), pre["sequence_length"]), pre["pad_id"], "int32")
+    for row, ids in enumerate(served(TEXTS)):
+        ids = [pre["cls_id"]] + list(np.asarray(ids))[: pre["sequence_length"] - 2] + [pre["sep_id"]]
+        token_ids[row, : len(ids)] = ids
+    packed = {"token_ids": token_ids, "segment_ids": np.zeros_like(token_ids),
+              "padding_mask": (token_ids != pre["pad_id"]).astype("int32")}
+    # ... is what the SavedModel's string signature packs.
+    reference = [np.asarray(x) for x in text.pack_pairs(tokenizer, 12)(tf.constant(TEXTS))]
+    np.testing.assert_array_equal(packed["token_ids"], reference[0])
+    np.testing.assert_array_equal(packed["padding_mask"], reference[2])
+
+    # Another length (7: any length up to the maximum), and one past it (20).
+    short = {name: value[:, :7].copy() for name, value in packed.items()}
+    short["token_ids"][:, 6] = np.where(short["padding_mask"][:, 6], 3, 0)
+    rng = np.random.default_rng(1)
+    long_ids = rng.integers(5, len(VOCAB), (2, 20)).astype("int32")
+    too_long = {"token_ids": long_ids, "segment_ids": np.zeros_like(long_ids),
+                "padding_mask": np.ones_like(long_ids)}
+    expected = [softmax(to_numpy(model(batch))) for batch in (packed, short)]
+    assert np.ptp(expected[0], axis=0).max() > 1e-4
+
+    jobs = [(paths[f], batch) for f in ("onnx", "litert") for batch in (packed, short)]
+    jobs += [(paths[f], too_long) for f in ("onnx", "litert")]
+    results = run_in_runtimes(tmp_path, jobs)
+    for index, got in enumerate(results[:4]):
+        assert isinstance(got, dict), got
+        np.testing.assert_allclose(got["probabilities"], expected[index % 2], atol=1e-4)
+    # Past max_sequence_length: the runtime's error or NaN probabilities
+    # (the position table is NaN past its end), never a finite answer.
+    for got in results[4:]:
+        assert isinstance(got, str) or np.isnan(got["probabilities"]).all(), got
+
+
+def test_refusals_name_the_argument(tmp_path):
+    vit = build_vit("vit_tiny_16", image_size=8, patch_size=4, num_channels=1, num_layers=1,
+                    hidden_dim=8, num_heads=2, intermediate_dim=16, num_classes=2)
+    with pytest.raises(ValueError, match="format='tflite'"):
+        export_image_classifier(vit, tmp_path / "a", format="tflite")
+    with pytest.raises(ValueError, match="precision='float16'"):  # tf2onnx has no float16
+        export_image_classifier(vit, tmp_path / "a", format="onnx", precision="float16")
+    with pytest.raises(ValueError, match="precision='int8'"):
+        export_image_classifier(vit, tmp_path / "a", precision="int8")  # SavedModel
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(ValueError, match="is a file"):
+        export_image_classifier(vit, tmp_path / "file", format="litert")
+    assert not (tmp_path / "a").exists()
+
+
+def test_a_missing_converter_names_the_extra(tmp_path, monkeypatch):
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "tf2onnx" else real(name, *a))
+    images = keras.Input((4, 4, 1), dtype="uint8", name="images")
+    serving = keras.Model(images, {"probabilities": keras.ops.cast(images, "float32")})
+    with pytest.raises(ImportError, match=r"keras-attn\[onnx\]"):
+        export_portable(serving, tmp_path / "m", "onnx")
+    assert os.listdir(tmp_path) == []
