@@ -354,7 +354,7 @@ def build_parser():
                          "default": "saved_model",
                          "help": "saved_model (default): the serving SavedModel; onnx, litert: "
                                  "the same model as model.onnx / model.tflite with serving.json "
-                                 "(image classification and masked LM runs so far; pip install "
+                                 "(image, masked LM and speech runs; pip install "
                                  "keras-attn[onnx]); hf: a Hugging Face directory (BERT and ViT "
                                  "runs)"}))
     add("list", list_command, "list the zoo's recipes",

@@ -48,3 +48,8 @@ def _fresh_keras_state():
     yield
     keras.config.set_dtype_policy("float32")
     keras.backend.clear_session()
+
+
+# Not test modules: run by the tests in subprocesses (a sitecustomize that
+# blocks TensorFlow when a variable says so).
+collect_ignore_glob = ["zoo/no_tensorflow/*"]

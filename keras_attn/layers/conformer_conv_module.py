@@ -127,7 +127,7 @@ class ConformerConvModule(keras.layers.Layer):
         content, gate = ops.split(x, 2, axis=-1)
         x = content * ops.sigmoid(gate)  # GLU, (B, T, C)
         if padding_mask is not None:
-            x = ops.where(padding_mask[:, :, None], x, ops.zeros_like(x))
+            x = ops.where(ops.expand_dims(padding_mask, -1), x, ops.zeros_like(x))
         x = self._depthwise(x)
         x = self._batch_norm(x, padding_mask, training)
         x = ops.silu(x)

@@ -110,8 +110,8 @@ class ConvSubsampling(keras.layers.Layer):
             padding_mask = get_keras_mask(inputs)
         x = inputs
         if padding_mask is not None:
-            x = ops.where(ops.cast(padding_mask, "bool")[:, :, None], x, ops.zeros_like(x))
-        x = self.conv_1(x[..., None])  # (B, T1, F1, C)
+            x = ops.where(ops.expand_dims(ops.cast(padding_mask, "bool"), -1), x, ops.zeros_like(x))
+        x = self.conv_1(ops.expand_dims(x, -1))  # (B, T1, F1, C)
         x = self.conv_2(x)  # (B, T', F', C)
         shape = ops.shape(x)
         x = ops.reshape(x, (shape[0], shape[1], self._flat))
@@ -126,7 +126,8 @@ class ConvSubsampling(keras.layers.Layer):
         steps = subsampled_length(ops.shape(padding_mask)[1])
         # ops.less, not `<`: the left operand may be a backend tensor and
         # the right a symbolic KerasTensor (Keras calls compute_mask with those).
-        return ops.less(ops.arange(steps)[None, :], subsampled_length(lengths)[:, None])
+        return ops.less(ops.expand_dims(ops.arange(steps), 0),
+                        ops.expand_dims(subsampled_length(lengths), 1))
 
     def get_config(self):
         config = super().get_config()

@@ -1,10 +1,15 @@
 """Log-mel features with per-utterance normalisation, inside the model."""
 
 import keras
+import numpy as np
 from keras import ops
 
 from keras_attn._checks import check_positive_float
 from keras_attn._checks import check_positive_int
+
+# How the power spectrum is computed: the backend's FFT (Keras's
+# MelSpectrogram), or the DFT as a convolution (for ONNX and LiteRT).
+STFT_MODES = ("fft", "convolution")
 
 
 @keras.saving.register_keras_serializable(package="keras_attn")
@@ -33,6 +38,11 @@ class LogMelFeatures(keras.layers.Layer):
         fft_length: FFT size (>= frame_length).
         epsilon: added to the variance.
         top_db: the dynamic range kept below each utterance's loudest bin.
+        stft: `"fft"` (the backend's FFT, through `keras.layers.MelSpectrogram`)
+            or `"convolution"` (the DFT as a strided convolution: the same
+            numbers within float32 rounding, and a graph ONNX and LiteRT can
+            hold; the ONNX / LiteRT speech export switches to it). No
+            weights depend on it.
         **kwargs: base layer arguments.
 
     Call arguments:
@@ -59,6 +69,7 @@ class LogMelFeatures(keras.layers.Layer):
         fft_length=512,
         epsilon=1e-5,
         top_db=80.0,
+        stft="fft",
         **kwargs,
     ):
         super().__init__(**kwargs)
@@ -73,6 +84,10 @@ class LogMelFeatures(keras.layers.Layer):
                 f"fft_length={fft_length}, frame_length={frame_length}"
             )
         self.epsilon = check_positive_float("epsilon", epsilon)
+        if stft not in STFT_MODES:
+            raise ValueError(f"`stft` must be one of {STFT_MODES}. Received: stft={stft!r}")
+        # Not a weight: ONNX and LiteRT export switch it to "convolution".
+        self.stft = stft
         self.top_db = check_positive_float("top_db", top_db)
 
     def build(self, waveform_shape, waveform_length_shape=None):
@@ -104,22 +119,25 @@ class LogMelFeatures(keras.layers.Layer):
             lengths = None
         else:
             lengths = ops.cast(waveform_length, "int32")  # (B,)
-            inside = ops.less(ops.arange(samples)[None, :], lengths[:, None])
+            inside = ops.less(ops.expand_dims(ops.arange(samples), 0), ops.expand_dims(lengths, 1))
             waveform = ops.where(inside, waveform, 0.0)
         # Zeros after the end: the last valid frames' windows reach half an
         # FFT past the length and must see zeros there whether or not the
         # batch pads this utterance (the STFT reflects the array's own end).
         waveform = ops.pad(waveform, [[0, 0], [0, self.fft_length // 2]])
         # The STFT and the logarithm run in float32 whatever the policy.
-        power = self.mel_spectrogram(waveform)  # (B, M, T + extra)
+        if self.stft == "fft":
+            power = self.mel_spectrogram(waveform)  # (B, M, T + extra)
+        else:
+            power = self._mel_power_by_convolution(waveform)
         power = ops.cast(ops.transpose(power, (0, 2, 1)), "float32")[:, :steps]  # (B, T, M)
         features = 10.0 * ops.log10(ops.maximum(power, 1e-10))  # dB
         if lengths is None:
             valid = ops.ones_like(features[:, :, :1])
         else:
             frames = self.num_frames(lengths)
-            valid = ops.less(ops.arange(steps)[None, :], frames[:, None])
-            valid = ops.cast(valid, "float32")[:, :, None]  # (B, T, 1)
+            valid = ops.less(ops.expand_dims(ops.arange(steps), 0), ops.expand_dims(frames, 1))
+            valid = ops.expand_dims(ops.cast(valid, "float32"), -1)  # (B, T, 1)
         loudest = ops.max(features * valid + (valid - 1.0) * 1e9, axis=(1, 2), keepdims=True)
         features = ops.maximum(features, loudest - self.top_db)
         count = ops.maximum(ops.sum(valid, axis=1, keepdims=True), 1.0)  # (B, 1, 1)
@@ -128,8 +146,35 @@ class LogMelFeatures(keras.layers.Layer):
         features = (features - mean) / ops.sqrt(variance + self.epsilon) * valid
         if lengths is not None:
             bad = ops.logical_or(lengths < 0, lengths > samples)  # (B,)
-            features = ops.where(bad[:, None, None], float("nan"), features)
+            features = ops.where(ops.expand_dims(bad, (1, 2)), float("nan"), features)
         return ops.cast(features, self.compute_dtype)
+
+    def _mel_power_by_convolution(self, waveform):
+        """What `keras.layers.MelSpectrogram` computes (centred STFT with
+        reflect padding, periodic Hann window, power, mel matrix), with the
+        DFT as a strided convolution whose kernels are the windowed cosines
+        and sines. Written here because the converters cannot take the FFT:
+        tf2onnx refuses the Real/Imag ops after RFFT and LiteRT has no
+        builtin for them, while a convolution and a matmul are everywhere.
+        Equal to the FFT path within float32 rounding (tested)."""
+        mel = self.mel_spectrogram
+        n, length = self.fft_length, self.frame_length
+        window = np.zeros(n)
+        start = (n - length) // 2
+        window[start:start + length] = 0.5 - 0.5 * np.cos(2 * np.pi * np.arange(length) / length)
+        angles = 2 * np.pi * np.outer(np.arange(n), np.arange(n // 2 + 1)) / n
+        kernel = np.concatenate([window[:, None] * np.cos(angles),
+                                 -window[:, None] * np.sin(angles)], axis=1)
+        kernel = ops.convert_to_tensor(kernel[:, None, :].astype("float32"))  # (N, 1, 2F)
+        x = ops.pad(waveform, [[0, 0], [n // 2, n // 2]], mode="reflect")
+        spectrum = ops.conv(ops.expand_dims(x, -1), kernel, strides=self.frame_step)  # (B, T, 2F)
+        bins = n // 2 + 1
+        power = ops.square(spectrum[..., :bins]) + ops.square(spectrum[..., bins:])
+        matrix = mel.linear_to_mel_weight_matrix(
+            num_mel_bins=mel.num_mel_bins, num_spectrogram_bins=bins,
+            sampling_rate=mel.sampling_rate, lower_edge_hertz=mel.min_freq,
+            upper_edge_hertz=mel.max_freq)
+        return ops.transpose(ops.matmul(power, ops.cast(matrix, "float32")), (0, 2, 1))
 
     def compute_output_shape(self, waveform_shape, waveform_length_shape=None):
         # Declared rather than traced: JAX cannot trace the STFT's reflect
@@ -149,6 +194,7 @@ class LogMelFeatures(keras.layers.Layer):
                 "fft_length": self.fft_length,
                 "epsilon": self.epsilon,
                 "top_db": self.top_db,
+                "stft": self.stft,
             }
         )
         return config

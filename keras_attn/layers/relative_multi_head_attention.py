@@ -34,9 +34,9 @@ def relative_logits(query, positions):
     t = shape[2]
     # Column i - j + T - 1 of row i, picked by a gather along the last axis
     # (no reshapes: JAX's symbolic shapes cannot check T * (2T - 1) sizes).
-    rows = ops.arange(t)[:, None]  # (T, 1)
-    cols = ops.arange(t)[None, :]  # (1, T)
-    index = ops.broadcast_to((rows - cols + t - 1)[None, None], (shape[0], shape[1], t, t))
+    rows = ops.expand_dims(ops.arange(t), 1)  # (T, 1)
+    cols = ops.expand_dims(ops.arange(t), 0)  # (1, T)
+    index = ops.broadcast_to(ops.expand_dims(rows - cols + t - 1, (0, 1)), (shape[0], shape[1], t, t))
     return ops.take_along_axis(scores, index, axis=-1)  # (B, N, T, T)
 
 
@@ -167,7 +167,7 @@ class RelativeMultiHeadAttention(keras.layers.Layer):
         if padding_mask is not None:
             check_static_shape("padding_mask", padding_mask, (batch, length), "(B, T)")
             padding_mask = ops.cast(padding_mask, "bool")
-            masks += [padding_mask[:, :, None], padding_mask[:, None, :]]
+            masks += [ops.expand_dims(padding_mask, 2), ops.expand_dims(padding_mask, 1)]
         if attention_mask is not None:
             check_static_shape(
                 "attention_mask", attention_mask, (batch, length, length), "(B, T, T)"

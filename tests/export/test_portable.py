@@ -13,11 +13,13 @@ import pytest
 
 from keras_attn.data import text
 from keras_attn.export import export_image_classifier
+from keras_attn.export import export_speech_recognizer
 from keras_attn.export import export_text_classifier
 from keras_attn.export.portable import Artifact
 from keras_attn.export.portable import export_portable
 from keras_attn.models.bert import BertSequenceClassifier
 from keras_attn.models.bert import build_bert
+from keras_attn.models.conformer import build_conformer
 from keras_attn.models.vit import build_vit
 from test_case import to_numpy
 
@@ -182,6 +184,44 @@ def test_text_classifier_follows_its_contract_in_onnx_runtime_and_litert(tmp_pat
     # (the position table is NaN past its end), never a finite answer.
     for got in results[4:]:
         assert isinstance(got, str) or np.isnan(got["probabilities"]).all(), got
+
+
+@pytest.mark.large
+def test_speech_recognizer_decodes_the_same_tokens_in_onnx_runtime_and_litert(tmp_path):
+    model = build_conformer("conformer_tiny", vocabulary_size=12)
+    rng = np.random.default_rng(0)
+    for variable in model.trainable_weights:  # varied tokens, finite logits
+        if "kernel" in variable.path or "embeddings" in variable.path:
+            fan_in = variable.shape[-2] if len(variable.shape) > 1 else 1
+            variable.assign(rng.normal(0, 0.3 / np.sqrt(fan_in), variable.shape)
+                            .astype(variable.dtype))
+    batches = []
+    for samples, lengths in ((8000, [8000, 5000, 2600]), (3000, [3000])):
+        waveform = rng.normal(0, 0.1, (len(lengths), samples)).astype("float32")
+        for row, length in enumerate(lengths):
+            waveform[row, length:] = rng.normal(0, 0.1, samples - length)  # any padding
+        batches.append({"waveform": waveform, "waveform_length": np.array(lengths, "int32")})
+    expected = [(model(b)["logits"], [[t for t in row if t >= 0] for row in
+                                       np.asarray(model.decode(b)).tolist()]) for b in batches]
+    assert len({tuple(row) for row in expected[0][1]}) == 3  # three different transcripts
+    paths = {f: export_speech_recognizer(model, tmp_path / f, format=f) for f in ("onnx", "litert")}
+    assert all(layer.stft == "fft" for layer in model._flatten_layers()
+               if type(layer).__name__ == "LogMelFeatures")  # the switch is put back
+
+    # Bad input: a length past the waveform gives -2 rows, never a transcript.
+    bad = dict(batches[1], waveform_length=np.array([3500], "int32"))
+    jobs = [(paths[f], b) for f in paths for b in batches + [bad]]
+    results = run_in_runtimes(tmp_path, jobs)
+    for index, got in enumerate(results):
+        assert isinstance(got, dict), got
+        if index % 3 == 2:
+            assert (got["token_ids"] == -2).all(), got["token_ids"]
+            continue
+        logits, tokens = expected[index % 3]
+        np.testing.assert_allclose(got["logits"], to_numpy(logits), atol=1e-4)
+        assert [[t for t in row if t >= 0] for row in got["token_ids"].tolist()] == tokens
+    with pytest.raises(ValueError, match="strategy='beam_search', format='onnx'"):
+        export_speech_recognizer(model, tmp_path / "beam", strategy="beam_search", format="onnx")
 
 
 def test_refusals_name_the_argument(tmp_path):

@@ -326,6 +326,25 @@ def test_log_mel_normalises_valid_frames_and_zeroes_padding():
     np.testing.assert_array_equal(features[1, frames:], 0.0)
 
 
+def test_log_mel_by_convolution_equals_the_fft():
+    """The exportable STFT (a strided convolution with windowed cosines and
+    sines) gives the FFT path's features; a window shorter than the FFT is
+    centred in it as the FFT path centres it."""
+    from keras_attn.layers import LogMelFeatures
+
+    settings = {"sampling_rate": 8000, "num_mel_bins": 12, "frame_length": 200,
+                "frame_step": 80, "fft_length": 256}
+    wave, lengths = rand(2, 1650) * 0.1, np.array([1650, 777], "int32")
+    fft = LogMelFeatures(**settings)
+    convolution = LogMelFeatures(stft="convolution", **settings)
+    expected = to_numpy(fft(wave, lengths))
+    np.testing.assert_allclose(to_numpy(convolution(wave, lengths)), expected, atol=1e-4)
+    assert np.abs(expected).max() > 1.0  # normalised features, not zeros
+    assert LogMelFeatures.from_config(convolution.get_config()).stft == "convolution"
+    with pytest.raises(ValueError, match=r"Received: stft='rfft'"):
+        LogMelFeatures(stft="rfft")
+
+
 def test_log_mel_fft_shorter_than_frame():
     from keras_attn.layers import LogMelFeatures
 

@@ -194,3 +194,24 @@ def test_unknown_input_type():
 def test_bad_config_fields_are_the_packages_value_errors(field, value, message):
     with pytest.raises(ValueError, match=message):
         build_conformer("conformer_tiny", vocabulary_size=5, **{field: value})
+
+
+def test_greedy_ids_in_ops_equal_ctc_decode():
+    """`ctc_greedy_ids` (the exportable greedy decoder) gives keras.ops.ctc_decode's
+    tokens: repeats merged, blanks dropped, frames past the length ignored;
+    NaN logits give -2 rows."""
+    from keras_attn.models.conformer.conformer_model import ctc_greedy_ids
+
+    rng = np.random.default_rng(3)
+    logits = rng.normal(size=(4, 9, 5)).astype("float32")
+    logits[1, :, 0] += 1.0  # many blanks
+    logits[2, 2:5, 3] += 9.0  # a repeat
+    lengths = np.array([9, 6, 9, 1], "int32")
+    decoded, _ = keras.ops.ctc_decode(logits, lengths, strategy="greedy", mask_index=0)
+    expected = [[t for t in row if t >= 0] for row in to_numpy(decoded[0]).tolist()]
+    got = to_numpy(ctc_greedy_ids(logits, lengths))
+    assert got.shape == (4, 9)
+    assert [[t for t in row if t >= 0] for row in got.tolist()] == expected
+    assert all(row[len(want):].tolist() == [-1] * (9 - len(want)) for row, want in zip(got, expected))
+    logits[3, 0, 0] = np.nan
+    assert to_numpy(ctc_greedy_ids(logits, lengths))[3].tolist() == [-2] * 9

@@ -65,15 +65,15 @@ def _compare_exported(run):
 
 
 def _check_portable_export(run, name, capsys):
-    """`keras-attn export --format onnx|litert`: the image classifier and
-    the masked LM in their runtimes give model.keras's outputs; the other
-    tasks are refused with the reason."""
+    """`keras-attn export --format onnx|litert`: the image classifier, the
+    masked LM and the speech recognizer in their runtimes give model.keras's
+    outputs; the translator is refused with the reason."""
     from keras_attn.export.portable import Artifact
     from keras_attn.zoo.recipe import validate_recipe
     from keras_attn.zoo.tasks import make_task
 
     capsys.readouterr()
-    if name not in ("bert_tiny_pydoc", "vit_tiny_digits"):
+    if name == "transformer_numbers":
         for format in ("onnx", "litert"):
             assert cli.main(["export", str(run), "--format", format]) == 2
             assert "export to saved_model so far" in capsys.readouterr().err
@@ -88,6 +88,10 @@ def _check_portable_export(run, name, capsys):
         assert cli.main(["export", str(run), "--format", format]) == 0
         assert f"{kind} of {run / 'model.keras'}: {run / format}" in capsys.readouterr().out
         served = Artifact(str(run / format))(**inputs)
+        if name == "conformer_tiny_digits":  # the tokens; the artifact's width is the frames'
+            assert [[t for t in row if t >= 0] for row in served["token_ids"].tolist()] == \
+                [[t for t in row if t >= 0] for row in expected["token_ids"].tolist()]
+            continue
         assert sorted(served) == sorted(expected)
         for key in expected:
             np.testing.assert_allclose(served[key], expected[key], atol=1e-4, err_msg=key)

@@ -174,6 +174,7 @@ def test_training_from_prepared_files_is_training_from_tf_data(prepared, tmp_pat
 def _train_without_tensorflow(name, backend, data, output, timeout=900):
     environment = dict(
         os.environ, KERAS_BACKEND=backend, TF_CPP_MIN_LOG_LEVEL="3",
+        KERAS_ATTN_TEST_BLOCK_TENSORFLOW="1",
         PYTHONPATH=os.pathsep.join([NO_TENSORFLOW, ROOT, os.environ.get("PYTHONPATH", "")]))
     sets = [item for value in SETTINGS[name] for item in ("--set", value)]
     command = [sys.executable, "-m", "keras_attn_cli", "train", name, "--data", data,

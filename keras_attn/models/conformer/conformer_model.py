@@ -94,7 +94,8 @@ class LengthMask(keras.layers.Layer):
 
     def call(self, sequence, lengths):
         steps = ops.shape(sequence)[1]
-        return ops.less(ops.arange(steps)[None, :], ops.cast(lengths, "int32")[:, None])
+        return ops.less(ops.expand_dims(ops.arange(steps), 0),
+                        ops.expand_dims(ops.cast(lengths, "int32"), 1))
 
 
 @keras.saving.register_keras_serializable(package="keras_attn")
@@ -105,7 +106,7 @@ class LengthGuard(keras.layers.Layer):
     def call(self, x, sequence, lengths):
         lengths = ops.cast(lengths, "int32")
         bad = ops.logical_or(lengths < 0, lengths > ops.shape(sequence)[1])  # (B,)
-        return ops.where(bad[:, None, None], ops.cast(float("nan"), x.dtype), x)
+        return ops.where(ops.expand_dims(bad, (1, 2)), ops.cast(float("nan"), x.dtype), x)
 
 
 @keras.saving.register_keras_serializable(package="keras_attn")
@@ -296,6 +297,55 @@ class ConformerCTC(GuardedModel, ConfigModel, keras.Model):
             mask_index=0,
         )
         return decoded[0]
+
+
+def ctc_greedy_ids(logits, lengths, blank=0):
+    """Greedy CTC decoding in `keras.ops` only: the best token of each of
+    an utterance's first `length` frames, repeats merged, blanks dropped.
+
+    `keras.ops.ctc_decode` gives the same tokens, but on TensorFlow it is a
+    sparse CTC kernel that neither tf2onnx nor LiteRT converts; this is
+    argmax, comparisons, a cumulative sum and a scatter by comparison, which both
+    hold. Returns int32 `(B, T)` ids, each row's transcript first and -1
+    after it (the width is the frames', not the longest transcript's). A
+    row whose logits hold NaN (the model's answer to a length past the
+    waveform or below 0) is all -2: never a plausible transcript.
+
+    >>> logits = np.log(np.eye(4)[[[1, 1, 0, 1, 2, 3, 3]]] + 1e-3)
+    >>> np.asarray(ctc_greedy_ids(logits, np.array([6]))).tolist()
+    [[1, 1, 2, 3, -1, -1, -1]]
+    """
+    # The first maximum, found without `ops.argmax` of floats: on TensorFlow
+    # that checks for -0.0 with a bitcast, which ONNX has no op for.
+    is_best = ops.greater_equal(logits, ops.max(logits, axis=-1, keepdims=True))
+    best = ops.cast(ops.argmax(ops.cast(is_best, "int32"), axis=-1), "int32")  # (B, T)
+    steps = ops.shape(best)[1]
+    valid = ops.less(ops.expand_dims(ops.arange(steps), 0),
+                     ops.expand_dims(ops.cast(lengths, "int32"), 1))
+    previous = ops.pad(best[:, :-1], [[0, 0], [1, 0]], constant_values=-1)
+    keep = valid & ops.not_equal(best, blank) & ops.not_equal(best, previous)
+    slot = ops.cumsum(ops.cast(keep, "int32"), axis=1) - 1  # where each kept token goes
+    slot = ops.where(keep, slot, -1)  # dropped frames go nowhere
+    columns = ops.expand_dims(ops.arange(steps), (0, 1))  # (1, 1, T)
+    scatter = ops.cast(ops.equal(ops.expand_dims(slot, -1), columns), "int32")  # (B, T, T)
+    placed = ops.sum(scatter * ops.expand_dims(best + 1, -1), axis=1)  # (B, T): id + 1 or 0
+    broken = ops.any(ops.isnan(ops.cast(logits, "float32")), axis=(1, 2))  # (B,)
+    return ops.where(ops.expand_dims(broken, 1), -2, placed - 1)
+
+
+@keras.saving.register_keras_serializable(package="keras_attn")
+class CTCGreedyIds(keras.layers.Layer):
+    """`ctc_greedy_ids` as a layer, for functional serving models (the
+    frame count is known only when it runs)."""
+
+    def call(self, logits, lengths):
+        return ctc_greedy_ids(logits, lengths)
+
+    def compute_output_shape(self, logits_shape, lengths_shape):
+        return tuple(logits_shape[:2])
+
+    def compute_output_spec(self, logits, lengths):
+        return keras.KerasTensor(tuple(logits.shape[:2]), dtype="int32")
 
 
 def ctc_frames_needed(labels):

@@ -288,16 +288,14 @@ class SpeechCTC(Task):
             lambda references, hypotheses: edit_distance_rate(
                 references, hypotheses, lambda text: list(text.replace(" ", ""))))
 
-    no_export_because = (
-        "tf2onnx cannot convert the log-mel front end's FFT (its Real and Imag ops), and "
-        "the CTC decoder is a TensorFlow kernel")
+    export_formats = ("saved_model", "onnx", "litert")  # onnx, litert: greedy decoding
 
     def export(self, model, path, format="saved_model"):
         from keras_attn.export import export_speech_recognizer
 
         self.check_export_format(format)
         return export_speech_recognizer(model, path, strategy=self.evaluation["strategy"],
-                                        beam_width=self.evaluation["beam_width"])
+                                        beam_width=self.evaluation["beam_width"], format=format)
 
     def example_inputs(self):
         self.prepare()
