@@ -540,9 +540,17 @@ def _data_with_nan_at_batch(bad_batch):
 def test_a_nan_step_ends_the_run_and_the_last_good_checkpoint_stays(tmp_path):
     directory = str(tmp_path / "run")
     # A plain Keras model (no keras_attn guard on its optimizer): the NaN
-    # batch reaches its weights (its ReLU hides the NaN from the loss), and
-    # the trainer must not save them.
-    model = _model()
+    # batch reaches its weights, not its loss, and the trainer must not save
+    # them. The NaN is hidden from the loss by an explicit where() after the
+    # first layer (its gradient, NaN input times 0, is still NaN); a ReLU hid
+    # it on some CPUs only (relu(NaN) is NaN on others).
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([
+        keras.Input((4,)), keras.layers.Dense(8),
+        keras.layers.Lambda(lambda h: keras.ops.where(keras.ops.isnan(h), 0.0, h)),
+        keras.layers.ReLU(), keras.layers.Dense(2)])
+    model.compile(optimizer=keras.optimizers.Adam(0.01),
+                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
     trainer = ResumableTrainer(directory, checkpoint_every=1, max_to_keep=2)
     with pytest.raises(ValueError, match="Not writing checkpoint 4: model variable"):
         trainer.fit(model, _data_with_nan_at_batch(3), epochs=1, steps_per_epoch=STEPS,
