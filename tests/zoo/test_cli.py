@@ -84,17 +84,21 @@ def _check_portable_export(run, name, capsys):
     model = task.load_model(os.path.join(run, "model.keras"))
     inputs = task.example_inputs()
     expected = task.reference_outputs(model, inputs)
-    for format, kind in (("onnx", "ONNX model"), ("litert", "LiteRT model")):
-        assert cli.main(["export", str(run), "--format", format]) == 0
-        assert f"{kind} of {run / 'model.keras'}: {run / format}" in capsys.readouterr().out
-        served = Artifact(str(run / format))(**inputs)
-        if name == "conformer_tiny_digits":  # the tokens; the artifact's width is the frames'
-            assert [[t for t in row if t >= 0] for row in served["token_ids"].tolist()] == \
-                [[t for t in row if t >= 0] for row in expected["token_ids"].tolist()]
-            continue
-        assert sorted(served) == sorted(expected)
-        for key in expected:
-            np.testing.assert_allclose(served[key], expected[key], atol=1e-4, err_msg=key)
+    # One format per recipe (both formats across the three; each exporter is
+    # tested in both in tests/export/test_portable.py): the suite's budget.
+    format = {"vit_tiny_digits": "litert", "bert_tiny_pydoc": "onnx",
+              "conformer_tiny_digits": "onnx"}[name]
+    kind = {"onnx": "ONNX model", "litert": "LiteRT model"}[format]
+    assert cli.main(["export", str(run), "--format", format]) == 0
+    assert f"{kind} of {run / 'model.keras'}: {run / format}" in capsys.readouterr().out
+    served = Artifact(str(run / format))(**inputs)
+    if name == "conformer_tiny_digits":  # the tokens; the artifact's width is the frames'
+        assert [[t for t in row if t >= 0] for row in served["token_ids"].tolist()] == \
+            [[t for t in row if t >= 0] for row in expected["token_ids"].tolist()]
+        return
+    assert sorted(served) == sorted(expected)
+    for key in expected:
+        np.testing.assert_allclose(served[key], expected[key], atol=1e-4, err_msg=key)
 
 
 def _check_hf_export(run, name, capsys):
