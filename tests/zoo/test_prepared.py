@@ -40,15 +40,26 @@ def _recipe(name, extra=()):
     return load_recipe(runs.locate_recipe(name), SETTINGS[name] + list(extra))
 
 
+class _PreparedOnDemand(dict):
+    """`{recipe name: prepared directory}`, each recipe prepared the first
+    time a test asks for it: the test workers each prepare only what their
+    tests use."""
+
+    def __init__(self, tmp_path_factory):
+        super().__init__()
+        self.tmp_path_factory = tmp_path_factory
+
+    def __missing__(self, name):
+        directory = str(self.tmp_path_factory.mktemp("prepared") / name)
+        prepared_module.prepare(name, SETTINGS[name], output=directory, verbose=False)
+        self[name] = directory
+        return directory
+
+
 @pytest.fixture(scope="module")
 def prepared(tmp_path_factory):
-    """`{recipe name: prepared directory}` of the two tiny recipes."""
-    directories = {}
-    for name in SETTINGS:
-        directory = str(tmp_path_factory.mktemp("prepared") / name)
-        prepared_module.prepare(name, SETTINGS[name], output=directory, verbose=False)
-        directories[name] = directory
-    return directories
+    """The tiny recipes' prepared directories, by name (made on demand)."""
+    return _PreparedOnDemand(tmp_path_factory)
 
 
 def _copy(prepared, name, tmp_path):
