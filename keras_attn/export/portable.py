@@ -134,6 +134,7 @@ def export_portable(serving, path, format, precision="float32", preprocessing=No
     """
     import keras
 
+    from keras_attn.export.saved_model import replace_directory
     from keras_attn.export.saved_model import require_tensorflow_backend
 
     if format not in PORTABLE_FORMATS:
@@ -170,7 +171,7 @@ def export_portable(serving, path, format, precision="float32", preprocessing=No
         with open(os.path.join(target, CONTRACT), "w") as stream:
             json.dump(contract, stream, indent=2)
             stream.write("\n")
-        _replace(target, path)
+        replace_directory(target, path)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return path
@@ -229,14 +230,3 @@ class Artifact:
             names = [output["name"] for output in self.contract["outputs"]]
             return dict(zip(names, self._session.run(names, inputs)))
         return dict(self._runner(**inputs))
-
-
-def _replace(target, path):
-    if os.path.exists(path):
-        old = path + ".old"
-        shutil.rmtree(old, ignore_errors=True)
-        os.replace(path, old)
-        os.replace(target, path)
-        shutil.rmtree(old, ignore_errors=True)
-    else:
-        os.replace(target, path)

@@ -67,6 +67,19 @@ def _refuse_empty(fn, signature):
     return guarded
 
 
+def replace_directory(target, path):
+    """Moves the complete directory `target` to `path`, replacing what is
+    there only once the new one is in place beside it."""
+    if os.path.exists(path):
+        old = path + ".old"
+        shutil.rmtree(old, ignore_errors=True)
+        os.replace(path, old)
+        os.replace(target, path)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        os.replace(target, path)
+
+
 def export_saved_model(
     model,
     path,
@@ -137,14 +150,7 @@ def export_saved_model(
             archive.add_endpoint(name, _refuse_empty(fn, signature), input_signature=signature)
         target = os.path.join(staging, "model")
         archive.write_out(target, verbose=False)
-        if os.path.exists(path):
-            old = path + ".old"
-            shutil.rmtree(old, ignore_errors=True)
-            os.replace(path, old)
-            os.replace(target, path)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.replace(target, path)
+        replace_directory(target, path)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return path

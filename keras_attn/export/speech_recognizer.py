@@ -67,7 +67,16 @@ def _export_portable(model, path, format, precision):
 
     from keras_attn.export.portable import export_portable
     from keras_attn.layers import LogMelFeatures
-    from keras_attn.models.conformer.conformer_model import CTCGreedyIds
+    from keras_attn.models.conformer.conformer_model import ctc_greedy_ids
+
+    class GreedyIds(keras.layers.Layer):
+        # ctc_greedy_ids in the functional serving model: the frame count
+        # is known only when it runs; its output is int32.
+        def call(self, logits, lengths):
+            return ctc_greedy_ids(logits, lengths)
+
+        def compute_output_spec(self, logits, lengths):
+            return keras.KerasTensor(tuple(logits.shape[:2]), dtype="int32")
 
     if "waveform" not in getattr(model, "input", {}):
         raise ValueError(
@@ -89,7 +98,7 @@ def _export_portable(model, path, format, precision):
         lengths = keras.ops.cast(outputs["logit_lengths"], "int32")
         serving = keras.Model(
             [waveform, waveform_length],
-            {"token_ids": CTCGreedyIds(name="greedy_ids")(logits, lengths), "logits": logits,
+            {"token_ids": GreedyIds(name="greedy_ids")(logits, lengths), "logits": logits,
              "logit_lengths": lengths},
             name="speech_recognizer_serving")
         return export_portable(

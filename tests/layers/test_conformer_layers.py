@@ -305,7 +305,7 @@ def test_log_mel_layer(tmp_path):
     run_layer_test(
         LogMelFeatures,
         init_kwargs={"sampling_rate": 8000, "num_mel_bins": 12, "frame_length": 200,
-                     "frame_step": 80, "fft_length": 256, "epsilon": 1e-3},
+                     "frame_step": 80, "fft_length": 256, "epsilon": 1e-3, "stft": "convolution"},
         input_data={"waveform": rand(2, 1600) * 0.1, "waveform_length": np.array([1600, 900], "int32")},
         expected_output_shape=(2, 21, 12),
         expected_num_trainable_weights=0,

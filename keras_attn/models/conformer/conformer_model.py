@@ -333,21 +333,6 @@ def ctc_greedy_ids(logits, lengths, blank=0):
     return ops.where(ops.expand_dims(broken, 1), -2, placed - 1)
 
 
-@keras.saving.register_keras_serializable(package="keras_attn")
-class CTCGreedyIds(keras.layers.Layer):
-    """`ctc_greedy_ids` as a layer, for functional serving models (the
-    frame count is known only when it runs)."""
-
-    def call(self, logits, lengths):
-        return ctc_greedy_ids(logits, lengths)
-
-    def compute_output_shape(self, logits_shape, lengths_shape):
-        return tuple(logits_shape[:2])
-
-    def compute_output_spec(self, logits, lengths):
-        return keras.KerasTensor(tuple(logits.shape[:2]), dtype="int32")
-
-
 def ctc_frames_needed(labels):
     """Frames CTC needs to emit each row of `labels` `(B, L)` (0 pads): one
     per label plus one blank between two equal labels in a row.
