@@ -32,8 +32,19 @@ def export_translator(
     max_length=None,
     length_penalty="gnmt",
     tokenizer=None,
+    format="saved_model",
+    precision="float32",
+    vocabulary=None,
 ):
     """Writes `model` (a `Transformer`) with beam search to `path`.
+
+    With `format="onnx"` or `"litert"` the whole search is one loop of the
+    artifact too (ONNX `Loop`, LiteRT `WHILE`): `model.onnx` /
+    `model.tflite` and `serving.json` in `path`, input "source_ids" int32
+    `(B, S)` (any batch and length), outputs "tokens" int32
+    `(B, max_length)` and "scores" float32 `(B,)` as from `serve`. The
+    decoder's cache writes become a gather and a select there (the
+    converters cannot take TensorFlow's dynamic update slice).
 
     Args:
         model: a `keras_attn.models.transformer.Transformer`.
@@ -48,11 +59,18 @@ def export_translator(
         length_penalty: `"gnmt"` or `"hf"` (Hugging Face's convention, for
             an imported Marian model; see `beam_search`).
         tokenizer: a `keras_attn.convert.MarianTokenizer`: adds the
-            `translate` endpoint, strings in and out.
+            `translate` endpoint, strings in and out (SavedModel only).
+        format: `"saved_model"`, `"onnx"` or `"litert"`.
+        precision: `"float32"`; LiteRT also `"float16"` and `"int8"`.
+        vocabulary: for ONNX / LiteRT, the tokens (a list, id order),
+            written as `vocab.txt` beside the model.
 
     Returns:
         `path`.
     """
+    from keras_attn.export.portable import check_format
+
+    check_format(format, precision)
     require_tensorflow_backend("export_translator")
     import tensorflow as tf
 
@@ -63,10 +81,17 @@ def export_translator(
             "`model` must be a keras_attn Transformer (from build_transformer). "
             f"Received: model={type(model).__name__}"
         )
+    if format != "saved_model" and tokenizer is not None:
+        raise ValueError(
+            f"The {format} translator takes token ids (the SentencePiece tokenizer is "
+            "TensorFlow Text ops, which the converters cannot take): pass `vocabulary=` "
+            f"instead. Received: tokenizer={type(tokenizer).__name__}, format={format!r}")
     translator = TransformerTranslator(
         model, start_id, end_id, beam_width=beam_width, alpha=alpha, max_length=max_length,
         length_penalty=length_penalty,
     )
+    if format != "saved_model":
+        return _export_portable(translator, path, format, precision, vocabulary)
     translator(tf.constant([[start_id]], tf.int32))  # builds it (nothing to build but the flag)
 
     def serve(source_ids):
@@ -91,6 +116,53 @@ def export_translator(
         extra_endpoints=extra,
         track=track,
     )
+
+
+def _export_portable(translator, path, format, precision, vocabulary):
+    import keras
+
+    from keras_attn.export.portable import export_portable
+    from keras_attn.layers import MultiHeadAttention
+
+    model = translator.transformer
+    config = model.transformer_config
+    attention = [layer for layer in model._flatten_layers()
+                 if isinstance(layer, MultiHeadAttention)]
+    modes = [layer.portable_cache_write for layer in attention]
+    try:
+        # Traced again when converted: the switch holds until then, and is
+        # put back whatever happens.
+        for layer in attention:
+            layer.portable_cache_write = True
+        source_ids = keras.Input((None,), dtype="int32", name="source_ids")
+        tokens, scores = translator(source_ids)
+        serving = keras.Model(source_ids, {"tokens": tokens, "scores": scores},
+                              name="translator_serving")
+        preprocessing = {
+            "source_ids": f"the source's token ids, padded with pad_id after the sentence; "
+                          f"ids in [0, {config.vocabulary_size})",
+            "tokens": "the best hypothesis, end token included, pad_id after it (no start "
+                      "token)",
+            "scores": "its length-normalised log-probability",
+            "invalid_source": "a sentence with an id outside the vocabulary"
+                              + (" or longer than max_sequence_length"
+                                 if config.position_embedding == "learned" else "")
+                              + " gets tokens of -2 and a NaN score",
+            "start_id": translator.start_id, "end_id": translator.end_id,
+            "pad_id": int(config.pad_id),
+            "beam_width": translator.beam_width, "alpha": translator.alpha,
+            "length_penalty": translator.length_penalty,
+            "max_length": int(translator.max_length or config.max_sequence_length),
+        }
+        files = None
+        if vocabulary is not None:
+            preprocessing["vocabulary"] = "vocab.txt"
+            files = {"vocab.txt": "".join(f"{token}\n" for token in vocabulary)}
+        return export_portable(serving, path, format, precision, preprocessing=preprocessing,
+                               files=files)
+    finally:
+        for layer, mode in zip(attention, modes):
+            layer.portable_cache_write = mode
 
 
 def _marian_text_graph_class():

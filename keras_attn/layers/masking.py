@@ -40,8 +40,8 @@ def causal_mask(query_length, key_length, offset=0):
             raise ValueError(
                 f"`{name}` must be a non-negative integer. Received: {name}={value!r}"
             )
-    rows = ops.arange(query_length)[:, None] + offset  # (T, 1)
-    cols = ops.arange(key_length)[None, :]  # (1, S)
+    rows = ops.expand_dims(ops.arange(query_length), 1) + offset  # (T, 1)
+    cols = ops.expand_dims(ops.arange(key_length), 0)  # (1, S)
     return cols <= rows
 
 

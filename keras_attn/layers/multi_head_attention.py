@@ -32,6 +32,25 @@ def _check_rank(name, shape):
         )
 
 
+def _update_rows(cache, new, index):
+    """`cache` (B, S, N, H) with rows `index .. index + T - 1` replaced by
+    `new` (B, T, N, H): a dynamic update slice (in place inside a compiled
+    loop)."""
+    return ops.slice_update(cache, (0, index, 0, 0), new)
+
+
+def _select_rows(cache, new, index):
+    """The same write as `_update_rows` by a gather and a select, which ONNX
+    and LiteRT's builtin ops hold (TensorFlow's dynamic update slice is an
+    XLA op that neither converter takes). It rewrites the whole cache, so it
+    is used only for those exports (`portable_cache_write`)."""
+    offset = ops.arange(ops.shape(cache)[1], dtype="int32") - ops.cast(index, "int32")  # (S,)
+    steps = ops.shape(new)[1]
+    inside = ops.logical_and(offset >= 0, offset < steps)
+    spread = ops.take(new, ops.clip(offset, 0, steps - 1), axis=1)  # (B, S, N, H)
+    return ops.where(ops.reshape(inside, (1, -1, 1, 1)), spread, cache)
+
+
 @keras.saving.register_keras_serializable(package="keras_attn")
 class MultiHeadAttention(keras.layers.Layer):
     """Multi-head attention: `concat(head_1..head_N) W^O` with
@@ -144,6 +163,11 @@ class MultiHeadAttention(keras.layers.Layer):
         self.seed_generator = (
             keras.random.SeedGenerator(seed) if self.dropout > 0 else None
         )
+
+    # How a cached call writes its keys and values: False, a dynamic update
+    # slice; True, a gather and a select (the ONNX / LiteRT exporters set it
+    # while they convert a decoder; not part of the config).
+    portable_cache_write = False
 
     def build(self, query_shape, value_shape=None, key_shape=None):
         value_shape = query_shape if value_shape is None else value_shape
@@ -283,10 +307,10 @@ class MultiHeadAttention(keras.layers.Layer):
         for tensor, mask in held:
             set_keras_mask(tensor, mask)
         if cache is not None and cache_update_index is not None:
-            start = (0, cache_update_index, 0, 0)
             k, v = self._pad_to_cache(k, v)
-            k = ops.slice_update(cache[:, 0], start, ops.cast(k, cache.dtype))
-            v = ops.slice_update(cache[:, 1], start, ops.cast(v, cache.dtype))
+            write = _select_rows if self.portable_cache_write else _update_rows
+            k = write(cache[:, 0], ops.cast(k, cache.dtype), cache_update_index)
+            v = write(cache[:, 1], ops.cast(v, cache.dtype), cache_update_index)
             cache = ops.stack([k, v], axis=1)  # (B, 2, S_max, N, H)
             k, v = k[..., : self._key_dim], v[..., : self._value_dim]
 
@@ -312,11 +336,11 @@ class MultiHeadAttention(keras.layers.Layer):
                 visible = causal_mask(t, s, offset=cache_update_index)
             else:
                 visible = ops.arange(s) < cache_update_index + t
-                visible = ops.broadcast_to(visible[None, :], (t, s))
-            masks.append(visible[None])  # (1, T, S)
+                visible = ops.broadcast_to(ops.expand_dims(visible, 0), (t, s))
+            masks.append(ops.expand_dims(visible, 0))  # (1, T, S)
         elif use_causal_mask:
             if masks:
-                masks.append(causal_mask(ops.shape(q)[1], ops.shape(k)[1])[None])
+                masks.append(ops.expand_dims(causal_mask(ops.shape(q)[1], ops.shape(k)[1]), 0))
             else:
                 is_causal = True  # lets flash kernels use their causal mode
         mask = merge_masks(*masks)  # (B, T, S) or None

@@ -91,7 +91,7 @@ class PositionEmbedding(keras.layers.Layer):
             valid = (positions >= 0) & (positions < self.max_sequence_length)
             clamped = ops.clip(positions, 0, self.max_sequence_length - 1)
             table = ops.take(self.position_embeddings, clamped, axis=0)  # (T, D)
-            table = ops.where(valid[:, None], table, float("nan"))
+            table = ops.where(ops.expand_dims(valid, 1), table, float("nan"))
         return ops.broadcast_to(ops.cast(table, self.compute_dtype), shape)
 
     def compute_output_shape(self, inputs_shape):

@@ -265,13 +265,13 @@ def fused_dot_product_attention(
     if is_causal and (mask is not None or pad):
         # Fold the causal mask in so that rows it empties are zeroed below.
         causal = causal_mask(ops.shape(query)[1], ops.shape(key)[1])
-        mask = merge_masks(mask, causal[None, None, :, :])
+        mask = merge_masks(mask, ops.expand_dims(ops.expand_dims(causal, 0), 0))
         is_causal = False
     if pad:
         t_pad = -(-t // length_multiple) * length_multiple
         s_pad = -(-s // length_multiple) * length_multiple
         query, key, value = _padded(query, t_pad), _padded(key, s_pad), _padded(value, s_pad)
-        real_keys = (ops.arange(s_pad) < s)[None, None, None, :]  # (1, 1, 1, S')
+        real_keys = ops.reshape(ops.arange(s_pad) < s, (1, 1, 1, -1))  # (1, 1, 1, S')
         if mask is not None:
             # (B|1, N|1, T|1, S|1) -> (B|1, N|1, T'|1, S'): padded keys
             # hidden; the padded query rows are sliced off below.

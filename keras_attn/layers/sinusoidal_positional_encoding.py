@@ -81,7 +81,7 @@ def sinusoidal_positional_encoding(
     positions = ops.cast(ops.arange(length) + start_index, "float32")  # (T,)
     pair = ops.cast(ops.arange(depth // 2), "float32")  # (D/2,) = k
     inverse_freq = ops.power(max_wavelength, -2.0 * pair / depth)  # (D/2,)
-    angles = positions[:, None] * inverse_freq[None, :]  # (T, D/2)
+    angles = ops.expand_dims(positions, 1) * ops.expand_dims(inverse_freq, 0)  # (T, D/2)
     table = _arrange(ops.sin(angles), ops.cos(angles), layout, ops.stack, ops.concatenate,
                      ops.reshape, -1, depth)
     return ops.cast(table, dtype)

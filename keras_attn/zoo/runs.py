@@ -603,9 +603,8 @@ def export(run_dir, output=None, format="saved_model"):
     (default `<run_dir>/saved_model`), on the TensorFlow backend (a
     subprocess when this one is another). `"onnx"`, `"litert"`: the same
     serving model as `model.onnx` / `model.tflite` with `serving.json`
-    (`keras_attn.export.portable`), to `<run_dir>/onnx` or `<run_dir>/litert`,
-    for the tasks whose `export_formats` have them (else a `ValueError`
-    with the reason). `format="hf"`: a Hugging Face
+    (`keras_attn.export.portable`), to `<run_dir>/onnx` or `<run_dir>/litert`.
+    `format="hf"`: a Hugging Face
     directory of a BERT or ViT run (`keras_attn.convert.save_hf_bert` with
     the run's tokenizer, `save_hf_vit`), to `output` (default
     `<run_dir>/hf`), on any backend.

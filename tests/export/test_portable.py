@@ -1,4 +1,4 @@
-"""ONNX and LiteRT export of the image and text classifiers: each artifact
+"""ONNX and LiteRT export of every family: each artifact
 run in its own runtime (onnxruntime, ai_edge_litert) in a fresh process
 that imports neither TensorFlow nor Keras, against the Keras model."""
 
@@ -15,11 +15,14 @@ from keras_attn.data import text
 from keras_attn.export import export_image_classifier
 from keras_attn.export import export_speech_recognizer
 from keras_attn.export import export_text_classifier
+from keras_attn.export import export_translator
 from keras_attn.export.portable import Artifact
 from keras_attn.export.portable import export_portable
 from keras_attn.models.bert import BertSequenceClassifier
 from keras_attn.models.bert import build_bert
 from keras_attn.models.conformer import build_conformer
+from keras_attn.models.transformer import build_transformer
+from keras_attn.models.transformer.decoding import transformer_beam_search
 from keras_attn.models.vit import build_vit
 from test_case import to_numpy
 
@@ -222,6 +225,67 @@ def test_speech_recognizer_decodes_the_same_tokens_in_onnx_runtime_and_litert(tm
         assert [[t for t in row if t >= 0] for row in got["token_ids"].tolist()] == tokens
     with pytest.raises(ValueError, match="strategy='beam_search', format='onnx'"):
         export_speech_recognizer(model, tmp_path / "beam", strategy="beam_search", format="onnx")
+
+
+def _reversing_transformer():
+    """A Transformer trained for three epochs to reverse 1-5 ids: random weights
+    repeat one token whatever the source (every beam alike, no end), which
+    would hide a search that went wrong. Learned positions: a source past
+    the table is bad input too."""
+    model = build_transformer(
+        "transformer_base", vocabulary_size=13, hidden_dim=16, intermediate_dim=32, num_heads=2,
+        num_encoder_layers=1, num_decoder_layers=2, max_sequence_length=10,
+        position_embedding="learned", dropout=0.0)
+    rng = np.random.default_rng(0)
+    sources, targets = np.zeros((2048, 6), "int32"), np.zeros((2048, 7), "int32")
+    for row in range(2048):
+        words = rng.integers(3, 13, rng.integers(1, 6))
+        sources[row, :len(words) + 1] = [*words, 2]
+        targets[row, :len(words) + 2] = [1, *words[::-1], 2]
+    model.compile(optimizer=keras.optimizers.Adam(3e-3))
+    model.fit([sources, targets[:, :-1]], targets[:, 1:], batch_size=64, epochs=3, verbose=0)
+    return model
+
+
+@pytest.mark.large
+def test_translator_searches_the_same_beams_in_onnx_runtime_and_litert(tmp_path):
+    model = _reversing_transformer()
+    batches = [np.array([[5, 6, 7, 2, 0, 0], [8, 9, 3, 10, 11, 2], [4, 2, 0, 0, 0, 0]], "int32"),
+               np.array([[12, 3, 5, 2]], "int32")]
+    expected = [[to_numpy(x) for x in transformer_beam_search(
+        model, b, 1, 2, beam_width=3, max_length=10)] for b in batches]
+    rows = [tuple(row) for row in expected[0][0].tolist()]
+    assert len(set(rows)) == 3 and any(2 in row[:-1] for row in rows)  # varied, ends early
+    paths = {f: export_translator(model, tmp_path / f, 1, 2, beam_width=3, format=f,
+                                  vocabulary=[f"t{i}" for i in range(13)])
+             for f in ("onnx", "litert")}
+    assert not any(getattr(layer, "portable_cache_write", False)
+                   for layer in model._flatten_layers())  # the switch is put back
+    contract = json.loads((tmp_path / "onnx" / "serving.json").read_text())
+    assert contract["preprocessing"]["max_length"] == 10
+    assert (tmp_path / "litert" / "vocab.txt").read_text().split() == [f"t{i}" for i in range(13)]
+
+    # Bad input: an id outside the vocabulary, a source past the positions:
+    # that row -2 and NaN, its batch mate as alone.
+    bad = [np.array([[5, 13, 2], [5, 6, 2]], "int32"), np.full((1, 11), 5, "int32")]
+    jobs = [(paths[f], {"source_ids": b}) for f in paths for b in batches + bad]
+    results = run_in_runtimes(tmp_path, jobs)
+    alone = [to_numpy(x) for x in transformer_beam_search(
+        model, bad[0][1:], 1, 2, beam_width=3, max_length=10)]
+    for index, got in enumerate(results):
+        assert isinstance(got, dict), got
+        if index % 4 < 2:
+            tokens, scores = expected[index % 4]
+            np.testing.assert_array_equal(got["tokens"], tokens)
+            np.testing.assert_allclose(got["scores"], scores, atol=1e-4)
+        elif index % 4 == 2:
+            assert (got["tokens"][0] == -2).all() and np.isnan(got["scores"][0])
+            np.testing.assert_array_equal(got["tokens"][1:], alone[0])
+            np.testing.assert_allclose(got["scores"][1:], alone[1], atol=1e-4)
+        else:
+            assert (got["tokens"] == -2).all() and np.isnan(got["scores"]).all()
+    with pytest.raises(ValueError, match="tokenizer=object, format='litert'"):
+        export_translator(model, tmp_path / "t", 1, 2, tokenizer=object(), format="litert")
 
 
 def test_refusals_name_the_argument(tmp_path):

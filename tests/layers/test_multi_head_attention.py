@@ -150,11 +150,15 @@ def test_attention_dropout_only_in_training():
 
 
 @pytest.mark.parametrize(
-    "causal, dims", [(True, {}), (False, {}), (True, {"key_dim": 3, "value_dim": 5})]
+    "causal, dims, portable", [(True, {}, False), (False, {}, False),
+                               (True, {"key_dim": 3, "value_dim": 5}, False),
+                               (True, {}, True), (False, {"key_dim": 3, "value_dim": 5}, True)]
 )
-def test_cached_self_attention_equals_full_pass(causal, dims):
+def test_cached_self_attention_equals_full_pass(causal, dims, portable):
     # key_dim != value_dim: the cache holds both zero-padded to the larger.
+    # portable: the cache written by a gather and a select (ONNX / LiteRT).
     attention = MultiHeadAttention(num_heads=2, **dims)
+    attention.portable_cache_write = portable
     x = rand(2, 6, 8)
     attention(x)  # build
     full = to_numpy(attention(x, use_causal_mask=True))

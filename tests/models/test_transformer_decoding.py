@@ -324,6 +324,37 @@ def test_cached_decoding_with_learned_positions_pre_norm_and_separate_vocabulari
     )
 
 
+def test_a_source_the_model_cannot_read_gets_minus_two_and_nan_alone():
+    """An id outside the vocabulary cannot raise inside a compiled search
+    (nor past a learned position table in a graph of free length): that
+    sentence's tokens are
+    -2 and its score NaN (never a plausible translation), and its batch
+    mates get what they get alone."""
+    import dataclasses
+
+    keras.utils.set_random_seed(5)
+    learned = build_transformer(dataclasses.replace(
+        TINY, position_embedding="learned", max_sequence_length=8))
+    kwargs = dict(start_id=START, end_id=EOS, max_length=5)
+    good = sources()[:1]
+    alone = [to_numpy(x) for x in transformer_beam_search(learned, good, **kwargs)]
+    alone_greedy = to_numpy(transformer_greedy_search(learned, good, **kwargs))
+    too_long = np.full((2, 9), 5, "int32")
+    too_long[0, 6:] = PAD  # the padded width is past the table: both rows
+    for bad in (np.array([[5, 13, 3, 4, 5, 6]], "int32"), np.array([[-1, 3, 0, 0, 0, 0]], "int32")):
+        batch = np.concatenate([good, bad])
+        tokens, scores = (to_numpy(x) for x in transformer_beam_search(learned, batch, **kwargs))
+        greedy = to_numpy(transformer_greedy_search(learned, batch, **kwargs))
+        assert (tokens[1] == -2).all() and np.isnan(scores[1]) and (greedy[1] == -2).all()
+        np.testing.assert_array_equal(tokens[:1], alone[0])
+        np.testing.assert_allclose(scores[:1], alone[1], atol=1e-5)
+        np.testing.assert_array_equal(greedy[:1], alone_greedy)
+    # A static width past the table is refused here; a graph with a free
+    # length (an export) gets -2 rows (tests/export/test_portable.py).
+    with pytest.raises(ValueError, match="Received: sequence length=9"):
+        transformer_beam_search(learned, too_long, **kwargs)
+
+
 def test_unknown_length_penalty_is_refused(model):
     with pytest.raises(ValueError, match="Received: length_penalty='google'"):
         transformer_beam_search(model, sources(), START, EOS, max_length=2, length_penalty="google")

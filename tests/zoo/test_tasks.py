@@ -178,3 +178,12 @@ def test_a_tfds_dataset_that_is_not_prepared_is_named(tmp_path):
     with pytest.raises(ValueError, match=r"`data.dataset`.*data.download=true.*"
                                          r"Received: data.dataset='tfds:mnist'"):
         task.prepare()
+
+
+def test_a_portable_export_of_a_beam_search_speech_recipe_is_refused_before_loading():
+    task = _task("conformer_tiny_digits", ["evaluation.strategy=beam_search"])
+    task.check_export_format("saved_model")
+    with pytest.raises(ValueError, match="strategy is 'beam_search'. Received: format='onnx'"):
+        task.check_export_format("onnx")
+    with pytest.raises(ValueError, match="Received: format='tflite'"):
+        task.check_export_format("tflite")

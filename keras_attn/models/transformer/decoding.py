@@ -199,7 +199,7 @@ def beam_search(
     improvable = ops.ones((batch,), dtype="bool")
     last = expand_to_beams(start_ids, k)  # (B*K,)
     # Batch offsets that turn a per-sentence beam index into a row of state.
-    offsets = ops.arange(batch, dtype="int32")[:, None] * k  # (B, 1)
+    offsets = ops.expand_dims(ops.arange(batch, dtype="int32"), 1) * k  # (B, 1)
 
     def cond(loop):
         index, _, _, alive_log_probs, _, finished_scores, improvable, _ = loop
@@ -224,15 +224,15 @@ def beam_search(
         top_index = ops.cast(top_index, "int32")
         origin = top_index // vocabulary  # (B, 2K) beam each candidate extends
         token = top_index % vocabulary  # (B, 2K)
-        top_tokens = ops.take_along_axis(alive_tokens, origin[:, :, None], axis=1)
+        top_tokens = ops.take_along_axis(alive_tokens, ops.expand_dims(origin, 2), axis=1)
         top_tokens = _write_column(top_tokens, index, token)  # (B, 2K, L)
 
         # Finished: a top-K candidate that ends, or any top-K at max_length.
         in_top_k = ops.arange(num_candidates) < k  # (2K,)
         ends = ops.logical_or(ops.equal(token, end_id), index == max_length - 1)
-        ends = ops.logical_and(ends, in_top_k[None, :])
+        ends = ops.logical_and(ends, ops.expand_dims(in_top_k, 0))
         if convention == "hf":
-            ends = ops.logical_and(ends, improvable[:, None])
+            ends = ops.logical_and(ends, ops.expand_dims(improvable, 1))
         scores = top_log_probs / penalty(index + 1, alpha, convention)
         scores = ops.where(ends, scores, NEG_INF)
         # Finished entries first, so a tie keeps the earlier (shorter) one.
@@ -240,14 +240,14 @@ def beam_search(
         pool_tokens = ops.concatenate([finished_tokens, top_tokens], axis=1)
         finished_scores, keep = ops.top_k(pool_scores, k)  # (B, K)
         finished_tokens = ops.take_along_axis(
-            pool_tokens, ops.cast(keep, "int32")[:, :, None], axis=1
+            pool_tokens, ops.expand_dims(ops.cast(keep, "int32"), 2), axis=1
         )
 
         # Alive: the best K candidates that did not end.
         live = ops.where(ops.equal(token, end_id), NEG_INF, top_log_probs)
         alive_log_probs, keep = ops.top_k(live, k)  # (B, K)
         keep = ops.cast(keep, "int32")
-        alive_tokens = ops.take_along_axis(top_tokens, keep[:, :, None], axis=1)
+        alive_tokens = ops.take_along_axis(top_tokens, ops.expand_dims(keep, 2), axis=1)
         rows = ops.reshape(ops.take_along_axis(origin, keep, axis=1) + offsets, (-1,))
         state = keras.tree.map_structure(lambda x: ops.take(x, rows, axis=0), state)
         last = ops.reshape(ops.take_along_axis(token, keep, axis=1), (-1,))  # (B*K,)
@@ -315,7 +315,7 @@ def make_transformer_step_fn(model, encoder_output, source_mask, max_length, use
         # cached and recomputed paths).
         vocabulary = ops.shape(logits)[-1]
         is_pad = ops.equal(ops.arange(vocabulary, dtype="int32"), pad_id)
-        return ops.where(is_pad[None, :], ops.cast(NEG_INF, logits.dtype), logits)
+        return ops.where(ops.expand_dims(is_pad, 0), ops.cast(NEG_INF, logits.dtype), logits)
 
     if not use_cache:
         prefix = ops.full((ops.shape(encoder_output)[0], max_length), pad_id, dtype="int32")
@@ -325,7 +325,7 @@ def make_transformer_step_fn(model, encoder_output, source_mask, max_length, use
             logits = model.decode(prefix, encoder_output, source_mask)  # (N, L, V)
             # Causal attention: position `index` sees only the prefix.
             at = ops.equal(ops.arange(max_length, dtype="int32"), index)
-            logits = ops.sum(ops.where(at[None, :, None], logits, 0.0), axis=1)
+            logits = ops.sum(ops.where(ops.reshape(at, (1, -1, 1)), logits, 0.0), axis=1)
             return no_padding(logits), prefix
 
         return recompute, prefix
@@ -349,23 +349,42 @@ def _prepare(model, source_ids, max_length, start_id):
     return source_ids, max_length, start
 
 
+INVALID_ID = -2
+
+
+def _mark_invalid(encoder_output, tokens, scores=None):
+    """Rows whose encoder output is not finite (the model makes it NaN for an
+    id outside the vocabulary, or a source past a learned position table:
+    nothing can raise inside a compiled search) get tokens of -2 and a NaN
+    score, never a plausible translation."""
+    broken = ops.logical_not(ops.all(ops.isfinite(encoder_output), axis=(1, 2)))  # (B,)
+    rows = ops.reshape(broken, (-1,) + (1,) * (len(tokens.shape) - 1))
+    tokens = ops.where(rows, INVALID_ID, tokens)
+    if scores is None:
+        return tokens
+    rows = ops.reshape(broken, (-1,) + (1,) * (len(scores.shape) - 1))
+    return tokens, ops.where(rows, float("nan"), scores)
+
+
 def transformer_greedy_search(
     model, source_ids, start_id, end_id, max_length=None, use_cache=True
 ):
     """Greedy translation of `source_ids (B, S)` with a `Transformer`.
 
-    Returns `(B, max_length)` int32 tokens (see the module docstring).
-    `use_cache=False` re-runs the decoder on the whole prefix at each step
+    Returns `(B, max_length)` int32 tokens (see the module docstring; a
+    sentence with an id outside the vocabulary, or past a learned position
+    table, gets tokens of -2). `use_cache=False` re-runs the decoder on the whole prefix at each step
     (same tokens, slower)."""
     source_ids, max_length, start = _prepare(model, source_ids, max_length, start_id)
     encoder_output, source_mask = model.encode(source_ids)
     step_fn, state = make_transformer_step_fn(
         model, encoder_output, source_mask, max_length, use_cache
     )
-    return greedy_search(
+    tokens = greedy_search(
         step_fn, state, start + start_id, max_length, end_id,
         pad_id=model.transformer_config.pad_id,
     )
+    return _mark_invalid(encoder_output, tokens)
 
 
 def transformer_beam_search(
@@ -387,7 +406,9 @@ def transformer_beam_search(
     reordered); only the self-attention caches follow the hypotheses.
 
     Returns `(tokens (B, max_length), scores (B,))` (see `beam_search`;
-    `length_penalty="hf"` follows Hugging Face's convention).
+    `length_penalty="hf"` follows Hugging Face's convention). A sentence
+    with an id outside the vocabulary, or past a learned position table,
+    gets tokens of -2 and a NaN score.
     """
     source_ids, max_length, start = _prepare(model, source_ids, max_length, start_id)
     k = check_positive_int("beam_width", beam_width)
@@ -399,11 +420,12 @@ def transformer_beam_search(
         max_length,
         use_cache,
     )
-    return beam_search(
+    tokens, scores = beam_search(
         step_fn, state, start + start_id, max_length, end_id, beam_width=k, alpha=alpha,
         pad_id=model.transformer_config.pad_id, return_all_beams=return_all_beams,
         length_penalty=length_penalty,
     )
+    return _mark_invalid(encoder_output, tokens, scores)
 
 
 @keras.saving.register_keras_serializable(package="keras_attn")

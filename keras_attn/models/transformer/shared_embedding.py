@@ -92,7 +92,7 @@ class SharedEmbedding(keras.layers.Layer):
         # that XLA's gather (and a GPU's) returns silently; TF on CPU raises.
         valid = ops.logical_and(ids >= 0, ids < self.vocabulary_size)  # (B, T)
         vectors = ops.take(table, ops.where(valid, ids, 0), axis=0)  # (B, T, D)
-        vectors = ops.where(valid[..., None], vectors, ops.cast(float("nan"), vectors.dtype))
+        vectors = ops.where(ops.expand_dims(valid, -1), vectors, ops.cast(float("nan"), vectors.dtype))
         if self.scale_by_sqrt_dim:
             vectors = vectors * ops.cast(self.hidden_dim**0.5, self.compute_dtype)
         return vectors

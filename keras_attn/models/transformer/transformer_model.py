@@ -408,7 +408,7 @@ class Transformer(GuardedModel, ConfigModel, keras.Model):
     def decode_step(self, token_ids, index, state):
         """One decoding step: `token_ids (B,)` at position `index` (int or
         scalar tensor) -> next-token logits `(B, V)` and the updated state."""
-        y = _embed(self, "decoder", token_ids[:, None], start_index=index)  # (B, 1, D)
+        y = _embed(self, "decoder", ops.expand_dims(token_ids, 1), start_index=index)  # (B, 1, D)
         self_caches = []
         for block, cache, cross in zip(
             self.decoder_blocks, state["self_caches"], state["cross_caches"]

@@ -344,22 +344,13 @@ class Task:
         metrics = model.evaluate(batches, verbose=0, return_dict=True)
         return {name: float(value) for name, value in metrics.items()}
 
-    # The formats `export` writes (keras_attn.export.portable), and why the
-    # others are not written yet.
-    export_formats = ("saved_model",)
-    no_export_because = ""
-
     def check_export_format(self, format):
-        """`ValueError` for a format this task does not export (named, with
-        the reason)."""
+        """`ValueError` for a format `export` does not write (named), before
+        anything is loaded."""
         from keras_attn.export.portable import FORMATS
 
         if format not in FORMATS:
             raise ValueError(f"`format` must be one of {FORMATS}. Received: format={format!r}")
-        if format not in self.export_formats:
-            raise ValueError(
-                f"Recipes of task {self.name!r} export to {', '.join(self.export_formats)} "
-                f"so far ({self.no_export_because}). Received: format={format!r}")
 
     def export(self, model, path, format="saved_model"):
         """Writes the serving model to `path` (a directory, atomically) in

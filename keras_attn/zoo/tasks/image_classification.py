@@ -256,8 +256,6 @@ class ImageClassification(Task):
         self.prepare()
         return self.evaluate_batches(model, self.test_data())
 
-    export_formats = ("saved_model", "onnx", "litert")
-
     def export(self, model, path, format="saved_model"):
         from keras_attn.export import export_image_classifier
 

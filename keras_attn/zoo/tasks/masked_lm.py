@@ -180,8 +180,6 @@ class MaskedLM(Task):
     def evaluate(self, model):
         return self.evaluate_batches(model, self.test_data())
 
-    export_formats = ("saved_model", "onnx", "litert")
-
     def export(self, model, path, format="saved_model"):
         self.check_export_format(format)
         if format != "saved_model":

@@ -288,7 +288,13 @@ class SpeechCTC(Task):
             lambda references, hypotheses: edit_distance_rate(
                 references, hypotheses, lambda text: list(text.replace(" ", ""))))
 
-    export_formats = ("saved_model", "onnx", "litert")  # onnx, litert: greedy decoding
+    def check_export_format(self, format):
+        super().check_export_format(format)
+        if format != "saved_model" and self.evaluation["strategy"] != "greedy":
+            raise ValueError(
+                f"The {format} speech recognizer decodes greedily (beam search is TensorFlow's "
+                "CTC kernel); this recipe's evaluation.strategy is "
+                f"{self.evaluation['strategy']!r}. Received: format={format!r}")
 
     def export(self, model, path, format="saved_model"):
         from keras_attn.export import export_speech_recognizer

@@ -306,18 +306,20 @@ class Translation(Task):
         self.model_config = get_transformer_config(self.recipe["model"]["preset"], **overrides)
         super().use_prepared(state)
 
-    no_export_because = (
-        "the beam search's loop is not exported to them yet: an encoder and a one-step "
-        "cached decoder with a driver are the plan")
 
     def export(self, model, path, format="saved_model"):
         from keras_attn.data import translation
         from keras_attn.export import export_translator
 
         self.check_export_format(format)
+        vocabulary = None
+        if format != "saved_model":  # the SavedModel's vocab.txt is the run directory's
+            self.prepare()
+            vocabulary = list(self.vocabulary)
         return export_translator(
             model, path, translation.START_ID, translation.END_ID,
             beam_width=self.evaluation["beam_width"], alpha=self.evaluation["alpha"],
+            format=format, vocabulary=vocabulary,
         )
 
     def assets(self):
