@@ -197,12 +197,13 @@ class Artifact:
     (onnxruntime's `InferenceSession`, ai_edge_litert's `Interpreter`):
     neither TensorFlow nor Keras is imported. Calls pass the arrays as they
     are, so a wrong dtype or shape gets the runtime's own error.
+    `num_threads`: the runtime's intra-op threads (None: its default).
 
     >>> # artifact = Artifact("exported/vit_onnx")
     >>> # artifact(images=uint8_batch)["probabilities"]   # (B, K)
     """
 
-    def __init__(self, path):
+    def __init__(self, path, num_threads=None):
         with open(os.path.join(path, CONTRACT)) as stream:
             self.contract = json.load(stream)
         self.format = self.contract["format"]
@@ -210,11 +211,15 @@ class Artifact:
         if self.format == "onnx":
             import onnxruntime
 
-            self._session = onnxruntime.InferenceSession(file, providers=["CPUExecutionProvider"])
+            options = onnxruntime.SessionOptions()
+            if num_threads is not None:
+                options.intra_op_num_threads = int(num_threads)
+            self._session = onnxruntime.InferenceSession(
+                file, options, providers=["CPUExecutionProvider"])
         elif self.format == "litert":
             from ai_edge_litert.interpreter import Interpreter
 
-            self._interpreter = Interpreter(model_path=file)
+            self._interpreter = Interpreter(model_path=file, num_threads=num_threads)
             # Resizes the inputs to each call's shapes.
             self._runner = self._interpreter.get_signature_runner()
         else:
