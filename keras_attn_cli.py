@@ -4,8 +4,8 @@ recipes (`models/<family>/<name>.json`).
 ```
 keras-attn train RECIPE [--set key=value ...] [--output DIR] [--distribute [MODE]] [--data DIR]
 keras-attn prepare RECIPE [--set key=value ...] [--out DIR]
-keras-attn evaluate RUN_DIR [--json]
-keras-attn export RUN_DIR [--output PATH] [--format saved_model|onnx|litert|hf]
+keras-attn evaluate RUN_DIR [--json] [--exported DIR]
+keras-attn export RUN_DIR [--output PATH] [--format saved_model|onnx|litert|hf] [--precision P]
 keras-attn list [--family F]
 ```
 
@@ -233,7 +233,7 @@ def prepare(args):
 
 
 def evaluate(args):
-    recipe, metrics, source = _runs().evaluate(args.run_dir)
+    recipe, metrics, source = _runs().evaluate(args.run_dir, args.exported)
     metric = recipe["evaluation"]["metric"]
     if args.json:
         print(json.dumps({"name": recipe["name"], "metric": metric, "value": metrics[metric],
@@ -247,7 +247,7 @@ def evaluate(args):
 
 
 def export(args):
-    path, source = _runs().export(args.run_dir, args.output, args.format)
+    path, source = _runs().export(args.run_dir, args.output, args.format, args.precision)
     kind = {"hf": "Hugging Face directory", "saved_model": "SavedModel", "onnx": "ONNX model",
             "litert": "LiteRT model"}[args.format]
     print(f"{kind} of {source}: {os.path.abspath(path)}")
@@ -341,8 +341,13 @@ def build_parser():
                       "help": "the directory (default: prepared/<recipe name>)"}))
     add("evaluate", evaluate, "evaluate a run on its test set",
         "Evaluate a run directory's model.keras (or, for a run that has not finished, its "
-        "newest checkpoint) on the recipe's test set.",
-        run_dir, (("--json",), {"action": "store_true", "help": "print one JSON object"}))
+        "newest checkpoint) on the recipe's test set, or (--exported) what `keras-attn export` "
+        "wrote from it, in its own runtime.",
+        run_dir, (("--json",), {"action": "store_true", "help": "print one JSON object"}),
+        (("--exported",), {"metavar": "DIR",
+                           "help": "an exported directory of this run (SavedModel, ONNX or "
+                                   "LiteRT): its metrics in onnxruntime / LiteRT / TensorFlow "
+                                   "(image classification, speech and translation runs)"}))
     add("export", export, "write a run's serving SavedModel (or a Hugging Face directory)",
         "Export a run's model.keras (or newest checkpoint) as the task's serving SavedModel, "
         "or, for BERT and ViT runs, as a Hugging Face directory (config.json, "
@@ -354,9 +359,11 @@ def build_parser():
                          "default": "saved_model",
                          "help": "saved_model (default): the serving SavedModel; onnx, litert: "
                                  "the same model as model.onnx / model.tflite with serving.json "
-                                 "(image, masked LM and speech runs; pip install "
-                                 "keras-attn[onnx]); hf: a Hugging Face directory (BERT and ViT "
-                                 "runs)"}))
+                                 "(pip install keras-attn[onnx,litert]); hf: a Hugging Face "
+                                 "directory (BERT and ViT runs)"}),
+        (("--precision",), {"choices": ("float32", "float16", "int8"), "default": "float32",
+                            "help": "LiteRT weights: float32 (default), float16 or dynamic-range "
+                                    "int8"}))
     add("list", list_command, "list the zoo's recipes",
         "List every recipe in the zoo's models/ directory with its family, preset, dataset, "
         "parameter count (models/parameters.json, or the recorded run in "

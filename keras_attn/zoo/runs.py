@@ -550,12 +550,42 @@ def load_run(run_dir):
     return recipe, task, model, f"checkpoint at step {step} (the run has not finished)"
 
 
-def evaluate(run_dir):
+def evaluate(run_dir, exported=None):
     """`(recipe, metrics, source)`: a run's test metrics, from model.keras or
     (for a run that has not finished) its newest checkpoint, named by
-    `source`."""
-    recipe, task, model, source = load_run(run_dir)
-    return recipe, task.evaluate(model), source
+    `source`.
+
+    With `exported`, a directory `export` wrote from this run (a SavedModel,
+    or ONNX / LiteRT with serving.json), the metrics of that model in its
+    own runtime (onnxruntime, LiteRT, TensorFlow) on the same test set
+    (`Task.evaluate_served`); `source` is then that directory.
+    """
+    if exported is None:
+        recipe, task, model, source = load_run(run_dir)
+        return recipe, task.evaluate(model), source
+    from keras_attn.export.portable import CONTRACT
+    from keras_attn.export.portable import Artifact
+    from keras_attn.zoo.tasks import make_task
+
+    portable = os.path.isfile(os.path.join(exported, CONTRACT))
+    if not portable and not os.path.isfile(os.path.join(exported, "saved_model.pb")):
+        raise ValueError(f"{exported} holds neither {CONTRACT} (ONNX, LiteRT) nor a SavedModel. "
+                         f"Received: exported={exported!r}")
+    recipe = read_json(os.path.join(run_dir, RECIPE))
+    task = make_task(recipe)
+    if portable:
+        artifact = Artifact(exported)
+
+        def serve(inputs):
+            return artifact(**inputs)
+    else:
+        import tensorflow as tf
+
+        loaded = tf.saved_model.load(exported)
+
+        def serve(inputs):
+            return task.served_outputs(loaded, inputs)
+    return recipe, task.evaluate_served(serve), exported
 
 
 def _export_hf(run_dir, path):
@@ -577,7 +607,7 @@ def _export_hf(run_dir, path):
     return path, source
 
 
-def export_on_tensorflow(run_dir, path, format="saved_model"):
+def export_on_tensorflow(run_dir, path, format="saved_model", precision="float32"):
     """`keras-attn export` in a subprocess on the TensorFlow backend: the
     SavedModel exporters trace TensorFlow graphs, and model.keras loads on
     any backend (train on JAX, export on TensorFlow)."""
@@ -586,7 +616,7 @@ def export_on_tensorflow(run_dir, path, format="saved_model"):
     print(f"exporting {os.path.join(run_dir, MODEL)} on the TensorFlow backend", flush=True)
     environment = dict(os.environ, KERAS_BACKEND="tensorflow")
     command = [sys.executable, "-m", "keras_attn_cli", "export", run_dir, "--output", path,
-               "--format", format]
+               "--format", format, "--precision", precision]
     result = subprocess.run(command, env=environment)
     if result.returncode:
         raise RuntimeError(f"{' '.join(command)} failed with status {result.returncode}")
@@ -595,7 +625,7 @@ def export_on_tensorflow(run_dir, path, format="saved_model"):
 EXPORT_FORMATS = ("saved_model", "onnx", "litert", "hf")
 
 
-def export(run_dir, output=None, format="saved_model"):
+def export(run_dir, output=None, format="saved_model", precision="float32"):
     """Writes a run's model (model.keras, or the newest checkpoint) for
     serving or sharing; returns `(path, source)`.
 
@@ -604,8 +634,8 @@ def export(run_dir, output=None, format="saved_model"):
     subprocess when this one is another). `"onnx"`, `"litert"`: the same
     serving model as `model.onnx` / `model.tflite` with `serving.json`
     (`keras_attn.export.portable`), to `<run_dir>/onnx` or `<run_dir>/litert`.
-    `format="hf"`: a Hugging Face
-    directory of a BERT or ViT run (`keras_attn.convert.save_hf_bert` with
+    `precision`: LiteRT's `"float16"` or `"int8"` weights (default
+    `"float32"`). `format="hf"`: a Hugging Face directory of a BERT or ViT run (`keras_attn.convert.save_hf_bert` with
     the run's tokenizer, `save_hf_vit`), to `output` (default
     `<run_dir>/hf`), on any backend.
     """
@@ -614,15 +644,22 @@ def export(run_dir, output=None, format="saved_model"):
     if format not in EXPORT_FORMATS:
         raise ValueError(f"`format` must be one of {EXPORT_FORMATS}. Received: format={format!r}")
     if format == "hf":
+        if precision != "float32":
+            raise ValueError("Hugging Face directories are written in float32. "
+                             f"Received: precision={precision!r}, format='hf'")
         return _export_hf(run_dir, output or os.path.join(run_dir, "hf"))
+    from keras_attn.export.portable import check_format
+
+    check_format(format, precision)
     path = output or os.path.join(run_dir, SAVED_MODEL if format == "saved_model" else format)
     if os.path.isfile(os.path.join(run_dir, RECIPE)):  # refused before loading anything
         from keras_attn.zoo.tasks import make_task
 
-        make_task(read_json(os.path.join(run_dir, RECIPE))).check_export_format(format)
+        make_task(read_json(os.path.join(run_dir, RECIPE))).check_export_format(
+            format, precision)
     if keras.backend.backend() != "tensorflow":
-        export_on_tensorflow(run_dir, path, format)
+        export_on_tensorflow(run_dir, path, format, precision)
         return path, os.path.join(run_dir, MODEL)
     _, task, model, source = load_run(run_dir)
-    task.export(model, path, format=format)
+    task.export(model, path, format=format, precision=precision)
     return path, source

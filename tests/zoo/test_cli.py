@@ -85,6 +85,20 @@ def _check_portable_export(run, name, capsys):
     assert cli.main(["export", str(run), "--format", format]) == 0
     assert f"{kind} of {run / 'model.keras'}: {run / format}" in capsys.readouterr().out
     served = Artifact(str(run / format))(**inputs)
+    # The test metric of the artifact and of the SavedModel in their
+    # runtimes is model.keras's.
+    results = json.loads((run / "results.json").read_text())
+    for exported in (run / format, run / "saved_model"):
+        capsys.readouterr()
+        status = cli.main(["evaluate", str(run), "--exported", str(exported), "--json"])
+        if task.name == "masked_lm":
+            assert status == 2
+            assert "not scored from an exported model yet" in capsys.readouterr().err
+            continue
+        assert status == 0
+        report = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+        assert report["source"] == str(exported)
+        assert report["value"] == pytest.approx(results["metrics"][report["metric"]], abs=1e-6)
     if name == "conformer_tiny_digits":  # the tokens; the artifact's width is the frames'
         assert [[t for t in row if t >= 0] for row in served["token_ids"].tolist()] == \
             [[t for t in row if t >= 0] for row in expected["token_ids"].tolist()]
@@ -432,6 +446,10 @@ def test_a_second_train_on_the_same_output_is_refused_at_once(tmp_path):
     assert not run.exists()  # the lock made the directory and took it away again
 
 
-def test_an_unknown_export_format_is_refused_before_the_run_is_read():
+def test_an_unknown_export_format_is_refused_before_the_run_is_read(tmp_path):
     with pytest.raises(ValueError, match="Received: format='tflite'"):
         runs.export("/no/such/run", format="tflite")
+    with pytest.raises(ValueError, match="Received: precision='int4'"):
+        runs.export("/no/such/run", format="litert", precision="int4")
+    with pytest.raises(ValueError, match=f"nor a SavedModel. Received: exported='{tmp_path}'"):
+        runs.evaluate("/no/such/run", exported=str(tmp_path))

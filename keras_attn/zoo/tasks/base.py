@@ -344,18 +344,29 @@ class Task:
         metrics = model.evaluate(batches, verbose=0, return_dict=True)
         return {name: float(value) for name, value in metrics.items()}
 
-    def check_export_format(self, format):
-        """`ValueError` for a format `export` does not write (named), before
-        anything is loaded."""
-        from keras_attn.export.portable import FORMATS
+    def check_export_format(self, format, precision="float32"):
+        """`ValueError` for a format or precision `export` does not write
+        (named), before anything is loaded."""
+        from keras_attn.export.portable import check_format
 
-        if format not in FORMATS:
-            raise ValueError(f"`format` must be one of {FORMATS}. Received: format={format!r}")
+        check_format(format, precision)
 
-    def export(self, model, path, format="saved_model"):
+    def export(self, model, path, format="saved_model", precision="float32"):
         """Writes the serving model to `path` (a directory, atomically) in
-        `format` (`"saved_model"`, `"onnx"`, `"litert"`)."""
+        `format` (`"saved_model"`, `"onnx"`, `"litert"`; LiteRT also in
+        `precision` `"float16"` or `"int8"`)."""
         raise NotImplementedError
+
+    def evaluate_served(self, serve):
+        """The test metrics of a served model: `serve(inputs) -> outputs`,
+        dicts of NumPy arrays named as in the task's serving contract
+        (`example_inputs` / `reference_outputs`): an exported directory in
+        its runtime, or the Keras model through `reference_outputs`, scored
+        on the same inputs the same way."""
+        raise ValueError(
+            f"Recipes of task {self.name!r} are not scored from an exported model yet (image "
+            "classification, speech and translation are). Received: task="
+            f"{self.name!r}")
 
     def assets(self):
         """Files the run directory should hold besides the model, as

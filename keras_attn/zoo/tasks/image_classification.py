@@ -256,11 +256,21 @@ class ImageClassification(Task):
         self.prepare()
         return self.evaluate_batches(model, self.test_data())
 
-    def export(self, model, path, format="saved_model"):
+    def export(self, model, path, format="saved_model", precision="float32"):
         from keras_attn.export import export_image_classifier
 
-        self.check_export_format(format)
-        return export_image_classifier(model, path, format=format)
+        self.check_export_format(format, precision)
+        return export_image_classifier(model, path, format=format, precision=precision)
+
+    def evaluate_served(self, serve):
+        self.prepare()
+        correct = total = 0
+        for images, labels in self.test_data():
+            probabilities = serve({"images": np.asarray(images).astype("uint8")})["probabilities"]
+            labels = np.asarray(labels).reshape(-1)
+            correct += int(np.sum(np.argmax(probabilities, axis=-1) == labels))
+            total += len(labels)
+        return {"accuracy": correct / total}
 
     def example_inputs(self):
         self.prepare()

@@ -180,10 +180,10 @@ class MaskedLM(Task):
     def evaluate(self, model):
         return self.evaluate_batches(model, self.test_data())
 
-    def export(self, model, path, format="saved_model"):
-        self.check_export_format(format)
+    def export(self, model, path, format="saved_model", precision="float32"):
+        self.check_export_format(format, precision)
         if format != "saved_model":
-            return self._export_portable(model, path, format)
+            return self._export_portable(model, path, format, precision)
         import tensorflow as tf
 
         from keras_attn.export import export_saved_model
@@ -199,7 +199,7 @@ class MaskedLM(Task):
         signature = [tf.TensorSpec((None, None), tf.int32, name=name) for name in INPUTS]
         return export_saved_model(model, path, input_signature=signature, serving_fn=serve)
 
-    def _export_portable(self, model, path, format):
+    def _export_portable(self, model, path, format, precision):
         import keras
 
         from keras_attn.export.portable import export_portable
@@ -212,7 +212,7 @@ class MaskedLM(Task):
                               name="masked_lm_serving")
         vocabulary = list(self.vocabulary)
         return export_portable(
-            serving, path, format, files={"vocab.txt": "".join(t + "\n" for t in vocabulary)},
+            serving, path, format, precision, files={"vocab.txt": "".join(t + "\n" for t in vocabulary)},
             preprocessing={"vocabulary": "vocab.txt (WordPiece)",
                            "mask_positions": "indices of the [MASK] tokens, padded with 0",
                            "mask_id": vocabulary.index("[MASK]"),

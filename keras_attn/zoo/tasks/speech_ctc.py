@@ -157,6 +157,22 @@ class SpeechCTC(Task):
     def _score(self, model, batches, word_error_rate, character_error_rate):
         import keras
 
+        def decode(inputs):
+            decoded = model.decode(inputs, strategy=self.evaluation["strategy"],
+                                   beam_width=self.evaluation["beam_width"])
+            return keras.ops.convert_to_numpy(decoded)
+
+        return self._score_decoded(decode, batches, word_error_rate, character_error_rate)
+
+    def evaluate_served(self, serve):
+        from keras_attn.data import speech
+
+        self.prepare()
+        return self._score_decoded(lambda inputs: serve(inputs)["token_ids"],
+                                   self._dataset("test"), speech.word_error_rate,
+                                   speech.character_error_rate)
+
+    def _score_decoded(self, decode, batches, word_error_rate, character_error_rate):
         from keras_attn.data import speech
 
         references, hypotheses = [], []
@@ -164,9 +180,7 @@ class SpeechCTC(Task):
             # NumPy, not tf.data's tensors: on JAX only values JAX can read
             # take decode's compiled path.
             inputs = {name: np.asarray(value) for name, value in inputs.items()}
-            decoded = model.decode(inputs, strategy=self.evaluation["strategy"],
-                                   beam_width=self.evaluation["beam_width"])
-            for ids, label in zip(keras.ops.convert_to_numpy(decoded), np.asarray(labels)):
+            for ids, label in zip(decode(inputs), np.asarray(labels)):
                 references.append(speech.decode_ids(label, self.vocabulary))
                 hypotheses.append(speech.decode_ids(ids, self.vocabulary))
         return {
@@ -288,20 +302,21 @@ class SpeechCTC(Task):
             lambda references, hypotheses: edit_distance_rate(
                 references, hypotheses, lambda text: list(text.replace(" ", ""))))
 
-    def check_export_format(self, format):
-        super().check_export_format(format)
+    def check_export_format(self, format, precision="float32"):
+        super().check_export_format(format, precision)
         if format != "saved_model" and self.evaluation["strategy"] != "greedy":
             raise ValueError(
                 f"The {format} speech recognizer decodes greedily (beam search is TensorFlow's "
                 "CTC kernel); this recipe's evaluation.strategy is "
                 f"{self.evaluation['strategy']!r}. Received: format={format!r}")
 
-    def export(self, model, path, format="saved_model"):
+    def export(self, model, path, format="saved_model", precision="float32"):
         from keras_attn.export import export_speech_recognizer
 
-        self.check_export_format(format)
+        self.check_export_format(format, precision)
         return export_speech_recognizer(model, path, strategy=self.evaluation["strategy"],
-                                        beam_width=self.evaluation["beam_width"], format=format)
+                                        beam_width=self.evaluation["beam_width"], format=format,
+                                        precision=precision)
 
     def example_inputs(self):
         self.prepare()

@@ -271,6 +271,22 @@ class Translation(Task):
         return evaluate_translations(detokenize(tokens), references,
                                      tokenize=self.evaluation["tokenize"])
 
+    def evaluate_served(self, serve):
+        from keras_attn.data import translation
+        from keras_attn.data.scoring import evaluate_translations
+
+        self.prepare()
+        pairs = self.test_pairs[: self.evaluation["max_examples"]]
+        sources = translation.encode_sources(self.tokenizer, [s for s, _ in pairs])
+        texts = []
+        for start in range(0, len(sources), self.batch_size):
+            rows = sources[start:start + self.batch_size]
+            rows = rows[:, : max(1, int((rows != translation.PAD_ID).sum(1).max()))]
+            texts += translation.detokenize(self.tokenizer, serve({"source_ids": rows})["tokens"],
+                                            join_characters=self._join_characters())
+        return evaluate_translations(texts, [t for _, t in pairs],
+                                     tokenize=self.evaluation["tokenize"])
+
     def test_data(self):
         return None  # evaluated by decoding (`prepared_tables`), not by batches
 
@@ -307,11 +323,11 @@ class Translation(Task):
         super().use_prepared(state)
 
 
-    def export(self, model, path, format="saved_model"):
+    def export(self, model, path, format="saved_model", precision="float32"):
         from keras_attn.data import translation
         from keras_attn.export import export_translator
 
-        self.check_export_format(format)
+        self.check_export_format(format, precision)
         vocabulary = None
         if format != "saved_model":  # the SavedModel's vocab.txt is the run directory's
             self.prepare()
@@ -319,7 +335,7 @@ class Translation(Task):
         return export_translator(
             model, path, translation.START_ID, translation.END_ID,
             beam_width=self.evaluation["beam_width"], alpha=self.evaluation["alpha"],
-            format=format, vocabulary=vocabulary,
+            format=format, precision=precision, vocabulary=vocabulary,
         )
 
     def assets(self):
