@@ -8,6 +8,10 @@
     python models/make_table.py --record RUN_DIR
                                                 # copy a finished run's results.json to
                                                 # models/results/<name>.json
+    python models/make_table.py --record-served RUN_DIR
+                                                # export a finished run to every format
+                                                # and precision, score each in its own
+                                                # runtime: models/results/<name>.served.json
 
 Every number in the table comes from a file: parameter counts from
 `parameters.json` (measured by building the model here), results from
@@ -22,6 +26,7 @@ import os
 import re
 import shutil
 import sys
+import tempfile
 
 from keras_attn.zoo.runs import recipe_paths
 from keras_attn.zoo.runs import write_json
@@ -74,6 +79,48 @@ def _time(result):
     if seconds is None:
         return "-"
     return f"{seconds / 60:.1f} min" if seconds >= 90 else f"{seconds:.0f} s"
+
+
+# The exports `--record-served` scores, in the table's column order.
+SERVED = (("saved_model", "float32", "SavedModel"), ("onnx", "float32", "ONNX"),
+          ("litert", "float32", "LiteRT"), ("litert", "float16", "LiteRT float16"),
+          ("litert", "int8", "LiteRT int8"))
+
+
+def _served_rows(recipes, root):
+    rows = []
+    for recipe in recipes:
+        served = _load_json(os.path.join(root, "results", recipe["name"] + ".served.json"), None)
+        if not served:
+            continue
+        names = TASKS[recipe["task"]].metric_names
+        cells = [recipe["name"], names.get(served["metric"], served["metric"]),
+                 _value(served["keras"])]
+        for format, precision, _ in SERVED:
+            entry = served["exports"].get(f"{format}_{precision}")
+            cells.append("-" if entry is None else
+                         f"{_value(entry['value'])} ({entry['megabytes']:.2f} MB)")
+        rows.append("| " + " | ".join(_cell(c) for c in cells) + " |")
+    if not rows:
+        return []
+    return [
+        "",
+        "## Exported",
+        "",
+        "The recorded run of each small recipe exported to every format and precision "
+        "(`keras-attn export RUN_DIR --format F --precision P`) and scored on its test set in "
+        "the format's own runtime (`keras-attn evaluate RUN_DIR --exported DIR`: onnxruntime, "
+        "LiteRT, TensorFlow for the SavedModel), beside model.keras on Keras; the size is the "
+        "exported directory's. Recorded with `python models/make_table.py --record-served "
+        "runs/<name>`.",
+        "",
+        "| variant | metric | Keras | " + " | ".join(title for _, _, title in SERVED) + " |",
+        "|---|---|---|" + "---|" * len(SERVED),
+    ] + rows
+
+
+def _value(value):
+    return f"{value:.4f}" if isinstance(value, float) and value < 1.5 else f"{value:.2f}"
 
 
 def _paper_count(value):
@@ -155,6 +202,7 @@ def render(root=HERE):
                 f"`keras-attn train {name}`",
             ]
             lines.append("| " + " | ".join(_cell(c) for c in cells) + " |")
+    lines += _served_rows(recipes, root)
     return "\n".join(lines) + "\n"
 
 
@@ -206,16 +254,52 @@ def record(run_dir, root=HERE):
     print(f"recorded {target}")
 
 
+def _megabytes(path):
+    return sum(os.path.getsize(os.path.join(folder, file))
+               for folder, _, files in os.walk(path) for file in files) / 1e6
+
+
+def record_served(run_dir, root=HERE):
+    """Exports a finished run to each of SERVED and scores every export in
+    its runtime; writes models/results/<name>.served.json."""
+    import datetime
+
+    from keras_attn import __version__
+    from keras_attn.zoo import runs
+
+    recipe, metrics, source = runs.evaluate(run_dir)
+    metric = recipe["evaluation"]["metric"]
+    exports = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for format, precision, title in SERVED:
+            path = os.path.join(tmp, f"{format}_{precision}")
+            runs.export(run_dir, path, format, precision)
+            _, served, _ = runs.evaluate(run_dir, exported=path)
+            exports[f"{format}_{precision}"] = {"value": served[metric], "metrics": served,
+                                                "megabytes": round(_megabytes(path), 3)}
+            print(f"{title}: {metric} {served[metric]:.6g}", flush=True)
+    target = os.path.join(root, "results", recipe["name"] + ".served.json")
+    write_json(target, {
+        "name": recipe["name"], "metric": metric, "keras": metrics[metric],
+        "keras_metrics": metrics, "exports": exports, "source": os.path.basename(source),
+        "date": datetime.date.today().isoformat(), "keras_attn_version": __version__})
+    print(f"recorded {target}")
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--check", action="store_true", help="fail if README.md is stale")
     parser.add_argument("--count", nargs="*", metavar="NAME", help="measure parameter counts")
     parser.add_argument("--record", metavar="RUN_DIR", help="copy a run's results.json")
+    parser.add_argument("--record-served", metavar="RUN_DIR",
+                        help="score a run's exports in their runtimes")
     args = parser.parse_args(argv)
     if args.count is not None:
         count_parameters(set(args.count))
     if args.record:
         record(args.record)
+    if args.record_served:
+        record_served(args.record_served)
     text = render()
     path = os.path.join(HERE, "README.md")
     if args.check:

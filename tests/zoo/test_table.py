@@ -74,6 +74,19 @@ def test_render_uses_the_results_files(tmp_path):
     ]
 
 
+    # A served-metrics file adds the recipe's row to the "Exported" table.
+    assert "## Exported" not in make_table.render(str(tmp_path))
+    exports = {f"{f}_{p}": {"value": v, "megabytes": mb} for f, p, v, mb in [
+        ("saved_model", "float32", 0.9861, 0.9), ("onnx", "float32", 0.9861, 0.55),
+        ("litert", "float32", 0.9861, 0.56), ("litert", "float16", 0.9833, 0.3)]}
+    (tmp_path / "results" / "vit_example.served.json").write_text(json.dumps(
+        {"name": "vit_example", "metric": "accuracy", "keras": 0.9861, "exports": exports}))
+    text = make_table.render(str(tmp_path))
+    assert text.count("| vit_example |") == 1
+    assert ("| vit_example | accuracy | 0.9861 | 0.9861 (0.90 MB) | 0.9861 (0.55 MB) "
+            "| 0.9861 (0.56 MB) | 0.9833 (0.30 MB) | - |") in text
+
+
 @pytest.mark.parametrize("name", ["vit_tiny_16", "bert_tiny", "conformer_small", "transformer_b_key16"])
 def test_recorded_counts_are_the_models(name):
     make_table = _make_table()
