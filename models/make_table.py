@@ -107,7 +107,8 @@ def _served_rows(recipes, root):
         "",
         "## Exported",
         "",
-        "The recorded run of each small recipe exported to every format and precision "
+        "A run of each small recipe (trained again for this table: its model.keras is the "
+        "Keras column) exported to every format and precision "
         "(`keras-attn export RUN_DIR --format F --precision P`) and scored on its test set in "
         "the format's own runtime (`keras-attn evaluate RUN_DIR --exported DIR`: onnxruntime, "
         "LiteRT, TensorFlow for the SavedModel), beside model.keras on Keras; the size is the "

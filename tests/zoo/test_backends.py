@@ -1,13 +1,15 @@
 """Each small recipe trains through `keras_attn.zoo.train` (what `keras-attn
-train` calls) on JAX and on PyTorch, and the model.keras written on one
-backend serves the same outputs on the other two.
+train` calls) from tf.data on the backend it does not train on in
+test_prepared.py (which trains from prepared files without TensorFlow: the
+ViT on JAX, the others on PyTorch), so that every recipe trains on both; the
+model.keras written on one backend serves the same outputs on the other two.
 
-One subprocess per backend trains the four tiny recipes; the JAX runs'
-model.keras files are then loaded here on TensorFlow and in one PyTorch
-subprocess, the PyTorch runs' here and in one JAX subprocess. The writer's
-own numbers are its test metrics in results.json, which TensorFlow must
-reproduce. `keras-attn train` itself (the command line) is tested per
-backend in test_cli.py."""
+One subprocess per backend trains its recipes; the JAX runs' model.keras
+files are then loaded here on TensorFlow and in one PyTorch subprocess, the
+PyTorch run's here and in one JAX subprocess. The writer's own numbers are
+its test metrics in results.json, which TensorFlow must reproduce.
+`keras-attn train` itself (the command line) is tested per backend in
+test_cli.py."""
 
 import json
 import os
@@ -23,7 +25,10 @@ from _tiny import SMALL
 # One worker runs the module: its fixtures train every recipe once.
 pytestmark = [pytest.mark.tf_only, pytest.mark.large, pytest.mark.xdist_group("backends")]
 HERE = os.path.dirname(os.path.abspath(__file__))
-BACKENDS = ("jax", "torch")
+# The backend each recipe trains on here (the other one in test_prepared.py).
+WRITER = {"vit_tiny_digits": "torch", "bert_tiny_pydoc": "jax", "transformer_numbers": "jax",
+          "conformer_tiny_digits": "jax"}
+READER = {"jax": "torch", "torch": "jax"}
 
 
 def _run(backend, args, cwd):
@@ -37,30 +42,31 @@ def _run(backend, args, cwd):
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-    """`{backend: {recipe name: run directory}}`, each trained on its backend."""
+    """`{recipe name: run directory}`, each trained on its WRITER backend."""
     found = {}
-    for backend in BACKENDS:
+    for backend in READER:
+        names = sorted(name for name in SMALL if WRITER[name] == backend)
         out = tmp_path_factory.mktemp(backend)
-        _run(backend, [os.path.join(HERE, "_train_all.py"), out, *sorted(SMALL)], out)
-        found[backend] = {name: out / name for name in sorted(SMALL)}
+        _run(backend, [os.path.join(HERE, "_train_all.py"), out, *names], out)
+        found.update({name: out / name for name in names})
     return found
 
 
 @pytest.fixture(scope="module")
 def served(runs, tmp_path_factory):
-    """`{(writer, reader): {name: outputs}}`: what `reader` serves from the
-    model.keras files `writer` wrote, one subprocess per reader."""
+    """`{name: outputs}`: what the third backend (READER of the writer)
+    serves from each model.keras, one subprocess per reader."""
     found = {}
-    for writer, reader in (("jax", "torch"), ("torch", "jax")):
+    for writer, reader in READER.items():
         out = tmp_path_factory.mktemp(f"{writer}_on_{reader}")
+        names = sorted(name for name in SMALL if WRITER[name] == writer)
         pairs = []
-        for name, run in runs[writer].items():
-            pairs += [run, out / f"{name}.npz"]
+        for name in names:
+            pairs += [runs[name], out / f"{name}.npz"]
         _run(reader, [os.path.join(HERE, "_load_run.py"), *pairs], out)
-        found[writer, reader] = {}
-        for name in runs[writer]:
+        for name in names:
             with np.load(out / f"{name}.npz") as arrays:
-                found[writer, reader][name] = dict(arrays)
+                found[name] = dict(arrays)
     return found
 
 
@@ -76,24 +82,30 @@ def _same(actual, expected, context):
 
 
 @pytest.mark.parametrize("name", sorted(SMALL))
-def test_trains_on_jax_and_torch_and_loads_on_every_backend(name, runs, served):
+def test_trains_on_jax_or_torch_and_loads_on_every_backend(name, runs, served):
     from keras_attn.zoo.recipe import validate_recipe
     from keras_attn.zoo.tasks import make_task
 
-    for writer, reader in (("jax", "torch"), ("torch", "jax")):
-        run = runs[writer][name]
-        results = json.loads((run / "results.json").read_text())
-        assert results["backend"] == writer and results["steps"] == 3
-        for path in ("model.keras", "learning_curves.png"):
-            assert (run / path).is_file(), path
-        assert not (run / "saved_model").exists()
-        assert list((run / "checkpoints").glob("ckpt-*.npz"))
-        task = make_task(validate_recipe(json.loads((run / "recipe.json").read_text())))
-        model = task.load_model(str(run / "model.keras"))
-        # TensorFlow reproduces the writer's own test metrics...
-        metrics = task.evaluate(model)
-        for key, value in results["metrics"].items():
-            assert metrics[key] == pytest.approx(value, abs=1e-4), (writer, key)
-        # ...and the third backend serves what TensorFlow serves.
-        expected = task.reference_outputs(model, task.example_inputs())
-        _same(served[writer, reader][name], expected, f"{writer} -> {reader}")
+    writer, run = WRITER[name], runs[name]
+    results = json.loads((run / "results.json").read_text())
+    assert results["backend"] == writer and results["steps"] == 3
+    for path in ("model.keras", "learning_curves.png"):
+        assert (run / path).is_file(), path
+    assert not (run / "saved_model").exists()
+    assert list((run / "checkpoints").glob("ckpt-*.npz"))
+    task = make_task(validate_recipe(json.loads((run / "recipe.json").read_text())))
+    model = task.load_model(str(run / "model.keras"))
+    # TensorFlow reproduces the writer's own test metrics...
+    metrics = task.evaluate(model)
+    for key, value in results["metrics"].items():
+        assert metrics[key] == pytest.approx(value, abs=1e-4), (writer, key)
+    # ...and the third backend serves what TensorFlow serves.
+    expected = task.reference_outputs(model, task.example_inputs())
+    _same(served[name], expected, f"{writer} -> {READER[writer]}")
+
+
+def test_every_recipe_trains_on_both_backends_between_here_and_test_prepared():
+    from test_prepared import TRAINED_WITHOUT_TENSORFLOW
+
+    for name in SMALL:
+        assert {WRITER[name], TRAINED_WITHOUT_TENSORFLOW[name]} == {"jax", "torch"}, name
