@@ -47,7 +47,7 @@ def _fresh_keras_state():
     keras.utils.set_random_seed(1234)
     yield
     keras.config.set_dtype_policy("float32")
-    keras.backend.clear_session()
+    keras.backend.clear_session(free_memory=False)
 
 
 # Not test modules: run by the tests in subprocesses (a sitecustomize that

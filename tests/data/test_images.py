@@ -5,6 +5,10 @@ import tensorflow_datasets as tfds
 
 from keras_attn.data import images as image_data
 
+# The data pipelines alone (tf.data and NumPy, no model): the JAX pass would
+# run the same thing again.
+pytestmark = pytest.mark.backend_independent
+
 
 def test_digits_arrays_shapes_split_and_range():
     (x_train, y_train), (x_test, y_test) = image_data.load_digits_arrays(

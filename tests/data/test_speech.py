@@ -3,6 +3,10 @@ import pytest
 
 from keras_attn.data import speech
 
+# The data pipelines alone (tf.data and NumPy, no model): the JAX pass would
+# run the same thing again.
+pytestmark = pytest.mark.backend_independent
+
 
 def test_synthesised_speech_is_audio_of_plausible_length():
     short = speech.synthesize("4")

@@ -6,6 +6,10 @@ import tensorflow as tf
 
 from keras_attn.data import text
 
+# The data pipelines alone (tf.data and NumPy, no model): the JAX pass would
+# run the same thing again.
+pytestmark = pytest.mark.backend_independent
+
 
 @pytest.fixture(scope="module")
 def corpus():

@@ -455,6 +455,7 @@ def tf_reference(tmp_path_factory):
 
 
 @pytest.mark.large
+@pytest.mark.xdist_group("tf_reference")  # one worker computes the fixture once
 def test_sigkill_mid_epoch_then_rerun_ends_with_the_uninterrupted_weights(tmp_path, tf_reference):
     directory, result = tmp_path / "ckpt", tmp_path / "result.npz"
     command = _command(directory, result, "--sleep", "0.1")
@@ -483,6 +484,7 @@ def test_sigkill_mid_epoch_then_rerun_ends_with_the_uninterrupted_weights(tmp_pa
 
 
 @pytest.mark.large
+@pytest.mark.xdist_group("tf_reference")  # one worker computes the fixture once
 def test_sigkill_at_an_epoch_boundary_then_rerun_is_exact(tmp_path, tf_reference):
     directory, result = tmp_path / "ckpt", tmp_path / "result.npz"
     killed = _run(_command(directory, result, "--die-at-epoch-begin", "2"))

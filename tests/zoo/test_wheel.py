@@ -14,7 +14,8 @@ import pytest
 from _tiny import ROOT
 from _tiny import tiny_overrides
 
-pytestmark = pytest.mark.backend_independent
+# One worker builds the wheel once for both tests (module fixture).
+pytestmark = [pytest.mark.backend_independent, pytest.mark.xdist_group("wheel")]
 
 # Generous limits: a loaded 2-core machine, and a build that fetches
 # setuptools for its isolated environment.
