@@ -131,7 +131,11 @@ class LogMelFeatures(keras.layers.Layer):
         else:
             power = self._mel_power_by_convolution(waveform)
         power = ops.cast(ops.transpose(power, (0, 2, 1)), "float32")[:, :steps]  # (B, T, M)
-        features = 10.0 * ops.log10(ops.maximum(power, 1e-10))  # dB
+        # dB, floored at -100 (a power of 1e-10) after the logarithm: the same
+        # numbers as flooring the power first, but with no constant below
+        # float16's range (LiteRT's float16 export stores constants in float16:
+        # a 1e-10 floor became 0, log10(0) = -inf, and every logit NaN).
+        features = ops.maximum(10.0 * ops.log10(power), -100.0)
         if lengths is None:
             valid = ops.ones_like(features[:, :, :1])
         else:

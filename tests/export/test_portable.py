@@ -211,6 +211,10 @@ def test_speech_recognizer_decodes_the_same_tokens_in_onnx_runtime_and_litert(tm
     paths = {f: export_speech_recognizer(model, tmp_path / f, format=f) for f in ("onnx", "litert")}
     assert all(layer.stft == "fft" for layer in model._flatten_layers()
                if type(layer).__name__ == "LogMelFeatures")  # the switch is put back
+    # float16 LiteRT stores every constant in float16: a 1e-10 power floor
+    # once became 0 there and made every logit NaN (WER 1.0).
+    paths["float16"] = export_speech_recognizer(model, tmp_path / "f16", format="litert",
+                                                precision="float16")
 
     # Bad input: a length past the waveform gives -2 rows, never a transcript.
     bad = dict(batches[1], waveform_length=np.array([3500], "int32"))
@@ -222,7 +226,8 @@ def test_speech_recognizer_decodes_the_same_tokens_in_onnx_runtime_and_litert(tm
             assert (got["token_ids"] == -2).all(), got["token_ids"]
             continue
         logits, tokens = expected[index % 3]
-        np.testing.assert_allclose(got["logits"], to_numpy(logits), atol=1e-4)
+        tolerance = 0.05 if index >= 6 else 1e-4  # float16 weights
+        np.testing.assert_allclose(got["logits"], to_numpy(logits), atol=tolerance)
         assert [[t for t in row if t >= 0] for row in got["token_ids"].tolist()] == tokens
     with pytest.raises(ValueError, match="strategy='beam_search', format='onnx'"):
         export_speech_recognizer(model, tmp_path / "beam", strategy="beam_search", format="onnx")
