@@ -31,6 +31,23 @@ def time_pair(fn_a, fn_b, rounds, warmup=2):
     return times_a, times_b
 
 
+def time_rounds(fns, rounds, warmup=1):
+    """`{name: [seconds per round]}`: every fn once per round, the order
+    rotated by one each round (each runtime is first as often as any)."""
+    names = list(fns)
+    for _ in range(warmup):
+        for name in names:
+            fns[name]()
+    times = {name: [] for name in names}
+    for r in range(rounds):
+        shift = r % len(names)
+        for name in names[shift:] + names[:shift]:
+            start = time.perf_counter()
+            fns[name]()
+            times[name].append(time.perf_counter() - start)
+    return times
+
+
 def median_interval(values, confidence=0.95):
     """The median of `values` and a distribution-free interval `(lo, hi)`
     that covers the population median with at least `confidence`.

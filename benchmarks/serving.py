@@ -41,25 +41,9 @@ import numpy as np  # noqa: E402
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(1, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from _stats import paired_ratio  # noqa: E402
+from _stats import time_rounds  # noqa: E402
 
 PEER = "transformers (PyTorch)"
-
-
-def time_rounds(fns, rounds, warmup=1):
-    """`{name: [seconds per round]}`: every fn once per round, the order
-    rotated by one each round (each runtime is first as often as any)."""
-    names = list(fns)
-    for _ in range(warmup):
-        for name in names:
-            fns[name]()
-    times = {name: [] for name in names}
-    for r in range(rounds):
-        shift = r % len(names)
-        for name in names[shift:] + names[:shift]:
-            start = time.perf_counter()
-            fns[name]()
-            times[name].append(time.perf_counter() - start)
-    return times
 
 
 def softmax(x):

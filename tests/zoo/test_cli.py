@@ -449,6 +449,8 @@ def test_a_second_train_on_the_same_output_is_refused_at_once(tmp_path):
 def test_an_unknown_export_format_is_refused_before_the_run_is_read(tmp_path):
     with pytest.raises(ValueError, match="Received: format='tflite'"):
         runs.export("/no/such/run", format="tflite")
+    with pytest.raises(ValueError, match="Received: precision='int8', format='hf'"):
+        runs.export("/no/such/run", format="hf", precision="int8")
     with pytest.raises(ValueError, match="Received: precision='int4'"):
         runs.export("/no/such/run", format="litert", precision="int4")
     with pytest.raises(ValueError, match=f"nor a SavedModel. Received: exported='{tmp_path}'"):

@@ -167,9 +167,8 @@ class SpeechCTC(Task):
     def evaluate_served(self, serve):
         from keras_attn.data import speech
 
-        self.prepare()
         return self._score_decoded(lambda inputs: serve(inputs)["token_ids"],
-                                   self._dataset("test"), speech.word_error_rate,
+                                   self.test_data(), speech.word_error_rate,
                                    speech.character_error_rate)
 
     def _score_decoded(self, decode, batches, word_error_rate, character_error_rate):
