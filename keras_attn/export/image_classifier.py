@@ -25,7 +25,7 @@ def export_image_classifier(model, path, format="saved_model", precision="float3
             `"litert"` (`model.onnx` / `model.tflite` with `serving.json`;
             input "images" uint8 `(B, S, S, C)`, any batch; output
             "probabilities" float32 `(B, K)`); see `keras_attn.export.portable`.
-        precision: `"float32"`; LiteRT also `"float16"` and `"int8"`
+        precision: `"float32"` or `"float16"` (weights); LiteRT also `"int8"`
             (dynamic-range) weights.
 
     Returns:

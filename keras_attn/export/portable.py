@@ -31,9 +31,10 @@ PORTABLE_FORMATS = ("onnx", "litert")
 FILES = {"onnx": "model.onnx", "litert": "model.tflite"}
 CONTRACT = "serving.json"
 # float16 weights and dynamic-range int8 weights are the TensorFlow Lite
-# converter's post-training options; tf2onnx has none (ONNX float16 would
-# need onnxconverter-common: not done yet).
-PRECISIONS = {"saved_model": ("float32",), "onnx": ("float32",),
+# converter's post-training options; tf2onnx has none: an ONNX float16
+# model is the float32 one with its weights stored in float16 (as LiteRT's;
+# `_onnx_to_float16`).
+PRECISIONS = {"saved_model": ("float32",), "onnx": ("float32", "float16"),
               "litert": ("float32", "float16", "int8")}
 EXTRAS = {"onnx": ("tf2onnx", "onnx"), "litert": ()}
 
@@ -117,8 +118,9 @@ def export_portable(serving, path, format, precision="float32", preprocessing=No
             its inputs stay free in the artifact.
         path: the directory to write.
         format: `"onnx"` or `"litert"`.
-        precision: `"float32"`; for LiteRT also `"float16"` (weights stored
-            in float16) or `"int8"` (dynamic-range int8 weights).
+        precision: `"float32"`, `"float16"` (weights stored in float16,
+            arithmetic in float32) or, for LiteRT, `"int8"` (dynamic-range
+            int8 weights).
         preprocessing: JSON-able dict written into the contract.
         files: `{name: bytes or str}` written beside the model (a vocabulary).
 
@@ -161,6 +163,8 @@ def export_portable(serving, path, format, precision="float32", preprocessing=No
         if format == "onnx":
             serving.export(file, format="onnx", input_signature=signature, verbose=verbose)
             _rename_onnx_outputs(file, [o["name"] for o in contract["outputs"]])
+            if precision == "float16":
+                _onnx_to_float16(file)
         else:
             serving.export(file, format="litert", input_signature=signature, verbose=verbose,
                            **_litert_options(precision))
@@ -175,6 +179,53 @@ def export_portable(serving, path, format, precision="float32", preprocessing=No
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return path
+
+
+def _onnx_to_float16(file):
+    """Stores the ONNX model's float32 weights in float16, each followed by
+    a Cast back to float32: the file holds half the bytes and the
+    arithmetic stays float32, which is what LiteRT's float16 option does
+    (onnxruntime folds the casts when it loads the model).
+
+    Written here: onnxconverter-common converts the arithmetic to float16
+    as well, which takes minutes (quadratic in the nodes) on the speech
+    recognizer's graph, writes Cast nodes onnxruntime refuses to load, and
+    would put a log-mel power spectrum through float16 (the failure the
+    float16 Conformer once had). A weight with a value float16 cannot
+    hold (a -1e9 mask constant) stays float32."""
+    import numpy as np
+    import onnx
+    from onnx import helper
+    from onnx import numpy_helper
+
+    model = onnx.load(file)
+    graphs, count = [model.graph], 0
+    while graphs:
+        graph = graphs.pop()
+        casts, kept = [], []
+        for initializer in graph.initializer:
+            value = numpy_helper.to_array(initializer)
+            if (initializer.data_type != onnx.TensorProto.FLOAT or value.size < 16
+                    or not np.isfinite(value.astype("float16")).all()):
+                kept.append(initializer)
+                continue
+            # Short names: tf2onnx's run to ~100 characters, a tiny model's
+            # graph would grow by as much as its weights shrink.
+            count += 1
+            stored = numpy_helper.from_array(value.astype("float16"), f"keras_attn_f16/{count}")
+            kept.append(stored)
+            casts.append(helper.make_node("Cast", [stored.name], [initializer.name],
+                                          to=onnx.TensorProto.FLOAT))
+        del graph.initializer[:]
+        graph.initializer.extend(kept)
+        nodes = casts + list(graph.node)  # the casts first: the order stays topological
+        del graph.node[:]
+        graph.node.extend(nodes)
+        for node in graph.node:  # loop bodies (the translator's search)
+            graphs.extend(attribute.g for attribute in node.attribute
+                          if attribute.type == onnx.AttributeProto.GRAPH)
+    onnx.checker.check_model(model)
+    onnx.save(model, file)
 
 
 def _litert_options(precision):

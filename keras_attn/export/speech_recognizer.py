@@ -26,7 +26,7 @@ def export_speech_recognizer(model, path, strategy="greedy", beam_width=16,
         strategy: `"greedy"` or `"beam_search"`.
         beam_width: beam width for beam search.
         format: `"saved_model"`, `"onnx"` or `"litert"`.
-        precision: `"float32"`; LiteRT also `"float16"` and `"int8"`.
+        precision: `"float32"` or `"float16"` (weights); LiteRT also `"int8"`.
 
     Returns:
         `path`. `serve` takes float32 `(B, N)` audio in [-1, 1] at the

@@ -37,7 +37,7 @@ def export_text_classifier(model, tokenizer, path, sequence_length=128, format="
         path: the SavedModel directory.
         sequence_length: length strings are packed (padded or truncated) to.
         format: `"saved_model"`, `"onnx"` or `"litert"`.
-        precision: `"float32"`; LiteRT also `"float16"` and `"int8"`.
+        precision: `"float32"` or `"float16"` (weights); LiteRT also `"int8"`.
 
     Returns:
         `path`.

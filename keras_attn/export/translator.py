@@ -61,7 +61,7 @@ def export_translator(
         tokenizer: a `keras_attn.convert.MarianTokenizer`: adds the
             `translate` endpoint, strings in and out (SavedModel only).
         format: `"saved_model"`, `"onnx"` or `"litert"`.
-        precision: `"float32"`; LiteRT also `"float16"` and `"int8"`.
+        precision: `"float32"` or `"float16"` (weights); LiteRT also `"int8"`.
         vocabulary: for ONNX / LiteRT, the tokens (a list, id order),
             written as `vocab.txt` beside the model.
 

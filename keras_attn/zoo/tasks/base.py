@@ -353,8 +353,8 @@ class Task:
 
     def export(self, model, path, format="saved_model", precision="float32"):
         """Writes the serving model to `path` (a directory, atomically) in
-        `format` (`"saved_model"`, `"onnx"`, `"litert"`; LiteRT also in
-        `precision` `"float16"` or `"int8"`)."""
+        `format` (`"saved_model"`, `"onnx"`, `"litert"`; ONNX and LiteRT also
+        in `precision` `"float16"`, LiteRT in `"int8"`)."""
         raise NotImplementedError
 
     def evaluate_served(self, serve):
