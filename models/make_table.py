@@ -12,6 +12,8 @@
                                                 # export a finished run to every format
                                                 # and precision, score each in its own
                                                 # runtime: models/results/<name>.served.json
+    python models/make_table.py --record-served out/bert_finetune/served.json
+                                                # the fine-tuning example's own scores
 
 Every number in the table comes from a file: parameter counts from
 `parameters.json` (measured by building the model here), results from
@@ -21,6 +23,7 @@ drift from the recipes (tests/zoo/test_table.py checks it is up to date).
 """
 
 import argparse
+import glob
 import json
 import os
 import re
@@ -89,13 +92,21 @@ SERVED = (("saved_model", "float32", "SavedModel"), ("onnx", "float32", "ONNX"),
 
 def _served_rows(recipes, root):
     rows = []
-    for recipe in recipes:
-        served = _load_json(os.path.join(root, "results", recipe["name"] + ".served.json"), None)
+    # The recipes' runs, then the examples' (examples/bert_finetune.py's
+    # classifier: a served.json of no recipe).
+    named = {recipe["name"]: recipe for recipe in recipes}
+    files = sorted(glob.glob(os.path.join(root, "results", "*.served.json")))
+    extra = [os.path.basename(f).removesuffix(".served.json") for f in files]
+    for name in [r["name"] for r in recipes] + [n for n in extra if n not in named]:
+        served = _load_json(os.path.join(root, "results", name + ".served.json"), None)
         if not served:
             continue
-        names = TASKS[recipe["task"]].metric_names
-        cells = [recipe["name"], names.get(served["metric"], served["metric"]),
-                 _value(served["keras"])]
+        if name in named:
+            names = TASKS[named[name]["task"]].metric_names
+            variant = name
+        else:
+            names, variant = {}, f"{name} ({served['source'].split(' ')[0]})"
+        cells = [variant, names.get(served["metric"], served["metric"]), _value(served["keras"])]
         for format, precision, _ in SERVED:
             entry = served["exports"].get(f"{format}_{precision}")
             cells.append("-" if entry is None else
@@ -113,7 +124,11 @@ def _served_rows(recipes, root):
         "the format's own runtime (`keras-attn evaluate RUN_DIR --exported DIR`: onnxruntime, "
         "LiteRT, TensorFlow for the SavedModel), beside model.keras on Keras; the size is the "
         "exported directory's. Recorded with `python models/make_table.py --record-served "
-        "runs/<name>`.",
+        "runs/<name>`. The BERT classifier of `examples/bert_finetune.py` is scored by the "
+        "example itself (token ids into ONNX and LiteRT, raw strings into the SavedModel) "
+        "and recorded with `--record-served out/bert_finetune/served.json`. float16: the "
+        "weights stored in float16, the arithmetic in float32; int8: dynamic-range int8 "
+        "weights.",
         "",
         "| variant | metric | Keras | " + " | ".join(title for _, _, title in SERVED) + " |",
         "|---|---|---|" + "---|" * len(SERVED),
@@ -262,8 +277,21 @@ def _megabytes(path):
 
 def record_served(run_dir, root=HERE):
     """Exports a finished run to each of SERVED and scores every export in
-    its runtime; writes models/results/<name>.served.json."""
+    its runtime; writes models/results/<name>.served.json. `run_dir` may
+    also be a served.json an example wrote (examples/bert_finetune.py),
+    copied as it is."""
     import datetime
+
+    if os.path.isfile(run_dir):
+        served = _load_json(run_dir, None)
+        missing = [key for key in ("name", "metric", "keras", "exports", "source")
+                   if key not in (served or {})]
+        if missing:
+            raise SystemExit(f"{run_dir} is not a served.json (it lacks {missing})")
+        target = os.path.join(root, "results", served["name"] + ".served.json")
+        shutil.copyfile(run_dir, target)
+        print(f"recorded {target}")
+        return
 
     from keras_attn import __version__
     from keras_attn.zoo import runs

@@ -1,3 +1,4 @@
+import json
 import math
 import os
 import re
@@ -19,17 +20,27 @@ def test_pretrain_then_finetune_smoke(tmp_path):
     assert sorted(os.listdir(checkpoint)) == ["backbone.keras", "vocab.txt"]
 
     out = run_example("bert_finetune.py", "--smoke", "--checkpoint", checkpoint,
-                      "--output", tmp_path / "finetune").stdout
+                      "--output", tmp_path / "finetune",
+                      "--formats", "saved_model_float32,onnx_float32").stdout
     match = re.search(r"test accuracy: ([0-9.]+)", out)
     assert match, out[-3000:]
     assert 0.0 <= float(match.group(1)) <= 1.0
     assert re.search(r"served: .* -> (specialnames|compound|debugger|string-methods)", out)
     assert os.path.exists(tmp_path / "finetune" / "saved_model" / "saved_model.pb")
+    # The SavedModel on raw strings and ONNX Runtime on token ids score the
+    # test set as the Keras model does.
+    with open(tmp_path / "finetune" / "served.json") as stream:
+        served = json.load(stream)
+    assert sorted(served["exports"]) == ["onnx_float32", "saved_model_float32"]
+    for entry in served["exports"].values():
+        assert entry["value"] == pytest.approx(served["keras"], abs=1e-6)
+        assert entry["megabytes"] > 0
+    assert os.path.exists(tmp_path / "finetune" / "onnx_float32" / "model.onnx")
 
 
 def test_finetune_with_lora_trains_the_adapters_and_head_and_exports_merged(tmp_path):
     out = run_example("bert_finetune.py", "--smoke", "--from-scratch", "--lora-rank", "2",
-                      "--output", tmp_path).stdout
+                      "--output", tmp_path, "--formats", "saved_model_float32,litert_float32").stdout
     match = re.search(r"trainable parameters: ([0-9,]+) of ([0-9,]+) \(LoRA rank 2", out)
     assert match, out[-3000:]
     trainable, total = (int(group.replace(",", "")) for group in match.groups())
@@ -38,3 +49,5 @@ def test_finetune_with_lora_trains_the_adapters_and_head_and_exports_merged(tmp_
     # The merged model is what is exported and served.
     assert re.search(r"served: .* -> (specialnames|compound|debugger|string-methods)", out)
     assert os.path.exists(tmp_path / "saved_model" / "saved_model.pb")
+    served = json.loads((tmp_path / "served.json").read_text())["exports"]
+    assert served["litert_float32"]["value"] == served["saved_model_float32"]["value"]

@@ -83,8 +83,23 @@ def test_render_uses_the_results_files(tmp_path):
         {"name": "vit_example", "metric": "accuracy", "keras": 0.9861, "exports": exports}))
     text = make_table.render(str(tmp_path))
     assert text.count("| vit_example |") == 1
-    assert ("| vit_example | accuracy | 0.9861 | 0.9861 (0.90 MB) | 0.9861 (0.55 MB) "
+    assert ("| vit_example | accuracy | 0.9861 | 0.9861 (0.90 MB) | 0.9861 (0.55 MB) | - "
             "| 0.9861 (0.56 MB) | 0.9833 (0.30 MB) | - |") in text
+
+    # An example's served.json (no recipe of that name) is recorded as it is
+    # and gets its row after the recipes'; a file that is not one is refused.
+    report = tmp_path / "served.json"
+    report.write_text(json.dumps({
+        "name": "bert_finetune", "metric": "accuracy", "keras": 0.8, "source": "examples/x.py",
+        "exports": {"onnx_float16": {"value": 0.79, "megabytes": 1.5}}}))
+    make_table.record_served(str(report), root=str(tmp_path))
+    rows = [line for line in make_table.render(str(tmp_path)).splitlines()
+            if line.startswith("| vit_example | accuracy") or "bert_finetune" in line]
+    assert rows[1] == ("| bert_finetune (examples/x.py) | accuracy | 0.8000 | - | - "
+                       "| 0.7900 (1.50 MB) | - | - | - |")
+    report.write_text(json.dumps({"name": "x"}))
+    with pytest.raises(SystemExit, match="lacks"):
+        make_table.record_served(str(report), root=str(tmp_path))
 
 
 @pytest.mark.parametrize("name", ["vit_tiny_16", "bert_tiny", "conformer_small", "transformer_b_key16"])
