@@ -32,7 +32,7 @@ TINY = {
     ],
     "conformer_tiny_digits": [
         "model.overrides.num_layers=1", "model.overrides.hidden_dim=16",
-        "data.utterances=40", "data.test_size=8", "data.validation_size=8",
+        "data.utterances=24", "data.test_size=4", "data.validation_size=4",
         "training.batch_size=4",
     ],
 }
