@@ -25,6 +25,7 @@ import json
 import os
 import shutil
 import tempfile
+import warnings
 
 FORMATS = ("saved_model", "onnx", "litert")
 PORTABLE_FORMATS = ("onnx", "litert")
@@ -161,7 +162,15 @@ def export_portable(serving, path, format, precision="float32", preprocessing=No
         if len(serving.inputs) == 1:
             signature = signature[0]
         if format == "onnx":
-            serving.export(file, format="onnx", input_signature=signature, verbose=verbose)
+            with warnings.catch_warnings():
+                # Keras's tf2onnx patch module asks NumPy for the removed
+                # `np.object` when imported: a FutureWarning about Keras's
+                # code, printed to every user of the export, not a problem
+                # of the model being exported.
+                warnings.filterwarnings("ignore", message=".*np.object.*",
+                                        category=FutureWarning)
+                serving.export(file, format="onnx", input_signature=signature,
+                               verbose=verbose)
             _rename_onnx_outputs(file, [o["name"] for o in contract["outputs"]])
             if precision == "float16":
                 _onnx_to_float16(file)

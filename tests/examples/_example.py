@@ -15,6 +15,7 @@ NOISE = (
     "rebuild TensorFlow",             # TensorFlow's CPU-instructions notice
     "ran out of data",                # a dataset of unknown length given to fit
     "shuffle=True",                   # fit's default with a tf.data dataset
+    "np.object",                      # NumPy's FutureWarning at Keras's ONNX export
 )
 
 
