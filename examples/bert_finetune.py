@@ -85,6 +85,9 @@ TOPICS = ("specialnames", "compound", "debugger", "string-methods")
 # column names).
 FORMATS = ("saved_model_float32", "onnx_float32", "onnx_float16", "litert_float32",
            "litert_float16", "litert_int8")
+# What exporting and serving each format needs beyond the base install (the
+# [onnx] and [litert] extras).
+NEEDS = {"onnx": ("tf2onnx", "onnx", "onnxruntime"), "litert": ("ai_edge_litert",)}
 
 
 def load_topic_sentences():
@@ -148,12 +151,20 @@ def main():
     parser.add_argument("--lora-rank", type=int, default=0,
                         help="LoRA adapters of this rank on query and value; 0: train everything")
     parser.add_argument("--output", default="out/bert_finetune")
-    parser.add_argument("--formats", default=",".join(FORMATS),
+    parser.add_argument("--formats", default=None,
                         help="exports to score, comma-separated format_precision "
-                             f"(default: all of {', '.join(FORMATS)})")
+                             f"(default: those of {', '.join(FORMATS)} whose extras "
+                             "are installed)")
     parser.add_argument("--smoke", action="store_true", help="a few steps only")
     args = parser.parse_args()
-    formats = [f for f in args.formats.split(",") if f]
+    if args.formats is None:
+        formats = [f for f in FORMATS if not _missing(f.split("_")[0])]
+        for format in ("onnx", "litert"):
+            if _missing(format):
+                print(f"not scoring {format}: `pip install keras-attn[{format}]` "
+                      f"({', '.join(_missing(format))} missing)")
+    else:
+        formats = [f for f in args.formats.split(",") if f]
     unknown = sorted(set(formats) - set(FORMATS))
     if unknown or "saved_model_float32" not in formats:
         parser.error(f"--formats must include saved_model_float32 and name only {FORMATS}. "
@@ -278,6 +289,12 @@ def serve_token_ids(path, token_ids, segment_ids, padding_mask, batch_size=64):
                                  padding_mask=padding_mask[i:i + batch_size])["probabilities"]
         predictions.append(probabilities.argmax(-1))
     return np.concatenate(predictions)
+
+
+def _missing(format):
+    import importlib.util
+
+    return [name for name in NEEDS.get(format, ()) if importlib.util.find_spec(name) is None]
 
 
 def _scored(predictions, labels, path):

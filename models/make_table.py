@@ -86,8 +86,8 @@ def _time(result):
 
 # The exports `--record-served` scores, in the table's column order.
 SERVED = (("saved_model", "float32", "SavedModel"), ("onnx", "float32", "ONNX"),
-          ("onnx", "float16", "ONNX float16"), ("litert", "float32", "LiteRT"), ("litert", "float16", "LiteRT float16"),
-          ("litert", "int8", "LiteRT int8"))
+          ("onnx", "float16", "ONNX float16"), ("litert", "float32", "LiteRT"),
+          ("litert", "float16", "LiteRT float16"), ("litert", "int8", "LiteRT int8"))
 
 
 def _served_rows(recipes, root):

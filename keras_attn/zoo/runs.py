@@ -635,9 +635,10 @@ def export(run_dir, output=None, format="saved_model", precision="float32"):
     serving model as `model.onnx` / `model.tflite` with `serving.json`
     (`keras_attn.export.portable`), to `<run_dir>/onnx` or `<run_dir>/litert`.
     `precision`: `"float16"` weights (ONNX, LiteRT) or LiteRT's
-    dynamic-range `"int8"` (default `"float32"`). `format="hf"`: a Hugging Face directory of a BERT or ViT run (`keras_attn.convert.save_hf_bert` with
-    the run's tokenizer, `save_hf_vit`), to `output` (default
-    `<run_dir>/hf`), on any backend.
+    dynamic-range `"int8"` (default `"float32"`).
+    `format="hf"`: a Hugging Face directory of a BERT or ViT run
+    (`keras_attn.convert.save_hf_bert` with the run's tokenizer,
+    `save_hf_vit`), to `output` (default `<run_dir>/hf`), on any backend.
     """
     import keras
 

@@ -40,7 +40,8 @@ def test_pretrain_then_finetune_smoke(tmp_path):
 
 def test_finetune_with_lora_trains_the_adapters_and_head_and_exports_merged(tmp_path):
     out = run_example("bert_finetune.py", "--smoke", "--from-scratch", "--lora-rank", "2",
-                      "--output", tmp_path, "--formats", "saved_model_float32,litert_float32").stdout
+                      "--output", tmp_path,
+                      "--formats", "saved_model_float32,litert_float32").stdout
     match = re.search(r"trainable parameters: ([0-9,]+) of ([0-9,]+) \(LoRA rank 2", out)
     assert match, out[-3000:]
     trainable, total = (int(group.replace(",", "")) for group in match.groups())

@@ -290,11 +290,13 @@ def test_translator_searches_the_same_beams_in_onnx_runtime_and_litert(tmp_path)
         if index % 4 < 2:
             tokens, scores = expected[index % 4]
             np.testing.assert_array_equal(got["tokens"], tokens)
-            np.testing.assert_allclose(got["scores"], scores, atol=1e-4 if index < 8 else 5e-3)
+            tolerance = 1e-4 if index < 8 else 5e-3  # onnx16: float16 weights
+            np.testing.assert_allclose(got["scores"], scores, atol=tolerance)
         elif index % 4 == 2:
             assert (got["tokens"][0] == -2).all() and np.isnan(got["scores"][0])
             np.testing.assert_array_equal(got["tokens"][1:], alone[0])
-            np.testing.assert_allclose(got["scores"][1:], alone[1], atol=1e-4 if index < 8 else 5e-3)
+            tolerance = 1e-4 if index < 8 else 5e-3
+            np.testing.assert_allclose(got["scores"][1:], alone[1], atol=tolerance)
         else:
             assert (got["tokens"] == -2).all() and np.isnan(got["scores"]).all()
     with pytest.raises(ValueError, match="tokenizer=object, format='litert'"):
