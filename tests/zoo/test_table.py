@@ -94,7 +94,7 @@ def test_render_uses_the_results_files(tmp_path):
         "exports": {"onnx_float16": {"value": 0.79, "megabytes": 1.5}}}))
     make_table.record_served(str(report), root=str(tmp_path))
     rows = [line for line in make_table.render(str(tmp_path)).splitlines()
-            if line.startswith("| vit_example | accuracy") or "bert_finetune" in line]
+            if line.startswith(("| vit_example | accuracy", "| bert_finetune"))]
     assert rows[1] == ("| bert_finetune (examples/x.py) | accuracy | 0.8000 | - | - "
                        "| 0.7900 (1.50 MB) | - | - | - |")
     report.write_text(json.dumps({"name": "x"}))
