@@ -29,7 +29,7 @@ Run:
     python examples/bert_finetune.py --from-scratch      # same model, no pretraining
     python examples/bert_finetune.py --lora-rank 8 --learning-rate 2e-3   # LoRA
     python examples/bert_finetune.py --smoke --checkpoint DIR   # for the tests
-    python examples/bert_finetune.py --formats saved_model      # no ONNX / LiteRT
+    python examples/bert_finetune.py --formats saved_model_float32   # no ONNX / LiteRT
 
 Expect (2 CPU cores, TensorFlow backend): about 2 minutes, 83-85% test
 accuracy (RESULTS below, measured), then about a minute of exports.
@@ -38,7 +38,6 @@ accuracy (RESULTS below, measured), then about a minute of exports.
 
 import argparse
 import datetime
-import json
 import os
 import resource
 import time
@@ -56,6 +55,7 @@ from keras_attn.models.bert import BertSequenceClassifier  # noqa: E402
 from keras_attn.models.bert import build_bert  # noqa: E402
 from keras_attn.models.lora import enable_lora  # noqa: E402
 from keras_attn.models.lora import merge_lora  # noqa: E402
+from keras_attn.zoo.runs import write_json  # noqa: E402
 
 RESULTS = """
 measured 2026-11-21, default arguments, 2 CPU cores shared with other jobs:
@@ -158,7 +158,7 @@ def main():
     parser.add_argument("--smoke", action="store_true", help="a few steps only")
     args = parser.parse_args()
     if args.formats is None:
-        formats = [f for f in FORMATS if not _missing(f.split("_")[0])]
+        formats = [f for f in FORMATS if not _missing(f.rsplit("_", 1)[0])]
         for format in ("onnx", "litert"):
             if _missing(format):
                 print(f"not scoring {format}: `pip install keras-attn[{format}]` "
@@ -256,8 +256,10 @@ def main():
     exports = {"saved_model_float32": _scored(served_predictions, y_test, path)}
     token_ids, segment_ids, padding_mask = (
         x.numpy() for x in text.pack_pairs(tokenizer, args.sequence_length)(test_texts))
-    for name in formats[1:]:
-        format, precision = name.split("_")
+    for name in formats:
+        if name == "saved_model_float32":
+            continue
+        format, precision = name.rsplit("_", 1)
         target = os.path.join(args.output, name)
         export_text_classifier(model, tokenizer, target, sequence_length=args.sequence_length,
                                format=format, precision=precision)
@@ -270,8 +272,7 @@ def main():
               "keras_metrics": {"accuracy": accuracy}, "exports": exports,
               "source": f"examples/bert_finetune.py ({source})",
               "date": datetime.date.today().isoformat()}
-    with open(os.path.join(args.output, "served.json"), "w") as stream:
-        json.dump(report, stream, indent=2)
+    write_json(os.path.join(args.output, "served.json"), report)  # atomically
     print(f"wrote {os.path.join(args.output, 'served.json')}; total {time.time() - start:.0f} s")
 
 
