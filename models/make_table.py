@@ -289,7 +289,7 @@ def record_served(run_dir, root=HERE):
         if missing:
             raise SystemExit(f"{run_dir} is not a served.json (it lacks {missing})")
         target = os.path.join(root, "results", served["name"] + ".served.json")
-        shutil.copyfile(run_dir, target)
+        write_json(target, served)  # atomically
         print(f"recorded {target}")
         return
 

@@ -197,8 +197,9 @@ def _onnx_to_float16(file):
     (onnxruntime folds the casts when it loads the model).
 
     Written here: onnxconverter-common converts the arithmetic to float16
-    as well, which takes minutes (quadratic in the nodes) on the speech
-    recognizer's graph, writes Cast nodes onnxruntime refuses to load, and
+    as well, which ran over 10 minutes without finishing on the speech
+    recognizer's graph (a scan of the graph per node it keeps in float32),
+    writes Cast nodes onnxruntime refuses to load, and
     would put a log-mel power spectrum through float16 (the failure the
     float16 Conformer once had). A weight with a value float16 cannot
     hold (a -1e9 mask constant) stays float32."""
