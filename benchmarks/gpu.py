@@ -1,5 +1,6 @@
 """GPU benchmarks: keras_attn (JAX backend, bf16) side by side with keras-hub
-on JAX, Hugging Face transformers and timm on PyTorch, in one call.
+on JAX and the PyTorch libraries users train with (Hugging Face
+transformers, timm, torchaudio), eager and under `torch.compile`, in one call.
 
 Run on the lent H100 / H200 (see ../shared/gpu/README.md for the wheels and
 the command prefix):
@@ -21,22 +22,38 @@ memory is its own and JAX and PyTorch never share an allocator):
   for keras_attn, keras-hub's `ViTImageClassifier` and timm's
   `vit_base_patch16_224` (bf16 autocast). No dropout on any side.
 - `transformer_big`: the Transformer big encoder-decoder training step,
-  target tokens/s (label-smoothed cross-entropy, shared 37k vocabulary).
+  target tokens/s (label-smoothed cross-entropy, shared 37k vocabulary),
+  against transformers' `MarianMTModel` with the same sizes (post-norm,
+  sinusoidal positions, tied embeddings, ReLU, dropout 0.3) and the same
+  token ids.
+- `conformer_large`: Conformer (L) (17 blocks of width 512, 8 heads,
+  kernel 31) with CTC on 32 utterances of 16 s of 80-bin log-mel features
+  (1,600 frames, 100 labels each): utterances/s against torchaudio's
+  `Conformer` between the same two-convolution 4x subsampling and linear
+  CTC head written in PyTorch. SpecAugment off on our side (the peer has
+  none); torchaudio's blocks have no relative positions, ours do.
 - `attention`: the attention op alone, forward + backward, head dim 64,
-  16 heads, 16k tokens per batch, lengths 512-8192: TFLOP/s of the fused
-  path (`keras.ops.dot_product_attention`, backend's choice and cuDNN flash
-  forced) against the explicit `softmax(QK^T)V` path.
+  16 heads, 16k tokens per batch, at BERT's 128 and 512, ViT-B/16's 197 and
+  577 (224 and 384 pixels) and 1024-8192: TFLOP/s of the fused path
+  (`fused_dot_product_attention`: backend's choice, and cuDNN flash
+  forced), of the fused path without padding where the length is not a
+  multiple of the kernel's 8, and of the explicit `softmax(QK^T)V` path,
+  each with the fused kernels its compiled program calls (cuDNN's custom
+  calls), or "XLA ops" where none.
 - `memory`: BERT-base at length 512: the largest batch that fits on the
   device without and with rematerialisation of each transformer block
-  (`build_bert(..., remat=True)`), read off XLA's compiled memory analysis and then
-  checked by running that batch.
+  (`build_bert(..., remat=True)`), read off XLA's compiled memory analysis
+  at two batches, the predicted batch's own analysis checked, then that
+  compiled step run (`largest_fitting_batch`); each compile's seconds are
+  in the table.
 
 Training steps on JAX are one jitted function over the models'
 `stateless_call` and the optimizer's `stateless_apply` with donated
-buffers, the data already on the device; PyTorch peers run the usual eager
-loop (`--torch-compile` adds `torch.compile` rows). Throughput is the
-median over 5 timed rounds of 10 steps each (2 of 2 with `--smoke`), after
-a compiling call and one warm-up round.
+buffers, the data already on the device; PyTorch peers run the usual
+loop, eager and under `torch.compile` (its first step, where it compiles,
+is reported apart; `--no-torch-compile` skips those runs). Throughput is
+the median over 5 timed rounds of 10 steps each (2 of 2 with `--smoke`),
+after a compiling call and one warm-up round.
 
 MFU = model FLOPs per second / the device's dense bf16 peak, with the model
 FLOPs per token 6N + 12 L d T (N parameters, L layers, d width, T length;
@@ -45,8 +62,9 @@ figure for every implementation of a row, so MFU ratios are throughput
 ratios. Attention FLOPs follow the FlashAttention benchmark convention:
 4 B N T^2 H forward, 2.5 times that backward.
 
-Prints a progress line per run and a markdown table last; with `--out DIR`
-also writes `gpu_results.json` and `gpu_table.md` there.
+Prints each run's progress as it comes and a markdown table last; with
+`--out DIR` also writes `gpu_results.json` and `gpu_table.md` there. A run
+past `--timeout` is stopped and reported with the last thing it printed.
 """
 
 import argparse
@@ -56,6 +74,8 @@ import re
 import statistics
 import subprocess
 import sys
+import tempfile
+import threading
 import time
 import traceback
 
@@ -69,7 +89,8 @@ from _flops import attention_flops  # noqa: E402
 from _flops import dense_bf16_peak  # noqa: E402
 from _flops import transformer_flops_per_token  # noqa: E402
 
-CASES = ("bert128", "bert512", "vit", "transformer_big", "attention", "memory")
+CASES = ("bert128", "bert512", "vit", "transformer_big", "conformer_large", "attention",
+         "memory")
 
 
 # === Sizes ===
@@ -88,7 +109,11 @@ def sizes(smoke):
             "transformer": dict(vocabulary_size=500, hidden_dim=64, intermediate_dim=128,
                                 num_heads=2, num_encoder_layers=1, num_decoder_layers=1),
             "transformer_batch": (4, 16),
-            "attention": dict(lengths=(64, 128), tokens=256, heads=2, head_dim=16),
+            "conformer": dict(num_layers=2, hidden_dim=64, num_heads=2, kernel_size=15,
+                              num_mel_bins=40, vocabulary_size=31),
+            "conformer_batch": (2, 200, 20),
+            # 17 is not a multiple of the kernel's 8: the padded path runs too.
+            "attention": dict(lengths=(17, 64), tokens=256, heads=2, head_dim=16),
             "memory_batches": (2, 4),
             "steps": 2, "rounds": 2,
         }
@@ -103,8 +128,17 @@ def sizes(smoke):
         "transformer": dict(vocabulary_size=37000, hidden_dim=1024, intermediate_dim=4096,
                             num_heads=16, num_encoder_layers=6, num_decoder_layers=6),
         "transformer_batch": (192, 128),
-        "attention": dict(lengths=(512, 1024, 2048, 4096, 8192), tokens=16384, heads=16,
-                          head_dim=64),
+        # Gulati et al. 2020, Table 1, Conformer (L); kernel 31, not the
+        # paper's 32: torchaudio's Conformer takes odd kernels only.
+        "conformer": dict(num_layers=17, hidden_dim=512, num_heads=8, kernel_size=31,
+                          num_mel_bins=80, vocabulary_size=1023),
+        # (utterances, frames of 10 ms: 16 s, labels an utterance: about
+        # six word pieces a second).
+        "conformer_batch": (32, 1600, 100),
+        # BERT's 128 and 512, ViT-B/16's 197 (224 px) and 577 (384 px), and
+        # the long lengths of the FlashAttention benchmark.
+        "attention": dict(lengths=(128, 197, 512, 577, 1024, 2048, 4096, 8192), tokens=16384,
+                          heads=16, head_dim=64),
         "memory_batches": (16, 32),
         "steps": 10, "rounds": 5,
     }
@@ -288,6 +322,17 @@ def run_vit_jax(impl, smoke):
             "parameters": int(model.count_params()), "loss": loss}
 
 
+def _transformer_data(smoke, xp):
+    """Source ids, target ids and labels `(B, T)` (ids 3..V-1: no padding,
+    start or end id), the same for every implementation."""
+    s = sizes(smoke)
+    batch, length = s["transformer_batch"]
+    v = s["transformer"]["vocabulary_size"]
+    rng = np.random.default_rng(0)
+    return tuple(xp.asarray(rng.integers(3, v, (batch, length)).astype("int32"))
+                 for _ in range(3))
+
+
 def run_transformer_jax(impl, smoke):
     keras = _jax_setup()
     import jax.numpy as jnp
@@ -297,11 +342,7 @@ def run_transformer_jax(impl, smoke):
     s = sizes(smoke)
     cfg = s["transformer"]
     batch, length = s["transformer_batch"]
-    rng = np.random.default_rng(0)
-    v = cfg["vocabulary_size"]
-    source = jnp.asarray(rng.integers(3, v, (batch, length)).astype("int32"))
-    target = jnp.asarray(rng.integers(3, v, (batch, length)).astype("int32"))
-    labels = jnp.asarray(rng.integers(3, v, (batch, length)).astype("int32"))
+    source, target, labels = _transformer_data(smoke, jnp)
     keras.utils.set_random_seed(0)
     model = build_transformer("transformer_big", max_sequence_length=max(length, 256), **cfg)
 
@@ -314,22 +355,80 @@ def run_transformer_jax(impl, smoke):
             "parameters": int(model.count_params()), "loss": loss}
 
 
+def _conformer_data(smoke, xp):
+    """Log-mel features `(B, T, mels)`, their lengths and CTC labels in
+    1..V: the same arrays for every implementation."""
+    s = sizes(smoke)
+    cfg = s["conformer"]
+    batch, frames, labels_per = s["conformer_batch"]
+    rng = np.random.default_rng(0)
+    features = rng.normal(size=(batch, frames, cfg["num_mel_bins"])).astype("float32")
+    lengths = np.full((batch,), frames, "int32")
+    labels = rng.integers(1, cfg["vocabulary_size"] + 1, (batch, labels_per)).astype("int32")
+    return xp.asarray(features), xp.asarray(lengths), xp.asarray(labels)
+
+
+def run_conformer_jax(smoke):
+    keras = _jax_setup()
+    import jax.numpy as jnp
+    from keras import ops
+
+    from keras_attn.models.conformer import build_conformer
+
+    s = sizes(smoke)
+    cfg = s["conformer"]
+    features, lengths, labels = _conformer_data(smoke, jnp)
+    keras.utils.set_random_seed(0)
+    # SpecAugment off: the peer has none, and it is not what is timed.
+    model = build_conformer("conformer_large", input_type="features", freq_mask_count=0,
+                            time_mask_count=0, **cfg)
+
+    def loss_fn(y, out):
+        label_lengths = ops.sum(ops.cast(y > 0, "int32"), axis=1)
+        return ops.mean(ops.ctc_loss(y, ops.cast(out["logits"], "float32"), label_lengths,
+                                     out["logit_lengths"], mask_index=0))
+
+    step, state = make_jax_train_step(model, loss_fn)
+    x = {"features": features, "feature_length": lengths}
+    seconds, loss = time_jax_steps(step, state, x, labels, s["steps"], s["rounds"])
+    return {"seconds_per_step": seconds, "batch": int(features.shape[0]),
+            "length": int(features.shape[1]), "parameters": int(model.count_params()),
+            "loss": loss}
+
+
+def fused_kernels(compiled_text):
+    """The fused attention kernels a compiled XLA program calls: its custom
+    calls whose target names cuDNN's attention (`__cudnn$fmha...`) or a
+    flash kernel. Empty when attention is XLA's own dots and softmax."""
+    targets = set(re.findall(r'custom_call_target="([^"]+)"', compiled_text))
+    return sorted(t for t in targets if re.search(r"fmha|flash|attention", t, re.IGNORECASE))
+
+
 def run_attention_jax(smoke):
     keras = _jax_setup()
     import jax
     import jax.numpy as jnp
 
+    from keras_attn.layers.scaled_dot_product_attention import KERNEL_LENGTH_MULTIPLE
     from keras_attn.layers.scaled_dot_product_attention import fused_dot_product_attention
     from keras_attn.layers.scaled_dot_product_attention import scaled_dot_product_attention
 
     s = sizes(smoke)
     a = s["attention"]
     n, h = a["heads"], a["head_dim"]
+    # The dispatch pads to the kernel's multiple on a GPU only; these rows
+    # force it, so that a CPU smoke run takes the padded path too.
+    m = KERNEL_LENGTH_MULTIPLE
     paths = {
         "explicit": lambda q, k, v: scaled_dot_product_attention(q, k, v),
-        "fused (backend's choice)": lambda q, k, v: fused_dot_product_attention(q, k, v),
+        "fused (backend's choice)": lambda q, k, v: fused_dot_product_attention(
+            q, k, v, length_multiple=m),
         "fused (cuDNN flash forced)": lambda q, k, v: fused_dot_product_attention(
-            q, k, v, flash_attention=True),
+            q, k, v, flash_attention=True, length_multiple=m),
+        # What the dispatch did before it padded (Keras falls back when
+        # cuDNN refuses the length): only where the length needs padding.
+        "fused, not padded": lambda q, k, v: fused_dot_product_attention(
+            q, k, v, length_multiple=1),
     }
     rows = []
     for length in a["lengths"]:
@@ -339,41 +438,130 @@ def run_attention_jax(smoke):
                    for kk in jax.random.split(key, 3))
         flops = attention_flops(batch, n, length, h, backward=True)
         for name, fn in paths.items():
+            if name == "fused, not padded" and length % m == 0:
+                continue
+
             def loss(q, k, v, fn=fn):
                 return jnp.sum(fn(q, k, v).astype("float32"))
 
-            grad = jax.jit(jax.grad(loss, argnums=(0, 1, 2)))
+            row = {"length": length, "batch": batch, "path": name}
             try:
-                jax.block_until_ready(grad(q, k, v))
+                # Which kernel ran, as the compiled program says it.
+                compiled = jax.jit(jax.grad(loss, argnums=(0, 1, 2))).lower(q, k, v).compile()
+                kernels = fused_kernels(compiled.as_text())
+                row["kernel"] = ", ".join(kernels) if kernels else "XLA ops (no fused kernel)"
+                jax.block_until_ready(compiled(q, k, v))
                 times = []
                 for _ in range(s["rounds"] + 1):
                     start = time.perf_counter()
                     for _ in range(s["steps"]):
-                        out = grad(q, k, v)
+                        out = compiled(q, k, v)
                     jax.block_until_ready(out)
                     times.append((time.perf_counter() - start) / s["steps"])
                 seconds = statistics.median(times[1:])
-                rows.append({"length": length, "batch": batch, "path": name,
-                             "seconds": seconds, "tflops": flops / seconds / 1e12})
+                row.update(seconds=seconds, tflops=flops / seconds / 1e12)
             except Exception as e:  # noqa: BLE001 - recorded, not hidden
-                rows.append({"length": length, "batch": batch, "path": name,
-                             "error": f"{type(e).__name__}: {str(e).splitlines()[0][:160]}"})
+                row["error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:160]}"
+            rows.append(row)
             print(f"  attention T={length} {name}: "
-                  f"{rows[-1].get('tflops', rows[-1].get('error'))}", flush=True)
+                  f"{row.get('tflops', row.get('error'))} [{row.get('kernel', '')}]", flush=True)
     return {"rows": rows}
 
 
-def _compiled_bytes(step, state, x, y):
-    analysis = step.lower(state, x, y).compile().memory_analysis()
+def _compiled_bytes(compiled):
+    """Device bytes a compiled step needs, from XLA's memory analysis."""
+    analysis = compiled.memory_analysis()
     return (analysis.argument_size_in_bytes + analysis.output_size_in_bytes
             - analysis.alias_size_in_bytes + analysis.temp_size_in_bytes)
 
 
-def run_memory_jax(remat, smoke, limit_bytes=None):
-    """Largest BERT-base length-512 batch that fits: memory(B) from XLA's
-    memory analysis at two batch sizes, a straight line through them, then
-    one real step at the predicted batch (stepping down 10% on OOM)."""
+def _is_oom(error):
+    return "RESOURCE_EXHAUSTED" in str(error) or "Out of memory" in str(error)
+
+
+def largest_fitting_batch(compile_at, run, limit_bytes, batches, deadline=None, multiple=8,
+                          headroom=0.97, log=print):
+    """The largest batch whose training step fits in `limit_bytes`.
+
+    `compile_at(batch) -> (compiled, bytes)` compiles the step for a batch
+    and reads XLA's memory analysis; `run(compiled, batch) -> seconds` runs
+    that compiled step (raising on an out-of-memory error).
+
+    memory(B) is a straight line through the two `batches`; the predicted
+    batch is compiled, and checked against the limit by its own analysis
+    before it runs: a prediction that does not fit steps down by the line
+    through what it measured, without running (each attempt costs a compile,
+    40-60 s for BERT-base on an H100, more with rematerialisation; the run
+    that stepped down 10% per out-of-memory run, recompiling each time, did
+    not finish in 275 s). The step that runs is the one compiled, never a
+    second compile. With `deadline` (a `time.time()`), no compile starts
+    that would end after it: the result then says why it stopped.
+    """
+    b1, b2 = batches
+    compiled_bytes, compile_seconds = {}, {}
+
+    def compile_timed(batch):
+        start = time.time()
+        compiled, used = compile_at(batch)
+        compile_seconds[batch] = time.time() - start
+        compiled_bytes[batch] = used
+        log(f"  batch {batch}: compiled in {compile_seconds[batch]:.1f} s, "
+            f"{used / 2**30:.2f} GiB")
+        return compiled, used
+
+    compile_timed(b1)
+    compile_timed(b2)
+    m1, m2 = compiled_bytes[b1], compiled_bytes[b2]
+    per_example = (m2 - m1) / (b2 - b1)
+    fixed = m1 - per_example * b1
+    result = {"bytes_at": compiled_bytes, "compile_seconds": compile_seconds,
+              "per_example_bytes": per_example, "fixed_bytes": fixed,
+              "limit_bytes": limit_bytes, "largest_batch": None}
+    if not limit_bytes:
+        return result
+    if per_example <= 0:
+        result["stopped"] = f"memory does not grow with the batch ({m1} -> {m2} bytes)"
+        return result
+
+    def round_down(batch):
+        batch = int(batch)
+        return batch - batch % multiple if batch >= multiple else max(1, batch)
+
+    target = headroom * limit_bytes
+    batch = round_down((target - fixed) / per_example)
+    result["predicted_batch"] = batch
+    tried = set()
+    while batch >= 1 and batch not in tried:
+        tried.add(batch)
+        expected = max(compile_seconds.values())
+        if deadline is not None and time.time() + 1.5 * expected > deadline:
+            result["stopped"] = (f"out of time before compiling batch {batch} "
+                                 f"(a compile took {expected:.0f} s)")
+            return result
+        compiled, used = compile_timed(batch)
+        if used > target:
+            # Step down along the line through this batch's own analysis.
+            slope = (used - fixed) / batch
+            batch = round_down(min((target - fixed) / slope, 0.95 * batch))
+            continue
+        try:
+            seconds = run(compiled, batch)
+        except Exception as e:  # noqa: BLE001 - only an OOM steps down
+            if not _is_oom(e):
+                raise
+            log(f"  batch {batch}: out of memory when run")
+            batch = round_down(0.9 * batch)
+            continue
+        result.update(largest_batch=batch, seconds_per_step=seconds)
+        return result
+    result["stopped"] = "no batch fitted"
+    return result
+
+
+def run_memory_jax(remat, smoke, limit_bytes=None, deadline=None):
+    """Largest BERT-base length-512 batch that fits (`largest_fitting_batch`)."""
     keras = _jax_setup()
+    import jax
     import jax.numpy as jnp
 
     s = sizes(smoke)
@@ -390,39 +578,32 @@ def run_memory_jax(remat, smoke, limit_bytes=None):
 
     step, state = make_jax_train_step(model, loss_fn)
     rng = np.random.default_rng(0)
+    # Each run starts from a fresh device copy: the step donates its
+    # state, so a failed run may leave the buffers it was given deleted.
+    host_state = jax.tree.map(np.asarray, state)
+    del state
 
     def data(batch):
         x, labels, _, _ = _bert_inputs(rng, batch, length, cfg["vocabulary_size"], jnp)
         return x, {"mlm": labels, "nsp": jnp.zeros((batch,), "int32")}
 
-    # Each attempt below starts from a fresh device copy: the step donates
-    # its state, so a failed attempt may leave the buffers it was given
-    # deleted.
-    import jax
+    def compile_at(batch):
+        x, y = data(batch)
+        shapes = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype),
+                              (host_state, x, y))
+        compiled = step.lower(*shapes).compile()
+        return compiled, _compiled_bytes(compiled)
 
-    host_state = jax.tree.map(np.asarray, state)
-    b1, b2 = s["memory_batches"]
-    m1, m2 = (_compiled_bytes(step, state, *data(b)) for b in (b1, b2))
-    per_example = (m2 - m1) / (b2 - b1)
-    fixed = m1 - per_example * b1
-    result = {"remat": remat, "bytes_at": {b1: m1, b2: m2}, "per_example_bytes": per_example,
-              "fixed_bytes": fixed, "limit_bytes": limit_bytes}
-    if not limit_bytes:
-        return result
-    batch = int((0.97 * limit_bytes - fixed) // per_example)
-    batch = max(8, batch - batch % 8) if not smoke else max(1, batch)
-    for _ in range(4):
-        try:
-            x, y = data(batch)
-            state = jax.tree.map(jnp.asarray, host_state)
-            seconds, _ = time_jax_steps(step, state, x, y, 1, 1)
-            result.update(largest_batch=batch, seconds_per_step=seconds)
-            return result
-        except Exception as e:  # noqa: BLE001 - an OOM steps the batch down
-            if "RESOURCE_EXHAUSTED" not in str(e) and "Out of memory" not in str(e):
-                raise
-            batch = int(batch * 0.9)
-    result["largest_batch"] = None
+    def run(compiled, batch):
+        x, y = data(batch)
+        state = jax.tree.map(jnp.asarray, host_state)
+        return time_jax_steps(compiled, state, x, y, 1, 1)[0]
+
+    result = largest_fitting_batch(compile_at, run, limit_bytes, s["memory_batches"],
+                                   deadline=deadline,
+                                   log=lambda line: print(line.replace("  ", "  memory: ", 1),
+                                                          flush=True))
+    result["remat"] = remat
     return result
 
 
@@ -461,6 +642,37 @@ def _torch_peak(device):
     return torch.cuda.max_memory_allocated() if device.type == "cuda" else None
 
 
+def _torch_train(model, compute_loss, smoke, compile_model):
+    """Times AdamW training steps of a PyTorch model under bf16 autocast:
+    `compute_loss(forward)` is the loss of one batch through `forward`
+    (the model, or the model under `torch.compile`)."""
+    import torch
+
+    s = sizes(smoke)
+    device = _torch_device()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
+    forward = torch.compile(model) if compile_model else model
+
+    def step():
+        optimizer.zero_grad(set_to_none=True)
+        with torch.autocast(device.type, dtype=torch.bfloat16):
+            loss = compute_loss(forward)
+        loss.backward()
+        optimizer.step()
+        return loss
+
+    compile_start = time.perf_counter()
+    loss = step()  # torch.compile compiles here
+    first_step = time.perf_counter() - compile_start
+    seconds = _time_torch(step, s["steps"], s["rounds"], device)
+    return {"seconds_per_step": seconds, "first_step_seconds": first_step,
+            "loss": float(loss.detach().float()),
+            # Trainable ones, as Keras's count_params of the peer's model
+            # (Marian keeps its sinusoidal tables as frozen parameters).
+            "parameters": sum(p.numel() for p in model.parameters() if p.requires_grad),
+            "peak_bytes": _torch_peak(device)}
+
+
 def run_bert_torch(case, smoke, compile_model=False):
     import torch
     import transformers
@@ -487,20 +699,8 @@ def run_bert_torch(case, smoke, compile_model=False):
         "attention_mask": torch.ones((batch, length), dtype=torch.long, device=device),
         "labels": torch.as_tensor(labels, dtype=torch.long, device=device),
     }
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
-    forward = torch.compile(model) if compile_model else model
-
-    def step():
-        optimizer.zero_grad(set_to_none=True)
-        with torch.autocast(device.type, dtype=torch.bfloat16):
-            loss = forward(**inputs).loss
-        loss.backward()
-        optimizer.step()
-
-    seconds = _time_torch(step, s["steps"], s["rounds"], device)
-    return {"seconds_per_step": seconds, "batch": batch, "length": length,
-            "parameters": sum(p.numel() for p in model.parameters()),
-            "peak_bytes": _torch_peak(device)}
+    result = _torch_train(model, lambda forward: forward(**inputs).loss, smoke, compile_model)
+    return dict(result, batch=batch, length=length)
 
 
 def run_vit_torch(smoke, compile_model=False):
@@ -519,44 +719,146 @@ def run_vit_torch(smoke, compile_model=False):
     ).to(device).train()
     images = torch.rand((batch, 3, cfg["image_size"], cfg["image_size"]), device=device)
     labels = torch.randint(0, cfg["num_classes"], (batch,), device=device)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
-    forward = torch.compile(model) if compile_model else model
     loss_fn = torch.nn.CrossEntropyLoss()
+    result = _torch_train(model, lambda forward: loss_fn(forward(images), labels), smoke,
+                          compile_model)
+    return dict(result, batch=batch)
 
-    def step():
-        optimizer.zero_grad(set_to_none=True)
-        with torch.autocast(device.type, dtype=torch.bfloat16):
-            loss = loss_fn(forward(images), labels)
-        loss.backward()
-        optimizer.step()
 
-    seconds = _time_torch(step, s["steps"], s["rounds"], device)
-    return {"seconds_per_step": seconds, "batch": batch,
-            "parameters": sum(p.numel() for p in model.parameters()),
-            "peak_bytes": _torch_peak(device)}
+def run_marian_torch(smoke, compile_model=False):
+    """transformers' `MarianMTModel` at keras_attn's `transformer_big`
+    sizes: post-norm, sinusoidal positions, scaled and shared embeddings
+    tied to the output layer, ReLU, dropout 0.3; the same label-smoothed
+    (0.1) cross-entropy over the same token ids."""
+    import torch
+    import transformers
+
+    s = sizes(smoke)
+    cfg = s["transformer"]
+    batch, length = s["transformer_batch"]
+    device = _torch_device()
+    torch.manual_seed(0)
+    config = transformers.MarianConfig(
+        vocab_size=cfg["vocabulary_size"], d_model=cfg["hidden_dim"],
+        encoder_layers=cfg["num_encoder_layers"], decoder_layers=cfg["num_decoder_layers"],
+        encoder_attention_heads=cfg["num_heads"], decoder_attention_heads=cfg["num_heads"],
+        encoder_ffn_dim=cfg["intermediate_dim"], decoder_ffn_dim=cfg["intermediate_dim"],
+        activation_function="relu", dropout=0.3, attention_dropout=0.0, activation_dropout=0.0,
+        max_position_embeddings=max(length, 256), scale_embedding=True,
+        share_encoder_decoder_embeddings=True, tie_word_embeddings=True,
+        pad_token_id=0, eos_token_id=2, decoder_start_token_id=1, forced_eos_token_id=2,
+        attn_implementation="sdpa",
+    )
+    model = transformers.MarianMTModel(config).to(device).train()
+    source, target, labels = (t.long().to(device) for t in _transformer_data(smoke, torch))
+    loss_fn = torch.nn.CrossEntropyLoss(label_smoothing=0.1)
+
+    def compute_loss(forward):
+        logits = forward(input_ids=source, decoder_input_ids=target).logits
+        return loss_fn(logits.float().reshape(-1, logits.shape[-1]), labels.reshape(-1))
+
+    result = _torch_train(model, compute_loss, smoke, compile_model)
+    return dict(result, batch=batch, length=length)
+
+
+def _torch_conformer_ctc(cfg):
+    """torchaudio's `Conformer` between the front and back ends keras_attn's
+    `ConformerCTC` has, written the same way in PyTorch: two 3x3 stride-2
+    convolutions with ReLU over (time, mel) and a linear projection to the
+    model width, input dropout, then a linear CTC head over V + 1 classes
+    (0 the blank). torchaudio's blocks use absolute-position-free
+    self-attention where ours have relative positions (Transformer-XL)."""
+    import torch
+    from torchaudio.models import Conformer
+
+    d = cfg["hidden_dim"]
+
+    class ConformerCTC(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv = torch.nn.Sequential(
+                torch.nn.Conv2d(1, d, 3, stride=2), torch.nn.ReLU(),
+                torch.nn.Conv2d(d, d, 3, stride=2), torch.nn.ReLU(),
+            )
+            freq = cfg["num_mel_bins"]
+            for _ in range(2):
+                freq = (freq - 3) // 2 + 1
+            self.projection = torch.nn.Linear(d * freq, d)
+            self.dropout = torch.nn.Dropout(0.1)
+            self.encoder = Conformer(
+                input_dim=d, num_heads=cfg["num_heads"], ffn_dim=4 * d,
+                num_layers=cfg["num_layers"], depthwise_conv_kernel_size=cfg["kernel_size"],
+                dropout=0.1,
+            )
+            self.head = torch.nn.Linear(d, cfg["vocabulary_size"] + 1)
+
+        def forward(self, features, lengths):
+            x = self.conv(features.unsqueeze(1))  # (B, C, T', F')
+            b, c, t, f = x.shape
+            x = self.dropout(self.projection(x.permute(0, 2, 1, 3).reshape(b, t, c * f)))
+            for _ in range(2):
+                lengths = torch.div(lengths - 3, 2, rounding_mode="floor") + 1
+            x, lengths = self.encoder(x, lengths)
+            return self.head(x), lengths
+
+    return ConformerCTC()
+
+
+def run_conformer_torch(smoke, compile_model=False):
+    import torch
+
+    s = sizes(smoke)
+    cfg = s["conformer"]
+    device = _torch_device()
+    torch.manual_seed(0)
+    model = _torch_conformer_ctc(cfg).to(device).train()
+    features, lengths, labels = (t.to(device) for t in _conformer_data(smoke, torch))
+    lengths, labels = lengths.long(), labels.long()
+    label_lengths = (labels > 0).sum(1)
+    # Per-utterance losses averaged over the batch, as keras_attn's step
+    # (the "mean" reduction would also divide each by its label length).
+    ctc = torch.nn.CTCLoss(blank=0, reduction="none")
+
+    def compute_loss(forward):
+        logits, logit_lengths = forward(features, lengths)
+        log_probs = logits.float().log_softmax(-1).transpose(0, 1)  # (T', B, V + 1)
+        return ctc(log_probs, labels, logit_lengths, label_lengths).mean()
+
+    result = _torch_train(model, compute_loss, smoke, compile_model)
+    return dict(result, batch=int(features.shape[0]), length=int(features.shape[1]))
 
 
 # === One run in a subprocess ===
 
+TORCH_PEERS = {"transformers": "transformers", "timm": "timm", "marian": "transformers",
+               "torchaudio": "torchaudio"}
 
-def run_one(spec, smoke):
+
+def run_one(spec, smoke, deadline=None):
     """Runs one `case:impl` and returns its result dict (device, peak memory)."""
     case, impl = spec.split(":")
     compile_model = impl.endswith("+compile")
     base = impl.replace("+compile", "")
-    if base in ("transformers", "timm"):
+    if base in TORCH_PEERS:
+        import importlib.metadata as md
+
         import torch
 
         device = _torch_device()
         name = torch.cuda.get_device_name() if device.type == "cuda" else "cpu"
         if case.startswith("bert"):
             result = run_bert_torch(case, smoke, compile_model)
-        else:
+        elif case == "vit":
             result = run_vit_torch(smoke, compile_model)
-        import importlib.metadata as md
-
+        elif case == "transformer_big":
+            result = run_marian_torch(smoke, compile_model)
+        elif case == "conformer_large":
+            result = run_conformer_torch(smoke, compile_model)
+        else:
+            raise ValueError(f"No PyTorch peer for case {case!r}")
+        package = TORCH_PEERS[base]
         result.update(device=name, software=f"torch {torch.__version__}, "
-                      f"{base} {md.version(base)}")
+                      f"{package} {md.version(package)}")
         return result
     keras = _jax_setup()
     import jax
@@ -568,11 +870,14 @@ def run_one(spec, smoke):
         result = run_vit_jax(base, smoke)
     elif case == "transformer_big":
         result = run_transformer_jax(base, smoke)
+    elif case == "conformer_large":
+        result = run_conformer_jax(smoke)
     elif case == "attention":
         result = run_attention_jax(smoke)
     elif case == "memory":
         # A CPU has no device memory limit: --smoke pretends to have 64 MiB.
-        result = run_memory_jax(base == "remat", smoke, None if not smoke else 2**26)
+        result = run_memory_jax(base == "remat", smoke, None if not smoke else 2**26,
+                                deadline=deadline)
     else:
         raise ValueError(f"Unknown case {case!r}")
     software = f"keras {keras.__version__}, jax {jax.__version__}"
@@ -588,31 +893,69 @@ PLAN = {
     "bert128": ["keras_attn", "keras_hub", "transformers"],
     "bert512": ["keras_attn", "keras_hub", "transformers"],
     "vit": ["keras_attn", "keras_hub", "timm"],
-    "transformer_big": ["keras_attn"],
+    "transformer_big": ["keras_attn", "marian"],
+    "conformer_large": ["keras_attn", "torchaudio"],
     "attention": ["keras_attn"],
     "memory": ["no_remat", "remat"],
 }
 
 
+def plan(cases, torch_compile=True):
+    """The `case:impl` runs of `cases`, each PyTorch peer eager and, with
+    `torch_compile`, under `torch.compile` too (what its users train with)."""
+    specs = []
+    for case in cases:
+        for impl in PLAN[case]:
+            specs.append(f"{case}:{impl}")
+            if torch_compile and impl in TORCH_PEERS:
+                specs.append(f"{case}:{impl}+compile")
+    return specs
+
+
+def _progress(line):
+    return line.startswith("  ")
+
+
 def launch(spec, smoke, timeout):
-    """Runs `spec` in a fresh Python; returns its result or its error."""
+    """Runs `spec` in a fresh Python and returns its result or its error.
+    Its progress lines (two leading spaces) are printed as they come, and a
+    run that times out says how far it got. The run is told its deadline
+    (`memory` stops starting compiles that would pass it)."""
     env = dict(os.environ, KERAS_BACKEND="jax", XLA_PYTHON_CLIENT_PREALLOCATE="false",
-               TF_CPP_MIN_LOG_LEVEL="3", PYTHONUNBUFFERED="1")
+               TF_CPP_MIN_LOG_LEVEL="3", PYTHONUNBUFFERED="1",
+               GPU_BENCH_DEADLINE=str(time.time() + timeout - 15))
     cmd = [sys.executable, os.path.abspath(__file__), "--run", spec] + (["--smoke"] if smoke else [])
     start = time.perf_counter()
-    try:
-        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
-    except subprocess.TimeoutExpired:
-        return {"error": f"timed out after {timeout} s"}
-    for line in proc.stdout.splitlines():
-        if line.startswith("  "):
-            print(line, flush=True)
-    marker = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
+    lines = []
+    with tempfile.TemporaryFile("w+") as stderr:
+        proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=stderr, text=True)
+
+        def read():
+            for line in proc.stdout:
+                lines.append(line.rstrip("\n"))
+                if _progress(line):
+                    print(line, end="", flush=True)
+
+        reader = threading.Thread(target=read, daemon=True)
+        reader.start()
+        try:
+            proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+            reader.join(10)
+            done = [line.strip() for line in lines if _progress(line)]
+            return {"error": f"timed out after {timeout} s"
+                    + (f"; last: {done[-1]}" if done else "; nothing printed")}
+        reader.join(30)
+        stderr.seek(0)
+        err = stderr.read()
+    marker = [line for line in lines if line.startswith("RESULT ")]
     if proc.returncode != 0 or not marker:
-        lines = (proc.stderr or proc.stdout).strip().splitlines()
+        out = (err or "\n".join(lines)).strip().splitlines()
         # The exception's own line: "ModuleNotFoundError: No module named ...".
-        errors = [line for line in lines if re.match(r"^[\w.]*(Error|Exception|Exhausted)\b", line)]
-        message = errors[-1] if errors else (lines[-1] if lines else f"exit {proc.returncode}")
+        errors = [line for line in out if re.match(r"^[\w.]*(Error|Exception|Exhausted)\b", line)]
+        message = errors[-1] if errors else (out[-1] if out else f"exit {proc.returncode}")
         return {"error": message.replace("|", "/")[:300]}
     result = json.loads(marker[-1][len("RESULT "):])
     result["wall_seconds"] = time.perf_counter() - start
@@ -631,7 +974,7 @@ def table(results, smoke):
     lines = ["| case | implementation | throughput | MFU | keras_attn time / this | peak GiB | notes |",
              "|---|---|---|---|---|---|---|"]
     s = sizes(smoke)
-    for case in ("bert128", "bert512", "vit", "transformer_big"):
+    for case in ("bert128", "bert512", "vit", "transformer_big", "conformer_large"):
         runs = {k.split(":")[1]: v for k, v in results.items() if k.split(":")[0] == case}
         if not runs:
             continue
@@ -654,35 +997,46 @@ def table(results, smoke):
                 flops_step = batch * tokens * transformer_flops_per_token(
                     ours.get("parameters", r["parameters"]), cfg["num_layers"],
                     cfg["hidden_dim"], tokens)
-            else:
+            elif case == "transformer_big":
                 unit, per_step, flops_step = "target tokens/s", batch * r["length"], None
+            else:
+                unit, per_step, flops_step = "utterances/s", batch, None
             rate = per_step / r["seconds_per_step"]
             peak = dense_bf16_peak(r.get("device", ""))
             mfu = f"{flops_step / r['seconds_per_step'] / peak:.1%}" if peak and flops_step else "n/a"
             vs = ""
             if impl != "keras_attn" and "seconds_per_step" in ours:
                 vs = f"{ours['seconds_per_step'] / r['seconds_per_step']:.2f}"
+            notes = f"batch {batch}, {r['parameters']:,} params"
+            if "first_step_seconds" in r:
+                notes += f", first step {r['first_step_seconds']:.0f} s"
             lines.append(f"| {case} | {impl} | {rate:,.0f} {unit} | {mfu} | {vs} | "
-                         f"{_gib(r.get('peak_bytes'))} | batch {batch}, {r['parameters']:,} params |")
+                         f"{_gib(r.get('peak_bytes'))} | {notes} |")
     att = results.get("attention:keras_attn")
     if att:
-        lines += ["", "| attention length | batch | path | TFLOP/s fwd+bwd |", "|---|---|---|---|"]
+        lines += ["", "| attention length | batch | path | TFLOP/s fwd+bwd "
+                  "| kernel (compiled program) |", "|---|---|---|---|---|"]
         for row in att.get("rows", []):
             value = f"{row['tflops']:.3g}" if "tflops" in row else f"failed: {row['error']}"
-            lines.append(f"| {row['length']} | {row['batch']} | {row['path']} | {value} |")
+            lines.append(f"| {row['length']} | {row['batch']} | {row['path']} | {value} | "
+                         f"{row.get('kernel', '')} |")
         if "error" in att:
-            lines.append(f"| all | | | not measured: {att['error']} |")
+            lines.append(f"| all | | | not measured: {att['error']} | |")
     mem = [(k, v) for k, v in results.items() if k.startswith("memory:")]
     if mem:
-        lines += ["", "| BERT-base length 512 | per example MiB | fixed GiB | largest batch | s/step there |",
-                  "|---|---|---|---|---|"]
+        lines += ["", "| BERT-base length 512 | per example MiB | fixed GiB | largest batch | "
+                  "s/step there | compiles (batch: s) |", "|---|---|---|---|---|---|"]
         for key, r in mem:
             if "error" in r:
-                lines.append(f"| {key.split(':')[1]} | | | not measured: {r['error']} | |")
+                lines.append(f"| {key.split(':')[1]} | | | not measured: {r['error']} | | |")
                 continue
             step = f"{r['seconds_per_step']:.3f}" if r.get("seconds_per_step") else ""
+            largest = r.get("largest_batch")
+            if largest is None:
+                largest = f"none: {r.get('stopped', 'no device memory limit')}"
+            compiles = ", ".join(f"{b}: {t:.0f}" for b, t in r.get("compile_seconds", {}).items())
             lines.append(f"| {key.split(':')[1]} | {r['per_example_bytes'] / 2**20:.1f} | "
-                         f"{r['fixed_bytes'] / 2**30:.2f} | {r.get('largest_batch')} | {step} |")
+                         f"{r['fixed_bytes'] / 2**30:.2f} | {largest} | {step} | {compiles} |")
     return "\n".join(lines)
 
 
@@ -690,15 +1044,16 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--cases", default=",".join(CASES))
     parser.add_argument("--smoke", action="store_true", help="tiny sizes, any device")
-    parser.add_argument("--torch-compile", action="store_true",
-                        help="also time the PyTorch peers under torch.compile")
+    parser.add_argument("--no-torch-compile", action="store_true",
+                        help="skip the PyTorch peers' torch.compile runs")
     parser.add_argument("--timeout", type=int, default=300, help="seconds per run")
     parser.add_argument("--out", help="folder for gpu_results.json and gpu_table.md")
     parser.add_argument("--run", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.run:
+        deadline = os.environ.get("GPU_BENCH_DEADLINE")
         try:
-            result = run_one(args.run, args.smoke)
+            result = run_one(args.run, args.smoke, float(deadline) if deadline else None)
         except Exception:
             traceback.print_exc()
             sys.exit(1)
@@ -709,19 +1064,14 @@ def main(argv=None):
     if unknown:
         parser.error(f"unknown case(s) {unknown}; choose from {list(PLAN)}")
     results = {}
-    for case in cases:
-        impls = list(PLAN[case])
-        if args.torch_compile:
-            impls += [f"{i}+compile" for i in impls if i in ("transformers", "timm")]
-        for impl in impls:
-            spec = f"{case}:{impl}"
-            print(f"{time.strftime('%H:%M:%S')} {spec} ...", flush=True)
-            results[spec] = launch(spec, args.smoke, args.timeout)
-            r = results[spec]
-            print(f"{time.strftime('%H:%M:%S')} {spec}: "
-                  + (r["error"] if "error" in r else
-                     f"{r.get('seconds_per_step', 0) * 1e3:.1f} ms/step, "
-                     f"{r.get('wall_seconds', 0):.0f} s wall"), flush=True)
+    for spec in plan(cases, torch_compile=not args.no_torch_compile):
+        print(f"{time.strftime('%H:%M:%S')} {spec} ...", flush=True)
+        results[spec] = launch(spec, args.smoke, args.timeout)
+        r = results[spec]
+        print(f"{time.strftime('%H:%M:%S')} {spec}: "
+              + (r["error"] if "error" in r else
+                 f"{r.get('seconds_per_step', 0) * 1e3:.1f} ms/step, "
+                 f"{r.get('wall_seconds', 0):.0f} s wall"), flush=True)
     text = table(results, args.smoke)
     print()
     print(text)

@@ -114,3 +114,128 @@ def test_gpu_table_reports_throughput_mfu_and_ratio():
     # throughput ratios; its time ratio is ours / its.
     assert f"| {flops / 0.06 / 989.4e12:.1%} | 0.83 |" in rows["transformers"]
     assert "| vit | timm | not measured | | | | ModuleNotFoundError" in text
+
+
+def test_gpu_plan_times_every_pytorch_peer_eager_and_compiled():
+    specs = gpu.plan(["bert128", "vit", "transformer_big", "conformer_large", "attention"])
+    assert specs == [
+        "bert128:keras_attn", "bert128:keras_hub", "bert128:transformers",
+        "bert128:transformers+compile",
+        "vit:keras_attn", "vit:keras_hub", "vit:timm", "vit:timm+compile",
+        "transformer_big:keras_attn", "transformer_big:marian", "transformer_big:marian+compile",
+        "conformer_large:keras_attn", "conformer_large:torchaudio",
+        "conformer_large:torchaudio+compile",
+        "attention:keras_attn",
+    ]
+    assert not [s for s in gpu.plan(gpu.CASES, torch_compile=False) if "+compile" in s]
+    assert set(gpu.PLAN) == set(gpu.CASES)
+
+
+class _FakeDevice:
+    """A step whose memory is `fixed + per_example * B` bytes by XLA's
+    analysis, `true_extra` more per example when it really runs, and a
+    device of `limit` bytes."""
+
+    def __init__(self, fixed, per_example, limit, analysis_extra=0, true_extra=0):
+        self.fixed, self.per_example, self.limit = fixed, per_example, limit
+        self.analysis_extra, self.true_extra = analysis_extra, true_extra
+        self.compiled, self.ran = [], []
+
+    def compile_at(self, batch):
+        self.compiled.append(batch)
+        # Past 100 examples the analysis grows faster than the line through
+        # the two small batches predicts (a different fusion plan).
+        extra = self.analysis_extra * max(0, batch - 100)
+        return ("compiled", batch), self.fixed + self.per_example * batch + extra
+
+    def run(self, compiled, batch):
+        assert compiled == ("compiled", batch)  # the step compiled, not a new one
+        self.ran.append(batch)
+        used = self.fixed + (self.per_example + self.true_extra) * batch
+        if used > self.limit:
+            raise RuntimeError("RESOURCE_EXHAUSTED: Out of memory while trying to allocate")
+        return 0.5
+
+
+def test_largest_fitting_batch_compiles_three_times_when_the_line_holds():
+    device = _FakeDevice(fixed=2000, per_example=100, limit=50_000)
+    result = gpu.largest_fitting_batch(device.compile_at, device.run, device.limit, (16, 32),
+                                       log=lambda line: None)
+    # (0.97 * 50000 - 2000) / 100 = 465, down to a multiple of 8.
+    assert result["predicted_batch"] == result["largest_batch"] == 464
+    assert device.compiled == [16, 32, 464] and device.ran == [464]
+    assert result["per_example_bytes"] == 100 and result["fixed_bytes"] == 2000
+    assert set(result["compile_seconds"]) == {16, 32, 464}
+
+
+def test_largest_fitting_batch_steps_down_by_analysis_before_running():
+    device = _FakeDevice(fixed=2000, per_example=100, limit=50_000, analysis_extra=50)
+    result = gpu.largest_fitting_batch(device.compile_at, device.run, device.limit, (16, 32),
+                                       log=lambda line: None)
+    # A batch whose own analysis does not fit is never run.
+    for batch in device.ran:
+        assert 2000 + 100 * batch + 50 * max(0, batch - 100) <= 0.97 * 50_000
+    # 464 compiled to 66,600 bytes: the line through it gives 334, so 328
+    # runs (the best multiple of 8 is 336); one compile more, no run more.
+    assert device.compiled == [16, 32, 464, 328] and device.ran == [328]
+    assert result["largest_batch"] == 328
+
+
+def test_largest_fitting_batch_steps_down_after_a_real_out_of_memory():
+    device = _FakeDevice(fixed=2000, per_example=100, limit=50_000, true_extra=10)
+    result = gpu.largest_fitting_batch(device.compile_at, device.run, device.limit, (16, 32),
+                                       log=lambda line: None)
+    assert device.ran[0] == 464 and len(device.ran) == 2
+    assert result["largest_batch"] == device.ran[-1] == 416  # 0.9 * 464, a multiple of 8
+
+
+def test_largest_fitting_batch_stops_before_a_compile_past_the_deadline():
+    device = _FakeDevice(fixed=2000, per_example=100, limit=50_000)
+    result = gpu.largest_fitting_batch(device.compile_at, device.run, device.limit, (16, 32),
+                                       deadline=0.0, log=lambda line: None)
+    assert device.compiled == [16, 32] and device.ran == []
+    assert result["largest_batch"] is None and "out of time" in result["stopped"]
+    assert "out of time" in gpu.table({"memory:remat": result}, smoke=False)
+
+
+def test_largest_fitting_batch_reraises_what_is_not_out_of_memory():
+    device = _FakeDevice(fixed=2000, per_example=100, limit=50_000)
+
+    def run(compiled, batch):
+        raise ValueError("bad step")
+
+    with pytest.raises(ValueError, match="bad step"):
+        gpu.largest_fitting_batch(device.compile_at, run, device.limit, (16, 32),
+                                  log=lambda line: None)
+
+
+def test_fused_kernels_read_from_the_compiled_program():
+    hlo = (
+        '%a = custom-call(%q, %k, %v), custom_call_target="__cudnn$fmhaSoftmax"\n'
+        '%b = custom-call(%x), custom_call_target="__cudnn$fmhaSoftmaxBackward"\n'
+        '%c = custom-call(%y), custom_call_target="__cublas$gemm"\n'
+    )
+    assert gpu.fused_kernels(hlo) == ["__cudnn$fmhaSoftmax", "__cudnn$fmhaSoftmaxBackward"]
+    assert gpu.fused_kernels('%c = custom-call(%y), custom_call_target="__cublas$gemm"') == []
+
+
+def test_gpu_table_has_the_translation_and_speech_peers_and_the_kernels():
+    results = {
+        "transformer_big:keras_attn": {"seconds_per_step": 0.09, "batch": 192, "length": 128,
+                                       "parameters": 1000},
+        "transformer_big:marian+compile": {"seconds_per_step": 0.108, "batch": 192,
+                                           "length": 128, "parameters": 1000,
+                                           "first_step_seconds": 61.2},
+        "conformer_large:keras_attn": {"seconds_per_step": 0.1, "batch": 32, "length": 1600,
+                                       "parameters": 10},
+        "conformer_large:torchaudio": {"seconds_per_step": 0.125, "batch": 32, "length": 1600,
+                                       "parameters": 9},
+        "attention:keras_attn": {"rows": [
+            {"length": 197, "batch": 83, "path": "fused (backend's choice)", "seconds": 1e-3,
+             "tflops": 300.0, "kernel": "__cudnn$fmhaSoftmax"}]},
+    }
+    text = gpu.table(results, smoke=False)
+    assert "| transformer_big | marian+compile | 227,556 target tokens/s | n/a | 0.83 |" in text
+    assert "first step 61 s" in text
+    assert "| conformer_large | torchaudio | 256 utterances/s | n/a | 0.80 |" in text
+    assert "| 197 | 83 | fused (backend's choice) | 300 | __cudnn$fmhaSoftmax |" in text
