@@ -162,10 +162,15 @@ class ConformerConvModule(keras.layers.Layer):
         k = self.kernel_size
         left = (k - 1) // 2  # "same": the extra pad of an even kernel goes right
         padded = ops.pad(x, ((0, 0), (left, k - 1 - left), (0, 0)))
-        steps = ops.shape(x)[1]
-        out = padded[:, 0:steps, :] * kernel[0]
+        shape = ops.shape(x)
+        # One unstack and K `ops.slice` calls, not 2K Python `[...]`
+        # indexings: TensorFlow traces each of those through its Python
+        # strided-slice helper, which made building a Conformer slow (same
+        # ops once compiled).
+        taps = ops.unstack(kernel, axis=0)  # K x (C,)
+        out = ops.slice(padded, (0, 0, 0), shape) * taps[0]
         for tap in range(1, k):
-            out = out + padded[:, tap : tap + steps, :] * kernel[tap]
+            out = out + ops.slice(padded, (0, tap, 0), shape) * taps[tap]
         return out + ops.cast(self.depthwise_conv.bias, x.dtype)
 
     def get_config(self):
