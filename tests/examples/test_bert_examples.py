@@ -52,3 +52,22 @@ def test_finetune_with_lora_trains_the_adapters_and_head_and_exports_merged(tmp_
     assert os.path.exists(tmp_path / "saved_model" / "saved_model.pb")
     served = json.loads((tmp_path / "served.json").read_text())["exports"]
     assert served["litert_float32"]["value"] == served["saved_model_float32"]["value"]
+
+
+@pytest.mark.parametrize("formats, named", [("bogus", "'bogus'"),
+                                            ("onnx_float32", "'onnx_float32'")])
+def test_finetune_refuses_bad_formats_before_training(tmp_path, formats, named):
+    """An unknown format, or a list without the SavedModel the others are
+    checked against: exit 2 naming the value, before any data or training."""
+    import subprocess
+    import sys
+
+    from _example import ROOT
+
+    result = subprocess.run(
+        [sys.executable, os.path.join(ROOT, "examples", "bert_finetune.py"), "--smoke",
+         "--from-scratch", "--output", str(tmp_path / "out"), "--formats", formats],
+        capture_output=True, text=True, timeout=600, cwd=ROOT)
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert f"--formats={named}" in result.stderr and "saved_model_float32" in result.stderr
+    assert not (tmp_path / "out").exists()
