@@ -31,7 +31,10 @@ memory is its own and JAX and PyTorch never share an allocator):
   (1,600 frames, 100 labels each): utterances/s against torchaudio's
   `Conformer` between the same two-convolution 4x subsampling and linear
   CTC head written in PyTorch. SpecAugment off on our side (the peer has
-  none); torchaudio's blocks have no relative positions, ours do.
+  none); torchaudio's blocks have no relative positions, ours do; dropout
+  0.1 on both, which torchaudio's single `dropout` also applies to the
+  attention probabilities and the conformer_large preset does not
+  (`attention_dropout=0.0`, its default).
 - `attention`: the attention op alone, forward + backward, head dim 64,
   16 heads, 16k tokens per batch, at BERT's 128 and 512, ViT-B/16's 197 and
   577 (224 and 384 pixels) and 1024-8192: TFLOP/s of the fused path
