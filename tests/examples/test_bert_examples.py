@@ -2,9 +2,12 @@ import json
 import math
 import os
 import re
+import subprocess
+import sys
 
 import pytest
 
+from _example import ROOT
 from _example import run_example
 
 pytestmark = pytest.mark.backend_independent
@@ -59,11 +62,6 @@ def test_finetune_with_lora_trains_the_adapters_and_head_and_exports_merged(tmp_
 def test_finetune_refuses_bad_formats_before_training(tmp_path, formats, named):
     """An unknown format, or a list without the SavedModel the others are
     checked against: exit 2 naming the value, before any data or training."""
-    import subprocess
-    import sys
-
-    from _example import ROOT
-
     result = subprocess.run(
         [sys.executable, os.path.join(ROOT, "examples", "bert_finetune.py"), "--smoke",
          "--from-scratch", "--output", str(tmp_path / "out"), "--formats", formats],
