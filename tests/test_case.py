@@ -6,7 +6,9 @@ argument is kept in the config, symbolic == eager output shapes, the exact
 trainable-weight count, one `fit` step with a finite loss (under XLA on
 TensorFlow and JAX; eager on PyTorch, Keras's own default there),
 mixed_float16 / mixed_bfloat16 (compute dtype outputs, float32 variables on
-every sublayer), and `.keras` save / reload with equal outputs.
+every sublayer), that every randomly initialised weight is its own draw (no
+two projections start equal: `assert_distinct_draws`), and `.keras` save /
+reload with equal outputs.
 """
 
 import inspect
@@ -82,6 +84,35 @@ def _check_config(layer_cls, init_kwargs, layer):
     assert restored.get_config() == config
 
 
+def assert_distinct_draws(weights, min_size=16):
+    """No two randomly initialised weights of `weights` start from the same
+    draw.
+
+    A weight whose values are all equal (zeros, ones: a constant initializer)
+    is left out, and so is one of fewer than `min_size` values. Two weights
+    are the same draw when their flattened values, over the length of the
+    shorter, are perfectly correlated: that catches equal kernels (W_Q ==
+    W_K) and kernels of other shapes drawn from one seed (a feed-forward
+    network's (D, F) and (F, D) kernels, equal in flattened order). Two
+    independent draws of >= 16 values correlate above 0.999 with negligible
+    probability.
+    """
+    drawn = []
+    for variable in weights:
+        values = np.asarray(to_numpy(variable), "float64").ravel()
+        if values.size < min_size or np.ptp(values) == 0:
+            continue
+        drawn.append((variable.path, values))
+    for i, (name_a, a) in enumerate(drawn):
+        for name_b, b in drawn[i + 1:]:
+            n = min(a.size, b.size)
+            r = np.corrcoef(a[:n], b[:n])[0, 1]
+            assert not abs(r) > 0.999, (
+                f"{name_a} and {name_b} start from the same random draw "
+                f"(correlation {r:.6f} over their first {n} values)"
+            )
+
+
 def _build_model(layer, input_data, call_kwargs):
     inputs = _symbolic_inputs(input_data)
     outputs = layer(**inputs, **call_kwargs)
@@ -126,6 +157,7 @@ def run_layer_test(
         f"{expected_num_trainable_weights}"
     )
     _check_config(layer_cls, init_kwargs, layer)  # a built layer too
+    assert_distinct_draws(layer.weights)
 
     # Symbolic call: same shapes.
     model, _ = _build_model(layer_cls(**init_kwargs), input_data, call_kwargs)

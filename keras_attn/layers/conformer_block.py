@@ -2,6 +2,8 @@
 
 import keras
 
+from keras_attn._clone import for_sublayer
+
 from keras_attn._remat import RematCall
 from keras_attn._checks import check_positive_float
 from keras_attn._checks import check_positive_int
@@ -98,7 +100,7 @@ class ConformerBlock(RematCall, keras.layers.Layer):
                 activation="silu",
                 dropout=self.dropout,
                 activation_dropout=self.dropout,
-                kernel_initializer=self.kernel_initializer,
+                kernel_initializer=for_sublayer(self.kernel_initializer, name),
                 dtype=self.dtype_policy,
                 name=name,
             )
@@ -112,7 +114,7 @@ class ConformerBlock(RematCall, keras.layers.Layer):
         self.self_attention = RelativeMultiHeadAttention(
             self.num_heads,
             dropout=self.attention_dropout,
-            kernel_initializer=self.kernel_initializer,
+            kernel_initializer=for_sublayer(self.kernel_initializer, "self_attention"),
             dtype=self.dtype_policy,
             name="self_attention",
         )
@@ -125,7 +127,7 @@ class ConformerBlock(RematCall, keras.layers.Layer):
             expansion=self.conv_expansion,
             dropout=self.dropout,
             layer_norm_epsilon=self.layer_norm_epsilon,
-            kernel_initializer=self.kernel_initializer,
+            kernel_initializer=for_sublayer(self.kernel_initializer, "conv_module"),
             dtype=self.dtype_policy,
             name="conv_module",
         )

@@ -3,6 +3,7 @@
 import keras
 from keras import ops
 
+from keras_attn._clone import for_sublayer
 from keras_attn._checks import check_positive_float
 from keras_attn._checks import check_positive_int
 from keras_attn._checks import check_rate
@@ -90,13 +91,13 @@ class ConformerConvModule(keras.layers.Layer):
         )
         self.layer_norm.build(inputs_shape)
         self.pointwise_conv_1 = keras.layers.Dense(
-            inner, kernel_initializer=self.kernel_initializer,
+            inner, kernel_initializer=for_sublayer(self.kernel_initializer, "pointwise_conv_1"),
             dtype=self.dtype_policy, name="pointwise_conv_1",
         )
         self.pointwise_conv_1.build(inputs_shape)
         self.depthwise_conv = keras.layers.DepthwiseConv1D(
             self.kernel_size, padding="same",
-            depthwise_initializer=self.depthwise_initializer,
+            depthwise_initializer=for_sublayer(self.depthwise_initializer, "depthwise_conv"),
             dtype=self.dtype_policy, name="depthwise_conv",
         )
         self.depthwise_conv.build(time_shape + (self._inner,))
@@ -105,7 +106,7 @@ class ConformerConvModule(keras.layers.Layer):
         )
         self.batch_norm.build(time_shape + (self._inner,))
         self.pointwise_conv_2 = keras.layers.Dense(
-            width, kernel_initializer=self.kernel_initializer,
+            width, kernel_initializer=for_sublayer(self.kernel_initializer, "pointwise_conv_2"),
             dtype=self.dtype_policy, name="pointwise_conv_2",
         )
         self.pointwise_conv_2.build(time_shape + (self._inner,))

@@ -5,6 +5,7 @@ import numbers
 import keras
 from keras import ops
 
+from keras_attn._clone import for_sublayer
 from keras_attn._checks import check_positive_int
 from keras_attn.layers.masking import get_keras_mask
 
@@ -82,19 +83,21 @@ class ConvSubsampling(keras.layers.Layer):
         filters = self.filters or self.hidden_dim
         self.conv_1 = keras.layers.Conv2D(
             filters, 3, strides=2, activation="relu",
-            kernel_initializer=self.kernel_initializer, dtype=self.dtype_policy, name="conv_1",
+            kernel_initializer=for_sublayer(self.kernel_initializer, "conv_1"),
+            dtype=self.dtype_policy, name="conv_1",
         )
         self.conv_1.build((inputs_shape[0], inputs_shape[1], features, 1))
         time_1 = None if inputs_shape[1] is None else subsampled_length(inputs_shape[1])
         self.conv_2 = keras.layers.Conv2D(
             filters, 3, strides=2, activation="relu",
-            kernel_initializer=self.kernel_initializer, dtype=self.dtype_policy, name="conv_2",
+            kernel_initializer=for_sublayer(self.kernel_initializer, "conv_2"),
+            dtype=self.dtype_policy, name="conv_2",
         )
         freq_1 = (features - 3) // 2 + 1
         self.conv_2.build((inputs_shape[0], None, freq_1, filters))
         self._flat = subsampled_length(features) * filters
         self.projection = keras.layers.Dense(
-            self.hidden_dim, kernel_initializer=self.kernel_initializer,
+            self.hidden_dim, kernel_initializer=for_sublayer(self.kernel_initializer, "projection"),
             dtype=self.dtype_policy, name="projection",
         )
         self.projection.build((inputs_shape[0], time_1, self._flat))

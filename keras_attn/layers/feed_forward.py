@@ -2,6 +2,8 @@
 
 import keras
 
+from keras_attn._clone import for_sublayer
+
 from keras_attn._checks import check_positive_int
 from keras_attn._checks import check_rate
 from keras_attn._checks import get_activation
@@ -68,8 +70,8 @@ class FeedForward(keras.layers.Layer):
             return keras.layers.Dense(
                 units,
                 use_bias=self.use_bias,
-                kernel_initializer=self.kernel_initializer,
-                bias_initializer=self.bias_initializer,
+                kernel_initializer=for_sublayer(self.kernel_initializer, name),
+                bias_initializer=for_sublayer(self.bias_initializer, name),
                 dtype=self.dtype_policy,
                 name=name,
             )

@@ -3,6 +3,8 @@
 import keras
 from keras import ops
 
+from keras_attn._clone import for_sublayer
+
 from keras_attn._checks import check_positive_float
 from keras_attn._checks import check_positive_int
 from keras_attn._checks import check_rate
@@ -145,10 +147,12 @@ class RelativeMultiHeadAttention(keras.layers.Layer):
             (inputs_shape[0], inputs_shape[1], n, h),
         )
         self.content_bias = self.add_weight(
-            name="content_bias", shape=(n, h), initializer=self.bias_initializer
+            name="content_bias", shape=(n, h),
+            initializer=for_sublayer(self.bias_initializer, "content_bias"),
         )
         self.position_bias = self.add_weight(
-            name="position_bias", shape=(n, h), initializer=self.bias_initializer
+            name="position_bias", shape=(n, h),
+            initializer=for_sublayer(self.bias_initializer, "position_bias"),
         )
         self.built = True
 

@@ -2,6 +2,8 @@
 
 import keras
 
+from keras_attn._clone import for_sublayer
+
 from keras_attn._remat import RematCall
 from keras_attn._checks import check_choice
 from keras_attn._checks import check_flash_attention
@@ -70,8 +72,8 @@ class ResidualSublayers:
             dropout=self.attention_dropout,
             use_bias=self.use_bias,
             flash_attention=self.flash_attention,
-            kernel_initializer=self.kernel_initializer,
-            bias_initializer=self.bias_initializer,
+            kernel_initializer=for_sublayer(self.kernel_initializer, name),
+            bias_initializer=for_sublayer(self.bias_initializer, name),
             dtype=self.dtype_policy,
             name=name,
         )
@@ -94,8 +96,8 @@ class ResidualSublayers:
             activation=self.activation,
             activation_dropout=self.activation_dropout,
             use_bias=self.use_bias,
-            kernel_initializer=self.kernel_initializer,
-            bias_initializer=self.bias_initializer,
+            kernel_initializer=for_sublayer(self.kernel_initializer, "feed_forward"),
+            bias_initializer=for_sublayer(self.bias_initializer, "feed_forward"),
             dtype=self.dtype_policy,
             name="feed_forward",
         )

@@ -24,6 +24,7 @@ import types
 import keras
 from keras import ops
 
+from keras_attn._clone import for_sublayer
 from keras_attn._guard import GuardedModel
 from keras_attn._guard import IdSpec
 from keras_attn.models._config import ConfigModel
@@ -252,7 +253,8 @@ class Transformer(GuardedModel, ConfigModel, keras.Model):
         layers = types.SimpleNamespace()
 
         def token_embedding(size, name, bias=False):
-            return SharedEmbedding(size, hidden_dim, embeddings_initializer=embedding_init,
+            return SharedEmbedding(size, hidden_dim,
+                                   embeddings_initializer=for_sublayer(embedding_init, name),
                                    output_bias=bias, dtype=dtype, name=name)
 
         def position(side):

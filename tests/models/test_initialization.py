@@ -1,0 +1,28 @@
+"""Every randomly initialised weight of a freshly built model of each family is
+its own draw: no two projections, blocks or embeddings start equal (before
+the fix every attention layer started with W_Q == W_K == W_V)."""
+
+import pytest
+
+from _families import FAMILIES
+from keras_attn.models import build_bert
+from keras_attn.models import build_transformer
+from test_case import assert_distinct_draws
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_family_weights_are_distinct_draws(family):
+    build, _, _ = FAMILIES[family]
+    assert_distinct_draws(build().weights)
+
+
+def test_bert_tiny_preset_weights_are_distinct_draws():
+    # The issue's reproducer at the preset's own size (W_Q == W_K in every layer).
+    assert_distinct_draws(build_bert("bert_tiny", vocabulary_size=64).weights)
+
+
+def test_transformer_with_separate_embeddings_distinct():
+    model = build_transformer("transformer_base", vocabulary_size=30, hidden_dim=16,
+                              intermediate_dim=32, num_heads=2, num_encoder_layers=1,
+                              num_decoder_layers=1, target_vocabulary_size=24)
+    assert_distinct_draws(model.weights)
