@@ -19,7 +19,8 @@ def check_positive_int(name, value, allow_none=False):
         or value <= 0
     ):
         raise ValueError(
-            f"`{name}` must be a positive integer. Received: {name}={value!r}"
+            f"Invalid value for argument `{name}`: it must be a positive integer. "
+            f"Received: {name}={value!r}"
         )
     return int(value)
 
@@ -32,7 +33,8 @@ def check_rate(name, value):
         or not 0.0 <= value < 1.0
     ):
         raise ValueError(
-            f"`{name}` must be a number in [0, 1). Received: {name}={value!r}"
+            f"Invalid value for argument `{name}`: it must be a number in [0, 1). "
+            f"Received: {name}={value!r}"
         )
     return float(value)
 
@@ -44,7 +46,8 @@ def check_positive_float(name, value):
         or not value > 0
     ):
         raise ValueError(
-            f"`{name}` must be a positive number. Received: {name}={value!r}"
+            f"Invalid value for argument `{name}`: it must be a positive number. "
+            f"Received: {name}={value!r}"
         )
     return float(value)
 
@@ -53,7 +56,8 @@ def check_bool(name, value):
     """A flag: True or False, not a truthy stand-in such as 1 or "yes"."""
     if not isinstance(value, bool):
         raise ValueError(
-            f"`{name}` must be True or False. Received: {name}={value!r}"
+            f"Invalid value for argument `{name}`: it must be True or False. "
+            f"Received: {name}={value!r}"
         )
     return value
 
@@ -61,7 +65,7 @@ def check_bool(name, value):
 def check_choice(name, value, choices):
     if value not in choices:
         raise ValueError(
-            f"`{name}` must be one of {sorted(choices)}. "
+            f"Invalid value for argument `{name}`: it must be one of {sorted(choices)}. "
             f"Received: {name}={value!r}"
         )
     return value
@@ -70,7 +74,7 @@ def check_choice(name, value, choices):
 def check_flash_attention(value):
     if value not in (None, True, False):
         raise ValueError(
-            "`flash_attention` must be None, True or False. "
+            "Invalid value for argument `flash_attention`: it must be None, True or False. "
             f"Received: flash_attention={value!r}"
         )
     return value

@@ -6,6 +6,8 @@ that this module has not been tested with: when Keras moves one of these, the
 fix is here and nowhere else. A fallback is given where a safe one exists.
 """
 
+import keras
+
 # --- Implicit masks (`tensor._keras_mask`): Keras 3 propagates masks through
 # these two functions and keeps them out of `keras.*`; a layer that builds a
 # new tensor must carry its input's mask on by hand (`keras_attn.layers.masking`).
@@ -107,8 +109,46 @@ def resolve_policy_maps(model):
             layer._dtype_policy = policies[layer.path]
 
 
+class SpecFromCall:
+    """Mixin: `compute_output_spec` traces `call`, as Keras does for a layer
+    without `compute_output_shape`, with the float inputs first cast to the
+    compute dtype as `Layer.__call__` casts them.
+
+    A layer of keras_attn declares `compute_output_shape` (a Keras user calls
+    it), which makes Keras's `Layer.compute_output_spec` answer from shapes
+    alone: one dtype for every output (wrong for masks, lengths, caches) and
+    no trace of `call` (its mask handling and shape checks). Called directly
+    under `mixed_float16`, the plain trace mixed float32 inputs with float16
+    weights (a TypeError on TensorFlow). `Operation.compute_output_spec` is
+    the trace itself, and `_maybe_build` the build a call does first: Keras
+    offers neither under a public name."""
+
+    def compute_output_spec(self, *args, **kwargs):
+        from keras.src.ops.operation import Operation
+
+        def convert(x):
+            if not isinstance(x, keras.KerasTensor):
+                return x
+            mask = get_keras_mask(x)
+            y = self.dtype_policy.convert_input(x, self.autocast, self.input_dtype)
+            if mask is not None and y is not x:
+                set_keras_mask(y, mask)
+            return y
+
+        args, kwargs = keras.tree.map_structure(convert, (args, kwargs))
+        if not self.built:  # as `Layer.__call__` builds before its trace
+            from keras.src.layers.layer import CallSpec
+
+            with self._open_name_scope():
+                self._maybe_build(
+                    CallSpec(self._call_signature, self._call_context_args, args, kwargs)
+                )
+        return Operation.compute_output_spec(self, *args, **kwargs)
+
+
 __all__ = [
     "GLOBAL_SEED_GENERATOR",
+    "SpecFromCall",
     "get_global_seed_generator",
     "get_keras_mask",
     "in_tf_graph",

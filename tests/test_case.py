@@ -113,6 +113,30 @@ def assert_distinct_draws(weights, min_size=16):
             )
 
 
+def _float32_specs(input_data):
+    """KerasTensors of `input_data`'s shapes, float inputs as float32."""
+    return {
+        name: keras.KerasTensor(
+            np.shape(value),
+            dtype="float32" if np.asarray(value).dtype.kind == "f" else str(np.asarray(value).dtype),
+        )
+        for name, value in input_data.items()
+    }
+
+
+def _check_output_shape(layer, input_data, output):
+    """`compute_output_shape` of the tensor inputs' shapes (Keras's names:
+    `query` -> `query_shape`) is the first output's shape."""
+    accepted = inspect.signature(layer.compute_output_shape).parameters
+    shapes = {f"{name}_shape": np.shape(value) for name, value in input_data.items()
+              if f"{name}_shape" in accepted}
+    if not shapes:  # a one-input layer: `inputs_shape` or `input_shape`
+        (value,) = [v for k, v in input_data.items() if not k.endswith("mask")][:1]
+        shapes = {next(iter(accepted)): np.shape(value)}
+    got = tuple(layer.compute_output_shape(**shapes))
+    assert got == tuple(output.shape), f"compute_output_shape gave {got}, the call {output.shape}"
+
+
 def _build_model(layer, input_data, call_kwargs):
     inputs = _symbolic_inputs(input_data)
     outputs = layer(**inputs, **call_kwargs)
@@ -158,6 +182,7 @@ def run_layer_test(
     )
     _check_config(layer_cls, init_kwargs, layer)  # a built layer too
     assert_distinct_draws(layer.weights)
+    _check_output_shape(layer, input_data, eager[0])
 
     # Symbolic call: same shapes.
     model, _ = _build_model(layer_cls(**init_kwargs), input_data, call_kwargs)
@@ -177,12 +202,16 @@ def run_layer_test(
     loss = history.history["loss"][-1]
     assert np.isfinite(loss), f"loss={loss}"
 
-    # Mixed precision: compute dtype out, float32 variables everywhere.
+    # Mixed precision: compute dtype out, float32 variables everywhere; the
+    # output spec of float32 inputs too (Keras casts them, as a call does).
     for policy in ("mixed_float16", "mixed_bfloat16"):
+        specs = _as_tuple(layer_cls(**init_kwargs, dtype=policy).compute_output_spec(
+            **_float32_specs(input_data), **call_kwargs))
+        assert tuple(tuple(s.shape) for s in specs) == expected_output_shape
         mixed = layer_cls(**init_kwargs, dtype=policy)
         outputs = _as_tuple(mixed(**input_data, **call_kwargs))
         compute_dtype = policy.split("_")[1]
-        for output in outputs:
+        for output in outputs + specs:
             if _is_float(output):
                 assert keras.backend.standardize_dtype(output.dtype) == compute_dtype, (
                     policy, output.dtype)

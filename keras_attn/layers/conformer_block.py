@@ -2,6 +2,7 @@
 
 import keras
 
+from keras_attn._keras_compat import SpecFromCall
 from keras_attn._clone import for_sublayer
 
 from keras_attn._remat import RematCall
@@ -15,7 +16,7 @@ from keras_attn.layers.relative_multi_head_attention import RelativeMultiHeadAtt
 
 
 @keras.saving.register_keras_serializable(package="keras_attn")
-class ConformerBlock(RematCall, keras.layers.Layer):
+class ConformerBlock(SpecFromCall, RematCall, keras.layers.Layer):
     """A macaron of feed-forward halves around self-attention and convolution.
 
     ```
@@ -136,6 +137,9 @@ class ConformerBlock(RematCall, keras.layers.Layer):
         self.feed_forward_2 = feed_forward("feed_forward_2")
         self.output_layer_norm = layer_norm("output_layer_norm")
         self.built = True
+
+    def compute_output_shape(self, inputs_shape):
+        return tuple(inputs_shape)
 
     def call(self, inputs, padding_mask=None, training=None, return_attention_scores=False):
         if padding_mask is None:

@@ -3,6 +3,7 @@
 import keras
 from keras import ops
 
+from keras_attn._keras_compat import SpecFromCall
 from keras_attn._clone import for_sublayer
 from keras_attn._checks import check_positive_float
 from keras_attn._checks import check_positive_int
@@ -12,7 +13,7 @@ from keras_attn.layers.masking import get_keras_mask
 
 
 @keras.saving.register_keras_serializable(package="keras_attn")
-class ConformerConvModule(keras.layers.Layer):
+class ConformerConvModule(SpecFromCall, keras.layers.Layer):
     """LayerNorm -> pointwise conv (x `expansion` channels) -> GLU ->
     depthwise conv over time -> BatchNorm -> Swish -> pointwise conv -> dropout.
 
@@ -114,6 +115,9 @@ class ConformerConvModule(keras.layers.Layer):
             self.dropout, dtype=self.dtype_policy, name="dropout"
         )
         self.built = True
+
+    def compute_output_shape(self, inputs_shape):
+        return tuple(inputs_shape)
 
     def call(self, inputs, padding_mask=None, training=None):
         if padding_mask is None:

@@ -5,6 +5,7 @@ import numbers
 import keras
 from keras import ops
 
+from keras_attn._keras_compat import SpecFromCall
 from keras_attn._clone import for_sublayer
 from keras_attn._checks import check_positive_int
 from keras_attn.layers.masking import get_keras_mask
@@ -29,7 +30,7 @@ def subsampled_length(length):
 
 
 @keras.saving.register_keras_serializable(package="keras_attn")
-class ConvSubsampling(keras.layers.Layer):
+class ConvSubsampling(SpecFromCall, keras.layers.Layer):
     """Two 3x3 convolutions with stride 2 over (time, frequency), ReLU after
     each, then a linear projection: `(B, T, F)` -> `(B, T', hidden_dim)` with
     `T' = subsampled_length(T)` (10 ms frames become 40 ms frames).
@@ -119,6 +120,11 @@ class ConvSubsampling(keras.layers.Layer):
         shape = ops.shape(x)
         x = ops.reshape(x, (shape[0], shape[1], self._flat))
         return self.projection(x)
+
+    def compute_output_shape(self, inputs_shape):
+        length = inputs_shape[1]
+        return (inputs_shape[0], None if length is None else subsampled_length(length),
+                self.hidden_dim)
 
     def compute_mask(self, inputs, mask=None):
         return None if mask is None else self.output_padding_mask(mask)

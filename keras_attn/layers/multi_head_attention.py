@@ -3,6 +3,7 @@
 import keras
 from keras import ops
 
+from keras_attn._keras_compat import SpecFromCall
 from keras_attn._checks import check_flash_attention
 from keras_attn._checks import check_positive_int
 from keras_attn._checks import check_rate
@@ -20,6 +21,9 @@ from keras_attn.layers.scaled_dot_product_attention import (
     fused_dot_product_attention,
 )
 from keras_attn.layers.scaled_dot_product_attention import (
+    normalize_attention_mask,
+)
+from keras_attn.layers.scaled_dot_product_attention import (
     scaled_dot_product_attention,
 )
 
@@ -29,6 +33,35 @@ def _check_rank(name, shape):
         raise ValueError(
             f"`{name}` must have rank 3, (B, length, width). "
             f"Received: {name}.shape={tuple(shape)}"
+        )
+
+
+def _output_dim_from_keras(output_dim, output_shape):
+    """`output_dim` given Keras's `output_shape` (an int or a 1-tuple)."""
+    if output_shape is None:
+        return output_dim
+    if output_dim is not None:
+        raise ValueError(
+            "Give `output_dim` or Keras's `output_shape`, not both. Received: "
+            f"output_dim={output_dim!r}, output_shape={output_shape!r}"
+        )
+    if isinstance(output_shape, (tuple, list)):
+        if len(output_shape) != 1:
+            raise ValueError(
+                "keras_attn projects the attention output to one axis: "
+                "`output_shape` must be an int or a 1-tuple. Received: "
+                f"output_shape={output_shape!r}"
+            )
+        (output_shape,) = output_shape
+    return check_positive_int("output_shape", output_shape)
+
+
+def _check_lengths(key_shape, value_shape):
+    key_length, value_length = static_dim(key_shape[1]), static_dim(value_shape[1])
+    if key_length is not None and value_length is not None and key_length != value_length:
+        raise ValueError(
+            "The lengths S of `key` and `value` must be equal. Received: "
+            f"key.shape={tuple(key_shape)}, value.shape={tuple(value_shape)}"
         )
 
 
@@ -52,7 +85,7 @@ def _select_rows(cache, new, index):
 
 
 @keras.saving.register_keras_serializable(package="keras_attn")
-class MultiHeadAttention(keras.layers.Layer):
+class MultiHeadAttention(SpecFromCall, keras.layers.Layer):
     """Multi-head attention: `concat(head_1..head_N) W^O` with
     `head_i = Attention(Q W_i^Q, K W_i^K, V W_i^V)`.
 
@@ -73,13 +106,20 @@ class MultiHeadAttention(keras.layers.Layer):
         use_bias: whether the four projections have biases.
         output_dim: width of the output. Defaults to the query width.
         flash_attention: passed to `keras.ops.dot_product_attention`: None
-            lets the backend decide, True requires a flash kernel, False
-            forbids it.
-        kernel_initializer: initializer of the projection kernels.
+            lets the backend decide, True requires the fused path (refused,
+            as by Keras, with `dropout > 0`, with `return_attention_scores`
+            and with `value_dim != key_dim`), False forbids it.
+        kernel_initializer: initializer of the projection kernels (cloned
+            for each projection, so that each starts from its own draw).
         bias_initializer: initializer of the projection biases.
         kernel_regularizer: optional regularizer of the projection kernels.
         bias_regularizer: optional regularizer of the projection biases.
+        kernel_constraint: optional constraint of the projection kernels.
+        bias_constraint: optional constraint of the projection biases.
         seed: seed of the attention dropout.
+        output_shape: Keras's name for `output_dim`: an int or a 1-tuple
+            (keras_attn projects to one axis; a longer tuple is refused).
+            Not kept in the config (`output_dim` is).
         **kwargs: base layer arguments (`name`, `dtype`, ...).
 
     Call arguments:
@@ -94,7 +134,10 @@ class MultiHeadAttention(keras.layers.Layer):
             self-attention).
         key_mask: `(B, S)`, merged with `value_mask`; defaults to the implicit
             Keras mask of `key`.
-        attention_mask: `(B, T, S)` boolean, merged (AND) with the above.
+        attention_mask: boolean, True = may attend: `(T, S)` (the same for
+            every example), `(B, T, S)`, or `(B, N, T, S)` (per head), as in
+            Keras; merged (AND) with the above. Each dimension must match or
+            be 1.
         use_causal_mask: query `i` attends only to keys `j <= i` (shifted by
             `cache_update_index` when decoding with a cache).
         return_attention_scores: also return the probabilities `(B, N, T, S)`.
@@ -139,10 +182,14 @@ class MultiHeadAttention(keras.layers.Layer):
         bias_initializer="zeros",
         kernel_regularizer=None,
         bias_regularizer=None,
+        kernel_constraint=None,
+        bias_constraint=None,
         seed=None,
+        output_shape=None,
         **kwargs,
     ):
         super().__init__(**kwargs)
+        output_dim = _output_dim_from_keras(output_dim, output_shape)
         self.num_heads = check_positive_int("num_heads", num_heads)
         self.key_dim = check_positive_int("key_dim", key_dim, allow_none=True)
         self.value_dim = check_positive_int(
@@ -158,6 +205,14 @@ class MultiHeadAttention(keras.layers.Layer):
         self.bias_initializer = keras.initializers.get(bias_initializer)
         self.kernel_regularizer = keras.regularizers.get(kernel_regularizer)
         self.bias_regularizer = keras.regularizers.get(bias_regularizer)
+        self.kernel_constraint = keras.constraints.get(kernel_constraint)
+        self.bias_constraint = keras.constraints.get(bias_constraint)
+        if self.flash_attention and self.dropout > 0:
+            raise ValueError(
+                "Attention dropout has no fused kernel: `flash_attention=True` "
+                "needs `dropout=0` (None lets the layer choose). Received: "
+                f"flash_attention=True, dropout={self.dropout}"
+            )
         self.seed = seed
         self.supports_masking = True
         self.seed_generator = (
@@ -185,6 +240,12 @@ class MultiHeadAttention(keras.layers.Layer):
         self._key_dim = self.key_dim or width // n
         self._value_dim = self.value_dim or self._key_dim
         self._output_dim = self.output_dim or width
+        if self.flash_attention and self._key_dim != self._value_dim:
+            raise ValueError(
+                "The fused kernel needs equal key and value head sizes: "
+                "`flash_attention=True` needs `value_dim == key_dim`. Received: "
+                f"key_dim={self._key_dim}, value_dim={self._value_dim}"
+            )
 
         self.query_dense = einsum_projection(
             self, "btd,dnh->btnh", (None, n, self._key_dim), "nh", "query", query_shape
@@ -200,6 +261,16 @@ class MultiHeadAttention(keras.layers.Layer):
             (query_shape[0], query_shape[1], n, self._value_dim),
         )
         self.built = True
+
+    def compute_output_shape(self, query_shape, value_shape=None, key_shape=None):
+        """`(B, T, output_dim)`: the attention output (the scores and cache,
+        when asked for, come from `compute_output_spec`)."""
+        value_shape = query_shape if value_shape is None else value_shape
+        key_shape = value_shape if key_shape is None else key_shape
+        for name, shape in (("query", query_shape), ("value", value_shape), ("key", key_shape)):
+            _check_rank(name, shape)
+        _check_lengths(key_shape, value_shape)
+        return tuple(query_shape[:-1]) + (self.output_dim or query_shape[-1],)
 
     # === Cache helpers ===
 
@@ -282,13 +353,7 @@ class MultiHeadAttention(keras.layers.Layer):
             )
         for name, tensor in (("query", query), ("value", value), ("key", key)):
             _check_rank(name, tensor.shape)
-        key_length, value_length = static_dim(key.shape[1]), static_dim(value.shape[1])
-        if key_length is not None and value_length is not None:
-            if key_length != value_length:
-                raise ValueError(
-                    "`key` and `value` must have the same length S. Received: "
-                    f"key.shape={tuple(key.shape)}, value.shape={tuple(value.shape)}"
-                )
+        _check_lengths(key.shape, value.shape)
 
         # The masks were read above. The projections do not support masking,
         # so they get the inputs without them; the masks are put back after,
@@ -315,19 +380,17 @@ class MultiHeadAttention(keras.layers.Layer):
             k, v = k[..., : self._key_dim], v[..., : self._value_dim]
 
         batch, q_len, k_len = query.shape[0], query.shape[1], k.shape[1]
-        masks = []
+        masks = []  # each broadcastable to (B, N, T, S)
         if query_mask is not None:
             check_static_shape("query_mask", query_mask, (batch, q_len), "(B, T)")
-            masks.append(ops.expand_dims(query_mask, -1))  # (B, T, 1)
+            masks.append(ops.expand_dims(query_mask, (1, 3)))  # (B, 1, T, 1)
         for name, mask in (("value_mask", value_mask), ("key_mask", key_mask)):
             if mask is not None:
                 check_static_shape(name, mask, (batch, k_len), "(B, S)")
-                masks.append(ops.expand_dims(mask, -2))  # (B, 1, S)
+                masks.append(ops.expand_dims(mask, (1, 2)))  # (B, 1, 1, S)
         if attention_mask is not None:
-            check_static_shape(
-                "attention_mask", attention_mask, (batch, q_len, k_len), "(B, T, S)"
-            )
-            masks.append(attention_mask)
+            # (T, S), (B, T, S) or (B, N, T, S) -> rank 4, each dim checked.
+            masks.append(normalize_attention_mask(attention_mask, q, k, name="attention_mask"))
         is_causal = False
         if cache_update_index is not None:
             # Positions after the ones written so far hold no keys yet.
@@ -337,19 +400,25 @@ class MultiHeadAttention(keras.layers.Layer):
             else:
                 visible = ops.arange(s) < cache_update_index + t
                 visible = ops.broadcast_to(ops.expand_dims(visible, 0), (t, s))
-            masks.append(ops.expand_dims(visible, 0))  # (1, T, S)
+            masks.append(ops.expand_dims(visible, (0, 1)))  # (1, 1, T, S)
         elif use_causal_mask:
             if masks:
-                masks.append(ops.expand_dims(causal_mask(ops.shape(q)[1], ops.shape(k)[1]), 0))
+                masks.append(ops.expand_dims(causal_mask(ops.shape(q)[1], ops.shape(k)[1]), (0, 1)))
             else:
                 is_causal = True  # lets flash kernels use their causal mode
-        mask = merge_masks(*masks)  # (B, T, S) or None
+        mask = merge_masks(*masks)  # (B|1, N|1, T, S) or None
 
         dropout_active = self.dropout > 0 and bool(training)
         # keras.ops.dot_product_attention needs equal key and value head sizes.
         fusable = self._key_dim == self._value_dim and fused_attention_supports(
             q.dtype
         )
+        if self.flash_attention and return_attention_scores:
+            raise ValueError(
+                "The fused kernel does not return the attention scores: "
+                "`return_attention_scores=True` needs `flash_attention` None "
+                "or False. Received: flash_attention=True"
+            )
         if return_attention_scores or dropout_active or not fusable:
             if is_causal:
                 mask = causal_mask(ops.shape(q)[1], ops.shape(k)[1])
@@ -405,6 +474,10 @@ class MultiHeadAttention(keras.layers.Layer):
                 "bias_regularizer": keras.regularizers.serialize(
                     self.bias_regularizer
                 ),
+                "kernel_constraint": keras.constraints.serialize(
+                    self.kernel_constraint
+                ),
+                "bias_constraint": keras.constraints.serialize(self.bias_constraint),
                 "seed": self.seed,
             }
         )

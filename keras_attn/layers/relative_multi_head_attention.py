@@ -3,6 +3,7 @@
 import keras
 from keras import ops
 
+from keras_attn._keras_compat import SpecFromCall
 from keras_attn._clone import for_sublayer
 
 from keras_attn._checks import check_positive_float
@@ -43,7 +44,7 @@ def relative_logits(query, positions):
 
 
 @keras.saving.register_keras_serializable(package="keras_attn")
-class RelativeMultiHeadAttention(keras.layers.Layer):
+class RelativeMultiHeadAttention(SpecFromCall, keras.layers.Layer):
     """Self-attention whose logits add a relative-position term.
 
     For query `i` and key `j` at distance `r = i - j`, with projected query
@@ -155,6 +156,9 @@ class RelativeMultiHeadAttention(keras.layers.Layer):
             initializer=for_sublayer(self.bias_initializer, "position_bias"),
         )
         self.built = True
+
+    def compute_output_shape(self, inputs_shape):
+        return tuple(inputs_shape)
 
     def call(
         self,

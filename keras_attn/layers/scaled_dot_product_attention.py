@@ -55,12 +55,12 @@ def _check_qkv(query, key, value):
         )
 
 
-def normalize_attention_mask(mask, query, key):
+def normalize_attention_mask(mask, query, key, name="mask"):
     """Returns `mask` as a boolean tensor of rank 4, (B|1, N|1, T, S).
 
     Accepted ranks: 2 (T, S), 3 (B, T, S) and 4 (B, N, T, S); each dim must
     match or be 1. Statically known dims are checked here, so a wrong mask is
-    a `ValueError`, never a silent broadcast.
+    a `ValueError` (naming the argument `name`), never a silent broadcast.
     """
     if mask is None:
         return None
@@ -76,8 +76,8 @@ def normalize_attention_mask(mask, query, key):
         mask = ops.expand_dims(mask, 1)
     elif rank != 4:
         raise ValueError(
-            "`mask` must have rank 2 (T, S), 3 (B, T, S) or 4 (B, N, T, S). "
-            f"Received: mask.shape={received}"
+            f"`{name}` must have rank 2 (T, S), 3 (B, T, S) or 4 (B, N, T, S). "
+            f"Received: {name}.shape={received}"
         )
     target = (
         _static_dim(query, 0),
@@ -89,8 +89,8 @@ def normalize_attention_mask(mask, query, key):
         if got is None or want is None or got in (1, want):
             continue
         raise ValueError(
-            f"`mask` must broadcast to (B, N, T, S) = {target}. "
-            f"Received: mask.shape={received}"
+            f"`{name}` must broadcast to (B, N, T, S) = {target}. "
+            f"Received: {name}.shape={received}"
         )
     if mask.dtype != "bool":
         mask = ops.cast(mask, "bool")

@@ -2,6 +2,7 @@
 
 import keras
 
+from keras_attn._keras_compat import SpecFromCall
 from keras_attn._clone import for_sublayer
 
 from keras_attn._remat import RematCall
@@ -54,6 +55,12 @@ class ResidualSublayers:
         )
         self.use_bias = bool(use_bias)
         self.flash_attention = check_flash_attention(flash_attention)
+        if self.flash_attention and self.attention_dropout > 0:
+            raise ValueError(
+                "Attention dropout has no fused kernel: `flash_attention=True` "
+                "needs `attention_dropout=0`. Received: flash_attention=True, "
+                f"attention_dropout={self.attention_dropout}"
+            )
         self.kernel_initializer = keras.initializers.get(kernel_initializer)
         self.bias_initializer = keras.initializers.get(bias_initializer)
         self.supports_masking = True
@@ -139,7 +146,7 @@ class ResidualSublayers:
 
 
 @keras.saving.register_keras_serializable(package="keras_attn")
-class TransformerBlock(RematCall, ResidualSublayers, keras.layers.Layer):
+class TransformerBlock(SpecFromCall, RematCall, ResidualSublayers, keras.layers.Layer):
     """The encoder block: self-attention then a feed-forward network, each
     wrapped in a residual connection and a LayerNorm.
 
@@ -162,13 +169,20 @@ class TransformerBlock(RematCall, ResidualSublayers, keras.layers.Layer):
         norm_position: `"post"` or `"pre"`.
         activation: feed-forward activation (`"relu"`, `"gelu"`, `"swish"`, ...).
         dropout: rate on each sublayer output before the residual addition.
+            Unlike keras-hub's `TransformerEncoder`, whose one `dropout` also
+            drops the attention probabilities, it does not reach them: the
+            paper's residual dropout and the attention dropout are separate
+            settings here (BERT and ViT set them apart), and a zero attention
+            dropout keeps the fused attention kernel. For keras-hub's
+            behaviour give `attention_dropout` the same rate.
         attention_dropout: rate on the attention probabilities.
         activation_dropout: rate after the feed-forward activation.
         layer_norm_epsilon: LayerNorm epsilon.
         use_causal_mask: whether each position sees only earlier ones.
         use_bias: whether the dense layers have biases.
         flash_attention: see `MultiHeadAttention`.
-        kernel_initializer: initializer of the dense kernels.
+        kernel_initializer: initializer of the dense kernels (cloned for
+            each, so that each starts from its own draw).
         bias_initializer: initializer of the dense biases.
         **kwargs: base layer arguments.
 
@@ -176,8 +190,9 @@ class TransformerBlock(RematCall, ResidualSublayers, keras.layers.Layer):
         inputs: `(B, T, D)`.
         padding_mask: `(B, T)` boolean, True = real token. Overrides the
             implicit Keras mask of `inputs`.
-        attention_mask: `(B, T, T)` boolean. Overrides the implicit mask too;
-            merged with `padding_mask` when both are given.
+        attention_mask: `(T, T)`, `(B, T, T)` or `(B, N, T, T)` boolean.
+            Overrides the implicit mask too; merged with `padding_mask` when
+            both are given.
         training: whether dropout is active.
         return_attention_scores: also return the scores `(B, N, T, T)`.
 
@@ -248,6 +263,9 @@ class TransformerBlock(RematCall, ResidualSublayers, keras.layers.Layer):
         )
         self.feed_forward_dropout = self._dropout("feed_forward_dropout")
         self.built = True
+
+    def compute_output_shape(self, inputs_shape):
+        return tuple(inputs_shape)
 
     def call(
         self,

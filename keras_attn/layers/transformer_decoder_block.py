@@ -2,13 +2,14 @@
 
 import keras
 
+from keras_attn._keras_compat import SpecFromCall
 from keras_attn._remat import RematCall
 from keras_attn.layers.masking import get_keras_mask
 from keras_attn.layers.transformer_block import ResidualSublayers
 
 
 @keras.saving.register_keras_serializable(package="keras_attn")
-class TransformerDecoderBlock(RematCall, ResidualSublayers, keras.layers.Layer):
+class TransformerDecoderBlock(SpecFromCall, RematCall, ResidualSublayers, keras.layers.Layer):
     """Causal self-attention, cross-attention over the encoder output, and a
     feed-forward network, each with a residual connection and a LayerNorm.
 
@@ -27,9 +28,14 @@ class TransformerDecoderBlock(RematCall, ResidualSublayers, keras.layers.Layer):
 
     Incremental decoding: pass `self_attention_cache` (from
     `self_attention.empty_cache`) and `self_attention_cache_update_index`,
-    and optionally `cross_attention_cache` (from `compute_cross_attention_cache`)
-    instead of re-projecting the encoder output each step. The outputs equal
-    those of the full causal pass at the same positions.
+    and optionally `cross_attention_cache` instead of re-projecting the
+    encoder output each step. The outputs equal those of the full causal pass
+    at the same positions. The calling convention is keras-hub's
+    `TransformerDecoder`: `cross_attention_cache_update_index=0` projects
+    `encoder_sequence` into the cross-attention cache (the first step) and
+    returns it; None uses the cache as given (from an earlier step, or
+    `compute_cross_attention_cache`); a block without cross-attention returns
+    `(outputs, self_attention_cache)`.
 
     Args: as `TransformerBlock` (without `use_causal_mask`: a decoder block is
     causal unless a call says `use_causal_mask=False`).
@@ -45,13 +51,18 @@ class TransformerDecoderBlock(RematCall, ResidualSublayers, keras.layers.Layer):
         encoder_attention_mask: `(B, T, S)` for the cross-attention.
         self_attention_cache: `(B, 2, T_max, N, H)`.
         self_attention_cache_update_index: where this call's tokens go.
-        cross_attention_cache: `(B, 2, S, N, H)`, precomputed.
+        cross_attention_cache: `(B, 2, S, N, H)`.
+        cross_attention_cache_update_index: 0 to compute the cross cache from
+            `encoder_sequence` (any earlier value of it is replaced), None to
+            use it as given.
         use_causal_mask: default True.
         training: whether dropout is active.
 
     Returns:
         `(B, T, D)`; with `self_attention_cache`, the tuple
-        `(outputs, self_attention_cache, cross_attention_cache)`.
+        `(outputs, self_attention_cache, cross_attention_cache)`, or
+        `(outputs, self_attention_cache)` for a block without
+        cross-attention.
 
     Example:
 
@@ -134,6 +145,11 @@ class TransformerDecoderBlock(RematCall, ResidualSublayers, keras.layers.Layer):
             )
         return self.cross_attention.compute_key_value_cache(encoder_sequence)
 
+    def compute_output_shape(self, decoder_sequence_shape, encoder_sequence_shape=None):
+        """`(B, T, D)`: the block's output (with a cache, the caches come
+        back as well: `compute_output_spec`)."""
+        return tuple(decoder_sequence_shape)
+
     def call(
         self,
         decoder_sequence,
@@ -145,6 +161,7 @@ class TransformerDecoderBlock(RematCall, ResidualSublayers, keras.layers.Layer):
         self_attention_cache=None,
         self_attention_cache_update_index=None,
         cross_attention_cache=None,
+        cross_attention_cache_update_index=None,
         use_causal_mask=True,
         training=None,
     ):
@@ -159,6 +176,20 @@ class TransformerDecoderBlock(RematCall, ResidualSublayers, keras.layers.Layer):
                 "This block has cross-attention and needs `encoder_sequence` or "
                 "`cross_attention_cache`. Received: encoder_sequence=None"
             )
+        if cross_attention_cache_update_index is not None:
+            if isinstance(cross_attention_cache_update_index, bool) or (
+                    cross_attention_cache_update_index != 0):
+                raise ValueError(
+                    "The whole encoder output is projected at once: "
+                    "`cross_attention_cache_update_index` must be 0 (compute "
+                    "the cache) or None (use it as given). Received: "
+                    f"cross_attention_cache_update_index={cross_attention_cache_update_index!r}"
+                )
+            if encoder_sequence is None:
+                raise ValueError(
+                    "`cross_attention_cache_update_index=0` computes the cross "
+                    "cache from `encoder_sequence`. Received: encoder_sequence=None"
+                )
         if decoder_padding_mask is None and decoder_attention_mask is None:
             decoder_padding_mask = get_keras_mask(decoder_sequence)
         if encoder_padding_mask is None and encoder_attention_mask is None:
@@ -187,6 +218,8 @@ class TransformerDecoderBlock(RematCall, ResidualSublayers, keras.layers.Layer):
             self_attention_cache = extras[0]
 
         if self.cross_attention is not None:
+            if cross_attention_cache_update_index is not None:
+                cross_attention_cache = self.compute_cross_attention_cache(encoder_sequence)
 
             def cross_attend(y):
                 # With a precomputed cache the key/value projections are
@@ -218,6 +251,8 @@ class TransformerDecoderBlock(RematCall, ResidualSublayers, keras.layers.Layer):
             training,
         )
         if self_attention_cache is not None:
+            if self.cross_attention is None:
+                return x, self_attention_cache
             return x, self_attention_cache, cross_attention_cache
         return x
 

@@ -183,8 +183,8 @@ def test_unknown_input_type():
 @pytest.mark.parametrize(
     "field, value, message",
     [
-        ("num_layers", 0, "`num_layers` must be a positive integer. Received: num_layers=0"),
-        ("dropout", 1.5, r"`dropout` must be a number in \[0, 1\). Received: dropout=1.5"),
+        ("num_layers", 0, "argument `num_layers`: it must be a positive integer. Received: num_layers=0"),
+        ("dropout", 1.5, r"argument `dropout`: it must be a number in \[0, 1\). Received: dropout=1.5"),
         ("attention_dropout", -0.1, r"Received: attention_dropout=-0.1"),
         ("kernel_size", 0, "Received: kernel_size=0"),
         ("time_mask_count", -1, "Received: time_mask_count=-1"),

@@ -125,7 +125,7 @@ def test_remat_survives_config_and_keras_file(family, tmp_path):
 @pytest.mark.parametrize("value", [1, "true", None])
 @pytest.mark.parametrize("family", sorted(FAMILIES))
 def test_remat_must_be_a_bool(family, value):
-    with pytest.raises(ValueError, match=rf"`remat` must be True or False\. Received: remat={value!r}"):
+    with pytest.raises(ValueError, match=rf"argument `remat`: it must be True or False\. Received: remat={value!r}"):
         FAMILIES[family][0](remat=value)
 
 

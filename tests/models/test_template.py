@@ -88,10 +88,10 @@ def test_the_same_errors_in_every_family(family):
                                          rf"preset name or a dict. Received: config=3"):
         get_config(3)
     bad = {
-        "dropout": (1.5, r"`dropout` must be a number in \[0, 1\). Received: dropout=1.5"),
-        "num_heads": (0, r"`num_heads` must be a positive integer. Received: num_heads=0"),
-        "remat": (1, r"`remat` must be True or False. Received: remat=1"),
-        "layer_norm_epsilon": (0.0, r"`layer_norm_epsilon` must be a positive number. "
+        "dropout": (1.5, r"argument `dropout`: it must be a number in \[0, 1\). Received: dropout=1.5"),
+        "num_heads": (0, r"argument `num_heads`: it must be a positive integer. Received: num_heads=0"),
+        "remat": (1, r"argument `remat`: it must be True or False. Received: remat=1"),
+        "layer_norm_epsilon": (0.0, r"argument `layer_norm_epsilon`: it must be a positive number. "
                                     r"Received: layer_norm_epsilon=0.0"),
     }
     for field, (value, message) in bad.items():

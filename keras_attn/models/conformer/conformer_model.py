@@ -19,6 +19,7 @@ import keras
 import numpy as np
 from keras import ops
 
+from keras_attn._keras_compat import SpecFromCall
 from keras_attn._guard import GuardedModel
 from keras_attn._guard import IdSpec
 from keras_attn._guard import check_ids
@@ -89,8 +90,11 @@ def _check_config(c):
 
 
 @keras.saving.register_keras_serializable(package="keras_attn")
-class LengthMask(keras.layers.Layer):
+class LengthMask(SpecFromCall, keras.layers.Layer):
     """`(B, T, ...)` and lengths `(B,)` -> the `(B, T)` mask `t < length`."""
+
+    def compute_output_shape(self, sequence_shape, lengths_shape):
+        return tuple(sequence_shape[:2])
 
     def call(self, sequence, lengths):
         steps = ops.shape(sequence)[1]
@@ -99,9 +103,12 @@ class LengthMask(keras.layers.Layer):
 
 
 @keras.saving.register_keras_serializable(package="keras_attn")
-class LengthGuard(keras.layers.Layer):
+class LengthGuard(SpecFromCall, keras.layers.Layer):
     """`x (B, T', D)` as it is, or NaN for each utterance whose length (in
     frames of `sequence (B, T, ...)`) is negative or past `T`."""
+
+    def compute_output_shape(self, x_shape, sequence_shape, lengths_shape):
+        return tuple(x_shape)
 
     def call(self, x, sequence, lengths):
         lengths = ops.cast(lengths, "int32")

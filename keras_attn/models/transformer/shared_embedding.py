@@ -3,11 +3,12 @@
 import keras
 from keras import ops
 
+from keras_attn._keras_compat import SpecFromCall
 from keras_attn._checks import check_positive_int
 
 
 @keras.saving.register_keras_serializable(package="keras_attn")
-class SharedEmbedding(keras.layers.Layer):
+class SharedEmbedding(SpecFromCall, keras.layers.Layer):
     """Token embedding `E (V, D)` whose transpose gives the output logits.
 
     `call(ids)` returns `E[ids] * sqrt(D)` when `scale_by_sqrt_dim` (the
@@ -79,6 +80,13 @@ class SharedEmbedding(keras.layers.Layer):
                 name="logits_bias", shape=(self.vocabulary_size,), initializer="zeros"
             )
         self.built = True
+
+    def compute_output_shape(self, inputs_shape, reverse=False):
+        """`(B, T, D)` vectors of `(B, T)` ids; with `reverse`, `(B, T, V)`
+        logits of `(B, T, D)` vectors."""
+        if reverse:
+            return tuple(inputs_shape[:-1]) + (self.vocabulary_size,)
+        return tuple(inputs_shape) + (self.hidden_dim,)
 
     def call(self, inputs, reverse=False):
         table = ops.cast(self.embeddings, self.compute_dtype)
