@@ -16,7 +16,8 @@ float32 adapters A (kernel input dims..., r) and B (r, output), added as
 equal to its base. What Keras lacks, and this module adds: choosing the
 projections of a whole model by name, freezing every other weight, folding the
 adapters into a plain model for deployment, and a file of the adapters alone
-that refuses a different base model.
+that refuses a different base model and any edit of its own (a SHA-256 digest
+of each tensor and of the header, which lists the tensors' digests).
 """
 
 import fnmatch
@@ -33,7 +34,7 @@ from keras_attn import _keras_compat
 
 DEFAULT_TARGETS = ("query", "value")
 FILE_FORMAT = "keras_attn.lora"
-FILE_VERSION = 1
+FILE_VERSION = 2  # 2: digests of the header and of every tensor
 _PROJECTIONS = (keras.layers.Dense, keras.layers.EinsumDense)
 _META = "__lora_metadata__"
 
@@ -88,6 +89,20 @@ def _check_rank(rank, alpha):
         raise ValueError(f"`alpha` must be a positive number or None (= rank). Received: alpha={alpha!r}")
 
 
+def _refuse_built_optimizer(model, function):
+    """A `ValueError` when `model`'s optimizer has taken a step: its state
+    (and, with Keras, the list of variables it updates) was made for the
+    weights trainable then, so after LoRA is enabled it would go on training
+    the frozen base and never the adapters."""
+    optimizer = getattr(model, "optimizer", None)
+    if optimizer is not None and optimizer.built:
+        raise ValueError(
+            "Enable LoRA before the optimizer has taken a step (its state is made for the "
+            f"weights trainable then): call {function}, then compile. Received: "
+            f"model={model.name!r} with a built optimizer"
+        )
+
+
 def enable_lora(model, rank, targets=DEFAULT_TARGETS, alpha=None, train_also=()):
     """Adds rank-`rank` LoRA adapters to the projections of `model` that
     `targets` name, and freezes every other weight.
@@ -117,13 +132,7 @@ def enable_lora(model, rank, targets=DEFAULT_TARGETS, alpha=None, train_also=())
     train_also = _patterns("train_also", train_also, allow_empty=True)
     if not model.built:
         raise ValueError(f"`model` must be built before LoRA is enabled. Received: model={model.name!r}")
-    optimizer = getattr(model, "optimizer", None)
-    if optimizer is not None and optimizer.built:
-        raise ValueError(
-            "Enable LoRA before the optimizer has taken a step (its state is made for the "
-            f"weights trainable then): call enable_lora, then compile. Received: model={model.name!r} "
-            "with a built optimizer"
-        )
+    _refuse_built_optimizer(model, "enable_lora")
     already = lora_layers(model)
     if already:
         raise ValueError(
@@ -174,10 +183,31 @@ def _base_fingerprint(layers):
     return digest.hexdigest()
 
 
+def _tensor_digest(name, array):
+    """sha256 of one tensor: its name, dtype, shape and bytes."""
+    array = np.ascontiguousarray(array)
+    digest = hashlib.sha256(f"{name}:{array.dtype.str}:{array.shape};".encode())
+    digest.update(array.tobytes())
+    return digest.hexdigest()
+
+
+def _header_digest(metadata):
+    """sha256 of the header (every field but the digest itself, canonical
+    JSON): it covers the layout, alpha, and the tensors' digests."""
+    fields = {k: v for k, v in metadata.items() if k != "sha256"}
+    return hashlib.sha256(json.dumps(fields, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
+def _non_finite(array):
+    return np.issubdtype(array.dtype, np.floating) and not np.isfinite(array).all()
+
+
 def save_lora_weights(model, path):
     """Writes the adapters and every other trainable weight (a `train_also`
     head) of `model` to `path` (`.npz`, atomically), with the LoRA layout and a
-    fingerprint of the frozen base weights."""
+    fingerprint of the frozen base weights, and digests of the header and of
+    every tensor (`load_lora_weights` refuses a file edited after this).
+    A weight that is not finite (NaN or infinite) is a `ValueError`."""
     layers, rank, alpha = _lora_metadata(model)
     path = os.fspath(path)
     if not path.endswith(".npz"):
@@ -187,11 +217,17 @@ def save_lora_weights(model, path):
     if len(arrays) != len(trainable) or _META in arrays:
         raise ValueError("Two trainable weights of `model` share a path; name its layers "
                          f"uniquely. Received: {sorted(v.path for v in trainable)}")
+    broken = sorted(name for name, value in arrays.items() if _non_finite(value))
+    if broken:
+        raise ValueError(f"Weights of `model` are not finite (NaN or infinite), so the adapters "
+                         f"are not saved: {broken}. Received: path={path!r}")
     metadata = {
         "format": FILE_FORMAT, "version": FILE_VERSION, "rank": rank, "alpha": alpha,
         "layers": [layer.path for layer in layers], "trainable": sorted(arrays),
         "base_sha256": _base_fingerprint(layers),
+        "tensor_sha256": {name: _tensor_digest(name, value) for name, value in arrays.items()},
     }
+    metadata["sha256"] = _header_digest(metadata)
     arrays[_META] = np.frombuffer(json.dumps(metadata).encode(), dtype=np.uint8)
     directory = os.path.dirname(os.path.abspath(path))
     os.makedirs(directory, exist_ok=True)
@@ -225,11 +261,39 @@ def _read(path):
     if not isinstance(metadata, dict) or metadata.get("format") != FILE_FORMAT:
         raise ValueError(f"`path` is not a keras_attn LoRA adapter file. Received: path={path!r}")
     if metadata.get("version") != FILE_VERSION:
+        older = (" (written without digests, so it cannot be checked: save the adapters "
+                 "again)" if metadata.get("version") == 1 else "")
         raise ValueError(f"`path` is a LoRA file of version {metadata.get('version')!r}; this "
-                         f"keras_attn reads version {FILE_VERSION}. Received: path={path!r}")
+                         f"keras_attn reads version {FILE_VERSION}{older}. Received: path={path!r}")
+    if metadata.get("sha256") != _header_digest(metadata):
+        raise ValueError(f"`path` was edited: its header (layers, rank, alpha, the weights' "
+                         f"digests) does not match the digest save_lora_weights wrote. "
+                         f"Received: path={path!r}")
     if sorted(arrays) != sorted(metadata.get("trainable", ())):
         raise ValueError(f"`path` is truncated or edited: its weights are not the ones its header "
                          f"lists. Received: path={path!r}")
+    digests = metadata.get("tensor_sha256")
+    if not isinstance(digests, dict) or sorted(digests) != sorted(arrays):
+        raise ValueError(f"`path` is edited: its header has no digest for each of its weights. "
+                         f"Received: path={path!r}")
+    for name in sorted(arrays):
+        if _non_finite(arrays[name]):
+            raise ValueError(f"`path` holds non-finite values (NaN or infinite) in weight "
+                             f"{name!r}. Received: path={path!r}")
+        if _tensor_digest(name, arrays[name]) != digests[name]:
+            raise ValueError(f"`path` was edited: weight {name!r} does not match its digest. "
+                             f"Received: path={path!r}")
+    rank, alpha, layers = metadata.get("rank"), metadata.get("alpha"), metadata.get("layers")
+    try:
+        _check_rank(rank, alpha)
+        if alpha is None:
+            raise ValueError(f"`alpha` must be a positive number. Received: alpha={alpha!r}")
+    except ValueError as error:
+        raise ValueError(f"`path` has an invalid header: {error}. Received: path={path!r}") from None
+    if (not isinstance(layers, list) or not layers or not all(isinstance(p, str) for p in layers)
+            or not isinstance(metadata.get("base_sha256"), str)):
+        raise ValueError(f"`path` has an invalid header: 'layers' must list layer paths and "
+                         f"'base_sha256' be a digest. Received: path={path!r}")
     return metadata, arrays
 
 
@@ -239,10 +303,15 @@ def load_lora_weights(model, path):
     the same layers with the same rank and alpha, and everything else frozen
     as before), or a model already adapted the same way.
 
-    Refused with a `ValueError`, before any weight changes: a file that is not
-    an adapter file, or is truncated, edited or corrupt; a model without one of
-    the file's layers or weights, or with other shapes; a base model whose
-    kernels under the adapters differ from those the adapters were trained on.
+    Refused with a `ValueError` naming `path` (and the weight where one is
+    at fault), before any weight changes: a file that is not an adapter file,
+    or is truncated or corrupt; a file edited after `save_lora_weights` (its
+    header or a weight no longer matches the digests written with it); a
+    weight that is not finite; a model without one of the file's layers or
+    weights, or with other shapes; a base model whose kernels under the
+    adapters differ from those the adapters were trained on; a model without
+    LoRA whose optimizer has already taken a step (as `enable_lora`: load the
+    adapters, then compile).
     """
     metadata, arrays = _read(path)
     rank, alpha = metadata["rank"], metadata["alpha"]
@@ -254,6 +323,8 @@ def load_lora_weights(model, path):
                          f"`path` belong to. Received: path={os.fspath(path)!r}")
     layers = [by_path[p] for p in metadata["layers"]]
     adapted = lora_layers(model)
+    if not adapted:
+        _refuse_built_optimizer(model, "load_lora_weights")
     if adapted:
         layout = sorted(layer.path for layer in adapted), {(l.lora_rank, float(l.lora_alpha)) for l in adapted}
         if layout != (sorted(metadata["layers"]), {(rank, float(alpha))}):

@@ -3,6 +3,7 @@ head when asked) train, merging gives a plain model with the same outputs, and
 an adapter file loads onto its own base model only."""
 
 import os
+import re
 
 import keras
 import numpy as np
@@ -206,3 +207,152 @@ def test_enabling_twice_or_after_training_started_is_refused():
     trained.fit(BERT_INPUTS, np.array([0, 1]), verbose=0)
     with pytest.raises(ValueError, match="before the optimizer has taken a step"):
         enable_lora(trained, rank=2)
+
+
+def _saved_adapters(tmp_path):
+    """(path of the base weights, path of an adapter file on that base, the
+    adapted model's outputs)."""
+    keras.utils.set_random_seed(1)
+    model = _bert()
+    model.save_weights(tmp_path / "base.weights.h5")
+    enable_lora(model, rank=2, train_also=("classifier",))
+    _perturb_adapters(model)
+    path = save_lora_weights(model, tmp_path / "adapters.npz")
+    return tmp_path / "base.weights.h5", path, _outputs(model, BERT_INPUTS)
+
+
+def _rewrite(source, target, edit_arrays=None, edit_header=None):
+    """A copy of the adapter file `source` at `target`, its arrays and its
+    header changed by the two functions (`edit_header(header, arrays)`, after
+    the arrays are edited), nothing else."""
+    import json
+
+    with np.load(source) as data:
+        arrays = {k: data[k].copy() for k in data.files}
+    header = json.loads(arrays.pop("__lora_metadata__").tobytes().decode())
+    if edit_arrays:
+        edit_arrays(arrays)
+    if edit_header:
+        edit_header(header, arrays)
+    arrays["__lora_metadata__"] = np.frombuffer(json.dumps(header).encode(), dtype=np.uint8)
+    np.savez(target, **arrays)
+    return str(target)
+
+
+def test_an_edited_value_nan_or_alpha_is_refused_naming_the_file_and_weight(tmp_path):
+    import re
+
+    from keras_attn.models import lora
+
+    base_weights, path, adapted = _saved_adapters(tmp_path)
+    base = _bert()
+    base.load_weights(base_weights)
+    before = [to_numpy(v) for v in base.weights]
+    with np.load(path) as data:
+        name = sorted(k for k in data.files if k.endswith("lora_kernel_b"))[0]
+
+    def bump(arrays):
+        arrays[name][0, 0] += 1e-3
+
+    def nan(arrays):
+        arrays[name][0, 0] = np.nan
+
+    def alpha(header, arrays):
+        header["alpha"] = header["alpha"] * 2
+
+    def re_sign(header, arrays):  # what a careful editor would do: recompute the digests
+        header["tensor_sha256"] = {k: lora._tensor_digest(k, arrays[k]) for k in arrays}
+        header["sha256"] = lora._header_digest(header)
+
+    cases = [
+        (_rewrite(path, tmp_path / "value.npz", bump),
+         f"weight {name!r} does not match its digest"),
+        (_rewrite(path, tmp_path / "nan.npz", nan),
+         f"non-finite values (NaN or infinite) in weight {name!r}"),
+        (_rewrite(path, tmp_path / "alpha.npz", edit_header=alpha),
+         "its header (layers, rank, alpha, the weights' digests) does not match"),
+    ]
+    # A NaN, or a nonsensical alpha, with digests made to match: still refused.
+    cases.append((_rewrite(path, tmp_path / "nan_signed.npz", nan, re_sign),
+                  f"non-finite values (NaN or infinite) in weight {name!r}"))
+
+    def negative_alpha(header, arrays):
+        header["alpha"] = -1.0
+        re_sign(header, arrays)
+
+    cases.append((_rewrite(path, tmp_path / "alpha_signed.npz", edit_header=negative_alpha),
+                  "invalid header: `alpha` must be a positive number"))
+    # The re-signed file without a change loads: the digests are what is checked.
+    assert lora._read(_rewrite(path, tmp_path / "signed.npz", edit_header=re_sign))[0]["alpha"] > 0
+
+    def version_1(header, arrays):
+        header["version"] = 1
+        del header["sha256"], header["tensor_sha256"]
+
+    cases.append((_rewrite(path, tmp_path / "v1.npz", edit_header=version_1),
+                  "written without digests, so it cannot be checked"))
+    for edited, message in cases:
+        with pytest.raises(ValueError, match=re.escape(message) + ".*" + re.escape(
+                f"Received: path={edited!r}")):
+            load_lora_weights(base, edited)
+    assert not lora_layers(base)
+    assert all(np.array_equal(a, to_numpy(v)) for a, v in zip(before, base.weights))
+
+    # The file itself, and a byte-for-byte rewrite of it, load with the outputs saved.
+    _close(_outputs(_loaded(base_weights, path), BERT_INPUTS), adapted, atol=1e-6)
+    same = _rewrite(path, tmp_path / "same.npz")
+    _close(_outputs(_loaded(base_weights, same), BERT_INPUTS), adapted, atol=1e-6)
+
+
+def _loaded(base_weights, path):
+    model = _bert()
+    model.load_weights(base_weights)
+    load_lora_weights(model, path)
+    return model
+
+
+def test_weights_that_are_not_finite_are_not_saved(tmp_path):
+    model = _bert()
+    chosen = enable_lora(model, rank=2)
+    chosen[0].lora_kernel_a.assign(np.full(chosen[0].lora_kernel_a.shape, np.inf, "float32"))
+    with pytest.raises(ValueError, match=r"not finite \(NaN or infinite\), so the adapters are "
+                                         rf"not saved: \['{chosen[0].path}/lora_kernel_a'\]"):
+        save_lora_weights(model, tmp_path / "adapters.npz")
+    assert not (tmp_path / "adapters.npz").exists()
+
+
+def test_loading_onto_a_model_whose_optimizer_took_a_step_is_refused(tmp_path):
+    base_weights, path, adapted = _saved_adapters(tmp_path)
+    stepped = _bert()
+    stepped.load_weights(base_weights)
+    stepped.compile(optimizer="adam")
+    stepped.optimizer.build(stepped.trainable_variables)  # as after a first step
+    with pytest.raises(ValueError, match=re.escape(
+            "call load_lora_weights, then compile. Received: model=") + ".*with a built optimizer"):
+        load_lora_weights(stepped, path)
+    assert not lora_layers(stepped) and all(v.trainable for v in stepped.weights
+                                            if v.path.endswith("kernel"))
+
+    # The order that works: load, compile, fit. The adapters and the head
+    # train; the base does not.
+    model = _loaded(base_weights, path)
+    frozen = {v.path: to_numpy(v) for v in model.weights if not v.trainable}
+    trained = {v.path: to_numpy(v) for v in model.trainable_weights}
+    model.compile(optimizer=keras.optimizers.Adam(1e-2))
+    model.fit(BERT_INPUTS, np.array([0, 2]), epochs=2, verbose=0)
+    for variable in model.weights:
+        if variable.path in frozen:
+            np.testing.assert_array_equal(to_numpy(variable), frozen[variable.path],
+                                          err_msg=variable.path)
+    changed = {p for p, value in trained.items()
+               if not np.array_equal(to_numpy(_variable(model, p)), value)}
+    assert any(p.endswith("lora_kernel_b") for p in changed)
+    assert any(p.endswith("lora_kernel_a") for p in changed)
+    # Onto a model already adapted the same way the optimizer's state fits:
+    # the file loads, and training goes on moving the adapters.
+    load_lora_weights(model, path)
+    _close(_outputs(model, BERT_INPUTS), adapted, atol=1e-6)
+    reloaded = {p: to_numpy(_variable(model, p)) for p in trained}
+    model.fit(BERT_INPUTS, np.array([0, 2]), epochs=1, verbose=0)
+    assert any(not np.array_equal(to_numpy(_variable(model, p)), reloaded[p])
+               for p in reloaded if p.endswith("lora_kernel_b"))
