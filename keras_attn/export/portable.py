@@ -16,11 +16,19 @@ formats cannot carry TensorFlow's string ops (tokenization) or its CTC and
 FFT kernels: which task goes to which format is checked by the task
 exporters (`export_image_classifier`, `export_text_classifier`).
 
+`serving.json` also records the sha256 of every file it describes
+(`"sha256": {file: digest}`), which `Artifact` checks before it loads the
+model (a flipped bit in a model file otherwise serves quietly wrong
+answers), and names the axes that inputs share (`"axes"`: "batch", and
+for the text classifier "length"), which `Artifact` checks with each
+input's dtype, rank and fixed sizes before the runtime sees a call.
+
 The directory is written beside `path` and renamed into place (a crash
 never leaves half a model where a server loads it). Conversion runs on the
 TensorFlow backend, like the SavedModel.
 """
 
+import hashlib
 import json
 import os
 import shutil
@@ -89,18 +97,36 @@ def _describe(tensor, name):
             "shape": [-1 if dim is None else int(dim) for dim in tensor.shape]}
 
 
-def _contract(serving, format, precision, preprocessing):
+def _default_axes(shape):
+    """The first axis of every served input is the batch (all of them take
+    one example per row); other free axes are the input's own unless the
+    exporter names them."""
+    return ["batch" if shape and shape[0] == -1 else None] + [None] * (len(shape) - 1)
+
+
+def _contract(serving, format, precision, preprocessing, axes=None):
     from keras_attn import __version__
 
     # Keras flattens a dict of outputs in sorted key order, as tf2onnx does.
     names = sorted(serving.output) if isinstance(serving.output, dict) else ["probabilities"]
     outputs = [serving.output[name] for name in names] if isinstance(serving.output, dict) \
         else serving.outputs
+    inputs = [_describe(x, x.name) for x in serving.inputs]
+    for spec in inputs:
+        named = (axes or {}).get(spec["name"])
+        if named is None:
+            named = _default_axes(spec["shape"])
+        if len(named) != len(spec["shape"]) or any(
+                name is not None and size != -1 for name, size in zip(named, spec["shape"])):
+            raise ValueError(
+                f"`axes` must name the free axes of input `{spec['name']}` (shape "
+                f"{spec['shape']}), one entry per axis. Received: axes={list(named)!r}")
+        spec["axes"] = list(named)
     return {
         "format": format,
         "file": FILES[format],
         "precision": precision,
-        "inputs": [_describe(x, x.name) for x in serving.inputs],
+        "inputs": inputs,
         "outputs": [_describe(y, name) for y, name in zip(outputs, names)],
         "preprocessing": preprocessing,
         "keras_attn": __version__,
@@ -108,7 +134,7 @@ def _contract(serving, format, precision, preprocessing):
 
 
 def export_portable(serving, path, format, precision="float32", preprocessing=None,
-                    files=None, verbose=False):
+                    files=None, verbose=False, axes=None):
     """Writes the functional Keras model `serving` as ONNX or LiteRT into
     the directory `path` with `serving.json` (atomically).
 
@@ -124,6 +150,10 @@ def export_portable(serving, path, format, precision="float32", preprocessing=No
             int8 weights).
         preprocessing: JSON-able dict written into the contract.
         files: `{name: bytes or str}` written beside the model (a vocabulary).
+        axes: `{input name: [axis name or None, ...]}`: free axes that must
+            have the same size in every input naming them (the text
+            classifier's "length"). Default: axis 0 of each input is
+            "batch".
 
     Returns:
         `path`.
@@ -132,7 +162,8 @@ def export_portable(serving, path, format, precision="float32", preprocessing=No
         ValueError: an unknown format or precision; an op the format cannot
             hold (the LiteRT converter is restricted to builtin ops: an
             artifact needing TensorFlow's Flex delegate would fail in
-            `ai_edge_litert`, so it fails here instead).
+            `ai_edge_litert`, so it fails here instead); a model quantized
+            with `model.quantize(...)` to LiteRT.
         ImportError: the format's converter is not installed (the extra).
     """
     import keras
@@ -145,7 +176,9 @@ def export_portable(serving, path, format, precision="float32", preprocessing=No
     check_format(format, precision)
     require_tensorflow_backend("export_portable")
     _require_packages(format)
-    contract = _contract(serving, format, precision, preprocessing or {})
+    if format == "litert":
+        _refuse_quantized(serving)
+    contract = _contract(serving, format, precision, preprocessing or {}, axes)
 
     path = os.path.abspath(os.fspath(path))
     if os.path.exists(path) and not os.path.isdir(path):
@@ -181,6 +214,8 @@ def export_portable(serving, path, format, precision="float32", preprocessing=No
             mode = "wb" if isinstance(content, bytes) else "w"
             with open(os.path.join(target, name), mode) as stream:
                 stream.write(content)
+        contract["sha256"] = {name: sha256_file(os.path.join(target, name))
+                              for name in [FILES[format], *(files or {})]}
         with open(os.path.join(target, CONTRACT), "w") as stream:
             json.dump(contract, stream, indent=2)
             stream.write("\n")
@@ -253,46 +288,201 @@ def _litert_options(precision):
     return options
 
 
+def _refuse_quantized(serving):
+    """The TensorFlow Lite converter cannot take Keras's quantized layers
+    (their int8 kernels go into a BatchMatMul it refuses, a raw MLIR
+    `ConverterError`): named here, before the conversion."""
+    for layer in serving._flatten_layers():
+        mode = getattr(layer, "quantization_mode", None) or getattr(
+            getattr(layer, "dtype_policy", None), "quantization_mode", None)
+        if mode:
+            raise ValueError(
+                f"A Keras model quantized with `model.quantize({mode!r})` cannot be converted "
+                "to LiteRT (the TensorFlow Lite converter refuses its quantized matmuls). "
+                "Export the float model with precision='int8' instead (the converter's "
+                "dynamic-range int8 weights), or export the quantized model with "
+                f"format='onnx'. Received: layer {layer.name!r} with quantization_mode="
+                f"{mode!r}, format='litert'")
+
+
+def sha256_file(path):
+    """The hex sha256 of a file's bytes."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as stream:
+        for block in iter(lambda: stream.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def read_contract(path):
+    """`serving.json` of the export directory `path`, checked to be one:
+    `ValueError` naming the file when it is missing, not JSON, or lacks a
+    key a server reads."""
+    file = os.path.join(os.fspath(path), CONTRACT)
+    if not os.path.isfile(file):
+        raise ValueError(f"{file} does not exist: {path} is not an ONNX or LiteRT export. "
+                         f"Received: path={os.fspath(path)!r}")
+    try:
+        with open(file, encoding="utf-8") as stream:
+            contract = json.load(stream)
+    except (ValueError, UnicodeDecodeError) as error:
+        raise ValueError(f"{file} is not valid JSON ({error}): export the model again. "
+                         f"Received: path={os.fspath(path)!r}") from None
+    keys = ("format", "file", "inputs", "outputs", "sha256")
+    missing = [key for key in keys if not isinstance(contract, dict) or key not in contract]
+    if missing:
+        raise ValueError(
+            f"{file} lacks {', '.join(missing)} (written by another program, or by "
+            "keras_attn before it recorded the files' sha256): export the model again. "
+            f"Received: path={os.fspath(path)!r}")
+    for kind in ("inputs", "outputs"):
+        specs = contract[kind]
+        if (not isinstance(specs, list) or not specs or not all(
+                isinstance(spec, dict) and isinstance(spec.get("name"), str)
+                and isinstance(spec.get("dtype"), str) and isinstance(spec.get("shape"), list)
+                for spec in specs)):
+            raise ValueError(f"{file}: `{kind}` must be a list of {{name, dtype, shape}}. "
+                             f"Received: {kind}={specs!r}")
+    if contract["format"] not in PORTABLE_FORMATS:
+        raise ValueError(f"{file}: `format` must be one of {PORTABLE_FORMATS}. "
+                         f"Received: format={contract['format']!r}")
+    if contract["file"] != FILES[contract["format"]]:
+        raise ValueError(f"{file}: a {contract['format']} export's model is "
+                         f"{FILES[contract['format']]}. Received: file={contract['file']!r}")
+    return contract
+
+
+def verify_files(path, contract):
+    """`ValueError` naming each file of the export that is missing or whose
+    sha256 is not the one `serving.json` recorded (a damaged or replaced
+    file)."""
+    digests = contract["sha256"]
+    if not isinstance(digests, dict) or contract["file"] not in digests:
+        raise ValueError(f"{os.path.join(path, CONTRACT)} records no sha256 of "
+                         f"{contract['file']}. Received: sha256={digests!r}")
+    for name, expected in digests.items():
+        file = os.path.join(path, name)
+        if os.path.basename(name) != name:
+            raise ValueError(f"{os.path.join(path, CONTRACT)}: sha256 names a file outside "
+                             f"the export. Received: {name!r}")
+        if not os.path.isfile(file):
+            raise ValueError(f"{file} does not exist ({CONTRACT} describes it): copy the "
+                             f"whole export directory. Received: path={path!r}")
+        got = sha256_file(file)
+        if got != expected:
+            raise ValueError(
+                f"{file} is damaged or was replaced: its sha256 is {got}, {CONTRACT} "
+                f"recorded {expected}. Export the model again. Received: path={path!r}")
+
+
 class Artifact:
     """An exported ONNX or LiteRT directory, run in its own runtime
     (onnxruntime's `InferenceSession`, ai_edge_litert's `Interpreter`):
-    neither TensorFlow nor Keras is imported. Calls pass the arrays as they
-    are, so a wrong dtype or shape gets the runtime's own error.
-    `num_threads`: the runtime's intra-op threads (None: its default).
+    neither TensorFlow nor Keras is imported. `num_threads`: the runtime's
+    intra-op threads (None: its default).
+
+    Loading checks the directory against `serving.json`: every file's
+    sha256, and the model's input and output names. Each call is checked
+    against the contract before the runtime sees it (the inputs' names,
+    dtypes, ranks and fixed sizes, no axis of size 0, the same batch and
+    the same size of each shared axis in every input): a `ValueError`
+    naming the input and the shape received. The runtimes do not all fail
+    cleanly on such calls: LiteRT's interpreter, resized to a wrong shape
+    once, corrupts its heap on the next call.
 
     >>> # artifact = Artifact("exported/vit_onnx")
     >>> # artifact(images=uint8_batch)["probabilities"]   # (B, K)
     """
 
     def __init__(self, path, num_threads=None):
-        with open(os.path.join(path, CONTRACT)) as stream:
-            self.contract = json.load(stream)
+        path = os.fspath(path)
+        self.contract = read_contract(path)
         self.format = self.contract["format"]
+        verify_files(path, self.contract)
         file = os.path.join(path, self.contract["file"])
-        if self.format == "onnx":
-            import onnxruntime
+        try:
+            if self.format == "onnx":
+                import onnxruntime
 
-            options = onnxruntime.SessionOptions()
-            if num_threads is not None:
-                options.intra_op_num_threads = int(num_threads)
-            self._session = onnxruntime.InferenceSession(
-                file, options, providers=["CPUExecutionProvider"])
-        elif self.format == "litert":
-            from ai_edge_litert.interpreter import Interpreter
+                options = onnxruntime.SessionOptions()
+                if num_threads is not None:
+                    options.intra_op_num_threads = int(num_threads)
+                self._session = onnxruntime.InferenceSession(
+                    file, options, providers=["CPUExecutionProvider"])
+                inputs = [x.name for x in self._session.get_inputs()]
+                outputs = [y.name for y in self._session.get_outputs()]
+            else:
+                from ai_edge_litert.interpreter import Interpreter
 
-            self._interpreter = Interpreter(model_path=file, num_threads=num_threads)
-            # Resizes the inputs to each call's shapes.
-            self._runner = self._interpreter.get_signature_runner()
-        else:
-            raise ValueError(f"{path}: `format` must be one of {PORTABLE_FORMATS}. "
-                             f"Received: format={self.format!r}")
+                self._interpreter = Interpreter(model_path=file, num_threads=num_threads)
+                # Resizes the inputs to each call's shapes.
+                self._runner = self._interpreter.get_signature_runner()
+                inputs = list(self._runner.get_input_details())
+                outputs = list(self._runner.get_output_details())
+        except Exception as error:  # the runtime's own types (InvalidProtobuf, ...)
+            raise ValueError(f"{file} does not load in the {self.format} runtime "
+                             f"({type(error).__name__}: {error}). Received: path={path!r}") \
+                from None
+        for kind, names in (("inputs", inputs), ("outputs", outputs)):
+            described = [spec["name"] for spec in self.contract[kind]]
+            if sorted(names) != sorted(described):
+                raise ValueError(
+                    f"{os.path.join(path, CONTRACT)} describes the {kind} {described}; "
+                    f"{file} has {sorted(names)}. Export the model again. "
+                    f"Received: path={path!r}")
 
     @property
     def input_names(self):
         return [spec["name"] for spec in self.contract["inputs"]]
 
+    def check_inputs(self, inputs):
+        """`inputs` as NumPy arrays, each checked against `serving.json`;
+        `ValueError` naming the input and what was received."""
+        import numpy as np
+
+        names = self.input_names
+        missing = [name for name in names if name not in inputs]
+        unexpected = sorted(name for name in inputs if name not in names)
+        if missing or unexpected:
+            raise ValueError(
+                f"The inputs must be {names}. Received: {sorted(inputs)} (missing "
+                f"{missing}, unexpected {unexpected})")
+        arrays, shared = {}, {}
+        for spec in self.contract["inputs"]:
+            name, shape = spec["name"], spec["shape"]
+            value = np.asarray(inputs[name])
+            received = f"Received: {name}.shape={value.shape}, dtype={value.dtype}"
+            if value.dtype != np.dtype(spec["dtype"]):
+                raise ValueError(f"Input `{name}` must be {spec['dtype']}. {received}")
+            if value.ndim != len(shape):
+                raise ValueError(f"Input `{name}` must have rank {len(shape)} (shape "
+                                 f"{_shape_text(shape)}). {received}")
+            axes = spec.get("axes") or _default_axes(shape)
+            for axis, (size, fixed, axis_name) in enumerate(zip(value.shape, shape, axes)):
+                if fixed != -1 and size != fixed:
+                    raise ValueError(f"Input `{name}` must have shape {_shape_text(shape)}: "
+                                     f"{fixed} on axis {axis}. {received}")
+                if size < 1:
+                    what = "a batch of 0" if axis_name == "batch" else f"size 0 on axis {axis}"
+                    raise ValueError(f"Input `{name}` is empty ({what}). {received}")
+                if axis_name is not None:
+                    first = shared.setdefault(axis_name, (name, axis, value.shape))
+                    if first[2][first[1]] != size:
+                        raise ValueError(
+                            f"Inputs `{first[0]}` and `{name}` must have the same {axis_name} "
+                            f"(axis {first[1]} and axis {axis}). Received: {first[0]}.shape="
+                            f"{first[2]}, {name}.shape={value.shape}")
+            arrays[name] = value
+        return arrays
+
     def __call__(self, **inputs):
+        inputs = self.check_inputs(inputs)
         if self.format == "onnx":
             names = [output["name"] for output in self.contract["outputs"]]
             return dict(zip(names, self._session.run(names, inputs)))
         return dict(self._runner(**inputs))
+
+
+def _shape_text(shape):
+    return "(" + ", ".join("B" if size == -1 and axis == 0 else "any" if size == -1 else
+                           str(size) for axis, size in enumerate(shape)) + ")"

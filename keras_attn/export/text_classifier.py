@@ -4,7 +4,9 @@
   `[CLS] text [SEP]` packing run inside the graph; class probabilities
   `(B, K)` out.
 - `serve_ids(token_ids, segment_ids, padding_mask)`: `(B, T)` int32 each,
-  any `T` up to the model's `max_sequence_length`; probabilities out.
+  any `T` up to the model's `max_sequence_length`; probabilities out. Three
+  inputs of different shapes stop the call with `InvalidArgumentError`
+  naming them (a loaded SavedModel raises TensorFlow's errors, not Python's).
 
 The tokenizer ops come from tensorflow-text: `import tensorflow_text`
 before `tf.saved_model.load` in the serving process. TensorFlow backend
@@ -82,13 +84,23 @@ def export_text_classifier(model, tokenizer, path, sequence_length=128, format="
     def serve_text(text):
         return probabilities(*pack(text))
 
+    def serve_ids(token_ids, segment_ids, padding_mask):
+        # Checked here, not inside the model: there the mismatch is an
+        # "Incompatible shapes" of an Add deep in the embeddings.
+        checks = [tf.debugging.assert_equal(
+            tf.shape(other), tf.shape(token_ids),
+            message=f"keras_attn: `{name}` must have the shape (B, T) of `token_ids`")
+            for name, other in (("segment_ids", segment_ids), ("padding_mask", padding_mask))]
+        with tf.control_dependencies(checks):
+            return probabilities(tf.identity(token_ids), segment_ids, padding_mask)
+
     ids_spec = [tf.TensorSpec((None, None), tf.int32, name=name) for name in names]
     return export_saved_model(
         model,
         path,
         input_signature=[tf.TensorSpec((None,), tf.string, name="text")],
         serving_fn=serve_text,
-        extra_endpoints={"serve_ids": (probabilities, ids_spec)},
+        extra_endpoints={"serve_ids": (serve_ids, ids_spec)},
         track=[tokenizer],
     )
 
@@ -122,7 +134,8 @@ def _export_portable(model, tokenizer, path, sequence_length, format, precision)
         "padding_mask": "1 where token_ids is not pad_id, else 0",
     }
     return export_portable(serving, path, format, precision, preprocessing=preprocessing,
-                           files={"vocab.txt": "".join(token + "\n" for token in vocabulary)})
+                           files={"vocab.txt": "".join(token + "\n" for token in vocabulary)},
+                           axes={name: ["batch", "length"] for name in names})
 
 
 def _max_length(model):

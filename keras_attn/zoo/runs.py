@@ -19,7 +19,9 @@ model.keras           the trained model (written atomically); with `training.lor
                       the merged model (adapters folded into the kernels)
 adapters.npz          with `training.lora`: the adapters and fully trained layers
                       alone (`keras_attn.models.load_lora_weights` onto the base)
-saved_model/          the task's serving SavedModel (atomically)
+saved_model/          the task's serving SavedModel (atomically); its run.json (and
+                      an ONNX / LiteRT export's serving.json, key "run") names the
+                      run it came from, which `evaluate --exported` checks
 vocab.txt             the vocabulary, for the text tasks
 learning_curves.png   loss and metrics per epoch, training and validation
 results.json          the test metrics, time, hardware, versions
@@ -57,6 +59,7 @@ RECIPE = "recipe.json"
 CHECKPOINTS = "checkpoints"
 TIMES = "epoch_seconds.json"  # training seconds of each finished epoch, over all sessions
 ADAPTERS = "adapters.npz"
+EXPORT_RUN = "run.json"  # in an exported SavedModel: the run it came from
 
 
 # === Files ===
@@ -497,7 +500,8 @@ def _train_locked(recipe, output, distribute, export, verbose, prepared=None):
               f"{output}` writes it where TensorFlow is", flush=True)
     elif export:
         if keras.backend.backend() == "tensorflow":
-            task.export(model, os.path.join(output, SAVED_MODEL))
+            _export_task(task, model, output, os.path.join(output, SAVED_MODEL),
+                         source=model_path)
         else:
             export_on_tensorflow(output, os.path.join(output, SAVED_MODEL))
     plot_learning_curves(history, os.path.join(output, CURVES), title=recipe["name"])
@@ -558,7 +562,10 @@ def evaluate(run_dir, exported=None):
     With `exported`, a directory `export` wrote from this run (a SavedModel,
     or ONNX / LiteRT with serving.json), the metrics of that model in its
     own runtime (onnxruntime, LiteRT, TensorFlow) on the same test set
-    (`Task.evaluate_served`); `source` is then that directory.
+    (`Task.evaluate_served`); `source` is then that directory. An export
+    that names another run (or none: `check_export_origin`), a damaged one
+    (a file whose sha256 is not serving.json's) or one that does not load
+    is refused with a `ValueError` naming the file.
     """
     if exported is None:
         recipe, task, model, source = load_run(run_dir)
@@ -571,6 +578,7 @@ def evaluate(run_dir, exported=None):
     if not portable and not os.path.isfile(os.path.join(exported, "saved_model.pb")):
         raise ValueError(f"{exported} holds neither {CONTRACT} (ONNX, LiteRT) nor a SavedModel. "
                          f"Received: exported={exported!r}")
+    check_export_origin(run_dir, exported)
     recipe = read_json(os.path.join(run_dir, RECIPE))
     task = make_task(recipe)
     if portable:
@@ -581,7 +589,11 @@ def evaluate(run_dir, exported=None):
     else:
         import tensorflow as tf
 
-        loaded = tf.saved_model.load(exported)
+        try:
+            loaded = tf.saved_model.load(exported)
+        except Exception as error:  # TensorFlow's own types (a damaged protobuf, ...)
+            raise ValueError(f"{exported} does not load as a SavedModel ({type(error).__name__}"
+                             f": {error}). Received: exported={exported!r}") from None
 
         def serve(inputs):
             return task.served_outputs(loaded, inputs)
@@ -662,5 +674,104 @@ def export(run_dir, output=None, format="saved_model", precision="float32"):
         export_on_tensorflow(run_dir, path, format, precision)
         return path, os.path.join(run_dir, MODEL)
     _, task, model, source = load_run(run_dir)
-    task.export(model, path, format=format, precision=precision)
+    _export_task(task, model, run_dir, path, format=format, precision=precision, source=source)
     return path, source
+
+
+def _export_task(task, model, run_dir, path, format="saved_model", precision="float32",
+                 source=None):
+    """`task.export`, then the run it came from written into the export
+    (serving.json's "run", or run.json beside a SavedModel)."""
+    task.export(model, path, format=format, precision=precision)
+    stamp_export(run_dir, path, source)
+
+
+def stamp_export(run_dir, path, source=None):
+    """Writes into the export directory `path` the run it came from
+    (`run_identity`): serving.json's "run" for ONNX and LiteRT, run.json
+    beside a SavedModel."""
+    from keras_attn.export.portable import CONTRACT
+    from keras_attn.export.portable import read_contract
+
+    origin = run_identity(run_dir, source)
+    if os.path.isfile(os.path.join(path, CONTRACT)):
+        contract = read_contract(path)
+        contract["run"] = origin
+        write_json(os.path.join(path, CONTRACT), contract)
+    else:
+        write_json(os.path.join(path, EXPORT_RUN), origin)
+
+
+def _sha256_json(value):
+    import hashlib
+
+    text = json.dumps(value, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def run_identity(run_dir, source=None):
+    """What names a run in its exports: the recipe's name, the sha256 of
+    its recipe.json (as JSON: key order and spacing aside), the directory,
+    and with `source` model.keras, that file's sha256 (two runs of one
+    recipe differ there)."""
+    from keras_attn.export.portable import sha256_file
+
+    recipe = read_json(os.path.join(run_dir, RECIPE))
+    identity = {"recipe": recipe.get("name") if isinstance(recipe, dict) else None,
+                "recipe_sha256": _sha256_json(recipe),
+                "directory": os.path.abspath(run_dir)}
+    model_path = os.path.join(run_dir, MODEL)
+    if source is not None and os.path.abspath(source) == os.path.abspath(model_path):
+        identity["model_sha256"] = sha256_file(model_path)
+    return identity
+
+
+def _describe_run(origin):
+    return (f"{origin.get('directory')} (recipe {origin.get('recipe')!r}, recipe.json sha256 "
+            f"{str(origin.get('recipe_sha256'))[:12]}...)")
+
+
+def check_export_origin(run_dir, exported):
+    """`ValueError` unless the export directory `exported` names the run
+    `run_dir` as the one it came from (`_export_task` wrote it): metrics of
+    one run's export under another run's recipe and test set mean nothing."""
+    from keras_attn.export.portable import CONTRACT
+    from keras_attn.export.portable import read_contract
+    from keras_attn.export.portable import sha256_file
+
+    if os.path.isfile(os.path.join(exported, CONTRACT)):
+        where = os.path.join(exported, CONTRACT)
+        origin = read_contract(exported).get("run")
+    else:
+        where = os.path.join(exported, EXPORT_RUN)
+        origin = None
+        if os.path.isfile(where):
+            try:
+                origin = read_json(where)
+            except (ValueError, UnicodeDecodeError) as error:
+                raise ValueError(f"{where} is not valid JSON ({error}). "
+                                 f"Received: exported={exported!r}") from None
+    if not isinstance(origin, dict) or not isinstance(origin.get("recipe_sha256"), str):
+        raise ValueError(
+            f"{where} does not name the run {exported} was exported from (exported by "
+            f"another program or an older keras_attn): `keras-attn export {run_dir}` writes "
+            f"an export of this run that does. Received: exported={exported!r}")
+    if not os.path.isfile(os.path.join(run_dir, RECIPE)):
+        raise ValueError(f"{run_dir} is not a run directory: it has no {RECIPE}. "
+                         f"Received: RUN_DIR={run_dir!r}")
+    mine = run_identity(run_dir)
+    if (origin.get("recipe"), origin["recipe_sha256"]) != (mine["recipe"], mine["recipe_sha256"]):
+        raise ValueError(
+            f"{exported} is an export of the run {_describe_run(origin)}, not of "
+            f"{_describe_run(mine)}: evaluate it with the run it came from. "
+            f"Received: RUN_DIR={run_dir!r}, exported={exported!r}")
+    model_path = os.path.join(run_dir, MODEL)
+    if origin.get("model_sha256") and os.path.isfile(model_path):
+        digest = sha256_file(model_path)
+        if digest != origin["model_sha256"]:
+            raise ValueError(
+                f"{exported} is an export of the model.keras of {_describe_run(origin)} "
+                f"(sha256 {origin['model_sha256'][:12]}...), not of {model_path} (sha256 "
+                f"{digest[:12]}...): the same recipe, another run or a model trained "
+                "again; export this one. "
+                f"Received: RUN_DIR={run_dir!r}, exported={exported!r}")

@@ -1,0 +1,367 @@
+"""What an ONNX / LiteRT export refuses: damaged files (checked against the
+sha256 serving.json records), calls that do not fit serving.json (checked
+before the runtime sees them: LiteRT's interpreter corrupts its heap on a
+call after a bad one), an export of another run under `evaluate`, and a
+quantized Keras model sent to the LiteRT converter. One small export per
+format, shared by the module."""
+
+import json
+import os
+import pathlib
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import keras_attn_cli as cli
+from keras_attn.data import text
+from keras_attn.export import export_image_classifier
+from keras_attn.export import export_text_classifier
+from keras_attn.export.portable import Artifact
+from keras_attn.models.bert import BertSequenceClassifier
+from keras_attn.models.bert import build_bert
+from keras_attn.models.vit import build_vit
+from keras_attn.zoo import runs
+from test_case import to_numpy
+
+pytestmark = pytest.mark.tf_only
+
+VOCAB = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "the", "cat", "sat", "on", "mat",
+         "dog", "##s", "a", "run", "##ning", ".", ","]
+FILES = {"onnx": "model.onnx", "litert": "model.tflite"}
+
+
+def _randomize(model, seed=0):
+    rng = np.random.default_rng(seed)
+    for variable in model.weights:
+        variable.assign(rng.normal(0, 0.3, variable.shape).astype(variable.dtype))
+    return model
+
+
+def _softmax(logits):
+    e = np.exp(logits - logits.max(-1, keepdims=True))
+    return e / e.sum(-1, keepdims=True)
+
+
+@pytest.fixture(scope="module")
+def exports(tmp_path_factory):
+    """A tiny ViT (8x8x3 images) and a tiny BERT classifier, each in ONNX
+    and LiteRT, with a valid batch and the Keras model's answer to it."""
+    root = tmp_path_factory.mktemp("exports")
+    vit = _randomize(build_vit("vit_tiny_16", image_size=8, patch_size=4, num_channels=3,
+                               num_layers=1, hidden_dim=8, num_heads=2, intermediate_dim=16,
+                               num_classes=3))
+    backbone = build_bert("bert_tiny", vocabulary_size=len(VOCAB), hidden_dim=8,
+                          intermediate_dim=16, num_layers=1, max_sequence_length=8)
+    bert = _randomize(BertSequenceClassifier(backbone, num_classes=3), seed=1)
+    tokenizer = text.make_tokenizer(VOCAB)
+    rng = np.random.default_rng(0)
+    images = rng.integers(0, 256, (2, 8, 8, 3)).astype("uint8")
+    token_ids = rng.integers(5, len(VOCAB), (2, 6)).astype("int32")
+    ids = {"token_ids": token_ids, "segment_ids": np.zeros_like(token_ids),
+           "padding_mask": np.ones_like(token_ids)}
+    result = {"images": images, "ids": ids,
+              "image_expected": _softmax(to_numpy(vit(images.astype("float32")))),
+              "ids_expected": _softmax(to_numpy(bert(ids)))}
+    assert np.ptp(result["image_expected"], axis=0).max() > 1e-3  # answers that differ
+    for format in ("onnx", "litert"):
+        result["vit", format] = pathlib.Path(export_image_classifier(
+            vit, root / f"vit_{format}", format=format))
+        result["bert", format] = pathlib.Path(export_text_classifier(
+            bert, tokenizer, root / f"bert_{format}", sequence_length=8, format=format))
+    return result
+
+
+def _copy(path, tmp_path, name="copy"):
+    return shutil.copytree(path, tmp_path / name)
+
+
+# === Files checked against serving.json ===
+
+
+def test_serving_json_records_each_file_sha256(exports):
+    import hashlib
+
+    for family, format in (("vit", "onnx"), ("bert", "litert")):
+        path = exports[family, format]
+        contract = json.loads((path / "serving.json").read_text())
+        expected = [FILES[format]] + (["vocab.txt"] if family == "bert" else [])
+        assert sorted(contract["sha256"]) == sorted(expected)
+        for name, digest in contract["sha256"].items():
+            assert hashlib.sha256((path / name).read_bytes()).hexdigest() == digest
+    # The inputs that share their length say so.
+    contract = json.loads((exports["bert", "onnx"] / "serving.json").read_text())
+    assert [spec["axes"] for spec in contract["inputs"]] == [["batch", "length"]] * 3
+    contract = json.loads((exports["vit", "onnx"] / "serving.json").read_text())
+    assert contract["inputs"][0]["axes"] == ["batch", None, None, None]
+
+
+@pytest.mark.parametrize("format", ["onnx", "litert"])
+def test_a_flipped_byte_in_the_model_is_refused_by_name(exports, tmp_path, format):
+    path = _copy(exports["vit", format], tmp_path)
+    Artifact(path)  # the copy loads
+    model = path / FILES[format]
+    data = bytearray(model.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    model.write_bytes(bytes(data))
+    with pytest.raises(ValueError, match=rf"{FILES[format]} is damaged or was replaced: "
+                                         r"its sha256 is [0-9a-f]{64}"):
+        Artifact(path)
+
+
+def test_a_changed_vocabulary_is_refused_by_name(exports, tmp_path):
+    path = _copy(exports["bert", "onnx"], tmp_path)
+    vocab = path / "vocab.txt"
+    vocab.write_text(vocab.read_text().replace("cat", "cow"))
+    with pytest.raises(ValueError, match="vocab.txt is damaged or was replaced"):
+        Artifact(path)
+
+
+def test_damaged_exports_are_value_errors_naming_the_file(exports, tmp_path):
+    source = exports["vit", "onnx"]
+
+    truncated = _copy(source, tmp_path, "truncated")
+    data = (truncated / "model.onnx").read_bytes()
+    (truncated / "model.onnx").write_bytes(data[: len(data) // 3])
+    with pytest.raises(ValueError, match="model.onnx is damaged or was replaced"):
+        Artifact(truncated)
+
+    missing = _copy(source, tmp_path, "missing")
+    os.remove(missing / "model.onnx")
+    with pytest.raises(ValueError, match=rf"{missing / 'model.onnx'} does not exist"):
+        Artifact(missing)
+
+    invalid = _copy(source, tmp_path, "invalid")
+    (invalid / "serving.json").write_text('{"format": "onnx", ')
+    with pytest.raises(ValueError, match=rf"{invalid / 'serving.json'} is not valid JSON"):
+        Artifact(invalid)
+
+    (invalid / "serving.json").unlink()
+    with pytest.raises(ValueError, match=rf"{invalid / 'serving.json'} does not exist"):
+        Artifact(invalid)
+
+    contract = json.loads((source / "serving.json").read_text())
+    renamed = _copy(source, tmp_path, "renamed")
+    contract["outputs"][0]["name"] = "probs"
+    (renamed / "serving.json").write_text(json.dumps(contract))
+    with pytest.raises(ValueError, match=r"describes the outputs \['probs'\]; .*model.onnx has "
+                                         r"\['probabilities'\]"):
+        Artifact(renamed)
+
+    unchecked = _copy(source, tmp_path, "unchecked")
+    del contract["sha256"]
+    (unchecked / "serving.json").write_text(json.dumps(contract))
+    with pytest.raises(ValueError, match="serving.json lacks sha256"):
+        Artifact(unchecked)
+
+
+# === Calls checked against serving.json ===
+
+IMAGE_REQUESTS = [  # (inputs, what the message names)
+    ({"images": np.zeros((1, 9, 8, 3), "uint8")}, r"images.shape=\(1, 9, 8, 3\)"),
+    ({"images": np.zeros((0, 8, 8, 3), "uint8")}, r"a batch of 0.*images.shape=\(0, 8, 8, 3\)"),
+    ({"images": np.zeros((1, 8, 8, 1), "uint8")}, r"3 on axis 3.*images.shape=\(1, 8, 8, 1\)"),
+    ({"images": np.zeros((8, 8, 3), "uint8")}, r"rank 4.*images.shape=\(8, 8, 3\)"),
+    ({"images": np.zeros((1, 8, 8, 3), "float32")}, r"must be uint8.*dtype=float32"),
+    ({"pixels": np.zeros((1, 8, 8, 3), "uint8")}, r"must be \['images'\]"),
+]
+
+
+def _id_requests():
+    ids = np.full((1, 5), 6, "int32")
+    return [
+        ({"token_ids": ids, "segment_ids": ids[:, :4] * 0, "padding_mask": ids * 0 + 1},
+         r"`token_ids` and `segment_ids` must have the same length.*segment_ids.shape=\(1, 4\)"),
+        ({"token_ids": ids, "segment_ids": ids * 0, "padding_mask": np.ones((2, 5), "int32")},
+         r"`token_ids` and `padding_mask` must have the same batch.*padding_mask.shape=\(2, 5\)"),
+        ({"token_ids": ids[:, :0], "segment_ids": ids[:, :0], "padding_mask": ids[:, :0]},
+         r"`token_ids` is empty \(size 0 on axis 1\).*token_ids.shape=\(1, 0\)"),
+        ({"token_ids": ids[:0], "segment_ids": ids[:0], "padding_mask": ids[:0]},
+         r"a batch of 0"),
+        ({"token_ids": ids.astype("int64"), "segment_ids": ids, "padding_mask": ids},
+         r"`token_ids` must be int32.*dtype=int64"),
+    ]
+
+
+def test_bad_onnx_requests_are_value_errors_and_the_session_still_answers(exports):
+    for family, good, requests, expected in (
+            ("vit", {"images": exports["images"]}, IMAGE_REQUESTS, exports["image_expected"]),
+            ("bert", exports["ids"], _id_requests(), exports["ids_expected"])):
+        artifact = Artifact(exports[family, "onnx"])
+        before = artifact(**good)["probabilities"]
+        np.testing.assert_allclose(before, expected, atol=1e-4)
+        for inputs, message in requests:
+            with pytest.raises(ValueError, match=message):
+                artifact(**inputs)
+        np.testing.assert_array_equal(artifact(**good)["probabilities"], before)
+
+
+LITERT_REQUESTS = r"""
+import json, sys
+import numpy as np
+from keras_attn.export.portable import Artifact
+
+path, inputs_file, requests_file = sys.argv[1:]
+with np.load(inputs_file) as stored:
+    good = dict(stored)
+artifact = Artifact(path)
+before = artifact(**good)["probabilities"]
+errors = []
+with np.load(requests_file) as stored:
+    requests = {}
+    for key in stored.files:
+        index, name = key.split("/", 1)
+        requests.setdefault(int(index), {})[name] = stored[key]
+for index in sorted(requests):
+    try:
+        artifact(**requests[index])
+        errors.append(None)
+    except ValueError as error:
+        errors.append(str(error))
+    # The interpreter still answers, the same, after each refused call.
+    after = artifact(**good)["probabilities"]
+    assert np.array_equal(after, before), (index, after, before)
+print("RESULT" + json.dumps({"before": before.tolist(), "errors": errors}))
+"""
+
+
+@pytest.mark.parametrize("family", ["vit", "bert"])
+def test_bad_litert_requests_are_value_errors_and_the_interpreter_survives(
+        exports, tmp_path, family):
+    # In a subprocess: before the checks, these calls ended the process
+    # ("free(): double free", SIGSEGV).
+    good = {"images": exports["images"]} if family == "vit" else exports["ids"]
+    requests = IMAGE_REQUESTS if family == "vit" else _id_requests()
+    np.savez(tmp_path / "good.npz", **good)
+    np.savez(tmp_path / "requests.npz", **{f"{index}/{name}": value for index, (inputs, _) in
+                                         enumerate(requests) for name, value in inputs.items()})
+    result = subprocess.run(
+        [sys.executable, "-c", LITERT_REQUESTS, str(exports[family, "litert"]),
+         str(tmp_path / "good.npz"), str(tmp_path / "requests.npz")],
+        capture_output=True, text=True, timeout=300,
+        env=dict(os.environ, KERAS_BACKEND="tensorflow", TF_CPP_MIN_LOG_LEVEL="3"))
+    assert result.returncode == 0, result.stderr[-3000:]
+    report = json.loads(result.stdout.split("RESULT")[-1])
+    expected = exports["image_expected"] if family == "vit" else exports["ids_expected"]
+    np.testing.assert_allclose(report["before"], expected, atol=1e-4)
+    import re
+
+    for (_, message), error in zip(requests, report["errors"]):
+        assert error is not None and re.search(message, error), (message, error)
+
+
+# === A quantized Keras model and LiteRT ===
+
+
+def test_an_int8_quantized_vit_is_refused_by_name_before_the_litert_converter(tmp_path):
+    import warnings
+
+    vit = build_vit("vit_tiny_16", image_size=8, patch_size=4, num_channels=3, num_layers=1,
+                    hidden_dim=8, num_heads=2, intermediate_dim=16, num_classes=3)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the layers without a quantized form, named by Keras
+        vit.quantize("int8")
+    with pytest.raises(ValueError, match=r"model.quantize\('int8'\).* cannot be converted to "
+                                         r"LiteRT.*precision='int8'.*format='litert'"):
+        export_image_classifier(vit, tmp_path / "litert", format="litert")
+    assert os.listdir(tmp_path) == []  # refused before anything was written
+
+
+# === The SavedModel's serve_ids ===
+
+
+def test_serve_ids_refuses_inputs_of_different_lengths_by_name(tmp_path):
+    import tensorflow as tf
+    import tensorflow_text  # noqa: F401  (the tokenizer's ops, to load the SavedModel)
+
+    backbone = build_bert("bert_tiny", vocabulary_size=len(VOCAB), hidden_dim=8,
+                          intermediate_dim=16, num_layers=1, max_sequence_length=8)
+    model = _randomize(BertSequenceClassifier(backbone, num_classes=3))
+    path = export_text_classifier(model, text.make_tokenizer(VOCAB), str(tmp_path / "sm"),
+                                  sequence_length=8)
+    loaded = tf.saved_model.load(path)
+    ids = tf.constant([[2, 5, 6, 7, 3]], tf.int32)
+    expected = _softmax(to_numpy(model({"token_ids": ids, "segment_ids": tf.zeros_like(ids),
+                                        "padding_mask": tf.ones_like(ids)})))
+    with pytest.raises(tf.errors.InvalidArgumentError,
+                       match=r"`segment_ids` must have the shape \(B, T\) of `token_ids`"):
+        loaded.serve_ids(ids, tf.zeros((1, 4), tf.int32), tf.ones_like(ids))
+    with pytest.raises(tf.errors.InvalidArgumentError,
+                       match=r"`padding_mask` must have the shape \(B, T\) of `token_ids`"):
+        loaded.serve_ids(ids, tf.zeros_like(ids), tf.ones((2, 5), tf.int32))
+    got = loaded.serve_ids(ids, tf.zeros_like(ids), tf.ones_like(ids)).numpy()
+    np.testing.assert_allclose(got, expected, atol=1e-5)
+
+
+# === evaluate --exported: the export names its run ===
+
+
+def _run_dir(path, seed, model_bytes=None):
+    from keras_attn.zoo.recipe import load_recipe
+    from keras_attn_cli import recipe_paths
+
+    recipe = load_recipe(recipe_paths()["vit_tiny_digits"], [f"training.seed={seed}"])
+    os.makedirs(path)
+    runs.write_json(os.path.join(path, "recipe.json"), recipe)
+    if model_bytes is not None:
+        (path / "model.keras").write_bytes(model_bytes)
+    return path
+
+
+def test_evaluate_refuses_the_export_of_another_run_naming_both(exports, tmp_path, capsys):
+    run_c = _run_dir(tmp_path / "run_c", seed=1)
+    run_d = _run_dir(tmp_path / "run_d", seed=2)
+    exported = _copy(exports["vit", "onnx"], tmp_path, "d_onnx")
+
+    # Not stamped (written by export_image_classifier, not `keras-attn export`).
+    with pytest.raises(ValueError, match=r"serving.json does not name the run"):
+        runs.evaluate(str(run_c), exported=str(exported))
+
+    runs.stamp_export(str(run_d), str(exported))
+    contract = json.loads((exported / "serving.json").read_text())
+    assert contract["run"]["recipe"] == "vit_tiny_digits"
+    assert contract["run"]["directory"] == str(run_d)
+    Artifact(exported)  # the stamp leaves the files' checksums valid
+    runs.check_export_origin(str(run_d), str(exported))  # its own run: accepted
+    message = (rf"{exported} is an export of the run {run_d} \(recipe 'vit_tiny_digits', "
+               rf"recipe.json sha256 [0-9a-f]{{12}}...\), not of {run_c} ")
+    with pytest.raises(ValueError, match=message):
+        runs.evaluate(str(run_c), exported=str(exported))
+    # The command line: status 2, the message, no traceback.
+    capsys.readouterr()
+    assert cli.main(["evaluate", str(run_c), "--exported", str(exported)]) == 2
+    err = capsys.readouterr().err
+    assert str(run_d) in err and str(run_c) in err and "Traceback" not in err
+
+    # A SavedModel names its run in run.json (refused before TensorFlow loads it).
+    saved = tmp_path / "d_saved_model"
+    saved.mkdir()
+    (saved / "saved_model.pb").write_bytes(b"")
+    runs.stamp_export(str(run_d), str(saved))
+    with pytest.raises(ValueError, match=rf"{saved} is an export of the run {run_d} "):
+        runs.evaluate(str(run_c), exported=str(saved))
+
+
+def test_evaluate_refuses_an_export_of_another_model_of_the_same_recipe(exports, tmp_path):
+    run_e = _run_dir(tmp_path / "run_e", seed=1, model_bytes=b"model of e")
+    run_f = _run_dir(tmp_path / "run_f", seed=1, model_bytes=b"model of f")
+    exported = _copy(exports["vit", "litert"], tmp_path, "f_litert")
+    runs.stamp_export(str(run_f), str(exported), source=str(run_f / "model.keras"))
+    runs.check_export_origin(str(run_f), str(exported))
+    with pytest.raises(ValueError, match=rf"not of {run_e / 'model.keras'} \(sha256"):
+        runs.evaluate(str(run_e), exported=str(exported))
+
+
+def test_evaluate_names_a_damaged_export(exports, tmp_path):
+    run = _run_dir(tmp_path / "run", seed=1)
+    exported = _copy(exports["vit", "onnx"], tmp_path, "onnx")
+    runs.stamp_export(str(run), str(exported))
+    data = (exported / "model.onnx").read_bytes()
+    (exported / "model.onnx").write_bytes(data[:-100])
+    with pytest.raises(ValueError, match="model.onnx is damaged or was replaced"):
+        runs.evaluate(str(run), exported=str(exported))
+    (exported / "serving.json").write_text("not json")
+    with pytest.raises(ValueError, match="serving.json is not valid JSON"):
+        runs.evaluate(str(run), exported=str(exported))
