@@ -93,7 +93,8 @@ def test_image_classifier_runs_the_same_in_onnx_runtime_and_litert(tmp_path):
     assert sorted(os.listdir(tmp_path)) == sorted(os.path.basename(p) for p in paths.values())
     with open(os.path.join(paths["onnx", "float32"], "serving.json")) as stream:
         contract = json.load(stream)
-    assert contract["inputs"] == [{"name": "images", "dtype": "uint8", "shape": [-1, 16, 16, 3]}]
+    assert contract["inputs"] == [{"name": "images", "dtype": "uint8", "shape": [-1, 16, 16, 3],
+                                   "axes": ["batch", None, None, None]}]
     assert contract["outputs"] == [{"name": "probabilities", "dtype": "float32",
                                     "shape": [-1, 5]}]
 
