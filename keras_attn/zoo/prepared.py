@@ -10,7 +10,8 @@ What a directory holds:
 
 ```
 prepared.json        the format, the recipe's data-defining keys, the task's
-                     sizes (classes, vocabulary), every file's size and SHA-256
+                     sizes (classes, vocabulary), every file's size and SHA-256,
+                     and its own SHA-256 (`manifest_sha256`)
 train-0000.npz ...   epoch e's training batches, as the tf.data pipeline made them
 validation.npz       the validation batches (when the recipe has them)
 test.npz             the test batches (translation: its sources and references
@@ -42,21 +43,47 @@ files, sharded readers, worker processes) are for data sets this path does
 not serve yet (tfds sets larger than memory).
 
 Nothing reaches a training step unchecked: opening a directory checks the
-format, that it was prepared for this recipe (the data-defining keys), that
-every file is there with its size and SHA-256, and then every batch of every
-file against what the model accepts (`GuardedModel.check_inputs` /
+format, the manifest's own SHA-256 (`manifest_sha256`: of its canonical JSON,
+every key but that one), that it was prepared for this recipe (the
+data-defining keys, the epochs and steps, against the recipe and overrides
+`train` was given), that every file is there with its size and SHA-256,
+then, as each file is read, that its arrays are the ones the manifest lists
+in dtypes `prepare` could have written, and every batch of every file
+against what the model accepts (`GuardedModel.check_inputs` /
 `check_labels`: ids, labels, masks, lengths), all before the first step.
+
+What the checksums protect against: a manifest or a data file damaged
+(truncated, a flipped bit) or edited by hand (`num_classes`, a dtype, an
+array) is refused, naming the file, never silently used. What they cannot:
+the digests are unkeyed, so someone who edits the data deliberately and
+computes every digest again (the files' and the manifest's) makes a
+directory that passes them; what then still stands between such data and a
+training step are the checks of the batches against the recipe's model
+(ids, labels, masks, lengths, `index` rows) and the task's own (the speech
+synthesised again must be the prepared speech). Prepared data from an
+untrusted source is not made trustworthy by these checks: prepare it again.
+
+`prepare` writes a new directory or replaces an empty one or an earlier
+prepared directory (its manifest and only the files `prepare` writes); it
+refuses any other directory, which it leaves as it is.
 """
 
 import hashlib
 import json
 import os
+import re
 
 import keras
 import numpy as np
 
 MANIFEST = "prepared.json"
-FORMAT = 1
+# 2: the manifest holds `manifest_sha256`, its own digest (format 1 had none).
+FORMAT = 2
+# The formats of directories `prepare` may replace (earlier ones included).
+REPLACEABLE_FORMATS = (1, 2)
+MANIFEST_DIGEST = "manifest_sha256"
+# The names of the files `prepare` writes into a directory.
+_PREPARED_FILE = re.compile(r"(train-\d{4}|validation|test|tables)\.npz")
 # The recipe keys that decide the batches (and the translation test set): a
 # directory prepared with other values is refused. The rest (optimizer,
 # schedule, precision, checkpoints, XLA, the search) may change between
@@ -134,6 +161,70 @@ def _sha256(path):
     return digest.hexdigest()
 
 
+def _manifest_digest(manifest):
+    """The SHA-256 of the manifest's canonical JSON (sorted keys, no
+    spaces), every key but `manifest_sha256` itself."""
+    body = {key: value for key, value in manifest.items() if key != MANIFEST_DIGEST}
+    text = json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def _seal(manifest):
+    """The manifest with its `manifest_sha256`."""
+    body = {key: value for key, value in manifest.items() if key != MANIFEST_DIGEST}
+    return dict(body, **{MANIFEST_DIGEST: _manifest_digest(body)})
+
+
+def _foreign_reason(directory):
+    """Why `directory` (an existing directory) is not one `prepare` may
+    replace: None when it is empty or an earlier prepared directory (a
+    manifest of a known format and only files `prepare` writes)."""
+    entries = sorted(os.listdir(directory))
+    if not entries:
+        return None
+    if MANIFEST not in entries:
+        return f"it has no {MANIFEST}"
+    try:
+        with open(os.path.join(directory, MANIFEST), encoding="utf-8") as stream:
+            manifest = json.load(stream)
+    except (OSError, ValueError) as error:
+        return f"its {MANIFEST} cannot be read as JSON ({error})"
+    if (not isinstance(manifest, dict) or type(manifest.get("format")) is not int
+            or manifest["format"] not in REPLACEABLE_FORMATS):
+        found = manifest.get("format") if isinstance(manifest, dict) else None
+        return f"its {MANIFEST} has no prepared-data format (format: {found!r})"
+    for entry in entries:
+        path = os.path.join(directory, entry)
+        if entry != MANIFEST and not _PREPARED_FILE.fullmatch(entry):
+            return f"`prepare` does not write {entry!r}"
+        if os.path.islink(path) or not os.path.isfile(path):
+            return f"{entry!r} is not a plain file"
+    return None
+
+
+def _check_replaceable(output):
+    """`ValueError` unless `output` is missing, an empty directory or a
+    directory written by `prepare` (see `_foreign_reason`)."""
+    if os.path.islink(output):
+        raise ValueError(f"`output` (--out) must be a directory, not a symbolic link: {output} "
+                         f"-> {os.readlink(output)}. Received: output={output!r}")
+    if not os.path.exists(output):
+        return
+    if not os.path.isdir(output):
+        raise ValueError(f"`output` (--out) must be a directory; {output} is a file. "
+                         f"Received: output={output!r}")
+    reason = _foreign_reason(output)
+    if reason is not None:
+        entries = sorted(os.listdir(output))
+        shown = ", ".join(repr(entry) for entry in entries[:5])
+        more = f" and {len(entries) - 5} more" if len(entries) > 5 else ""
+        raise ValueError(
+            f"`output` (--out) {output} is not empty and is not a directory written by "
+            f"`keras-attn prepare` ({reason}): it holds {shown}{more}. Nothing was changed; "
+            f"give a new or empty directory. Received: output={output!r}"
+        )
+
+
 def _write_pass(path, batches):
     """Writes one pass (a list of flat batches) to `path` atomically; returns
     its manifest entry (`dtypes`: the pipeline's dtype of each part)."""
@@ -199,7 +290,9 @@ def prepare(recipe, overrides=(), output=None, verbose=True):
         recipe: a recipe file or a zoo recipe name.
         overrides: `"dotted.key=value"` strings, as for `train`; `train` must
             be given the same ones (for the data-defining keys).
-        output: the directory; an existing prepared directory is replaced.
+        output: the directory: a new one, an empty one, or an earlier
+            prepared directory (replaced once the new one is complete).
+            Any other directory is refused and left as it is.
         verbose: print a line per file.
 
     Returns:
@@ -207,9 +300,12 @@ def prepare(recipe, overrides=(), output=None, verbose=True):
 
     Raises:
         ValueError: a bad recipe or override, data that cannot be prepared
-            yet (a tfds speech set), an output that is a file.
+            yet (a tfds speech set), an output that is a file, a symbolic
+            link, or a non-empty directory `prepare` did not write (the
+            message names what it holds).
     """
     import shutil
+    import tempfile
 
     from keras_attn.training.checkpoints import atomic_write_json
     from keras_attn.zoo.recipe import load_recipe
@@ -220,14 +316,13 @@ def prepare(recipe, overrides=(), output=None, verbose=True):
     task = make_task(recipe)
     task.check_preparable()
     output = output or os.path.join("prepared", recipe["name"])
-    if os.path.exists(output) and not os.path.isdir(output):
-        raise ValueError(f"`output` (--out) must be a directory; {output} is a file. "
-                         f"Received: output={output!r}")
+    _check_replaceable(output)  # before the work, and again before replacing
     task.prepare()
-    staging = os.path.join(os.path.dirname(os.path.abspath(output)),
-                           ".prepare-" + os.path.basename(os.path.abspath(output)))
-    shutil.rmtree(staging, ignore_errors=True)
-    os.makedirs(staging)
+    parent = os.path.dirname(os.path.abspath(output))
+    os.makedirs(parent, exist_ok=True)
+    # A new directory of its own (never one that was there): removed below.
+    staging = tempfile.mkdtemp(prefix=".prepare-" + os.path.basename(os.path.abspath(output))
+                               + "-", dir=parent)
     try:
         steps, epochs = task.steps_per_epoch, recipe["training"]["epochs"]
         files = {}
@@ -260,10 +355,9 @@ def prepare(recipe, overrides=(), output=None, verbose=True):
             "state": task.prepared_state(),
             "files": files,
         }
+        manifest = _seal(manifest)
         atomic_write_json(os.path.join(staging, MANIFEST), manifest)
-        if os.path.isdir(output):
-            shutil.rmtree(output)
-        os.replace(staging, output)
+        _replace(staging, output)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     total = sum(entry["bytes"] for entry in files.values())
@@ -273,12 +367,43 @@ def prepare(recipe, overrides=(), output=None, verbose=True):
     return dict(manifest, output=output)
 
 
+def _replace(staging, output):
+    """Moves the complete directory `staging` to `output`: an empty or
+    earlier prepared `output` (checked again: it may have changed while the
+    batches were made) is moved aside into a directory of our own first and
+    removed only once the new one is in place (put back if that fails)."""
+    import shutil
+    import tempfile
+
+    _check_replaceable(output)
+    if not os.path.lexists(output):
+        os.replace(staging, output)
+        return
+    aside = tempfile.mkdtemp(prefix=".prepare-old-", dir=os.path.dirname(staging))
+    old = os.path.join(aside, "old")
+    try:
+        os.replace(output, old)
+    except BaseException:
+        os.rmdir(aside)
+        raise
+    try:
+        os.replace(staging, output)
+    except BaseException:
+        os.replace(old, output)  # if even this fails, `aside` keeps it
+        os.rmdir(aside)
+        raise
+    shutil.rmtree(aside, ignore_errors=True)
+
+
 class PreparedData:
     """A prepared directory, checked against a recipe (see the module
     docstring). Raises `ValueError` naming the file and what is wrong: no
-    directory or manifest, another format, another recipe (the first
-    differing key), a missing file, one of another size or checksum
-    (truncated or edited), or one whose arrays do not match its manifest.
+    directory or manifest, another format, a manifest edited or damaged
+    (its `manifest_sha256`) or missing what `prepare` writes, another
+    recipe (the first differing key, the epochs, the steps), a missing
+    file, one of another size or checksum (truncated or edited), or one
+    whose arrays do not match its manifest (their shapes, a dtype `prepare`
+    would not have written).
 
     Args:
         directory: the output of `prepare`.
@@ -302,7 +427,16 @@ class PreparedData:
         if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
             found = manifest.get("format") if isinstance(manifest, dict) else None
             raise ValueError(f"{path} is prepared data of format {found!r}; this keras_attn "
-                             f"reads format {FORMAT}. Received: data={directory!r}")
+                             f"reads format {FORMAT}. Prepare the data again "
+                             f"(`keras-attn prepare`). Received: data={directory!r}")
+        if manifest.get(MANIFEST_DIGEST) != _manifest_digest(manifest):
+            raise ValueError(
+                f"{path} is not the manifest `prepare` wrote: its {MANIFEST_DIGEST} "
+                f"{manifest.get(MANIFEST_DIGEST)!r} is not the SHA-256 of its content "
+                f"({_manifest_digest(manifest)}): edited or damaged. Prepare the data again. "
+                f"Received: data={directory!r}"
+            )
+        _check_layout(path, manifest, directory)
         ours = _data_keys(recipe)
         theirs = manifest.get("recipe", {})
         for key in DATA_KEYS:
@@ -313,12 +447,34 @@ class PreparedData:
                     f"with this recipe and overrides (`keras-attn prepare`). "
                     f"Received: data={directory!r}"
                 )
+        # What the run reads from the manifest (the files of each epoch, the
+        # steps) is the recipe's too (training.steps_per_epoch unset: one
+        # pass over the prepared training data).
+        training = recipe.get("training", {})
+        for key, theirs, ours in (
+                ("epochs", manifest["epochs"], training.get("epochs")),
+                ("steps_per_epoch", manifest["steps_per_epoch"],
+                 training.get("steps_per_epoch") or manifest["state"].get("batches_per_epoch"))):
+            if theirs != ours:
+                raise ValueError(
+                    f"{directory} was prepared for another recipe: {path} holds {key}="
+                    f"{theirs!r}, the recipe `training.{key}` is {ours!r}. Prepare it again "
+                    f"with this recipe and overrides. Received: data={directory!r}")
         self.manifest = manifest
         self.files = manifest["files"]
         expected = [f"train-{epoch:04d}" for epoch in range(manifest["epochs"])]
         for name in expected:
             if name not in self.files:
                 raise ValueError(f"{path} lists no `{name}` file. Received: data={directory!r}")
+            if self.files[name].get("batches") != manifest["steps_per_epoch"]:
+                raise ValueError(f"{path} lists {self.files[name].get('batches')!r} batches "
+                                 f"of `{name}`, not steps_per_epoch="
+                                 f"{manifest['steps_per_epoch']}. Received: data={directory!r}")
+        extra = sorted(name for name in self.files if name.startswith("train-")
+                       and name not in expected)
+        if extra:
+            raise ValueError(f"{path} lists {extra}, beyond its {manifest['epochs']} epochs. "
+                             f"Received: data={directory!r}")
         for name, entry in self.files.items():
             self._check_file(name, entry)
         self._cache = {}
@@ -349,7 +505,11 @@ class PreparedData:
         entry = self.files[name]
         file = os.path.join(self.directory, entry["file"])
         with np.load(file, allow_pickle=False) as stored:
-            arrays = {key: stored[key].astype(dtype, copy=False)
+            missing = sorted(set(entry["dtypes"]) - set(stored.files))
+            if missing:
+                raise ValueError(f"Prepared file {file} holds no {missing}; its manifest "
+                                 f"lists them.")
+            arrays = {key: _check_dtype(file, key, stored[key], dtype)
                       for key, dtype in entry["dtypes"].items()}
             sizes = stored["sizes"] if "sizes" in stored.files else None
             shapes = {key: stored[f"shape/{key}"] for key in entry.get("varying", ())}
@@ -422,6 +582,50 @@ class PreparedData:
             tables = self.tables
             return Batches(sizes, arrays, lambda parts: finish(parts, tables), shapes=shapes)
         return Batches(sizes, arrays, shapes=shapes)
+
+
+def _check_layout(path, manifest, directory):
+    """`ValueError` unless the manifest has the fields `PreparedData` reads,
+    each file entry naming its own file in the directory (`<name>.npz`)."""
+    problem = None
+    files = manifest.get("files")
+    for key, kind in (("recipe", dict), ("state", dict), ("files", dict), ("epochs", int),
+                      ("steps_per_epoch", int)):
+        if not isinstance(manifest.get(key), kind) or isinstance(manifest.get(key), bool):
+            problem = f"`{key}` is {manifest.get(key)!r}, not a {kind.__name__}"
+            break
+    else:
+        for name, entry in files.items():
+            fields = ("file", "bytes", "sha256", "dtypes", "shapes")
+            if not isinstance(entry, dict) or any(field not in entry for field in fields):
+                problem = f"the entry of `{name}` lacks one of {fields}"
+            elif entry["file"] != f"{name}.npz" or not _PREPARED_FILE.fullmatch(entry["file"]):
+                problem = f"the entry of `{name}` names the file {entry['file']!r}"
+            if problem:
+                break
+    if problem:
+        raise ValueError(f"{path} is not a manifest `prepare` writes: {problem}. "
+                         f"Received: data={directory!r}")
+
+
+def _check_dtype(file, key, stored, dtype):
+    """The stored array `stored` read back as `dtype` (the manifest's): only
+    as `prepare` writes it, that dtype itself or, for integers, a narrower
+    integer type whose values `dtype` holds. A manifest whose dtype would
+    change the values (float32 -> float16, int16 -> uint8, ...) is refused."""
+    try:
+        target = np.dtype(dtype)
+    except TypeError:
+        target = None
+    if target is not None and stored.dtype == target:
+        return stored
+    if (target is not None and stored.dtype.kind in "iu" and target.kind in "iu"
+            and (stored.size == 0 or (np.iinfo(target).min <= stored.min()
+                                      and stored.max() <= np.iinfo(target).max))):
+        return stored.astype(target)
+    raise ValueError(f"Prepared file {file}: `{key}` is stored as {stored.dtype}, which "
+                     f"`prepare` does not write for the manifest's dtype {dtype!r} (read "
+                     f"as it, the values would change).")
 
 
 def _check_index(index, rows):

@@ -7,6 +7,7 @@ refused before the first step."""
 import glob
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -308,14 +309,31 @@ def test_missing_truncated_or_edited_files_are_refused(prepared, tmp_path):
         content = json.load(handle)
     with open(manifest, "w") as handle:
         json.dump(dict(content, format=99), handle)
-    with pytest.raises(ValueError, match="of format 99; this keras_attn reads format 1"):
+    with pytest.raises(ValueError, match="of format 99; this keras_attn reads format "
+                                         f"{prepared_module.FORMAT}"):
         prepared_module.PreparedData(directory, recipe)
 
 
-def _rewrite(directory, name, change):
+def _edit_manifest(directory, change, seal=True):
+    """Applies `change(manifest)` to a prepared directory's manifest and
+    writes it back; `seal`: with its `manifest_sha256` computed again, as a
+    deliberate forger could (the digest is unkeyed), else as it was."""
+    path = os.path.join(directory, "prepared.json")
+    with open(path) as handle:
+        manifest = json.load(handle)
+    change(manifest)
+    if seal:
+        manifest = prepared_module._seal(manifest)
+    with open(path, "w") as handle:
+        json.dump(manifest, handle)
+    return path
+
+
+def _rewrite(directory, name, change, seal=True):
     """Rewrites a prepared file with `change(arrays)` applied and its
-    manifest entry updated: data edited consistently, as a bug or a person
-    could, which the checksums cannot catch."""
+    manifest entry updated (`seal`: and the manifest's own digest): data
+    edited consistently, as a bug or a deliberate forger could, which the
+    checksums cannot catch (the checks of the batches must)."""
     path = os.path.join(directory, "prepared.json")
     with open(path) as handle:
         manifest = json.load(handle)
@@ -324,10 +342,12 @@ def _rewrite(directory, name, change):
         arrays = {key: stored[key] for key in stored.files}
     change(arrays)
     np.savez_compressed(file, **arrays)
-    manifest["files"][name]["bytes"] = os.path.getsize(file)
-    manifest["files"][name]["sha256"] = prepared_module._sha256(file)
-    with open(path, "w") as handle:
-        json.dump(manifest, handle)
+
+    def update(manifest):
+        manifest["files"][name]["bytes"] = os.path.getsize(file)
+        manifest["files"][name]["sha256"] = prepared_module._sha256(file)
+
+    return _edit_manifest(directory, update, seal=seal)
 
 
 def test_ids_out_of_range_are_refused_before_the_first_step(prepared, tmp_path):
@@ -374,12 +394,8 @@ def test_speech_made_again_elsewhere_must_be_the_prepared_speech(prepared, tmp_p
     stored length that is not its utterance's."""
     name = "conformer_tiny_digits"
     directory = _copy(prepared, name, tmp_path)
-    path = os.path.join(directory, "prepared.json")
-    with open(path) as handle:
-        manifest = json.load(handle)
-    manifest["state"]["waveforms_sha256"] = "0" * 64
-    with open(path, "w") as handle:
-        json.dump(manifest, handle)
+    _edit_manifest(directory, lambda manifest: manifest["state"].update(
+        waveforms_sha256="0" * 64))  # sealed again: the task's own check must catch it
     with pytest.raises(ValueError, match="not the ones the data was prepared from"):
         runs.train(name, SETTINGS[name], output=str(tmp_path / "run"), export=False,
                    verbose=0, data=directory)
@@ -394,3 +410,230 @@ def test_speech_made_again_elsewhere_must_be_the_prepared_speech(prepared, tmp_p
     with pytest.raises(ValueError, match=r"test.npz: `length` must be the utterance's own"):
         runs.train(name, SETTINGS[name], output=str(tmp_path / "run2"), export=False,
                    verbose=0, data=directory)
+
+
+# === `prepare` replaces only what it wrote (issue 44, item 1) ===
+
+
+def _contents(directory):
+    """`{relative path: bytes}` of every file under `directory`, and its
+    subdirectories (as None)."""
+    found = {}
+    for root, folders, files in os.walk(directory):
+        for name in folders:
+            found[os.path.relpath(os.path.join(root, name), directory)] = None
+        for name in files:
+            path = os.path.join(root, name)
+            with open(path, "rb") as handle:
+                found[os.path.relpath(path, directory)] = handle.read()
+    return found
+
+
+def _add_notes(directory):
+    with open(os.path.join(directory, "notes.txt"), "w") as handle:
+        handle.write("mine\n")
+
+
+def _no_format(directory):
+    with open(os.path.join(directory, "prepared.json"), "w") as handle:
+        json.dump({"name": "vit_tiny_digits"}, handle)
+
+
+def _folder_for_a_file(directory):
+    os.remove(os.path.join(directory, "test.npz"))
+    os.mkdir(os.path.join(directory, "test.npz"))
+    with open(os.path.join(directory, "test.npz", "mine.txt"), "w") as handle:
+        handle.write("mine\n")
+
+
+@pytest.mark.parametrize("start, make, named", [
+    ("empty", lambda d: open(os.path.join(d, "important.txt"), "w").write("x\n"),
+     "it has no prepared.json): it holds 'important.txt'"),
+    ("prepared", _add_notes, "`prepare` does not write 'notes.txt'"),
+    ("empty", _no_format, "has no prepared-data format (format: None)"),
+    ("prepared", _folder_for_a_file, "'test.npz' is not a plain file"),
+], ids=["a file of the user's", "a prepared directory the user added to",
+        "a prepared.json of no format", "a folder named as a prepared file"])
+def test_prepare_refuses_a_directory_it_did_not_write(prepared, tmp_path, start, make, named):
+    """`prepare` replaced whatever `--out` named (issue 44, item 1): a
+    non-empty directory that is not an earlier prepared one is refused,
+    naming it and what it holds, and left exactly as it was."""
+    directory = str(tmp_path / "out")
+    if start == "prepared":
+        shutil.copytree(prepared["vit_tiny_digits"], directory)
+    else:
+        os.mkdir(directory)
+    make(directory)
+    before = _contents(directory)
+    with pytest.raises(ValueError, match=re.escape(f"`output` (--out) {directory} is not empty "
+                                                   "and is not a directory written by")
+                       + ".*" + re.escape(named)):
+        prepared_module.prepare("vit_tiny_digits", SETTINGS["vit_tiny_digits"],
+                                output=directory, verbose=False)
+    assert _contents(directory) == before
+    assert os.listdir(tmp_path) == ["out"]  # nothing made beside it
+
+
+def test_prepare_refuses_it_when_it_changed_while_the_batches_were_made(tmp_path):
+    """The directory is checked again just before it is replaced."""
+    staging = tmp_path / ".prepare-out-x"
+    staging.mkdir()
+    (staging / "prepared.json").write_text("{}")
+    output = tmp_path / "out"
+    output.mkdir()
+    (output / "important.txt").write_text("x\n")
+    with pytest.raises(ValueError, match=r"out is not empty .*'important.txt'"):
+        prepared_module._replace(str(staging), str(output))
+    assert _contents(str(output)) == {"important.txt": b"x\n"}
+    assert sorted(os.listdir(tmp_path)) == [".prepare-out-x", "out"]
+
+
+@pytest.mark.backend_independent
+def test_the_command_line_refuses_it_with_status_2(tmp_path):
+    """`keras-attn prepare vit_tiny_digits --out d` with `d/important.txt`:
+    exit status 2, the message names the directory, the file survives."""
+    directory = tmp_path / "d"
+    directory.mkdir()
+    (directory / "important.txt").write_text("x\n")
+    done = subprocess.run(
+        [sys.executable, "keras_attn_cli.py", "prepare", "vit_tiny_digits", "--out",
+         str(directory)], cwd=ROOT, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"),
+        capture_output=True, text=True, timeout=600)
+    assert done.returncode == 2, (done.stdout[-2000:], done.stderr[-2000:])
+    assert (f"keras-attn prepare: error: `output` (--out) {directory} is not empty and is not "
+            "a directory written by `keras-attn prepare`") in done.stderr
+    assert "'important.txt'" in done.stderr
+    assert _contents(str(directory)) == {"important.txt": b"x\n"}
+    assert os.listdir(tmp_path) == ["d"]
+
+
+def test_prepare_takes_a_new_an_empty_or_an_earlier_prepared_directory(tmp_path):
+    name, recipe = "vit_tiny_digits", _recipe("vit_tiny_digits")
+
+    def prepare(directory):
+        prepared_module.prepare(name, SETTINGS[name], output=directory, verbose=False)
+        return prepared_module.PreparedData(directory, recipe)
+
+    new = str(tmp_path / "parent" / "new")  # its parent made too
+    prepare(new)
+    empty = str(tmp_path / "empty")
+    os.mkdir(empty)
+    prepare(empty)
+    # An earlier prepared directory, with an epoch file of another run's:
+    # replaced whole.
+    shutil.copy(os.path.join(empty, "train-0001.npz"), os.path.join(empty, "train-0007.npz"))
+    data = prepare(empty)
+    assert not os.path.exists(os.path.join(empty, "train-0007.npz"))
+    assert sorted(os.listdir(empty)) == sorted(
+        ["prepared.json"] + [entry["file"] for entry in data.files.values()])
+    # One of format 1 (no manifest digest): refused for training, replaced
+    # by `prepare`.
+
+    def format_1(manifest):
+        del manifest["manifest_sha256"]
+        manifest["format"] = 1
+
+    _edit_manifest(empty, format_1, seal=False)
+    with pytest.raises(ValueError, match="of format 1; this keras_attn reads format 2. "
+                                         "Prepare the data again"):
+        prepared_module.PreparedData(empty, recipe)
+    prepare(empty)
+    assert sorted(os.listdir(tmp_path)) == ["empty", "parent"]  # no staging left beside
+
+
+# === The manifest is tamper-evident (issue 44, item 7) ===
+
+
+@pytest.mark.parametrize("change", [
+    lambda manifest: manifest["state"].update(num_classes=12),
+    lambda manifest: manifest["files"]["train-0000"]["dtypes"].update(transforms="float16"),
+    lambda manifest: manifest.update(epochs=1),
+    lambda manifest: manifest["files"]["test"].update(sha256="0" * 64),
+    lambda manifest: manifest.pop("manifest_sha256"),
+], ids=["num_classes", "dtype", "epochs", "a file's sha256", "no digest"])
+def test_an_edited_manifest_is_refused_naming_it(prepared, tmp_path, change):
+    """The tester edited `num_classes` and a 12-class ViT trained, edited
+    a dtype and the weights changed: an edit the digest was not computed
+    again for is refused, naming the manifest, before anything is built."""
+    directory = _copy(prepared, "vit_tiny_digits", tmp_path)
+    path = _edit_manifest(directory, change, seal=False)
+    with pytest.raises(ValueError, match=re.escape(path) + " is not the manifest `prepare` "
+                                         "wrote: its manifest_sha256 .*edited or damaged"):
+        prepared_module.PreparedData(directory, _recipe("vit_tiny_digits"))
+    output = str(tmp_path / "run")
+    with pytest.raises(ValueError, match=re.escape(path) + " is not the manifest"):
+        runs.train("vit_tiny_digits", SETTINGS["vit_tiny_digits"], output=output,
+                   export=False, verbose=0, data=directory)
+    assert not os.path.exists(output)
+
+
+def test_the_manifest_digest_is_of_its_content_and_a_damaged_one_is_refused(prepared, tmp_path):
+    recipe = _recipe("vit_tiny_digits")
+    directory = _copy(prepared, "vit_tiny_digits", tmp_path)
+    path = _edit_manifest(directory, lambda manifest: None, seal=False)  # other spacing
+    with open(path) as handle:
+        assert "\n" not in handle.read().strip()  # written differently from `prepare`
+    prepared_module.PreparedData(directory, recipe)  # the same content: accepted
+    with open(path, "r+b") as handle:
+        handle.truncate(os.path.getsize(path) - 40)
+    with pytest.raises(ValueError, match=re.escape(path) + r" cannot be read"):
+        prepared_module.PreparedData(directory, recipe)
+
+
+def test_a_crafted_file_and_manifest_are_refused(prepared, tmp_path):
+    """The tester's crafted npz with its manifest entry to match is refused
+    by the manifest digest. A forger who computes that digest again too
+    (it is unkeyed) passes the checksums; what is read must still be what
+    `prepare` writes for this recipe."""
+    name, recipe = "vit_tiny_digits", _recipe("vit_tiny_digits")
+
+    def relabel(arrays):
+        arrays["y"] = (arrays["y"].astype("int32") + 1) % 10
+
+    directory = _copy(prepared, name, tmp_path)
+    path = _rewrite(directory, "train-0000", relabel, seal=False)
+    with pytest.raises(ValueError, match=re.escape(path) + " is not the manifest `prepare` "
+                                         "wrote"):
+        prepared_module.PreparedData(directory, recipe)
+
+    # Sealed again: a dtype that would change the values is refused as the
+    # file is read (float32 stored, float16 claimed; indices up to 1292
+    # claimed to be int8).
+    for index, (key, dtype, stored) in enumerate([("transforms", "float16", "float32"),
+                                                  ("index", "int8", "uint16")]):
+        directory = _copy(prepared, name, tmp_path / f"dtype{index}")
+        _edit_manifest(directory, lambda manifest: manifest["files"]["train-0001"]["dtypes"]
+                       .update({key: dtype}))
+        data = prepared_module.PreparedData(directory, recipe)  # the digests pass
+        with pytest.raises(ValueError, match=rf"train-0001.npz: `{key}` is stored as {stored}, "
+                                             rf"which `prepare` does not write for the "
+                                             rf"manifest's dtype '{dtype}'"):
+            data.batches("train", 1)
+
+    # Sealed again: steps, files and recipe keys that are not the recipe's.
+    for index, (change, message) in enumerate([
+        (lambda manifest: manifest.update(steps_per_epoch=3),
+         "holds steps_per_epoch=3, the recipe `training.steps_per_epoch` is 4"),
+        (lambda manifest: manifest["files"]["test"].update(file="../test.npz"),
+         "the entry of `test` names the file '../test.npz'"),
+        (lambda manifest: manifest["recipe"].update({"training.seed": 1}),
+         "`training.seed` is 1 there and 0 here"),
+        (lambda manifest: manifest["files"].update(
+            {"train-0002": dict(manifest["files"]["train-0001"], file="train-0002.npz")}),
+         r"lists \['train-0002'\], beyond its 2 epochs"),
+    ]):
+        directory = _copy(prepared, name, tmp_path / f"recipe{index}")
+        _edit_manifest(directory, change)
+        with pytest.raises(ValueError, match=message):
+            prepared_module.PreparedData(directory, recipe)
+
+
+def test_the_recipe_given_to_train_is_the_one_checked(prepared, tmp_path):
+    """`train --data` checks the data against the recipe and the overrides
+    it is given, not against what the manifest says."""
+    name = "vit_tiny_digits"
+    with pytest.raises(ValueError, match="prepared for another recipe: `training.batch_size` "
+                                         "is 16 there and 8 here"):
+        runs.train(name, SETTINGS[name] + ["training.batch_size=8"],
+                   output=str(tmp_path / "run"), export=False, verbose=0,
+                   data=prepared[name])
