@@ -1,6 +1,7 @@
 """Reading a Hugging Face directory strictly: every malformed file is a
 `ValueError` naming the file and the key, every tensor has exactly the shape
-the config implies, and every tensor is used or its skipping is named.
+the config implies and only finite values (no NaN, no infinity), and every
+tensor is used or its skipping is named.
 
 Hand-written because `safetensors` and `json` raise their own errors
 (`SafetensorError`, `JSONDecodeError`, `KeyError`) that name neither the
@@ -87,8 +88,26 @@ class Tensors:
                 f"{self.file}: tensor {key!r} has shape {tuple(value.shape)} but "
                 f"config.json implies {tuple(shape)}. Received: {key}.shape={tuple(value.shape)}"
             )
+        self.check_finite(key)
         self.used.add(key)
         return value.astype("float32")
+
+    def check_finite(self, key):
+        """`ValueError` naming the file and `key` when the tensor holds a NaN
+        or an infinity (a corrupt or diverged checkpoint: loaded, it would
+        make every output NaN without an error)."""
+        import numpy as np
+
+        value = self.tensors[key]
+        if np.issubdtype(value.dtype, np.floating):  # integers are always finite
+            finite = np.isfinite(value)
+            if not finite.all():
+                bad = int(finite.size - np.count_nonzero(finite))
+                raise ValueError(
+                    f"{self.file}: tensor {key!r} holds {bad} non-finite value(s) (NaN or "
+                    f"infinity); the checkpoint is corrupt or its training diverged. "
+                    f"Received: {key}.shape={tuple(value.shape)}"
+                )
 
     def check_all_used(self, ignored=(), dropped=()):
         """`ValueError` naming every tensor not used. `ignored`: prefixes of

@@ -166,6 +166,7 @@ def _check_sinusoids(tensors, config):
     for name in _SINUSOIDS:
         if name not in tensors.tensors:
             continue
+        tensors.check_finite(name)
         stored = tensors.tensors[name]
         expected = ops.convert_to_numpy(sinusoidal_positional_encoding(
             stored.shape[0], config.hidden_dim, layout="concatenated"))
@@ -217,7 +218,42 @@ def load_hf_marian(path, tokenizer=True):
         variable.assign(array)
     if not tokenizer:
         return model
-    return model, MarianTokenizer(path, start_id=start_id, end_id=end_id, pad_id=config.pad_id)
+    return model, MarianTokenizer(path, start_id=start_id, end_id=end_id, pad_id=config.pad_id,
+                                  vocabulary_size=config.vocabulary_size)
+
+
+def _check_vocabulary(vocabulary, file, size):
+    """The vocabulary's size, once `vocabulary` ({piece: id}) is checked:
+    ids distinct and not negative, and with `size`, exactly the ids
+    0 .. size - 1 (`ValueError` naming `file` otherwise)."""
+    owners = {}
+    for piece, i in vocabulary.items():
+        owners.setdefault(i, []).append(piece)
+    shared = {i: pieces for i, pieces in owners.items() if len(pieces) > 1}
+    if shared:
+        i = min(shared)
+        raise ValueError(f"{file} gives one id to several pieces ({len(shared)} id(s) shared, "
+                         f"e.g. {i} to {shared[i][:4]}). Received: {len(vocabulary)} pieces")
+    given = size is not None
+    if not given:
+        size = max(owners, default=-1) + 1
+    outside = sorted(i for i in owners if not 0 <= i < size)
+    if outside:
+        raise ValueError(f"{file} has ids outside the model's vocabulary [0, {size}): "
+                         f"{outside[:8]}{' ...' if len(outside) > 8 else ''}. Received: "
+                         f"{len(outside)} id(s) outside, vocab_size={size}")
+    if given and len(vocabulary) != size:
+        raise ValueError(f"{file} has {len(vocabulary)} pieces; the model's vocabulary "
+                         f"(config.json vocab_size) has {size}. Received: "
+                         f"len(vocab.json)={len(vocabulary)}, vocab_size={size}")
+    return size
+
+
+def _invalid_id_message(i, position, size):
+    reason = (" (-2 is what the searches give a sentence they could not translate: a source "
+              "id outside the model's vocabulary, or NaN weights)" if i == -2 else "")
+    return (f"Token {i} at position {position} is not an id of vocab.json, which has the ids "
+            f"[0, {size}){reason}. Received: ids[{position}]={i}")
 
 
 class MarianTokenizer:
@@ -239,9 +275,18 @@ class MarianTokenizer:
         path: directory with `source.spm`, `target.spm` and `vocab.json`.
         start_id, end_id, pad_id: the decoder's start token, `</s>` and the
             padding id (from `config.json`, as `load_hf_marian` reads them).
+        vocabulary_size: the model's `vocab_size` (`config.json`):
+            `vocab.json` must then map exactly that many pieces to the ids
+            0 .. vocabulary_size - 1, each id once. None checks only that
+            the ids are distinct and not negative.
+
+    Raises:
+        ValueError: a file missing or malformed; a `vocab.json` of another
+            size than the model's vocabulary, with an id outside it, or an
+            id given to two pieces; a special id that no piece has.
     """
 
-    def __init__(self, path, start_id, end_id, pad_id):
+    def __init__(self, path, start_id, end_id, pad_id, vocabulary_size=None):
         import sentencepiece
 
         files = {name: os.path.join(path, name) for name in ("source.spm", "target.spm",
@@ -257,9 +302,11 @@ class MarianTokenizer:
             raise ValueError(f"{files['vocab.json']} is not valid JSON ({error}). "
                              f"Received: path={path!r}") from None
         if not isinstance(self.vocabulary, dict) or not all(
-                isinstance(v, int) for v in self.vocabulary.values()):
+                isinstance(v, int) and not isinstance(v, bool) for v in self.vocabulary.values()):
             raise ValueError(f"{files['vocab.json']} must map pieces to integer ids. "
                              f"Received: {type(self.vocabulary).__name__}")
+        self.vocabulary_size = _check_vocabulary(self.vocabulary, files["vocab.json"],
+                                                 vocabulary_size)
         self.pieces = {i: piece for piece, i in self.vocabulary.items()}
         self.source_path, self.target_path = files["source.spm"], files["target.spm"]
         self.source = sentencepiece.SentencePieceProcessor(model_file=files["source.spm"])
@@ -269,6 +316,11 @@ class MarianTokenizer:
             raise ValueError(f"{files['vocab.json']} has no '<unk>'. Received: "
                              f"{len(self.vocabulary)} pieces")
         self.unknown_id = self.vocabulary["<unk>"]
+        for name, value in (("start_id", self.start_id), ("end_id", self.end_id),
+                            ("pad_id", self.pad_id)):
+            if value not in self.pieces:
+                raise ValueError(f"{files['vocab.json']} has no piece of id {value} "
+                                 f"(`{name}`). Received: {name}={value}")
 
     def encode(self, text):
         """The source ids of one text, `</s>` included (a list of ints)."""
@@ -293,15 +345,19 @@ class MarianTokenizer:
         """The text of one row of target ids, up to `</s>`; the special
         tokens (pad, start, `<unk>`) are dropped, as
         `transformers.MarianTokenizer.decode(ids, skip_special_tokens=True)`
-        drops them."""
+        drops them. An id that is no piece of `vocab.json` (the -2 that the
+        searches give a sentence they could not translate, or any id outside
+        the vocabulary) is a `ValueError`, never text."""
         pieces = []
-        for i in ids:
+        for position, i in enumerate(ids):
             i = int(i)
+            if i not in self.pieces:
+                raise ValueError(_invalid_id_message(i, position, self.vocabulary_size))
             if i == self.end_id:
                 break
             if i in (self.pad_id, self.start_id, self.unknown_id):
                 continue
-            pieces.append(self.pieces.get(i, "<unk>"))
+            pieces.append(self.pieces[i])
         return self.target.decode_pieces(pieces).replace("\u2581", " ").strip()
 
     def translate(self, model, texts, beam_width=4, alpha=1.0, max_length=None):
@@ -314,4 +370,15 @@ class MarianTokenizer:
         tokens, _ = transformer_beam_search(
             model, self(texts), self.start_id, self.end_id, beam_width=beam_width,
             alpha=alpha, max_length=max_length, length_penalty="hf")
-        return [self.decode(row) for row in ops.convert_to_numpy(tokens)]
+        tokens = ops.convert_to_numpy(tokens)
+        failed = [index for index, row in enumerate(tokens)
+                  if any(int(i) not in self.pieces for i in row)]
+        if failed:
+            unknown = sorted({int(i) for i in tokens[failed].ravel()} - set(self.pieces))
+            raise ValueError(
+                f"The beam search could not translate texts {failed}: it gave them ids that "
+                f"are no piece of vocab.json ({unknown}; -2 marks a sentence whose encoder "
+                f"output is not finite: a source id outside the model's vocabulary, or NaN "
+                f"weights). Received: texts={[texts[i] for i in failed]!r}"
+            )
+        return [self.decode(row) for row in tokens]

@@ -248,3 +248,117 @@ def test_settings_and_files_the_loader_cannot_use_are_refused(marian_dir, tmp_pa
     os.remove(tmp_path / "target.spm")
     with pytest.raises(ValueError, match="target.spm does not exist"):
         load_hf_marian(str(tmp_path))
+
+
+def _copy_dir(path, tmp_path):
+    import shutil
+
+    for name in os.listdir(path):
+        shutil.copy(os.path.join(path, name), tmp_path / name)
+    return str(tmp_path)
+
+
+def test_a_tensor_that_is_not_finite_is_refused_by_name(marian_dir, tmp_path):
+    import re
+
+    from safetensors.numpy import load_file
+    from safetensors.numpy import save_file
+
+    path = _copy_dir(marian_dir[0], tmp_path)
+    file = os.path.join(path, "model.safetensors")
+    clean = load_file(file)
+    for key, bad in (("model.encoder.layers.0.fc1.weight", float("nan")),
+                     ("final_logits_bias", float("-inf")),
+                     ("model.shared.weight", float("nan"))):
+        tensors = {k: v.copy() for k, v in clean.items()}
+        tensors[key].reshape(-1)[7] = bad
+        save_file(tensors, file)
+        with pytest.raises(ValueError, match=re.escape(
+                f"{file}: tensor {key!r} holds 1 non-finite value(s) (NaN or infinity)")):
+            load_hf_marian(path, tokenizer=False)
+    # A stored position table is checked too.
+    from keras_attn.layers.sinusoidal_positional_encoding import sinusoidal_positional_encoding
+
+    tensors = dict(clean)
+    d_model = clean["model.shared.weight"].shape[1]
+    table = to_numpy(sinusoidal_positional_encoding(64, d_model, layout="concatenated")).copy()
+    table[3, 2] = float("nan")
+    tensors["model.encoder.embed_positions.weight"] = table
+    save_file(tensors, file)
+    with pytest.raises(ValueError, match=re.escape(
+            "tensor 'model.encoder.embed_positions.weight' holds 1 non-finite value(s)")):
+        load_hf_marian(path, tokenizer=False)
+
+
+def _vocab_edit(marian_dir, tmp_path, edit):
+    path = _copy_dir(marian_dir[0], tmp_path)
+    with open(os.path.join(path, "vocab.json")) as f:
+        vocabulary = json.load(f)
+    edit(vocabulary)
+    with open(os.path.join(path, "vocab.json"), "w") as f:
+        json.dump(vocabulary, f)
+    return path
+
+
+def test_a_vocab_json_that_does_not_fit_the_model_is_refused(marian_dir, tmp_path):
+    import re
+
+    _, tokenizer = load_hf_marian(marian_dir[0])
+    size = tokenizer.vocabulary_size
+    a_piece = sorted(p for p, i in tokenizer.vocabulary.items() if i == 5)[0]
+    other = sorted(p for p, i in tokenizer.vocabulary.items() if i == 6)[0]
+    cases = [
+        # one piece fewer than vocab_size
+        (lambda v: v.pop(a_piece),
+         f"has {size - 1} pieces; the model's vocabulary (config.json vocab_size) has {size}"),
+        # an id past vocab_size (what made the beam search give -2)
+        (lambda v: v.update({a_piece: size + 3}),
+         f"has ids outside the model's vocabulary [0, {size}): [{size + 3}]"),
+        (lambda v: v.update({"extra": size}),
+         f"has ids outside the model's vocabulary [0, {size}): [{size}]"),
+        (lambda v: v.update({a_piece: -1}),
+         f"has ids outside the model's vocabulary [0, {size}): [-1]"),
+        # two pieces with one id (and so one id that no piece has)
+        (lambda v: v.update({other: 5}), "gives one id to several pieces (1 id(s) shared, e.g. 5 to"),
+    ]
+    for index, (edit, message) in enumerate(cases):
+        (tmp_path / str(index)).mkdir()
+        path = _vocab_edit(marian_dir, tmp_path / str(index), edit)
+        with pytest.raises(ValueError, match=re.escape(
+                os.path.join(path, "vocab.json") + " " + message)):
+            load_hf_marian(path)
+
+
+def test_ids_outside_the_vocabulary_are_an_error_not_unknown_text(marian_dir):
+    import re
+
+    path, _ = marian_dir
+    model, tokenizer = load_hf_marian(path)
+    size = tokenizer.vocabulary_size
+    word = tokenizer.vocabulary[sorted(p for p in tokenizer.vocabulary if len(p) > 2
+                                       and not p.startswith(("<", ">")))[0]]
+    assert tokenizer.decode([word, tokenizer.end_id])  # a piece decodes to text
+    for ids, bad, position in (([word, -2, -2], -2, 1), ([-2] * 4, -2, 0),
+                               ([word, size], size, 1)):
+        with pytest.raises(ValueError, match=re.escape(
+                f"Token {bad} at position {position} is not an id of vocab.json, which has the "
+                f"ids [0, {size})")):
+            tokenizer.decode(ids)
+    # The search marks a sentence it cannot translate with -2 (here a NaN in
+    # the embedding of one source piece): translate names the text.
+    texts = ["the cat sat in the park", "birds sing"]
+    sources = tokenizer(texts)
+    broken = int(sources[0, 0])
+    assert broken not in sources[1]
+    table = to_numpy(model.get_layer("token_embedding").embeddings).copy()
+    table[broken] = float("nan")
+    model.get_layer("token_embedding").embeddings.assign(table)
+    tokens, _ = transformer_beam_search(model, sources, tokenizer.start_id, tokenizer.end_id,
+                                        max_length=6, length_penalty="hf")
+    assert (to_numpy(tokens)[0] == -2).all() and (to_numpy(tokens)[1] >= 0).all()
+    with pytest.raises(ValueError, match=re.escape(
+            "The beam search could not translate texts [0]: it gave them ids that are no "
+            "piece of vocab.json ([-2]; -2 marks") + r".*" + re.escape(
+            f"Received: texts={texts[:1]!r}")):
+        tokenizer.translate(model, texts, max_length=6)
+    assert len(tokenizer.translate(model, texts[1:], max_length=6)) == 1

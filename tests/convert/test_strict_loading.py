@@ -131,3 +131,25 @@ def test_vit_classifier_dropped_by_choice_is_named(checkpoints):
     with pytest.warns(UserWarning, match=r"not loaded \(by choice\): classifier"):
         model = load_hf_vit(str(checkpoints["vit"]), include_classifier=False)
     assert model.vit_config.num_classes is None
+
+
+@pytest.mark.parametrize("family", ["bert", "vit"])
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")])
+def test_a_tensor_that_is_not_finite_is_refused_by_name(family, bad, checkpoints, tmp_path):
+    import re
+
+    path = _copy(checkpoints[family], tmp_path)
+    tensors = load_file(str(path / "model.safetensors"))
+    (key,) = [k for k in tensors if k.endswith("layer.1.attention.attention.query.weight")
+              or k.endswith("layer.1.attention.self.query.weight")]
+    tensors[key][3, 5] = bad
+    save_file(tensors, str(path / "model.safetensors"))
+    with pytest.raises(ValueError, match=re.escape(
+            f"{path / 'model.safetensors'}: tensor {key!r} holds 1 non-finite value(s) (NaN or "
+            f"infinity)")):
+        LOADERS[family](str(path))
+    if family == "bert":
+        from keras_attn.convert.bert import load_hf_bert
+
+        with pytest.raises(ValueError, match=re.escape(f"tensor {key!r} holds 1 non-finite")):
+            load_hf_bert(str(path))
