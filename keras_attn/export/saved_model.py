@@ -6,14 +6,40 @@ import shutil
 import tempfile
 
 
-def _default_signature(model):
+def _spec(x, name=None):
     import tensorflow as tf
 
-    specs = [
-        tf.TensorSpec((None,) + tuple(x.shape[1:]), x.dtype, name=x.name)
-        for x in model.inputs
-    ]
-    return specs
+    return tf.TensorSpec((None,) + tuple(x.shape[1:]), x.dtype, name=name or x.name)
+
+
+def _default_signature(model):
+    """One spec per model input, batch dim free. A model that takes a dict
+    (`BertBackbone`, the BERT tasks, `ConformerCTC`) gets one argument, a
+    dict of specs named by its keys, as the model itself is called; any
+    other model one positional spec per input, in `model.inputs` order."""
+    structure = model.input
+    if isinstance(structure, dict):
+        return [{key: _spec(x, name=key) for key, x in structure.items()}]
+    return [_spec(x) for x in model.inputs]
+
+
+def _default_serving_fn(model):
+    """The model's inference call on the endpoint's arguments: a dict as it
+    is, positional tensors packed into the structure of the model's inputs
+    (their flat order is `model.inputs`')."""
+    import keras
+
+    structure = model.input
+
+    def serving_fn(*inputs):
+        if len(inputs) == 1 and isinstance(inputs[0], dict):
+            return model(inputs[0], training=False)
+        if len(model.inputs) == 1:
+            (x,) = inputs
+            return model(x, training=False)
+        return model(keras.tree.pack_sequence_as(structure, list(inputs)), training=False)
+
+    return serving_fn
 
 
 EMPTY_INPUT = "keras_attn: empty input:"
@@ -50,7 +76,9 @@ def _refuse_empty(fn, signature):
 
     def guarded(*inputs):
         checks = []
-        for index, (spec, x) in enumerate(zip(signature, inputs)):
+        flat_inputs = tf.nest.flatten(inputs)
+        # (nested specs, a dict of them, flatten in the inputs' order)
+        for index, (spec, x) in enumerate(zip(tf.nest.flatten(signature), flat_inputs)):
             name = getattr(spec, "name", None) or f"input {index}"
             rank = x.shape.rank
             if rank is not None and rank >= 1:
@@ -61,8 +89,8 @@ def _refuse_empty(fn, signature):
                 checks.append(tf.debugging.assert_positive(
                     tf.shape(x)[1], message=f"{EMPTY_INPUT} `{name}` has length 0"))
         with tf.control_dependencies(checks):
-            inputs = [tf.identity(x) for x in inputs]
-        return fn(*inputs)
+            flat_inputs = [tf.identity(x) for x in flat_inputs]
+        return fn(*tf.nest.pack_sequence_as(inputs, flat_inputs))
 
     return guarded
 
@@ -99,10 +127,15 @@ def export_saved_model(
     Args:
         model: a Keras model (functional models keep their input names).
         path: the SavedModel directory.
-        input_signature: a list of `tf.TensorSpec`, one per model input.
+        input_signature: a list of `tf.TensorSpec`, one per model input,
+            or (a model that takes a dict) a list of one dict of specs.
             Defaults to the model's inputs with the batch dim left free; dims
             that are None in the model's `keras.Input` (a sequence length)
-            stay free too.
+            stay free too. A model called with a dict (`BertBackbone`, the
+            BERT tasks, `ConformerCTC`) is served the same way:
+            `loaded.serve({"token_ids": ..., "segment_ids": ...,
+            "padding_mask": ...})`; the `serving_default` signature takes
+            the same names as keyword arguments.
         endpoint_name: the serving function's name.
         serving_fn: what the endpoint computes, called with one tensor per
             spec of `input_signature`; defaults to the model's inference
@@ -137,13 +170,7 @@ def export_saved_model(
         for resource in track:
             archive.track(resource)
         if serving_fn is None:
-            if len(model.inputs) > 1:
-                # One positional argument per input, in the model's input order.
-                def serving_fn(*inputs):
-                    return model(list(inputs), training=False)
-            else:
-                def serving_fn(inputs):
-                    return model(inputs, training=False)
+            serving_fn = _default_serving_fn(model)
         archive.add_endpoint(endpoint_name, _refuse_empty(serving_fn, input_signature),
                              input_signature=input_signature)
         for name, (fn, signature) in (extra_endpoints or {}).items():

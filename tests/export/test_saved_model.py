@@ -80,3 +80,76 @@ def test_an_empty_batch_or_length_is_refused_naming_the_input(tmp_path):
         with pytest.raises(tf.errors.InvalidArgumentError, match=message):
             loaded.serve(source, ids[: len(source)])
     assert loaded.serve(ids, ids).shape == (2, 3, 40)
+
+
+def _tiny_bert(kind):
+    """A tiny `BertBackbone`, or a `BertSequenceClassifier` on one (int8
+    with `quantize`): models called with a dict."""
+    from keras_attn.models import BertSequenceClassifier
+    from keras_attn.models import build_bert
+
+    keras.utils.set_random_seed(3)
+    backbone = build_bert("bert_tiny", vocabulary_size=40, num_layers=2, hidden_dim=16,
+                          intermediate_dim=32, max_sequence_length=16)
+    if kind == "backbone":
+        return backbone
+    classifier = BertSequenceClassifier(backbone, num_classes=3)
+    if kind == "classifier_int8":
+        classifier.quantize("int8")
+    return classifier
+
+
+def _bert_inputs(batch, length, seed=0):
+    rng = np.random.default_rng(seed)
+    mask = np.ones((batch, length), "int32")
+    mask[0, length // 2 + 1:] = 0  # a padded row
+    return {"token_ids": rng.integers(1, 40, (batch, length)).astype("int32"),
+            "segment_ids": (np.arange(length) >= length // 2).astype("int32")[None].repeat(batch, 0),
+            "padding_mask": mask}
+
+
+@pytest.mark.parametrize("kind, atol", [("backbone", 1e-5), ("classifier", 1e-5),
+                                        ("classifier_int8", 1e-5)])
+def test_models_that_take_a_dict_export_and_serve_the_same_outputs(kind, atol, tmp_path):
+    import tensorflow as tf
+
+    model = _tiny_bert(kind)
+    loaded = tf.saved_model.load(str(export_saved_model(model, tmp_path / "saved")))
+    signature = loaded.signatures["serving_default"]
+    for batch, length in ((1, 3), (3, 9)):
+        inputs = _bert_inputs(batch, length)
+        want = model(inputs, training=False)
+        got = loaded.serve({k: tf.constant(v) for k, v in inputs.items()})
+        by_name = signature(**{k: tf.constant(v) for k, v in inputs.items()})
+        if isinstance(want, dict):  # the backbone: sequence_output and pooled_output
+            assert sorted(got) == sorted(want) == ["pooled_output", "sequence_output"]
+            pairs = [(got[k], want[k]) for k in want] + [(by_name[k], want[k]) for k in want]
+        else:  # the classifier's logits
+            (named,) = by_name.values()
+            pairs = [(got, want), (named, want)]
+        for served, keras_output in pairs:
+            assert tuple(served.shape) == tuple(keras_output.shape)
+            np.testing.assert_allclose(served.numpy(), ops.convert_to_numpy(keras_output),
+                                       atol=atol, rtol=0)
+    if kind == "classifier_int8":  # int8 kernels, not the float ones
+        assert any(v.dtype == tf.int8 for v in loaded.variables)
+    empty = {k: tf.constant(v[:0]) for k, v in _bert_inputs(2, 4).items()}
+    with pytest.raises(tf.errors.InvalidArgumentError, match="`padding_mask` holds no example"):
+        loaded.serve(empty)
+
+
+def test_the_conformer_takes_its_dict_too(tmp_path):
+    import tensorflow as tf
+
+    from keras_attn.models import build_conformer
+
+    model = build_conformer("conformer_tiny", vocabulary_size=6, num_layers=1, hidden_dim=16,
+                            num_mel_bins=20)
+    inputs = {"waveform": np.random.default_rng(0).normal(0, 0.1, (2, 4000)).astype("float32"),
+              "waveform_length": np.array([4000, 3000], "int32")}
+    loaded = tf.saved_model.load(str(export_saved_model(model, tmp_path / "saved")))
+    got = loaded.serve({k: tf.constant(v) for k, v in inputs.items()})
+    want = model(inputs, training=False)
+    assert sorted(got) == sorted(want)
+    for key in want:
+        np.testing.assert_allclose(got[key].numpy(), ops.convert_to_numpy(want[key]), atol=1e-5)
