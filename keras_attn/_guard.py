@@ -447,7 +447,8 @@ class GuardedModel:
 
     def guard_inputs(self, x):
         """A factor for the loss: 1.0, or NaN when an input id lies out of
-        its range or a sequence is longer than `max_length()` (tensors).
+        its range, a mask holds a value other than 0 and 1, or a sequence is
+        longer than `max_length()` (tensors).
 
         The model already makes its outputs NaN for such inputs, but NaN does
         not survive every op under XLA (a ReLU of NaN is 0 there), so the loss
@@ -459,6 +460,11 @@ class GuardedModel:
             if isinstance(spec, IdSpec) and name in named:
                 value = ops.cast(named[name], "int32")
                 ok = ops.all(ops.logical_and(value >= spec.low, value < spec.high))
+                guard = guard * ops.where(ok, 1.0, float("nan"))
+            elif isinstance(spec, MaskSpec) and name in named and named[name].dtype != "bool":
+                # A mask value other than 0/1 (a 2, a 0.5) would read as True.
+                value = named[name]
+                ok = ops.all(ops.logical_or(ops.equal(value, 0), ops.equal(value, 1)))
                 guard = guard * ops.where(ok, 1.0, float("nan"))
         for name, limit in self.max_length().items():
             if name in named and len(named[name].shape) > 1:

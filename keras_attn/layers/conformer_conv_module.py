@@ -9,7 +9,9 @@ from keras_attn._checks import check_positive_float
 from keras_attn._checks import check_positive_int
 from keras_attn._checks import check_rate
 from keras_attn._checks import check_static_shape
+from keras_attn.layers.masking import checked_mask
 from keras_attn.layers.masking import get_keras_mask
+from keras_attn.layers.masking import nan_where
 
 
 @keras.saving.register_keras_serializable(package="keras_attn")
@@ -122,11 +124,11 @@ class ConformerConvModule(SpecFromCall, keras.layers.Layer):
     def call(self, inputs, padding_mask=None, training=None):
         if padding_mask is None:
             padding_mask = get_keras_mask(inputs)
+        padding_mask, bad_padding = checked_mask(padding_mask, "padding_mask")
         if padding_mask is not None:
             check_static_shape(
                 "padding_mask", padding_mask, tuple(inputs.shape[:2]), "(B, T)"
             )
-            padding_mask = ops.cast(padding_mask, "bool")
         x = self.layer_norm(inputs)
         x = self.pointwise_conv_1(x)  # (B, T, 2C)
         content, gate = ops.split(x, 2, axis=-1)
@@ -137,7 +139,7 @@ class ConformerConvModule(SpecFromCall, keras.layers.Layer):
         x = self._batch_norm(x, padding_mask, training)
         x = ops.silu(x)
         x = self.pointwise_conv_2(x)
-        return self.dropout_layer(x, training=training)
+        return nan_where(bad_padding, self.dropout_layer(x, training=training))
 
     def _batch_norm(self, x, padding_mask, training):
         """`self.batch_norm` (valid frames only), except that a batch

@@ -8,7 +8,9 @@ from keras import ops
 from keras_attn._keras_compat import SpecFromCall
 from keras_attn._clone import for_sublayer
 from keras_attn._checks import check_positive_int
+from keras_attn.layers.masking import checked_mask
 from keras_attn.layers.masking import get_keras_mask
+from keras_attn.layers.masking import nan_where
 
 
 def _conv_length(length):
@@ -112,14 +114,15 @@ class ConvSubsampling(SpecFromCall, keras.layers.Layer):
             )
         if padding_mask is None:
             padding_mask = get_keras_mask(inputs)
+        padding_mask, bad_padding = checked_mask(padding_mask, "padding_mask")
         x = inputs
         if padding_mask is not None:
-            x = ops.where(ops.expand_dims(ops.cast(padding_mask, "bool"), -1), x, ops.zeros_like(x))
+            x = ops.where(ops.expand_dims(padding_mask, -1), x, ops.zeros_like(x))
         x = self.conv_1(ops.expand_dims(x, -1))  # (B, T1, F1, C)
         x = self.conv_2(x)  # (B, T', F', C)
         shape = ops.shape(x)
         x = ops.reshape(x, (shape[0], shape[1], self._flat))
-        return self.projection(x)
+        return nan_where(bad_padding, self.projection(x))
 
     def compute_output_shape(self, inputs_shape):
         length = inputs_shape[1]

@@ -11,8 +11,10 @@ from keras_attn._checks import check_static_shape
 from keras_attn._checks import static_dim
 from keras_attn.layers._projection import einsum_projection
 from keras_attn.layers.masking import causal_mask
+from keras_attn.layers.masking import checked_mask
 from keras_attn.layers.masking import get_keras_mask
 from keras_attn.layers.masking import merge_masks
+from keras_attn.layers.masking import nan_where
 from keras_attn.layers.masking import set_keras_mask
 from keras_attn.layers.scaled_dot_product_attention import (
     fused_attention_supports,
@@ -355,6 +357,23 @@ class MultiHeadAttention(SpecFromCall, keras.layers.Layer):
             _check_rank(name, tensor.shape)
         _check_lengths(key.shape, value.shape)
 
+        # Numeric masks hold 0 and 1 only: another value is an error here, or
+        # NaN for that example inside a graph (`checked_mask`).
+        query_mask, bad_query = checked_mask(query_mask, "query_mask")
+        value_mask, bad_value = checked_mask(value_mask, "value_mask")
+        key_mask, bad_key = checked_mask(key_mask, "key_mask")
+        attention_mask, bad_attention = checked_mask(attention_mask, "attention_mask")
+        invalid = (bad_query, bad_value, bad_key, bad_attention)
+        # A key or value hidden from every query never reaches the answer,
+        # whatever it holds: zeroed before its projection, so that a NaN in
+        # padding cannot leak through `0 * NaN` (forward or gradients).
+        for name, mask in (("value_mask", value_mask), ("key_mask", key_mask)):
+            if mask is not None and cache is None:
+                check_static_shape(name, mask, tuple(value.shape[:2]), "(B, S)")
+                seen = ops.expand_dims(mask, -1)  # (B, S, 1)
+                value = ops.where(seen, value, ops.zeros_like(value))
+                key = ops.where(seen, key, ops.zeros_like(key))
+
         # The masks were read above. The projections do not support masking,
         # so they get the inputs without them; the masks are put back after,
         # since the caller may use the same tensors again.
@@ -443,6 +462,8 @@ class MultiHeadAttention(SpecFromCall, keras.layers.Layer):
             )
             scores = None
         output = self.output_dense(attended)  # (B, T, output_dim)
+        for bad in invalid:
+            output = nan_where(bad, output)
 
         outputs = (output,)
         if return_attention_scores:

@@ -11,8 +11,10 @@ from keras_attn._checks import check_positive_int
 from keras_attn._checks import check_rate
 from keras_attn._checks import check_static_shape
 from keras_attn.layers._projection import einsum_projection
+from keras_attn.layers.masking import checked_mask
 from keras_attn.layers.masking import get_keras_mask
 from keras_attn.layers.masking import merge_masks
+from keras_attn.layers.masking import nan_where
 from keras_attn.layers.scaled_dot_product_attention import (
     scaled_dot_product_attention,
 )
@@ -171,10 +173,11 @@ class RelativeMultiHeadAttention(SpecFromCall, keras.layers.Layer):
         if padding_mask is None and attention_mask is None:
             padding_mask = get_keras_mask(inputs)
         batch, length = inputs.shape[0], inputs.shape[1]
+        padding_mask, bad_padding = checked_mask(padding_mask, "padding_mask")
+        attention_mask, bad_attention = checked_mask(attention_mask, "attention_mask")
         masks = []
         if padding_mask is not None:
             check_static_shape("padding_mask", padding_mask, (batch, length), "(B, T)")
-            padding_mask = ops.cast(padding_mask, "bool")
             masks += [ops.expand_dims(padding_mask, 2), ops.expand_dims(padding_mask, 1)]
         if attention_mask is not None:
             check_static_shape(
@@ -213,6 +216,7 @@ class RelativeMultiHeadAttention(SpecFromCall, keras.layers.Layer):
             return_attention_scores=True,
         )
         output = self.output_dense(attended)  # (B, T, D)
+        output = nan_where(bad_attention, nan_where(bad_padding, output))
         if return_attention_scores:
             return output, scores
         return output

@@ -97,6 +97,25 @@ def normalize_attention_mask(mask, query, key, name="mask"):
     return mask
 
 
+def _hide_unseen_keys(key, value, mask):
+    """`key` and `value` `(B, S, N, H)` with the rows no query may see set to
+    zero (`mask` rank 4, `(B|1, N|1, T|1, S)`).
+
+    A masked key gets probability exactly 0, but `0 * NaN` is NaN: a NaN or
+    inf in a padded position would reach every query through the matmuls
+    (and their gradients). Keys hidden from *every* query (padding) are
+    replaced by zeros first; a key that some query sees is left as it is,
+    so bad data in a real position still shows as NaN where it is seen.
+    """
+    if mask is None:
+        return key, value
+    seen = ops.any(mask, axis=2)  # (B|1, N|1, S)
+    seen = ops.expand_dims(ops.transpose(seen, (0, 2, 1)), -1)  # (B|1, S, N|1, 1)
+    key = ops.where(seen, key, ops.zeros_like(key))
+    value = ops.where(seen, value, ops.zeros_like(value))
+    return key, value
+
+
 def scaled_dot_product_attention(
     query,
     key,
@@ -123,7 +142,8 @@ def scaled_dot_product_attention(
         value: `(B, S, N, Hv)`.
         mask: optional boolean mask, True = attend, broadcastable to
             `(B, N, T, S)`; rank 2 `(T, S)` and rank 3 `(B, T, S)` masks are
-            accepted and broadcast over heads.
+            accepted and broadcast over heads. A key no query may see never
+            reaches the output, whatever it holds (NaN included).
         scale: multiplier of the logits; defaults to `1 / sqrt(H)`.
         bias: optional additive logits broadcastable to `(B, N, T, S)`,
             added after scaling (relative-position terms); masking still
@@ -155,6 +175,7 @@ def scaled_dot_product_attention(
     _check_qkv(query, key, value)
     dropout = check_rate("dropout", dropout)
     mask = normalize_attention_mask(mask, query, key)
+    key, value = _hide_unseen_keys(key, value, mask)
     if scale is None:
         scale = 1.0 / float(np.sqrt(_static_dim(query, -1) or ops.shape(query)[-1]))
 
@@ -267,6 +288,7 @@ def fused_dot_product_attention(
         causal = causal_mask(ops.shape(query)[1], ops.shape(key)[1])
         mask = merge_masks(mask, ops.expand_dims(ops.expand_dims(causal, 0), 0))
         is_causal = False
+    key, value = _hide_unseen_keys(key, value, mask)
     if pad:
         t_pad = -(-t // length_multiple) * length_multiple
         s_pad = -(-s // length_multiple) * length_multiple

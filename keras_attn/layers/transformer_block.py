@@ -14,7 +14,9 @@ from keras_attn._checks import check_rate
 from keras_attn._checks import get_activation
 from keras_attn.layers.activations import serialize_activation
 from keras_attn.layers.feed_forward import FeedForward
+from keras_attn.layers.masking import checked_mask
 from keras_attn.layers.masking import get_keras_mask
+from keras_attn.layers.masking import nan_where
 from keras_attn.layers.multi_head_attention import MultiHeadAttention
 
 NORM_POSITIONS = ("post", "pre")
@@ -277,6 +279,8 @@ class TransformerBlock(SpecFromCall, RematCall, ResidualSublayers, keras.layers.
     ):
         if padding_mask is None and attention_mask is None:
             padding_mask = get_keras_mask(inputs)
+        padding_mask, bad_padding = checked_mask(padding_mask, "padding_mask")
+        attention_mask, bad_attention = checked_mask(attention_mask, "attention_mask")
 
         def attend(x):
             return self.self_attention(
@@ -303,6 +307,7 @@ class TransformerBlock(SpecFromCall, RematCall, ResidualSublayers, keras.layers.
             self.feed_forward_dropout,
             training,
         )
+        x = nan_where(bad_attention, nan_where(bad_padding, x))
         if return_attention_scores:
             return x, extras[0]
         return x

@@ -4,7 +4,9 @@ import keras
 
 from keras_attn._keras_compat import SpecFromCall
 from keras_attn._remat import RematCall
+from keras_attn.layers.masking import checked_mask
 from keras_attn.layers.masking import get_keras_mask
+from keras_attn.layers.masking import nan_where
 from keras_attn.layers.transformer_block import ResidualSublayers
 
 
@@ -194,6 +196,13 @@ class TransformerDecoderBlock(SpecFromCall, RematCall, ResidualSublayers, keras.
             decoder_padding_mask = get_keras_mask(decoder_sequence)
         if encoder_padding_mask is None and encoder_attention_mask is None:
             encoder_padding_mask = get_keras_mask(encoder_sequence)
+        decoder_padding_mask, bad_1 = checked_mask(decoder_padding_mask, "decoder_padding_mask")
+        decoder_attention_mask, bad_2 = checked_mask(
+            decoder_attention_mask, "decoder_attention_mask")
+        encoder_padding_mask, bad_3 = checked_mask(encoder_padding_mask, "encoder_padding_mask")
+        encoder_attention_mask, bad_4 = checked_mask(
+            encoder_attention_mask, "encoder_attention_mask")
+        invalid = (bad_1, bad_2, bad_3, bad_4)
 
         def self_attend(x):
             return self.self_attention(
@@ -250,6 +259,8 @@ class TransformerDecoderBlock(SpecFromCall, RematCall, ResidualSublayers, keras.
             self.feed_forward_dropout,
             training,
         )
+        for bad in invalid:
+            x = nan_where(bad, x)
         if self_attention_cache is not None:
             if self.cross_attention is None:
                 return x, self_attention_cache

@@ -340,3 +340,32 @@ def test_too_long_sequences_in_a_compiled_step_change_nothing():
     after = _state(model)
     for path in before:
         np.testing.assert_array_equal(after[path], before[path], err_msg=path)
+
+
+# === Mask values other than 0/1, and NaN behind a mask ===
+
+
+@pytest.mark.parametrize("value", [2, -3])
+def test_bert_mask_values_other_than_0_1_in_a_compiled_step_change_nothing(value):
+    """Found by a hostile user: a padding_mask of 2 or -3 trained as if it
+    were 1 where Python does not run."""
+    model = bert_classifier()
+    x, y = bert_data()
+    _assert_step_skipped(model, _with(x, "padding_mask", (0, 3), value), y,
+                         input_error=r"`padding_mask` must be boolean or hold only 0 and 1")
+
+
+def test_bert_mask_value_other_than_0_1_makes_the_compiled_answer_nan():
+    """Inside a compiled `predict` nothing can raise: the example with the
+    bad mask answers NaN, the others as before (a SavedModel, ONNX and
+    LiteRT run the same graph)."""
+    model = bert_classifier()
+    x, _ = bert_data()
+    clean = model.predict_on_batch(x)
+    if EAGER_STEP:  # PyTorch predicts eagerly: the check raises
+        with pytest.raises(ValueError, match="`padding_mask` must be boolean"):
+            model.predict_on_batch(_with(x, "padding_mask", (1, 2), 2))
+        return
+    bad = model.predict_on_batch(_with(x, "padding_mask", (1, 2), 2))
+    assert np.all(np.isnan(bad[1]))
+    np.testing.assert_allclose(bad[[0, 2, 3]], clean[[0, 2, 3]], atol=1e-6)

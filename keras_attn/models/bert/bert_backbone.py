@@ -236,9 +236,11 @@ class BertBackbone(GuardedModel, ConfigModel, keras.Model):
         x = embeddings_add([tokens, segments, position_embedding(tokens)])
         x = embeddings_layer_norm(x)
         x = embeddings_dropout(x)
-        mask = ops.cast(padding_mask, "bool")  # (B, T), True = real token
         for block in blocks:
-            x = block(x, padding_mask=mask)
+            # The int mask as given: each block reads it as booleans, and a
+            # value other than 0/1 makes that example NaN inside a graph
+            # (`keras_attn.layers.masking.checked_mask`), never a 1.
+            x = block(x, padding_mask=padding_mask)
         sequence_output = x  # (B, T, D)
         pooled_output = pooled_dense(x[:, 0, :])  # (B, D)
         super().__init__(
