@@ -369,3 +369,45 @@ def test_bert_mask_value_other_than_0_1_makes_the_compiled_answer_nan():
     bad = model.predict_on_batch(_with(x, "padding_mask", (1, 2), 2))
     assert np.all(np.isnan(bad[1]))
     np.testing.assert_allclose(bad[[0, 2, 3]], clean[[0, 2, 3]], atol=1e-6)
+
+
+def test_conformer_refuses_labels_with_a_zero_inside():
+    """Found by a hostile user: [1, 0, 2] passed the label check and trained
+    on a transcript that is neither [1, 2] nor [1]."""
+    model = conformer()
+    x, y = conformer_data()
+    y = y.copy()
+    y[1, :3] = [1, 0, 2]
+    with pytest.raises(ValueError, match=r"`labels` must be each transcript's ids followed by "
+                                         r"0s.*row\(s\) \[1\], e\.g\. \[1, 0, 2"):
+        model.fit(x, y, verbose=0)
+
+
+def test_conformer_labels_with_a_zero_inside_in_a_compiled_step_change_nothing():
+    model = conformer()
+    x, y = conformer_data()
+    y = y.copy()
+    y[0, :3] = [2, 0, 3]
+    # BatchNorm's moving statistics move in any training forward pass.
+    _assert_step_skipped(model, x, y, non_trainable=False)
+
+
+def test_conformer_labels_too_long_for_their_logits_never_reach_the_weights():
+    """CTC gives a finite clipped loss for an impossible alignment (706.9 on
+    TensorFlow, 99999.3 on JAX): the step is skipped instead."""
+    model = conformer()
+    x, y = conformer_data()
+    frames = int(keras.ops.convert_to_numpy(model(x)["logit_lengths"])[0])
+    too_long = np.tile(np.array([[1, 2]], "int32"), (2, frames))  # 2 * frames labels
+    _assert_step_skipped(model, x, too_long, non_trainable=False)
+
+
+def test_conformer_refuses_a_frequency_mask_wider_than_its_features():
+    with pytest.raises(ValueError, match=r"`freq_mask_width` must be at most "
+                                         r"num_mel_bins=20\. Received: freq_mask_width=100"):
+        build_conformer("conformer_tiny", vocabulary_size=6, num_layers=1, hidden_dim=16,
+                        num_mel_bins=20, freq_mask_width=100)
+    from keras_attn.layers import SpecAugment
+
+    with pytest.raises(ValueError, match=r"at most 20 .*Received: freq_mask_width=21"):
+        SpecAugment(freq_mask_width=21)(np.zeros((1, 9, 20), "float32"), training=True)

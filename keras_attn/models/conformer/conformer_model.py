@@ -80,6 +80,12 @@ def _check_config(c):
             raise ValueError(
                 f"`{name}` must be a non-negative integer. Received: {name}={value!r}"
             )
+    if c.freq_mask_count and c.freq_mask_width > c.num_mel_bins:
+        raise ValueError(
+            "A frequency mask cannot be wider than the features: "
+            f"`freq_mask_width` must be at most num_mel_bins={c.num_mel_bins}. "
+            f"Received: freq_mask_width={c.freq_mask_width}"
+        )
     check_rate("time_mask_ratio", c.time_mask_ratio)
     check_bool("remat", c.remat)
     if c.hidden_dim % c.num_heads:
@@ -231,6 +237,16 @@ class ConformerCTC(GuardedModel, ConfigModel, keras.Model):
         if y is None or isinstance(y, dict):
             return
         named, labels = self._named(x), concrete_value(y)
+        if labels is not None and labels.ndim == 2:
+            gaps = _interior_padding(labels)
+            if np.any(gaps):
+                rows = np.flatnonzero(gaps)
+                raise ValueError(
+                    "`labels` must be each transcript's ids followed by 0s (the "
+                    "padding); a 0 between two labels would train on a "
+                    f"transcript that is neither. Received: labels with a 0 "
+                    f"inside row(s) {rows[:5].tolist()}, e.g. {labels[rows[0]].tolist()}"
+                )
         frames = self._frames(named)
         if labels is None or frames is None or labels.ndim != 2:
             return
@@ -244,7 +260,8 @@ class ConformerCTC(GuardedModel, ConfigModel, keras.Model):
                 f"{short} of {len(labels)} utterance(s) have more labels than "
                 "their logits can emit after 4x subsampling (CTC needs one frame "
                 "per label plus one between repeated labels); their loss is "
-                "infinite and their steps will be skipped. Received: "
+                "NaN, so a training step on them is skipped and fit stops "
+                "there. Received: "
                 f"labels needing {needed[needed > emitted][:5].tolist()} frames, "
                 f"logits of {emitted[needed > emitted][:5].tolist()}",
                 stacklevel=3,
@@ -263,11 +280,23 @@ class ConformerCTC(GuardedModel, ConfigModel, keras.Model):
         labels, guard = self.guard_labels(y)
         labels = ops.cast(labels, "int32")
         label_lengths = ops.sum(ops.cast(labels > 0, "int32"), axis=1)
+        logit_lengths = ops.cast(y_pred["logit_lengths"], "int32")
+        # Where Python cannot refuse them (`_check_data`), labels with a 0
+        # inside and transcripts longer than their logits can emit make the
+        # loss NaN, so the step is skipped: never a finite loss on a
+        # transcript that is not the one given, nor CTC's clipped value for
+        # an impossible alignment (706.9 on TensorFlow, 99999.3 on JAX).
+        real = labels > 0
+        gaps = ops.any(ops.logical_and(ops.logical_not(real[:, :-1]), real[:, 1:]), axis=1)
+        repeats = ops.logical_and(real[:, 1:], ops.equal(labels[:, 1:], labels[:, :-1]))
+        needed = label_lengths + ops.sum(ops.cast(repeats, "int32"), axis=1)  # (B,)
+        feasible = ops.logical_and(ops.logical_not(gaps), needed <= logit_lengths)
+        guard = guard * ops.where(feasible, 1.0, float("nan"))  # (B,)
         losses = ops.ctc_loss(
             labels,
             ops.cast(y_pred["logits"], "float32"),
             label_lengths,
-            ops.cast(y_pred["logit_lengths"], "int32"),
+            logit_lengths,
             mask_index=0,
         )  # (B,)
         # The regularization losses added to every utterance add them once
@@ -338,6 +367,12 @@ def ctc_greedy_ids(logits, lengths, blank=0):
     placed = ops.sum(scatter * ops.expand_dims(best + 1, -1), axis=1)  # (B, T): id + 1 or 0
     broken = ops.any(ops.isnan(ops.cast(logits, "float32")), axis=(1, 2))  # (B,)
     return ops.where(ops.expand_dims(broken, 1), -2, placed - 1)
+
+
+def _interior_padding(labels):
+    """`(B,)`: whether each row of `labels` `(B, L)` has a 0 before a label."""
+    real = np.asarray(labels) > 0
+    return np.any(~real[:, :-1] & real[:, 1:], axis=1)
 
 
 def ctc_frames_needed(labels):
