@@ -256,6 +256,21 @@ def _invalid_id_message(i, position, size):
             f"[0, {size}){reason}. Received: ids[{position}]={i}")
 
 
+def _load_sentencepiece(sentencepiece, file, path):
+    """The SentencePiece model of `file`; `ValueError` naming the file when
+    it is not one (sentencepiece raises a `RuntimeError` naming neither the
+    tokenizer nor the directory: "could not parse ModelProto", or "unk is
+    not defined" for an empty file)."""
+    try:
+        return sentencepiece.SentencePieceProcessor(model_file=file)
+    except (RuntimeError, OSError) as error:
+        size = os.path.getsize(file) if os.path.isfile(file) else None
+        raise ValueError(
+            f"{file} is not a SentencePiece model (sentencepiece: {error}); Marian's "
+            f"tokenizer needs the source.spm and target.spm that `save_pretrained` writes. "
+            f"Received: path={path!r}, {os.path.basename(file)} of {size} bytes") from None
+
+
 class MarianTokenizer:
     """Marian's tokenization with the `sentencepiece` package: the source
     SentencePiece model cuts a text into pieces, `vocab.json` maps them to
@@ -281,7 +296,8 @@ class MarianTokenizer:
             the ids are distinct and not negative.
 
     Raises:
-        ValueError: a file missing or malformed; a `vocab.json` of another
+        ValueError: a file missing or malformed (a `source.spm` or
+            `target.spm` that is not a SentencePiece model); a `vocab.json` of another
             size than the model's vocabulary, with an id outside it, or an
             id given to two pieces; a special id that no piece has.
     """
@@ -309,8 +325,8 @@ class MarianTokenizer:
                                                  vocabulary_size)
         self.pieces = {i: piece for piece, i in self.vocabulary.items()}
         self.source_path, self.target_path = files["source.spm"], files["target.spm"]
-        self.source = sentencepiece.SentencePieceProcessor(model_file=files["source.spm"])
-        self.target = sentencepiece.SentencePieceProcessor(model_file=files["target.spm"])
+        self.source = _load_sentencepiece(sentencepiece, files["source.spm"], path)
+        self.target = _load_sentencepiece(sentencepiece, files["target.spm"], path)
         self.start_id, self.end_id, self.pad_id = int(start_id), int(end_id), int(pad_id)
         if "<unk>" not in self.vocabulary:
             raise ValueError(f"{files['vocab.json']} has no '<unk>'. Received: "

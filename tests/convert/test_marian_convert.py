@@ -362,3 +362,21 @@ def test_ids_outside_the_vocabulary_are_an_error_not_unknown_text(marian_dir):
             f"Received: texts={texts[:1]!r}")):
         tokenizer.translate(model, texts, max_length=6)
     assert len(tokenizer.translate(model, texts[1:], max_length=6)) == 1
+
+
+def test_a_file_that_is_no_sentencepiece_model_is_refused_by_name(marian_dir, tmp_path):
+    import re
+
+    path = _copy_dir(marian_dir[0], tmp_path)
+    for name, content in (("source.spm", b"\x00\x01 not a SentencePiece model \xff" * 7),
+                          ("target.spm", b"")):
+        original = open(os.path.join(path, name), "rb").read()
+        with open(os.path.join(path, name), "wb") as f:
+            f.write(content)
+        with pytest.raises(ValueError, match=re.escape(
+                f"{os.path.join(path, name)} is not a SentencePiece model (sentencepiece: ")
+                + r".*" + re.escape(f"Received: path={path!r}, {name} of {len(content)} bytes")):
+            load_hf_marian(path)
+        with open(os.path.join(path, name), "wb") as f:
+            f.write(original)
+    load_hf_marian(path)  # the files put back load
