@@ -21,6 +21,13 @@ models and the `vocab.json` mapping are inside the SavedModel
 from keras_attn.export.saved_model import export_saved_model
 from keras_attn.export.saved_model import require_tensorflow_backend
 
+# The start of the `InvalidArgumentError` of a `translate` call whose search
+# gave an id that is no piece (see `export_translator`).
+UNTRANSLATABLE = "keras_attn: cannot translate:"
+# What the id -> piece table gives an id that is no piece; `decode` refuses
+# such ids before the table is read, so it never reaches a translation.
+NO_PIECE = "\u2047keras_attn: no piece\u2047"
+
 
 def export_translator(
     model,
@@ -59,7 +66,14 @@ def export_translator(
         length_penalty: `"gnmt"` or `"hf"` (Hugging Face's convention, for
             an imported Marian model; see `beam_search`).
         tokenizer: a `keras_attn.convert.MarianTokenizer`: adds the
-            `translate` endpoint, strings in and out (SavedModel only).
+            `translate` endpoint, strings in and out (SavedModel only). A
+            batch in which the search gives a sentence an id that is no
+            piece of `vocab.json` (-2, the mark of a sentence it could not
+            translate: NaN weights) fails the call with an
+            `InvalidArgumentError` starting with `UNTRANSLATABLE` that names
+            the rows and the ids, as `MarianTokenizer.translate` raises a
+            `ValueError`: never an empty or partial translation. (`serve`
+            returns such tokens as they are: -2 and a NaN score.)
         format: `"saved_model"`, `"onnx"` or `"litert"`.
         precision: `"float32"` or `"float16"` (weights); LiteRT also `"int8"`.
         vocabulary: for ONNX / LiteRT, the tokens (a list, id order),
@@ -188,7 +202,14 @@ def _marian_text_graph_class():
             self.id_to_piece = tf.lookup.StaticHashTable(
                 tf.lookup.KeyValueTensorInitializer(
                     tf.constant([i for _, i in pieces], tf.int32), tf.constant([p for p, _ in pieces])),
-                default_value="")
+                default_value=NO_PIECE)
+            # 1 for an id that is a piece of vocab.json, 0 (the default) for
+            # any other (`decode` refuses those).
+            self.is_piece = tf.lookup.StaticHashTable(
+                tf.lookup.KeyValueTensorInitializer(
+                    tf.constant([i for _, i in pieces], tf.int32),
+                    tf.ones([len(pieces)], tf.int32)),
+                default_value=0)
             self.special = tf.constant(
                 sorted({tokenizer.pad_id, tokenizer.start_id, tokenizer.unknown_id}), tf.int32)
             self.end_id, self.pad_id = tokenizer.end_id, pad_id
@@ -207,6 +228,20 @@ def _marian_text_graph_class():
             return ids.to_tensor(default_value=self.pad_id)
 
         def decode(self, tokens):
+            # An id that is no piece of vocab.json (the -2 of a sentence the
+            # search could not translate) stops the call, as
+            # MarianTokenizer.translate raises: never empty or partial text.
+            unknown = tf.equal(self.is_piece.lookup(tokens), 0)
+            rows = tf.where(tf.reduce_any(unknown, axis=1))[:, 0]
+            ids, _ = tf.unique(tf.boolean_mask(tokens, unknown))
+            message = tf.strings.format(
+                UNTRANSLATABLE + " the beam search gave the texts of rows {} ids that are no "
+                "piece of vocab.json: {} (-2 marks a sentence whose encoder output is not "
+                "finite: NaN weights, or a source id outside the model's vocabulary)",
+                (rows, ids), summarize=16)
+            check = tf.debugging.Assert(tf.logical_not(tf.reduce_any(unknown)), [message])
+            with tf.control_dependencies([check]):
+                tokens = tf.identity(tokens)
             # Up to the first end token; special tokens dropped (as
             # MarianTokenizer.decode(skip_special_tokens=True)).
             before_end = tf.math.cumsum(tf.cast(tf.equal(tokens, self.end_id), tf.int32),

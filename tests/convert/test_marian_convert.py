@@ -202,19 +202,27 @@ def test_a_checkpoint_that_does_not_fit_is_refused(marian_dir, tmp_path):
         load_hf_marian(str(tmp_path), tokenizer=False)
 
 
-@pytest.mark.tf_only
-def test_exported_translator_translates_strings_as_transformers(tmp_path_factory, tmp_path):
-    import tensorflow as tf
-    import transformers
-
+@pytest.fixture(scope="module")
+def exported_marian(tmp_path_factory):
+    """(directory, transformers model, model, tokenizer, SavedModel path)
+    of one Marian model exported with its `translate` endpoint."""
     from keras_attn.export import export_translator
 
     path, hf = _make_marian(tmp_path_factory, 0)
     model, tokenizer = load_hf_marian(path)
+    exported = export_translator(model, tmp_path_factory.mktemp("export") / "translator",
+                                 tokenizer.start_id, tokenizer.end_id, beam_width=4, alpha=1.0,
+                                 max_length=12, length_penalty="hf", tokenizer=tokenizer)
+    return path, hf, model, tokenizer, exported
+
+
+@pytest.mark.tf_only
+def test_exported_translator_translates_strings_as_transformers(exported_marian):
+    import tensorflow as tf
+    import transformers
+
+    path, hf, model, tokenizer, exported = exported_marian
     texts = TEXTS[:6]
-    exported = export_translator(model, tmp_path / "translator", tokenizer.start_id,
-                                 tokenizer.end_id, beam_width=4, alpha=1.0, max_length=12,
-                                 length_penalty="hf", tokenizer=tokenizer)
     loaded = tf.saved_model.load(exported)  # referenced while it serves
     served = loaded.translate(tf.constant(texts))
     translations = [t.decode("utf-8") for t in served["translations"].numpy()]
@@ -226,6 +234,56 @@ def test_exported_translator_translates_strings_as_transformers(tmp_path_factory
     assert translations == theirs.batch_decode(generated.sequences, skip_special_tokens=True)
     np.testing.assert_allclose(served["scores"].numpy(), generated.sequences_scores.numpy(),
                                atol=1e-4)
+
+
+@pytest.mark.tf_only
+def test_exported_translate_fails_on_an_id_that_is_no_piece(exported_marian):
+    import re
+
+    import tensorflow as tf
+
+    from keras_attn.export.translator import UNTRANSLATABLE
+    from keras_attn.export.translator import _marian_text_graph_class
+
+    _, _, model, tokenizer, exported = exported_marian
+    texts = ["the cat sat in the park", "birds sing"]
+    loaded = tf.saved_model.load(exported)  # its own variables, changed below
+    before = [t.decode("utf-8")
+              for t in loaded.translate(tf.constant(texts))["translations"].numpy()]
+    assert before == tokenizer.translate(model, texts, max_length=12)
+    # A NaN in the embedding of a piece of the first text: the search marks
+    # it -2 (as MarianTokenizer.translate's test shows); the call fails,
+    # naming the row and the id, instead of translating it as "".
+    sources = tokenizer(texts)
+    broken = int(sources[0, 0])
+    assert broken not in sources[1]
+    (embeddings,) = [v for v in loaded.variables if v.name == "token_embedding/embeddings:0"]
+    table = embeddings.numpy()
+    table[broken] = float("nan")
+    embeddings.assign(table)
+    with pytest.raises(tf.errors.InvalidArgumentError, match=re.escape(UNTRANSLATABLE)
+                       + re.escape(" the beam search gave the texts of rows [0] ids that are "
+                                           "no piece of vocab.json: [-2] (-2 marks")):
+        loaded.translate(tf.constant(texts))
+    # The other text alone is served: its search gave pieces only (the NaN
+    # row reaches its decoder's logits too, hence no check of its text).
+    assert loaded.translate(tf.constant(texts[1:]))["translations"].shape == (1,)
+    # Any id outside vocab.json fails decode the same way (eager and traced),
+    # never an empty piece; the ids of pieces decode.
+    graph = _marian_text_graph_class()(tokenizer, model.transformer_config.pad_id)
+    size = tokenizer.vocabulary_size
+    word = tokenizer.vocabulary[sorted(p for p in tokenizer.vocabulary if len(p) > 2
+                                       and not p.startswith(("<", ">")))[0]]
+    ok = tf.constant([[word, tokenizer.end_id, tokenizer.pad_id]], tf.int32)
+    assert graph.decode(ok).numpy()[0].decode("utf-8") == tokenizer.decode([word])
+    for bad in (size, -1, -2):
+        ids = tf.constant([[word, tokenizer.end_id, tokenizer.pad_id],
+                           [word, bad, tokenizer.end_id]], tf.int32)
+        for decode in (graph.decode, tf.function(graph.decode)):
+            with pytest.raises(tf.errors.InvalidArgumentError, match=re.escape(UNTRANSLATABLE)
+                               + re.escape(f" the beam search gave the texts of rows [1] ids that are no "
+                                             f"piece of vocab.json: [{bad}] (")):
+                decode(ids)
 
 
 def test_settings_and_files_the_loader_cannot_use_are_refused(marian_dir, tmp_path):
