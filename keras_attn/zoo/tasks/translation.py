@@ -266,8 +266,12 @@ class Translation(Task):
     def _score(self, model, sources, references, detokenize):
         from keras_attn.data.scoring import evaluate_translations
 
-        tokens, _ = self._translator(model).predict(sources, batch_size=self.batch_size,
-                                                     verbose=0)
+        # The exported translator's length (it cannot know a source's length
+        # when traced): a sentence that never ends is cut at the same place,
+        # so model.keras and its exports score the same.
+        length = model.transformer_config.max_sequence_length
+        tokens, _ = self._translator(model, length).predict(
+            sources, batch_size=self.batch_size, verbose=0)
         return evaluate_translations(detokenize(tokens), references,
                                      tokenize=self.evaluation["tokenize"])
 
