@@ -96,6 +96,12 @@ def check_batches(dataset, model):
             frames = 1 + lengths // config.frame_step
             for _ in range(2):  # the 4x convolutional subsampling
                 frames = tf.maximum((frames - 3) // 2 + 1, 0)
+            real = tf.cast(y, tf.int64) > 0
+            gaps = tf.logical_and(tf.logical_not(real[:, :-1]), real[:, 1:])
+            assertions.append(tf.debugging.assert_equal(
+                tf.reduce_any(gaps), False,
+                message=f"{DATA_CHECK} `labels` must be each transcript ids followed by 0s "
+                        "(a 0 inside a transcript)"))
             assertions.append(tf.debugging.assert_less_equal(
                 _ctc_frames_needed(tf, y), frames,
                 message=f"{DATA_CHECK} a CTC label sequence is longer than its utterance "

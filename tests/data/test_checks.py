@@ -70,3 +70,13 @@ def test_ctc_labels_the_utterance_cannot_emit_stop_the_pipeline():
     dataset = tf.data.Dataset.from_tensor_slices((x, labels)).batch(2)
     text = _first_error(check_batches(dataset, model))
     assert "CTC label sequence is longer than its utterance can emit" in text
+
+
+def test_ctc_labels_with_a_zero_inside_stop_the_pipeline():
+    model = build_conformer("conformer_tiny", vocabulary_size=5, num_layers=1)
+    x = {"waveform": np.zeros((2, 8000), "float32"),
+         "waveform_length": np.array([8000, 8000], "int32")}
+    labels = np.array([[1, 0, 2], [3, 4, 0]], "int32")
+    dataset = tf.data.Dataset.from_tensor_slices((x, labels)).batch(2)
+    text = _first_error(check_batches(dataset, model))
+    assert "`labels` must be each transcript ids followed by 0s" in text
