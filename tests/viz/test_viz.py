@@ -37,7 +37,12 @@ def test_attention_heads_plot(tmp_path):
     np.testing.assert_allclose(heads[1].images[0].get_array(), np.asarray(scores[0, 1]), atol=1e-6)
     # Tokens on both axes, the axes named, and one colour bar on one shared scale.
     assert [t.get_text() for t in heads[0].get_xticklabels()] == ["a", "b", "c", "d"]
-    assert heads[0].get_xlabel().startswith("key") and heads[0].get_ylabel().startswith("query")
+    # A 2-column grid: each column's bottom head names the keys, each row's
+    # first head the queries; the image reads at a page's width.
+    assert heads[2].get_xlabel().startswith("key") and heads[2].get_ylabel().startswith("query")
+    assert heads[1].get_xlabel().startswith("key") and heads[0].get_ylabel().startswith("query")
+    assert heads[0].get_xlabel() == "" and heads[1].get_ylabel() == ""
+    assert _png_size(path)[0] <= 1000
     colorbars = [axis for axis in figure.axes if axis.get_label() == "<colorbar>"]
     assert len(colorbars) == 1 and "attention weight" in colorbars[0].get_ylabel()
     assert {axis.images[0].get_clim() for axis in heads} == {(0, float(np.max(scores[0])))}
