@@ -29,9 +29,9 @@ import functools
 import keras
 from keras import ops
 
+from keras_attn._keras_compat import get_keras_mask
 from keras_attn._keras_compat import remat_mode
-from keras_attn.layers.masking import get_keras_mask
-from keras_attn.layers.masking import set_keras_mask
+from keras_attn._keras_compat import set_keras_mask
 
 
 def remat_scope(enabled, layer_names):
