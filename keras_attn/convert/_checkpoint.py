@@ -204,13 +204,60 @@ def layer_weights(layer, count):
     return weights
 
 
+# What `save_hf_bert` and `save_hf_vit` write (`write_directory`): a
+# directory holding these files only, config.json and the weights among
+# them, is one they may replace.
+HF_FILES = ("config.json", "model.safetensors", "vocab.txt", "tokenizer_config.json",
+            "preprocessor_config.json")
+
+
+def _hf_reason(directory):
+    """Why the existing directory `directory` is not a Hugging Face directory
+    these writers write (None when it is)."""
+    entries = sorted(os.listdir(directory))
+    for required in ("config.json", "model.safetensors"):
+        if required not in entries:
+            return f"it has no {required}"
+    for entry in entries:
+        path = os.path.join(directory, entry)
+        if entry not in HF_FILES:
+            return f"keras_attn does not write {entry!r}"
+        if os.path.islink(path) or not os.path.isfile(path):
+            return f"{entry!r} is not a plain file"
+    try:
+        with open(os.path.join(directory, "config.json"), encoding="utf-8") as stream:
+            config = json.load(stream)
+    except (OSError, ValueError) as error:
+        return f"its config.json cannot be read as JSON ({error})"
+    if not isinstance(config, dict) or "model_type" not in config:
+        return "its config.json names no model_type"
+    return None
+
+
+def hf_directory_kind():
+    """The `DirectoryKind` (`keras_attn.export.saved_model`) of what
+    `write_directory` writes: `check_replaceable` with it refuses any other
+    non-empty directory (`keras-attn export --format hf` checks it before
+    reading the run)."""
+    from keras_attn.export.saved_model import DirectoryKind
+
+    return DirectoryKind("a Hugging Face directory written by keras_attn (config.json, "
+                         "model.safetensors and only the other files it writes: "
+                         + ", ".join(HF_FILES[2:]) + ")", _hf_reason)
+
+
 def write_directory(directory, files, tensors, overwrite=False):
     """Writes `files` (`{name: text}`) and `tensors` (`{name: array}`, as
     `model.safetensors`) into `directory` atomically: everything goes to a
     new sibling directory first, which then takes `directory`'s place, so
     an error or an interruption never leaves a half-written directory.
 
-    An existing non-empty `directory` is a `ValueError` unless `overwrite`.
+    An existing non-empty `directory` is a `ValueError` unless `overwrite`,
+    and with `overwrite` unless it is a Hugging Face directory these
+    writers write (`config.json`, `model.safetensors`, and no file but
+    `HF_FILES`): any other directory is refused, named with what it holds,
+    and left as it is. The old directory is moved aside into a new
+    directory of its own and removed only once the new one is in place.
     """
     import shutil
     import tempfile
@@ -218,34 +265,35 @@ def write_directory(directory, files, tensors, overwrite=False):
     import numpy as np
     from safetensors.numpy import save_file
 
+    from keras_attn.export.saved_model import check_replaceable
+    from keras_attn.export.saved_model import replace_directory
+
+    unknown = sorted(set(files) - set(HF_FILES))
+    if unknown:  # a writer's bug: a later overwrite would refuse the directory
+        raise ValueError(f"`files` may only name {HF_FILES}. Received: {unknown}")
+    kind = hf_directory_kind()
     directory = os.path.abspath(os.fspath(directory))
-    if os.path.exists(directory):
-        if not os.path.isdir(directory):
-            raise ValueError(f"`directory` is a file. Received: directory={directory!r}")
-        if os.listdir(directory) and not overwrite:
-            raise ValueError(
-                "`directory` exists and is not empty; pass overwrite=True to replace it. "
-                f"Received: directory={directory!r}"
-            )
+    # A file, a link or a foreign directory: refused with or without overwrite.
+    check_replaceable(directory, kind, "directory")
+    if os.path.isdir(directory) and os.listdir(directory) and not overwrite:
+        raise ValueError(
+            "`directory` exists and is not empty (an earlier Hugging Face directory); pass "
+            f"overwrite=True to replace it. Received: directory={directory!r}"
+        )
     parent = os.path.dirname(directory)
     os.makedirs(parent, exist_ok=True)
     staging = tempfile.mkdtemp(prefix=".tmp-" + os.path.basename(directory) + "-", dir=parent)
     try:
+        target = os.path.join(staging, "hf")
+        os.mkdir(target)
         for name, text in files.items():
-            with open(os.path.join(staging, name), "w", encoding="utf-8") as stream:
+            with open(os.path.join(target, name), "w", encoding="utf-8") as stream:
                 stream.write(text)
         arrays = {name: np.ascontiguousarray(value) for name, value in tensors.items()}
-        save_file(arrays, os.path.join(staging, "model.safetensors"), metadata={"format": "pt"})
-        if os.path.exists(directory):
-            old = staging + ".old"
-            os.replace(directory, old)
-            os.replace(staging, directory)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.replace(staging, directory)
-    except BaseException:
+        save_file(arrays, os.path.join(target, "model.safetensors"), metadata={"format": "pt"})
+        replace_directory(target, directory, kind, "directory")
+    finally:
         shutil.rmtree(staging, ignore_errors=True)
-        raise
     return directory
 
 

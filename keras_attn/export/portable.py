@@ -163,11 +163,15 @@ def export_portable(serving, path, format, precision="float32", preprocessing=No
             hold (the LiteRT converter is restricted to builtin ops: an
             artifact needing TensorFlow's Flex delegate would fail in
             `ai_edge_litert`, so it fails here instead); a model quantized
-            with `model.quantize(...)` to LiteRT.
+            with `model.quantize(...)` to LiteRT; a `path` that is a file, a
+            symbolic link, or a non-empty directory that is not an earlier
+            ONNX or LiteRT export (nothing is written then).
         ImportError: the format's converter is not installed (the extra).
     """
     import keras
 
+    from keras_attn.export.saved_model import PORTABLE_EXPORT
+    from keras_attn.export.saved_model import check_replaceable
     from keras_attn.export.saved_model import replace_directory
     from keras_attn.export.saved_model import require_tensorflow_backend
 
@@ -181,8 +185,9 @@ def export_portable(serving, path, format, precision="float32", preprocessing=No
     contract = _contract(serving, format, precision, preprocessing or {}, axes)
 
     path = os.path.abspath(os.fspath(path))
-    if os.path.exists(path) and not os.path.isdir(path):
-        raise ValueError(f"`path` must be a directory; {path} is a file. Received: path={path!r}")
+    # A file, a link, or a directory that is not an earlier ONNX / LiteRT
+    # export is refused before the conversion, and again before replacing.
+    check_replaceable(path, PORTABLE_EXPORT)
     parent = os.path.dirname(path)
     os.makedirs(parent, exist_ok=True)
     staging = tempfile.mkdtemp(prefix=".export-", dir=parent)
@@ -219,7 +224,7 @@ def export_portable(serving, path, format, precision="float32", preprocessing=No
         with open(os.path.join(target, CONTRACT), "w") as stream:
             json.dump(contract, stream, indent=2)
             stream.write("\n")
-        replace_directory(target, path)
+        replace_directory(target, path, PORTABLE_EXPORT)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return path

@@ -95,17 +95,144 @@ def _refuse_empty(fn, signature):
     return guarded
 
 
-def replace_directory(target, path):
-    """Moves the complete directory `target` to `path`, replacing what is
-    there only once the new one is in place beside it."""
-    if os.path.exists(path):
-        old = path + ".old"
-        shutil.rmtree(old, ignore_errors=True)
+class DirectoryKind:
+    """What an exporter writes into its directory, to tell an earlier export
+    of the same kind (replaced) from any other directory (refused):
+    `what` describes it in messages, `reason(path)` says why the existing
+    directory `path` is not one (None when it is)."""
+
+    def __init__(self, what, reason):
+        self.what = what
+        self.reason = reason
+
+
+# The files `tf.saved_model.save` (Keras's `ExportArchive.write_out`) writes,
+# and the run.json `keras-attn export` writes beside them (the run it came
+# from: `keras_attn.zoo.runs.stamp_export`).
+_SAVED_MODEL_FILES = ("saved_model.pb", "fingerprint.pb", "run.json")
+_SAVED_MODEL_DIRECTORIES = ("variables", "assets")
+
+
+def _plain_file(path):
+    return os.path.isfile(path) and not os.path.islink(path)
+
+
+def _saved_model_reason(path):
+    entries = sorted(os.listdir(path))
+    if "saved_model.pb" not in entries:
+        return "it has no saved_model.pb"
+    for entry in entries:
+        full = os.path.join(path, entry)
+        if entry in _SAVED_MODEL_FILES:
+            if not _plain_file(full):
+                return f"{entry!r} is not a plain file"
+        elif entry in _SAVED_MODEL_DIRECTORIES:
+            if os.path.islink(full) or not os.path.isdir(full):
+                return f"{entry!r} is not a directory"
+            for inner in sorted(os.listdir(full)):
+                name = f"{entry}/{inner}"
+                if entry == "variables" and not (
+                        inner == "variables.index" or inner.startswith("variables.data-")):
+                    return f"the export does not write {name!r}"
+                if not _plain_file(os.path.join(full, inner)):
+                    return f"{name!r} is not a plain file"
+        else:
+            return f"the export does not write {entry!r}"
+    return None
+
+
+# The ONNX / LiteRT contract and the files `export_portable` writes beside it
+# (the model, a vocabulary); an export's serving.json also lists its files.
+_CONTRACT = "serving.json"
+_PORTABLE_FILES = ("model.onnx", "model.tflite", "vocab.txt")
+
+
+def _portable_reason(path):
+    import json
+
+    entries = sorted(os.listdir(path))
+    if _CONTRACT not in entries:
+        return f"it has no {_CONTRACT}"
+    try:
+        with open(os.path.join(path, _CONTRACT), encoding="utf-8") as stream:
+            contract = json.load(stream)
+    except (OSError, ValueError) as error:
+        return f"its {_CONTRACT} cannot be read as JSON ({error})"
+    if not isinstance(contract, dict) or contract.get("format") not in ("onnx", "litert"):
+        found = contract.get("format") if isinstance(contract, dict) else None
+        return f"its {_CONTRACT} names no ONNX or LiteRT format (format: {found!r})"
+    listed = contract.get("sha256")
+    allowed = {_CONTRACT, *_PORTABLE_FILES, *(listed if isinstance(listed, dict) else ())}
+    for entry in entries:
+        if entry not in allowed:
+            return f"the export does not write {entry!r}"
+        if not _plain_file(os.path.join(path, entry)):
+            return f"{entry!r} is not a plain file"
+    return None
+
+
+SAVED_MODEL = DirectoryKind("a SavedModel (saved_model.pb, fingerprint.pb, variables/, assets/, "
+                            "run.json)",
+                            _saved_model_reason)
+PORTABLE_EXPORT = DirectoryKind("an ONNX or LiteRT export (serving.json and the files it "
+                                "lists)", _portable_reason)
+
+
+def check_replaceable(path, kind, argument="path", flag=None):
+    """`ValueError` unless `path` is missing, an empty directory or an
+    earlier export of `kind` (a `DirectoryKind`): a command that writes a
+    directory never deletes what it did not write. The message names the
+    directory, why it is not one, and its first entries; nothing is changed.
+    `argument` (and the command line's `flag`) name what was given."""
+    path = os.fspath(path)
+    label = f"`{argument}`" + (f" ({flag})" if flag else "")
+    if os.path.islink(path):
+        raise ValueError(f"{label} must be a directory, not a symbolic link: {path} -> "
+                         f"{os.readlink(path)}. Received: {argument}={path!r}")
+    if not os.path.exists(path):
+        return
+    if not os.path.isdir(path):
+        raise ValueError(f"{label} must be a directory; {path} is a file. "
+                         f"Received: {argument}={path!r}")
+    entries = sorted(os.listdir(path))
+    if not entries:
+        return
+    reason = kind.reason(path)
+    if reason is not None:
+        shown = ", ".join(repr(entry) for entry in entries[:5])
+        more = f" and {len(entries) - 5} more" if len(entries) > 5 else ""
+        raise ValueError(
+            f"{label} {path} is not empty and is not {kind.what} ({reason}): it holds "
+            f"{shown}{more}. Nothing was changed; give a new or empty directory, or one "
+            f"that holds such an export. Received: {argument}={path!r}"
+        )
+
+
+def replace_directory(target, path, kind=SAVED_MODEL, argument="path"):
+    """Moves the complete directory `target` to `path`. An existing `path`
+    must be empty or an earlier export of `kind` (`check_replaceable`,
+    checked again here: it may have changed during the export); it is moved
+    aside into a new directory of our own beside it (never a fixed name that
+    could be someone's) and removed only once `target` is in place (put
+    back if that fails)."""
+    check_replaceable(path, kind, argument)
+    if not os.path.lexists(path):
+        os.replace(target, path)
+        return
+    aside = tempfile.mkdtemp(prefix=".export-old-", dir=os.path.dirname(os.path.abspath(path)))
+    old = os.path.join(aside, "old")
+    try:
         os.replace(path, old)
+    except BaseException:
+        os.rmdir(aside)
+        raise
+    try:
         os.replace(target, path)
-        shutil.rmtree(old, ignore_errors=True)
-    else:
-        os.replace(target, path)
+    except BaseException:
+        os.replace(old, path)  # if even this fails, `aside` keeps it
+        os.rmdir(aside)
+        raise
+    shutil.rmtree(aside, ignore_errors=True)
 
 
 def export_saved_model(
@@ -121,8 +248,9 @@ def export_saved_model(
 
     The model is written into a temporary directory beside `path` and renamed
     into place, so a crash never leaves a half-written model where a server
-    would load it; an existing model at `path` is replaced only once the new
-    one is complete.
+    would load it; an existing SavedModel at `path` is replaced only once the
+    new one is complete. Any other non-empty directory at `path` is refused
+    and left as it is (`check_replaceable`).
 
     Args:
         model: a Keras model (functional models keep their input names).
@@ -153,6 +281,9 @@ def export_saved_model(
 
     Raises:
         RuntimeError: the Keras backend is not TensorFlow.
+        ValueError: `path` is a file, a symbolic link, or a non-empty
+            directory that is not a SavedModel (the message names what it
+            holds; nothing is written).
     """
     import keras
 
@@ -161,6 +292,7 @@ def export_saved_model(
     if input_signature is None:
         input_signature = _default_signature(model)
     path = os.path.abspath(os.fspath(path))
+    check_replaceable(path, SAVED_MODEL)  # before the work, and again before replacing
     parent = os.path.dirname(path)
     os.makedirs(parent, exist_ok=True)
     staging = tempfile.mkdtemp(prefix=".export-", dir=parent)

@@ -611,6 +611,13 @@ def _export_hf(run_dir, path):
             "Hugging Face directories are written for BERT and ViT runs; this run's family "
             f"is {family!r}. Received: RUN_DIR={run_dir!r}, format='hf'"
         )
+    # Before the run is read: an existing `path` must be empty or a Hugging
+    # Face directory written by keras_attn (replaced); any other is refused
+    # and kept (checked again by the writer before it replaces).
+    from keras_attn.convert._checkpoint import hf_directory_kind
+    from keras_attn.export.saved_model import check_replaceable
+
+    check_replaceable(path, hf_directory_kind(), "output", "--output")
     _, task, model, source = load_run(run_dir)
     if family == "bert":
         save_hf_bert(model, path, tokenizer=getattr(task, "tokenizer", None), overwrite=True)

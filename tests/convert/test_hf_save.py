@@ -239,17 +239,45 @@ def test_what_the_other_format_cannot_express_is_refused_before_writing(tmp_path
 
 
 def test_an_existing_directory_is_replaced_only_when_asked(tmp_path):
+    import re
+
+    model = _vit(VIT_CONFIGS[0])
+    written = ["config.json", "model.safetensors", "preprocessor_config.json"]
+    # A directory keras_attn did not write: refused, overwrite or not, and kept.
     target = tmp_path / "hf"
     target.mkdir()
     (target / "notes.txt").write_text("mine")
-    model = _vit(VIT_CONFIGS[0])
+    (target / "config.json").write_text('{"model_type": "vit"}')
+    for overwrite in (False, True):
+        with pytest.raises(ValueError, match=re.escape(
+                f"`directory` {target} is not empty and is not a Hugging Face directory "
+                f"written by keras_attn (config.json, model.safetensors and only the other "
+                f"files it writes: ")
+                + r".*" + re.escape("(it has no model.safetensors): it holds 'config.json', "
+                                    "'notes.txt'. Nothing was changed")):
+            save_hf_vit(model, target, overwrite=overwrite)
+        assert (target / "notes.txt").read_text() == "mine"
+        assert sorted(os.listdir(target)) == ["config.json", "notes.txt"]
+    # An earlier directory it wrote: replaced only with overwrite=True, and a
+    # sibling named like a leftover (hf.old) is not touched.
+    earlier = tmp_path / "earlier"
+    save_hf_vit(model, earlier)
+    (tmp_path / "earlier.old").mkdir()
+    (tmp_path / "earlier.old" / "keep.txt").write_text("kept")
     with pytest.raises(ValueError, match="overwrite=True"):
-        save_hf_vit(model, target)
-    assert os.listdir(target) == ["notes.txt"]
-    save_hf_vit(model, target, overwrite=True)
-    assert sorted(os.listdir(target)) == ["config.json", "model.safetensors",
-                                          "preprocessor_config.json"]
-    assert sorted(os.listdir(tmp_path)) == ["hf"]
+        save_hf_vit(model, earlier)
+    second = _vit(VIT_CONFIGS[0], seed=1)
+    save_hf_vit(second, earlier, overwrite=True)
+    assert sorted(os.listdir(earlier)) == written
+    np.testing.assert_array_equal(
+        to_numpy(load_hf_vit(str(earlier)).weights[0]), to_numpy(second.weights[0]))
+    assert (tmp_path / "earlier.old" / "keep.txt").read_text() == "kept"
+    # The same directory with one file more than keras_attn writes: refused.
+    (earlier / "README.md").write_text("card")
+    with pytest.raises(ValueError, match="keras_attn does not write 'README.md'"):
+        save_hf_vit(model, earlier, overwrite=True)
+    assert (earlier / "README.md").read_text() == "card"
+    assert sorted(os.listdir(tmp_path)) == ["earlier", "earlier.old", "hf"]  # no leftovers
 
 
 def test_a_task_checkpoint_that_does_not_fit_is_refused(tmp_path):
@@ -275,7 +303,9 @@ def test_bad_arguments_are_refused_by_name(tmp_path):
     with pytest.raises(ValueError, match="model=BertBackbone"):
         save_hf_vit(_bert("BertBackbone", BERT_CONFIGS[1]), tmp_path / "bert_as_vit")
     (tmp_path / "file").write_text("x")
-    with pytest.raises(ValueError, match="`directory` is a file"):
+    with pytest.raises(ValueError, match=f"`directory` must be a directory; {tmp_path}/file is "
+                                         "a file"):
         save_hf_vit(_vit(VIT_CONFIGS[1]), tmp_path / "file")
+    assert (tmp_path / "file").read_text() == "x"
     with pytest.raises(ValueError, match="Received: activation='no_such'"):
         build_bert("bert_tiny", num_layers=1, activation="no_such")

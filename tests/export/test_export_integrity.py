@@ -62,7 +62,7 @@ def exports(tmp_path_factory):
     token_ids = rng.integers(5, len(VOCAB), (2, 6)).astype("int32")
     ids = {"token_ids": token_ids, "segment_ids": np.zeros_like(token_ids),
            "padding_mask": np.ones_like(token_ids)}
-    result = {"images": images, "ids": ids,
+    result = {"images": images, "ids": ids, "vit": vit,
               "image_expected": _softmax(to_numpy(vit(images.astype("float32")))),
               "ids_expected": _softmax(to_numpy(bert(ids)))}
     assert np.ptp(result["image_expected"], axis=0).max() > 1e-3  # answers that differ
@@ -293,6 +293,59 @@ def test_serve_ids_refuses_inputs_of_different_lengths_by_name(tmp_path):
         loaded.serve_ids(ids, tf.zeros_like(ids), tf.ones((2, 5), tf.int32))
     got = loaded.serve_ids(ids, tf.zeros_like(ids), tf.ones_like(ids)).numpy()
     np.testing.assert_allclose(got, expected, atol=1e-5)
+
+
+# === The export directory: an earlier export replaced, nothing else ===
+
+
+def test_an_earlier_export_is_replaced_and_any_other_directory_kept(exports, tmp_path):
+    import re
+
+    from keras_attn.export.saved_model import PORTABLE_EXPORT
+    from keras_attn.export.saved_model import check_replaceable
+
+    vit = exports["vit"]
+    # Refused before the conversion, whatever the format, and left as it is:
+    # a directory of someone else's, an export with a file it does not
+    # write, a SavedModel (another kind), and for a SavedModel an ONNX export.
+    notes = tmp_path / "notes"
+    notes.mkdir()
+    (notes / "todo.txt").write_text("mine")
+    extra = _copy(exports["vit", "onnx"], tmp_path, "extra")
+    (extra / "README.md").write_text("card")
+    saved = tmp_path / "saved"
+    saved.mkdir()
+    (saved / "saved_model.pb").write_bytes(b"pb")
+    cases = [(notes, "litert", "it has no serving.json", "'todo.txt'"),
+             (extra, "onnx", "the export does not write 'README.md'",
+              "'README.md', 'model.onnx', 'serving.json'"),
+             (saved, "onnx", "it has no serving.json", "'saved_model.pb'"),
+             (extra, "saved_model", "it has no saved_model.pb",
+              "'README.md', 'model.onnx', 'serving.json'")]
+    for path, format, reason, shown in cases:
+        before = {p.name: p.read_bytes() for p in path.iterdir()}
+        what = ("a SavedModel (" if format == "saved_model"
+                else "an ONNX or LiteRT export (serving.json and the files it lists)")
+        with pytest.raises(ValueError, match=re.escape(f"`path` {path} is not empty and is not "
+                                                       f"{what}") + r".*" + re.escape(
+                f"({reason}): it holds {shown}. Nothing was changed")):
+            export_image_classifier(vit, path, format=format)
+        assert {p.name: p.read_bytes() for p in path.iterdir()} == before
+    # An earlier export (its serving.json marked) is replaced, and a sibling
+    # named like the old move-aside (earlier.old) is not touched.
+    earlier = _copy(exports["vit", "onnx"], tmp_path, "earlier")
+    contract = json.loads((earlier / "serving.json").read_text())
+    (earlier / "serving.json").write_text(json.dumps(dict(contract, marker="earlier")))
+    check_replaceable(earlier, PORTABLE_EXPORT)  # what it accepts, a new export replaces
+    (tmp_path / "earlier.old").mkdir()
+    (tmp_path / "earlier.old" / "keep.txt").write_text("kept")
+    export_image_classifier(vit, earlier, format="onnx")
+    assert "marker" not in json.loads((earlier / "serving.json").read_text())
+    np.testing.assert_allclose(Artifact(earlier)(images=exports["images"])["probabilities"],
+                               exports["image_expected"], atol=1e-5)
+    assert (tmp_path / "earlier.old" / "keep.txt").read_text() == "kept"
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "earlier", "earlier.old", "extra", "notes", "saved"]  # no leftovers
 
 
 # === evaluate --exported: the export names its run ===

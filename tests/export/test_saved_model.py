@@ -59,13 +59,60 @@ def test_export_replaces_an_existing_model_atomically(tmp_path):
     model = tiny_encoder_decoder()
     path = tmp_path / "saved"
     export_saved_model(model, path)
+    # A sibling named like the old move-aside (saved.old) is someone else's.
+    (tmp_path / "saved.old").mkdir()
+    (tmp_path / "saved.old" / "keep.txt").write_text("kept")
     second = tiny_encoder_decoder()  # different random weights
     export_saved_model(second, path)
     ids = np.array([[3, 4, 5]], "int32")
     loaded = tf.saved_model.load(str(path))  # keep a reference: it owns the variables
     got = loaded.serve(ids, ids).numpy()
     np.testing.assert_allclose(got, ops.convert_to_numpy(second([ids, ids])), atol=1e-5)
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["saved"]  # no leftovers
+    assert (tmp_path / "saved.old" / "keep.txt").read_text() == "kept"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["saved", "saved.old"]  # no leftovers
+    # What the replaced directory may hold is what the export writes: a file
+    # added beside the model (TF Serving's assets.extra) makes it refused.
+    (path / "assets.extra").mkdir()
+    (path / "assets.extra" / "tf_serving_warmup_requests").write_text("mine")
+    with pytest.raises(ValueError, match="is not a SavedModel .*the export does not write "
+                                         "'assets.extra'"):
+        export_saved_model(second, path)
+    assert (path / "assets.extra" / "tf_serving_warmup_requests").read_text() == "mine"
+    assert (path / "saved_model.pb").is_file()
+
+
+def test_a_directory_that_is_not_a_saved_model_is_refused_and_kept(tmp_path):
+    import json
+    import re
+
+    model = tiny_encoder_decoder()
+    foreign = tmp_path / "photos"
+    foreign.mkdir()
+    for index in range(7):
+        (foreign / f"img{index}.jpg").write_bytes(b"\xff\xd8" * (index + 1))
+    portable = tmp_path / "onnx"  # an ONNX export is another kind: refused too
+    portable.mkdir()
+    (portable / "serving.json").write_text(json.dumps({"format": "onnx"}))
+    (portable / "model.onnx").write_bytes(b"onnx")
+    cases = [
+        (foreign, "it has no saved_model.pb", "'img0.jpg', 'img1.jpg', 'img2.jpg', 'img3.jpg', "
+                                              "'img4.jpg' and 2 more"),
+        (portable, "it has no saved_model.pb", "'model.onnx', 'serving.json'"),
+    ]
+    for path, reason, shown in cases:
+        before = {p.name: p.read_bytes() for p in path.iterdir()}
+        with pytest.raises(ValueError, match=re.escape(
+                f"`path` {path} is not empty and is not a SavedModel (saved_model.pb, "
+                f"fingerprint.pb, variables/, assets/, run.json) ({reason}): it holds {shown}. Nothing "
+                f"was changed") + r".*" + re.escape(f"Received: path={str(path)!r}")):
+            export_saved_model(model, path)
+        assert {p.name: p.read_bytes() for p in path.iterdir()} == before
+    link = tmp_path / "link"
+    link.symlink_to(foreign)
+    with pytest.raises(ValueError, match="must be a directory, not a symbolic link"):
+        export_saved_model(model, link)
+    assert len(list(foreign.iterdir())) == 7
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["link", "onnx", "photos"]
 
 
 def test_an_empty_batch_or_length_is_refused_naming_the_input(tmp_path):

@@ -455,3 +455,34 @@ def test_an_unknown_export_format_is_refused_before_the_run_is_read(tmp_path):
         runs.export("/no/such/run", format="litert", precision="int4")
     with pytest.raises(ValueError, match=f"nor a SavedModel. Received: exported='{tmp_path}'"):
         runs.evaluate("/no/such/run", exported=str(tmp_path))
+
+
+def test_export_refuses_an_output_it_did_not_write_and_keeps_it(tmp_path):
+    import re
+
+    from keras_attn.zoo.recipe import load_recipe
+
+    # A ViT run (its recipe: the refusal comes before the model is read).
+    run = tmp_path / "run"
+    run.mkdir()
+    runs.write_json(str(run / "recipe.json"),
+                    load_recipe(cli.recipe_paths()["vit_tiny_digits"], []))
+    output = tmp_path / "my_project"
+    output.mkdir()
+    (output / "config.json").write_text('{"mine": true}')
+    (output / "notes.txt").write_text("mine")
+    before = {p.name: p.read_text() for p in output.iterdir()}
+    message = (f"`output` (--output) {output} is not empty and is not a Hugging Face directory "
+               f"written by keras_attn")
+    # In Python...
+    with pytest.raises(ValueError, match=re.escape(message) + r".*" + re.escape(
+            "(it has no model.safetensors): it holds 'config.json', 'notes.txt'. Nothing was "
+            f"changed; give a new or empty directory, or one that holds such an export. "
+            f"Received: output={str(output)!r}")):
+        runs.export(str(run), output=str(output), format="hf")
+    # ... and from the command line: status 2, the message, no traceback.
+    result = _cli("export", run, "--format", "hf", "--output", output, cwd=tmp_path)
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert message in result.stderr and "Traceback" not in result.stderr, result.stderr[-2000:]
+    assert {p.name: p.read_text() for p in output.iterdir()} == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["my_project", "run"]
