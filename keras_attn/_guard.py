@@ -315,6 +315,75 @@ def with_stop_callback(callbacks, describe_inputs=None):
     return callbacks
 
 
+# === The loss of a model whose outputs are logits ===
+
+# Keras's cross-entropies, as functions (or their names), read probabilities:
+# on logits they give a loss that does not train (a zero head's logits give
+# log(K) at every step and never move).
+_PROBABILITY_LOSSES = (
+    "sparse_categorical_crossentropy",
+    "categorical_crossentropy",
+    "binary_crossentropy",
+    "categorical_focal_crossentropy",
+    "binary_focal_crossentropy",
+)
+
+
+def _reads_probabilities(loss):
+    """True for a loss that expects probabilities: one of Keras's
+    cross-entropies by name or as its function, or a loss object whose
+    config says `from_logits=False` (`SparseCategoricalCrossentropy()`,
+    `LabelSmoothedCrossEntropy(from_logits=False)`)."""
+    if isinstance(loss, str):
+        try:
+            loss = keras.losses.get(loss)
+        except (ValueError, TypeError):
+            return False  # not a Keras name: Keras's compile says so
+    if isinstance(loss, keras.losses.Loss):
+        try:
+            config = loss.get_config()
+        except NotImplementedError:  # a custom loss without a config
+            return False
+        return config.get("from_logits") is False
+    name = getattr(loss, "__name__", None)
+    return name in _PROBABILITY_LOSSES and getattr(keras.losses, name, None) is loss
+
+
+def _loss_name(loss):
+    if isinstance(loss, str):
+        return repr(loss)
+    if isinstance(loss, keras.losses.Loss):
+        return f"{type(loss).__name__}(from_logits=False)"
+    return getattr(loss, "__name__", repr(loss))
+
+
+def _each_loss(loss):
+    """The losses in `loss`: one, or a dict or list of them (one per output)."""
+    if isinstance(loss, dict):
+        loss = list(loss.values())
+    if isinstance(loss, (list, tuple)):
+        for item in loss:
+            yield from _each_loss(item)
+    elif loss is not None:
+        yield loss
+
+
+def check_loss_reads_logits(loss, model_name):
+    """`ValueError` when `loss` (a loss, or a dict or list of them, one per
+    output) holds a loss that expects probabilities: the model's outputs are
+    logits, and such a pair trains nothing while `fit` exits as usual."""
+    for item in _each_loss(loss):
+        if _reads_probabilities(item):
+            raise ValueError(
+                f"`loss={_loss_name(item)}` expects probabilities, but the outputs "
+                f"of model {model_name!r} are logits (no softmax or sigmoid): "
+                "compiled so, it would not train. Use the loss with "
+                "`from_logits=True` (e.g. keras.losses.SparseCategoricalCrossentropy("
+                "from_logits=True)), or leave `loss` out for the model's default. "
+                f"Received: loss={_loss_name(item)}"
+            )
+
+
 # === The mixin of the family models ===
 
 
@@ -325,7 +394,9 @@ class GuardedModel:
     A subclass lists what it accepts in `input_specs()` (`{input name:
     IdSpec | MaskSpec}`), `max_length()` (`{input name: max length}`) and
     `label_specs()` (`{output name or None: IdSpec}`), and may add checks
-    that relate inputs in `check_arrays(named)`. Mix it in first:
+    that relate inputs in `check_arrays(named)`. A model whose outputs are
+    logits says so in `outputs_are_logits()`; its `compile` then refuses a
+    loss that reads probabilities. Mix it in first:
     `class ViT(GuardedModel, ConfigModel, keras.Model)`.
     """
 
@@ -340,6 +411,12 @@ class GuardedModel:
 
     def check_arrays(self, named):
         """Checks between inputs (e.g. a length no larger than its array)."""
+
+    def outputs_are_logits(self):
+        """True when the model's outputs are logits (a classification or
+        token head): `compile` then refuses a loss that expects
+        probabilities. False for the backbones, whose outputs are features."""
+        return False
 
     def describe_inputs(self):
         parts = [spec.describe(name) for name, spec in self.input_specs().items()]
@@ -503,6 +580,8 @@ class GuardedModel:
         return super().__call__(*args, **kwargs)
 
     def compile(self, optimizer="rmsprop", *args, **kwargs):
+        if self.outputs_are_logits():
+            check_loss_reads_logits(args[0] if args else kwargs.get("loss"), self.name)
         super().compile(guard_optimizer(optimizer, self.dtype_policy), *args, **kwargs)
 
     def compile_from_config(self, config):

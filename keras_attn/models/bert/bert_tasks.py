@@ -57,6 +57,9 @@ class _BertTask(GuardedModel, keras.Model):
     def label_specs(self):
         return {None: IdSpec(0, self.num_classes, "the classes")}
 
+    def outputs_are_logits(self):
+        return True  # every task head gives logits: a probability loss is refused
+
     def get_config(self):
         backbone = keras.saving.serialize_keras_object(self.backbone)
         # The heads take the backbone's dtype policy: quantized heads go into

@@ -209,6 +209,9 @@ class ConformerCTC(GuardedModel, ConfigModel, keras.Model):
     def label_specs(self):
         return {None: IdSpec(0, self.vocabulary_size + 1, "1..V, 0 pads")}
 
+    def outputs_are_logits(self):
+        return True  # CTC logits: a probability loss is refused
+
     def check_arrays(self, named):
         if self.conformer_config.input_type == "waveform":
             signal, lengths = named.get("waveform"), named.get("waveform_length")

@@ -359,6 +359,9 @@ class Transformer(GuardedModel, ConfigModel, keras.Model):
     def label_specs(self):
         return {None: IdSpec(0, self._target_vocabulary_size(), "the target vocabulary")}
 
+    def outputs_are_logits(self):
+        return True  # next-token logits: a probability loss is refused
+
     def _target_vocabulary_size(self):
         config = self.transformer_config
         return config.target_vocabulary_size or config.vocabulary_size

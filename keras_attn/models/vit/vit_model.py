@@ -98,8 +98,9 @@ class ViT(GuardedModel, ConfigModel, keras.Model):
     The input takes raw pixel values in [0, 255] (uint8 or float); the
     rescaling to [-1, 1] (the reference ViT and Hugging Face preprocessing,
     mean = std = 0.5) is the model's first layer, so an exported model takes
-    raw pixels. The arguments are the fields of `ViTConfig`; prefer
-    `build_vit("vit_base_16", num_classes=...)`.
+    raw pixels. With a head, `compile()` defaults to the sparse cross-entropy
+    on the logits and accuracy. The arguments are the fields of `ViTConfig`;
+    prefer `build_vit("vit_base_16", num_classes=...)`.
 
     Example:
 
@@ -238,6 +239,23 @@ class ViT(GuardedModel, ConfigModel, keras.Model):
     def label_specs(self):
         num_classes = self.vit_config.num_classes
         return {} if num_classes is None else {None: IdSpec(0, num_classes, "the classes")}
+
+    def outputs_are_logits(self):
+        return self.vit_config.num_classes is not None
+
+    def compile(self, optimizer="adam", loss="auto", metrics="auto", **kwargs):
+        """`keras.Model.compile`; with a classification head (`num_classes`
+        set), "auto" is the sparse cross-entropy on the logits and accuracy,
+        as for `BertSequenceClassifier`. The backbone (`num_classes=None`)
+        has no default loss. A loss that expects probabilities
+        (`"sparse_categorical_crossentropy"`) is refused: the outputs are
+        logits."""
+        head = self.vit_config.num_classes is not None
+        if loss == "auto":
+            loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True) if head else None
+        if metrics == "auto":
+            metrics = [keras.metrics.SparseCategoricalAccuracy(name="accuracy")] if head else None
+        super().compile(optimizer=optimizer, loss=loss, metrics=metrics, **kwargs)
 
 
 def build_vit(config=DEFAULT_PRESET, **overrides):
