@@ -373,7 +373,8 @@ def save_hf_bert(model, directory, tokenizer=None, overwrite=False):
         tokenizer: optional `keras_hub.tokenizers.WordPieceTokenizer`
             (`load_hf_bert_tokenizer`'s): its vocabulary and case handling
             are written for `transformers.BertTokenizer`.
-        overwrite: replace an existing non-empty `directory`.
+        overwrite: replace an existing non-empty `directory` that holds an
+            earlier Hugging Face export (any other directory is refused).
 
     Returns:
         The absolute path of `directory`.

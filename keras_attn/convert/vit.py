@@ -177,7 +177,8 @@ def save_hf_vit(model, directory, overwrite=False):
             quantized) and without LoRA adapters (`merge_lora` folds them in).
         directory: where to write; created, or replaced when `overwrite`
             (atomically).
-        overwrite: replace an existing non-empty `directory`.
+        overwrite: replace an existing non-empty `directory` that holds an
+            earlier Hugging Face export (any other directory is refused).
 
     Returns:
         The absolute path of `directory`.
