@@ -63,14 +63,121 @@ print("padding-invariant")
 """
 
 
+# Before every block: each `fit` reports the loss on the first batch it
+# trains on, measured with `evaluate` before the model's first `fit` and after
+# each one, to `readme_losses.json` (a block that trains nothing, e.g. with a
+# probability loss on logits, still exits 0). Installed when the block imports
+# keras, so a block may choose its backend and XLA flags first.
+LOSS_RECORDER = """
+import importlib.abc, importlib.machinery, sys
+
+def _record_losses(keras):
+    import json
+    import numpy as np
+
+    fit = keras.Model.fit
+    first = {}   # id(model) -> (name, x, y, loss before)
+    after = {}
+
+    def first_batch(x, y, batch_size):
+        if y is None and hasattr(x, "element_spec"):   # a tf.data dataset
+            batch = keras.tree.map_structure(np.asarray, next(iter(x)))
+            return batch[0], batch[1]
+        if y is None:
+            raise TypeError("test_readme reads the first batch of a tf.data dataset "
+                            f"or of arrays; extend it for {type(x).__name__}")
+        size = batch_size or 32
+        return keras.tree.map_structure(lambda a: np.asarray(a)[:size], (x, y))
+
+    def loss_on(model, x, y):
+        size = len(keras.tree.flatten(y)[0])
+        return float(model.evaluate(x, y, batch_size=size, verbose=0, return_dict=True)["loss"])
+
+    def recorded_fit(self, x=None, y=None, batch_size=None, *args, **kwargs):
+        if id(self) not in first:
+            bx, by = first_batch(x, y, batch_size)
+            first[id(self)] = (self.name, bx, by, loss_on(self, bx, by))
+        history = fit(self, x, y, batch_size, *args, **kwargs)
+        name, bx, by, before = first[id(self)]
+        after[id(self)] = {"model": name, "before": before, "after": loss_on(self, bx, by)}
+        with open("readme_losses.json", "w") as handle:
+            json.dump(list(after.values()), handle)
+        return history
+
+    keras.Model.fit = recorded_fit
+
+class _AfterKerasImport(importlib.abc.MetaPathFinder):
+    # Stays in place until keras is loaded: a find_spec("keras") that only
+    # looks (TensorFlow's does) loads nothing.
+    def find_spec(self, name, path, target=None):
+        if name != "keras":
+            return None
+        spec = importlib.machinery.PathFinder.find_spec(name, path)
+        run = spec.loader.exec_module
+        def exec_module(module):
+            sys.meta_path.remove(self)
+            run(module)
+            _record_losses(module)
+        spec.loader.exec_module = exec_module
+        return spec
+
+sys.meta_path.insert(0, _AfterKerasImport())
+"""
+
+
+def _run(script, cwd):
+    return subprocess.run(
+        [sys.executable, "-c", LOSS_RECORDER + script], capture_output=True, text=True,
+        timeout=1200, cwd=cwd,
+        env=dict(os.environ, KERAS_BACKEND="tensorflow", TF_CPP_MIN_LOG_LEVEL="3"),
+    )
+
+
+def _losses_that_did_not_go_down(cwd):
+    """The models whose loss on their first batch did not go down (as
+    LOSS_RECORDER reported them in `cwd`); None when no fit was recorded."""
+    path = os.path.join(cwd, "readme_losses.json")
+    if not os.path.exists(path):
+        return None
+    with open(path) as handle:
+        losses = json.load(handle)
+    return [entry for entry in losses if not entry["after"] < entry["before"]] if losses else None
+
+
 @pytest.mark.parametrize("index", range(len(_python_blocks())))
 def test_every_python_block_runs_as_written(index, tmp_path):
     block = _python_blocks()[index]
     layers_block = "encoder = keras.Model(" in block
-    script = block + (PADDING_CHECK if layers_block else "")
-    result = subprocess.run(
-        [sys.executable, "-c", script], capture_output=True, text=True, timeout=1200,
-        cwd=tmp_path, env=dict(os.environ, KERAS_BACKEND="tensorflow", TF_CPP_MIN_LOG_LEVEL="3"),
-    )
+    result = _run(block + (PADDING_CHECK if layers_block else ""), tmp_path)
     assert result.returncode == 0, f"README block {index}:\n{block}\n{result.stderr[-3000:]}"
     assert not layers_block or "padding-invariant" in result.stdout
+    # A block that trains makes its loss go down: on the first batch it
+    # trained on, after its last `fit`, for every model it trained.
+    if re.search(r"\.fit\(", block):
+        stuck = _losses_that_did_not_go_down(tmp_path)
+        assert stuck is not None, f"README block {index} trains but no fit was recorded"
+        assert not stuck, (
+            f"README block {index}: the loss on the first batch did not go down "
+            f"(before training, after): {stuck}\n{block}")
+
+
+def test_the_loss_check_sees_a_model_that_trains_nothing(tmp_path):
+    script = """
+import numpy as np
+import tensorflow as tf
+import keras
+
+x = np.random.default_rng(0).normal(size=(32, 4)).astype("float32")
+y = np.arange(32) % 3
+for name, rate in (("still", 0.0), ("learning", 0.1)):
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(3)], name=name)
+    model.compile(keras.optimizers.SGD(rate),
+                  keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    model.fit(tf.data.Dataset.from_tensor_slices((x, y)).batch(8), epochs=2, verbose=0)
+    model.fit(x, y, batch_size=8, verbose=0)
+"""
+    result = _run(script, tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    stuck = _losses_that_did_not_go_down(tmp_path)
+    assert [entry["model"] for entry in stuck] == ["still"], stuck
+    assert stuck[0]["after"] == stuck[0]["before"]
