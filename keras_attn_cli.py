@@ -384,20 +384,13 @@ def main(argv=None):
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 1
     except (ValueError, OSError) as error:
+        # ValueError: bad input of every kind, keras_attn.errors' classes
+        # included (a recipe, a refused batch, a run directory in use);
         # OSError: a full disk, a read-only or vanished directory. Atomic
         # writes leave no half-written file; the message says what failed.
         if os.environ.get("KERAS_ATTN_TRACEBACK"):
             raise
         print(f"keras-attn {args.command}: error: {error}", file=sys.stderr)
-        return 2
-    except Exception as error:
-        # A batch refused by the pipeline's data check (keras_attn.data.checks)
-        # arrives as TensorFlow's InvalidArgumentError.
-        if os.environ.get("KERAS_ATTN_TRACEBACK") or "keras_attn data check:" not in str(error):
-            raise
-        from keras_attn.data.checks import data_check_message
-
-        print(f"keras-attn {args.command}: error: {data_check_message(error)}", file=sys.stderr)
         return 2
 
 

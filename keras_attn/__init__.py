@@ -14,13 +14,15 @@ import importlib
 __version__ = "0.1.0"
 
 from keras_attn import _guard  # noqa: F401,E402  (registers SkipNonFiniteSteps)
+from keras_attn import errors  # noqa: E402
 from keras_attn import layers  # noqa: E402
 from keras_attn import models  # noqa: E402
 from keras_attn import training  # noqa: E402
 
 _LAZY = ("convert", "export", "viz", "zoo")
 
-__all__ = ["convert", "export", "layers", "models", "training", "viz", "zoo", "__version__"]
+__all__ = ["convert", "errors", "export", "layers", "models", "training", "viz", "zoo",
+           "__version__"]
 
 
 def __getattr__(name):

@@ -31,6 +31,7 @@ import numpy as np
 from keras import ops
 
 from keras_attn._keras_compat import in_tf_graph
+from keras_attn.errors import NonFiniteLossError  # noqa: F401  (raised here; its old home)
 from keras_attn._keras_compat import is_in_jax_tracing_scope
 from keras_attn._keras_compat import no_automatic_dependency_tracking
 
@@ -245,10 +246,6 @@ def guard_optimizer(optimizer, dtype_policy):
     if getattr(dtype_policy, "name", None) == "mixed_float16":
         return optimizer
     return SkipNonFiniteSteps(optimizer)
-
-
-class NonFiniteLossError(ValueError):
-    """A training step produced a non-finite loss; its update was skipped."""
 
 
 class StopOnNonFiniteLoss(keras.callbacks.Callback):

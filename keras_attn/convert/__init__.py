@@ -6,6 +6,7 @@ models, both ways.
     save_hf_bert(classifier, "path/to/out", tokenizer=tokenizer)  # BertForSequenceClassification
 """
 
+from keras_attn.convert._checkpoint import hf_directory_kind  # noqa: F401  (for the zoo's export check)
 from keras_attn.convert.bert import bert_config_from_hf
 from keras_attn.convert.bert import load_hf_bert
 from keras_attn.convert.bert import load_hf_bert_backbone

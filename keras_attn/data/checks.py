@@ -9,8 +9,11 @@ with status 2).
 Cheap: a min and a max per input per batch, on the pipeline's own threads.
 """
 
+import contextlib
+
 from keras_attn._guard import IdSpec
 from keras_attn._guard import MaskSpec
+from keras_attn.errors import DataCheckError
 
 DATA_CHECK = "keras_attn data check:"
 
@@ -112,6 +115,20 @@ def check_batches(dataset, model):
         return (x,) + (() if y is None else (y,)) + tuple(rest)
 
     return dataset.map(check, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+
+
+@contextlib.contextmanager
+def data_check_errors():
+    """Inside: a batch refused by `check_batches` (TensorFlow's
+    `InvalidArgumentError`, wherever the pipeline ran) comes out as a
+    `keras_attn.errors.DataCheckError` with the check's message, so that
+    callers catch it by type."""
+    try:
+        yield
+    except Exception as error:
+        if not is_data_check_error(error):
+            raise
+        raise DataCheckError(data_check_message(error)) from error
 
 
 def is_data_check_error(error):

@@ -40,6 +40,7 @@ import keras
 import numpy as np
 
 import keras_attn
+from keras_attn.errors import CorruptCheckpointError  # noqa: F401  (raised here; its old home)
 
 FORMAT = "keras_attn.checkpoint/1"
 _NAME = re.compile(r"^ckpt-(\d{8,})\.(npz|json)$")
@@ -325,10 +326,6 @@ class CheckpointManager:
                 f"Checkpoint {npz_path} is corrupt ({error})."
             ) from error
         return Checkpoint(name, manifest, arrays)
-
-
-class CorruptCheckpointError(ValueError):
-    """A checkpoint file that does not read back intact."""
 
 
 def flatten(value, prefix=""):

@@ -22,13 +22,14 @@ import os
 import pydantic
 
 from keras_attn.zoo import schema
+from keras_attn.errors import RecipeError
 
 # Documentation only: not part of a run's fingerprint.
 DOCUMENTATION_KEYS = ("description", "expected", "paper")
 
 
 def _error(key, expectation, value):
-    return ValueError(f"Recipe key `{key}` {expectation}. Received: {key}={value!r}")
+    return RecipeError(f"Recipe key `{key}` {expectation}. Received: {key}={value!r}")
 
 
 def validate_recipe(recipe, name=None):
@@ -47,7 +48,7 @@ def validate_recipe(recipe, name=None):
     # The keys that choose the schema of the others come first.
     for key in ("family", "task"):
         if key not in recipe:
-            raise ValueError(f"Missing recipe key `{key}` (required). "
+            raise RecipeError(f"Missing recipe key `{key}` (required). "
                              f"Received: keys {sorted(recipe)}")
     family, task = recipe["family"], recipe["task"]
     known = families()
@@ -77,7 +78,7 @@ def parse_override(text):
     key, sep, raw = text.partition("=")
     key = key.strip()
     if not sep or not key or any(not part for part in key.split(".")):
-        raise ValueError(f"An override is dotted.key=value. Received: --set {text!r}")
+        raise RecipeError(f"An override is dotted.key=value. Received: --set {text!r}")
     try:
         value = json.loads(raw)
     except json.JSONDecodeError:
@@ -113,7 +114,7 @@ def read_recipe_file(path):
         with open(path, encoding="utf-8") as handle:
             return json.load(handle)
     except json.JSONDecodeError as error:
-        raise ValueError(f"Recipe {path} is not valid JSON: {error}. "
+        raise RecipeError(f"Recipe {path} is not valid JSON: {error}. "
                          f"Received: {os.fspath(path)}") from None
 
 

@@ -54,6 +54,7 @@ from keras_attn_cli import SAVED_MODEL
 from keras_attn_cli import models_directory
 from keras_attn_cli import recipe_paths
 from keras_attn_cli import tensorflow_installed
+from keras_attn.errors import RunDirectoryError
 
 RECIPE = "recipe.json"
 CHECKPOINTS = "checkpoints"
@@ -151,7 +152,7 @@ def _check_output_path(output):
     directory: an existing file, or a place where no directory can be made
     or written to. Nothing is created here."""
     if os.path.exists(output) and not os.path.isdir(output):
-        raise ValueError(f"`output` (--output) must be a directory; {output} is a file. "
+        raise RunDirectoryError(f"`output` (--output) must be a directory; {output} is a file. "
                          f"Received: output={output!r}")
     existing = output
     while not os.path.exists(existing):
@@ -160,7 +161,7 @@ def _check_output_path(output):
             break
         existing = parent
     if not os.path.isdir(existing) or not os.access(existing, os.W_OK | os.X_OK):
-        raise ValueError(f"`output` (--output) is not writable: {existing} does not accept "
+        raise RunDirectoryError(f"`output` (--output) is not writable: {existing} does not accept "
                          f"new files. Received: output={output!r}")
 
 
@@ -215,7 +216,7 @@ class RunLock:
             owner = self.file.read().strip() or "unknown"
             self.file.close()
             self.file = None
-            raise ValueError(
+            raise RunDirectoryError(
                 f"{self.output} is being trained by another keras-attn process "
                 f"(pid {owner}); wait for it to end or use another `output` (--output). "
                 f"Received: output={self.output!r}"
@@ -472,9 +473,12 @@ def _train_locked(recipe, output, distribute, export, verbose, prepared=None):
             checked_fn = train_dataset_fn
             train_dataset_fn = lambda epoch: even_batches(checked_fn(epoch), replicas)  # noqa: E731
             validation = validation and even_batches(validation, replicas)
-        history = trainer.fit(model, train_dataset_fn, training["epochs"], steps,
-                              validation_data=validation, callbacks=callbacks,
-                              verbose=verbose)
+        from keras_attn.data.checks import data_check_errors
+
+        with data_check_errors():  # a refused batch: DataCheckError
+            history = trainer.fit(model, train_dataset_fn, training["epochs"], steps,
+                                  validation_data=validation, callbacks=callbacks,
+                                  verbose=verbose)
         model_path = os.path.join(output, MODEL)
         if training.get("lora"):
             from keras_attn.models import merge_lora
@@ -614,7 +618,7 @@ def _export_hf(run_dir, path):
     # Before the run is read: an existing `path` must be empty or a Hugging
     # Face directory written by keras_attn (replaced); any other is refused
     # and kept (checked again by the writer before it replaces).
-    from keras_attn.convert._checkpoint import hf_directory_kind
+    from keras_attn.convert import hf_directory_kind
     from keras_attn.export.saved_model import check_replaceable
 
     check_replaceable(path, hf_directory_kind(), "output", "--output")

@@ -32,6 +32,7 @@ import pydantic
 import pydantic_core
 from pydantic import ConfigDict
 from pydantic import Field
+from keras_attn.errors import RecipeError
 
 EMBEDDED = "embedded"
 TFDS_PREFIX = "tfds:"
@@ -605,6 +606,6 @@ def recipe_error(error, recipe, model):
         lines.setdefault(key, message)  # a union reports a key once per member
     messages = list(lines.values())
     if len(messages) == 1:
-        return ValueError(messages[0])
-    return ValueError(f"{len(messages)} problems in the recipe:\n"
+        return RecipeError(messages[0])
+    return RecipeError(f"{len(messages)} problems in the recipe:\n"
                       + "\n".join(f"- {message}" for message in messages))

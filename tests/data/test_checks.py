@@ -80,3 +80,24 @@ def test_ctc_labels_with_a_zero_inside_stop_the_pipeline():
     dataset = tf.data.Dataset.from_tensor_slices((x, labels)).batch(2)
     text = _first_error(check_batches(dataset, model))
     assert "`labels` must be each transcript ids followed by 0s" in text
+
+
+def test_a_refused_batch_is_a_data_check_error_by_type():
+    """Callers (the command line among them) catch the refusal by its class,
+    not by searching TensorFlow's message."""
+    from keras_attn.data.checks import data_check_errors
+    from keras_attn.errors import DataCheckError
+    from keras_attn.errors import KerasAttnError
+
+    ids = np.ones((4, 4), "int32")
+    ids[3, 1] = 30
+    with pytest.raises(DataCheckError, match=r"`token_ids` must lie in \[0, 30\)") as raised:
+        with data_check_errors():
+            for _ in check_batches(_bert_batches(ids, np.array([0, 1, 1, 0])), _bert()):
+                pass
+    assert isinstance(raised.value, (ValueError, KerasAttnError))
+    assert isinstance(raised.value.__cause__, tf.errors.InvalidArgumentError)
+    # Any other error passes through unchanged.
+    with pytest.raises(tf.errors.InvalidArgumentError, match="unrelated"):
+        with data_check_errors():
+            raise tf.errors.InvalidArgumentError(None, None, "unrelated")
