@@ -364,6 +364,8 @@ class MultiHeadAttention(SpecFromCall, keras.layers.Layer):
         key_mask, bad_key = checked_mask(key_mask, "key_mask")
         attention_mask, bad_attention = checked_mask(attention_mask, "attention_mask")
         invalid = (bad_query, bad_value, bad_key, bad_attention)
+        if query_mask is not None:
+            check_static_shape("query_mask", query_mask, tuple(query.shape[:2]), "(B, T)")
         # A key or value hidden from every query never reaches the answer,
         # whatever it holds: zeroed before its projection, so that a NaN in
         # padding cannot leak through `0 * NaN` (forward or gradients).

@@ -99,19 +99,17 @@ class SpecAugment(keras.layers.Layer):
         self.seed_generator = random.SeedGenerator(seed)
         self.supports_masking = True
 
-    def build(self, inputs_shape):
-        bins = inputs_shape[-1]
+    def call(self, inputs, padding_mask=None, training=None):
+        if not training:
+            return inputs
+        bins = inputs.shape[-1]
         if bins is not None and self.freq_mask_count and self.freq_mask_width > bins:
+            # Checked when masks are drawn (inference is the identity).
             raise ValueError(
                 "A frequency mask cannot be wider than the features: "
                 f"`freq_mask_width` must be at most {bins} (the input's bins). "
                 f"Received: freq_mask_width={self.freq_mask_width}"
             )
-        self.built = True
-
-    def call(self, inputs, padding_mask=None, training=None):
-        if not training:
-            return inputs
         if padding_mask is None:
             padding_mask = get_keras_mask(inputs)
         shape = ops.shape(inputs)

@@ -191,7 +191,7 @@ def test_the_conformer_takes_its_dict_too(tmp_path):
     from keras_attn.models import build_conformer
 
     model = build_conformer("conformer_tiny", vocabulary_size=6, num_layers=1, hidden_dim=16,
-                            num_mel_bins=20)
+                            num_mel_bins=20, freq_mask_width=8)
     inputs = {"waveform": np.random.default_rng(0).normal(0, 0.1, (2, 4000)).astype("float32"),
               "waveform_length": np.array([4000, 3000], "int32")}
     loaded = tf.saved_model.load(str(export_saved_model(model, tmp_path / "saved")))

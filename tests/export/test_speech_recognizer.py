@@ -10,7 +10,7 @@ pytestmark = [pytest.mark.large, pytest.mark.tf_only]
 
 def _model():
     model = build_conformer("conformer_tiny", vocabulary_size=5, num_layers=1, hidden_dim=16,
-                            num_mel_bins=20)
+                            num_mel_bins=20, freq_mask_width=8)
     head = model.get_layer("ctc_logits")
     kernel, bias = (to_numpy(w) for w in head.weights)
     head.set_weights([kernel * 20, bias])  # so that decoding emits tokens

@@ -44,7 +44,7 @@ FAMILIES = {
     ),
     "conformer": (
         lambda: build_conformer("conformer_tiny", vocabulary_size=6, num_layers=2,
-                                hidden_dim=16, num_mel_bins=20),
+                                hidden_dim=16, num_mel_bins=20, freq_mask_width=8),
         {"waveform": (RNG.standard_normal((2, 4000)) * 0.1).astype("float32"),
          "waveform_length": np.array([4000, 3000], "int32")},
         ("ctc_logits",),

@@ -21,7 +21,7 @@ FAMILIES = {
                          num_encoder_layers=1, num_decoder_layers=1)),
     "conformer": (models.ConformerConfig, models.CONFORMER_PRESETS,
                   dict(vocabulary_size=5, num_layers=1, hidden_dim=8, num_heads=2,
-                       intermediate_dim=16, num_mel_bins=20)),
+                       intermediate_dim=16, num_mel_bins=20, freq_mask_width=8)),
 }
 DEFAULTS = {"bert": "bert_base", "vit": "vit_base_16", "transformer": "transformer_base",
             "conformer": "conformer_small"}
