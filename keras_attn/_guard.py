@@ -62,7 +62,9 @@ def concrete_value(x):
     elif backend == "torch":
         import torch  # only reached on the torch backend
 
-        if torch.compiler.is_compiling():
+        # A meta tensor (Keras traces `compute_output_spec` with them) or a
+        # torch.compile trace has no values.
+        if torch.compiler.is_compiling() or getattr(x, "is_meta", False):
             return None
     return ops.convert_to_numpy(x)
 

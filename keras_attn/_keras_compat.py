@@ -143,7 +143,17 @@ class SpecFromCall:
                 self._maybe_build(
                     CallSpec(self._call_signature, self._call_context_args, args, kwargs)
                 )
-        return Operation.compute_output_spec(self, *args, **kwargs)
+        spec = Operation.compute_output_spec(self, *args, **kwargs)
+
+        # A float output is in the compute dtype, as a call returns it (the
+        # PyTorch backend's trace can lose the cast of an op with no float16
+        # kernel on its meta device); masks, lengths and ids keep theirs.
+        def in_compute_dtype(x):
+            if isinstance(x, keras.KerasTensor) and "float" in str(x.dtype):
+                return keras.KerasTensor(x.shape, dtype=self.compute_dtype)
+            return x
+
+        return keras.tree.map_structure(in_compute_dtype, spec)
 
 
 __all__ = [
