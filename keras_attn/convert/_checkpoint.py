@@ -239,7 +239,7 @@ def hf_directory_kind():
     `write_directory` writes: `check_replaceable` with it refuses any other
     non-empty directory (`keras-attn export --format hf` checks it before
     reading the run)."""
-    from keras_attn.export.saved_model import DirectoryKind
+    from keras_attn._directories import DirectoryKind
 
     return DirectoryKind("a Hugging Face directory written by keras_attn (config.json, "
                          "model.safetensors and only the other files it writes: "
@@ -265,8 +265,8 @@ def write_directory(directory, files, tensors, overwrite=False):
     import numpy as np
     from safetensors.numpy import save_file
 
-    from keras_attn.export.saved_model import check_replaceable
-    from keras_attn.export.saved_model import replace_directory
+    from keras_attn._directories import check_replaceable
+    from keras_attn._directories import replace_directory
 
     unknown = sorted(set(files) - set(HF_FILES))
     if unknown:  # a writer's bug: a later overwrite would refuse the directory

@@ -171,8 +171,8 @@ def export_portable(serving, path, format, precision="float32", preprocessing=No
     import keras
 
     from keras_attn.export.saved_model import PORTABLE_EXPORT
-    from keras_attn.export.saved_model import check_replaceable
-    from keras_attn.export.saved_model import replace_directory
+    from keras_attn._directories import check_replaceable
+    from keras_attn._directories import replace_directory
     from keras_attn.export.saved_model import require_tensorflow_backend
 
     if format not in PORTABLE_FORMATS:

@@ -5,6 +5,10 @@ import os
 import shutil
 import tempfile
 
+from keras_attn._directories import DirectoryKind
+from keras_attn._directories import check_replaceable
+from keras_attn._directories import replace_directory
+
 
 def _spec(x, name=None):
     import tensorflow as tf
@@ -95,17 +99,6 @@ def _refuse_empty(fn, signature):
     return guarded
 
 
-class DirectoryKind:
-    """What an exporter writes into its directory, to tell an earlier export
-    of the same kind (replaced) from any other directory (refused):
-    `what` describes it in messages, `reason(path)` says why the existing
-    directory `path` is not one (None when it is)."""
-
-    def __init__(self, what, reason):
-        self.what = what
-        self.reason = reason
-
-
 # The files `tf.saved_model.save` (Keras's `ExportArchive.write_out`) writes,
 # and the run.json `keras-attn export` writes beside them (the run it came
 # from: `keras_attn.zoo.runs.stamp_export`).
@@ -176,63 +169,6 @@ SAVED_MODEL = DirectoryKind("a SavedModel (saved_model.pb, fingerprint.pb, varia
                             _saved_model_reason)
 PORTABLE_EXPORT = DirectoryKind("an ONNX or LiteRT export (serving.json and the files it "
                                 "lists)", _portable_reason)
-
-
-def check_replaceable(path, kind, argument="path", flag=None):
-    """`ValueError` unless `path` is missing, an empty directory or an
-    earlier export of `kind` (a `DirectoryKind`): a command that writes a
-    directory never deletes what it did not write. The message names the
-    directory, why it is not one, and its first entries; nothing is changed.
-    `argument` (and the command line's `flag`) name what was given."""
-    path = os.fspath(path)
-    label = f"`{argument}`" + (f" ({flag})" if flag else "")
-    if os.path.islink(path):
-        raise ValueError(f"{label} must be a directory, not a symbolic link: {path} -> "
-                         f"{os.readlink(path)}. Received: {argument}={path!r}")
-    if not os.path.exists(path):
-        return
-    if not os.path.isdir(path):
-        raise ValueError(f"{label} must be a directory; {path} is a file. "
-                         f"Received: {argument}={path!r}")
-    entries = sorted(os.listdir(path))
-    if not entries:
-        return
-    reason = kind.reason(path)
-    if reason is not None:
-        shown = ", ".join(repr(entry) for entry in entries[:5])
-        more = f" and {len(entries) - 5} more" if len(entries) > 5 else ""
-        raise ValueError(
-            f"{label} {path} is not empty and is not {kind.what} ({reason}): it holds "
-            f"{shown}{more}. Nothing was changed; give a new or empty directory, or one "
-            f"that holds such an export. Received: {argument}={path!r}"
-        )
-
-
-def replace_directory(target, path, kind=SAVED_MODEL, argument="path"):
-    """Moves the complete directory `target` to `path`. An existing `path`
-    must be empty or an earlier export of `kind` (`check_replaceable`,
-    checked again here: it may have changed during the export); it is moved
-    aside into a new directory of our own beside it (never a fixed name that
-    could be someone's) and removed only once `target` is in place (put
-    back if that fails)."""
-    check_replaceable(path, kind, argument)
-    if not os.path.lexists(path):
-        os.replace(target, path)
-        return
-    aside = tempfile.mkdtemp(prefix=".export-old-", dir=os.path.dirname(os.path.abspath(path)))
-    old = os.path.join(aside, "old")
-    try:
-        os.replace(path, old)
-    except BaseException:
-        os.rmdir(aside)
-        raise
-    try:
-        os.replace(target, path)
-    except BaseException:
-        os.replace(old, path)  # if even this fails, `aside` keeps it
-        os.rmdir(aside)
-        raise
-    shutil.rmtree(aside, ignore_errors=True)
 
 
 def export_saved_model(
@@ -309,7 +245,7 @@ def export_saved_model(
             archive.add_endpoint(name, _refuse_empty(fn, signature), input_signature=signature)
         target = os.path.join(staging, "model")
         archive.write_out(target, verbose=False)
-        replace_directory(target, path)
+        replace_directory(target, path, SAVED_MODEL)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return path

@@ -76,6 +76,10 @@ import re
 import keras
 import numpy as np
 
+from keras_attn._directories import DirectoryKind
+from keras_attn._directories import check_replaceable
+from keras_attn._directories import replace_directory
+
 MANIFEST = "prepared.json"
 # 2: the manifest holds `manifest_sha256`, its own digest (format 1 had none).
 FORMAT = 2
@@ -202,27 +206,15 @@ def _foreign_reason(directory):
     return None
 
 
+PREPARED = DirectoryKind("a directory written by `keras-attn prepare`", _foreign_reason,
+                         replaceable="an earlier one written by `keras-attn prepare`",
+                         aside_prefix=".prepare-old-")
+
+
+# What `prepare` writes: an earlier prepared directory is replaced, any other
+# non-empty one refused (`keras_attn._directories`).
 def _check_replaceable(output):
-    """`ValueError` unless `output` is missing, an empty directory or a
-    directory written by `prepare` (see `_foreign_reason`)."""
-    if os.path.islink(output):
-        raise ValueError(f"`output` (--out) must be a directory, not a symbolic link: {output} "
-                         f"-> {os.readlink(output)}. Received: output={output!r}")
-    if not os.path.exists(output):
-        return
-    if not os.path.isdir(output):
-        raise ValueError(f"`output` (--out) must be a directory; {output} is a file. "
-                         f"Received: output={output!r}")
-    reason = _foreign_reason(output)
-    if reason is not None:
-        entries = sorted(os.listdir(output))
-        shown = ", ".join(repr(entry) for entry in entries[:5])
-        more = f" and {len(entries) - 5} more" if len(entries) > 5 else ""
-        raise ValueError(
-            f"`output` (--out) {output} is not empty and is not a directory written by "
-            f"`keras-attn prepare` ({reason}): it holds {shown}{more}. Nothing was changed; "
-            f"give a new or empty directory. Received: output={output!r}"
-        )
+    check_replaceable(output, PREPARED, "output", "--out")
 
 
 def _write_pass(path, batches):
@@ -368,31 +360,9 @@ def prepare(recipe, overrides=(), output=None, verbose=True):
 
 
 def _replace(staging, output):
-    """Moves the complete directory `staging` to `output`: an empty or
-    earlier prepared `output` (checked again: it may have changed while the
-    batches were made) is moved aside into a directory of our own first and
-    removed only once the new one is in place (put back if that fails)."""
-    import shutil
-    import tempfile
-
-    _check_replaceable(output)
-    if not os.path.lexists(output):
-        os.replace(staging, output)
-        return
-    aside = tempfile.mkdtemp(prefix=".prepare-old-", dir=os.path.dirname(staging))
-    old = os.path.join(aside, "old")
-    try:
-        os.replace(output, old)
-    except BaseException:
-        os.rmdir(aside)
-        raise
-    try:
-        os.replace(staging, output)
-    except BaseException:
-        os.replace(old, output)  # if even this fails, `aside` keeps it
-        os.rmdir(aside)
-        raise
-    shutil.rmtree(aside, ignore_errors=True)
+    """Moves the complete directory `staging` to `output` (checked again: it
+    may have changed while the batches were made)."""
+    replace_directory(staging, output, PREPARED, "output")
 
 
 class PreparedData:

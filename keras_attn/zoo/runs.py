@@ -619,7 +619,7 @@ def _export_hf(run_dir, path):
     # Face directory written by keras_attn (replaced); any other is refused
     # and kept (checked again by the writer before it replaces).
     from keras_attn.convert import hf_directory_kind
-    from keras_attn.export.saved_model import check_replaceable
+    from keras_attn._directories import check_replaceable
 
     check_replaceable(path, hf_directory_kind(), "output", "--output")
     _, task, model, source = load_run(run_dir)
