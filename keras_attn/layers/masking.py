@@ -5,8 +5,11 @@ Shape legend: B batch, T query length, S key length.
 
 import numbers
 
+import keras
+import numpy as np
 from keras import ops
 
+from keras_attn._checks import check_static_shape
 from keras_attn._guard import check_mask
 from keras_attn._guard import concrete_value
 from keras_attn._keras_compat import get_keras_mask as _get_keras_mask
@@ -98,3 +101,159 @@ def merge_masks(*masks):
         mask = ops.cast(mask, "bool")
         merged = mask if merged is None else ops.logical_and(merged, mask)
     return merged
+
+
+# === Packed rows: segment ids and restarted positions ===
+#
+# A packed row holds k examples: `segment_ids` (B, T) is 1 on the first
+# example's tokens, 2 on the second's, ..., k, then 0 on the padding to the
+# row's end, and `positions` restart at 0 at each example's first token.
+
+SEGMENT_RULE = (
+    "a row holds segments 1, 2, ..., k, each contiguous and in that order, "
+    "then padding (0) to its end"
+)
+POSITION_RULE = "positions restart at 0 at each segment's first token and count up by 1"
+
+
+def _integer_ids(name, ids, what):
+    """`ids` as an int32 `(B, T)` tensor; a `ValueError` for another dtype or
+    rank (both are known while tracing, so this raises in a graph too)."""
+    ids = ops.convert_to_tensor(ids)
+    dtype = keras.backend.standardize_dtype(ids.dtype)
+    if "int" not in dtype:
+        raise ValueError(
+            f"Invalid value for argument `{name}`: it must hold integer ids "
+            f"({what}). Received: {name}.dtype={dtype}"
+        )
+    if len(ids.shape) != 2:
+        raise ValueError(
+            f"Invalid value for argument `{name}`: it must have rank 2, (B, T). "
+            f"Received: {name}.shape={tuple(ids.shape)}"
+        )
+    return ops.cast(ids, "int32")
+
+
+def _shifted(x, first):
+    """`x` (B, T) moved one step right, with `first` at step 0: each token's
+    predecessor."""
+    return ops.concatenate([ops.full_like(x[:, :1], first), x[:, :-1]], axis=1)
+
+
+def _verdict(bad, name, rule, values):
+    """Per-example invalidity of a `(B, T)` table of broken steps `bad`.
+
+    Where its values exist (an eager call) a broken step is a `ValueError`
+    naming `name` and the row that breaks `rule`, and nothing is invalid
+    after it (None); inside a traced graph `(B,)`, True for each example to
+    turn into NaN (`nan_where`)."""
+    found = concrete_value(bad)
+    if found is None:
+        return ops.any(bad, axis=1)
+    if found.any():
+        row, step = (int(i) for i in np.argwhere(found)[0])
+        row_values = np.asarray(concrete_value(values))[row]
+        lo, hi = max(0, step - 6), min(step + 6, row_values.shape[-1])
+        raise ValueError(
+            f"Invalid value for argument `{name}`: {rule}; row {row} breaks it "
+            f"at step {step}. Received: {name}[{row}, {lo}:{hi}]="
+            f"{row_values[lo:hi].tolist()}"
+        )
+    return None
+
+
+def checked_segment_ids(segment_ids, name="segment_ids"):
+    """`segment_ids` `(B, T)` as int32, and the examples for which it is not
+    a packing (see `SEGMENT_RULE`).
+
+    An id that goes back to an earlier one, skips one, or a real token after
+    padding breaks the rule: a `ValueError` naming `name` where the values
+    exist now, `invalid` (`(B,)`) inside a traced graph, for the caller to
+    make those examples NaN (`nan_where`), as `checked_mask` does. A float
+    or boolean dtype is always a `ValueError`.
+
+    Returns:
+        `(segment_ids, invalid)`; both None for None, `invalid` None when
+        the values were checked here.
+    """
+    if segment_ids is None:
+        return None, None
+    segment_ids = _integer_ids(name, segment_ids, SEGMENT_RULE)
+    previous = _shifted(segment_ids, 0)
+    first = ops.expand_dims(ops.arange(ops.shape(segment_ids)[1]) == 0, 0)  # (1, T)
+    # Allowed steps a -> b: stay (b == a); end the row (a > 0, b == 0); next
+    # segment (b == a + 1, after a segment or at the first token).
+    ok = ops.logical_or(
+        ops.equal(segment_ids, previous),
+        ops.logical_and(
+            ops.logical_or(previous > 0, first),
+            ops.logical_or(ops.equal(segment_ids, previous + 1), ops.equal(segment_ids, 0)),
+        ),
+    )
+    return segment_ids, _verdict(ops.logical_not(ok), name, SEGMENT_RULE, segment_ids)
+
+
+def checked_positions(positions, segment_ids=None, limit=None, name="positions"):
+    """`positions` `(B, T)` as int32, and the examples for which they do not
+    restart at 0 with each example (see `POSITION_RULE`).
+
+    With `segment_ids` (already checked, int32) a position must be 0 exactly
+    where a segment starts and count up by 1 inside it (padding positions
+    are free); without, each position is 0 or its predecessor plus 1. With
+    `limit`, a position at or past it (the table's size) is invalid too.
+    Errors as in `checked_segment_ids`.
+    """
+    if positions is None:
+        return None, None
+    positions = _integer_ids(name, positions, POSITION_RULE)
+    counts_on = ops.equal(positions, _shifted(positions, -1) + 1)
+    restarts = ops.equal(positions, 0)
+    if segment_ids is None:
+        ok = ops.logical_or(restarts, counts_on)
+    else:
+        check_static_shape(name, positions, tuple(segment_ids.shape), "segment_ids' (B, T)")
+        starts = ops.not_equal(segment_ids, _shifted(segment_ids, -1))
+        ok = ops.logical_or(
+            ops.equal(segment_ids, 0), ops.where(starts, restarts, counts_on)
+        )
+    if limit is not None:
+        ok = ops.logical_and(ok, positions < limit)
+    rule = POSITION_RULE if limit is None else f"{POSITION_RULE}, below {limit}"
+    return positions, _verdict(ops.logical_not(ok), name, rule, positions)
+
+
+def checked_agreement(mask, segment_ids, mask_name, ids_name):
+    """The padding mask `(B, T)` (boolean, already checked) that
+    `segment_ids` imply, `segment_ids > 0`, and the examples where a given
+    `mask` says otherwise (a token real in one and padding in the other):
+    a `ValueError` naming `mask_name` eagerly, `(B,)` invalid in a graph."""
+    implied = segment_ids > 0
+    if mask is None:
+        return implied, None
+    check_static_shape(mask_name, mask, tuple(segment_ids.shape), f"{ids_name}' (B, T)")
+    rule = f"it must be True exactly where `{ids_name}` > 0 (a real token)"
+    return implied, _verdict(ops.not_equal(mask, implied), mask_name, rule, mask)
+
+
+def segment_mask(query_segment_ids, key_segment_ids=None, causal=False):
+    """Block-diagonal `(B, T, S)` attention mask of packed rows: query `t`
+    sees key `s` when both belong to the same example (the same segment id,
+    > 0); padding (0) sees nothing and is seen by nothing. With `causal`,
+    also `s <= t` (a decoder; segments are contiguous, so this is causal
+    inside each segment). `key_segment_ids` defaults to the query's
+    (self-attention); cross-attention pairs each query example with the key
+    example of the same id.
+
+    >>> ids = np.array([[1, 1, 2, 0]])
+    >>> ops.convert_to_numpy(segment_mask(ids, causal=True))[0].astype(int).tolist()
+    [[1, 0, 0, 0], [1, 1, 0, 0], [0, 0, 1, 0], [0, 0, 0, 0]]
+    """
+    if key_segment_ids is None:
+        key_segment_ids = query_segment_ids
+    query = ops.expand_dims(ops.convert_to_tensor(query_segment_ids), 2)  # (B, T, 1)
+    key = ops.expand_dims(ops.convert_to_tensor(key_segment_ids), 1)  # (B, 1, S)
+    mask = ops.logical_and(ops.equal(query, key), query > 0)  # (B, T, S)
+    if causal:
+        t, s = ops.shape(query)[1], ops.shape(key)[2]
+        mask = ops.logical_and(mask, ops.expand_dims(causal_mask(t, s), 0))
+    return mask

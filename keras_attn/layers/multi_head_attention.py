@@ -11,10 +11,13 @@ from keras_attn._checks import check_static_shape
 from keras_attn._checks import static_dim
 from keras_attn.layers._projection import einsum_projection
 from keras_attn.layers.masking import causal_mask
+from keras_attn.layers.masking import checked_agreement
 from keras_attn.layers.masking import checked_mask
+from keras_attn.layers.masking import checked_segment_ids
 from keras_attn.layers.masking import get_keras_mask
 from keras_attn.layers.masking import merge_masks
 from keras_attn.layers.masking import nan_where
+from keras_attn.layers.masking import segment_mask
 from keras_attn.layers.masking import set_keras_mask
 from keras_attn.layers.scaled_dot_product_attention import (
     fused_attention_supports,
@@ -142,6 +145,17 @@ class MultiHeadAttention(SpecFromCall, keras.layers.Layer):
             be 1.
         use_causal_mask: query `i` attends only to keys `j <= i` (shifted by
             `cache_update_index` when decoding with a cache).
+        segment_ids: `(B, T)` integer ids of packed rows: 1, 2, ..., k on the
+            tokens of the row's k examples, then 0 on its padding. A query
+            attends only to keys of its own example (block-diagonal; causal
+            inside each example with `use_causal_mask`); padding sees
+            nothing and is seen by nothing. Merged (AND) with the masks
+            above, which must agree with it (`query_mask` True exactly where
+            `segment_ids > 0`). Not with a `cache`.
+        value_segment_ids: `(B, S)`, the keys' segment ids in
+            cross-attention (query example `i` attends to key example `i`);
+            defaults to `segment_ids` in self-attention, needed with
+            `segment_ids` in cross-attention.
         return_attention_scores: also return the probabilities `(B, N, T, S)`.
         training: whether attention dropout is active.
         cache: optional `(B, 2, S_max, N, H)` projected keys and values (see
@@ -312,6 +326,37 @@ class MultiHeadAttention(SpecFromCall, keras.layers.Layer):
 
         return pad(k, self._key_dim), pad(v, self._value_dim)
 
+    def _segment_ids(self, segment_ids, value_segment_ids, self_attention, cache):
+        """The query and key segment ids (int32, or None) and the invalidity
+        of each (`checked_segment_ids`)."""
+        if segment_ids is None:
+            if value_segment_ids is not None:
+                raise ValueError(
+                    "Invalid value for argument `value_segment_ids`: it pairs "
+                    "the keys' examples with the queries' `segment_ids`, which "
+                    "are missing. Received: segment_ids=None, value_segment_ids="
+                    f"{getattr(value_segment_ids, 'shape', value_segment_ids)}"
+                )
+            return None, None, ()
+        if cache is not None:
+            raise ValueError(
+                "Invalid value for argument `segment_ids`: packed rows are for "
+                "training and scoring, not cached decoding. Received: "
+                "segment_ids with a cache"
+            )
+        segment_ids, bad_query = checked_segment_ids(segment_ids, "segment_ids")
+        if value_segment_ids is None:
+            if not self_attention:
+                raise ValueError(
+                    "Invalid value for argument `value_segment_ids`: "
+                    "cross-attention over packed rows needs the keys' segment "
+                    "ids as well. Received: value_segment_ids=None"
+                )
+            return segment_ids, segment_ids, (bad_query,)
+        value_segment_ids, bad_value = checked_segment_ids(
+            value_segment_ids, "value_segment_ids")
+        return segment_ids, value_segment_ids, (bad_query, bad_value)
+
     def _check_cacheable(self):
         if not self.built:
             raise ValueError(
@@ -335,9 +380,13 @@ class MultiHeadAttention(SpecFromCall, keras.layers.Layer):
         training=None,
         cache=None,
         cache_update_index=None,
+        segment_ids=None,
+        value_segment_ids=None,
     ):
         if query_mask is None:
             query_mask = get_keras_mask(query)
+        segment_ids, value_segment_ids, bad_ids = self._segment_ids(
+            segment_ids, value_segment_ids, value is None, cache)
         if value is None:  # self-attention
             value = query
             if value_mask is None:
@@ -363,7 +412,20 @@ class MultiHeadAttention(SpecFromCall, keras.layers.Layer):
         value_mask, bad_value = checked_mask(value_mask, "value_mask")
         key_mask, bad_key = checked_mask(key_mask, "key_mask")
         attention_mask, bad_attention = checked_mask(attention_mask, "attention_mask")
-        invalid = (bad_query, bad_value, bad_key, bad_attention)
+        invalid = (bad_query, bad_value, bad_key, bad_attention) + bad_ids
+        if segment_ids is not None:
+            # Padding is segment 0: the masks follow the ids, and a mask given
+            # beside them must say the same (else an error, or NaN in a graph).
+            check_static_shape("segment_ids", segment_ids, tuple(query.shape[:2]), "(B, T)")
+            check_static_shape(
+                "value_segment_ids", value_segment_ids, tuple(value.shape[:2]), "(B, S)")
+            query_mask, bad_q = checked_agreement(
+                query_mask, segment_ids, "query_mask", "segment_ids")
+            ids_name = "segment_ids" if value_segment_ids is segment_ids else "value_segment_ids"
+            agreed = [checked_agreement(mask, value_segment_ids, name, ids_name)
+                      for name, mask in (("value_mask", value_mask), ("key_mask", key_mask))]
+            (value_mask, bad_v), (_, bad_k) = agreed
+            invalid += (bad_q, bad_v, bad_k)
         if query_mask is not None:
             check_static_shape("query_mask", query_mask, tuple(query.shape[:2]), "(B, T)")
         # A key or value hidden from every query never reaches the answer,
@@ -409,6 +471,9 @@ class MultiHeadAttention(SpecFromCall, keras.layers.Layer):
             if mask is not None:
                 check_static_shape(name, mask, (batch, k_len), "(B, S)")
                 masks.append(ops.expand_dims(mask, (1, 2)))  # (B, 1, 1, S)
+        if segment_ids is not None:
+            # Block-diagonal: each example of a packed row sees only itself.
+            masks.append(ops.expand_dims(segment_mask(segment_ids, value_segment_ids), 1))
         if attention_mask is not None:
             # (T, S), (B, T, S) or (B, N, T, S) -> rank 4, each dim checked.
             masks.append(normalize_attention_mask(attention_mask, q, k, name="attention_mask"))

@@ -28,6 +28,7 @@ class ResidualSublayers:
 
     def _init_common(
         self,
+        *,
         num_heads,
         intermediate_dim,
         key_dim,
@@ -197,6 +198,9 @@ class TransformerBlock(SpecFromCall, RematCall, ResidualSublayers, keras.layers.
             both are given.
         training: whether dropout is active.
         return_attention_scores: also return the scores `(B, N, T, T)`.
+        segment_ids: `(B, T)` integer ids of packed rows (1..k per example,
+            0 = padding): each example attends only to itself; see
+            `MultiHeadAttention`. A padding mask beside it must agree.
 
     Returns:
         `(B, T, D)`, and the scores if asked for.
@@ -235,20 +239,20 @@ class TransformerBlock(SpecFromCall, RematCall, ResidualSublayers, keras.layers.
     ):
         super().__init__(**kwargs)
         self._init_common(
-            num_heads,
-            intermediate_dim,
-            key_dim,
-            value_dim,
-            norm_position,
-            activation,
-            dropout,
-            attention_dropout,
-            activation_dropout,
-            layer_norm_epsilon,
-            use_bias,
-            flash_attention,
-            kernel_initializer,
-            bias_initializer,
+            num_heads=num_heads,
+            intermediate_dim=intermediate_dim,
+            key_dim=key_dim,
+            value_dim=value_dim,
+            norm_position=norm_position,
+            activation=activation,
+            dropout=dropout,
+            attention_dropout=attention_dropout,
+            activation_dropout=activation_dropout,
+            layer_norm_epsilon=layer_norm_epsilon,
+            use_bias=use_bias,
+            flash_attention=flash_attention,
+            kernel_initializer=kernel_initializer,
+            bias_initializer=bias_initializer,
         )
         self.use_causal_mask = bool(use_causal_mask)
 
@@ -276,6 +280,7 @@ class TransformerBlock(SpecFromCall, RematCall, ResidualSublayers, keras.layers.
         attention_mask=None,
         training=None,
         return_attention_scores=False,
+        segment_ids=None,
     ):
         if padding_mask is None and attention_mask is None:
             padding_mask = get_keras_mask(inputs)
@@ -291,6 +296,7 @@ class TransformerBlock(SpecFromCall, RematCall, ResidualSublayers, keras.layers.
                 use_causal_mask=self.use_causal_mask,
                 return_attention_scores=return_attention_scores,
                 training=training,
+                segment_ids=segment_ids,
             )
 
         x, extras = self._residual(

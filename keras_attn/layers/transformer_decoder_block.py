@@ -59,6 +59,13 @@ class TransformerDecoderBlock(SpecFromCall, RematCall, ResidualSublayers, keras.
             use it as given.
         use_causal_mask: default True.
         training: whether dropout is active.
+        decoder_segment_ids: `(B, T)` integer ids of packed target rows
+            (1..k per example, 0 = padding): self-attention stays inside each
+            example (causal there), and cross-attention pairs target example
+            `i` with source example `i`. Not with caches.
+        encoder_segment_ids: `(B, S)`, the source rows' ids packed in step
+            with the targets; needed with `decoder_segment_ids` in a block
+            with cross-attention.
 
     Returns:
         `(B, T, D)`; with `self_attention_cache`, the tuple
@@ -97,20 +104,20 @@ class TransformerDecoderBlock(SpecFromCall, RematCall, ResidualSublayers, keras.
     ):
         super().__init__(**kwargs)
         self._init_common(
-            num_heads,
-            intermediate_dim,
-            key_dim,
-            value_dim,
-            norm_position,
-            activation,
-            dropout,
-            attention_dropout,
-            activation_dropout,
-            layer_norm_epsilon,
-            use_bias,
-            flash_attention,
-            kernel_initializer,
-            bias_initializer,
+            num_heads=num_heads,
+            intermediate_dim=intermediate_dim,
+            key_dim=key_dim,
+            value_dim=value_dim,
+            norm_position=norm_position,
+            activation=activation,
+            dropout=dropout,
+            attention_dropout=attention_dropout,
+            activation_dropout=activation_dropout,
+            layer_norm_epsilon=layer_norm_epsilon,
+            use_bias=use_bias,
+            flash_attention=flash_attention,
+            kernel_initializer=kernel_initializer,
+            bias_initializer=bias_initializer,
         )
 
     def build(self, decoder_sequence_shape, encoder_sequence_shape=None):
@@ -166,6 +173,8 @@ class TransformerDecoderBlock(SpecFromCall, RematCall, ResidualSublayers, keras.
         cross_attention_cache_update_index=None,
         use_causal_mask=True,
         training=None,
+        decoder_segment_ids=None,
+        encoder_segment_ids=None,
     ):
         has_encoder = encoder_sequence is not None or cross_attention_cache is not None
         if has_encoder and self.cross_attention is None:
@@ -214,6 +223,7 @@ class TransformerDecoderBlock(SpecFromCall, RematCall, ResidualSublayers, keras.
                 cache=self_attention_cache,
                 cache_update_index=self_attention_cache_update_index,
                 training=training,
+                segment_ids=decoder_segment_ids,
             )
 
         x, extras = self._residual(
@@ -242,6 +252,8 @@ class TransformerDecoderBlock(SpecFromCall, RematCall, ResidualSublayers, keras.
                     attention_mask=encoder_attention_mask,
                     cache=cross_attention_cache,
                     training=training,
+                    segment_ids=decoder_segment_ids,
+                    value_segment_ids=encoder_segment_ids,
                 )
 
             x, _ = self._residual(
