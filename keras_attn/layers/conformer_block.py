@@ -1,14 +1,18 @@
 """The Conformer block: two half-step feed-forwards around attention and convolution."""
 
 import keras
+from keras import ops
 
 from keras_attn._keras_compat import SpecFromCall
 from keras_attn._clone import for_sublayer
 
 from keras_attn._remat import RematCall
+from keras_attn._checks import check_bool
+from keras_attn._checks import check_choice
 from keras_attn._checks import check_positive_float
 from keras_attn._checks import check_positive_int
 from keras_attn._checks import check_rate
+from keras_attn.layers.conformer_conv_module import NORMS
 from keras_attn.layers.conformer_conv_module import ConformerConvModule
 from keras_attn.layers.feed_forward import FeedForward
 from keras_attn.layers.masking import get_keras_mask
@@ -37,16 +41,28 @@ class ConformerBlock(SpecFromCall, RematCall, keras.layers.Layer):
         conv_expansion: channel expansion of the convolution module.
         layer_norm_epsilon: epsilon of every LayerNorm.
         kernel_initializer: initializer of the dense kernels.
+        causal_conv: the convolution module's depthwise convolution sees
+            past frames only (needed to stream).
+        conv_norm: `"batch_norm"` or `"layer_norm"` in the convolution module.
         **kwargs: base layer arguments.
 
     Call arguments:
         inputs: `(B, T, D)`.
         padding_mask: `(B, T)`; defaults to the implicit Keras mask.
+        attention_mask: `(B, T, T)` or `(T, T)` for the self-attention, e.g.
+            `chunk_attention_mask(T, chunk_size, left_context)`.
         training: whether dropout is active and BatchNorm uses batch statistics.
         return_attention_scores: also return the scores `(B, N, T, T)`.
 
     Returns:
         `(B, T, D)`, and the scores if asked for.
+
+    Streaming (with `causal_conv=True`): `initial_state(batch_size,
+    left_context)` and `stream_step(chunk, state, padding_mask)` ->
+    `(outputs, new_state)`, the state holding the attention's cached keys and
+    values and the convolution's last `kernel_size - 1` frames. Chunks fed
+    one after another, each starting at a multiple of `chunk_size` (the last
+    one may be shorter), give the offline outputs with the chunk mask.
 
     Example:
 
@@ -70,6 +86,8 @@ class ConformerBlock(SpecFromCall, RematCall, keras.layers.Layer):
         conv_expansion=2,
         layer_norm_epsilon=1e-5,
         kernel_initializer="glorot_uniform",
+        causal_conv=False,
+        conv_norm="batch_norm",
         **kwargs,
     ):
         super().__init__(**kwargs)
@@ -83,6 +101,8 @@ class ConformerBlock(SpecFromCall, RematCall, keras.layers.Layer):
         self.conv_expansion = check_positive_int("conv_expansion", conv_expansion)
         self.layer_norm_epsilon = check_positive_float("layer_norm_epsilon", layer_norm_epsilon)
         self.kernel_initializer = keras.initializers.get(kernel_initializer)
+        self.causal_conv = check_bool("causal_conv", causal_conv)
+        self.conv_norm = check_choice("conv_norm", conv_norm, NORMS)
         self.supports_masking = True
 
     def build(self, inputs_shape):
@@ -129,6 +149,8 @@ class ConformerBlock(SpecFromCall, RematCall, keras.layers.Layer):
             dropout=self.dropout,
             layer_norm_epsilon=self.layer_norm_epsilon,
             kernel_initializer=for_sublayer(self.kernel_initializer, "conv_module"),
+            causal=self.causal_conv,
+            norm=self.conv_norm,
             dtype=self.dtype_policy,
             name="conv_module",
         )
@@ -141,14 +163,21 @@ class ConformerBlock(SpecFromCall, RematCall, keras.layers.Layer):
     def compute_output_shape(self, inputs_shape):
         return tuple(inputs_shape)
 
-    def call(self, inputs, padding_mask=None, training=None, return_attention_scores=False):
+    def call(self, inputs, padding_mask=None, attention_mask=None, training=None,
+             return_attention_scores=False):
         if padding_mask is None:
             padding_mask = get_keras_mask(inputs)
+        if attention_mask is not None and len(attention_mask.shape) == 2:
+            attention_mask = ops.broadcast_to(
+                ops.expand_dims(attention_mask, 0),
+                (ops.shape(inputs)[0],) + tuple(ops.shape(attention_mask)),
+            )  # (T, T) -> (B, T, T)
         x = inputs
         x = x + 0.5 * self.feed_forward_1(self.feed_forward_1_layer_norm(x), training=training)
         attended = self.self_attention(
             self.self_attention_layer_norm(x),
             padding_mask=padding_mask,
+            attention_mask=attention_mask,
             training=training,
             return_attention_scores=return_attention_scores,
         )
@@ -157,11 +186,53 @@ class ConformerBlock(SpecFromCall, RematCall, keras.layers.Layer):
             attended, scores = attended
         x = x + self.self_attention_dropout(attended, training=training)
         x = x + self.conv_module(x, padding_mask=padding_mask, training=training)
-        x = x + 0.5 * self.feed_forward_2(self.feed_forward_2_layer_norm(x), training=training)
-        x = self.output_layer_norm(x)
+        x = self._last_half(x, training)
         if return_attention_scores:
             return x, scores
         return x
+
+    def _last_half(self, x, training):
+        x = x + 0.5 * self.feed_forward_2(self.feed_forward_2_layer_norm(x), training=training)
+        return self.output_layer_norm(x)
+
+    def initial_state(self, batch_size, left_context):
+        """The streaming state before the first chunk: the attention's cache
+        (`key`, `value`: `(B, L, N, H)`, `mask`: `(B, L)`) and the
+        convolution's (`conv`: `(B, K-1, C)`)."""
+        state = dict(self.self_attention.initial_cache(batch_size, left_context))
+        state["conv"] = self.conv_module.initial_cache(batch_size)
+        return state
+
+    def check_state(self, state, batch_size, prefix=""):
+        """A ValueError naming the entry of `state` that does not fit."""
+        keys = {"key", "value", "mask", "conv"}
+        if not isinstance(state, dict) or set(state) != keys:
+            raise ValueError(
+                f"Invalid value for argument `state`: a dict of {sorted(keys)}, "
+                "as `initial_state` returns. Received: state="
+                f"{sorted(state) if isinstance(state, dict) else type(state).__name__}"
+            )
+        self.self_attention.check_cache(
+            {k: state[k] for k in ("key", "value", "mask")}, batch_size, prefix)
+        self.conv_module.check_cache(state["conv"], batch_size, prefix + "conv")
+
+    def stream_step(self, inputs, state, padding_mask=None):
+        """One chunk `(B, C, D)` at inference; returns `(outputs, new_state)`
+        and leaves `state` as it was. The chunk must start at a multiple of
+        the chunk size the offline mask uses, and be no longer than it."""
+        self.check_state(state, inputs.shape[0])
+        x = inputs
+        x = x + 0.5 * self.feed_forward_1(self.feed_forward_1_layer_norm(x), training=False)
+        attended, cache = self.self_attention.stream_step(
+            self.self_attention_layer_norm(x),
+            {k: state[k] for k in ("key", "value", "mask")},
+            padding_mask=padding_mask,
+        )
+        x = x + attended
+        convolved, conv_cache = self.conv_module.stream_step(
+            x, state["conv"], padding_mask=padding_mask)
+        x = self._last_half(x + convolved, training=False)
+        return x, dict(cache, conv=conv_cache)
 
     def get_config(self):
         config = super().get_config()
@@ -175,6 +246,8 @@ class ConformerBlock(SpecFromCall, RematCall, keras.layers.Layer):
                 "conv_expansion": self.conv_expansion,
                 "layer_norm_epsilon": self.layer_norm_epsilon,
                 "kernel_initializer": keras.initializers.serialize(self.kernel_initializer),
+                "causal_conv": self.causal_conv,
+                "conv_norm": self.conv_norm,
             }
         )
         return config

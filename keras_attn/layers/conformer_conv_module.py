@@ -5,6 +5,8 @@ from keras import ops
 
 from keras_attn._keras_compat import SpecFromCall
 from keras_attn._clone import for_sublayer
+from keras_attn._checks import check_bool
+from keras_attn._checks import check_choice
 from keras_attn._checks import check_positive_float
 from keras_attn._checks import check_positive_int
 from keras_attn._checks import check_rate
@@ -12,6 +14,10 @@ from keras_attn._checks import check_static_shape
 from keras_attn.layers.masking import checked_mask
 from keras_attn.layers.masking import get_keras_mask
 from keras_attn.layers.masking import nan_where
+from keras_attn.layers.streaming import check_state_tensor
+
+# The normalisation after the depthwise convolution.
+NORMS = ("batch_norm", "layer_norm")
 
 
 @keras.saving.register_keras_serializable(package="keras_attn")
@@ -28,6 +34,14 @@ class ConformerConvModule(SpecFromCall, keras.layers.Layer):
     (`x + y`). Padded frames are zeroed before the depthwise convolution and
     left out of the batch statistics, so padding never reaches a valid frame.
 
+    Streaming: with `causal=True` the depthwise convolution is padded on the
+    left only (`kernel_size - 1` frames), so frame `t` sees frames
+    `t - kernel_size + 1 .. t`; `stream_step(chunk, cache)` carries those last
+    `kernel_size - 1` depthwise inputs from one chunk to the next
+    (`initial_cache(batch_size)`) and gives the offline outputs. Neither
+    normalisation looks across time at inference (BatchNorm uses its moving
+    statistics, LayerNorm each frame's channels).
+
     Args:
         kernel_size: depthwise kernel size over time (31 or 32 in the paper).
         expansion: the first pointwise conv maps D to `expansion * D`
@@ -37,6 +51,9 @@ class ConformerConvModule(SpecFromCall, keras.layers.Layer):
         batch_norm_momentum: BatchNorm moving-average momentum.
         kernel_initializer: initializer of the pointwise kernels.
         depthwise_initializer: initializer of the depthwise kernel.
+        causal: pad the depthwise convolution on the left only (streaming).
+        norm: `"batch_norm"` (the paper's) or `"layer_norm"` (over channels,
+            per frame, in training too) after the depthwise convolution.
         **kwargs: base layer arguments.
 
     Call arguments:
@@ -67,6 +84,8 @@ class ConformerConvModule(SpecFromCall, keras.layers.Layer):
         batch_norm_momentum=0.99,
         kernel_initializer="glorot_uniform",
         depthwise_initializer="glorot_uniform",
+        causal=False,
+        norm="batch_norm",
         **kwargs,
     ):
         super().__init__(**kwargs)
@@ -77,6 +96,8 @@ class ConformerConvModule(SpecFromCall, keras.layers.Layer):
         self.batch_norm_momentum = check_rate("batch_norm_momentum", batch_norm_momentum)
         self.kernel_initializer = keras.initializers.get(kernel_initializer)
         self.depthwise_initializer = keras.initializers.get(depthwise_initializer)
+        self.causal = check_bool("causal", causal)
+        self.norm = check_choice("norm", norm, NORMS)
         self.supports_masking = True
 
     def build(self, inputs_shape):
@@ -104,10 +125,17 @@ class ConformerConvModule(SpecFromCall, keras.layers.Layer):
             dtype=self.dtype_policy, name="depthwise_conv",
         )
         self.depthwise_conv.build(time_shape + (self._inner,))
-        self.batch_norm = keras.layers.BatchNormalization(
-            momentum=self.batch_norm_momentum, dtype=self.dtype_policy, name="batch_norm"
-        )
-        self.batch_norm.build(time_shape + (self._inner,))
+        if self.norm == "batch_norm":
+            self.batch_norm = keras.layers.BatchNormalization(
+                momentum=self.batch_norm_momentum, dtype=self.dtype_policy, name="batch_norm"
+            )
+            self.batch_norm.build(time_shape + (self._inner,))
+        else:
+            self.conv_layer_norm = keras.layers.LayerNormalization(
+                epsilon=self.layer_norm_epsilon, dtype=self.dtype_policy,
+                name="conv_layer_norm",
+            )
+            self.conv_layer_norm.build(time_shape + (self._inner,))
         self.pointwise_conv_2 = keras.layers.Dense(
             width, kernel_initializer=for_sublayer(self.kernel_initializer, "pointwise_conv_2"),
             dtype=self.dtype_policy, name="pointwise_conv_2",
@@ -129,17 +157,70 @@ class ConformerConvModule(SpecFromCall, keras.layers.Layer):
             check_static_shape(
                 "padding_mask", padding_mask, tuple(inputs.shape[:2]), "(B, T)"
             )
+        x = self._gated(inputs, padding_mask)
+        x = self._depthwise(x)
+        return nan_where(bad_padding, self._output(x, padding_mask, training))
+
+    def _gated(self, inputs, padding_mask):
+        """LN -> pointwise conv -> GLU, padded frames zeroed: `(B, T, C)`."""
         x = self.layer_norm(inputs)
         x = self.pointwise_conv_1(x)  # (B, T, 2C)
         content, gate = ops.split(x, 2, axis=-1)
         x = content * ops.sigmoid(gate)  # GLU, (B, T, C)
         if padding_mask is not None:
             x = ops.where(ops.expand_dims(padding_mask, -1), x, ops.zeros_like(x))
-        x = self._depthwise(x)
-        x = self._batch_norm(x, padding_mask, training)
+        return x
+
+    def _output(self, x, padding_mask, training):
+        """Norm -> Swish -> pointwise conv -> dropout, after the depthwise conv."""
+        if self.norm == "batch_norm":
+            x = self._batch_norm(x, padding_mask, training)
+        else:
+            x = self.conv_layer_norm(x)
         x = ops.silu(x)
         x = self.pointwise_conv_2(x)
-        return nan_where(bad_padding, self.dropout_layer(x, training=training))
+        return self.dropout_layer(x, training=training)
+
+    def initial_cache(self, batch_size):
+        """The streaming cache before the first chunk: the `kernel_size - 1`
+        zero frames the causal convolution pads on the left, `(B, K-1, C)`."""
+        self._check_streamable()
+        return ops.zeros((batch_size, self.kernel_size - 1, self._inner), self.compute_dtype)
+
+    def check_cache(self, cache, batch_size, name="cache"):
+        """A ValueError naming `cache` when it is not `(B, K-1, C)` of the
+        compute dtype."""
+        check_state_tensor(name, cache, (batch_size, self.kernel_size - 1, self._inner),
+                           self.compute_dtype)
+
+    def stream_step(self, inputs, cache, padding_mask=None):
+        """One chunk `(B, C, D)` of the causal module at inference.
+
+        `cache` holds the depthwise inputs of the `kernel_size - 1` frames
+        before the chunk (`initial_cache` at the start). Returns
+        `(outputs (B, C, D), new_cache)`: the offline outputs of these frames;
+        `cache` itself is not changed.
+        """
+        self._check_streamable()
+        self.check_cache(cache, inputs.shape[0])
+        if padding_mask is not None:
+            check_static_shape(
+                "padding_mask", padding_mask, tuple(inputs.shape[:2]), "(B, C)"
+            )
+            padding_mask = ops.cast(padding_mask, "bool")
+        x = self._gated(inputs, padding_mask)  # (B, C, C')
+        history = ops.concatenate([cache, ops.cast(x, cache.dtype)], axis=1)  # (B, K-1+C, C')
+        y = self._depthwise_valid(history, ops.shape(x))
+        total = ops.shape(history)[1]
+        new_cache = history[:, total - (self.kernel_size - 1):]
+        return self._output(y, padding_mask, training=False), new_cache
+
+    def _check_streamable(self):
+        if not self.causal:
+            raise ValueError(
+                "Streaming needs the causal convolution (a centred kernel reads "
+                "frames of the next chunk). Received: causal=False"
+            )
 
     def _batch_norm(self, x, padding_mask, training):
         """`self.batch_norm` (valid frames only), except that a batch
@@ -160,25 +241,30 @@ class ConformerConvModule(SpecFromCall, keras.layers.Layer):
     def _depthwise(self, x):
         """`self.depthwise_conv(x)` computed as a sum of K shifted products.
 
-        Same weights and "same" padding as `keras.layers.DepthwiseConv1D`;
-        XLA on the CPU lowers the grouped convolution ~28x slower than this
-        sum (15.8 ms vs 0.55 ms for K=32, B8 T50 C288), and fuses the sum
-        into one loop on every backend.
+        Same weights and "same" padding as `keras.layers.DepthwiseConv1D`
+        (left padding only when `causal`); XLA on the CPU lowers the grouped
+        convolution ~28x slower than this sum (15.8 ms vs 0.55 ms for K=32,
+        B8 T50 C288), and fuses the sum into one loop on every backend.
         """
-        kernel = ops.cast(self.depthwise_conv.kernel[:, :, 0], x.dtype)  # (K, C)
         k = self.kernel_size
-        left = (k - 1) // 2  # "same": the extra pad of an even kernel goes right
+        # "same": the extra pad of an even kernel goes right.
+        left = k - 1 if self.causal else (k - 1) // 2
         padded = ops.pad(x, ((0, 0), (left, k - 1 - left), (0, 0)))
-        shape = ops.shape(x)
+        return self._depthwise_valid(padded, ops.shape(x))
+
+    def _depthwise_valid(self, padded, shape):
+        """The K-tap depthwise sum over `padded` `(B, T + K - 1, C)` without
+        padding: `shape` `(B, T, C)` outputs."""
+        kernel = ops.cast(self.depthwise_conv.kernel[:, :, 0], padded.dtype)  # (K, C)
         # One unstack and K `ops.slice` calls, not 2K Python `[...]`
         # indexings, each of which TensorFlow traces through its Python
         # strided-slice helper (same ops once compiled; building
         # conformer_medium on TensorFlow: 9.5 s -> 8.8 s).
         taps = ops.unstack(kernel, axis=0)  # K x (C,)
         out = ops.slice(padded, (0, 0, 0), shape) * taps[0]
-        for tap in range(1, k):
+        for tap in range(1, self.kernel_size):
             out = out + ops.slice(padded, (0, tap, 0), shape) * taps[tap]
-        return out + ops.cast(self.depthwise_conv.bias, x.dtype)
+        return out + ops.cast(self.depthwise_conv.bias, padded.dtype)
 
     def get_config(self):
         config = super().get_config()
@@ -193,6 +279,8 @@ class ConformerConvModule(SpecFromCall, keras.layers.Layer):
                 "depthwise_initializer": keras.initializers.serialize(
                     self.depthwise_initializer
                 ),
+                "causal": self.causal,
+                "norm": self.norm,
             }
         )
         return config

@@ -8,9 +8,11 @@ from keras import ops
 from keras_attn._keras_compat import SpecFromCall
 from keras_attn._clone import for_sublayer
 from keras_attn._checks import check_positive_int
+from keras_attn._checks import check_static_shape
 from keras_attn.layers.masking import checked_mask
 from keras_attn.layers.masking import get_keras_mask
 from keras_attn.layers.masking import nan_where
+from keras_attn.layers.streaming import check_state_tensor
 
 
 def _conv_length(length):
@@ -40,6 +42,11 @@ class ConvSubsampling(SpecFromCall, keras.layers.Layer):
     The output mask is exact: output frame `t` is valid when the last input
     frame of its receptive field (`4t + 6`) is, i.e. `t < subsampled_length(L)`
     for an utterance of `L` valid frames. Keras propagates it to the next layer.
+
+    Streaming: the convolutions are unpadded in time, so output frame `t`
+    reads input frames `4t .. 4t + 6` and nothing else; `stream_step` carries
+    the input frames a later output still needs (at most 6) and gives exactly
+    the outputs of the whole-utterance call.
 
     Args:
         hidden_dim: output width.
@@ -77,7 +84,7 @@ class ConvSubsampling(SpecFromCall, keras.layers.Layer):
                 "`inputs` must be (B, T, F) with a known F. "
                 f"Received: inputs.shape={tuple(inputs_shape)}"
             )
-        features = inputs_shape[-1]
+        features = self._features = inputs_shape[-1]
         if subsampled_length(features) < 1:
             raise ValueError(
                 "Two stride-2 3x3 convolutions need at least 7 feature bins. "
@@ -123,6 +130,58 @@ class ConvSubsampling(SpecFromCall, keras.layers.Layer):
         shape = ops.shape(x)
         x = ops.reshape(x, (shape[0], shape[1], self._flat))
         return nan_where(bad_padding, self.projection(x))
+
+    def initial_state(self, batch_size):
+        """The streaming state before the first frame: no buffered input
+        frames (`frames` `(B, 0, F)`, `mask` `(B, 0)`)."""
+        return {
+            "frames": ops.zeros((batch_size, 0, self._features), self.compute_dtype),
+            "mask": ops.zeros((batch_size, 0), "bool"),
+        }
+
+    def check_state(self, state, batch_size, prefix=""):
+        """A ValueError naming the entry of `state` that does not fit."""
+        if not isinstance(state, dict) or set(state) != {"frames", "mask"}:
+            raise ValueError(
+                "Invalid value for argument `state`: a dict of 'frames' and 'mask', "
+                "as `initial_state` returns. Received: state="
+                f"{sorted(state) if isinstance(state, dict) else type(state).__name__}"
+            )
+        check_state_tensor(prefix + "frames", state["frames"],
+                           (batch_size, None, self._features), self.compute_dtype)
+        check_state_tensor(prefix + "mask", state["mask"], (batch_size, None), "bool")
+
+    def stream_step(self, inputs, state, padding_mask=None):
+        """The outputs that the frames received so far complete.
+
+        Args:
+            inputs: `(B, t, F)`, the next feature frames (any `t`, 0 included).
+            state: the previous step's state (`initial_state` at the start).
+            padding_mask: `(B, t)`, True = real frame (default: all).
+
+        Returns:
+            `(outputs (B, m, hidden_dim), output_mask (B, m), new_state)`:
+            the next `m` output frames of the whole-utterance call and their
+            mask; `state` is not changed.
+        """
+        batch = inputs.shape[0]
+        self.check_state(state, batch)
+        if padding_mask is None:
+            padding_mask = ops.ones(tuple(ops.shape(inputs)[:2]), "bool")
+        check_static_shape("padding_mask", padding_mask, tuple(inputs.shape[:2]), "(B, t)")
+        frames = ops.concatenate([state["frames"], ops.cast(inputs, state["frames"].dtype)], 1)
+        mask = ops.concatenate([state["mask"], ops.cast(padding_mask, "bool")], axis=1)
+        total = frames.shape[1]
+        steps = subsampled_length(total)
+        if steps == 0:
+            outputs = ops.zeros((batch, 0, self.hidden_dim), self.compute_dtype)
+        else:
+            outputs = self(frames, padding_mask=mask)
+        # Output t is real when the last frame it reads (4t + 6) is.
+        output_mask = mask[:, 6::4][:, :steps]
+        consumed = 4 * steps  # the next output starts at input frame 4 * steps
+        new_state = {"frames": frames[:, consumed:], "mask": mask[:, consumed:]}
+        return outputs, output_mask, new_state
 
     def compute_output_shape(self, inputs_shape):
         length = inputs_shape[1]

@@ -4,12 +4,19 @@ import keras
 import numpy as np
 from keras import ops
 
+from keras_attn._checks import check_choice
 from keras_attn._checks import check_positive_float
 from keras_attn._checks import check_positive_int
+from keras_attn._checks import check_static_shape
+from keras_attn.layers.streaming import check_state_tensor
 
 # How the power spectrum is computed: the backend's FFT (Keras's
 # MelSpectrogram), or the DFT as a convolution (for ONNX and LiteRT).
 STFT_MODES = ("fft", "convolution")
+# What the decibels become: per-utterance floor and mean / variance
+# normalisation (reads the whole utterance), or none (each frame on its
+# own, so the features can be computed as the audio arrives).
+NORMALIZATIONS = ("utterance", "none")
 
 
 @keras.saving.register_keras_serializable(package="keras_attn")
@@ -38,6 +45,11 @@ class LogMelFeatures(keras.layers.Layer):
         fft_length: FFT size (>= frame_length).
         epsilon: added to the variance.
         top_db: the dynamic range kept below each utterance's loudest bin.
+        normalization: `"utterance"` (the decibel floor and the mean and
+            variance normalisation above) or `"none"`: the decibels floored
+            at -100 dB, each frame on its own, which is what streaming needs
+            (the utterance's loudest frame, mean and variance are not known
+            while it is spoken).
         stft: `"fft"` (the backend's FFT, through `keras.layers.MelSpectrogram`)
             or `"convolution"` (the DFT as a strided convolution: the same
             numbers within float32 rounding, and a graph ONNX and LiteRT can
@@ -51,6 +63,13 @@ class LogMelFeatures(keras.layers.Layer):
 
     Returns:
         `(B, T, num_mel_bins)`.
+
+    Streaming (`normalization="none"`): `initial_state(batch_size)`, then
+    `stream_step(samples, state, chunk_length)` for each chunk of samples and
+    `flush(state)` at the end give, frame by frame, the features of the
+    whole-utterance call; the state carries the samples the next frames'
+    windows still need (a window overlaps the next `frame_length` / `frame_step`
+    ones) and each utterance's valid length.
 
     Example:
 
@@ -70,6 +89,7 @@ class LogMelFeatures(keras.layers.Layer):
         epsilon=1e-5,
         top_db=80.0,
         stft="fft",
+        normalization="utterance",
         **kwargs,
     ):
         super().__init__(**kwargs)
@@ -89,6 +109,7 @@ class LogMelFeatures(keras.layers.Layer):
         # Not a weight: ONNX and LiteRT export switch it to "convolution".
         self.stft = stft
         self.top_db = check_positive_float("top_db", top_db)
+        self.normalization = check_choice("normalization", normalization, NORMALIZATIONS)
 
     def build(self, waveform_shape, waveform_length_shape=None):
         self.mel_spectrogram = keras.layers.MelSpectrogram(
@@ -142,16 +163,24 @@ class LogMelFeatures(keras.layers.Layer):
             frames = self.num_frames(lengths)
             valid = ops.less(ops.expand_dims(ops.arange(steps), 0), ops.expand_dims(frames, 1))
             valid = ops.expand_dims(ops.cast(valid, "float32"), -1)  # (B, T, 1)
+        if self.normalization == "utterance":
+            features = self._normalise(features, valid)
+        else:
+            features = features * valid
+        if lengths is not None:
+            bad = ops.logical_or(lengths < 0, lengths > samples)  # (B,)
+            features = ops.where(ops.expand_dims(bad, (1, 2)), float("nan"), features)
+        return ops.cast(features, self.compute_dtype)
+
+    def _normalise(self, features, valid):
+        """Per utterance: the decibel floor `top_db` below the loudest valid
+        frame, then mean and variance normalisation over the valid frames."""
         loudest = ops.max(features * valid + (valid - 1.0) * 1e9, axis=(1, 2), keepdims=True)
         features = ops.maximum(features, loudest - self.top_db)
         count = ops.maximum(ops.sum(valid, axis=1, keepdims=True), 1.0)  # (B, 1, 1)
         mean = ops.sum(features * valid, axis=1, keepdims=True) / count
         variance = ops.sum(ops.square(features - mean) * valid, axis=1, keepdims=True) / count
-        features = (features - mean) / ops.sqrt(variance + self.epsilon) * valid
-        if lengths is not None:
-            bad = ops.logical_or(lengths < 0, lengths > samples)  # (B,)
-            features = ops.where(ops.expand_dims(bad, (1, 2)), float("nan"), features)
-        return ops.cast(features, self.compute_dtype)
+        return (features - mean) / ops.sqrt(variance + self.epsilon) * valid
 
     def _mel_power_by_convolution(self, waveform):
         """What `keras.layers.MelSpectrogram` computes (centred STFT with
@@ -161,7 +190,13 @@ class LogMelFeatures(keras.layers.Layer):
         tf2onnx refuses the Real/Imag ops after RFFT and LiteRT has no
         builtin for them, while a convolution and a matmul are everywhere.
         Equal to the FFT path within float32 rounding (tested)."""
-        mel = self.mel_spectrogram
+        n = self.fft_length
+        x = ops.pad(waveform, [[0, 0], [n // 2, n // 2]], mode="reflect")
+        return ops.transpose(self._power_by_convolution(x), (0, 2, 1))
+
+    def _power_by_convolution(self, padded):
+        """Mel power `(B, T, M)` of the uncentred frames of `padded` `(B, N)`
+        (frame `t` is samples `t * frame_step ..` + fft_length)."""
         n, length = self.fft_length, self.frame_length
         window = np.zeros(n)
         start = (n - length) // 2
@@ -170,15 +205,166 @@ class LogMelFeatures(keras.layers.Layer):
         kernel = np.concatenate([window[:, None] * np.cos(angles),
                                  -window[:, None] * np.sin(angles)], axis=1)
         kernel = ops.convert_to_tensor(kernel[:, None, :].astype("float32"))  # (N, 1, 2F)
-        x = ops.pad(waveform, [[0, 0], [n // 2, n // 2]], mode="reflect")
-        spectrum = ops.conv(ops.expand_dims(x, -1), kernel, strides=self.frame_step)  # (B, T, 2F)
+        spectrum = ops.conv(ops.expand_dims(padded, -1), kernel, strides=self.frame_step)  # (B, T, 2F)
         bins = n // 2 + 1
         power = ops.square(spectrum[..., :bins]) + ops.square(spectrum[..., bins:])
+        return ops.matmul(power, self._mel_matrix())
+
+    def _mel_matrix(self):
+        mel = self.mel_spectrogram
         matrix = mel.linear_to_mel_weight_matrix(
-            num_mel_bins=mel.num_mel_bins, num_spectrogram_bins=bins,
+            num_mel_bins=mel.num_mel_bins, num_spectrogram_bins=self.fft_length // 2 + 1,
             sampling_rate=mel.sampling_rate, lower_edge_hertz=mel.min_freq,
             upper_edge_hertz=mel.max_freq)
-        return ops.transpose(ops.matmul(power, ops.cast(matrix, "float32")), (0, 2, 1))
+        return ops.cast(matrix, "float32")
+
+    def _power_by_fft(self, padded):
+        """What `self.mel_spectrogram` computes from a waveform, for the
+        uncentred frames of `padded` (its centring done by the caller)."""
+        mel = self.mel_spectrogram
+        real, imag = ops.stft(padded, sequence_length=self.frame_length,
+                              sequence_stride=self.frame_step, fft_length=self.fft_length,
+                              window=mel.window, center=False)
+        magnitude = ops.sqrt(ops.square(real) + ops.square(imag))
+        return ops.tensordot(ops.power(magnitude, mel.mag_exp), self._mel_matrix(), axes=1)
+
+    # === Streaming ===
+
+    def initial_state(self, batch_size):
+        """The streaming state before the first sample.
+
+        `samples` `(B, s)`: the samples the next frames still need (before
+        the first frame, the utterances' first samples; then the centred
+        STFT's padded samples from the next frame's window start on);
+        `received` `()`: samples fed so far; `next_frame` `()`: frames given
+        so far; `length` `(B,)`: each utterance's valid samples; `ended`
+        `(B,)`: whether it has ended (a chunk shorter than the others).
+        """
+        self._check_streamable()
+        return {
+            "samples": ops.zeros((batch_size, 0), "float32"),
+            "received": ops.convert_to_tensor(0, "int32"),
+            "next_frame": ops.convert_to_tensor(0, "int32"),
+            "length": ops.zeros((batch_size,), "int32"),
+            "ended": ops.zeros((batch_size,), "bool"),
+        }
+
+    def check_state(self, state, batch_size, prefix=""):
+        """A ValueError naming the entry of `state` that does not fit."""
+        shapes = {"samples": ((batch_size, None), "float32"), "received": ((), "int32"),
+                  "next_frame": ((), "int32"), "length": ((batch_size,), "int32"),
+                  "ended": ((batch_size,), "bool")}
+        if not isinstance(state, dict) or set(state) != set(shapes):
+            raise ValueError(
+                f"Invalid value for argument `state`: a dict of {sorted(shapes)}, as "
+                "`initial_state` returns. Received: state="
+                f"{sorted(state) if isinstance(state, dict) else type(state).__name__}"
+            )
+        for name, (shape, dtype) in shapes.items():
+            check_state_tensor(prefix + name, state[name], shape, dtype)
+
+    def stream_step(self, samples, state, chunk_length=None):
+        """The frames that the samples received so far complete.
+
+        Args:
+            samples: `(B, n)`, the next `n` samples of every utterance.
+            state: the previous step's state (`initial_state` at the start).
+            chunk_length: `(B,)` valid samples of each row of `samples`
+                (default: all `n`). A row given fewer than `n` has ended:
+                its later chunks must give it 0.
+
+        Returns:
+            `(features (B, f, num_mel_bins), frame_mask (B, f), new_state)`:
+            the next `f` frames of the whole-utterance call with
+            `waveform_length` the utterances' lengths, and which of them are
+            real; `state` is not changed.
+        """
+        return self._step(samples, state, chunk_length, final=False)
+
+    def flush(self, state):
+        """The last frames (whose windows reach past the end, into zeros):
+        `(features, frame_mask, new_state)` as `stream_step`."""
+        if not isinstance(state, dict) or not hasattr(state.get("length"), "shape"):
+            self.check_state(state, None)
+        batch = state["length"].shape[0]
+        return self._step(ops.zeros((batch, 0), "float32"), state, None, final=True)
+
+    def _step(self, samples, state, chunk_length, final):
+        self._check_streamable()
+        if len(samples.shape) != 2:
+            raise ValueError(
+                "Invalid value for argument `samples`: a chunk is (B, n) samples. "
+                f"Received: samples.shape={tuple(samples.shape)}"
+            )
+        batch, width = samples.shape
+        self.check_state(state, batch)
+        samples = ops.cast(samples, "float32")
+        values = ops.convert_to_numpy(samples)
+        if not np.isfinite(values).all():
+            rows = np.flatnonzero(~np.isfinite(values).all(axis=1))
+            raise ValueError(
+                "Invalid value for argument `samples`: audio samples must be "
+                f"finite. Received: samples with NaN or inf in row(s) {rows.tolist()}"
+            )
+        if chunk_length is None:
+            chunk_length = ops.full((batch,), width, "int32")
+        chunk_length = ops.cast(chunk_length, "int32")
+        check_static_shape("chunk_length", chunk_length, (batch,), "(B,)")
+        lengths = ops.convert_to_numpy(chunk_length)
+        ended = ops.convert_to_numpy(state["ended"])
+        if (lengths < 0).any() or (lengths > width).any() or (ended & (lengths > 0)).any():
+            raise ValueError(
+                "Invalid value for argument `chunk_length`: each row's valid "
+                f"samples, between 0 and the chunk's {width}, and 0 for an "
+                "utterance that has ended. Received: chunk_length="
+                f"{lengths.tolist()} (ended: {ended.tolist()})"
+            )
+        inside = ops.less(ops.expand_dims(ops.arange(width), 0), ops.expand_dims(chunk_length, 1))
+        samples = ops.where(inside, samples, 0.0)  # (B, n), zeros past each end
+        length = state["length"] + chunk_length  # (B,)
+        half, hop = self.fft_length // 2, self.frame_step
+        before = int(ops.convert_to_numpy(state["received"]))
+        received = before + width
+        first = int(ops.convert_to_numpy(state["next_frame"]))
+        buffer = ops.concatenate([state["samples"], samples], axis=1)
+        started = before >= half + 1  # the buffer already holds the centring
+        if final:
+            # The whole-utterance call pads half an FFT of zeros at the end.
+            buffer = ops.pad(buffer, [[0, 0], [0, half]])
+        if not started and (received >= half + 1 or (final and received > 0)):
+            # The centred STFT reflects the first samples about sample 0.
+            buffer = ops.concatenate([ops.flip(buffer[:, 1:half + 1], axis=1), buffer], axis=1)
+            started = True
+        last = received // hop if final else (received - half) // hop
+        count = max(last - first + 1, 0) if started else 0
+        new_state = {
+            "samples": buffer[:, count * hop:],
+            "received": ops.convert_to_tensor(received, "int32"),
+            "next_frame": ops.convert_to_tensor(first + count, "int32"),
+            "length": length,
+            "ended": ops.logical_or(state["ended"], ops.less(chunk_length, width)),
+        }
+        if count == 0:
+            features = ops.zeros((batch, 0, self.num_mel_bins), self.compute_dtype)
+            return features, ops.zeros((batch, 0), "bool"), new_state
+        window = buffer[:, :(count - 1) * hop + self.fft_length]
+        if self.stft == "fft":
+            power = self._power_by_fft(window)  # (B, f, M)
+        else:
+            power = self._power_by_convolution(window)
+        features = ops.maximum(10.0 * ops.log10(ops.cast(power, "float32")), -100.0)
+        frames = ops.arange(first, first + count) * hop  # each frame's centre sample
+        valid = ops.less_equal(ops.expand_dims(frames, 0), ops.expand_dims(length, 1))  # (B, f)
+        features = features * ops.expand_dims(ops.cast(valid, "float32"), -1)
+        return ops.cast(features, self.compute_dtype), valid, new_state
+
+    def _check_streamable(self):
+        if self.normalization != "none":
+            raise ValueError(
+                "Streaming needs features that do not depend on the rest of the "
+                "utterance: build the layer with normalization='none'. Received: "
+                f"normalization={self.normalization!r}"
+            )
 
     def compute_output_shape(self, waveform_shape, waveform_length_shape=None):
         # Declared rather than traced: JAX cannot trace the STFT's reflect
@@ -199,6 +385,7 @@ class LogMelFeatures(keras.layers.Layer):
                 "epsilon": self.epsilon,
                 "top_db": self.top_db,
                 "stft": self.stft,
+                "normalization": self.normalization,
             }
         )
         return config

@@ -21,28 +21,36 @@ from keras_attn.layers.scaled_dot_product_attention import (
 from keras_attn.layers.sinusoidal_positional_encoding import (
     sinusoidal_positional_encoding,
 )
+from keras_attn.layers.streaming import check_left_context
+from keras_attn.layers.streaming import check_state_tensor
 
 
-def relative_logits(query, positions):
-    """`out[b, n, i, j] = query[b, i, n] . positions[i - j + T - 1, n]`.
+def relative_logits(query, positions, key_length=None):
+    """`out[b, n, i, j] = query[b, i, n] . positions[i - j + S - 1, n]`.
+
+    The `T` queries are the last `T` of the `S` keys (`S = T` offline; a
+    streamed chunk's keys are the cached left context and then the chunk),
+    so query `i` and key `j` are `i + S - T - j` frames apart.
 
     Args:
         query: `(B, T, N, H)`.
-        positions: `(2T - 1, N, H)`, rows for relative distances
-            `-(T - 1), ..., T - 1` in ascending order.
+        positions: `(T + S - 1, N, H)`, rows for relative distances
+            `-(T - 1), ..., S - 1` in ascending order.
+        key_length: `S`; defaults to `T`.
 
     Returns:
-        `(B, N, T, T)`.
+        `(B, N, T, S)`.
     """
-    scores = ops.einsum("btnh,rnh->bntr", query, positions)  # (B, N, T, 2T-1)
+    scores = ops.einsum("btnh,rnh->bntr", query, positions)  # (B, N, T, T+S-1)
     shape = ops.shape(scores)
     t = shape[2]
-    # Column i - j + T - 1 of row i, picked by a gather along the last axis
+    s = t if key_length is None else key_length
+    # Column i - j + S - 1 of row i, picked by a gather along the last axis
     # (no reshapes: JAX's symbolic shapes cannot check T * (2T - 1) sizes).
     rows = ops.expand_dims(ops.arange(t), 1)  # (T, 1)
-    cols = ops.expand_dims(ops.arange(t), 0)  # (1, T)
-    index = ops.broadcast_to(ops.expand_dims(rows - cols + t - 1, (0, 1)), (shape[0], shape[1], t, t))
-    return ops.take_along_axis(scores, index, axis=-1)  # (B, N, T, T)
+    cols = ops.expand_dims(ops.arange(s), 0)  # (1, S)
+    index = ops.broadcast_to(ops.expand_dims(rows - cols + s - 1, (0, 1)), (shape[0], shape[1], t, s))
+    return ops.take_along_axis(scores, index, axis=-1)  # (B, N, T, S)
 
 
 @keras.saving.register_keras_serializable(package="keras_attn")
@@ -77,12 +85,18 @@ class RelativeMultiHeadAttention(SpecFromCall, keras.layers.Layer):
         inputs: `(B, T, D)`.
         padding_mask: `(B, T)`, True = real frame; defaults to the implicit
             Keras mask.
-        attention_mask: `(B, T, T)`, merged with `padding_mask`.
+        attention_mask: `(B, T, T)`, merged with `padding_mask`
+            (`chunk_attention_mask` for chunked, streamable attention).
         training: whether dropout is active.
         return_attention_scores: also return `(B, N, T, T)`.
 
     Returns:
         `(B, T, D)`, and the scores if asked for.
+
+    Streaming: `stream_step(chunk, cache)` attends one chunk to itself and
+    to the cached keys and values of the `left_context` frames before it
+    (`initial_cache(batch_size, left_context)`), equal to the offline call
+    with `chunk_attention_mask`.
 
     Example:
 
@@ -186,23 +200,34 @@ class RelativeMultiHeadAttention(SpecFromCall, keras.layers.Layer):
             masks.append(attention_mask)
         mask = merge_masks(*masks)  # (B, T, T) or None
 
-        t = ops.shape(inputs)[1]
-        # Distances -(T-1) .. T-1, ascending: row r + T - 1 is distance r.
+        q, k, v = self._project(inputs)
+        output, scores = self._attend(q, k, v, mask, training)
+        output = nan_where(bad_attention, nan_where(bad_padding, output))
+        if return_attention_scores:
+            return output, scores
+        return output
+
+    def _project(self, inputs):
+        q = self.query_dense(inputs)  # (B, T, N, H)
+        return q, self.key_dense(inputs), self.value_dense(inputs)
+
+    def _attend(self, q, k, v, mask, training):
+        """Attention of the queries `(B, T, N, H)`, the last `T` of the keys
+        `(B, S, N, H)`, with relative positions; `(B, T, D)` and the scores."""
+        t, s = ops.shape(q)[1], ops.shape(k)[1]
+        # Distances -(T-1) .. S-1, ascending: row r + T - 1 is distance r.
         table = sinusoidal_positional_encoding(
-            2 * t - 1,
+            t + s - 1,
             self._width,
             max_wavelength=self.max_wavelength,
             start_index=1 - t,
             dtype=self.compute_dtype,
-        )  # (2T-1, D)
-        positions = self.position_dense(table)  # (2T-1, N, H)
-        q = self.query_dense(inputs)  # (B, T, N, H)
-        k = self.key_dense(inputs)
-        v = self.value_dense(inputs)
+        )  # (T+S-1, D)
+        positions = self.position_dense(table)  # (T+S-1, N, H)
         content_bias = ops.cast(self.content_bias, q.dtype)
         position_bias = ops.cast(self.position_bias, q.dtype)
         scale = 1.0 / float(self._key_dim) ** 0.5
-        position_logits = relative_logits(q + position_bias, positions) * scale
+        position_logits = relative_logits(q + position_bias, positions, s) * scale
         attended, scores = scaled_dot_product_attention(
             q + content_bias,
             k,
@@ -215,11 +240,73 @@ class RelativeMultiHeadAttention(SpecFromCall, keras.layers.Layer):
             seed_generator=self.seed_generator,
             return_attention_scores=True,
         )
-        output = self.output_dense(attended)  # (B, T, D)
-        output = nan_where(bad_attention, nan_where(bad_padding, output))
-        if return_attention_scores:
-            return output, scores
-        return output
+        return self.output_dense(attended), scores  # (B, T, D)
+
+    def initial_cache(self, batch_size, left_context):
+        """The streaming cache before the first chunk: `left_context` frames
+        of zero keys and values `(B, L, N, H)`, all hidden (`mask` False)."""
+        left_context = check_left_context(left_context)
+        shape = (batch_size, left_context, self.num_heads, self._key_dim)
+        return {
+            "key": ops.zeros(shape, self.compute_dtype),
+            "value": ops.zeros(shape, self.compute_dtype),
+            "mask": ops.zeros((batch_size, left_context), "bool"),
+        }
+
+    def check_cache(self, cache, batch_size, prefix=""):
+        """A ValueError naming the entry of `cache` that does not fit this
+        layer and a batch of `batch_size` (shape, dtype, keys)."""
+        if not isinstance(cache, dict) or set(cache) != {"key", "value", "mask"}:
+            raise ValueError(
+                "Invalid value for argument `cache`: a dict of 'key', 'value' "
+                "and 'mask', as `initial_cache` returns. Received: cache="
+                f"{sorted(cache) if isinstance(cache, dict) else type(cache).__name__}"
+            )
+        left = cache["mask"].shape[1] if len(cache["mask"].shape) == 2 else None
+        shape = (batch_size, left, self.num_heads, self._key_dim)
+        check_state_tensor(prefix + "key", cache["key"], shape, self.compute_dtype)
+        check_state_tensor(prefix + "value", cache["value"], shape, self.compute_dtype)
+        check_state_tensor(prefix + "mask", cache["mask"], (batch_size, left), "bool")
+
+    def stream_step(self, inputs, cache, padding_mask=None):
+        """One chunk of chunked self-attention, with the left context cached.
+
+        The chunk's frames attend to each other and to the cached frames
+        before them, with the relative positions of the whole (cache + chunk)
+        span: the same outputs as `call` over the utterance with
+        `chunk_attention_mask(T, C, L)` for the frames of a chunk that starts
+        at a multiple of `C`.
+
+        Args:
+            inputs: `(B, C, D)`, one chunk.
+            cache: the previous step's cache (`initial_cache` at the start):
+                `{"key", "value": (B, L, N, H), "mask": (B, L)}`.
+            padding_mask: `(B, C)`, True = real frame (default: all).
+
+        Returns:
+            `(outputs (B, C, D), new_cache)`; the new cache holds the last `L`
+            frames of cache + chunk. `cache` itself is not changed.
+        """
+        batch, chunk = inputs.shape[0], inputs.shape[1]
+        self.check_cache(cache, batch)
+        if padding_mask is None:
+            padding_mask = ops.ones((batch, chunk), "bool")
+        check_static_shape("padding_mask", padding_mask, (batch, chunk), "(B, C)")
+        padding_mask = ops.cast(padding_mask, "bool")
+        q, k, v = self._project(inputs)  # (B, C, N, H)
+        keys = ops.concatenate([cache["key"], k], axis=1)  # (B, L + C, N, H)
+        values = ops.concatenate([cache["value"], v], axis=1)
+        key_mask = ops.concatenate([cache["mask"], padding_mask], axis=1)  # (B, L + C)
+        mask = ops.logical_and(ops.expand_dims(padding_mask, 2), ops.expand_dims(key_mask, 1))
+        output, _ = self._attend(q, keys, values, mask, training=False)
+        left = cache["mask"].shape[1]
+        total = ops.shape(keys)[1]
+        new_cache = {
+            "key": keys[:, total - left:],
+            "value": values[:, total - left:],
+            "mask": key_mask[:, total - left:],
+        }
+        return output, new_cache
 
     def get_config(self):
         config = super().get_config()

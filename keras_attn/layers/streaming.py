@@ -1,0 +1,67 @@
+"""Chunked attention masks and the checks shared by the layers' streaming paths.
+
+A streamed encoder sees its input one chunk at a time. Frame `t` of chunk
+`c = t // chunk_size` attends to the frames of its own chunk and to the
+`left_context` frames before the chunk's first frame (no look-ahead past the
+chunk): the mask below, used offline, gives the streamed answer exactly
+(Zhang et al., "Unified Streaming and Non-streaming Two-pass End-to-end
+Model for Speech Recognition", 2020, section 2.3; Noroozi et al., "Stateful
+Conformer with Cache-based Inference for Streaming Automatic Speech
+Recognition", 2023).
+"""
+
+import numbers
+
+import keras
+from keras import ops
+
+from keras_attn._checks import check_positive_int
+
+
+def check_left_context(left_context):
+    """`left_context` as a non-negative int, else a ValueError naming it."""
+    if (isinstance(left_context, bool) or not isinstance(left_context, numbers.Integral)
+            or left_context < 0):
+        raise ValueError(
+            "`left_context` must be a non-negative integer (frames before the "
+            f"chunk's start). Received: left_context={left_context!r}"
+        )
+    return int(left_context)
+
+
+def chunk_attention_mask(length, chunk_size, left_context):
+    """The `(T, T)` boolean mask of chunked self-attention, True = attend.
+
+    Query `t` attends to key `s` when `s` is in `t`'s chunk or in the
+    `left_context` frames before that chunk's start:
+    `(t // C) * C - left_context <= s < (t // C + 1) * C`.
+
+    >>> import numpy as np
+    >>> np.asarray(chunk_attention_mask(5, 2, 1)).astype(int).tolist()
+    [[1, 1, 0, 0, 0], [1, 1, 0, 0, 0], [0, 1, 1, 1, 0], [0, 1, 1, 1, 0], [0, 0, 0, 1, 1]]
+    """
+    chunk_size = check_positive_int("chunk_size", chunk_size)
+    left_context = check_left_context(left_context)
+    frames = ops.arange(length)
+    start = (frames // chunk_size) * chunk_size  # (T,): first frame of each chunk
+    queries, keys = ops.expand_dims(start, 1), ops.expand_dims(frames, 0)
+    return ops.logical_and(ops.greater_equal(keys, queries - left_context),
+                           ops.less(keys, queries + chunk_size))
+
+
+def check_state_tensor(name, value, shape, dtype):
+    """A state entry `value` of the given static `shape` (None = any) and
+    `dtype`, else a ValueError naming the entry and what it holds."""
+    got_shape = tuple(value.shape) if hasattr(value, "shape") else None
+    try:
+        got_dtype = keras.backend.standardize_dtype(value.dtype)
+    except (AttributeError, ValueError):
+        got_dtype = type(value).__name__
+    same_shape = got_shape is not None and len(got_shape) == len(shape) and all(
+        want is None or got == want for got, want in zip(got_shape, shape))
+    if not same_shape or got_dtype != dtype:
+        raise ValueError(
+            f"Invalid value for argument `state`: entry {name!r} must be {dtype} of "
+            f"shape {tuple(shape)} (None = any). Received: state[{name!r}] of "
+            f"shape {got_shape} and dtype {got_dtype}"
+        )
