@@ -11,7 +11,7 @@ imported on first use (`keras_attn.export` is TensorFlow only).
 
 import importlib
 
-__version__ = "0.1.0"
+__version__ = "0.1.0"  # also in _version.py, which the package's own modules read
 
 from keras_attn import _guard  # noqa: F401,E402  (registers SkipNonFiniteSteps)
 from keras_attn import errors  # noqa: E402

@@ -39,7 +39,7 @@ import zipfile
 import keras
 import numpy as np
 
-import keras_attn
+from keras_attn._version import __version__
 from keras_attn.errors import CorruptCheckpointError  # noqa: F401  (raised here; its old home)
 
 FORMAT = "keras_attn.checkpoint/1"
@@ -210,7 +210,7 @@ class CheckpointManager:
             step=int(step),
             variables=specs,
             versions={
-                "keras_attn": keras_attn.__version__,
+                "keras_attn": __version__,
                 "keras": keras.__version__,
                 "backend": keras.backend.backend(),
             },
