@@ -1,7 +1,8 @@
 """The model zoo: training recipes (`models/<family>/<name>.json`), their
 validation (`recipe`), the task adapters that train, evaluate and export
 them (`tasks`), and a run's life from recipe to results (`runs`). The
-`keras-attn` command line is a thin layer over these functions:
+`keras-attn` command line (`keras_attn_cli`) is a thin layer over these
+functions; they know nothing of it:
 
     from keras_attn import zoo
     results = zoo.train("vit_tiny_digits", output="runs/vit")
@@ -12,9 +13,9 @@ them (`tasks`), and a run's life from recipe to results (`runs`). The
 
 from keras_attn.zoo.runs import evaluate
 from keras_attn.zoo.runs import export
-from keras_attn_cli import list_recipes  # JSON only: the command line's light half
 from keras_attn.zoo.prepared import prepare
 from keras_attn.zoo.runs import load_run
 from keras_attn.zoo.runs import train
+from keras_attn_base.zoo_files import list_recipes  # JSON only, no Keras
 
 __all__ = ["evaluate", "export", "list_recipes", "load_run", "prepare", "train"]

@@ -301,8 +301,8 @@ def prepare(recipe, overrides=(), output=None, verbose=True):
 
     from keras_attn.training.checkpoints import atomic_write_json
     from keras_attn.zoo.recipe import load_recipe
-    from keras_attn.zoo.runs import locate_recipe
     from keras_attn.zoo.tasks import make_task
+    from keras_attn_base.zoo_files import locate_recipe
 
     recipe = load_recipe(locate_recipe(recipe), overrides)
     task = make_task(recipe)
@@ -385,7 +385,7 @@ class PreparedData:
         path = os.path.join(directory, MANIFEST)
         if not os.path.isfile(path):
             raise ValueError(
-                f"`data` (--data) must be a directory written by `keras-attn prepare`; "
+                f"`data` must be a directory written by `prepare`; "
                 f"{directory} has no {MANIFEST}. Received: data={directory!r}"
             )
         try:

@@ -45,38 +45,24 @@ import platform
 import sys
 import time
 
-# The light half of the command line (file names, the recipe listing) lives in
-# the top-level module keras_attn_cli, which does not import this package.
-from keras_attn_cli import CURVES
-from keras_attn_cli import MODEL
-from keras_attn_cli import RESULTS
-from keras_attn_cli import SAVED_MODEL
-from keras_attn_cli import models_directory
-from keras_attn_cli import recipe_paths
-from keras_attn_cli import tensorflow_installed
+from keras_attn._version import __version__
 from keras_attn.errors import RunDirectoryError
-
-RECIPE = "recipe.json"
-CHECKPOINTS = "checkpoints"
-TIMES = "epoch_seconds.json"  # training seconds of each finished epoch, over all sessions
-ADAPTERS = "adapters.npz"
-EXPORT_RUN = "run.json"  # in an exported SavedModel: the run it came from
+from keras_attn_base.quiet_tensorflow import tensorflow_installed
+from keras_attn_base.zoo_files import ADAPTERS
+from keras_attn_base.zoo_files import CHECKPOINTS
+from keras_attn_base.zoo_files import CURVES
+from keras_attn_base.zoo_files import EXPORT_RUN
+from keras_attn_base.zoo_files import MODEL
+from keras_attn_base.zoo_files import RECIPE
+from keras_attn_base.zoo_files import RESULTS
+from keras_attn_base.zoo_files import SAVED_MODEL
+from keras_attn_base.zoo_files import TIMES
+from keras_attn_base.zoo_files import locate_recipe
+from keras_attn_base.zoo_files import models_directory  # noqa: F401  (zoo.reference reads it here)
+from keras_attn_base.zoo_files import read_json
 
 
 # === Files ===
-
-
-def locate_recipe(recipe):
-    """A recipe file from a path or a zoo recipe name."""
-    if os.path.isfile(recipe):
-        return recipe
-    known = recipe_paths()
-    if recipe in known:
-        return known[recipe]
-    raise ValueError(
-        f"No recipe file {recipe!r} and no recipe of that name in {models_directory()} "
-        f"(see `keras-attn list`). Received: RECIPE={recipe!r}"
-    )
 
 
 def write_text(path, text):
@@ -90,11 +76,6 @@ def write_text(path, text):
 
 def write_json(path, value):
     write_text(path, json.dumps(value, indent=2) + "\n")
-
-
-def read_json(path):
-    with open(path, encoding="utf-8") as stream:
-        return json.load(stream)
 
 
 def save_model(model, path):
@@ -152,7 +133,7 @@ def _check_output_path(output):
     directory: an existing file, or a place where no directory can be made
     or written to. Nothing is created here."""
     if os.path.exists(output) and not os.path.isdir(output):
-        raise RunDirectoryError(f"`output` (--output) must be a directory; {output} is a file. "
+        raise RunDirectoryError(f"`output` must be a directory; {output} is a file. "
                          f"Received: output={output!r}")
     existing = output
     while not os.path.exists(existing):
@@ -161,7 +142,7 @@ def _check_output_path(output):
             break
         existing = parent
     if not os.path.isdir(existing) or not os.access(existing, os.W_OK | os.X_OK):
-        raise RunDirectoryError(f"`output` (--output) is not writable: {existing} does not accept "
+        raise RunDirectoryError(f"`output` is not writable: {existing} does not accept "
                          f"new files. Received: output={output!r}")
 
 
@@ -217,8 +198,8 @@ class RunLock:
             self.file.close()
             self.file = None
             raise RunDirectoryError(
-                f"{self.output} is being trained by another keras-attn process "
-                f"(pid {owner}); wait for it to end or use another `output` (--output). "
+                f"{self.output} is being trained by another process (pid {owner}); "
+                "wait for it to end or use another `output`. "
                 f"Received: output={self.output!r}"
             ) from None
         self.file.seek(0)
@@ -260,7 +241,7 @@ def _check_output(output, recipe):
         key, there, here = found[0]
         raise ValueError(
             f"{output} holds a run of another recipe: `{key}` is {there!r} there and "
-            f"{here!r} here. Use another `output` (--output), or delete the directory. "
+            f"{here!r} here. Use another `output`, or delete the directory. "
             f"Received: output={output!r}"
         )
     return True
@@ -386,8 +367,8 @@ def train(recipe, overrides=(), output=None, distribute=False, export=True, verb
 
         if distribute:
             raise ValueError(
-                "`distribute` (--distribute) does not take prepared `data` (--data) yet: "
-                f"train on one device. Received: distribute={distribute!r}, data={data!r}"
+                f"`distribute` = {distribute!r} does not take prepared `data` yet: train "
+                f"on one device. Received: distribute={distribute!r}, data={data!r}"
             )
         prepared = PreparedData(data, recipe)
     with RunLock(output):
@@ -401,13 +382,12 @@ def _train_locked(recipe, output, distribute, export, verbose, prepared=None):
     resumed = _check_output(output, recipe)
     if resumed and os.path.exists(os.path.join(output, RESULTS)):
         print(f"{output}: this run is already complete; nothing to train. "
-              "`keras-attn evaluate` / `keras-attn export` evaluate or export it again.")
+              "`evaluate(output)` / `export(output)` evaluate or export it again.")
         return read_json(os.path.join(output, RESULTS))
     _remove_staging(output)
 
     import keras
 
-    import keras_attn
     from keras_attn.data.checks import check_batches
     from keras_attn.training.distribute import data_parallel
     from keras_attn.training.distribute import describe_replicas
@@ -500,8 +480,8 @@ def _train_locked(recipe, output, distribute, export, verbose, prepared=None):
     for name, text in task.assets().items():
         write_text(os.path.join(output, name), text)
     if export and not tensorflow_installed():
-        print("TensorFlow is not installed here: no SavedModel written; `keras-attn export "
-              f"{output}` writes it where TensorFlow is", flush=True)
+        print("TensorFlow is not installed here: no SavedModel written; `export("
+              f"{output!r})` writes it where TensorFlow is", flush=True)
     elif export:
         if keras.backend.backend() == "tensorflow":
             _export_task(task, model, output, os.path.join(output, SAVED_MODEL),
@@ -523,7 +503,7 @@ def _train_locked(recipe, output, distribute, export, verbose, prepared=None):
         "backend": keras.backend.backend(),
         "hardware": describe_hardware(replicas),
         "date": datetime.date.today().isoformat(),
-        "keras_attn_version": keras_attn.__version__,
+        "keras_attn_version": __version__,
         "data": "tf.data" if prepared is None else f"prepared: {os.path.abspath(prepared.directory)}",
     }
     write_json(os.path.join(output, RESULTS), results)
@@ -542,7 +522,7 @@ def load_run(run_dir):
     path = os.path.join(run_dir, RECIPE)
     if not os.path.exists(path):
         raise ValueError(f"{run_dir} is not a run directory: it has no {RECIPE}. "
-                         f"Received: RUN_DIR={run_dir!r}")
+                         f"Received: run_dir={run_dir!r}")
     recipe = validate_recipe(read_json(path))
     task = make_task(recipe)
     model_path = os.path.join(run_dir, MODEL)
@@ -554,7 +534,7 @@ def load_run(run_dir):
     step = restore_latest(model, os.path.join(run_dir, CHECKPOINTS))
     if step is None:
         raise ValueError(f"{run_dir} has neither {MODEL} nor a checkpoint to evaluate. "
-                         f"Received: RUN_DIR={run_dir!r}")
+                         f"Received: run_dir={run_dir!r}")
     return recipe, task, model, f"checkpoint at step {step} (the run has not finished)"
 
 
@@ -613,7 +593,7 @@ def _export_hf(run_dir, path):
     if family is not None and family not in ("bert", "vit"):
         raise ValueError(
             "Hugging Face directories are written for BERT and ViT runs; this run's family "
-            f"is {family!r}. Received: RUN_DIR={run_dir!r}, format='hf'"
+            f"is {family!r}. Received: run_dir={run_dir!r}, format='hf'"
         )
     # Before the run is read: an existing `path` must be empty or a Hugging
     # Face directory written by keras_attn (replaced); any other is refused
@@ -621,7 +601,7 @@ def _export_hf(run_dir, path):
     from keras_attn.convert import hf_directory_kind
     from keras_attn._directories import check_replaceable
 
-    check_replaceable(path, hf_directory_kind(), "output", "--output")
+    check_replaceable(path, hf_directory_kind(), "output")
     _, task, model, source = load_run(run_dir)
     if family == "bert":
         save_hf_bert(model, path, tokenizer=getattr(task, "tokenizer", None), overwrite=True)
@@ -630,19 +610,41 @@ def _export_hf(run_dir, path):
     return path, source
 
 
+# The child of `export_on_tensorflow`: TensorFlow imported quietly before Keras
+# (which imports it on its TensorFlow backend), then `export` on that backend.
+_EXPORT_CHILD = """import sys
+from keras_attn_base.quiet_tensorflow import import_tensorflow_quietly
+import_tensorflow_quietly()
+from keras_attn.zoo.runs import _export_in_child
+sys.exit(_export_in_child(*sys.argv[1:]))
+"""
+
+
 def export_on_tensorflow(run_dir, path, format="saved_model", precision="float32"):
-    """`keras-attn export` in a subprocess on the TensorFlow backend: the
-    SavedModel exporters trace TensorFlow graphs, and model.keras loads on
-    any backend (train on JAX, export on TensorFlow)."""
+    """`export` in a subprocess on the TensorFlow backend: the SavedModel
+    exporters trace TensorFlow graphs, and model.keras loads on any backend
+    (train on JAX, export on TensorFlow)."""
     import subprocess
 
     print(f"exporting {os.path.join(run_dir, MODEL)} on the TensorFlow backend", flush=True)
     environment = dict(os.environ, KERAS_BACKEND="tensorflow")
-    command = [sys.executable, "-m", "keras_attn_cli", "export", run_dir, "--output", path,
-               "--format", format, "--precision", precision]
-    result = subprocess.run(command, env=environment)
+    result = subprocess.run([sys.executable, "-c", _EXPORT_CHILD, run_dir, path, format, precision],
+                            env=environment)
     if result.returncode:
-        raise RuntimeError(f"{' '.join(command)} failed with status {result.returncode}")
+        raise RuntimeError(f"export({run_dir!r}, {path!r}, format={format!r}, "
+                           f"precision={precision!r}) on the TensorFlow backend failed with "
+                           f"status {result.returncode} (its error is printed above)")
+
+
+def _export_in_child(run_dir, path, format, precision):
+    """`export_on_tensorflow`'s child: a refusal (bad input, a full disk) is
+    printed without a traceback and ends it with status 2."""
+    try:
+        export(run_dir, path, format, precision)
+    except (ValueError, OSError) as error:
+        print(f"export on the TensorFlow backend: error: {error}", file=sys.stderr)
+        return 2
+    return 0
 
 
 EXPORT_FORMATS = ("saved_model", "onnx", "litert", "hf")
@@ -765,17 +767,17 @@ def check_export_origin(run_dir, exported):
     if not isinstance(origin, dict) or not isinstance(origin.get("recipe_sha256"), str):
         raise ValueError(
             f"{where} does not name the run {exported} was exported from (exported by "
-            f"another program or an older keras_attn): `keras-attn export {run_dir}` writes "
+            f"another program or an older keras_attn): `export({run_dir!r})` writes "
             f"an export of this run that does. Received: exported={exported!r}")
     if not os.path.isfile(os.path.join(run_dir, RECIPE)):
         raise ValueError(f"{run_dir} is not a run directory: it has no {RECIPE}. "
-                         f"Received: RUN_DIR={run_dir!r}")
+                         f"Received: run_dir={run_dir!r}")
     mine = run_identity(run_dir)
     if (origin.get("recipe"), origin["recipe_sha256"]) != (mine["recipe"], mine["recipe_sha256"]):
         raise ValueError(
             f"{exported} is an export of the run {_describe_run(origin)}, not of "
             f"{_describe_run(mine)}: evaluate it with the run it came from. "
-            f"Received: RUN_DIR={run_dir!r}, exported={exported!r}")
+            f"Received: run_dir={run_dir!r}, exported={exported!r}")
     model_path = os.path.join(run_dir, MODEL)
     if origin.get("model_sha256") and os.path.isfile(model_path):
         digest = sha256_file(model_path)
@@ -785,4 +787,4 @@ def check_export_origin(run_dir, exported):
                 f"(sha256 {origin['model_sha256'][:12]}...), not of {model_path} (sha256 "
                 f"{digest[:12]}...): the same recipe, another run or a model trained "
                 "again; export this one. "
-                f"Received: RUN_DIR={run_dir!r}, exported={exported!r}")
+                f"Received: run_dir={run_dir!r}, exported={exported!r}")

@@ -353,7 +353,7 @@ def test_an_earlier_export_is_replaced_and_any_other_directory_kept(exports, tmp
 
 def _run_dir(path, seed, model_bytes=None):
     from keras_attn.zoo.recipe import load_recipe
-    from keras_attn_cli import recipe_paths
+    from keras_attn_base.zoo_files import recipe_paths
 
     recipe = load_recipe(recipe_paths()["vit_tiny_digits"], [f"training.seed={seed}"])
     os.makedirs(path)

@@ -15,6 +15,7 @@ from test_case import TWO_JAX_CPU_DEVICES
 from test_case import jax_cpu_devices_flags
 import keras_attn_cli as cli
 from keras_attn.zoo import runs
+from keras_attn_base import zoo_files
 
 pytestmark = pytest.mark.tf_only
 RESULT_KEYS = {"name", "metric", "value", "metrics", "train_seconds", "epochs", "steps", "data",
@@ -299,7 +300,9 @@ def _python(code, cwd, **env):
 
 
 def test_help_list_and_argument_errors_import_neither_keras_nor_tensorflow(tmp_path):
-    """They answer at once: nothing heavy is imported (issue 20)."""
+    """They answer at once: nothing heavy is imported (issue 20), not even
+    the `keras_attn` package (the launcher reads the zoo with
+    `keras_attn_base`)."""
     code = (
         "import sys, keras_attn_cli as cli\n"
         "for argv in (['--help'], ['train', '--help'], ['list', '--family', 'nope'], ['evaluate']):\n"
@@ -324,7 +327,7 @@ def test_help_list_and_argument_errors_import_neither_keras_nor_tensorflow(tmp_p
 def test_family_choices_are_the_families_with_tasks():
     from keras_attn.zoo.tasks import families
 
-    assert cli.recipe_families() == sorted(families())
+    assert zoo_files.recipe_families() == sorted(families())
 
 
 def test_tensorflow_start_up_notices_are_held_back_and_nothing_else(tmp_path):
@@ -338,12 +341,14 @@ def test_tensorflow_start_up_notices_are_held_back_and_nothing_else(tmp_path):
         "machine, GPU will not be used.\\n'\n"
         "         b'E0000 something real went wrong\\n')\n"
     )
-    code = "import keras_attn_cli as cli; cli.import_holding_back_notices('noisy'); print('after')"
+    code = ("from keras_attn_base.quiet_tensorflow import import_holding_back_notices; "
+            "import_holding_back_notices('noisy'); print('after')")
     result = _python(code, tmp_path, PYTHONPATH=os.pathsep.join([ROOT, str(tmp_path)]))
     assert result.returncode == 0 and result.stdout == "after\n", result.stderr
     assert result.stderr == "E0000 something real went wrong\n"
     # The real one, without TF_CPP_MIN_LOG_LEVEL in the environment.
-    code = ("import keras_attn_cli as cli; cli.import_tensorflow_quietly(); import tensorflow as tf; "
+    code = ("from keras_attn_base.quiet_tensorflow import import_tensorflow_quietly; "
+            "import_tensorflow_quietly(); import tensorflow as tf; "
             "print(float(tf.reduce_sum(tf.constant([1.0, 2.0]))))")
     result = _python(code, tmp_path)
     assert result.returncode == 0 and result.stdout == "3.0\n", result.stderr[-3000:]
@@ -364,7 +369,7 @@ def test_list_shows_every_recipe_and_the_parameter_counts(tmp_path, monkeypatch,
     shutil.copy(os.path.join(ROOT, SMALL["vit_tiny_digits"]), models / "vit")
     shutil.copy(os.path.join(ROOT, SMALL["vit_tiny_digits"]), models / "results")
     (models / "parameters.json").write_text(json.dumps({"vit_tiny_digits": 136906}))
-    monkeypatch.setattr(cli, "models_directory", lambda: str(models))
+    monkeypatch.setattr(zoo_files, "models_directory", lambda: str(models))
     assert cli.main(["list"]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert len(lines) == 2 and "136,906" in lines[1]  # results/ is not a recipe
@@ -413,6 +418,9 @@ def test_a_recipe_that_fails_to_build_leaves_no_recipe_json(tmp_path):
 def test_output_that_is_a_file_or_cannot_be_made_exits_2(tmp_path, capsys):
     target = tmp_path / "a_file"
     target.write_text("x")
+    # The library names its argument; the command line, its flag.
+    with pytest.raises(ValueError, match=r"^`output` must be a directory; .* Received: output="):
+        runs.train("vit_tiny_digits", output=str(target))
     assert cli.main(["train", "vit_tiny_digits", "--output", str(target)]) == 2
     assert "`output` (--output) must be a directory" in capsys.readouterr().err
     assert target.read_text() == "x"
@@ -441,7 +449,7 @@ def test_a_second_train_on_the_same_output_is_refused_at_once(tmp_path):
         assert (run / ".lock").read_text().strip() == str(os.getpid())
         second = _cli(*_train_args("vit_tiny_digits", run), cwd=tmp_path)
         assert second.returncode == 2 and "Traceback" not in second.stderr
-        assert f"being trained by another keras-attn process (pid {os.getpid()})" in second.stderr
+        assert f"being trained by another process (pid {os.getpid()})" in second.stderr
         assert not (run / "recipe.json").exists()
     assert not run.exists()  # the lock made the directory and took it away again
 
@@ -466,23 +474,24 @@ def test_export_refuses_an_output_it_did_not_write_and_keeps_it(tmp_path):
     run = tmp_path / "run"
     run.mkdir()
     runs.write_json(str(run / "recipe.json"),
-                    load_recipe(cli.recipe_paths()["vit_tiny_digits"], []))
+                    load_recipe(zoo_files.recipe_paths()["vit_tiny_digits"], []))
     output = tmp_path / "my_project"
     output.mkdir()
     (output / "config.json").write_text('{"mine": true}')
     (output / "notes.txt").write_text("mine")
     before = {p.name: p.read_text() for p in output.iterdir()}
-    message = (f"`output` (--output) {output} is not empty and is not a Hugging Face directory "
+    message = (f"`output` {output} is not empty and is not a Hugging Face directory "
                f"written by keras_attn")
-    # In Python...
+    # In Python, naming the argument...
     with pytest.raises(ValueError, match=re.escape(message) + r".*" + re.escape(
             "(it has no model.safetensors): it holds 'config.json', 'notes.txt'. Nothing was "
             f"changed; give a new or empty directory, or one that holds such an export. "
             f"Received: output={str(output)!r}")):
         runs.export(str(run), output=str(output), format="hf")
-    # ... and from the command line: status 2, the message, no traceback.
+    # ... and from the command line, naming the flag: status 2, no traceback.
     result = _cli("export", run, "--format", "hf", "--output", output, cwd=tmp_path)
     assert result.returncode == 2, result.stderr[-2000:]
+    message = message.replace("`output`", "`output` (--output)")
     assert message in result.stderr and "Traceback" not in result.stderr, result.stderr[-2000:]
     assert {p.name: p.read_text() for p in output.iterdir()} == before
     assert sorted(p.name for p in tmp_path.iterdir()) == ["my_project", "run"]

@@ -38,8 +38,9 @@ def installed(tmp_path_factory):
     for name in ("setup.cfg", "pyproject.toml", "README.md", "keras_attn_cli.py"):
         shutil.copy(os.path.join(ROOT, name), source)
     ignore = shutil.ignore_patterns("__pycache__", "*.egg-info", "runs", "results.json")
-    shutil.copytree(os.path.join(ROOT, "keras_attn"), source / "keras_attn", symlinks=True,
-                    ignore=ignore)
+    for package in ("keras_attn", "keras_attn_base"):
+        shutil.copytree(os.path.join(ROOT, package), source / package, symlinks=True,
+                        ignore=ignore)
     shutil.copytree(os.path.join(ROOT, "models"), source / "models", ignore=ignore)
     _run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--quiet", "-w", base / "dist",
           source], cwd=base)
@@ -57,6 +58,7 @@ def _cli(site, cwd, *args):
     code = ("import importlib.util, sys, keras_attn_cli; status = keras_attn_cli.main(sys.argv[1:]); "
             "print('package:', importlib.util.find_spec('keras_attn').origin); "
             "print('launcher:', keras_attn_cli.__file__); "
+            "print('base:', importlib.util.find_spec('keras_attn_base').origin); "
             "print('keras imported:', 'keras' in sys.modules); sys.exit(status)")
     return _run([sys.executable, "-c", code, *args], cwd=cwd, env=env)
 
@@ -83,6 +85,7 @@ def test_the_wheel_carries_the_zoo(installed, tmp_path):
 
     listed = _cli(installed, tmp_path, "list").stdout
     assert f"package: {installed}" in listed and f"launcher: {installed}" in listed
+    assert f"base: {installed}" in listed  # the Keras-free part of the library, shipped too
     assert "keras imported: False" in listed  # `list` reads the JSON only
     for name in in_checkout:
         assert name in listed

@@ -1,0 +1,17 @@
+"""The part of keras_attn that imports no Keras: the zoo's files and
+TensorFlow's quiet import, shared by the library (`keras_attn`), the
+command line (`keras_attn_cli`) and the examples.
+
+Why a package of its own, beside `keras_attn`: Python runs a package's
+`__init__` before any module inside it, and `import keras_attn` imports
+Keras on purpose (it registers every saved class, so that
+`keras.saving.load_model` needs no other import). What must answer without
+Keras (`keras-attn --help` and `list`), or run before Keras is imported
+(holding back TensorFlow's start-up notices), lives here, and imports the
+standard library only (`tests/test_imports.py` checks it).
+
+- `keras_attn_base.zoo_files`: the recipes shipped with the package, and the
+  names of a run directory's files.
+- `keras_attn_base.quiet_tensorflow`: `import_tensorflow_quietly`,
+  `tensorflow_installed`.
+"""

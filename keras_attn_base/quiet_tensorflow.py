@@ -1,0 +1,61 @@
+"""Importing TensorFlow without its start-up notices.
+
+TensorFlow's C++ libraries (2.21) write these notices to the process's
+stderr while they load, before TF_CPP_MIN_LOG_LEVEL applies: absl's note
+that logging is not initialised, oneDNN's round-off notice, and "Could not
+find cuda drivers" on a CPU machine. They come from below us and no setting
+turns them off, so they alone are held back while TensorFlow is imported;
+every other line it writes is passed on. Call `import_tensorflow_quietly()`
+before Keras is imported (Keras imports TensorFlow on its TensorFlow backend).
+"""
+
+import importlib
+import importlib.util
+import os
+import re
+import sys
+import tempfile
+
+_STARTUP_NOTICES = re.compile(
+    r"All log messages before absl::InitializeLog\(\) is called"
+    r"|\] oneDNN custom operations are on"
+    r"|\] Could not find cuda drivers on your machine"
+)
+
+
+def import_tensorflow_quietly():
+    """Imports TensorFlow (when installed and not imported yet) with its
+    start-up notices held back. The zoo's data pipelines use TensorFlow on
+    every backend."""
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+    if "tensorflow" not in sys.modules and tensorflow_installed():
+        import_holding_back_notices("tensorflow")
+
+
+def tensorflow_installed():
+    """Whether TensorFlow can be imported here, without importing it."""
+    try:
+        return importlib.util.find_spec("tensorflow") is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def import_holding_back_notices(module):
+    """Imports `module` with the process's stderr file descriptor sent to a
+    temporary file, then writes back every line of it except the start-up
+    notices. Only fd 2 is redirected, and only during the import."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile() as captured:
+        os.dup2(captured.fileno(), 2)
+        try:
+            importlib.import_module(module)
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+            captured.seek(0)
+            for line in captured.read().decode("utf-8", "replace").splitlines(keepends=True):
+                if not _STARTUP_NOTICES.search(line):
+                    sys.stderr.write(line)
+            sys.stderr.flush()
