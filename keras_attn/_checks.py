@@ -8,6 +8,9 @@ import numbers
 
 import keras
 
+from keras_attn._activations import gelu
+from keras_attn._activations import gelu_approximate
+
 
 def check_positive_int(name, value, allow_none=False):
     if value is None and allow_none:
@@ -85,12 +88,8 @@ def get_activation(name, value):
     `"gelu"` is `keras_attn.layers.activations.gelu` (the same function,
     computed through `erf`)."""
     if value == "gelu":
-        from keras_attn.layers.activations import gelu
-
         return gelu
     if value == "gelu_approximate":
-        from keras_attn.layers.activations import gelu_approximate
-
         return gelu_approximate
     try:
         return keras.activations.get(value)
