@@ -34,6 +34,8 @@ from keras_attn._keras_compat import in_tf_graph
 from keras_attn.errors import NonFiniteLossError  # noqa: F401  (raised here; its old home)
 from keras_attn._keras_compat import is_in_jax_tracing_scope
 from keras_attn._keras_compat import no_automatic_dependency_tracking
+from keras_attn._keras_compat import reattach_values
+from keras_attn._keras_compat import variable_values
 
 # === Concrete values ===
 
@@ -622,8 +624,8 @@ class GuardedModel:
         first step ends (a `ValueError` while tracing it) leaves them
         detached, and every later use of the model fails. The values from
         before the call are put back into the variables left empty (those a
-        finished step updated are reattached by Keras itself). Reads the
-        private `_value`: Keras has no public way to see a detached value.
+        finished step updated are reattached by Keras itself); Keras has no
+        public way to see a detached value (`_keras_compat.variable_values`).
         """
         if keras.backend.backend() != "jax":
             return call()
@@ -631,13 +633,11 @@ class GuardedModel:
         optimizer = getattr(self, "optimizer", None)
         if optimizer is not None:
             variables += list(optimizer.variables)
-        saved = [(v, getattr(v, "_value", None)) for v in variables]
+        saved = variable_values(variables)
         try:
             return call()
         except BaseException:
-            for variable, value in saved:
-                if value is not None and getattr(variable, "_value", None) is None:
-                    variable._value = value
+            reattach_values(saved)
             raise
 
 

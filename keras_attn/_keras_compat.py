@@ -77,20 +77,39 @@ def remat_mode(layer):
     return None if mode is None else mode.mode
 
 
-def sublayers(layer):
-    """Every layer inside `layer`, depth first, without `layer` itself. Keras
-    tracks sublayers for its own walks (`Layer._flatten_layers`) but offers no
-    public one; LoRA picks projections from the whole model
-    (`keras_attn.models.lora`)."""
+def sublayers(layer, recursive=True):
+    """Every layer inside `layer`, depth first, without `layer` itself (with
+    `recursive=False`, its direct sublayers only). Keras tracks sublayers for
+    its own walks (`Layer._flatten_layers`) but offers no public one; LoRA
+    picks projections from the whole model (`keras_attn.models.lora`), the
+    converters and exporters find layers by name or type."""
     flatten = getattr(layer, "_flatten_layers", None)
     if flatten is not None:
-        return list(flatten(include_self=False, recursive=True))
+        return list(flatten(include_self=False, recursive=recursive))
     found, stack = [], list(getattr(layer, "_layers", []))  # pragma: no cover - fallback
     while stack:
         child = stack.pop(0)
         found.append(child)
-        stack[:0] = list(getattr(child, "_layers", []))
+        if recursive:
+            stack[:0] = list(getattr(child, "_layers", []))
     return found
+
+
+def variable_values(variables):
+    """`(variable, value)` of each variable: the array it holds, or None
+    when Keras's JAX trainer has detached it for its loop. Keras keeps it in
+    the private `_value` and has no public way to see a detached value
+    (`variable.value` of a detached variable is not it)."""
+    return [(variable, getattr(variable, "_value", None)) for variable in variables]
+
+
+def reattach_values(saved):
+    """Puts the values of `variable_values` back (with the public
+    `variable.assign`) into the variables that are detached now, as
+    Keras's JAX trainer does itself after a finished step."""
+    for variable, value in saved:
+        if value is not None and getattr(variable, "_value", None) is None:
+            variable.assign(value)
 
 
 def resolve_policy_maps(model):

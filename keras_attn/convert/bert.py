@@ -20,6 +20,7 @@ import json
 import os
 import warnings
 
+from keras_attn._keras_compat import sublayers
 from keras_attn.convert._checkpoint import Entry
 from keras_attn.convert._checkpoint import Tensors
 from keras_attn.convert._checkpoint import config_float
@@ -452,7 +453,7 @@ def _tokenizer_files(tokenizer, config):
 
 
 def _sublayer(layer, name):
-    for sub in layer._flatten_layers(include_self=False, recursive=False):
+    for sub in sublayers(layer, recursive=False):
         if sub.name == name:
             return sub
     raise ValueError(f"{layer.name!r} has no sublayer {name!r}. Received: name={name!r}")

@@ -32,6 +32,7 @@ keras-hub presets' converter does when its scale is 1 / 127.5 and its offset
 images scaled that way before keras_attn's rescaling).
 """
 
+from keras_attn._keras_compat import sublayers
 from keras_attn.convert._checkpoint import layer_weights
 
 _HUB_BERT_EPSILON = 1e-12  # keras-hub's BertBackbone fixes it
@@ -95,7 +96,7 @@ def _vit_pairs(num_layers, class_token):
 
 def _check_plain(model):
     """Every layer float and without adapters (`layer_weights` says why not)."""
-    for layer in model._flatten_layers(include_self=False):
+    for layer in sublayers(model):
         if getattr(layer, "lora_enabled", False) or getattr(layer, "quantization_mode", None):
             layer_weights(layer, len(layer.weights))
 

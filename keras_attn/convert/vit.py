@@ -20,6 +20,7 @@ import dataclasses
 import os
 import warnings
 
+from keras_attn._keras_compat import sublayers
 from keras_attn.convert._checkpoint import Entry
 from keras_attn.convert._checkpoint import Tensors
 from keras_attn.convert._checkpoint import config_float
@@ -250,7 +251,7 @@ def save_hf_vit(model, directory, overwrite=False):
 def _sublayer(layer, name):
     """The sublayer of `layer` named `name` (the shared attention layer names
     its projections `query`, `key`, `value`, `attention_output`)."""
-    for sub in layer._flatten_layers(include_self=False, recursive=False):
+    for sub in sublayers(layer, recursive=False):
         if sub.name == name:
             return sub
     raise ValueError(f"{layer.name!r} has no sublayer {name!r}. Received: name={name!r}")

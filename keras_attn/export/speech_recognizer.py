@@ -1,6 +1,7 @@
 """Export a CTC speech recogniser (a `ConformerCTC`) that takes raw
 waveforms and returns token ids: a SavedModel, ONNX or LiteRT."""
 
+from keras_attn._keras_compat import sublayers
 from keras_attn.export.saved_model import export_saved_model
 from keras_attn.export.saved_model import require_tensorflow_backend
 
@@ -83,7 +84,7 @@ def _export_portable(model, path, format, precision):
             "The model must take raw audio ({'waveform', 'waveform_length'}; a Conformer "
             "built with input_type='features' takes features). Received: "
             f"model.input={model.input!r}")
-    front_ends = [layer for layer in model._flatten_layers() if isinstance(layer, LogMelFeatures)]
+    front_ends = [layer for layer in sublayers(model) if isinstance(layer, LogMelFeatures)]
     modes = [layer.stft for layer in front_ends]
     try:
         # The model is traced again when it is converted: the switch holds

@@ -18,6 +18,7 @@ models and the `vocab.json` mapping are inside the SavedModel
 >>> # tf.saved_model.load("/tmp/translator").serve(source_ids)["tokens"]
 """
 
+from keras_attn._keras_compat import sublayers
 from keras_attn.export.saved_model import export_saved_model
 from keras_attn.export.saved_model import require_tensorflow_backend
 
@@ -140,7 +141,7 @@ def _export_portable(translator, path, format, precision, vocabulary):
 
     model = translator.transformer
     config = model.transformer_config
-    attention = [layer for layer in model._flatten_layers()
+    attention = [layer for layer in sublayers(model)
                  if isinstance(layer, MultiHeadAttention)]
     modes = [layer.portable_cache_write for layer in attention]
     try:
