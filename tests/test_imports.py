@@ -4,11 +4,21 @@
   only, so a Keras upgrade that moves one breaks one file;
 - no module imports another package's underscore module (package-level
   private modules `keras_attn._x` are shared by all);
-- layers and model builders import no TensorFlow, JAX or PyTorch.
+- layers and model builders import no TensorFlow, JAX or PyTorch;
+- dependencies run one way: the command line (`keras_attn_cli`) calls the
+  library, which never imports it; `keras_attn_base` (what needs no Keras)
+  imports the standard library only; the package-level private helpers
+  (`keras_attn/_*.py`) sit below the subpackages and import none of them;
+  no module imports the package's own `__init__`.
+
+One test imports: the modules `keras-attn --help` and `list` need import no
+Keras.
 """
 
 import ast
 import os
+import subprocess
+import sys
 
 import pytest
 
@@ -18,8 +28,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PACKAGE = os.path.join(ROOT, "keras_attn")
 
 
-def _modules():
-    for directory, _, files in os.walk(PACKAGE):
+def _modules(package=PACKAGE):
+    for directory, _, files in os.walk(package):
         for file in sorted(files):
             if file.endswith(".py"):
                 path = os.path.join(directory, file)
@@ -83,3 +93,103 @@ def test_layers_and_models_import_no_backend_framework(package):
              for line, target in _imports(path)
              if target.split(".")[0] in ("tensorflow", "jax", "torch")]
     assert not found
+
+
+# === Dependencies run one way ===
+
+
+def test_the_library_never_imports_its_command_line():
+    found = [f"{name}:{line} {target}" for name, path in MODULES.items()
+             for line, target in _imports(path)
+             if target.split(".")[0] == "keras_attn_cli"]
+    assert not found
+
+
+def test_the_keras_free_part_imports_the_standard_library_only():
+    base = dict(_modules(os.path.join(ROOT, "keras_attn_base")))
+    assert "keras_attn_base.zoo_files" in base
+    found = [f"{name}:{line} {target}" for name, path in base.items()
+             for line, target in _imports(path)
+             if target.split(".")[0] not in sys.stdlib_module_names
+             and target.split(".")[0] != "keras_attn_base"]
+    assert not found
+
+
+def test_private_helpers_sit_below_the_subpackages():
+    # keras_attn/_x.py may import other _x modules and the exception classes,
+    # never a subpackage (layers, models, ...) that is built on them.
+    found = [f"{name}:{line} {target}" for name, path in MODULES.items()
+             if name.count(".") == 1 and name.split(".")[1].startswith("_")
+             for line, target in _imports(path)
+             if target.startswith("keras_attn.")
+             and not target.split(".")[1].startswith("_")
+             and target.split(".")[1] != "errors"]
+    assert not found
+
+
+def _explicit_edges(path, modules):
+    """The modules in `modules` that `path` names in an import, anywhere in
+    it (inside functions too): `from a.b import c` names `a.b.c` when that is
+    a module, else `a.b`. (Python also runs each parent package's __init__;
+    those edges are left out: a package's __init__ imports its own modules.)"""
+    with open(path, encoding="utf-8") as handle:
+        tree = ast.parse(handle.read(), path)
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            yield from (alias.name for alias in node.names if alias.name in modules)
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            for alias in node.names:
+                full = f"{node.module}.{alias.name}"
+                if full in modules:
+                    yield full
+                elif node.module in modules:
+                    yield node.module
+
+
+def test_no_import_circles():
+    # Before issue 40: keras_attn -> training -> checkpoints -> keras_attn (for
+    # __version__), and keras_attn_cli -> zoo.prepared -> zoo.runs -> keras_attn_cli.
+    modules = dict(MODULES, **dict(_modules(os.path.join(ROOT, "keras_attn_base"))),
+                   keras_attn_cli=os.path.join(ROOT, "keras_attn_cli.py"))
+    graph = {name: set(_explicit_edges(path, modules)) - {name}
+             for name, path in modules.items()}
+    circles = []
+    for start in graph:  # a path from a module's imports back to the module
+        seen, stack = set(), [(start, (start,))]
+        while stack:
+            name, path = stack.pop()
+            for target in graph[name]:
+                if target == start:
+                    circles.append(" -> ".join(path + (start,)))
+                elif target not in seen:
+                    seen.add(target)
+                    stack.append((target, path + (target,)))
+    assert not circles
+
+
+def _version(path):
+    with open(path, encoding="utf-8") as handle:
+        tree = ast.parse(handle.read(), path)
+    (value,) = [node.value.value for node in tree.body if isinstance(node, ast.Assign)
+                and [getattr(t, "id", None) for t in node.targets] == ["__version__"]]
+    return value
+
+
+def test_the_version_is_stated_alike_in_both_places():
+    # setup.cfg reads __init__'s literal without running it; the package's own
+    # modules read _version.py.
+    assert _version(os.path.join(PACKAGE, "__init__.py")) == _version(
+        os.path.join(PACKAGE, "_version.py"))
+
+
+def test_help_and_list_modules_import_no_keras():
+    code = ("import sys, keras_attn_cli, keras_attn_base.zoo_files, "
+            "keras_attn_base.quiet_tensorflow\n"
+            "heavy = ('keras', 'tensorflow', 'jax', 'torch', 'keras_attn', 'pydantic', 'numpy')\n"
+            "print(sorted(name for name in heavy if name in sys.modules))")
+    environment = dict(os.environ, PYTHONPATH=os.pathsep.join(
+        [ROOT, os.environ.get("PYTHONPATH", "")]))
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            cwd=ROOT, env=environment, timeout=120)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.strip() == "[]"
