@@ -235,6 +235,17 @@ def checked_agreement(mask, segment_ids, mask_name, ids_name):
     return implied, _verdict(ops.not_equal(mask, implied), mask_name, rule, mask)
 
 
+def agreeing_padding_mask(mask, segment_ids, mask_name, ids_name):
+    """A block's `mask` (boolean, already checked) unchanged, once its
+    `segment_ids` are checked and found to agree with it, so that an error
+    names the block's own arguments. Inside a graph the attention layer's
+    checks make a bad example NaN; nothing more is done here."""
+    if segment_ids is not None:
+        segment_ids, _ = checked_segment_ids(segment_ids, ids_name)
+        checked_agreement(mask, segment_ids, mask_name, ids_name)
+    return mask
+
+
 def segment_mask(query_segment_ids, key_segment_ids=None, causal=False):
     """Block-diagonal `(B, T, S)` attention mask of packed rows: query `t`
     sees key `s` when both belong to the same example (the same segment id,

@@ -14,6 +14,7 @@ from keras_attn._checks import check_rate
 from keras_attn._checks import get_activation
 from keras_attn.layers.activations import serialize_activation
 from keras_attn.layers.feed_forward import FeedForward
+from keras_attn.layers.masking import agreeing_padding_mask
 from keras_attn.layers.masking import checked_mask
 from keras_attn.layers.masking import get_keras_mask
 from keras_attn.layers.masking import nan_where
@@ -286,6 +287,10 @@ class TransformerBlock(SpecFromCall, RematCall, ResidualSublayers, keras.layers.
             padding_mask = get_keras_mask(inputs)
         padding_mask, bad_padding = checked_mask(padding_mask, "padding_mask")
         attention_mask, bad_attention = checked_mask(attention_mask, "attention_mask")
+        # Checked here to name this block's argument; the attention layer
+        # checks again and makes a bad example NaN inside a graph.
+        padding_mask = agreeing_padding_mask(
+            padding_mask, segment_ids, "padding_mask", "segment_ids")
 
         def attend(x):
             return self.self_attention(

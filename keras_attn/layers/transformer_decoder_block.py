@@ -4,6 +4,7 @@ import keras
 
 from keras_attn._keras_compat import SpecFromCall
 from keras_attn._remat import RematCall
+from keras_attn.layers.masking import agreeing_padding_mask
 from keras_attn.layers.masking import checked_mask
 from keras_attn.layers.masking import get_keras_mask
 from keras_attn.layers.masking import nan_where
@@ -212,6 +213,12 @@ class TransformerDecoderBlock(SpecFromCall, RematCall, ResidualSublayers, keras.
         encoder_attention_mask, bad_4 = checked_mask(
             encoder_attention_mask, "encoder_attention_mask")
         invalid = (bad_1, bad_2, bad_3, bad_4)
+        decoder_padding_mask = agreeing_padding_mask(
+            decoder_padding_mask, decoder_segment_ids, "decoder_padding_mask",
+            "decoder_segment_ids")
+        encoder_padding_mask = agreeing_padding_mask(
+            encoder_padding_mask, encoder_segment_ids, "encoder_padding_mask",
+            "encoder_segment_ids")
 
         def self_attend(x):
             return self.self_attention(
