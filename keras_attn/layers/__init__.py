@@ -28,6 +28,9 @@ from keras_attn.layers.sinusoidal_positional_encoding import (
     sinusoidal_positional_encoding,
 )
 from keras_attn.layers.spec_augment import SpecAugment
+# Not in __all__ yet: README's Public API block (the list of stable names,
+# tests/test_public_api.py) must name it first.
+from keras_attn.layers.streaming import chunk_attention_mask  # noqa: F401
 from keras_attn.layers.transformer_block import TransformerBlock
 from keras_attn.layers.transformer_decoder_block import TransformerDecoderBlock
 

@@ -17,6 +17,7 @@ from keras_attn.layers.conformer_conv_module import ConformerConvModule
 from keras_attn.layers.feed_forward import FeedForward
 from keras_attn.layers.masking import get_keras_mask
 from keras_attn.layers.relative_multi_head_attention import RelativeMultiHeadAttention
+from keras_attn.layers.streaming import check_built
 
 
 @keras.saving.register_keras_serializable(package="keras_attn")
@@ -199,6 +200,7 @@ class ConformerBlock(SpecFromCall, RematCall, keras.layers.Layer):
         """The streaming state before the first chunk: the attention's cache
         (`key`, `value`: `(B, L, N, H)`, `mask`: `(B, L)`) and the
         convolution's (`conv`: `(B, K-1, C)`)."""
+        check_built(self)
         state = dict(self.self_attention.initial_cache(batch_size, left_context))
         state["conv"] = self.conv_module.initial_cache(batch_size)
         return state

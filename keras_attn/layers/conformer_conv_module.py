@@ -14,6 +14,7 @@ from keras_attn._checks import check_static_shape
 from keras_attn.layers.masking import checked_mask
 from keras_attn.layers.masking import get_keras_mask
 from keras_attn.layers.masking import nan_where
+from keras_attn.layers.streaming import check_built
 from keras_attn.layers.streaming import check_state_tensor
 
 # The normalisation after the depthwise convolution.
@@ -185,6 +186,7 @@ class ConformerConvModule(SpecFromCall, keras.layers.Layer):
         """The streaming cache before the first chunk: the `kernel_size - 1`
         zero frames the causal convolution pads on the left, `(B, K-1, C)`."""
         self._check_streamable()
+        check_built(self)
         return ops.zeros((batch_size, self.kernel_size - 1, self._inner), self.compute_dtype)
 
     def check_cache(self, cache, batch_size, name="cache"):

@@ -12,6 +12,7 @@ from keras_attn._checks import check_static_shape
 from keras_attn.layers.masking import checked_mask
 from keras_attn.layers.masking import get_keras_mask
 from keras_attn.layers.masking import nan_where
+from keras_attn.layers.streaming import check_built
 from keras_attn.layers.streaming import check_state_tensor
 
 
@@ -134,6 +135,7 @@ class ConvSubsampling(SpecFromCall, keras.layers.Layer):
     def initial_state(self, batch_size):
         """The streaming state before the first frame: no buffered input
         frames (`frames` `(B, 0, F)`, `mask` `(B, 0)`)."""
+        check_built(self)
         return {
             "frames": ops.zeros((batch_size, 0, self._features), self.compute_dtype),
             "mask": ops.zeros((batch_size, 0), "bool"),

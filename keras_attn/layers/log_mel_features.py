@@ -8,6 +8,7 @@ from keras_attn._checks import check_choice
 from keras_attn._checks import check_positive_float
 from keras_attn._checks import check_positive_int
 from keras_attn._checks import check_static_shape
+from keras_attn.layers.streaming import check_built
 from keras_attn.layers.streaming import check_state_tensor
 
 # How the power spectrum is computed: the backend's FFT (Keras's
@@ -241,6 +242,7 @@ class LogMelFeatures(keras.layers.Layer):
         `(B,)`: whether it has ended (a chunk shorter than the others).
         """
         self._check_streamable()
+        check_built(self)
         return {
             "samples": ops.zeros((batch_size, 0), "float32"),
             "received": ops.convert_to_tensor(0, "int32"),

@@ -21,6 +21,7 @@ from keras_attn.layers.scaled_dot_product_attention import (
 from keras_attn.layers.sinusoidal_positional_encoding import (
     sinusoidal_positional_encoding,
 )
+from keras_attn.layers.streaming import check_built
 from keras_attn.layers.streaming import check_left_context
 from keras_attn.layers.streaming import check_state_tensor
 
@@ -245,6 +246,7 @@ class RelativeMultiHeadAttention(SpecFromCall, keras.layers.Layer):
     def initial_cache(self, batch_size, left_context):
         """The streaming cache before the first chunk: `left_context` frames
         of zero keys and values `(B, L, N, H)`, all hidden (`mask` False)."""
+        check_built(self)
         left_context = check_left_context(left_context)
         shape = (batch_size, left_context, self.num_heads, self._key_dim)
         return {

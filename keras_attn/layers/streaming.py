@@ -65,3 +65,14 @@ def check_state_tensor(name, value, shape, dtype):
             f"shape {tuple(shape)} (None = any). Received: state[{name!r}] of "
             f"shape {got_shape} and dtype {got_dtype}"
         )
+
+
+def check_built(layer):
+    """A ValueError when `layer` has not been built: its state's shapes come
+    from its weights."""
+    if not layer.built:
+        raise ValueError(
+            f"Invalid value for argument `layer`: {layer.name} must be built (called "
+            "once, or `build(input_shape)`) before its streaming state exists. "
+            f"Received: {layer.name} with built=False"
+        )

@@ -361,3 +361,39 @@ def test_depthwise_sum_equals_keras_depthwise_conv(kernel_size):
     np.testing.assert_allclose(
         to_numpy(module._depthwise(inner)), to_numpy(module.depthwise_conv(inner)), atol=1e-5
     )
+
+
+# === Streaming options (issue 41): config, mixed precision, save / load ===
+
+
+def _log_mel_features():
+    from keras_attn.layers import LogMelFeatures
+
+    return LogMelFeatures
+
+
+STREAMING_OPTIONS = {
+    # LN 2 + pointwise 2 + depthwise 2 + conv LN gamma/beta 2 + pointwise 2
+    "conv_module": (lambda: ConformerConvModule, {
+        "kernel_size": 4, "dropout": 0.1, "causal": True, "norm": "layer_norm",
+        "depthwise_initializer": "random_normal"}, (2, 7, 6), 10),
+    "block": (lambda: ConformerBlock, {
+        "num_heads": 2, "kernel_size": 3, "dropout": 0.05, "causal_conv": True,
+        "conv_norm": "layer_norm"}, (2, 7, 8), 6 + 13 + 10 + 6 + 2),
+    "log_mel": (_log_mel_features, {
+        "sampling_rate": 8000, "num_mel_bins": 12, "frame_length": 200, "frame_step": 80,
+        "fft_length": 256, "normalization": "none"}, (2, 21, 12), 0),
+}
+
+
+@pytest.mark.parametrize("name", sorted(STREAMING_OPTIONS))
+def test_streaming_options_pass_the_layer_harness(name, tmp_path):
+    layer_cls, init_kwargs, shape, weights = STREAMING_OPTIONS[name]
+    if name == "log_mel":
+        data = {"waveform": rand(2, 1600) * 0.1,
+                "waveform_length": np.array([1600, 900], "int32")}
+    else:
+        data = {"inputs": rand(*shape), "padding_mask": lengths_mask([7, 4], 7)}
+    run_layer_test(layer_cls(), init_kwargs=init_kwargs, input_data=data,
+                   expected_output_shape=shape, expected_num_trainable_weights=weights,
+                   tmp_path=tmp_path)

@@ -6,11 +6,13 @@ from keras_attn.models.conformer.conformer_config import get_conformer_config
 from keras_attn.models.conformer.conformer_config import replace_conformer_config
 from keras_attn.models.conformer.conformer_model import ConformerCTC
 from keras_attn.models.conformer.conformer_model import build_conformer
+from keras_attn.models.conformer.streaming import ConformerStreamer
 
 __all__ = [
     "CONFORMER_PRESETS",
     "ConformerCTC",
     "ConformerConfig",
+    "ConformerStreamer",
     "build_conformer",
     "get_conformer_config",
     "replace_conformer_config",
