@@ -8,9 +8,12 @@
   inputs of different shapes stop the call with `InvalidArgumentError`
   naming them (a loaded SavedModel raises TensorFlow's errors, not Python's).
 
-The tokenizer ops come from tensorflow-text: `import tensorflow_text`
-before `tf.saved_model.load` in the serving process. TensorFlow backend
-only (the string signature needs TensorFlow ops).
+The tokenizer runs as core TensorFlow ops (`_wordpiece_graph`: the same
+ids as keras-hub's `WordPieceTokenizer`, rebuilt without tensorflow-text),
+so a serving process needs TensorFlow alone: `tf.saved_model.load(path)`
+after `import tensorflow`, and TensorFlow Serving's standard build. The
+export refuses a graph that would need any other op. TensorFlow backend only
+(the string signature needs TensorFlow ops).
 """
 
 from keras_attn.export.saved_model import export_saved_model
@@ -50,7 +53,7 @@ def export_text_classifier(model, tokenizer, path, sequence_length=128, format="
     require_tensorflow_backend("export_text_classifier")
     import tensorflow as tf
 
-    from keras_attn.data.text import pack_pairs
+    from keras_attn.export._wordpiece_graph import WordPieceGraph
 
     names = ("token_ids", "segment_ids", "padding_mask")
     inputs = model.input if isinstance(model.input, dict) else {}
@@ -69,9 +72,10 @@ def export_text_classifier(model, tokenizer, path, sequence_length=128, format="
         )
     if format != "saved_model":
         return _export_portable(model, tokenizer, path, sequence_length, format, precision)
-    pack = pack_pairs(tokenizer, sequence_length)
-    if not tokenizer.built:
-        tokenizer(tf.constant(["."]))  # builds it, for the export to track
+    wordpiece = WordPieceGraph(tokenizer)
+    pack = _single_text_packer(wordpiece, tokenizer, sequence_length)
+    text_spec = tf.TensorSpec((None,), tf.string, name="text")
+    check_core_ops(tf.function(pack).get_concrete_function(text_spec))
 
     def probabilities(token_ids, segment_ids, padding_mask):
         logits = model(
@@ -98,11 +102,59 @@ def export_text_classifier(model, tokenizer, path, sequence_length=128, format="
     return export_saved_model(
         model,
         path,
-        input_signature=[tf.TensorSpec((None,), tf.string, name="text")],
+        input_signature=[text_spec],
         serving_fn=serve_text,
         extra_endpoints={"serve_ids": (serve_ids, ids_spec)},
-        track=[tokenizer],
+        track=[wordpiece],
     )
+
+
+def _single_text_packer(wordpiece, tokenizer, sequence_length):
+    """`text (B,) -> (token_ids, segment_ids, padding_mask)`, each
+    `(B, sequence_length)` int32: what `keras_attn.data.text.pack_pairs`
+    gives one segment (keras-hub's `MultiSegmentPacker`: `[CLS] text [SEP]`,
+    the text truncated to `sequence_length - 2` tokens, `[PAD]` after), in
+    core TensorFlow ops."""
+    import tensorflow as tf
+
+    cls, sep, pad = (int(tokenizer.token_to_id(token)) for token in ("[CLS]", "[SEP]", "[PAD]"))
+
+    def pack(text):
+        tokens = wordpiece(text)[:, : sequence_length - 2]
+        column = tf.ones([tf.shape(text)[0], 1], tf.int32)
+        packed = tf.concat([tf.RaggedTensor.from_tensor(column * cls), tokens,
+                            tf.RaggedTensor.from_tensor(column * sep)], axis=1)
+        token_ids = packed.to_tensor(pad, shape=[None, sequence_length])
+        return token_ids, tf.zeros_like(token_ids), tf.cast(token_ids != pad, tf.int32)
+
+    return pack
+
+
+def check_core_ops(concrete_function):
+    """Raises `RuntimeError` naming the ops of `concrete_function` (its
+    nested functions included) that core TensorFlow lacks: ops a serving
+    process would have to load from another library (tensorflow-text's).
+    Core ops are those of `tf.raw_ops`; tensorflow-text's are not there
+    even when it is imported."""
+    import tensorflow as tf
+
+    graph = concrete_function.graph.as_graph_def()
+    ops = {node.op for node in graph.node}
+    for function in graph.library.function:
+        ops.update(node.op for node in function.node_def)
+    missing = sorted(op for op in ops
+                     if not hasattr(tf.raw_ops, op) and op not in graph_functions(graph))
+    if missing:
+        raise RuntimeError(
+            f"The exported text graph would use ops that core TensorFlow lacks: {missing}; "
+            "a serving process with TensorFlow alone could not load it."
+        )
+
+
+def graph_functions(graph_def):
+    """The names of the functions a GraphDef defines (a call names one as
+    its op)."""
+    return {function.signature.name for function in graph_def.library.function}
 
 
 def _export_portable(model, tokenizer, path, sequence_length, format, precision):

@@ -13,25 +13,39 @@ from keras_attn.models.bert import build_bert
 from test_case import to_numpy
 
 VOCAB = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "the", "cat", "sat", "on", "mat",
-         "dog", "##s", "a", "run", "##ning", ".", ","]
-TEXTS = ["the cat sat on the mat .", "a dog", "dogs running , cats sat on a mat . the end"]
+         "dog", "##s", "a", "run", "##ning", ".", ",", "cafe", "naive", "东", "京", "!"]
+TEXTS = ["the cat sat on the mat .", "a dog", "dogs running , cats sat on a mat . the end",
+         "The CAFÉ, naïve Dogs!!! 东京 😀", "", "   ", "cat" * 40]
 
 pytestmark = pytest.mark.tf_only
 
+# TensorFlow alone, as TensorFlow Serving has it: tensorflow-text (whose
+# ops the SavedModel must not need), Keras and the packages built on them
+# cannot be imported there, as on a machine without them.
 LOAD = r"""
-import json, sys
-import numpy as np
+import importlib.abc, importlib.util, json, sys
+OTHERS = ("tensorflow_text", "keras", "keras_hub", "keras_nlp", "keras_attn", "tf_keras")
+def blocked(name):
+    return name.split(".")[0] in OTHERS
+class NotInstalled(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if blocked(name):
+            raise ModuleNotFoundError(name)
+sys.meta_path.insert(0, NotInstalled())
+find_spec = importlib.util.find_spec  # TensorFlow asks it whether Keras is there
+importlib.util.find_spec = lambda name, package=None: (
+    None if blocked(name) else find_spec(name, package))
 import tensorflow as tf
-import tensorflow_text  # noqa: F401  (the WordPiece ops)
 loaded = tf.saved_model.load(sys.argv[1])
 texts = json.loads(sys.argv[2])
 ids = json.loads(sys.argv[3])
 out = {"text": {}, "ids": {}}
-for n in (1, 3):
+for n in (1, len(texts)):
     out["text"][n] = loaded.serve(tf.constant(texts[:n])).numpy().tolist()
 for length, (t, s, m) in ids.items():
     out["ids"][length] = loaded.serve_ids(tf.constant(t, tf.int32), tf.constant(s, tf.int32),
                                           tf.constant(m, tf.int32)).numpy().tolist()
+out["loaded"] = sorted(m for m in OTHERS if m in sys.modules)
 print("RESULT" + json.dumps(out))
 """
 
@@ -69,9 +83,15 @@ def test_two_signatures_reload_in_a_fresh_process(tmp_path):
     )
     assert result.returncode == 0, result.stderr[-3000:]
     out = json.loads(result.stdout.split("RESULT", 1)[1])
-    for n in (1, 3):
-        expected = in_memory(*(np.asarray(x) for x in pack(np.array(TEXTS[:n]))))
-        np.testing.assert_allclose(np.array(out["text"][str(n)]), expected, atol=1e-5)
+    assert out["loaded"] == []
+    # The strings tokenized by keras-hub (tensorflow-text in tf.data, Python
+    # eagerly: the same ids), then the Keras model.
+    packed = [np.asarray(x) for x in pack(np.array(TEXTS))]
+    # "The CAFÉ, naïve Dogs!!! 东京 😀": the cafe , naive dog ##s ! ! ! 东, truncated
+    assert packed[0][3].tolist() == [2, 5, 17, 16, 18, 10, 11, 21, 21, 21, 19, 3]
+    for n in (1, len(TEXTS)):
+        expected = in_memory(*(x[:n] for x in packed))
+        np.testing.assert_allclose(np.array(out["text"][str(n)]), expected, atol=1e-6)
     for length, (t, s, m) in ids.items():
         np.testing.assert_allclose(np.array(out["ids"][length]), in_memory(t, s, m), atol=1e-5)
 
@@ -88,3 +108,16 @@ def test_rejects_a_model_without_bert_inputs(tmp_path):
     with pytest.raises(ValueError, match="Received: sequence_length=32"):
         export_text_classifier(BertSequenceClassifier(backbone, 2),
                                text.make_tokenizer(VOCAB), str(tmp_path / "x"), 32)
+
+
+def test_the_export_refuses_a_graph_with_ops_core_tensorflow_lacks():
+    import tensorflow as tf
+    import tensorflow_text as tf_text
+
+    from keras_attn.export.text_classifier import check_core_ops
+
+    spec = tf.TensorSpec((None,), tf.string)
+    check_core_ops(tf.function(tf.strings.lower).get_concrete_function(spec))
+    nfd = tf.function(lambda x: tf.strings.upper(tf_text.normalize_utf8(x, "NFD")))
+    with pytest.raises(RuntimeError, match=r"ops that core TensorFlow lacks: \['NormalizeUTF8'\]"):
+        check_core_ops(nfd.get_concrete_function(spec))
