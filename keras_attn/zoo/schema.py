@@ -384,6 +384,33 @@ def _rephrased(error):
     return str(error).rsplit(" Received:", 1)[0].rstrip(".")
 
 
+def _config_error(get_config, config, overrides):
+    """The error of `config` with `overrides` applied, or None."""
+    try:
+        get_config(config, **overrides)
+    except (ValueError, TypeError) as error:
+        return error
+    return None
+
+
+def _wrong_override(get_config, config, overrides, error):
+    """The override to name for `error`, the error of `config` with all of
+    `overrides` (checked together, so that two fields changed together, a
+    width and the heads that divide it, are not refused one at a time), and
+    the error to give: the override without which the rest is valid; else
+    the first that is invalid on its own, with its own error; else None
+    (only together are they wrong)."""
+    for key in overrides:
+        rest = {k: v for k, v in overrides.items() if k != key}
+        if _config_error(get_config, config, rest) is None:
+            return key, error
+    for key, value in overrides.items():
+        own = _config_error(get_config, config, {key: value})
+        if own is not None:
+            return key, own
+    return None, error
+
+
 class Overrides(Section):
     """Config fields to change; only the fields given are kept."""
 
@@ -413,8 +440,9 @@ def model_section(family, set_fields):
         __doc__=f"Fields of `{config_class.__name__}`.", **fields)
 
     def valid_for_the_family(cls, value):
-        # The config helper's checks (a known preset and field, a divisible
-        # width, a field that moved) with its own words.
+        # The config's own checks (a known preset and field, each field's
+        # value, the fields together, a field that moved) with its words:
+        # the config is made here, before any data loads.
         if not isinstance(value, dict) or not isinstance(value.get("preset"), str):
             return value
         try:
@@ -423,15 +451,16 @@ def model_section(family, set_fields):
             raise key_error("preset", f"is invalid: {_rephrased(error)}",
                             value["preset"]) from None
         given = value.get("overrides", {})
-        for key, override in (given.items() if isinstance(given, dict) else ()):
+        given = dict(given) if isinstance(given, dict) else {}
+        for key, override in given.items():
             if key in set_fields:
                 raise key_error(f"overrides.{key}", "is set by the task from its data "
                                 "and cannot be overridden", override)
-            try:
-                get_config(config, **{key: override})
-            except (ValueError, TypeError) as error:
-                raise key_error(f"overrides.{key}", f"is invalid: {_rephrased(error)}",
-                                override) from None
+        error = _config_error(get_config, config, given)
+        if error is not None:
+            key, error = _wrong_override(get_config, config, given, error)
+            raise key_error(join_keys("overrides", key), f"is invalid: {_rephrased(error)}",
+                            given[key] if key else given) from None
         return value
 
     return pydantic.create_model(

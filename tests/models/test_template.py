@@ -100,3 +100,51 @@ def test_the_same_errors_in_every_family(family):
     with pytest.raises(ValueError, match=r"`num_heads` must divide `hidden_dim`. Received: "
                                          r"hidden_dim=10, num_heads=3"):
         build(name, **{**tiny, "hidden_dim": 10, "num_heads": 3})
+
+
+MODELS = {"bert": models.BertBackbone, "vit": models.ViT, "transformer": models.Transformer,
+          "conformer": models.ConformerCTC}
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_the_constructor_takes_the_config_fields_with_the_config_defaults(family):
+    config_class, _, _ = FAMILIES[family]
+    parameters = list(inspect.signature(MODELS[family]).parameters.values())
+    fields = [(field.name, field.default) for field in dataclasses.fields(config_class)]
+    assert [(p.name, p.default) for p in parameters[:len(fields)]] == fields
+    assert [(p.name, p.default, p.kind) for p in parameters[len(fields):]] == [
+        ("dtype", None, inspect.Parameter.POSITIONAL_OR_KEYWORD),
+        ("kwargs", inspect.Parameter.empty, inspect.Parameter.VAR_KEYWORD)]
+    # Keras reads the same signature from `__init__` (auto-config, get_config checks).
+    assert list(inspect.signature(MODELS[family].__init__).parameters)[1:] == [
+        p.name for p in parameters]
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_get_config_is_the_config_fields_and_from_config_rebuilds_them(family):
+    _, presets, tiny = FAMILIES[family]
+    get_config, _, _ = _api(family)
+    expected = get_config(sorted(presets)[0], **tiny, dropout=0.0)
+    model = MODELS[family](**dataclasses.asdict(expected), name="tiny")
+    config = model.get_config()
+    assert sorted(config) == sorted({"name", "trainable", "dtype"}
+                                    | {f.name for f in dataclasses.fields(expected)})
+    assert {key: config[key] for key in dataclasses.asdict(expected)} == \
+        dataclasses.asdict(expected)
+    assert (config["name"], config["trainable"]) == ("tiny", True)
+    revived = type(model).from_config(config)
+    assert getattr(revived, f"{family}_config") == expected
+    assert revived.get_config() == config
+    assert revived.count_params() == model.count_params()
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_the_constructor_takes_fields_by_keyword_or_in_field_order(family):
+    config_class, presets, tiny = FAMILIES[family]
+    get_config, _, _ = _api(family)
+    config = get_config(sorted(presets)[0], **tiny)
+    values = dataclasses.asdict(config)
+    by_keyword = MODELS[family](**values)
+    by_position = MODELS[family](*values.values())
+    for model in (by_keyword, by_position):
+        assert getattr(model, f"{family}_config") == config

@@ -25,12 +25,8 @@ from keras_attn._guard import IdSpec
 from keras_attn._guard import MaskSpec
 from keras_attn._guard import check_ids
 from keras_attn.models._config import ConfigModel
+from keras_attn.models._config import config_arguments
 from keras_attn._remat import remat_scope
-from keras_attn._checks import check_bool
-from keras_attn._checks import get_activation
-from keras_attn._checks import check_positive_float
-from keras_attn._checks import check_positive_int
-from keras_attn._checks import check_rate
 from keras_attn.layers.position_embedding import PositionEmbedding
 from keras_attn.layers.transformer_block import TransformerBlock
 from keras_attn.models.bert.bert_config import DEFAULT_PRESET
@@ -43,31 +39,6 @@ INPUT_NAMES = ("token_ids", "segment_ids", "padding_mask")
 def bert_initializer():
     """Truncated normal with stddev 0.02, the reference BERT initializer."""
     return keras.initializers.TruncatedNormal(stddev=0.02)
-
-
-def _check_config(config):
-    check_positive_int("vocabulary_size", config.vocabulary_size)
-    check_positive_int("num_layers", config.num_layers)
-    check_positive_int("num_heads", config.num_heads)
-    check_positive_int("hidden_dim", config.hidden_dim)
-    check_positive_int("intermediate_dim", config.intermediate_dim)
-    check_rate("dropout", config.dropout)
-    check_rate("attention_dropout", config.attention_dropout)
-    check_positive_int("max_sequence_length", config.max_sequence_length)
-    check_positive_int("num_segments", config.num_segments)
-    check_positive_float("layer_norm_epsilon", config.layer_norm_epsilon)
-    if not isinstance(config.activation, str):
-        raise ValueError(
-            "`activation` must be the name of an activation (it is saved in the config). "
-            f"Received: activation={config.activation!r}"
-        )
-    get_activation("activation", config.activation)
-    check_bool("remat", config.remat)
-    if config.hidden_dim % config.num_heads:
-        raise ValueError(
-            "`num_heads` must divide `hidden_dim`. Received: "
-            f"hidden_dim={config.hidden_dim}, num_heads={config.num_heads}"
-        )
 
 
 def check_token_ids(token_ids, vocabulary_size, name="token_ids"):
@@ -139,80 +110,48 @@ class BertBackbone(GuardedModel, ConfigModel, keras.Model):
 
     config_attribute = "bert_config"
 
-
-    def __init__(
-        self,
-        vocabulary_size=30522,
-        num_layers=12,
-        num_heads=12,
-        hidden_dim=768,
-        intermediate_dim=3072,
-        dropout=0.1,
-        attention_dropout=0.1,
-        max_sequence_length=512,
-        num_segments=2,
-        layer_norm_epsilon=1e-12,
-        activation="gelu",
-        remat=False,
-        dtype=None,
-        **kwargs,
-    ):
-        config = BertConfig(
-            vocabulary_size=vocabulary_size,
-            num_layers=num_layers,
-            num_heads=num_heads,
-            hidden_dim=hidden_dim,
-            intermediate_dim=intermediate_dim,
-            dropout=dropout,
-            attention_dropout=attention_dropout,
-            max_sequence_length=max_sequence_length,
-            num_segments=num_segments,
-            layer_norm_epsilon=layer_norm_epsilon,
-            activation=activation,
-            remat=remat,
-        )
-        _check_config(config)
-
+    @config_arguments(BertConfig, "BERT")
+    def __init__(self, config, dtype=None, **kwargs):
         # === Layers ===
         token_embedding = keras.layers.ReversibleEmbedding(
-            vocabulary_size,
-            hidden_dim,
+            config.vocabulary_size,
+            config.hidden_dim,
             tie_weights=True,
             embeddings_initializer=bert_initializer(),
             dtype=dtype,
             name="token_embedding",
         )
         segment_embedding = keras.layers.Embedding(
-            num_segments,
-            hidden_dim,
+            config.num_segments,
+            config.hidden_dim,
             embeddings_initializer=bert_initializer(),
             dtype=dtype,
             name="segment_embedding",
         )
         position_embedding = PositionEmbedding(
-            max_sequence_length,
+            config.max_sequence_length,
             initializer=bert_initializer(),
             dtype=dtype,
             name="position_embedding",
         )
         embeddings_add = keras.layers.Add(dtype=dtype, name="embeddings_add")
         embeddings_layer_norm = keras.layers.LayerNormalization(
-            epsilon=layer_norm_epsilon, dtype=dtype, name="embeddings_layer_norm"
+            epsilon=config.layer_norm_epsilon, dtype=dtype, name="embeddings_layer_norm"
         )
         embeddings_dropout = keras.layers.Dropout(
-            dropout, dtype=dtype, name="embeddings_dropout"
+            config.dropout, dtype=dtype, name="embeddings_dropout"
         )
-        block_names = [f"transformer_block_{i}" for i in range(num_layers)]
-        with remat_scope(remat, block_names):
+        block_names = [f"transformer_block_{i}" for i in range(config.num_layers)]
+        with remat_scope(config.remat, block_names):
             blocks = [
                 TransformerBlock(
-                    num_heads=num_heads,
-                    intermediate_dim=intermediate_dim,
+                    num_heads=config.num_heads,
+                    intermediate_dim=config.intermediate_dim,
                     norm_position="post",
-                    activation=activation,
-                    dropout=dropout,
-                    attention_dropout=attention_dropout,
-                    layer_norm_epsilon=layer_norm_epsilon,
+                    activation=config.activation,
+                    dropout=config.dropout,
+                    attention_dropout=config.attention_dropout,
+                    layer_norm_epsilon=config.layer_norm_epsilon,
                     kernel_initializer=bert_initializer(),
                     dtype=dtype,
                     name=name,
@@ -220,7 +159,7 @@ class BertBackbone(GuardedModel, ConfigModel, keras.Model):
                 for name in block_names
             ]
         pooled_dense = keras.layers.Dense(
-            hidden_dim,
+            config.hidden_dim,
             activation="tanh",
             kernel_initializer=bert_initializer(),
             dtype=dtype,
@@ -231,8 +170,8 @@ class BertBackbone(GuardedModel, ConfigModel, keras.Model):
         token_ids = keras.Input(shape=(None,), dtype="int32", name="token_ids")
         segment_ids = keras.Input(shape=(None,), dtype="int32", name="segment_ids")
         padding_mask = keras.Input(shape=(None,), dtype="int32", name="padding_mask")
-        tokens = _lookup_or_nan(token_embedding, token_ids, vocabulary_size)
-        segments = _lookup_or_nan(segment_embedding, segment_ids, num_segments)
+        tokens = _lookup_or_nan(token_embedding, token_ids, config.vocabulary_size)
+        segments = _lookup_or_nan(segment_embedding, segment_ids, config.num_segments)
         x = embeddings_add([tokens, segments, position_embedding(tokens)])
         x = embeddings_layer_norm(x)
         x = embeddings_dropout(x)

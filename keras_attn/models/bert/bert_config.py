@@ -10,13 +10,31 @@ task heads excluded.
 
 import dataclasses
 
+from keras_attn._checks import get_activation
+from keras_attn.models._config import ModelConfig
+from keras_attn.models._config import check_heads_divide
+from keras_attn.models._config import field
+from keras_attn.models._config import flag
+from keras_attn.models._config import positive_float
+from keras_attn.models._config import positive_int
+from keras_attn.models._config import rate
 from keras_attn.models._config import replace_fields
 from keras_attn.models._config import resolve_config
 
 
+def _activation_name(name, value):
+    if not isinstance(value, str):
+        raise ValueError(
+            f"`{name}` must be the name of an activation (it is saved in the config). "
+            f"Received: {name}={value!r}"
+        )
+    get_activation(name, value)
+
+
 @dataclasses.dataclass(frozen=True)
-class BertConfig:
-    """BERT hyper-parameters; the fields are the arguments of `BertBackbone`.
+class BertConfig(ModelConfig):
+    """BERT hyper-parameters; the fields are the arguments of `BertBackbone`,
+    checked when a config is made.
 
     Attributes:
         vocabulary_size: WordPiece vocabulary size (30,522 for the uncased
@@ -46,18 +64,21 @@ class BertConfig:
             gradients either way.
     """
 
-    vocabulary_size: int = 30522
-    num_layers: int = 12
-    num_heads: int = 12
-    hidden_dim: int = 768
-    intermediate_dim: int = 3072
-    dropout: float = 0.1
-    attention_dropout: float = 0.1
-    max_sequence_length: int = 512
-    num_segments: int = 2
-    layer_norm_epsilon: float = 1e-12
-    activation: str = "gelu"
-    remat: bool = False
+    vocabulary_size: int = field(30522, positive_int)
+    num_layers: int = field(12, positive_int)
+    num_heads: int = field(12, positive_int)
+    hidden_dim: int = field(768, positive_int)
+    intermediate_dim: int = field(3072, positive_int)
+    dropout: float = field(0.1, rate)
+    attention_dropout: float = field(0.1, rate)
+    max_sequence_length: int = field(512, positive_int)
+    num_segments: int = field(2, positive_int)
+    layer_norm_epsilon: float = field(1e-12, positive_float)
+    activation: str = field("gelu", _activation_name)
+    remat: bool = field(False, flag)
+
+    def check_relations(self):
+        check_heads_divide(self)
 
 
 def _variant(num_layers, hidden_dim, num_heads):

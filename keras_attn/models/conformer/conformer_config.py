@@ -2,6 +2,15 @@
 
 import dataclasses
 
+from keras_attn.models._config import ModelConfig
+from keras_attn.models._config import check_heads_divide
+from keras_attn.models._config import field
+from keras_attn.models._config import flag
+from keras_attn.models._config import one_of
+from keras_attn.models._config import optional_positive_int
+from keras_attn.models._config import positive_float
+from keras_attn.models._config import positive_int
+from keras_attn.models._config import rate
 from keras_attn.models._config import replace_fields
 from keras_attn.models._config import resolve_config
 
@@ -9,17 +18,37 @@ from keras_attn.models._config import resolve_config
 INPUT_TYPES = ("waveform", "features")
 
 
+def check_vocabulary_size(name, value, allow_none=True):
+    """Labels 1..V: a positive integer; None in a config that has no
+    vocabulary yet (a preset), never in a model."""
+    if value is None and allow_none:
+        return
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(
+            f"`{name}` must be a positive integer (labels 1..V, 0 is "
+            f"the CTC blank). Received: {name}={value!r}"
+        )
+
+
+def _count(name, value):
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(
+            f"`{name}` must be a non-negative integer. Received: {name}={value!r}"
+        )
+
+
 @dataclasses.dataclass(frozen=True)
-class ConformerConfig:
+class ConformerConfig(ModelConfig):
     """Conformer hyper-parameters; the fields are the arguments of
-    `ConformerCTC` / `build_conformer`.
+    `ConformerCTC` / `build_conformer`, checked when a config is made.
 
     The front end turns 16 kHz audio into 80 log-mel bins with 25 ms windows
     (400 samples) every 10 ms (160 samples), as in the paper's section 3.1.
 
     Attributes:
         vocabulary_size: the labels 1..V (0 is the CTC blank). No default:
-            it is the task's, so every build names it.
+            it is the task's, so every build names it (a config without it,
+            such as a preset, is valid; the model refuses it).
         num_layers: Conformer blocks.
         hidden_dim: model width (the paper's encoder dim).
         num_heads: attention heads per block.
@@ -47,26 +76,35 @@ class ConformerConfig:
             step, the same outputs and gradients.
     """
 
-    vocabulary_size: int = None
-    num_layers: int = 16
-    hidden_dim: int = 144
-    num_heads: int = 4
-    intermediate_dim: int = None
-    kernel_size: int = 32
-    dropout: float = 0.1
-    attention_dropout: float = 0.0
-    layer_norm_epsilon: float = 1e-5
-    sampling_rate: int = 16000
-    num_mel_bins: int = 80
-    frame_length: int = 400
-    frame_step: int = 160
-    fft_length: int = 512
-    freq_mask_count: int = 2
-    freq_mask_width: int = 27
-    time_mask_count: int = 10
-    time_mask_ratio: float = 0.05
-    input_type: str = "waveform"
-    remat: bool = False
+    vocabulary_size: int = field(None, check_vocabulary_size)
+    num_layers: int = field(16, positive_int)
+    hidden_dim: int = field(144, positive_int)
+    num_heads: int = field(4, positive_int)
+    intermediate_dim: int = field(None, optional_positive_int)
+    kernel_size: int = field(32, positive_int)
+    dropout: float = field(0.1, rate)
+    attention_dropout: float = field(0.0, rate)
+    layer_norm_epsilon: float = field(1e-5, positive_float)
+    sampling_rate: int = field(16000, positive_int)
+    num_mel_bins: int = field(80, positive_int)
+    frame_length: int = field(400, positive_int)
+    frame_step: int = field(160, positive_int)
+    fft_length: int = field(512, positive_int)
+    freq_mask_count: int = field(2, _count)
+    freq_mask_width: int = field(27, _count)
+    time_mask_count: int = field(10, _count)
+    time_mask_ratio: float = field(0.05, rate)
+    input_type: str = field("waveform", one_of(INPUT_TYPES))
+    remat: bool = field(False, flag)
+
+    def check_relations(self):
+        if self.freq_mask_count and self.freq_mask_width > self.num_mel_bins:
+            raise ValueError(
+                "A frequency mask cannot be wider than the features: "
+                f"`freq_mask_width` must be at most num_mel_bins={self.num_mel_bins}. "
+                f"Received: freq_mask_width={self.freq_mask_width}"
+            )
+        check_heads_divide(self)
 
 
 CONFORMER_PRESETS = {

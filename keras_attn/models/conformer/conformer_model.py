@@ -25,22 +25,17 @@ from keras_attn._guard import IdSpec
 from keras_attn._guard import check_ids
 from keras_attn._guard import concrete_value
 from keras_attn.models._config import ConfigModel
+from keras_attn.models._config import config_arguments
 from keras_attn._remat import remat_scope
-from keras_attn._checks import check_bool
-from keras_attn._checks import check_choice
-from keras_attn._checks import check_positive_float
-from keras_attn._checks import check_positive_int
-from keras_attn._checks import check_rate
 from keras_attn.layers.conformer_block import ConformerBlock
 from keras_attn.layers.conv_subsampling import ConvSubsampling
 from keras_attn.layers.conv_subsampling import subsampled_length
 from keras_attn.layers.log_mel_features import LogMelFeatures
 from keras_attn.layers.spec_augment import SpecAugment
 from keras_attn.models.conformer.conformer_config import DEFAULT_PRESET
-from keras_attn.models.conformer.conformer_config import INPUT_TYPES
 from keras_attn.models.conformer.conformer_config import ConformerConfig
+from keras_attn.models.conformer.conformer_config import check_vocabulary_size
 from keras_attn.models.conformer.conformer_config import get_conformer_config
-from keras_attn.models.conformer.conformer_config import replace_conformer_config
 
 
 class _BatchMean(keras.losses.Loss):
@@ -52,47 +47,6 @@ class _BatchMean(keras.losses.Loss):
 
     def call(self, y_true, y_pred):
         return y_pred
-
-
-def _check_config(c):
-    """The package's own `ValueError` for every field, before any layer is
-    built (the layers would raise later, or not at all for `num_layers=0`)."""
-    if (isinstance(c.vocabulary_size, bool) or not isinstance(c.vocabulary_size, int)
-            or c.vocabulary_size < 1):
-        raise ValueError(
-            "`vocabulary_size` must be a positive integer (labels 1..V, 0 is "
-            f"the CTC blank). Received: vocabulary_size={c.vocabulary_size!r}"
-        )
-    check_choice("input_type", c.input_type, INPUT_TYPES)
-    check_positive_int("num_layers", c.num_layers)
-    check_positive_int("hidden_dim", c.hidden_dim)
-    check_positive_int("num_heads", c.num_heads)
-    check_positive_int("intermediate_dim", c.intermediate_dim, allow_none=True)
-    check_positive_int("kernel_size", c.kernel_size)
-    check_rate("dropout", c.dropout)
-    check_rate("attention_dropout", c.attention_dropout)
-    check_positive_float("layer_norm_epsilon", c.layer_norm_epsilon)
-    for name in ("sampling_rate", "num_mel_bins", "frame_length", "frame_step", "fft_length"):
-        check_positive_int(name, getattr(c, name))
-    for name in ("freq_mask_count", "freq_mask_width", "time_mask_count"):
-        value = getattr(c, name)
-        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-            raise ValueError(
-                f"`{name}` must be a non-negative integer. Received: {name}={value!r}"
-            )
-    if c.freq_mask_count and c.freq_mask_width > c.num_mel_bins:
-        raise ValueError(
-            "A frequency mask cannot be wider than the features: "
-            f"`freq_mask_width` must be at most num_mel_bins={c.num_mel_bins}. "
-            f"Received: freq_mask_width={c.freq_mask_width}"
-        )
-    check_rate("time_mask_ratio", c.time_mask_ratio)
-    check_bool("remat", c.remat)
-    if c.hidden_dim % c.num_heads:
-        raise ValueError(
-            "`num_heads` must divide `hidden_dim`. Received: "
-            f"hidden_dim={c.hidden_dim}, num_heads={c.num_heads}"
-        )
 
 
 @keras.saving.register_keras_serializable(package="keras_attn")
@@ -137,49 +91,47 @@ class ConformerCTC(GuardedModel, ConfigModel, keras.Model):
 
     config_attribute = "conformer_config"
 
-    def __init__(self, vocabulary_size=None, dtype=None, name="conformer_ctc", trainable=True,
-                 **config_fields):
-        c = config = replace_conformer_config(
-            ConformerConfig(), vocabulary_size=vocabulary_size, **config_fields
-        )
-        _check_config(c)
+    @config_arguments(ConformerConfig, "Conformer")
+    def __init__(self, config, dtype=None, **kwargs):
+        check_vocabulary_size("vocabulary_size", config.vocabulary_size, allow_none=False)
+        kwargs.setdefault("name", "conformer_ctc")
 
         # === Layers ===
         frontend = LogMelFeatures(
-            sampling_rate=c.sampling_rate, num_mel_bins=c.num_mel_bins,
-            frame_length=c.frame_length, frame_step=c.frame_step,
-            fft_length=c.fft_length, dtype=dtype, name="log_mel",
+            sampling_rate=config.sampling_rate, num_mel_bins=config.num_mel_bins,
+            frame_length=config.frame_length, frame_step=config.frame_step,
+            fft_length=config.fft_length, dtype=dtype, name="log_mel",
         )
         spec_augment = SpecAugment(
-            freq_mask_count=c.freq_mask_count, freq_mask_width=c.freq_mask_width,
-            time_mask_count=c.time_mask_count, time_mask_ratio=c.time_mask_ratio,
+            freq_mask_count=config.freq_mask_count, freq_mask_width=config.freq_mask_width,
+            time_mask_count=config.time_mask_count, time_mask_ratio=config.time_mask_ratio,
             dtype=dtype, name="spec_augment",
         )
-        subsampling = ConvSubsampling(c.hidden_dim, dtype=dtype, name="subsampling")
-        input_dropout = keras.layers.Dropout(c.dropout, dtype=dtype, name="input_dropout")
-        block_names = [f"conformer_block_{i}" for i in range(c.num_layers)]
-        with remat_scope(c.remat, block_names):
+        subsampling = ConvSubsampling(config.hidden_dim, dtype=dtype, name="subsampling")
+        input_dropout = keras.layers.Dropout(config.dropout, dtype=dtype, name="input_dropout")
+        block_names = [f"conformer_block_{i}" for i in range(config.num_layers)]
+        with remat_scope(config.remat, block_names):
             blocks = [
                 ConformerBlock(
-                    num_heads=c.num_heads, intermediate_dim=c.intermediate_dim,
-                    kernel_size=c.kernel_size, dropout=c.dropout,
-                    attention_dropout=c.attention_dropout,
-                    layer_norm_epsilon=c.layer_norm_epsilon,
+                    num_heads=config.num_heads, intermediate_dim=config.intermediate_dim,
+                    kernel_size=config.kernel_size, dropout=config.dropout,
+                    attention_dropout=config.attention_dropout,
+                    layer_norm_epsilon=config.layer_norm_epsilon,
                     dtype=dtype, name=name,
                 )
                 for name in block_names
             ]
-        ctc_head = keras.layers.Dense(c.vocabulary_size + 1, dtype=dtype, name="ctc_logits")
+        ctc_head = keras.layers.Dense(config.vocabulary_size + 1, dtype=dtype, name="ctc_logits")
 
         # === Functional Model ===
-        if c.input_type == "waveform":
+        if config.input_type == "waveform":
             waveform = keras.Input((None,), name="waveform")
             waveform_length = keras.Input((), dtype="int32", name="waveform_length")
             inputs = {"waveform": waveform, "waveform_length": waveform_length}
             features = frontend(waveform, waveform_length)  # (B, T, mels)
             frame_lengths = frontend.num_frames(waveform_length)  # (B,)
         else:
-            features = keras.Input((None, c.num_mel_bins), name="features")
+            features = keras.Input((None, config.num_mel_bins), name="features")
             frame_lengths = keras.Input((), dtype="int32", name="feature_length")
             inputs = {"features": features, "feature_length": frame_lengths}
         frame_mask = LengthMask(name="frame_mask")(features, frame_lengths)
@@ -198,13 +150,12 @@ class ConformerCTC(GuardedModel, ConfigModel, keras.Model):
             inputs=inputs,
             outputs={"logits": logits, "logit_lengths": logit_lengths},
             dtype=dtype,
-            name=name,
-            trainable=trainable,
+            **kwargs,
         )
 
         # === Config ===
         self.conformer_config = config
-        self.vocabulary_size = c.vocabulary_size
+        self.vocabulary_size = config.vocabulary_size
 
     def label_specs(self):
         return {None: IdSpec(0, self.vocabulary_size + 1, "1..V, 0 pads")}

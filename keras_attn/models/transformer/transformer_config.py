@@ -8,6 +8,16 @@ worked out by hand.
 
 import dataclasses
 
+from keras_attn._checks import get_activation
+from keras_attn.models._config import ModelConfig
+from keras_attn.models._config import check_heads_divide
+from keras_attn.models._config import field
+from keras_attn.models._config import flag
+from keras_attn.models._config import one_of
+from keras_attn.models._config import optional_positive_int
+from keras_attn.models._config import positive_float
+from keras_attn.models._config import positive_int
+from keras_attn.models._config import rate
 from keras_attn.models._config import replace_fields
 from keras_attn.models._config import resolve_config
 
@@ -16,10 +26,15 @@ POSITION_EMBEDDINGS = ("sinusoidal", "learned")
 SINUSOID_LAYOUTS = ("interleaved", "concatenated")
 
 
+def _integer(name, value):
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"`{name}` must be an integer. Received: {name}={value!r}")
+
+
 @dataclasses.dataclass(frozen=True)
-class TransformerConfig:
+class TransformerConfig(ModelConfig):
     """Encoder-decoder hyper-parameters; the fields are the arguments of
-    `Transformer` / `build_transformer`.
+    `Transformer` / `build_transformer`, checked when a config is made.
 
     Attributes:
         vocabulary_size: size of the (shared) vocabulary; with
@@ -62,27 +77,42 @@ class TransformerConfig:
             gradients either way.
     """
 
-    vocabulary_size: int = 37000
-    target_vocabulary_size: int = None
-    hidden_dim: int = 512
-    intermediate_dim: int = 2048
-    num_heads: int = 8
-    key_dim: int = None
-    value_dim: int = None
-    num_encoder_layers: int = 6
-    num_decoder_layers: int = 6
-    dropout: float = 0.1
-    attention_dropout: float = 0.0
-    activation_dropout: float = 0.0
-    activation: str = "relu"
-    norm_position: str = "post"
-    position_embedding: str = "sinusoidal"
-    max_sequence_length: int = 1024
-    layer_norm_epsilon: float = 1e-6
-    pad_id: int = 0
-    sinusoid_layout: str = "interleaved"
-    output_bias: bool = False
-    remat: bool = False
+    vocabulary_size: int = field(37000, positive_int)
+    target_vocabulary_size: int = field(None, optional_positive_int)
+    hidden_dim: int = field(512, positive_int)
+    intermediate_dim: int = field(2048, positive_int)
+    num_heads: int = field(8, positive_int)
+    key_dim: int = field(None, optional_positive_int)
+    value_dim: int = field(None, optional_positive_int)
+    num_encoder_layers: int = field(6, positive_int)
+    num_decoder_layers: int = field(6, positive_int)
+    dropout: float = field(0.1, rate)
+    attention_dropout: float = field(0.0, rate)
+    activation_dropout: float = field(0.0, rate)
+    activation: str = field("relu", get_activation)
+    norm_position: str = field("post", one_of(NORM_POSITIONS))
+    position_embedding: str = field("sinusoidal", one_of(POSITION_EMBEDDINGS))
+    max_sequence_length: int = field(1024, positive_int)
+    layer_norm_epsilon: float = field(1e-6, positive_float)
+    pad_id: int = field(0, _integer)
+    sinusoid_layout: str = field("interleaved", one_of(SINUSOID_LAYOUTS))
+    output_bias: bool = field(False, flag)
+    remat: bool = field(False, flag)
+
+    def check_relations(self):
+        if not 0 <= self.pad_id < self.vocabulary_size:
+            raise ValueError(
+                "`pad_id` must be a token id of the vocabulary. Received: "
+                f"pad_id={self.pad_id}, vocabulary_size={self.vocabulary_size}"
+            )
+        # With `key_dim` given (values default to it) the heads need not split D.
+        if self.key_dim is None:
+            check_heads_divide(self)
+        if self.position_embedding == "sinusoidal" and self.hidden_dim % 2:
+            raise ValueError(
+                "Sinusoidal positions need an even `hidden_dim`. Received: "
+                f"hidden_dim={self.hidden_dim}"
+            )
 
     @property
     def shared_vocabulary(self):

@@ -28,12 +28,8 @@ from keras_attn._clone import for_sublayer
 from keras_attn._guard import GuardedModel
 from keras_attn._guard import IdSpec
 from keras_attn.models._config import ConfigModel
+from keras_attn.models._config import config_arguments
 from keras_attn._remat import remat_scope
-from keras_attn._checks import check_bool
-from keras_attn._checks import check_choice
-from keras_attn._checks import check_positive_float
-from keras_attn._checks import check_positive_int
-from keras_attn._checks import check_rate
 from keras_attn.layers.position_embedding import PositionEmbedding
 from keras_attn.layers.sinusoidal_positional_encoding import (
     SinusoidalPositionalEncoding,
@@ -41,58 +37,11 @@ from keras_attn.layers.sinusoidal_positional_encoding import (
 from keras_attn.layers.transformer_block import TransformerBlock
 from keras_attn.layers.transformer_decoder_block import TransformerDecoderBlock
 from keras_attn.models.transformer.shared_embedding import SharedEmbedding
-from keras_attn.models.transformer.transformer_config import NORM_POSITIONS
-from keras_attn.models.transformer.transformer_config import (
-    POSITION_EMBEDDINGS,
-)
 from keras_attn.models.transformer.transformer_config import DEFAULT_PRESET
-from keras_attn.models.transformer.transformer_config import SINUSOID_LAYOUTS
 from keras_attn.models.transformer.transformer_config import TransformerConfig
 from keras_attn.models.transformer.transformer_config import (
     get_transformer_config,
 )
-
-
-def _check_config(config):
-    check_positive_int("vocabulary_size", config.vocabulary_size)
-    check_positive_int(
-        "target_vocabulary_size", config.target_vocabulary_size, allow_none=True
-    )
-    check_positive_int("hidden_dim", config.hidden_dim)
-    check_positive_int("intermediate_dim", config.intermediate_dim)
-    check_positive_int("num_heads", config.num_heads)
-    check_positive_int("key_dim", config.key_dim, allow_none=True)
-    check_positive_int("value_dim", config.value_dim, allow_none=True)
-    check_positive_int("num_encoder_layers", config.num_encoder_layers)
-    check_positive_int("num_decoder_layers", config.num_decoder_layers)
-    check_rate("dropout", config.dropout)
-    check_rate("attention_dropout", config.attention_dropout)
-    check_rate("activation_dropout", config.activation_dropout)
-    check_choice("norm_position", config.norm_position, NORM_POSITIONS)
-    check_choice("position_embedding", config.position_embedding, POSITION_EMBEDDINGS)
-    check_positive_int("max_sequence_length", config.max_sequence_length)
-    check_positive_float("layer_norm_epsilon", config.layer_norm_epsilon)
-    check_bool("remat", config.remat)
-    check_choice("sinusoid_layout", config.sinusoid_layout, SINUSOID_LAYOUTS)
-    check_bool("output_bias", config.output_bias)
-    if isinstance(config.pad_id, bool) or not isinstance(config.pad_id, int):
-        raise ValueError(f"`pad_id` must be an integer. Received: pad_id={config.pad_id!r}")
-    if not 0 <= config.pad_id < config.vocabulary_size:
-        raise ValueError(
-            "`pad_id` must be a token id of the vocabulary. Received: "
-            f"pad_id={config.pad_id}, vocabulary_size={config.vocabulary_size}"
-        )
-    # With `key_dim` given (values default to it) the heads need not split D.
-    if config.key_dim is None and config.hidden_dim % config.num_heads:
-        raise ValueError(
-            "`num_heads` must divide `hidden_dim`. Received: "
-            f"hidden_dim={config.hidden_dim}, num_heads={config.num_heads}"
-        )
-    if config.position_embedding == "sinusoidal" and config.hidden_dim % 2:
-        raise ValueError(
-            "Sinusoidal positions need an even `hidden_dim`. Received: "
-            f"hidden_dim={config.hidden_dim}"
-        )
 
 
 # The model's graph, written once: `Transformer.__init__` builds it from the
@@ -191,60 +140,11 @@ class Transformer(GuardedModel, ConfigModel, keras.Model):
 
     config_attribute = "transformer_config"
 
-
-    def __init__(
-        self,
-        vocabulary_size=37000,
-        target_vocabulary_size=None,
-        hidden_dim=512,
-        intermediate_dim=2048,
-        num_heads=8,
-        key_dim=None,
-        value_dim=None,
-        num_encoder_layers=6,
-        num_decoder_layers=6,
-        dropout=0.1,
-        attention_dropout=0.0,
-        activation_dropout=0.0,
-        activation="relu",
-        norm_position="post",
-        position_embedding="sinusoidal",
-        max_sequence_length=1024,
-        layer_norm_epsilon=1e-6,
-        pad_id=0,
-        sinusoid_layout="interleaved",
-        output_bias=False,
-        remat=False,
-        dtype=None,
-        **kwargs,
-    ):
-        config = TransformerConfig(
-            vocabulary_size=vocabulary_size,
-            target_vocabulary_size=target_vocabulary_size,
-            hidden_dim=hidden_dim,
-            intermediate_dim=intermediate_dim,
-            num_heads=num_heads,
-            key_dim=key_dim,
-            value_dim=value_dim,
-            num_encoder_layers=num_encoder_layers,
-            num_decoder_layers=num_decoder_layers,
-            dropout=dropout,
-            attention_dropout=attention_dropout,
-            activation_dropout=activation_dropout,
-            activation=activation,
-            norm_position=norm_position,
-            position_embedding=position_embedding,
-            max_sequence_length=max_sequence_length,
-            layer_norm_epsilon=layer_norm_epsilon,
-            pad_id=pad_id,
-            sinusoid_layout=sinusoid_layout,
-            output_bias=output_bias,
-            remat=remat,
-        )
-        _check_config(config)
+    @config_arguments(TransformerConfig, "Transformer")
+    def __init__(self, config, dtype=None, **kwargs):
         # N(0, D^-0.5): after the sqrt(D) scaling the embeddings have unit
         # variance, like the sinusoids they are added to (tensor2tensor).
-        embedding_init = keras.initializers.RandomNormal(stddev=hidden_dim**-0.5)
+        embedding_init = keras.initializers.RandomNormal(stddev=config.hidden_dim**-0.5)
 
         # === Layers ===
         # Held in `layers` until the graph is built, then made attributes: Keras
@@ -253,17 +153,17 @@ class Transformer(GuardedModel, ConfigModel, keras.Model):
         layers = types.SimpleNamespace()
 
         def token_embedding(size, name, bias=False):
-            return SharedEmbedding(size, hidden_dim,
+            return SharedEmbedding(size, config.hidden_dim,
                                    embeddings_initializer=for_sublayer(embedding_init, name),
                                    output_bias=bias, dtype=dtype, name=name)
 
         def position(side):
             name = f"{side}_position_embedding"
-            if position_embedding == "sinusoidal":
-                return SinusoidalPositionalEncoding(layout=sinusoid_layout, dtype=dtype,
+            if config.position_embedding == "sinusoidal":
+                return SinusoidalPositionalEncoding(layout=config.sinusoid_layout, dtype=dtype,
                                                     name=name)
             return PositionEmbedding(
-                max_sequence_length,
+                config.max_sequence_length,
                 initializer=keras.initializers.RandomNormal(stddev=0.02),
                 dtype=dtype,
                 name=name,
@@ -272,38 +172,38 @@ class Transformer(GuardedModel, ConfigModel, keras.Model):
         def final_norm(side):
             # Pre-norm stacks end with a LayerNorm (the sublayers' outputs are
             # added to an un-normalised residual stream).
-            if norm_position != "pre":
+            if config.norm_position != "pre":
                 return None
             return keras.layers.LayerNormalization(
-                epsilon=layer_norm_epsilon, dtype=dtype, name=f"{side}_final_layer_norm"
+                epsilon=config.layer_norm_epsilon, dtype=dtype, name=f"{side}_final_layer_norm"
             )
 
         block_args = dict(
-            num_heads=num_heads,
-            key_dim=key_dim,
-            value_dim=value_dim,
-            intermediate_dim=intermediate_dim,
-            norm_position=norm_position,
-            activation=activation,
-            dropout=dropout,
-            attention_dropout=attention_dropout,
-            activation_dropout=activation_dropout,
-            layer_norm_epsilon=layer_norm_epsilon,
+            num_heads=config.num_heads,
+            key_dim=config.key_dim,
+            value_dim=config.value_dim,
+            intermediate_dim=config.intermediate_dim,
+            norm_position=config.norm_position,
+            activation=config.activation,
+            dropout=config.dropout,
+            attention_dropout=config.attention_dropout,
+            activation_dropout=config.activation_dropout,
+            layer_norm_epsilon=config.layer_norm_epsilon,
             dtype=dtype,
         )
-        encoder_names = [f"encoder_block_{i}" for i in range(num_encoder_layers)]
-        decoder_names = [f"decoder_block_{i}" for i in range(num_decoder_layers)]
+        encoder_names = [f"encoder_block_{i}" for i in range(config.num_encoder_layers)]
+        decoder_names = [f"decoder_block_{i}" for i in range(config.num_decoder_layers)]
 
         layers.source_embedding = token_embedding(
-            vocabulary_size,
+            config.vocabulary_size,
             "token_embedding" if config.shared_vocabulary else "source_token_embedding",
-            bias=output_bias and config.shared_vocabulary,
+            bias=config.output_bias and config.shared_vocabulary,
         )
         layers.encoder_position_embedding = position("encoder")
         layers.encoder_embedding_dropout = keras.layers.Dropout(
-            dropout, dtype=dtype, name="encoder_embedding_dropout"
+            config.dropout, dtype=dtype, name="encoder_embedding_dropout"
         )
-        with remat_scope(remat, encoder_names):
+        with remat_scope(config.remat, encoder_names):
             layers.encoder_blocks = [
                 TransformerBlock(**block_args, name=name) for name in encoder_names
             ]
@@ -311,13 +211,13 @@ class Transformer(GuardedModel, ConfigModel, keras.Model):
         if config.shared_vocabulary:
             layers.target_embedding = layers.source_embedding
         else:
-            layers.target_embedding = token_embedding(target_vocabulary_size,
+            layers.target_embedding = token_embedding(config.target_vocabulary_size,
                                                       "target_token_embedding")
         layers.decoder_position_embedding = position("decoder")
         layers.decoder_embedding_dropout = keras.layers.Dropout(
-            dropout, dtype=dtype, name="decoder_embedding_dropout"
+            config.dropout, dtype=dtype, name="decoder_embedding_dropout"
         )
-        with remat_scope(remat, decoder_names):
+        with remat_scope(config.remat, decoder_names):
             layers.decoder_blocks = [
                 TransformerDecoderBlock(**block_args, name=name) for name in decoder_names
             ]
@@ -325,15 +225,15 @@ class Transformer(GuardedModel, ConfigModel, keras.Model):
         layers.output_projection = None  # tied to the target embedding
         if not config.shared_vocabulary:
             layers.output_projection = keras.layers.Dense(
-                target_vocabulary_size, dtype=dtype, name="output_projection"
+                config.target_vocabulary_size, dtype=dtype, name="output_projection"
             )
 
         # === Functional Model ===
         # The graph is `encode` then `decode`, the methods decoding calls.
         source_ids = keras.Input((None,), dtype="int32", name="source_ids")
         target_ids = keras.Input((None,), dtype="int32", name="target_ids")
-        encoder_output, source_mask = _encode(layers, pad_id, source_ids)  # (B, S, D), (B, S)
-        logits = _decode(layers, pad_id, target_ids, encoder_output, source_mask)  # (B, T, V)
+        encoder_output, source_mask = _encode(layers, config.pad_id, source_ids)  # (B, S, D), (B, S)
+        logits = _decode(layers, config.pad_id, target_ids, encoder_output, source_mask)  # (B, T, V)
         super().__init__(
             inputs=[source_ids, target_ids], outputs=logits, dtype=dtype, **kwargs
         )

@@ -8,6 +8,15 @@ the backbone alone is smaller by `1000 * (hidden_dim + 1)`.
 
 import dataclasses
 
+from keras_attn.models._config import ModelConfig
+from keras_attn.models._config import check_heads_divide
+from keras_attn.models._config import field
+from keras_attn.models._config import flag
+from keras_attn.models._config import one_of
+from keras_attn.models._config import optional_positive_int
+from keras_attn.models._config import positive_float
+from keras_attn.models._config import positive_int
+from keras_attn.models._config import rate
 from keras_attn.models._config import replace_fields
 from keras_attn.models._config import resolve_config
 
@@ -15,8 +24,9 @@ POOLINGS = ("cls", "gap")
 
 
 @dataclasses.dataclass(frozen=True)
-class ViTConfig:
-    """ViT hyper-parameters; the fields are the arguments of `ViT` / `build_vit`.
+class ViTConfig(ModelConfig):
+    """ViT hyper-parameters; the fields are the arguments of `ViT` /
+    `build_vit`, checked when a config is made.
 
     Attributes:
         image_size: height = width of the input images in pixels.
@@ -45,19 +55,28 @@ class ViTConfig:
             gradients either way.
     """
 
-    image_size: int = 224
-    patch_size: int = 16
-    num_channels: int = 3
-    hidden_dim: int = 768
-    num_layers: int = 12
-    num_heads: int = 12
-    intermediate_dim: int = 3072
-    dropout: float = 0.0
-    attention_dropout: float = 0.0
-    layer_norm_epsilon: float = 1e-6
-    pooling: str = "cls"
-    num_classes: int = None
-    remat: bool = False
+    image_size: int = field(224, positive_int)
+    patch_size: int = field(16, positive_int)
+    num_channels: int = field(3, positive_int)
+    hidden_dim: int = field(768, positive_int)
+    num_layers: int = field(12, positive_int)
+    num_heads: int = field(12, positive_int)
+    intermediate_dim: int = field(3072, positive_int)
+    dropout: float = field(0.0, rate)
+    attention_dropout: float = field(0.0, rate)
+    layer_norm_epsilon: float = field(1e-6, positive_float)
+    pooling: str = field("cls", one_of(POOLINGS))
+    num_classes: int = field(None, optional_positive_int)
+    remat: bool = field(False, flag)
+
+    def check_relations(self):
+        if self.image_size % self.patch_size:
+            raise ValueError(
+                "`patch_size` must divide `image_size` (the image is cut into "
+                "whole patches). Received: "
+                f"image_size={self.image_size}, patch_size={self.patch_size}"
+            )
+        check_heads_divide(self)
 
     @property
     def grid_size(self):

@@ -23,46 +23,14 @@ from keras import ops
 from keras_attn._guard import GuardedModel
 from keras_attn._guard import IdSpec
 from keras_attn.models._config import ConfigModel
+from keras_attn.models._config import config_arguments
 from keras_attn._remat import remat_scope
-from keras_attn._checks import check_bool
-from keras_attn._checks import check_choice
-from keras_attn._checks import check_positive_float
-from keras_attn._checks import check_positive_int
-from keras_attn._checks import check_rate
 from keras_attn.layers.class_token import ClassToken
 from keras_attn.layers.position_embedding import PositionEmbedding
 from keras_attn.layers.transformer_block import TransformerBlock
-from keras_attn.models.vit.vit_config import POOLINGS
 from keras_attn.models.vit.vit_config import ViTConfig
 from keras_attn.models.vit.vit_config import get_vit_config
 from keras_attn.models.vit.vit_config import DEFAULT_PRESET
-
-
-def _check_config(config):
-    check_positive_int("image_size", config.image_size)
-    check_positive_int("patch_size", config.patch_size)
-    check_positive_int("num_channels", config.num_channels)
-    check_positive_int("hidden_dim", config.hidden_dim)
-    check_positive_int("num_layers", config.num_layers)
-    check_positive_int("num_heads", config.num_heads)
-    check_positive_int("intermediate_dim", config.intermediate_dim)
-    check_rate("dropout", config.dropout)
-    check_rate("attention_dropout", config.attention_dropout)
-    check_positive_float("layer_norm_epsilon", config.layer_norm_epsilon)
-    check_choice("pooling", config.pooling, POOLINGS)
-    check_positive_int("num_classes", config.num_classes, allow_none=True)
-    check_bool("remat", config.remat)
-    if config.image_size % config.patch_size:
-        raise ValueError(
-            "`patch_size` must divide `image_size` (the image is cut into "
-            "whole patches). Received: "
-            f"image_size={config.image_size}, patch_size={config.patch_size}"
-        )
-    if config.hidden_dim % config.num_heads:
-        raise ValueError(
-            "`num_heads` must divide `hidden_dim`. Received: "
-            f"hidden_dim={config.hidden_dim}, num_heads={config.num_heads}"
-        )
 
 
 class _Pooling(keras.layers.Layer):
@@ -117,43 +85,10 @@ class ViT(GuardedModel, ConfigModel, keras.Model):
 
     config_attribute = "vit_config"
 
-
-    def __init__(
-        self,
-        image_size=224,
-        patch_size=16,
-        num_channels=3,
-        hidden_dim=768,
-        num_layers=12,
-        num_heads=12,
-        intermediate_dim=3072,
-        dropout=0.0,
-        attention_dropout=0.0,
-        layer_norm_epsilon=1e-6,
-        pooling="cls",
-        num_classes=None,
-        remat=False,
-        dtype=None,
-        **kwargs,
-    ):
-        config = ViTConfig(
-            image_size=image_size,
-            patch_size=patch_size,
-            num_channels=num_channels,
-            hidden_dim=hidden_dim,
-            num_layers=num_layers,
-            num_heads=num_heads,
-            intermediate_dim=intermediate_dim,
-            dropout=dropout,
-            attention_dropout=attention_dropout,
-            layer_norm_epsilon=layer_norm_epsilon,
-            pooling=pooling,
-            num_classes=num_classes,
-            remat=remat,
-        )
-        _check_config(config)
+    @config_arguments(ViTConfig, "ViT")
+    def __init__(self, config, dtype=None, **kwargs):
         grid, width = config.grid_size, config.hidden_dim
-        num_tokens = config.num_patches + (1 if pooling == "cls" else 0)
+        num_tokens = config.num_patches + (1 if config.pooling == "cls" else 0)
 
         # === Layers ===
         rescaling = keras.layers.Rescaling(
@@ -161,8 +96,8 @@ class ViT(GuardedModel, ConfigModel, keras.Model):
         )
         patch_embedding = keras.layers.Conv2D(
             width,
-            kernel_size=patch_size,
-            strides=patch_size,
+            kernel_size=config.patch_size,
+            strides=config.patch_size,
             padding="valid",
             kernel_initializer="lecun_normal",
             dtype=dtype,
@@ -180,39 +115,39 @@ class ViT(GuardedModel, ConfigModel, keras.Model):
         )
         add_positions = keras.layers.Add(dtype=dtype, name="add_position_embedding")
         embedding_dropout = keras.layers.Dropout(
-            dropout, dtype=dtype, name="embedding_dropout"
+            config.dropout, dtype=dtype, name="embedding_dropout"
         )
-        block_names = [f"transformer_block_{i}" for i in range(num_layers)]
-        with remat_scope(remat, block_names):
+        block_names = [f"transformer_block_{i}" for i in range(config.num_layers)]
+        with remat_scope(config.remat, block_names):
             blocks = [
                 TransformerBlock(
-                    num_heads=num_heads,
-                    intermediate_dim=intermediate_dim,
+                    num_heads=config.num_heads,
+                    intermediate_dim=config.intermediate_dim,
                     norm_position="pre",
                     activation="gelu",
-                    dropout=dropout,
-                    attention_dropout=attention_dropout,
-                    layer_norm_epsilon=layer_norm_epsilon,
+                    dropout=config.dropout,
+                    attention_dropout=config.attention_dropout,
+                    layer_norm_epsilon=config.layer_norm_epsilon,
                     dtype=dtype,
                     name=name,
                 )
                 for name in block_names
             ]
         final_layer_norm = keras.layers.LayerNormalization(
-            epsilon=layer_norm_epsilon, dtype=dtype, name="final_layer_norm"
+            epsilon=config.layer_norm_epsilon, dtype=dtype, name="final_layer_norm"
         )
-        pool = _Pooling(pooling, dtype=dtype, name="pooling")
+        pool = _Pooling(config.pooling, dtype=dtype, name="pooling")
 
         # === Functional Model ===
         # Any dtype is accepted and cast to float by the rescaling layer; the
         # declared float32 keeps uint8 pixels exact.
         images = keras.Input(
-            shape=(image_size, image_size, num_channels), name="images"
+            shape=(config.image_size, config.image_size, config.num_channels), name="images"
         )
         x = rescaling(images)
         x = patch_embedding(x)  # (B, H/P, W/P, D)
         x = patch_flatten(x)  # (B, T, D), T = (H/P) * (W/P)
-        if pooling == "cls":
+        if config.pooling == "cls":
             x = class_token(x)  # (B, 1 + T, D)
         x = add_positions([x, position_embedding(x)])
         x = embedding_dropout(x)
@@ -220,9 +155,9 @@ class ViT(GuardedModel, ConfigModel, keras.Model):
             x = block(x)
         x = final_layer_norm(x)
         outputs = pool(x)  # (B, D)
-        if num_classes is not None:
+        if config.num_classes is not None:
             outputs = keras.layers.Dense(
-                num_classes,
+                config.num_classes,
                 # A zero head (as in the reference code) starts training from
                 # uniform predictions.
                 kernel_initializer="zeros",
