@@ -6,6 +6,10 @@ import keras
 from keras import ops
 
 from keras_attn._checks import check_positive_int
+from keras_attn._checks import check_static_shape
+from keras_attn.layers.masking import checked_positions
+from keras_attn.layers.masking import checked_segment_ids
+from keras_attn.layers.masking import nan_where
 
 
 @keras.saving.register_keras_serializable(package="keras_attn")
@@ -29,6 +33,15 @@ class PositionEmbedding(keras.layers.Layer):
     Call arguments:
         inputs: `(B, T, D)`.
         start_index: position of the first step (int or scalar tensor).
+        positions: optional `(B, T)` integer positions of a packed row,
+            restarting at 0 with each example (`keras_attn.data.packing`);
+            row `t` of the table is looked up for position `t`, so each
+            example gets the vectors it gets alone. Positions that do not
+            restart at 0 and count up by 1, or run past the table, are a
+            `ValueError` eagerly and make that example NaN in a graph.
+            Not with a `start_index`.
+        segment_ids: optional `(B, T)` segment ids beside `positions`: then
+            each position must be 0 exactly where a segment starts.
 
     Returns:
         `(B, T, D)`.
@@ -74,10 +87,15 @@ class PositionEmbedding(keras.layers.Layer):
             )
         return static
 
-    def call(self, inputs, start_index=0):
+    def call(self, inputs, start_index=0, positions=None, segment_ids=None):
         shape = ops.shape(inputs)
         length = shape[-2]
         static = self._check_length(length, start_index)
+        if positions is not None or segment_ids is not None:
+            table = packed_positions(
+                self.position_embeddings, positions, segment_ids, start_index, inputs,
+                limit=self.max_sequence_length)  # (B, T, D)
+            return ops.cast(table, self.compute_dtype)
         positions = ops.arange(length) + start_index  # (T,)
         if static:
             # A gather, not a slice, so that a symbolic length traces.
@@ -94,7 +112,8 @@ class PositionEmbedding(keras.layers.Layer):
             table = ops.where(ops.expand_dims(valid, 1), table, float("nan"))
         return ops.broadcast_to(ops.cast(table, self.compute_dtype), shape)
 
-    def compute_output_shape(self, inputs_shape):
+    def compute_output_shape(self, inputs_shape, positions_shape=None,
+                             segment_ids_shape=None):
         # Declared (the torch backend cannot trace a free length), and checked
         # here too so that a too-long static Input fails at construction.
         self._check_length(inputs_shape[-2], 0)
@@ -109,3 +128,25 @@ class PositionEmbedding(keras.layers.Layer):
             }
         )
         return config
+
+
+def packed_positions(table, positions, segment_ids, start_index, inputs, limit=None):
+    """Rows of `table` `(L, D)` looked up at `positions` `(B, T)` (checked
+    by `checked_positions`, against `segment_ids` when given): `(B, T, D)`,
+    NaN for the examples whose positions are invalid in a traced graph."""
+    if positions is None:
+        raise ValueError(
+            "Invalid value for argument `segment_ids`: here it only checks "
+            "`positions`, which are missing. Received: positions=None"
+        )
+    if not (isinstance(start_index, numbers.Integral) and start_index == 0):
+        raise ValueError(
+            "Invalid value for argument `start_index`: packed `positions` "
+            f"give every position already. Received: start_index={start_index!r}"
+        )
+    segment_ids, bad_segments = checked_segment_ids(segment_ids)
+    positions, bad_positions = checked_positions(positions, segment_ids, limit=limit)
+    check_static_shape("positions", positions, tuple(inputs.shape[:2]), "inputs' (B, T)")
+    last = ops.shape(table)[0] - 1
+    vectors = ops.take(table, ops.clip(positions, 0, last), axis=0)  # (B, T, D)
+    return nan_where(bad_segments, nan_where(bad_positions, vectors))

@@ -7,6 +7,7 @@ import numpy as np
 from keras import ops
 
 from keras_attn._checks import check_positive_float
+from keras_attn.layers.position_embedding import packed_positions
 
 
 def _check_depth(depth):
@@ -108,6 +109,12 @@ class SinusoidalPositionalEncoding(keras.layers.Layer):
         inputs: `(B, T, D)` with an even `D`.
         start_index: position of the first step (int or scalar tensor), for
             cached decoding one step at a time.
+        positions: optional `(B, T)` integer positions of a packed row,
+            restarting at 0 with each example (`keras_attn.data.packing`):
+            each example gets the encoding it gets alone (the same float64
+            table, gathered). Checked as in `PositionEmbedding`.
+        segment_ids: optional `(B, T)` segment ids beside `positions`: then
+            each position must be 0 exactly where a segment starts.
 
     Returns:
         `(B, T, D)` in the layer's compute dtype.
@@ -134,19 +141,23 @@ class SinusoidalPositionalEncoding(keras.layers.Layer):
         _check_depth(depth)
         self.built = True
 
-    def call(self, inputs, start_index=0):
+    def call(self, inputs, start_index=0, positions=None, segment_ids=None):
         shape = ops.shape(inputs)
+        packed = positions is not None or segment_ids is not None
         table = sinusoidal_positional_encoding(
             shape[-2],
             shape[-1],
             max_wavelength=self.max_wavelength,
-            start_index=start_index,
+            start_index=0 if packed else start_index,
             dtype=self.compute_dtype,
             layout=self.layout,
-        )
+        )  # (T, D)
+        if packed:
+            # A valid packing has positions below T: the row's own table.
+            return packed_positions(table, positions, segment_ids, start_index, inputs)
         return ops.broadcast_to(table, shape)
 
-    def compute_output_shape(self, inputs_shape):
+    def compute_output_shape(self, inputs_shape, positions_shape=None, segment_ids_shape=None):
         return inputs_shape
 
     def get_config(self):
