@@ -88,6 +88,24 @@ def test_source_target_pairs_get_their_own_outputs(make, ids):
         np.testing.assert_allclose(got[row, span], alone[index], rtol=0, atol=1e-5)
 
 
+def test_segment_ids_keep_the_fused_route(monkeypatch):
+    """Segment ids are one more boolean mask: the call still goes through
+    `keras.ops.dot_product_attention` (cuDNN / SDPA kernels where the
+    backend has them), with the block-diagonal mask."""
+    _, _, packed = _packed()
+    seen = []
+    fused = ops.dot_product_attention
+
+    def spy(*args, **kwargs):
+        seen.append(to_numpy(kwargs["mask"]))
+        return fused(*args, **kwargs)
+
+    monkeypatch.setattr(ops, "dot_product_attention", spy)
+    MultiHeadAttention(num_heads=2)(packed["inputs"], segment_ids=packed["segment_ids"])
+    (mask,) = seen
+    np.testing.assert_array_equal(mask[:, 0], to_numpy(segment_mask(packed["segment_ids"])))
+
+
 def test_segment_ids_merge_with_an_attention_mask():
     """An explicit attention mask is ANDed with the segment mask: a key
     hidden by it stays hidden inside the example."""
