@@ -169,10 +169,7 @@ class ConformerBlock(SpecFromCall, RematCall, keras.layers.Layer):
         if padding_mask is None:
             padding_mask = get_keras_mask(inputs)
         if attention_mask is not None and len(attention_mask.shape) == 2:
-            attention_mask = ops.broadcast_to(
-                ops.expand_dims(attention_mask, 0),
-                (ops.shape(inputs)[0],) + tuple(ops.shape(attention_mask)),
-            )  # (T, T) -> (B, T, T)
+            attention_mask = ops.expand_dims(attention_mask, 0)  # (T, T) -> (1, T, T)
         x = inputs
         x = x + 0.5 * self.feed_forward_1(self.feed_forward_1_layer_norm(x), training=training)
         attended = self.self_attention(
@@ -223,7 +220,7 @@ class ConformerBlock(SpecFromCall, RematCall, keras.layers.Layer):
         and leaves `state` as it was. The chunk must start at a multiple of
         the chunk size the offline mask uses, and be no longer than it."""
         self.check_state(state, inputs.shape[0])
-        x = inputs
+        x = ops.convert_to_tensor(inputs, self.compute_dtype)
         x = x + 0.5 * self.feed_forward_1(self.feed_forward_1_layer_norm(x), training=False)
         attended, cache = self.self_attention.stream_step(
             self.self_attention_layer_norm(x),

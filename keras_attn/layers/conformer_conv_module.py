@@ -210,7 +210,7 @@ class ConformerConvModule(SpecFromCall, keras.layers.Layer):
                 "padding_mask", padding_mask, tuple(inputs.shape[:2]), "(B, C)"
             )
             padding_mask = ops.cast(padding_mask, "bool")
-        x = self._gated(inputs, padding_mask)  # (B, C, C')
+        x = self._gated(ops.convert_to_tensor(inputs, self.compute_dtype), padding_mask)  # (B, C, C')
         history = ops.concatenate([cache, ops.cast(x, cache.dtype)], axis=1)  # (B, K-1+C, C')
         y = self._depthwise_valid(history, ops.shape(x))
         total = ops.shape(history)[1]

@@ -344,7 +344,9 @@ class LogMelFeatures(keras.layers.Layer):
             "received": ops.convert_to_tensor(received, "int32"),
             "next_frame": ops.convert_to_tensor(first + count, "int32"),
             "length": length,
-            "ended": ops.logical_or(state["ended"], ops.less(chunk_length, width)),
+            # After the flush every utterance has ended: more samples are refused.
+            "ended": (ops.ones_like(state["ended"]) if final else
+                      ops.logical_or(state["ended"], ops.less(chunk_length, width))),
         }
         if count == 0:
             features = ops.zeros((batch, 0, self.num_mel_bins), self.compute_dtype)

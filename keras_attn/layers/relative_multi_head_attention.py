@@ -295,7 +295,7 @@ class RelativeMultiHeadAttention(SpecFromCall, keras.layers.Layer):
             padding_mask = ops.ones((batch, chunk), "bool")
         check_static_shape("padding_mask", padding_mask, (batch, chunk), "(B, C)")
         padding_mask = ops.cast(padding_mask, "bool")
-        q, k, v = self._project(inputs)  # (B, C, N, H)
+        q, k, v = self._project(ops.convert_to_tensor(inputs, self.compute_dtype))  # (B, C, N, H)
         keys = ops.concatenate([cache["key"], k], axis=1)  # (B, L + C, N, H)
         values = ops.concatenate([cache["value"], v], axis=1)
         key_mask = ops.concatenate([cache["mask"], padding_mask], axis=1)  # (B, L + C)

@@ -259,7 +259,7 @@ def stream_log_mel(layer, wave, lengths, chunk):
 
 
 @pytest.mark.parametrize("stft", ["fft", "convolution"])
-@pytest.mark.parametrize("chunk", [1, 80, 333, 5000])
+@pytest.mark.parametrize("chunk", [50, 333, 5000])
 def test_log_mel_streamed_equals_offline(stft, chunk):
     layer = LogMelFeatures(normalization="none", stft=stft, **SETTINGS)
     wave = rand(3, 1650) * 0.1
