@@ -6,11 +6,12 @@ keras-hub's graph path (`pretokenize`, then tensorflow-text's
 `FastWordpieceTokenizer` with `no_pretokenization=True`) runs, per string:
 
 ```
-CJK characters spaced out           (split and split_on_cjk)
-NFD, then \\p{Mn} removed            (strip_accents)
+the string ends at its first NUL     (tensorflow-text's regex_split)
+CJK characters spaced out            (split_on_cjk)
+NFD, then \\p{Mn} removed             (strip_accents)
 split on whitespace, \\p{Cc}, \\p{Cf}, punctuation (and CJK); punctuation
-    and CJK kept as words           (split)
-NFKC_Casefold of each word          (lowercase)
+    and CJK kept as words
+NFKC_Casefold of each word           (lowercase)
 greedy longest-match-first WordPiece of each word; a word of more than
     100 UTF-8 bytes, or one with no full cover by the vocabulary, is the
     oov token
@@ -26,10 +27,15 @@ looks up every (start, length) piece of a word up to the longest token in
 one `StaticHashTable` call and walks the longest matches.
 
 What can differ from keras-hub: the Unicode version. tensorflow-text's ICU
-and Python's `unicodedata` (here Unicode `unicodedata.unidata_version`) may
-disagree on characters that one of them does not know yet; the tests compare
-every code point of the Basic Multilingual Plane. Invalid UTF-8 is replaced
-by U+FFFD first (keras-hub leaves it to each op).
+knows characters that Python's `unicodedata` (Unicode 14.0 in Python 3.11)
+does not yet: those get no case folding or decomposition here (in the Basic
+Multilingual Plane, five letters of Unicode 16: U+1C89, U+A7CB, U+A7CC,
+U+A7DA, U+A7DC); the tests compare every other code point of that plane.
+Invalid UTF-8 is replaced by U+FFFD first (keras-hub leaves it to each op).
+keras-hub's eager Python path splits at a NUL where its graph path, and this
+one, end the string. Settings refused (`check_reproducible`):
+`special_tokens_in_strings=True`, `split=False` (the graph takes raw
+strings), a string output dtype, an empty suffix indicator.
 """
 
 import functools
@@ -167,12 +173,12 @@ def _make_tf_module():
             self.suffix_indicator = tokenizer.suffix_indicator
             self.sequence_length = tokenizer.sequence_length
             vocabulary = list(tokenizer.get_vocabulary())
-            ids = {}  # a token listed twice keeps its first id
+            ids = {}  # a token listed twice keeps its first id (a table takes a key once)
             for index, token in enumerate(vocabulary):
                 ids.setdefault(token, index)
             self.oov_id = ids[tokenizer.oov_token]
             self.vocabulary = _string_table(ids)
-            self.vocabulary_size = len(vocabulary) + 1
+            self.id_radix = len(vocabulary) + 1  # packs (length, id) in one int64
             # The longest piece worth looking up, in characters.
             self.max_piece = min(max(len(token) for token in vocabulary), MAX_BYTES_PER_WORD)
             tables = unicode_tables()
@@ -302,7 +308,7 @@ def _make_tf_module():
             ids = tf.cast(self.vocabulary.lookup(piece), tf.int64)
             # The longest known piece at each start: (length, id) packed in
             # one int64, so that one segment max finds both.
-            size = self.vocabulary_size
+            size = self.id_radix
             scored = tf.where(ids >= 0, tf.cast(lengths.flat_values, tf.int64) * size + ids, -1)
             best = tf.math.unsorted_segment_max(scored, lengths.value_rowids(),
                                                 tf.shape(starts.flat_values, tf.int64)[0])

@@ -73,9 +73,12 @@ def export_text_classifier(model, tokenizer, path, sequence_length=128, format="
     if format != "saved_model":
         return _export_portable(model, tokenizer, path, sequence_length, format, precision)
     wordpiece = WordPieceGraph(tokenizer)
-    pack = _single_text_packer(wordpiece, tokenizer, sequence_length)
     text_spec = tf.TensorSpec((None,), tf.string, name="text")
-    check_core_ops(tf.function(pack).get_concrete_function(text_spec))
+    # Traced once here, checked, and called as this one function by every
+    # trace of the endpoint.
+    pack = tf.function(_single_text_packer(wordpiece, tokenizer, sequence_length),
+                       input_signature=[text_spec])
+    check_core_ops(pack.get_concrete_function())
 
     def probabilities(token_ids, segment_ids, padding_mask):
         logits = model(

@@ -11,8 +11,11 @@ WordPiece vocabulary).
 With `tokenizer=` (the `keras_attn.convert.MarianTokenizer` of an imported
 opus-mt model), a second endpoint `translate` takes strings `(B,)` and
 returns `{"translations": (B,) strings, "scores": (B,)}`: the SentencePiece
-models and the `vocab.json` mapping are inside the SavedModel
-(tensorflow-text), so a server needs nothing else.
+models and the `vocab.json` mapping are inside the SavedModel, so a server
+needs no file beside it; the SentencePiece ops are tensorflow-text's, so the
+serving process runs `import tensorflow_text` before `tf.saved_model.load`
+(TensorFlow Serving needs a build with those ops). Without `tokenizer=`
+the SavedModel is core TensorFlow: `import tensorflow` alone loads it.
 
 >>> # export_translator(model, "/tmp/translator", start_id=1, end_id=2)
 >>> # tf.saved_model.load("/tmp/translator").serve(source_ids)["tokens"]

@@ -273,8 +273,7 @@ def test_an_int8_quantized_vit_is_refused_by_name_before_the_litert_converter(tm
 
 
 def test_serve_ids_refuses_inputs_of_different_lengths_by_name(tmp_path):
-    import tensorflow as tf
-    import tensorflow_text  # noqa: F401  (the tokenizer's ops, to load the SavedModel)
+    import tensorflow as tf  # alone: the SavedModel's tokenizer is core TensorFlow ops
 
     backbone = build_bert("bert_tiny", vocabulary_size=len(VOCAB), hidden_dim=8,
                           intermediate_dim=16, num_layers=1, max_sequence_length=8)
