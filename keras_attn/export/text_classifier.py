@@ -146,7 +146,7 @@ def check_core_ops(concrete_function):
     for function in graph.library.function:
         ops.update(node.op for node in function.node_def)
     missing = sorted(op for op in ops
-                     if not hasattr(tf.raw_ops, op) and op not in graph_functions(graph))
+                     if not hasattr(tf.raw_ops, op) and op not in _graph_functions(graph))
     if missing:
         raise RuntimeError(
             f"The exported text graph would use ops that core TensorFlow lacks: {missing}; "
@@ -154,7 +154,7 @@ def check_core_ops(concrete_function):
         )
 
 
-def graph_functions(graph_def):
+def _graph_functions(graph_def):
     """The names of the functions a GraphDef defines (a call names one as
     its op)."""
     return {function.signature.name for function in graph_def.library.function}
