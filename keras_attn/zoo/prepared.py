@@ -385,7 +385,7 @@ class PreparedData:
         path = os.path.join(directory, MANIFEST)
         if not os.path.isfile(path):
             raise ValueError(
-                f"`data` must be a directory written by `prepare`; "
+                f"`data` must be a directory written by `keras-attn prepare`; "
                 f"{directory} has no {MANIFEST}. Received: data={directory!r}"
             )
         try:
