@@ -45,8 +45,10 @@ def test_main_job_command_trains_an_existing_recipe():
             assert json.load(handle)["name"] == recipe.split("/")[-1].removesuffix(".json")
 
 
-def _python_blocks():
-    with open(os.path.join(ROOT, "README.md")) as handle:
+def python_blocks(path=os.path.join(ROOT, "README.md")):
+    """The ```python blocks of a Markdown file (README.md by default; the
+    documentation's pages too, tests/test_docs.py)."""
+    with open(path, encoding="utf-8") as handle:
         return re.findall(r"```python\n(.+?)\n```", handle.read(), flags=re.S)
 
 
@@ -144,20 +146,26 @@ def _losses_that_did_not_go_down(cwd):
     return [entry for entry in losses if not entry["after"] < entry["before"]] if losses else None
 
 
-@pytest.mark.parametrize("index", range(len(_python_blocks())))
+@pytest.mark.parametrize("index", range(len(python_blocks())))
 def test_every_python_block_runs_as_written(index, tmp_path):
-    block = _python_blocks()[index]
+    run_block_as_written(python_blocks()[index], tmp_path, f"README block {index}")
+
+
+def run_block_as_written(block, cwd, where):
+    """Runs a documentation block in a fresh process in `cwd` and asserts
+    that it exits 0 and that every model it trains learns (`where` names
+    the block in the failure)."""
     layers_block = "encoder = keras.Model(" in block
-    result = _run(block + (PADDING_CHECK if layers_block else ""), tmp_path)
-    assert result.returncode == 0, f"README block {index}:\n{block}\n{result.stderr[-3000:]}"
+    result = _run(block + (PADDING_CHECK if layers_block else ""), cwd)
+    assert result.returncode == 0, f"{where}:\n{block}\n{result.stderr[-3000:]}"
     assert not layers_block or "padding-invariant" in result.stdout
     # A block that trains makes its loss go down: on the first batch it
     # trained on, after its last `fit`, for every model it trained.
     if re.search(r"\.fit\(", block):
-        stuck = _losses_that_did_not_go_down(tmp_path)
-        assert stuck is not None, f"README block {index} trains but no fit was recorded"
+        stuck = _losses_that_did_not_go_down(cwd)
+        assert stuck is not None, f"{where} trains but no fit was recorded"
         assert not stuck, (
-            f"README block {index}: the loss on the first batch did not go down "
+            f"{where}: the loss on the first batch did not go down "
             f"(before training, after): {stuck}\n{block}")
 
 
