@@ -9,6 +9,11 @@ mixed_float16 / mixed_bfloat16 (compute dtype outputs, float32 variables on
 every sublayer), that every randomly initialised weight is its own draw (no
 two projections start equal: `assert_distinct_draws`), and `.keras` save /
 reload with equal outputs.
+
+`run_model_test` does the same for a family's tiny model (what keras-hub's
+`run_backbone_test` / `run_task_test` do for its models): config round trip,
+`.keras` reload, mixed precision, one `fit` step, bad input refused, and an
+example's outputs independent of its batch mates and its padding.
 """
 
 import inspect
@@ -17,6 +22,7 @@ import os
 
 import keras
 import numpy as np
+import pytest
 from keras import ops
 
 BASE_CONFIG_KEYS = {"name", "trainable", "dtype"}
@@ -234,6 +240,160 @@ def run_layer_test(
         for a, b in zip(expected, got):
             np.testing.assert_allclose(a, b, atol=1e-6)
     return eager
+
+
+def _outputs(model, inputs, training=False):
+    return [to_numpy(o) for o in keras.tree.flatten(model(inputs, training=training))]
+
+
+def _assert_same_outputs(expected, got, atol, what):
+    assert len(expected) == len(got), what
+    for i, (a, b) in enumerate(zip(expected, got)):
+        assert a.shape == b.shape and a.dtype == b.dtype, (what, i, a.shape, b.shape)
+        np.testing.assert_allclose(b, a, atol=atol, rtol=0, err_msg=f"{what}: output #{i}")
+
+
+def _config_values(config):
+    """Every (key, value) of a model's config, nested models' configs too."""
+    for key, value in config.items():
+        yield key, value
+        if isinstance(value, dict):
+            yield from _config_values(value.get("config", value))
+
+
+def _check_model_config(model, inputs, expected_config, atol):
+    config = model.get_config()
+    found = {}
+    for key, value in _config_values(config):
+        found.setdefault(key, value)
+    for key, value in expected_config.items():
+        assert found.get(key, "<missing>") == value, (
+            f"{key}={value!r} is not kept in the config (found {found.get(key, '<missing>')!r})")
+    clone = type(model).from_config(config)
+    assert clone.get_config() == config
+    restored = keras.saving.deserialize_keras_object(
+        json.loads(json.dumps(keras.saving.serialize_keras_object(model))))
+    assert type(restored) is type(model) and restored.get_config() == config
+    # A field that get_config drops would come back as its default: the
+    # same weights would then answer differently.
+    for other in (clone, restored):
+        other.set_weights(model.get_weights())
+        _assert_same_outputs(_outputs(model, inputs), _outputs(other, inputs), atol,
+                             "from_config with the same weights")
+
+
+def _check_keras_file(model, inputs, tmp_path, atol):
+    path = os.path.join(str(tmp_path), "model.keras")
+    model.save(path)
+    reloaded = keras.saving.load_model(path)
+    assert type(reloaded) is type(model)
+    assert reloaded.get_config() == model.get_config()
+    _assert_same_outputs(_outputs(model, inputs), _outputs(reloaded, inputs), atol,
+                         "reloaded from .keras")
+
+
+def _check_mixed_precision(build, inputs):
+    for policy in ("mixed_float16", "mixed_bfloat16"):
+        keras.config.set_dtype_policy(policy)
+        try:
+            model = build()
+        finally:
+            keras.config.set_dtype_policy("float32")
+        compute_dtype = policy.split("_")[1]
+        for i, output in enumerate(keras.tree.flatten(model(inputs))):
+            if _is_float(output):
+                assert keras.backend.standardize_dtype(output.dtype) == compute_dtype, (
+                    policy, i, output.dtype)
+                assert np.isfinite(to_numpy(ops.cast(output, "float32"))).all(), (policy, i)
+        for layer in model._flatten_layers():
+            if layer.weights and not isinstance(layer, keras.Model):
+                assert layer.dtype_policy.name == policy, (policy, layer.name)
+        float_weights = [w for w in model.weights if _is_float(w)]
+        assert float_weights and all(w.dtype == "float32" for w in float_weights), policy
+
+
+def _check_fit_step(build, inputs, labels):
+    """Two epochs of one batch: the second epoch's loss is measured after
+    one update, so it must be lower (dropout is off, so nothing else moves
+    it); the weights have changed."""
+    model = build()
+    model.compile(optimizer=keras.optimizers.Adam(1e-3))  # the family's default loss
+    before = [to_numpy(w).copy() for w in model.trainable_weights]
+    losses = model.fit(inputs, labels, epochs=2, batch_size=len(labels), shuffle=False,
+                       verbose=0).history["loss"]
+    assert np.isfinite(losses).all() and losses[1] < losses[0], losses
+    changed = [not np.array_equal(a, to_numpy(w)) for a, w in zip(before, model.trainable_weights)]
+    assert sum(changed) > len(changed) // 2, f"{sum(changed)} of {len(changed)} weights trained"
+
+
+def _check_refused(build, inputs, labels, bad_inputs, bad_labels):
+    """Every bad input is one ValueError in every entry point (a call,
+    predict, evaluate, fit), every bad label set in evaluate and fit; an
+    empty batch is refused too."""
+    model = build()
+    model.compile(optimizer="adam")
+    empty = keras.tree.map_structure(lambda a: a[:0], inputs)
+    cases = [(x, labels, message, True) for x, message in bad_inputs]
+    cases += [(empty, labels[:0], "holds no example", True)]
+    cases += [(inputs, y, message, False) for y, message in bad_labels]
+    for x, y, message, call_too in cases:
+        entry_points = [lambda: model.evaluate(x, y, verbose=0),
+                        lambda: model.fit(x, y, verbose=0)]
+        if call_too:
+            entry_points += [lambda: model(x), lambda: model.predict(x, verbose=0)]
+        for call in entry_points:
+            with pytest.raises(ValueError, match=message):
+                call()
+
+
+def _check_batching(model, batches, crop, modes, atol):
+    """Example i alone (`crop(batch, i)`: unpadded, batch of one) gives the
+    outputs of row i of the batch (over the example's own length)."""
+    for batch in batches:
+        size = len(keras.tree.flatten(batch)[0])
+        for training in modes:
+            together = _outputs(model, batch, training)
+            for i in range(size):
+                alone = _outputs(model, crop(batch, i), training)
+                for j, (a, b) in enumerate(zip(alone, together)):
+                    row = b[i:i + 1][tuple(slice(0, n) for n in a.shape)]
+                    assert row.shape == a.shape, (i, j, a.shape, b.shape)
+                    np.testing.assert_allclose(
+                        row, a, atol=atol, rtol=0,
+                        err_msg=f"example {i}, output #{j}, training={training}")
+
+
+def run_model_test(build, inputs, labels, *, crop, tmp_path, bad_inputs=(), bad_labels=(),
+                   expected_config=None, more_batches=(), training_modes=(False, True),
+                   atol=1e-5):
+    """The generic checks of a family's tiny model.
+
+    Args:
+        build: returns a fresh model with dropout (and any other randomness
+            of training) off, so that a training-mode pass is deterministic.
+        inputs: a batch of examples of different lengths, padded (noise in
+            the padding where the inputs allow it).
+        labels: labels for `inputs`, for the family's default loss.
+        crop: `crop(inputs, i)` is example i alone, at its own length.
+        tmp_path: a directory for the `.keras` file.
+        bad_inputs: `(inputs, message)` pairs: each must be refused with a
+            ValueError matching `message` by a call, predict, evaluate, fit.
+        bad_labels: `(labels, message)` pairs, refused by evaluate and fit.
+        expected_config: config fields the model was built with: each must
+            be kept (in its config or a nested model's).
+        more_batches: other batches (other padding) for the batching check.
+        training_modes: the modes in which an example's outputs must not
+            depend on its batch mates (a model with BatchNorm normalises with
+            the batch's statistics in training: `(False,)`).
+        atol: the tolerance of every comparison of outputs.
+    """
+    model = build()
+    _check_model_config(model, inputs, expected_config or {}, atol)
+    _check_keras_file(model, inputs, tmp_path, atol)
+    _check_batching(model, (inputs, *more_batches), crop, training_modes, atol)
+    _check_mixed_precision(build, inputs)
+    _check_fit_step(build, inputs, labels)
+    _check_refused(build, inputs, labels, bad_inputs, bad_labels)
 
 
 def training_step_results(model, inputs, loss_fn):

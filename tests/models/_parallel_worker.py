@@ -19,74 +19,31 @@ import json
 import os
 import sys
 
-import numpy as np
-
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 BATCH = 4
-RNG = np.random.default_rng(3)
 
 
 def _families():
-    from keras_attn.models import BertSequenceClassifier
-    from keras_attn.models import build_bert
-    from keras_attn.models import build_conformer
-    from keras_attn.models import build_transformer
-    from keras_attn.models import build_vit
-    from keras_attn.models import get_bert_config
-    from keras_attn.models import get_conformer_config
-    from keras_attn.models import get_transformer_config
-    from keras_attn.models import get_vit_config
+    from _families import FAMILIES
 
-    bert = dict(vocabulary_size=64, num_layers=2, hidden_dim=32, num_heads=4,
-                intermediate_dim=128, max_sequence_length=16, dropout=0.0,
-                attention_dropout=0.0)
-    vit = dict(image_size=16, patch_size=4, num_layers=2, hidden_dim=32, num_heads=4,
-               intermediate_dim=128, num_classes=3)
-    transformer = dict(vocabulary_size=64, hidden_dim=32, intermediate_dim=128, num_heads=4,
-                       num_encoder_layers=1, num_decoder_layers=1, dropout=0.0)
-    conformer = dict(vocabulary_size=7, num_layers=2, hidden_dim=32, num_heads=4,
-                     num_mel_bins=20, dropout=0.0, freq_mask_count=0, time_mask_count=0)
-    token_ids = RNG.integers(1, 64, (BATCH, 10)).astype("int32")
-    padding = (np.arange(10)[None] < np.array([10, 7, 10, 4])[:, None]).astype("int32")
-    source = RNG.integers(3, 64, (BATCH, 7)).astype("int32")
-    target = RNG.integers(3, 64, (BATCH, 6)).astype("int32")
-    source[1, 5:] = 0
-    target[2, 4:] = 0
-    return {
-        # family: (config, build, x, y, compile arguments)
-        "bert": (
-            get_bert_config("bert_tiny", **bert),
-            lambda: BertSequenceClassifier(build_bert("bert_tiny", **bert), num_classes=3,
-                                           dropout=0.0),
-            {"token_ids": token_ids * padding, "segment_ids": np.zeros_like(token_ids),
-             "padding_mask": padding},
-            np.array([0, 2, 1, 2]),
-            {},
-        ),
-        "vit": (
-            get_vit_config("vit_tiny_16", **vit),
-            lambda: build_vit("vit_tiny_16", **vit),
-            RNG.integers(0, 256, (BATCH, 16, 16, 3)).astype("uint8"),
-            np.array([1, 0, 2, 1]),
-            {"loss": "sparse_categorical_crossentropy_from_logits"},
-        ),
-        "transformer": (
-            get_transformer_config("transformer_base", **transformer),
-            lambda: build_transformer("transformer_base", **transformer),
-            (source, target[:, :-1]),
-            target[:, 1:],
-            {},
-        ),
-        "conformer": (
-            get_conformer_config("conformer_tiny", **conformer),
-            lambda: build_conformer("conformer_tiny", **conformer),
-            {"waveform": (RNG.standard_normal((BATCH, 4000)) * 0.1).astype("float32"),
-             "waveform_length": np.array([4000, 3000, 3600, 2500], "int32")},
-            np.array([[1, 2, 3, 0], [4, 5, 0, 0], [6, 1, 2, 3], [3, 0, 0, 0]], "int32"),
-            {},
-        ),
+    # The table's tiny models, wide enough that heads, the feed-forward and
+    # a 64-word vocabulary divide over 4 devices; dropout and SpecAugment off.
+    sizes = dict(hidden_dim=32, num_heads=4, intermediate_dim=128, dropout=0.0)
+    overrides = {
+        "bert": dict(sizes, vocabulary_size=64, attention_dropout=0.0),
+        "vit": dict(sizes, dropout=0.0),
+        "transformer": dict(sizes, vocabulary_size=64),
+        "conformer": dict(sizes, vocabulary_size=7, freq_mask_count=0, time_mask_count=0),
     }
+    compile_arguments = {"vit": {"loss": "sparse_categorical_crossentropy_from_logits"}}
+    families = {}
+    for name, kw in overrides.items():
+        family = FAMILIES[name]
+        x, y = family.batch(size=BATCH, seed=3, **kw)
+        families[name] = (family.config(**kw), lambda family=family, kw=kw: family.build(**kw),
+                          x, y, compile_arguments.get(name, {}))
+    return families
 
 
 def _compile(model, arguments):

@@ -1,17 +1,15 @@
 """An example's answer never depends on what else is in its batch or on
-its padding: every family, inference and training mode (dropout off,
-SpecAugment off, so that training mode is deterministic). Runs in CI's
-TensorFlow and JAX passes."""
+its padding, beyond what `run_model_test` checks on each family's task
+outputs (tests/models/test_<family>.py): the BERT backbone's every token, and
+the Conformer in training mode (dropout off, SpecAugment off, so that
+training mode is deterministic)."""
 
-import keras
 import numpy as np
 import pytest
 from keras import ops
 
 from keras_attn.models.bert import build_bert
 from keras_attn.models.conformer import build_conformer
-from keras_attn.models.transformer import build_transformer
-from keras_attn.models.vit import build_vit
 
 ATOL = 1e-5
 MODES = [False, True]  # training
@@ -46,56 +44,10 @@ def test_bert_outputs_ignore_padding_and_batch_mates(training, fill):
                                atol=ATOL)
 
 
-@pytest.mark.parametrize("training", MODES)
-def test_transformer_logits_ignore_padding_and_batch_mates(training):
-    model = build_transformer("transformer_base", vocabulary_size=30, hidden_dim=16,
-                              intermediate_dim=32, num_heads=2, num_encoder_layers=2,
-                              num_decoder_layers=2, dropout=0.0)
-    rng = np.random.default_rng(1)
-    source = rng.integers(1, 30, (1, 6)).astype("int32")
-    target = rng.integers(1, 30, (1, 4)).astype("int32")
-    alone = _np(model([source, target], training=training))
-    sources = rng.integers(1, 30, (3, 10)).astype("int32")
-    targets = rng.integers(1, 30, (3, 9)).astype("int32")
-    sources[2] = 0
-    sources[2, :6] = source[0]
-    targets[2] = 0
-    targets[2, :4] = target[0]
-    out = _np(model([sources, targets], training=training))
-    np.testing.assert_allclose(out[2, :4], alone[0], atol=ATOL)
-
-
-@pytest.mark.parametrize("training", MODES)
-def test_vit_logits_ignore_batch_mates(training):
-    model = build_vit("vit_tiny_16", num_classes=4, image_size=8, patch_size=4,
-                      num_layers=2, hidden_dim=16, num_heads=2, intermediate_dim=32,
-                      dropout=0.0)
-    images = np.random.default_rng(2).integers(0, 256, (5, 8, 8, 3)).astype("uint8")
-    alone = _np(model(images[3:4], training=training))
-    out = _np(model(images, training=training))
-    np.testing.assert_allclose(out[3], alone[0], atol=ATOL)
-
-
 def _conformer():
     return build_conformer("conformer_tiny", vocabulary_size=6, num_layers=2,
                            hidden_dim=16, num_heads=2, intermediate_dim=32, kernel_size=5,
                            dropout=0.0, freq_mask_count=0, time_mask_count=0)
-
-
-@pytest.mark.parametrize("fill", ["zeros", "noise"])
-def test_conformer_logits_ignore_padding_and_batch_mates(fill):
-    model = _conformer()
-    rng = np.random.default_rng(3)
-    speech = (rng.normal(size=6000) * 0.1).astype("float32")
-    alone = model({"waveform": speech[None], "waveform_length": np.array([6000])})
-    n = int(_np(alone["logit_lengths"])[0])
-    waveform = (rng.normal(size=(3, 9000)) * 0.3).astype("float32")
-    if fill == "zeros":
-        waveform[1, 6000:] = 0.0
-    waveform[1, :6000] = speech
-    out = model({"waveform": waveform, "waveform_length": np.array([9000, 6000, 8000])})
-    assert int(_np(out["logit_lengths"])[1]) == n
-    np.testing.assert_allclose(_np(out["logits"])[1, :n], _np(alone["logits"])[0], atol=ATOL)
 
 
 def test_conformer_training_outputs_ignore_padding():

@@ -6,11 +6,13 @@ import pytest
 
 from keras_attn.layers import gelu
 from keras_attn.models.bert import BERT_PRESETS
-from keras_attn.models.bert import BertBackbone
 from keras_attn.models.bert import BertConfig
 from keras_attn.models.bert import build_bert
 from keras_attn.models.bert import check_token_ids
 from keras_attn.models.bert import get_bert_config
+from _families import FAMILIES
+from _families import with_value
+from test_case import run_model_test
 from test_case import to_numpy
 
 TINY = dict(
@@ -33,6 +35,37 @@ def batch(batch_size=2, length=7, vocabulary_size=60, seed=0, pad=0):
     segments = np.zeros((batch_size, length), "int32")
     segments[:, length // 2:] = 1
     return {"token_ids": ids, "segment_ids": segments, "padding_mask": mask}
+
+
+def test_the_tiny_classifier_passes_the_model_harness(tmp_path):
+    family = FAMILIES["bert"]
+    overrides = dict(dropout=0.0, attention_dropout=0.0, layer_norm_epsilon=1e-5)
+    config = family.config(**overrides)
+    vocabulary, longest = config.vocabulary_size, config.max_sequence_length
+    x, y = family.batch(size=3, **overrides)
+    float_mask = dict(x, padding_mask=x["padding_mask"].astype("float32"))
+    bad_inputs = [
+        (with_value(x, "token_ids", (0, 3), vocabulary),
+         rf"`token_ids` must lie in \[0, {vocabulary}\).*out of range: {vocabulary}"),
+        (with_value(x, "token_ids", (0, 3), -1),
+         rf"`token_ids` must lie in \[0, {vocabulary}\).*out of range: -1"),
+        (with_value(x, "segment_ids", (0, 3), -1), r"`segment_ids` must lie in \[0, 2\).*-1"),
+        (with_value(x, "segment_ids", (0, 3), 5), r"`segment_ids` must lie in \[0, 2\).*5"),
+        (with_value(float_mask, "padding_mask", (0, 3), 0.4),
+         r"`padding_mask` must be boolean or hold only 0 and 1.*0.4"),
+        (family.inputs(size=3, length=longest + 1),
+         f"longer than the model's max_sequence_length={longest}"),
+        ({k: v[:, :0] for k, v in x.items()}, "has length 0"),
+    ]
+    bad_y = y.copy()
+    bad_y[0] = 3
+    bad_labels = [(bad_y, r"`labels` must lie in \[0, 3\).*out of range: 3")]
+    run_model_test(
+        lambda: family.build(**overrides), x, y, crop=family.crop, tmp_path=tmp_path,
+        bad_inputs=bad_inputs, bad_labels=bad_labels,
+        expected_config=dataclasses.asdict(config),
+        more_batches=[family.inputs(size=3, fill="zeros", **overrides)],
+    )
 
 
 def test_presets_follow_the_papers():
@@ -182,18 +215,6 @@ def test_position_layer_keeps_the_shared_class_name():
     assert isinstance(layer, PositionEmbedding)
     assert type(layer).__name__ == "PositionEmbedding"
     assert layer.compute_output_shape((None, None, 16)) == (None, None, 16)
-
-
-def test_keras_save_and_reload(tmp_path):
-    model = tiny()
-    data = batch()
-    path = str(tmp_path / "bert.keras")
-    model.save(path)
-    reloaded = keras.saving.load_model(path)
-    assert isinstance(reloaded, BertBackbone)
-    assert reloaded.bert_config == model.bert_config
-    np.testing.assert_allclose(to_numpy(model(data)["pooled_output"]),
-                               to_numpy(reloaded(data)["pooled_output"]), atol=1e-6)
 
 
 def test_mixed_precision_policy_reaches_every_layer():

@@ -6,8 +6,10 @@ import pytest
 
 from keras_attn.layers import subsampled_length
 from keras_attn.models.conformer import CONFORMER_PRESETS
-from keras_attn.models.conformer import ConformerCTC
 from keras_attn.models.conformer import build_conformer
+from _families import FAMILIES
+from _families import with_value
+from test_case import run_model_test
 from test_case import to_numpy
 
 TINY = dict(num_layers=1, hidden_dim=16, num_heads=2, kernel_size=5, num_mel_bins=20,
@@ -20,6 +22,39 @@ def batch(lengths, seed=0):
     for i, n in enumerate(lengths):
         wave[i, :n] = rng.standard_normal(n) * 0.1
     return {"waveform": wave, "waveform_length": np.asarray(lengths, "int32")}
+
+
+def test_the_tiny_model_passes_the_model_harness(tmp_path):
+    family = FAMILIES["conformer"]
+    overrides = dict(dropout=0.0, freq_mask_count=0, time_mask_count=0, kernel_size=5,
+                     layer_norm_epsilon=1e-4)
+    vocabulary = family.config(**overrides).vocabulary_size
+    x, y = family.batch(size=3, **overrides)
+    longest = int(x["waveform"].shape[1])
+    too_large, zero_inside = y.copy(), y.copy()
+    too_large[0, 0] = vocabulary + 1
+    zero_inside[1, :3] = [1, 0, 2]
+    run_model_test(
+        lambda: family.build(**overrides), x, y, crop=family.crop, tmp_path=tmp_path,
+        bad_inputs=[
+            (with_value(x, "waveform_length", 0, -1), rf"`waveform_length` must lie in \[0, {longest + 1}\).*-1"),
+            (with_value(x, "waveform_length", 0, longest + 1),
+             rf"`waveform_length` must lie in \[0, {longest + 1}\).*{longest + 1}"),
+            ({"waveform": x["waveform"][:, :0], "waveform_length": 0 * x["waveform_length"]},
+             "has length 0"),
+        ],
+        bad_labels=[
+            (too_large, rf"`labels` must lie in \[0, {vocabulary + 1}\).*{vocabulary + 1}"),
+            (zero_inside, r"`labels` must be each transcript's ids followed by 0s.*row\(s\) \[1\], "
+                          r"e\.g\. \[1, 0, 2"),
+        ],
+        expected_config=dataclasses.asdict(family.config(**overrides)),
+        more_batches=[family.inputs(size=3, fill="zeros", **overrides)],
+        # BatchNorm normalises with the batch's statistics in training: batch
+        # mates matter there by design (the padding must not:
+        # tests/models/test_batching.py).
+        training_modes=(False,),
+    )
 
 
 @pytest.mark.presets
@@ -109,16 +144,6 @@ def test_decode_refuses_lengths_past_the_waveform_before_its_compiled_step():
         model.decode(data)
 
 
-def test_keras_save_and_reload(tmp_path):
-    model = build_conformer(TINY, vocabulary_size=7)
-    data = batch([5000, 3000])
-    path = str(tmp_path / "conformer.keras")
-    model.save(path)
-    reloaded = keras.saving.load_model(path)
-    assert isinstance(reloaded, ConformerCTC)
-    np.testing.assert_allclose(to_numpy(reloaded(data)["logits"]), to_numpy(model(data)["logits"]), atol=1e-5)
-
-
 def test_spec_augment_only_in_training():
     model = build_conformer(TINY, vocabulary_size=3, dropout=0.0)
     data = batch([5000, 5000])
@@ -148,14 +173,6 @@ def test_vocabulary_size_is_required():
 def test_bad_vocabulary_size(size):
     with pytest.raises(ValueError, match=rf"Received: vocabulary_size={size}"):
         build_conformer("conformer_tiny", vocabulary_size=size)
-
-
-def test_config_round_trip():
-    model = build_conformer(TINY, vocabulary_size=9)
-    config = model.get_config()
-    assert config["vocabulary_size"] == 9 and config["hidden_dim"] == 16
-    clone = ConformerCTC.from_config(config)
-    assert dataclasses.asdict(clone.conformer_config) == dataclasses.asdict(model.conformer_config)
 
 
 def test_feature_inputs_match_the_waveform_model():

@@ -15,12 +15,14 @@ from keras_attn.models import load_lora_weights
 from keras_attn.models import lora_layers
 from keras_attn.models import merge_lora
 from keras_attn.models import save_lora_weights
-from _families import BERT_INPUTS
 from _families import FAMILIES
-from _families import RNG
-from _families import bert_classifier as _bert
+from _families import NAMES
 from _families import outputs as _outputs
 from test_case import to_numpy
+
+_bert = FAMILIES["bert"].build
+BERT_INPUTS = FAMILIES["bert"].inputs()
+RNG = np.random.default_rng(5)
 
 
 def _close(a, b, atol):
@@ -34,10 +36,10 @@ def _perturb_adapters(model, seed=0):
         layer.lora_kernel_b.assign(rng.normal(0, 0.5, layer.lora_kernel_b.shape).astype("float32"))
 
 
-@pytest.mark.parametrize("family", sorted(FAMILIES))
+@pytest.mark.parametrize("family", NAMES)
 def test_adapters_train_alone_and_merge_into_a_plain_model(family, tmp_path):
-    build, inputs, heads = FAMILIES[family]
-    model = build()
+    inputs, heads = FAMILIES[family].inputs(), FAMILIES[family].heads
+    model = FAMILIES[family].build()
     base = _outputs(model, inputs)
     base_count = len(model.weights)
     chosen = enable_lora(model, rank=2, train_also=heads)

@@ -10,59 +10,34 @@ import numpy as np
 import pytest
 from keras import ops
 
+from _families import FAMILIES
+from _families import NAMES
 from keras_attn.models.bert import BertBackbone
 from keras_attn.models.bert import build_bert
-from keras_attn.models.conformer import build_conformer
-from keras_attn.models.transformer import build_transformer
 from keras_attn.models.vit import ViT
-from keras_attn.models.vit import build_vit
 from keras_attn.zoo import recipe as recipes
 from test_case import assert_all_close
 from test_case import to_numpy
 from test_case import training_step_results
 
 ROOT = os.path.join(os.path.dirname(__file__), "..", "..")
-RNG = np.random.default_rng(11)
 
-# Tiny models with dropout on (the seeds must replay in the recomputation);
-# the ViT has no classifier because its zero-initialised head would zero
-# every other gradient.
-FAMILIES = {
-    "bert": (
-        lambda **kw: build_bert("bert_tiny", vocabulary_size=40, num_layers=2,
-                                hidden_dim=16, intermediate_dim=32,
-                                max_sequence_length=16, **kw),
-        {
-            "token_ids": RNG.integers(1, 40, (2, 9)).astype("int32"),
-            "segment_ids": np.array([[0] * 5 + [1] * 4] * 2, "int32"),
-            "padding_mask": np.array([[1] * 9, [1] * 6 + [0] * 3], "int32"),
-        },
-    ),
-    "vit": (
-        lambda **kw: build_vit("vit_tiny_16", image_size=16, patch_size=4, num_layers=2,
-                               hidden_dim=16, num_heads=2, intermediate_dim=32,
-                               dropout=0.1, **kw),
-        RNG.integers(0, 256, (2, 16, 16, 3)).astype("uint8"),
-    ),
-    "transformer": (
-        lambda **kw: build_transformer("transformer_base", vocabulary_size=30, hidden_dim=16,
-                                       intermediate_dim=32, num_heads=2,
-                                       num_encoder_layers=2, num_decoder_layers=2, **kw),
-        [
-            np.array([[4, 9, 3, 2, 0], [5, 6, 7, 8, 2]], "int32"),
-            np.array([[1, 7, 7, 0], [1, 3, 4, 5]], "int32"),
-        ],
-    ),
-    "conformer": (
-        lambda **kw: build_conformer("conformer_tiny", vocabulary_size=6, num_layers=2,
-                                     hidden_dim=16, num_mel_bins=20, freq_mask_width=4,
-                                     **kw),
-        {
-            "waveform": (RNG.standard_normal((2, 4000)) * 0.1).astype("float32"),
-            "waveform_length": np.array([4000, 3000], "int32"),
-        },
-    ),
+# The table's tiny models with dropout on (the seeds must replay in the
+# recomputation), two blocks of each kind: the BERT backbone; the ViT without
+# its classifier, whose zero-initialised head would zero every other gradient.
+OVERRIDES = {
+    "bert": dict(dropout=0.1),
+    "vit": dict(num_classes=None, dropout=0.1),
+    "transformer": dict(num_encoder_layers=2, num_decoder_layers=2),
+    "conformer": dict(freq_mask_width=4),
 }
+INPUTS = {family: FAMILIES[family].inputs(size=2, **OVERRIDES[family]) for family in NAMES}
+
+
+def _build(family, **kw):
+    return FAMILIES[family].backbone(**OVERRIDES[family], **kw)
+
+
 BLOCKS = {
     "bert": ["transformer_block_0", "transformer_block_1"],
     "vit": ["transformer_block_0", "transformer_block_1"],
@@ -75,18 +50,18 @@ def build(family, remat, seed=3):
     """The family's tiny model; the same seed gives the same weights and
     dropout / SpecAugment seeds with and without remat."""
     keras.utils.set_random_seed(seed)
-    return FAMILIES[family][0](remat=remat)
+    return _build(family, remat=remat)
 
 
 def mean_square(outputs):
     return sum(ops.mean(ops.square(ops.cast(o, "float32"))) for o in keras.tree.flatten(outputs))
 
 
-@pytest.mark.parametrize("family", sorted(FAMILIES))
+@pytest.mark.parametrize("family", NAMES)
 def test_remat_gives_the_same_outputs_gradients_and_state(family):
     plain, remat = build(family, remat=False), build(family, remat=True)
     remat.set_weights(plain.get_weights())
-    inputs = FAMILIES[family][1]
+    inputs = INPUTS[family]
     outputs, grads, state = training_step_results(plain, inputs, mean_square)
     remat_outputs, remat_grads, remat_state = training_step_results(remat, inputs, mean_square)
     assert_all_close(outputs, remat_outputs, 1e-5, "output")
@@ -95,10 +70,10 @@ def test_remat_gives_the_same_outputs_gradients_and_state(family):
     assert sum(np.abs(g).max() > 0 for g in grads) > len(grads) // 2
 
 
-@pytest.mark.parametrize("family", sorted(FAMILIES))
+@pytest.mark.parametrize("family", NAMES)
 def test_remat_survives_config_and_keras_file(family, tmp_path):
     model = build(family, remat=True)
-    inputs = FAMILIES[family][1]
+    inputs = INPUTS[family]
     assert model.get_config()["remat"] is True
     clone = model.__class__.from_config(model.get_config())
     assert clone.get_config() == model.get_config()
@@ -123,10 +98,10 @@ def test_remat_survives_config_and_keras_file(family, tmp_path):
 
 
 @pytest.mark.parametrize("value", [1, "true", None])
-@pytest.mark.parametrize("family", sorted(FAMILIES))
+@pytest.mark.parametrize("family", NAMES)
 def test_remat_must_be_a_bool(family, value):
     with pytest.raises(ValueError, match=rf"argument `remat`: it must be True or False\. Received: remat={value!r}"):
-        FAMILIES[family][0](remat=value)
+        _build(family, remat=value)
 
 
 def test_constructors_take_remat_and_default_to_off():

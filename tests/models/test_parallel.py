@@ -11,6 +11,7 @@ import sys
 import keras
 import pytest
 
+from _families import NAMES
 from keras_attn.models import get_bert_config
 from keras_attn.models import get_conformer_config
 from keras_attn.models import get_transformer_config
@@ -21,7 +22,7 @@ from keras_attn.training.distribute import parse_distribute
 from test_case import jax_cpu_devices_flags
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-FAMILIES = ("bert", "vit", "transformer", "conformer")
+FAMILIES = NAMES  # the table's (tests/models/_families.py), run by _parallel_worker.py
 MODEL_SHARDS = 4
 
 # What the issue asks for, stated here independently of the module's table:
@@ -64,6 +65,7 @@ def _expected_spec(path, rank):
     return [None] * rank
 
 
+@pytest.mark.slow  # the report: an 8-device JAX subprocess trains every family
 @pytest.mark.backend_independent
 @pytest.mark.xdist_group("distribute")  # one worker, after the other multi-device runs
 @pytest.mark.parametrize("family", FAMILIES)
@@ -84,6 +86,7 @@ def test_every_large_variable_is_sharded_as_intended(report, family):
     assert report[family]["query_momentum"] == [[None, "model", None]]
 
 
+@pytest.mark.slow  # the report: an 8-device JAX subprocess trains every family
 @pytest.mark.backend_independent
 @pytest.mark.xdist_group("distribute")  # one worker, after the other multi-device runs
 @pytest.mark.parametrize("family", FAMILIES)
@@ -105,6 +108,7 @@ def test_a_device_holds_a_model_shard_of_the_sharded_weights(report, family):
     assert on_device < 0.55 * total
 
 
+@pytest.mark.slow  # the report: an 8-device JAX subprocess trains every family
 @pytest.mark.backend_independent
 @pytest.mark.xdist_group("distribute")  # one worker, after the other multi-device runs
 @pytest.mark.parametrize("family", FAMILIES)

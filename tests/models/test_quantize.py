@@ -10,30 +10,31 @@ import numpy as np
 import pytest
 
 from _families import FAMILIES
+from _families import NAMES
 from _families import outputs
 from keras_attn import _keras_compat
 
 PROJECTIONS = (keras.layers.Dense, keras.layers.EinsumDense)
 
 
-def _seeded(build, heads):
-    """`build()` with the same weights in every run (rounding errors depend
+def _seeded(family):
+    """`family.build()` with the same weights in every run (rounding errors depend
     on them: unseeded, they depended on the tests run before in the same
     worker), the task heads set to trained-looking values: the ViT's head
     starts at zero and would hide every other difference."""
     keras.utils.set_random_seed(0)
-    model = build()
+    model = family.build()
     rng = np.random.default_rng(0)
     for layer in _keras_compat.sublayers(model):
-        if layer.name in heads:
+        if layer.name in family.heads:
             layer.kernel.assign(rng.normal(0, 0.5, layer.kernel.shape).astype("float32"))
     return model
 
 
-@pytest.mark.parametrize("family", sorted(FAMILIES))
+@pytest.mark.parametrize("family", NAMES)
 def test_int8_reaches_every_projection_and_survives_saving(family, tmp_path):
-    build, inputs, heads = FAMILIES[family]
-    original = _seeded(build, heads)
+    inputs = FAMILIES[family].inputs()
+    original = _seeded(FAMILIES[family])
     float_outputs = outputs(original, inputs)
     # A deployment loads model.keras and quantizes it without calling it
     # first: Keras refuses to quantize a layer that is not built (the
@@ -85,8 +86,8 @@ def test_an_int8_model_exports_as_a_saved_model(tmp_path):
 
     from keras_attn.export import export_saved_model
 
-    build, images, heads = FAMILIES["vit"]
-    model = _seeded(build, heads)
+    images = FAMILIES["vit"].inputs()
+    model = _seeded(FAMILIES["vit"])
     model.quantize("int8")
     want = outputs(model, images)[0]
     loaded = tf.saved_model.load(str(export_saved_model(model, tmp_path / "saved")))

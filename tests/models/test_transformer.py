@@ -6,11 +6,12 @@ import pytest
 
 from keras_attn.models.transformer import TRANSFORMER_PRESETS
 from keras_attn.models.transformer import SharedEmbedding
-from keras_attn.models.transformer import Transformer
 from keras_attn.models.transformer import TransformerConfig
 from keras_attn.models.transformer import build_transformer
 from keras_attn.models.transformer import get_transformer_config
+from _families import FAMILIES
 from test_case import run_layer_test
+from test_case import run_model_test
 from test_case import to_numpy
 
 TINY = dict(
@@ -31,6 +32,28 @@ def ids(batch, length, vocab=23, pad_from=None, pad_id=0):
         for row, start in enumerate(pad_from):
             x[row, start:] = pad_id
     return x
+
+
+def test_the_tiny_model_passes_the_model_harness(tmp_path):
+    family = FAMILIES["transformer"]
+    overrides = dict(dropout=0.0, norm_position="pre", position_embedding="learned",
+                     max_sequence_length=16, pad_id=2, key_dim=3, value_dim=5)
+    vocabulary = family.config(**overrides).vocabulary_size
+    (source, target), labels = family.batch(size=3, **overrides)
+    bad_source, bad_target, bad_labels = source.copy(), target.copy(), labels.copy()
+    bad_source[1, 2], bad_target[0, 0], bad_labels[0, 0] = vocabulary, -1, vocabulary + 2
+    run_model_test(
+        lambda: family.build(**overrides), [source, target], labels,
+        crop=lambda x, i: family.crop(x, i, **overrides), tmp_path=tmp_path,
+        bad_inputs=[
+            ([bad_source, target], rf"`source_ids` must lie in \[0, {vocabulary}\).*{vocabulary}"),
+            ([source, bad_target], rf"`target_ids` must lie in \[0, {vocabulary}\).*-1"),
+            ([source[:, :0], target], "has length 0"),
+            ([source, target[:, :0]], "has length 0"),
+        ],
+        bad_labels=[(bad_labels, rf"`labels` must lie in \[0, {vocabulary}\).*{vocabulary + 2}")],
+        expected_config=dataclasses.asdict(family.config(**overrides)),
+    )
 
 
 def test_shared_embedding_layer(tmp_path):
@@ -65,18 +88,6 @@ def test_presets_shrunk(preset):
     assert model.transformer_config.dropout == TRANSFORMER_PRESETS[preset].dropout
     source, target = ids(3, 6, pad_from=[6, 4, 2]), ids(3, 5, pad_from=[5, 3, 1])
     assert tuple(model([source, target]).shape) == (3, 5, 23)
-
-
-def test_fit_one_step_on_padded_batches():
-    model = build_transformer("transformer_base", **TINY)
-    source, target = ids(3, 6, pad_from=[6, 4, 2]), ids(3, 5, pad_from=[5, 3, 1])
-    model.compile(
-        optimizer="adam",
-        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-        jit_compile=False,  # XLA compilation alone takes seconds on 2 cores
-    )
-    history = model.fit((source, target), target, batch_size=3, epochs=1, verbose=0)
-    assert np.isfinite(history.history["loss"][0])
 
 
 def test_preset_values_are_the_papers():
@@ -127,16 +138,6 @@ def test_bad_config_values(field, value, message):
         build_transformer(TransformerConfig(**TINY), **{field: value})
 
 
-def test_padding_changes_no_unpadded_output():
-    model = build_transformer(TransformerConfig(**TINY), dropout=0.0)
-    source, target = ids(2, 5), ids(2, 4)
-    logits = to_numpy(model([source, target]))
-    padded_source = np.concatenate([source, np.zeros((2, 3), "int32")], axis=1)
-    padded_target = np.concatenate([target, np.zeros((2, 2), "int32")], axis=1)
-    padded = to_numpy(model([padded_source, padded_target]))
-    np.testing.assert_allclose(padded[:, :4], logits, atol=1e-5)
-
-
 def test_nonzero_pad_id_masks_that_id():
     model = build_transformer(TransformerConfig(**TINY), dropout=0.0, pad_id=3)
     source, target = ids(1, 4, pad_id=3), ids(1, 3, pad_id=3)
@@ -185,27 +186,6 @@ def test_key_and_value_sizes_per_head():
     build_transformer(TransformerConfig(**TINY), num_heads=3, key_dim=4)
     with pytest.raises(ValueError, match="Received: key_dim=0"):
         build_transformer(TransformerConfig(**TINY), key_dim=0)
-
-
-def test_config_round_trip_and_keras_save(tmp_path):
-    model = build_transformer(
-        TransformerConfig(**TINY), norm_position="pre", position_embedding="learned",
-        max_sequence_length=16, pad_id=2, dropout=0.2, key_dim=3, value_dim=5,
-    )
-    config = model.get_config()
-    assert Transformer.from_config(config).get_config() == config
-    assert model.transformer_config == dataclasses.replace(
-        TransformerConfig(**TINY), norm_position="pre", position_embedding="learned",
-        max_sequence_length=16, pad_id=2, dropout=0.2, key_dim=3, value_dim=5,
-    )
-    source, target = ids(2, 5, pad_id=2), ids(2, 4, pad_id=2)
-    path = str(tmp_path / "transformer.keras")
-    model.save(path)
-    reloaded = keras.saving.load_model(path)
-    assert type(reloaded) is Transformer
-    np.testing.assert_allclose(
-        to_numpy(reloaded([source, target])), to_numpy(model([source, target])), atol=1e-6
-    )
 
 
 def _by_hand_count(d, f, layers, vocab=37000):
