@@ -40,11 +40,16 @@ ONLY_ON = {
 }
 
 
+@pytest.hookimpl(tryfirst=True)  # before `-m` selects on the markers added here
 def pytest_collection_modifyitems(config, items):
     """Deselect (not skip) the tests that belong to another backend's pass,
-    so that `KERAS_BACKEND=jax pytest` runs exactly what JAX can and must."""
+    so that `KERAS_BACKEND=jax pytest` runs exactly what JAX can and must.
+    A `large` test (full size) is `slow` too: the quick tier,
+    `pytest -m "not slow"`, leaves both out."""
     keep, drop = [], []
     for item in items:
+        if item.get_closest_marker("large") and not item.get_closest_marker("slow"):
+            item.add_marker(pytest.mark.slow)
         wanted = {ONLY_ON[m.name] for m in item.iter_markers() if m.name in ONLY_ON}
         (keep if not wanted or wanted == {BACKEND} else drop).append(item)
     if drop:

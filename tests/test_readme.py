@@ -146,6 +146,7 @@ def _losses_that_did_not_go_down(cwd):
     return [entry for entry in losses if not entry["after"] < entry["before"]] if losses else None
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("index", range(len(python_blocks())))
 def test_every_python_block_runs_as_written(index, tmp_path):
     run_block_as_written(python_blocks()[index], tmp_path, f"README block {index}")

@@ -5,6 +5,7 @@ from _example import run_example
 pytestmark = pytest.mark.backend_independent
 
 
+@pytest.mark.slow
 def test_attention_tour_smoke(tmp_path):
     result = run_example("attention_tour.py", "--smoke", "--output", tmp_path)
     assert "reversal accuracy on the sentence" in result.stdout

@@ -13,6 +13,7 @@ from _example import run_example
 pytestmark = pytest.mark.backend_independent
 
 
+@pytest.mark.slow
 def test_pretrain_then_finetune_smoke(tmp_path):
     checkpoint = tmp_path / "pretrain"
     out = run_example("bert_pretrain.py", "--smoke", "--output", checkpoint).stdout
@@ -41,6 +42,7 @@ def test_pretrain_then_finetune_smoke(tmp_path):
     assert os.path.exists(tmp_path / "finetune" / "onnx_float32" / "model.onnx")
 
 
+@pytest.mark.slow
 def test_finetune_with_lora_trains_the_adapters_and_head_and_exports_merged(tmp_path):
     out = run_example("bert_finetune.py", "--smoke", "--from-scratch", "--lora-rank", "2",
                       "--output", tmp_path,

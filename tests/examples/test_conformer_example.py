@@ -8,6 +8,7 @@ from _example import run_example
 pytestmark = pytest.mark.backend_independent
 
 
+@pytest.mark.slow
 def test_conformer_asr_smoke(tmp_path):
     # HOME: the speech cache goes to a fresh place.
     result = run_example("conformer_asr.py", "--smoke", "--export", tmp_path / "saved",

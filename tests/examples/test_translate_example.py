@@ -7,6 +7,7 @@ from _example import run_example
 pytestmark = pytest.mark.backend_independent
 
 
+@pytest.mark.slow
 def test_translate_smoke():
     # run_example also checks that the bucketed batches have a known count
     # (Keras does not warn that the input "ran out of data" after the first

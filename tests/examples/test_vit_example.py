@@ -7,6 +7,7 @@ from _example import run_example
 pytestmark = pytest.mark.backend_independent
 
 
+@pytest.mark.slow
 def test_vit_classify_smoke(tmp_path):
     result = run_example("vit_classify.py", "--smoke", "--output", tmp_path)
     match = re.search(r"test accuracy: ([0-9.]+)", result.stdout)
