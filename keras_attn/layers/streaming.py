@@ -42,6 +42,12 @@ def chunk_attention_mask(length, chunk_size, left_context):
     """
     chunk_size = check_positive_int("chunk_size", chunk_size)
     left_context = check_left_context(left_context)
+    return chunk_mask_of(length, chunk_size, left_context)
+
+
+def chunk_mask_of(length, chunk_size, left_context):
+    """`chunk_attention_mask` without the checks: `chunk_size` may be a
+    tensor (a size drawn per batch in dynamic chunk training)."""
     frames = ops.arange(length)
     start = (frames // chunk_size) * chunk_size  # (T,): first frame of each chunk
     queries, keys = ops.expand_dims(start, 1), ops.expand_dims(frames, 0)

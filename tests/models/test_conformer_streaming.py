@@ -19,19 +19,19 @@ STEP = 4 * 160  # samples per encoder frame
 
 
 def streamable(**overrides):
-    """A tiny ConformerCTC made streamable by hand: causal convolution
-    modules and log-mel features without per-utterance normalisation, with
-    BatchNorm moving statistics that are not the identity. (Phase 2 builds
-    it from the config instead.)"""
-    model = build_conformer("conformer_tiny", vocabulary_size=5, **dict(TINY, **overrides))
+    """A tiny streamable ConformerCTC from its config (causal convolution
+    modules, log-mel features without per-utterance normalisation, chunked
+    attention), with BatchNorm moving statistics that are not the identity."""
+    fields = dict(TINY, chunk_size=3, left_context=4, causal_conv=True,
+                  feature_normalization="none")
+    model = build_conformer("conformer_tiny", vocabulary_size=5, **dict(fields, **overrides))
     rng = np.random.default_rng(3)
     for block in (layer for layer in model.layers if isinstance(layer, ConformerBlock)):
-        block.causal_conv = block.conv_module.causal = True
-        norm = block.conv_module.batch_norm
+        norm = getattr(block.conv_module, "batch_norm", None)
+        if norm is None:
+            continue
         norm.moving_mean.assign(rng.standard_normal(norm.moving_mean.shape) * 0.1)
         norm.moving_variance.assign(rng.uniform(0.5, 2.0, norm.moving_variance.shape))
-    if model.conformer_config.input_type == "waveform":
-        model.get_layer("log_mel").normalization = "none"
     return model
 
 
@@ -114,14 +114,16 @@ def test_features_input_streams_frame_chunks():
     np.testing.assert_allclose(got[real], expected_logits[real], atol=1e-4)
 
 
-def test_a_chunk_covering_the_utterance_is_the_offline_model(model):
-    """With one chunk as long as the utterance the chunk mask hides nothing:
-    the reference is the model's own offline call, and streaming leaves the
-    model's offline outputs as they were."""
+def test_the_configured_chunk_mask_is_the_offline_model(model):
+    """A model built with chunk_size and left_context applies their chunk
+    mask in its own offline call: the streamer's reference at those sizes is
+    that call, and streaming leaves the model's offline outputs as they were."""
     lengths = np.array([6400, 4000], "int32")
     inputs = {"waveform": audio(2, 6400, seed=4), "waveform_length": lengths}
     before = to_numpy(model(inputs, training=False)["logits"])
-    streamer = ConformerStreamer(model, chunk_size=64, left_context=0)
+    config = model.conformer_config
+    streamer = ConformerStreamer(model, chunk_size=config.chunk_size,
+                                 left_context=config.left_context)
     reference = to_numpy(streamer.full_forward_with_chunk_mask(inputs["waveform"], lengths)["logits"])
     real = np.arange(before.shape[1])[None, :] < np.array([9, 5])[:, None]
     np.testing.assert_allclose(reference[real], before[real], atol=1e-5)
@@ -172,6 +174,8 @@ def test_bad_states_and_chunks(model):
 
 def test_models_that_cannot_stream_are_refused(model):
     offline = build_conformer("conformer_tiny", vocabulary_size=5, **TINY)
+    with pytest.raises(ValueError, match=r"`chunk_size`.*Received: a model with chunk_size=None"):
+        offline.initial_state(1)
     with pytest.raises(ValueError, match=r"blocks \['conformer_block_0', 'conformer_block_1'\] have causal_conv=False"):
         ConformerStreamer(offline, chunk_size=2, left_context=2)
     for block in (layer for layer in offline.layers if isinstance(layer, ConformerBlock)):
@@ -184,3 +188,211 @@ def test_models_that_cannot_stream_are_refused(model):
         ConformerStreamer(model, chunk_size=2, left_context=-1)
     with pytest.raises(ValueError, match=r"Received: model=Dense"):
         ConformerStreamer(keras.layers.Dense(2), chunk_size=2, left_context=2)
+
+
+# === The model's streaming API: ConformerCTC.initial_state / stream_step / flush ===
+
+# The full matrix runs on TensorFlow; JAX and PyTorch run one case of each
+# contract (JAX traces each new shape: a few cases keep its run short).
+ON_TENSORFLOW = keras.backend.backend() == "tensorflow"
+
+
+def stream_tokens(model, wave, lengths, samples_per_chunk, chunk_size=None):
+    """Each row's greedy tokens and the concatenated logits, streamed
+    through the model's API in pieces of `samples_per_chunk` (the last one
+    padded), then flushed."""
+    state, logits, ids = model.initial_state(len(wave), chunk_size), [], []
+    for start in range(0, wave.shape[1], samples_per_chunk):
+        piece = wave[:, start:start + samples_per_chunk]
+        piece = np.pad(piece, ((0, 0), (0, samples_per_chunk - piece.shape[1])))
+        valid = np.clip(lengths - start, 0, samples_per_chunk).astype("int32")
+        outputs, state = model.stream_step(piece, state, valid, chunk_size=chunk_size)
+        logits.append(to_numpy(outputs["logits"]))
+        ids.append(to_numpy(outputs["token_ids"]))
+    outputs, state = model.flush(state, chunk_size=chunk_size)
+    logits.append(to_numpy(outputs["logits"]))
+    ids.append(to_numpy(outputs["token_ids"]))
+    ids = np.concatenate(ids, axis=1)
+    return [row[row >= 0].tolist() for row in ids], np.concatenate(logits, axis=1), state
+
+
+def offline_tokens(model, wave, lengths):
+    outputs = model({"waveform": wave, "waveform_length": lengths}, training=False)
+    decoded = greedy(to_numpy(outputs["logits"]), to_numpy(outputs["logit_lengths"]))
+    return [row[row >= 0].tolist() for row in decoded], outputs
+
+
+@pytest.fixture(scope="module")
+def peaky():
+    """A streamable model whose head makes the greedy path emit tokens and
+    repeats (the random tiny model mostly says blank): the head's bias
+    favours labels over the blank."""
+    model = streamable(chunk_size=2, left_context=4)
+    head = model.get_layer("ctc_logits")
+    head.bias.assign(np.array([-1.0, 0.5, 0.4, 0.3, 0.2, 0.1], "float32"))
+    return model
+
+
+CASES = [  # samples per stream_step, in encoder frames of 640 samples
+    1, 2, 7] if ON_TENSORFLOW else [3]
+
+
+@pytest.mark.parametrize("frames_per_step", CASES)
+def test_streamed_tokens_are_the_offline_models(peaky, frames_per_step):
+    """The model built with chunk_size=2 streams the tokens and logits of
+    its own offline call (which applies the chunk mask): one utterance a
+    final partial chunk, one shorter than a chunk, one ending before the
+    batch's last chunk; repeats across chunk boundaries are merged."""
+    lengths = np.array([12800, 9000, 1000], "int32")
+    wave = audio(3, 12800, seed=7) * (np.arange(12800)[None, :] < lengths[:, None])
+    padded = -(-12800 // (frames_per_step * STEP)) * frames_per_step * STEP
+    wave = np.pad(wave, ((0, 0), (0, padded - 12800))).astype("float32")
+    expected, outputs = offline_tokens(peaky, wave, lengths)
+    got, logits, state = stream_tokens(peaky, wave, lengths, frames_per_step * STEP)
+    expected_lengths = to_numpy(outputs["logit_lengths"])
+    np.testing.assert_array_equal(to_numpy(state["logit_length"]), expected_lengths)
+    real = np.arange(logits.shape[1])[None, :] < expected_lengths[:, None]
+    np.testing.assert_allclose(logits[real], to_numpy(outputs["logits"])[:, :logits.shape[1]][real],
+                               atol=1e-4)
+    assert got == expected
+    assert sum(len(row) for row in got) > 0
+
+
+def test_a_token_repeated_across_chunks_is_emitted_once(peaky):
+    """A head that says label 2 at every frame: each utterance's greedy
+    transcript is [2] although every chunk's frames say it again."""
+    head = peaky.get_layer("ctc_logits")
+    kernel, bias = to_numpy(head.kernel).copy(), to_numpy(head.bias).copy()
+    head.kernel.assign(np.zeros_like(kernel))
+    head.bias.assign(np.array([0.0, 0.0, 1.0, 0.0, 0.0, 0.0], "float32"))
+    try:
+        lengths = np.array([6400, 3000], "int32")
+        got = stream_tokens(peaky, audio(2, 6400, seed=10), lengths, 2 * STEP)[0]
+    finally:
+        head.kernel.assign(kernel)
+        head.bias.assign(bias)
+    assert got == [[2], [2]]
+
+
+def test_an_utterance_shorter_than_a_chunk_streams_on_flush(peaky):
+    wave, lengths = audio(1, 1800, seed=8), np.array([1800], "int32")
+    padded = np.pad(wave, ((0, 0), (0, 2 * STEP * 2 - 1800)))
+    state = peaky.initial_state(1)
+    outputs, state = peaky.stream_step(padded, state, lengths)
+    assert to_numpy(outputs["logits"]).shape == (1, 2, 6)  # one whole chunk of 2 frames
+    outputs, state = peaky.flush(state)
+    assert to_numpy(state["logit_length"]).tolist() == [2]
+    assert stream_tokens(peaky, padded, lengths, 4 * STEP)[0] == offline_tokens(peaky, padded, lengths)[0]
+
+
+def test_another_chunk_size_streams_its_own_chunk_mask(peaky):
+    lengths = np.array([6400], "int32")
+    wave = audio(1, 6400, seed=9)
+    streamer = peaky.streamer(4)
+    reference = streamer.full_forward_with_chunk_mask(wave, lengths)
+    expected = greedy(to_numpy(reference["logits"]), to_numpy(reference["logit_lengths"]))
+    got = stream_tokens(peaky, wave, lengths, 4 * STEP, chunk_size=4)[0]
+    assert got == [expected[0][expected[0] >= 0].tolist()]
+
+
+def test_the_models_api_refuses_bad_states_whole(peaky):
+    state = peaky.initial_state(2)
+    chunk = audio(2, 2 * STEP)
+    _, stepped = peaky.stream_step(chunk, state)
+    held = {name: to_numpy(value).copy() for name, value in stepped.items()}
+    with pytest.raises(ValueError, match=r"'decoder/last' entry"):
+        peaky.stream_step(chunk, {k: v for k, v in stepped.items() if k != "decoder/last"})
+    with pytest.raises(ValueError, match=r"'decoder/last'.*Received: state\['decoder/last'\] of shape \(2,\) and dtype float32"):
+        peaky.stream_step(chunk, dict(stepped, **{"decoder/last": np.zeros(2, "float32")}))
+    with pytest.raises(ValueError, match=r"different batch sizes. Received: shapes \(3,\) and \(2,\)"):
+        peaky.stream_step(chunk, dict(stepped, **{"decoder/last": np.zeros(3, "int32")}))
+    bad = chunk.copy()
+    bad[1, 3] = np.nan
+    with pytest.raises(ValueError, match=r"with NaN or inf"):
+        peaky.stream_step(bad, stepped)
+    for name, value in held.items():
+        np.testing.assert_array_equal(to_numpy(stepped[name]), value)
+
+
+# === The config fields (issue 41, phase 2) ===
+
+
+@pytest.mark.parametrize("fields, message", [
+    (dict(chunk_size=4), r"`chunk_size` and `left_context` go together.*left_context=None"),
+    (dict(left_context=4), r"go together.*chunk_size=None, left_context=4"),
+    (dict(chunk_size=4, left_context=4, feature_normalization="none"),
+     r"needs `causal_conv=True`.*causal_conv=False"),
+    (dict(chunk_size=4, left_context=4, causal_conv=True),
+     r"feature_normalization=\"none\"`.*feature_normalization='utterance'"),
+    (dict(dynamic_chunk_training=True), r"needs `chunk_size`.*chunk_size=None"),
+    (dict(chunk_size=0, left_context=1), r"Received: chunk_size=0"),
+    (dict(conv_norm="group_norm"), r"Received: conv_norm='group_norm'"),
+    (dict(feature_normalization="global"), r"Received: feature_normalization='global'"),
+])
+def test_streaming_fields_are_checked_in_the_config(fields, message):
+    from keras_attn.models.conformer import get_conformer_config
+
+    with pytest.raises(ValueError, match=message):
+        get_conformer_config("conformer_tiny", **fields)
+
+
+def test_features_input_needs_no_feature_normalization_field():
+    from keras_attn.models.conformer import get_conformer_config
+
+    config = get_conformer_config("conformer_tiny", input_type="features", chunk_size=2,
+                                  left_context=2, causal_conv=True)
+    assert config.feature_normalization == "utterance"  # unused: no log-mel layer
+
+
+def test_presets_and_old_configs_are_offline():
+    """Presets keep whole-utterance attention, the centred convolution,
+    BatchNorm and per-utterance normalisation; a config saved before these
+    fields existed loads to the same model and outputs."""
+    from keras_attn.models.conformer import CONFORMER_PRESETS
+    from keras_attn.models.conformer import ConformerCTC
+
+    for config in CONFORMER_PRESETS.values():
+        assert (config.chunk_size, config.left_context, config.dynamic_chunk_training,
+                config.causal_conv, config.conv_norm, config.feature_normalization) == (
+            None, None, False, False, "batch_norm", "utterance")
+    offline = build_conformer("conformer_tiny", vocabulary_size=5, **TINY)
+    saved = offline.get_config()
+    for name in ("chunk_size", "left_context", "dynamic_chunk_training", "causal_conv",
+                 "conv_norm", "feature_normalization"):
+        saved.pop(name)
+    loaded = ConformerCTC.from_config(saved)
+    loaded.set_weights(offline.get_weights())
+    inputs = {"waveform": audio(2, 6400, seed=11), "waveform_length": np.array([6400, 3000], "int32")}
+    np.testing.assert_array_equal(to_numpy(loaded(inputs)["logits"]),
+                                  to_numpy(offline(inputs)["logits"]))
+    assert "chunk_mask" not in [layer.name for layer in loaded.layers]
+
+
+def test_the_fields_reach_the_layers():
+    model = streamable(conv_norm="layer_norm")
+    blocks = [layer for layer in model.layers if isinstance(layer, ConformerBlock)]
+    assert [(b.conv_module.causal, b.conv_module.norm) for b in blocks] == [(True, "layer_norm")] * 2
+    assert model.get_layer("log_mel").normalization == "none"
+    assert model.get_layer("chunk_mask").chunk_size == 3
+
+
+def test_dynamic_chunk_training_draws_a_chunk_size_per_batch():
+    """In training each call's mask is the chunk mask of one size in 1..25
+    frames or of the whole utterance (each seen); at inference the
+    configured size's."""
+    from keras_attn.layers import chunk_attention_mask
+    from keras_attn.models.conformer.conformer_model import ChunkMask
+
+    layer = ChunkMask(3, 2, dynamic=True, max_chunk_size=25, seed=1)
+    x = np.zeros((1, 30, 4), "float32")
+    candidates = {size: to_numpy(chunk_attention_mask(30, size, 2)) for size in range(1, 31)}
+    drawn = []
+    for _ in range(24):
+        mask = to_numpy(layer(x, training=True))
+        sizes = [size for size, candidate in candidates.items()
+                 if (size <= 25 or size == 30) and np.array_equal(mask, candidate)]
+        assert sizes, "a mask that is no chunk mask"
+        drawn.append(min(sizes))
+    assert 30 in drawn and any(size < 25 for size in drawn)
+    assert len(set(drawn)) > 3
+    np.testing.assert_array_equal(to_numpy(layer(x, training=False)), candidates[3])

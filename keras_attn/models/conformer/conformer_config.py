@@ -1,6 +1,7 @@
 """Conformer hyper-parameters and presets."""
 
 import dataclasses
+import functools
 
 from keras_attn.models._config import ModelConfig
 from keras_attn.models._config import check_heads_divide
@@ -16,6 +17,14 @@ from keras_attn.models._config import resolve_config
 
 
 INPUT_TYPES = ("waveform", "features")
+# The layers' choices (ConformerConvModule's NORMS, LogMelFeatures'
+# NORMALIZATIONS), stated here too so a config imports no Keras.
+CONV_NORMS = ("batch_norm", "layer_norm")
+FEATURE_NORMALIZATIONS = ("utterance", "none")
+# Dynamic chunk training (WeNet U2, Zhang et al. 2020, section 2.3): in
+# training, a batch attends to the whole utterance with probability 1/2, else
+# in chunks of a size drawn uniformly in 1..DYNAMIC_CHUNK_MAX encoder frames.
+DYNAMIC_CHUNK_MAX = 25
 
 
 def check_vocabulary_size(name, value, allow_none=True):
@@ -28,6 +37,12 @@ def check_vocabulary_size(name, value, allow_none=True):
             f"`{name}` must be a positive integer (labels 1..V, 0 is "
             f"the CTC blank). Received: {name}={value!r}"
         )
+
+
+def _non_negative(name, value, allow_none=False):
+    if value is None and allow_none:
+        return
+    _count(name, value)
 
 
 def _count(name, value):
@@ -74,6 +89,28 @@ class ConformerConfig(ModelConfig):
             checkpointing): activations are recomputed in the backward pass
             instead of stored; less memory for about one more forward pass per
             step, the same outputs and gradients.
+        chunk_size: encoder frames (40 ms each) per attention chunk: frame
+            `t` attends to its chunk `t // chunk_size` and the `left_context`
+            frames before it (`chunk_attention_mask`), in training and at
+            inference, so the model streams (`ConformerCTC.stream_step`)
+            with the logits of its offline call. None: whole-utterance
+            attention (offline). Needs `causal_conv=True` and, for waveform
+            input, `feature_normalization="none"`.
+        left_context: encoder frames before a chunk that it attends to (the
+            keys and values each block caches while streaming); set with
+            `chunk_size`, None without.
+        dynamic_chunk_training: in training, each batch attends to the whole
+            utterance with probability 1/2, else in chunks of a size drawn
+            uniformly in 1..25 frames (WeNet's dynamic chunk training), so
+            one model serves several chunk sizes; the configured
+            `chunk_size` at inference. Needs `chunk_size`.
+        causal_conv: the convolution modules' depthwise convolution sees
+            past frames only (left padding), as streaming needs.
+        conv_norm: `"batch_norm"` (the paper's) or `"layer_norm"` in the
+            convolution module.
+        feature_normalization: `"utterance"`: log-mel features normalised
+            by each utterance's mean and variance (it reads the whole
+            utterance); `"none"`: decibels as they are (streamable).
     """
 
     vocabulary_size: int = field(None, check_vocabulary_size)
@@ -96,6 +133,12 @@ class ConformerConfig(ModelConfig):
     time_mask_ratio: float = field(0.05, rate)
     input_type: str = field("waveform", one_of(INPUT_TYPES))
     remat: bool = field(False, flag)
+    chunk_size: int = field(None, optional_positive_int)
+    left_context: int = field(None, functools.partial(_non_negative, allow_none=True))
+    dynamic_chunk_training: bool = field(False, flag)
+    causal_conv: bool = field(False, flag)
+    conv_norm: str = field("batch_norm", one_of(CONV_NORMS))
+    feature_normalization: str = field("utterance", one_of(FEATURE_NORMALIZATIONS))
 
     def check_relations(self):
         if self.freq_mask_count and self.freq_mask_width > self.num_mel_bins:
@@ -105,6 +148,35 @@ class ConformerConfig(ModelConfig):
                 f"Received: freq_mask_width={self.freq_mask_width}"
             )
         check_heads_divide(self)
+        self._check_streaming()
+
+    def _check_streaming(self):
+        chunked = self.chunk_size is not None
+        if chunked != (self.left_context is not None):
+            raise ValueError(
+                "`chunk_size` and `left_context` go together: both set (chunked "
+                "attention) or both None (offline). Received: "
+                f"chunk_size={self.chunk_size}, left_context={self.left_context}"
+            )
+        if self.dynamic_chunk_training and not chunked:
+            raise ValueError(
+                "`dynamic_chunk_training` draws chunk sizes around a configured "
+                "one: it needs `chunk_size`. Received: dynamic_chunk_training=True, "
+                "chunk_size=None"
+            )
+        if chunked and not self.causal_conv:
+            raise ValueError(
+                "Chunked attention (`chunk_size`) needs `causal_conv=True`: a "
+                "centred convolution kernel reads the next chunk's frames. "
+                f"Received: chunk_size={self.chunk_size}, causal_conv=False"
+            )
+        if chunked and self.input_type == "waveform" and self.feature_normalization != "none":
+            raise ValueError(
+                "Chunked attention (`chunk_size`) on waveform input needs "
+                "`feature_normalization=\"none\"`: per-utterance normalisation "
+                f"reads the whole utterance. Received: chunk_size={self.chunk_size}, "
+                f"feature_normalization={self.feature_normalization!r}"
+            )
 
 
 CONFORMER_PRESETS = {

@@ -32,7 +32,9 @@ from keras_attn.layers.conv_subsampling import ConvSubsampling
 from keras_attn.layers.conv_subsampling import subsampled_length
 from keras_attn.layers.log_mel_features import LogMelFeatures
 from keras_attn.layers.spec_augment import SpecAugment
+from keras_attn.layers.streaming import chunk_mask_of
 from keras_attn.models.conformer.conformer_config import DEFAULT_PRESET
+from keras_attn.models.conformer.conformer_config import DYNAMIC_CHUNK_MAX
 from keras_attn.models.conformer.conformer_config import ConformerConfig
 from keras_attn.models.conformer.conformer_config import check_vocabulary_size
 from keras_attn.models.conformer.conformer_config import get_conformer_config
@@ -77,6 +79,49 @@ class LengthGuard(SpecFromCall, keras.layers.Layer):
 
 
 @keras.saving.register_keras_serializable(package="keras_attn")
+class ChunkMask(SpecFromCall, keras.layers.Layer):
+    """`x (B, T', D)` -> the `(T', T')` chunked attention mask
+    (`chunk_attention_mask(T', chunk_size, left_context)`).
+
+    With `dynamic=True`, in training each call (batch) draws its chunk size
+    as WeNet's dynamic chunk training does (Zhang et al., 2020, section
+    2.3): the whole utterance with probability 1/2, else uniformly in
+    `1..max_chunk_size` frames; `chunk_size` at inference.
+    """
+
+    def __init__(self, chunk_size, left_context, dynamic=False, max_chunk_size=25,
+                 seed=None, **kwargs):
+        super().__init__(**kwargs)
+        self.chunk_size = chunk_size
+        self.left_context = left_context
+        self.dynamic = dynamic
+        self.max_chunk_size = max_chunk_size
+        self.seed = seed
+        self.seed_generator = keras.random.SeedGenerator(seed) if dynamic else None
+
+    def compute_output_shape(self, x_shape):
+        return (x_shape[1], x_shape[1])
+
+    def call(self, x, training=None):
+        steps = ops.shape(x)[1]
+        if not (self.dynamic and training):
+            return chunk_mask_of(steps, self.chunk_size, self.left_context)
+        draw = keras.random.uniform((2,), seed=self.seed_generator)
+        drawn = 1 + ops.minimum(ops.cast(draw[1] * self.max_chunk_size, "int32"),
+                                self.max_chunk_size - 1)
+        # Whole utterance: one chunk at least as long as it.
+        size = ops.where(draw[0] < 0.5, ops.maximum(ops.cast(steps, "int32"), 1), drawn)
+        return chunk_mask_of(steps, size, self.left_context)
+
+    def get_config(self):
+        config = super().get_config()
+        config.update({"chunk_size": self.chunk_size, "left_context": self.left_context,
+                       "dynamic": self.dynamic, "max_chunk_size": self.max_chunk_size,
+                       "seed": self.seed})
+        return config
+
+
+@keras.saving.register_keras_serializable(package="keras_attn")
 class ConformerCTC(GuardedModel, ConfigModel, keras.Model):
     """A Conformer encoder trained with CTC; build it with `build_conformer`.
 
@@ -100,7 +145,8 @@ class ConformerCTC(GuardedModel, ConfigModel, keras.Model):
         frontend = LogMelFeatures(
             sampling_rate=config.sampling_rate, num_mel_bins=config.num_mel_bins,
             frame_length=config.frame_length, frame_step=config.frame_step,
-            fft_length=config.fft_length, dtype=dtype, name="log_mel",
+            fft_length=config.fft_length, normalization=config.feature_normalization,
+            dtype=dtype, name="log_mel",
         )
         spec_augment = SpecAugment(
             freq_mask_count=config.freq_mask_count, freq_mask_width=config.freq_mask_width,
@@ -117,6 +163,7 @@ class ConformerCTC(GuardedModel, ConfigModel, keras.Model):
                     kernel_size=config.kernel_size, dropout=config.dropout,
                     attention_dropout=config.attention_dropout,
                     layer_norm_epsilon=config.layer_norm_epsilon,
+                    causal_conv=config.causal_conv, conv_norm=config.conv_norm,
                     dtype=dtype, name=name,
                 )
                 for name in block_names
@@ -143,8 +190,13 @@ class ConformerCTC(GuardedModel, ConfigModel, keras.Model):
         logit_lengths = subsampled_length(frame_lengths)  # (B,)
         mask = LengthMask(name="encoder_mask")(x, logit_lengths)
         x = input_dropout(x)
+        attention_mask = None
+        if config.chunk_size is not None:
+            attention_mask = ChunkMask(
+                config.chunk_size, config.left_context, dynamic=config.dynamic_chunk_training,
+                max_chunk_size=DYNAMIC_CHUNK_MAX, dtype=dtype, name="chunk_mask")(x)
         for block in blocks:
-            x = block(x, padding_mask=mask)
+            x = block(x, padding_mask=mask, attention_mask=attention_mask)
         logits = ctc_head(x)
         super().__init__(
             inputs=inputs,
@@ -159,6 +211,111 @@ class ConformerCTC(GuardedModel, ConfigModel, keras.Model):
 
     def label_specs(self):
         return {None: IdSpec(0, self.vocabulary_size + 1, "1..V, 0 pads")}
+
+    # === Streaming (a model built with `chunk_size`) ===
+
+    def streamer(self, chunk_size=None):
+        """The `ConformerStreamer` of this model at `chunk_size` encoder
+        frames (default: the configured one; another size serves another
+        latency, as dynamic chunk training allows), with the configured
+        `left_context`; made once per size."""
+        from keras_attn.models.conformer.streaming import ConformerStreamer
+
+        config = self.conformer_config
+        if config.chunk_size is None:
+            raise ValueError(
+                "Invalid value for argument `chunk_size`: streaming needs a model built "
+                "with chunk_size and left_context (causal_conv=True, "
+                "feature_normalization='none'). Received: a model with chunk_size=None"
+            )
+        chunk_size = config.chunk_size if chunk_size is None else chunk_size
+        streamers = self.__dict__.setdefault("_streamers_by_size", {})
+        if chunk_size not in streamers:
+            streamers[chunk_size] = ConformerStreamer(self, chunk_size, config.left_context)
+        return streamers[chunk_size]
+
+    def initial_state(self, batch_size, chunk_size=None):
+        """The streaming state before the first chunk of a batch: the
+        streamer's (`ConformerStreamer.initial_state`) and `decoder/last`,
+        the last frame's greedy token per utterance (-1: none yet), so
+        that a token repeated across a chunk boundary is emitted once."""
+        state = self.streamer(chunk_size).initial_state(batch_size)
+        state["decoder/last"] = ops.full((batch_size,), -1, "int32")
+        return state
+
+    def stream_step(self, chunk, state, chunk_length=None, chunk_size=None):
+        """Feed the next chunk of a batch of utterances.
+
+        Args:
+            chunk: `(B, n)` samples (`n` a multiple of `4 * frame_step`) or,
+                with `input_type="features"`, `(B, n, num_mel_bins)`.
+            state: the previous step's state (`initial_state` at first);
+                never changed, so a refused call leaves it valid.
+            chunk_length: `(B,)` valid samples (frames) of each row: a row
+                given fewer than `n` has ended (a final partial chunk).
+            chunk_size: the size `initial_state` was given.
+
+        Returns:
+            `(outputs, new_state)`; `outputs["logits"]` `(B, k,
+            vocabulary_size + 1)` are the logits of the `k` encoder frames
+            whose attention chunks are complete, those of the offline call
+            with the chunk mask; `outputs["token_ids"]` `(B, k)` int32 the
+            greedy CTC token each frame emits, -1 where it emits none
+            (blank, a repeat of the previous frame's token, this step's
+            included, or past the utterance's end): a row's ids `>= 0`,
+            over all steps and `flush`, are its greedy transcript.
+        """
+        streamer, last, rest = self._split_state(state, chunk_size)
+        logits, new_state = streamer.stream_step(chunk, rest, chunk_length)
+        return self._greedy(logits, state, new_state, last)
+
+    def flush(self, state, chunk_size=None):
+        """End of stream: the outputs of the frames still held (the last
+        partial chunk), as `stream_step` returns them."""
+        streamer, last, rest = self._split_state(state, chunk_size)
+        logits, new_state = streamer.flush(rest)
+        return self._greedy(logits, state, new_state, last)
+
+    def _split_state(self, state, chunk_size):
+        from keras_attn.layers.streaming import check_state_tensor
+
+        streamer = self.streamer(chunk_size)
+        if not isinstance(state, dict) or "decoder/last" not in state:
+            raise ValueError(
+                "Invalid value for argument `state`: the dict `initial_state` returns, "
+                "with its 'decoder/last' entry. Received: "
+                + (f"state of type {type(state).__name__}" if not isinstance(state, dict)
+                   else f"a state holding {sorted(state)[:4]}...")
+            )
+        last = state["decoder/last"]
+        check_state_tensor("decoder/last", last, (None,), "int32")
+        rest = {name: value for name, value in state.items() if name != "decoder/last"}
+        held = rest.get("logit_length")
+        if held is not None and tuple(held.shape) != tuple(last.shape):
+            raise ValueError(
+                "Invalid value for argument `state`: 'decoder/last' and 'logit_length' "
+                f"hold different batch sizes. Received: shapes {tuple(last.shape)} and "
+                f"{tuple(held.shape)}"
+            )
+        return streamer, last, rest
+
+    def _greedy(self, logits, state, new_state, last):
+        frames = ops.shape(logits)[1]
+        new_state = dict(new_state)
+        if frames == 0:
+            new_state["decoder/last"] = last
+            return {"logits": logits,
+                    "token_ids": ops.zeros((ops.shape(logits)[0], 0), "int32")}, new_state
+        real = new_state["logit_length"] - state["logit_length"]  # (B,) real frames
+        valid = ops.less(ops.expand_dims(ops.arange(frames), 0), ops.expand_dims(real, 1))
+        best = ops.cast(ops.argmax(ops.cast(logits, "float32"), axis=-1), "int32")  # (B, k)
+        previous = ops.concatenate([ops.expand_dims(last, 1), best[:, :-1]], axis=1)
+        keep = valid & ops.not_equal(best, 0) & ops.not_equal(best, previous)
+        # The last real frame's token (a blank included) carries on.
+        index = ops.maximum(real - 1, 0)
+        final = ops.take_along_axis(best, ops.expand_dims(index, 1), axis=1)[:, 0]
+        new_state["decoder/last"] = ops.where(real > 0, final, last)
+        return {"logits": logits, "token_ids": ops.where(keep, best, -1)}, new_state
 
     def outputs_are_logits(self):
         return True  # CTC logits: a probability loss is refused

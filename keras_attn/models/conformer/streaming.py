@@ -18,6 +18,7 @@ convolution modules and, for waveform input, log-mel features without
 per-utterance normalisation.
 """
 
+import keras
 import numpy as np
 from keras import ops
 
@@ -71,7 +72,8 @@ class ConformerStreamer:
         logits, state = streamer.flush(state)
     """
 
-    def __init__(self, model, chunk_size, left_context):
+    def __init__(self, model, chunk_size, left_context, compiled=True):
+        self.compiled = compiled
         self.chunk_size = check_positive_int("chunk_size", chunk_size)
         self.left_context = check_left_context(left_context)
         self.model = model
@@ -103,6 +105,7 @@ class ConformerStreamer:
         self.num_mel_bins = config.num_mel_bins
         # Samples (waveform) or feature frames (features) per encoder frame.
         self.step = SUBSAMPLING * (config.frame_step if self.log_mel is not None else 1)
+        self._chunk_model = _ChunkStep(self.blocks, self.head) if compiled else None
 
     # === State ===
 
@@ -253,16 +256,19 @@ class ConformerStreamer:
         pending_mask = ops.concatenate([state["encoder/mask"], encoded_mask], axis=1)
         size = pending.shape[1]
         ready = size if final else size - size % self.chunk_size
-        caches = [_unprefixed(f"block_{i}", state) for i in range(len(self.blocks))]
+        caches = {name: value for name, value in state.items() if name.startswith("block_")}
         logits = []
         for start in range(0, ready, self.chunk_size):
             x = pending[:, start:start + self.chunk_size]
             mask = pending_mask[:, start:start + self.chunk_size]
-            for i, block in enumerate(self.blocks):
-                x, caches[i] = block.stream_step(x, caches[i], padding_mask=mask)
-            logits.append(self.head(x))
-        for i, cache in enumerate(caches):
-            new_state.update(_prefixed(f"block_{i}", cache))
+            if self._chunk_model is not None and x.shape[1] == self.chunk_size:
+                outputs = self._chunk_model.predict_on_batch(dict(caches, x=x, mask=mask))
+                outputs = {name: ops.convert_to_tensor(value) for name, value in outputs.items()}
+            else:  # eager: the flushed partial chunk, or compiled=False
+                outputs = self._chunk_model_call(dict(caches, x=x, mask=mask))
+            logits.append(outputs.pop("logits"))
+            caches = outputs
+        new_state.update(caches)
         new_state["encoder/frames"] = pending[:, ready:]
         new_state["encoder/mask"] = pending_mask[:, ready:]
         real = ops.sum(ops.cast(pending_mask[:, :ready], "int32"), axis=1)
@@ -272,6 +278,9 @@ class ConformerStreamer:
         else:
             logits = ops.zeros((batch, 0, self.head.units), self.head.compute_dtype)
         return logits, new_state
+
+    def _chunk_model_call(self, inputs):
+        return _run_chunk(self.blocks, self.head, inputs)
 
     def _feature_chunk(self, chunk, chunk_length, state):
         """Features input: the chunk and its frame mask, from `chunk_length`."""
@@ -319,3 +328,35 @@ class ConformerStreamer:
         for block in self.blocks:
             x = block(x, padding_mask=mask, attention_mask=attention_mask, training=False)
         return {"logits": self.head(x), "logit_lengths": logit_lengths}
+
+
+def _run_chunk(blocks, head, inputs):
+    """One attention chunk through the blocks and the CTC head:
+    `inputs` holds `x (B, C, D)`, `mask (B, C)` and each block's cache
+    (`block_<i>/<entry>`); returns the logits and the new caches."""
+    x, mask = inputs["x"], inputs["mask"]
+    outputs = {}
+    for i, block in enumerate(blocks):
+        x, cache = block.stream_step(x, _unprefixed(f"block_{i}", inputs), padding_mask=mask)
+        outputs.update(_prefixed(f"block_{i}", cache))
+    outputs["logits"] = head(x)
+    return outputs
+
+
+class _ChunkStep(keras.Model):
+    """The blocks and head of a `ConformerCTC` (shared, not copied) as a
+    model whose `predict_on_batch` runs one attention chunk of fixed shapes:
+    Keras compiles it the way it compiles `predict` on each backend
+    (`tf.function` on TensorFlow, `jax.jit` with the weights passed as
+    state on JAX, eager on PyTorch), so the per-chunk cost is one compiled
+    call while the layers stay `keras.ops` only and no backend is imported
+    here. Each new batch size or chunk size traces once."""
+
+    def __init__(self, blocks, head):
+        super().__init__(name="conformer_chunk_step")
+        self.blocks = list(blocks)
+        self.head = head
+        self.built = True
+
+    def call(self, inputs, training=False):
+        return _run_chunk(self.blocks, self.head, inputs)

@@ -58,6 +58,21 @@ class SpeechCTCEvaluation(schema.Evaluation):
                                                              "rate.")
     strategy: Literal["greedy", "beam_search"] = field("greedy", description="CTC decoding.")
     beam_width: int = field(8, ge=1, description="For beam_search.")
+    streaming_chunk_sizes: list[pydantic.PositiveInt] = field(
+        [], description="A model with chunk_size (streaming): also the test metrics of "
+                        "greedy decoding streamed chunk by chunk (ConformerStreamer) at each "
+                        "of these chunk sizes in encoder frames, as `wer_chunk_<C>`, "
+                        "`cer_chunk_<C>`, `exact_chunk_<C>` and `latency_ms_chunk_<C>` "
+                        "(chunk plus the front end's look-ahead).")
+
+
+def streaming_latency_ms(config, chunk_size):
+    """Algorithmic latency of streaming in chunks of `chunk_size` encoder
+    frames: the chunk (4 feature frames per encoder frame) plus the front
+    end's look-ahead (the subsampling's 2 extra feature frames and half an
+    FFT window), in ms (docs/streaming.md)."""
+    samples = (4 * chunk_size + 2) * config.frame_step + config.fft_length // 2
+    return 1000.0 * samples / config.sampling_rate
 
 
 class SpeechCTC(Task):
@@ -151,8 +166,52 @@ class SpeechCTC(Task):
         from keras_attn.data import speech
 
         self.prepare()
-        return self._score(model, self._dataset("test"), speech.word_error_rate,
-                           speech.character_error_rate)
+        metrics = self._score(model, self._dataset("test"), speech.word_error_rate,
+                              speech.character_error_rate)
+        for chunk_size in self.evaluation.get("streaming_chunk_sizes", []):
+            scored = self._score_decoded(self._streamed_decoder(model, chunk_size),
+                                         self._dataset("test"), speech.word_error_rate,
+                                         speech.character_error_rate)
+            metrics.update({f"{name}_chunk_{chunk_size}": value
+                            for name, value in scored.items()})
+            metrics[f"latency_ms_chunk_{chunk_size}"] = streaming_latency_ms(
+                model.conformer_config, chunk_size)
+        return metrics
+
+    def _streamed_decoder(self, model, chunk_size):
+        """Greedy token ids of a batch streamed in pieces of one attention
+        chunk each (`chunk_size` x 4 x frame_step samples), the last padded."""
+        from keras_attn.models.conformer import ConformerStreamer
+        from keras_attn.models.conformer.conformer_model import ctc_greedy_ids
+
+        config = model.conformer_config
+        if config.chunk_size is None or config.input_type != "waveform":
+            raise ValueError(
+                "`evaluation.streaming_chunk_sizes` needs a streaming model on waveforms "
+                "(model overrides chunk_size, left_context, causal_conv and "
+                "feature_normalization='none'). Received: "
+                f"chunk_size={config.chunk_size}, input_type={config.input_type!r}")
+        streamer = ConformerStreamer(model, chunk_size=chunk_size,
+                                     left_context=config.left_context)
+        piece = chunk_size * streamer.step
+
+        def decode(inputs):
+            import keras
+
+            wave = np.asarray(inputs["waveform"], "float32")
+            lengths = np.asarray(inputs["waveform_length"], "int64")
+            width = -(-wave.shape[1] // piece) * piece
+            wave = np.pad(wave, ((0, 0), (0, width - wave.shape[1])))
+            state, logits = streamer.initial_state(len(wave)), []
+            for start in range(0, width, piece):
+                valid = np.clip(lengths - start, 0, piece).astype("int32")
+                step, state = streamer.stream_step(wave[:, start:start + piece], state, valid)
+                logits.append(keras.ops.convert_to_numpy(step))
+            step, state = streamer.flush(state)
+            logits = np.concatenate(logits + [keras.ops.convert_to_numpy(step)], axis=1)
+            return np.asarray(ctc_greedy_ids(logits, state["logit_length"]))
+
+        return decode
 
     def _score(self, model, batches, word_error_rate, character_error_rate):
         import keras
