@@ -31,7 +31,7 @@ import shutil
 import sys
 import tempfile
 
-from keras_attn.zoo.runs import recipe_paths
+from keras_attn_base.zoo_files import recipe_paths
 from keras_attn.zoo.runs import write_json
 from keras_attn.zoo.runs import write_text
 from keras_attn.zoo.tasks import TASKS
@@ -218,8 +218,55 @@ def render(root=HERE):
                 f"`keras-attn train {name}`",
             ]
             lines.append("| " + " | ".join(_cell(c) for c in cells) + " |")
+    lines += _streaming_rows(recipes, root)
     lines += _served_rows(recipes, root)
     return "\n".join(lines) + "\n"
+
+
+def _streaming_rows(recipes, root):
+    """Streaming recipes (a model with `chunk_size`): the metric of
+    decoding streamed chunk by chunk at each evaluated chunk size
+    (`<metric>_chunk_<C>` in results.json) beside the offline call with the
+    configured chunk mask and the recipe's offline counterpart (the recipe
+    named without `_streaming`), with the algorithmic latency."""
+    rows = []
+    for recipe in recipes:
+        overrides = (recipe.get("model") or {}).get("overrides") or {}
+        if overrides.get("chunk_size") is None:
+            continue
+        name, metric = recipe["name"], recipe.get("evaluation", {}).get("metric", "wer")
+        result = _load_json(os.path.join(root, "results", name + ".json"), None)
+        offline_name = name.replace("_streaming", "")
+        offline = _load_json(os.path.join(root, "results", offline_name + ".json"), None)
+        label = TASKS[recipe["task"]].metric_names.get(metric, metric)
+        metrics = (result or {}).get("metrics", {})
+        sizes = recipe.get("evaluation", {}).get("streaming_chunk_sizes", [])
+        reference = (f"{label} {_value(offline['metrics'][metric])} "
+                     f"([{offline_name}]({recipe['family']}/{offline_name}.json))"
+                     if offline else "-")
+        cells = [(f"offline, chunk mask of {overrides['chunk_size']} frames",
+                  metrics.get(metric))]
+        cells += [(f"streamed, chunks of {size} frames", metrics.get(f"{metric}_chunk_{size}"),
+                   metrics.get(f"latency_ms_chunk_{size}")) for size in sizes]
+        for cell in cells:
+            value = "not run here" if cell[1] is None else f"{label} {_value(cell[1])}"
+            latency = f"{cell[2]:.0f} ms" if len(cell) > 2 and cell[2] is not None else "-"
+            rows.append(f"| [{name}]({recipe['family']}/{name}.json) | {_cell(cell[0])} | "
+                        f"{latency} | {value} | {_cell(reference)} |")
+    if not rows:
+        return []
+    return [
+        "",
+        "## Streaming speech recognition",
+        "",
+        "Each streaming recipe's test metric decoded offline with its configured chunk mask "
+        "and streamed chunk by chunk (`ConformerCTC.stream_step`, greedy) at other chunk "
+        "sizes, beside its offline recipe. Algorithmic latency: the chunk (40 ms a frame) "
+        "plus the front end's look-ahead (36 ms at 16 kHz: docs/streaming.md).",
+        "",
+        "| variant | decoding | algorithmic latency | reached here | offline recipe |",
+        "|---|---|---|---|---|",
+    ] + rows
 
 
 def _nominal_task(recipe):
