@@ -27,6 +27,8 @@ from keras_attn._guard import check_ids
 from keras_attn.models._config import ConfigModel
 from keras_attn.models._config import config_arguments
 from keras_attn._remat import remat_scope
+from keras_attn.layers.masking import checked_positions
+from keras_attn.layers.masking import checked_segment_ids
 from keras_attn.layers.position_embedding import PositionEmbedding
 from keras_attn.layers.transformer_block import TransformerBlock
 from keras_attn.models.bert.bert_config import DEFAULT_PRESET
@@ -34,6 +36,56 @@ from keras_attn.models.bert.bert_config import BertConfig
 from keras_attn.models.bert.bert_config import get_bert_config
 
 INPUT_NAMES = ("token_ids", "segment_ids", "padding_mask")
+# Optional inputs of packed rows (docs/packing.md), outside the functional
+# graph: left out, the model runs that graph as it did before packing.
+PACKED_INPUT_NAMES = ("packed_segment_ids", "positions")
+
+
+def packed_inputs(inputs):
+    """`(packed_segment_ids, positions)` of a dict of inputs that holds
+    them, None when it holds neither; one without the other is a
+    `ValueError`."""
+    if not isinstance(inputs, dict):
+        return None
+    values = [inputs.get(name) for name in PACKED_INPUT_NAMES]
+    if all(value is None for value in values):
+        return None
+    if any(value is None for value in values):
+        raise ValueError(
+            "Invalid value for argument `inputs`: packed rows need both "
+            f"{PACKED_INPUT_NAMES[0]!r} and {PACKED_INPUT_NAMES[1]!r}. Received: "
+            f"inputs with keys {sorted(inputs)}"
+        )
+    return values
+
+
+def _encode(layer, config, token_ids, segment_ids, padding_mask,
+            packed_segment_ids=None, positions=None, training=None):
+    """The encoder on `layer(name)`'s layers: `(sequence_output,
+    pooled_output)`. It builds the functional graph (without the packed
+    inputs) and runs packed rows (with them)."""
+    token_embedding, segment_embedding = layer("token_embedding"), layer("segment_embedding")
+    tokens = _lookup_or_nan(token_embedding, token_ids, config.vocabulary_size)
+    segments = _lookup_or_nan(segment_embedding, segment_ids, config.num_segments)
+    if packed_segment_ids is None:
+        position_vectors = layer("position_embedding")(tokens)
+    else:
+        position_vectors = layer("position_embedding")(
+            tokens, positions=positions, segment_ids=packed_segment_ids)
+    x = layer("embeddings_add")([tokens, segments, position_vectors])
+    x = layer("embeddings_layer_norm")(x)
+    x = layer("embeddings_dropout")(x, training=training)
+    for i in range(config.num_layers):
+        # The int mask as given: each block reads it as booleans, and a
+        # value other than 0/1 makes that example NaN inside a graph
+        # (`keras_attn.layers.masking.checked_mask`), never a 1.
+        block = layer(f"transformer_block_{i}")
+        if packed_segment_ids is None:
+            x = block(x, padding_mask=padding_mask, training=training)
+        else:
+            x = block(x, padding_mask=padding_mask, segment_ids=packed_segment_ids,
+                      training=training)
+    return x, layer("pooled_dense")(x[:, 0, :])  # (B, T, D), (B, D)
 
 
 def bert_initializer():
@@ -81,6 +133,19 @@ class BertBackbone(GuardedModel, ConfigModel, keras.Model):
             checked (eager calls, `fit`/`predict` on arrays, the zoo's
             pipelines), and inside a compiled step every nonzero value
             counts as a real token.
+        packed_segment_ids: optional `(B, T)` int, for packed rows
+            (`keras_attn.data.pack_sequences`): 1..k for the k examples of a
+            row, 0 for padding. Not `segment_ids`, which keeps its BERT
+            meaning (sentence A/B of each example). Each example attends to
+            its own tokens only, and `padding_mask` must equal
+            `packed_segment_ids > 0`.
+        positions: optional `(B, T)` int, with `packed_segment_ids`: the
+            position of each token in its example (restarting at 0).
+
+    Every example of a packed row gets the outputs it gets alone; a packing
+    that is not valid (see `keras_attn.layers.masking.SEGMENT_RULE`) is a
+    `ValueError` in an eager call and NaN for that row inside a compiled
+    step.
 
     Outputs (a dict):
         sequence_output: `(B, T, D)`, the last block's output.
@@ -170,18 +235,11 @@ class BertBackbone(GuardedModel, ConfigModel, keras.Model):
         token_ids = keras.Input(shape=(None,), dtype="int32", name="token_ids")
         segment_ids = keras.Input(shape=(None,), dtype="int32", name="segment_ids")
         padding_mask = keras.Input(shape=(None,), dtype="int32", name="padding_mask")
-        tokens = _lookup_or_nan(token_embedding, token_ids, config.vocabulary_size)
-        segments = _lookup_or_nan(segment_embedding, segment_ids, config.num_segments)
-        x = embeddings_add([tokens, segments, position_embedding(tokens)])
-        x = embeddings_layer_norm(x)
-        x = embeddings_dropout(x)
-        for block in blocks:
-            # The int mask as given: each block reads it as booleans, and a
-            # value other than 0/1 makes that example NaN inside a graph
-            # (`keras_attn.layers.masking.checked_mask`), never a 1.
-            x = block(x, padding_mask=padding_mask)
-        sequence_output = x  # (B, T, D)
-        pooled_output = pooled_dense(x[:, 0, :])  # (B, D)
+        layers = {layer.name: layer for layer in (
+            token_embedding, segment_embedding, position_embedding, embeddings_add,
+            embeddings_layer_norm, embeddings_dropout, pooled_dense, *blocks)}
+        sequence_output, pooled_output = _encode(
+            layers.__getitem__, config, token_ids, segment_ids, padding_mask)
         super().__init__(
             inputs={
                 "token_ids": token_ids,
@@ -199,6 +257,31 @@ class BertBackbone(GuardedModel, ConfigModel, keras.Model):
         # === Config ===
         self.bert_config = config
         self.token_embedding = token_embedding
+
+    def call(self, inputs, training=None, mask=None):
+        packed = packed_inputs(inputs)
+        if packed is None:  # the functional graph, as without packing
+            return super().call(inputs, training=training, mask=mask)
+        # Eager checks that name this model's inputs (the layers check again
+        # under their own names, and make a bad row NaN inside a graph).
+        segment_ids, _ = checked_segment_ids(packed[0], "packed_segment_ids")
+        checked_positions(packed[1], segment_ids, name="positions")
+        sequence_output, pooled_output = _encode(
+            self.get_layer, self.bert_config, inputs["token_ids"], inputs["segment_ids"],
+            inputs["padding_mask"], *packed, training=training)
+        return {"sequence_output": sequence_output, "pooled_output": pooled_output}
+
+    def compute_output_spec(self, inputs, training=None, mask=None):
+        # A symbolic call with the packed inputs (BertPretrainer's packed
+        # graph) is not one the functional graph was built for: the outputs'
+        # shapes are known.
+        token_ids = inputs["token_ids"]
+        batch, length = token_ids.shape[0], token_ids.shape[1]
+        width = self.bert_config.hidden_dim
+        return {
+            "sequence_output": keras.KerasTensor((batch, length, width), self.compute_dtype),
+            "pooled_output": keras.KerasTensor((batch, width), self.compute_dtype),
+        }
 
     def input_specs(self):
         config = self.bert_config

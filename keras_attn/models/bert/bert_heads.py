@@ -1,12 +1,16 @@
-"""The masked-LM head of BERT pretraining, and a perplexity metric."""
+"""The masked-LM head of BERT pretraining, and the pooler of packed rows' next-sentence head."""
 
 import keras
+import numpy as np
 from keras import ops
+
+from keras_attn._guard import concrete_value
 
 from keras_attn._checks import check_positive_float
 from keras_attn._checks import check_positive_int
 from keras_attn._checks import get_activation
 from keras_attn.layers.activations import serialize_activation
+from keras_attn.layers.masking import nan_where
 
 
 @keras.saving.register_keras_serializable(package="keras_attn")
@@ -122,3 +126,45 @@ class BertMaskedLMHead(keras.layers.Layer):
             }
         )
         return config
+
+
+def example_pooled_outputs(sequence_output, packed_segment_ids, dense, max_segments):
+    """The pooled `[CLS]` vector of each example of packed rows, for the
+    next-sentence head: `dense` (the backbone's `pooled_dense`) on the
+    first token of segments 1..K.
+
+    ```
+    packed_segment_ids (B, T) -> first token of segments 1..K   (B, K)
+    sequence (B, T, D)        -> gather, dense (tanh)           (B, K, D)
+    ```
+
+    Args:
+        sequence_output: `(B, T, D)`.
+        packed_segment_ids: `(B, T)` int segment ids (1..k, 0 for padding),
+            checked by the backbone.
+        dense: the backbone's `pooled_dense` layer (its weights, once).
+        max_segments: K. A row with more examples is a `ValueError` where
+            its values exist and NaN for that row inside a compiled step,
+            never a dropped example.
+
+    Returns:
+        `(B, K, D)`; a slot past a row's last example repeats its first
+        example's (finite, for a label of weight 0); a row the backbone made
+        NaN stays NaN in every slot.
+    """
+    ids = ops.cast(packed_segment_ids, "int32")  # (B, T)
+    most = ops.max(ids, axis=1)  # (B,) examples in each row
+    found = concrete_value(most)
+    if found is not None and (found > max_segments).any():
+        row = int(np.argmax(found > max_segments))
+        raise ValueError(
+            "Invalid value for argument `packed_segment_ids`: a row may hold at "
+            f"most max_segments={max_segments} examples (one next-sentence "
+            f"prediction each); row {row} holds {int(found[row])}. Received: "
+            f"packed_segment_ids[{row}].max()={int(found[row])}"
+        )
+    segments = ops.arange(1, max_segments + 1, dtype="int32")  # (K,)
+    match = ops.equal(ops.expand_dims(ids, 1), ops.reshape(segments, (1, -1, 1)))
+    first = ops.cast(ops.argmax(ops.cast(match, "int32"), axis=-1), "int32")  # (B, K)
+    x = ops.take_along_axis(sequence_output, ops.expand_dims(first, -1), axis=1)  # (B, K, D)
+    return nan_where(most > max_segments, dense(x))

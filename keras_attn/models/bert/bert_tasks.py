@@ -15,9 +15,12 @@ from keras_attn._guard import check_ids
 from keras_attn._checks import check_positive_int
 from keras_attn._checks import check_rate
 from keras_attn.models._config import dtype_policy_with_quantization
+from keras_attn.models.bert.bert_backbone import PACKED_INPUT_NAMES
 from keras_attn.models.bert.bert_backbone import BertBackbone
 from keras_attn.models.bert.bert_backbone import bert_initializer
+from keras_attn.models.bert.bert_backbone import packed_inputs
 from keras_attn.models.bert.bert_heads import BertMaskedLMHead
+from keras_attn.models.bert.bert_heads import example_pooled_outputs
 from keras_attn.training.metrics import Perplexity
 
 
@@ -91,6 +94,18 @@ class BertPretrainer(_BertTask):
     Outputs: `{"mlm": (B, P, V) logits, "nsp": (B, 2) logits}`; class 1 of
     `nsp` means "B is the sentence that follows A".
 
+    Packed rows (docs/packing.md): with the backbone's optional
+    `packed_segment_ids` and `positions` inputs, `mask_positions` index the
+    packed row, and `nsp` is `(B, K, 2)`, one prediction per example of the
+    row (`K = max_segments`), from each example's own `[CLS]`; its targets
+    are `(B, K)` with sample weights 1 for the row's examples and 0 past
+    them. Each example gets the outputs, loss and gradient it gets alone.
+
+    Args:
+        backbone: a `BertBackbone`.
+        max_segments: the most examples a packed row holds (the `K` of the
+            packed `nsp` output); unused for unpacked rows.
+
     The masked-LM decoder is the backbone's token embedding table (one
     variable, tied as in the original BERT) plus an output bias.
 
@@ -108,8 +123,11 @@ class BertPretrainer(_BertTask):
     {'mlm': (None, None, 100), 'nsp': (None, 2)}
     """
 
-    def __init__(self, backbone, **kwargs):
+    _task_args = ("max_segments",)
+
+    def __init__(self, backbone, max_segments=8, **kwargs):
         backbone = _check_backbone(backbone)
+        max_segments = check_positive_int("max_segments", max_segments)
         config = backbone.bert_config
 
         # === Layers ===
@@ -146,6 +164,27 @@ class BertPretrainer(_BertTask):
 
         # === Config ===
         self.backbone = backbone
+        self.max_segments = max_segments
+
+    def call(self, inputs, training=None, mask=None):
+        packed = packed_inputs(inputs)
+        if packed is None:  # the functional graph, as without packing
+            return super().call(inputs, training=training, mask=mask)
+        backbone = self.backbone
+        outputs = backbone(
+            {name: inputs[name] for name in
+             ("token_ids", "segment_ids", "padding_mask") + PACKED_INPUT_NAMES},
+            training=training,
+        )
+        mlm = self.get_layer("mlm_head")(
+            outputs["sequence_output"],
+            inputs["mask_positions"],
+            embeddings=backbone.token_embedding.embeddings,
+        )
+        pooled = example_pooled_outputs(
+            outputs["sequence_output"], packed[0], backbone.get_layer("pooled_dense"),
+            self.max_segments)
+        return {"mlm": mlm, "nsp": self.get_layer("nsp_dense")(pooled)}
 
     def label_specs(self):
         return {
@@ -167,7 +206,9 @@ class BertPretrainer(_BertTask):
         if loss == "auto":
             loss = {
                 "mlm": _sparse_ce(reduction="mean_with_sample_weight"),
-                "nsp": _sparse_ce(),
+                # Per example: with packed rows the slots past a row's last
+                # example carry weight 0 (unpacked, every weight is 1: the mean).
+                "nsp": _sparse_ce(reduction="mean_with_sample_weight"),
             }
         if metrics == "auto":
             metrics = None
