@@ -56,6 +56,7 @@ def test_conv_module_layer(tmp_path):
     )
 
 
+@pytest.mark.slow
 def test_conformer_block_layer(tmp_path):
     run_layer_test(
         ConformerBlock,
@@ -386,6 +387,7 @@ STREAMING_OPTIONS = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(STREAMING_OPTIONS))
 def test_streaming_options_pass_the_layer_harness(name, tmp_path):
     layer_cls, init_kwargs, shape, weights = STREAMING_OPTIONS[name]

@@ -71,6 +71,7 @@ def mean_square(outputs):
     return ops.mean(ops.square(outputs))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("make", [encoder, decoder, conformer], ids=lambda f: f.__name__)
 def test_remat_gives_the_plain_outputs_gradients_and_state(make):
     plain, remat = two_blocks(make, remat=False), two_blocks(make, remat=True)

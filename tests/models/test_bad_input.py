@@ -170,6 +170,7 @@ def test_bert_bad_labels_in_a_compiled_step_change_nothing():
     _assert_step_skipped(model, x, _label(y, 3))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("where", ["source", "target", "labels"])
 def test_transformer_bad_ids_in_a_compiled_step_change_nothing(where):
     model = transformer()
@@ -180,6 +181,7 @@ def test_transformer_bad_ids_in_a_compiled_step_change_nothing(where):
                          input_error=None if where == "labels" else f"`{where}_ids` must lie in")
 
 
+@pytest.mark.slow
 def test_conformer_bad_lengths_and_labels_in_a_compiled_step_change_nothing():
     model = conformer()
     x, y = conformer_data()
@@ -197,6 +199,7 @@ def test_vit_bad_labels_in_a_compiled_step_change_nothing():
     _assert_step_skipped(model, x, _label(y, 3))
 
 
+@pytest.mark.slow
 def test_the_guard_survives_saving(tmp_path):
     model = bert_classifier()
     x, y = bert_data()
@@ -216,6 +219,7 @@ def test_mixed_float16_keeps_keras_loss_scaling():
     assert type(model.optimizer) is keras.optimizers.LossScaleOptimizer
 
 
+@pytest.mark.slow
 def test_transformer_compile_defaults_to_the_papers_loss():
     model = transformer()
     (source, target), labels = transformer_data()
@@ -269,6 +273,7 @@ def test_bert_mask_value_other_than_0_1_makes_the_compiled_answer_nan():
     np.testing.assert_allclose(bad[[0, 2, 3]], clean[[0, 2, 3]], atol=1e-6)
 
 
+@pytest.mark.slow
 def test_conformer_labels_with_a_zero_inside_in_a_compiled_step_change_nothing():
     model = conformer()
     x, y = conformer_data()
@@ -278,6 +283,7 @@ def test_conformer_labels_with_a_zero_inside_in_a_compiled_step_change_nothing()
     _assert_step_skipped(model, x, y, non_trainable=False)
 
 
+@pytest.mark.slow
 def test_conformer_labels_too_long_for_their_logits_never_reach_the_weights():
     """CTC gives a finite clipped loss for an impossible alignment (706.9 on
     TensorFlow, 99999.3 on JAX): the step is skipped instead."""

@@ -91,6 +91,7 @@ def test_logit_lengths_are_exact():
     assert out["logits"].shape[1] == max(want)
 
 
+@pytest.mark.slow
 def test_fit_lowers_the_ctc_loss():
     model = build_conformer(TINY, vocabulary_size=6, dropout=0.0, time_mask_count=0,
                             freq_mask_count=0)

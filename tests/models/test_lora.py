@@ -199,6 +199,7 @@ def test_bad_arguments(kwargs, message):
     assert not lora_layers(model)
 
 
+@pytest.mark.slow
 def test_enabling_twice_or_after_training_started_is_refused():
     model = _bert()
     enable_lora(model, rank=2)

@@ -31,6 +31,7 @@ def _seeded(family):
     return model
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("family", NAMES)
 def test_int8_reaches_every_projection_and_survives_saving(family, tmp_path):
     inputs = FAMILIES[family].inputs()
@@ -80,6 +81,7 @@ def test_int8_reaches_every_projection_and_survives_saving(family, tmp_path):
                                       keras.ops.convert_to_numpy(want), err_msg=got.path)
 
 
+@pytest.mark.slow
 @pytest.mark.tf_only
 def test_an_int8_model_exports_as_a_saved_model(tmp_path):
     import tensorflow as tf
