@@ -14,8 +14,11 @@ Run:
 
 Expect (2 CPU cores, TensorFlow backend): about 2 minutes in all (about 90 s
 of `fit`, 60 epochs of 23 steps) and 96-99% test accuracy; measured on
-2026-11-21: 96.7% (348 / 360) after 96 s with the CPU shared with a test run,
-98.6% after 86 s alone (thread scheduling makes runs differ slightly).
+2026-11-21, before the initialisation fix (every projection from the same
+draw): 96.7% (348 / 360) after 96 s with the CPU shared with a test run,
+98.6% after 86 s alone (thread scheduling makes runs differ slightly);
+2026-11-26, after it (one draw per projection): 96.4% (347 / 360), 204 s of
+`fit` on a machine at load 9 (nice 10).
 `--smoke`: about 15 s.
 """
 
