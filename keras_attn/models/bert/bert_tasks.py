@@ -186,6 +186,20 @@ class BertPretrainer(_BertTask):
             self.max_segments)
         return {"mlm": mlm, "nsp": self.get_layer("nsp_dense")(pooled)}
 
+    def compute_output_spec(self, inputs, training=None, mask=None):
+        # The outputs' shapes are known; a symbolic run of the packed path
+        # would not be the functional graph (and PyTorch's fallback for it
+        # feeds ones, which are no packing).
+        if packed_inputs(inputs) is None:
+            return super().compute_output_spec(inputs, training=training, mask=mask)
+        batch = inputs["token_ids"].shape[0]
+        dtype = self.compute_dtype
+        return {
+            "mlm": keras.KerasTensor(tuple(inputs["mask_positions"].shape)
+                                     + (self.backbone.bert_config.vocabulary_size,), dtype),
+            "nsp": keras.KerasTensor((batch, self.max_segments, 2), dtype),
+        }
+
     def label_specs(self):
         return {
             "mlm": IdSpec(0, self.backbone.bert_config.vocabulary_size, "the vocabulary"),
