@@ -12,6 +12,10 @@ from keras_attn.models.bert import BertSequenceClassifier
 from keras_attn.models.bert import build_bert
 from keras_attn.models.conformer import build_conformer
 
+# The checks run inside tf.data whatever the Keras backend (the model is read
+# for its input specs only): the JAX pass would repeat the TensorFlow pass.
+pytestmark = pytest.mark.backend_independent
+
 
 def _bert():
     backbone = build_bert("bert_tiny", vocabulary_size=30, num_layers=1, hidden_dim=8,
