@@ -137,7 +137,10 @@ def _integer_ids(name, ids, what):
 def _shifted(x, first):
     """`x` (B, T) moved one step right, with `first` at step 0: each token's
     predecessor."""
-    return ops.concatenate([ops.full_like(x[:, :1], first), x[:, :-1]], axis=1)
+    # zeros_like + first, not full_like(x, first): PyTorch's `full_like` reads
+    # a scalar back with `.item()`, which fails on the "meta" tensors Keras
+    # traces a model with before `fit`.
+    return ops.concatenate([ops.zeros_like(x[:, :1]) + first, x[:, :-1]], axis=1)
 
 
 def _verdict(bad, name, rule, values):
