@@ -154,6 +154,7 @@ def _check_hf_export(run, name, capsys):
                                    atol=1e-4)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(SMALL))
 def test_train_evaluate_export_end_to_end(name, tmp_path, capsys):
     run = tmp_path / "run"
@@ -197,6 +198,7 @@ def test_train_evaluate_export_end_to_end(name, tmp_path, capsys):
     assert "`training.optimizer.learning_rate`" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_unfinished_runs_evaluate_from_checkpoints_and_finish_without_training_again(
     tmp_path, capsys
 ):
@@ -225,6 +227,7 @@ def test_unfinished_runs_evaluate_from_checkpoints_and_finish_without_training_a
 
 # Multi-device JAX subprocesses run one at a time (the "distribute" group), so
 # that their virtual devices share the 2 cores with as little else as possible.
+@pytest.mark.slow
 @pytest.mark.xdist_group("distribute")
 def test_data_parallel_training_on_jax_exports_on_tensorflow(tmp_path, monkeypatch):
     # The GPU path of the project: train on JAX, here data parallel over two
@@ -244,6 +247,7 @@ def test_data_parallel_training_on_jax_exports_on_tensorflow(tmp_path, monkeypat
 
 # Multi-device JAX subprocesses run one at a time (the "distribute" group), so
 # that their virtual devices share the 2 cores with as little else as possible.
+@pytest.mark.slow
 @pytest.mark.xdist_group("distribute")
 def test_model_parallel_training_on_jax(tmp_path, monkeypatch):
     # 4 host devices: 2 replicas x 2 model shards (the tiny ViT's 2 heads and
