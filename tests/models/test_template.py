@@ -6,22 +6,14 @@ import inspect
 
 import pytest
 
+from _families import FAMILIES as TABLE
 from keras_attn import models
 
+# family: (config class, presets, a tiny override set that builds fast), from
+# the one table of tiny models (tests/models/_families.py).
 FAMILIES = {
-    # family: (config class, presets, a tiny override set that builds fast)
-    "bert": (models.BertConfig, models.BERT_PRESETS,
-             dict(vocabulary_size=30, num_layers=1, hidden_dim=8, num_heads=2,
-                  intermediate_dim=16)),
-    "vit": (models.ViTConfig, models.VIT_PRESETS,
-            dict(image_size=8, patch_size=4, num_layers=1, hidden_dim=8, num_heads=2,
-                 intermediate_dim=16)),
-    "transformer": (models.TransformerConfig, models.TRANSFORMER_PRESETS,
-                    dict(vocabulary_size=30, hidden_dim=8, intermediate_dim=16, num_heads=2,
-                         num_encoder_layers=1, num_decoder_layers=1)),
-    "conformer": (models.ConformerConfig, models.CONFORMER_PRESETS,
-                  dict(vocabulary_size=5, num_layers=1, hidden_dim=8, num_heads=2,
-                       intermediate_dim=16, num_mel_bins=20, freq_mask_width=8)),
+    name: (type(family.config()), getattr(models, f"{name.upper()}_PRESETS"), family.tiny)
+    for name, family in TABLE.items()
 }
 DEFAULTS = {"bert": "bert_base", "vit": "vit_base_16", "transformer": "transformer_base",
             "conformer": "conformer_small"}
