@@ -216,8 +216,8 @@ def build_parser():
                                  "(pip install keras-attn[onnx,litert]); hf: a Hugging Face "
                                  "directory (BERT and ViT runs)"}),
         (("--precision",), {"choices": ("float32", "float16", "int8"), "default": "float32",
-                            "help": "LiteRT weights: float32 (default), float16 or dynamic-range "
-                                    "int8"}))
+                            "help": "weights of the export: float32 (default), float16 "
+                                    "(onnx, litert) or int8 (litert; dynamic range)"}))
     add("list", list_command, "list the zoo's recipes",
         "List every recipe in the zoo's models/ directory with its family, preset, dataset, "
         "parameter count (models/parameters.json, or the recorded run in models/results/) and "

@@ -295,6 +295,19 @@ def test_help(command, capsys):
     assert "usage: keras-attn" in capsys.readouterr().out
 
 
+def test_export_help_names_the_formats_of_each_precision(capsys):
+    """`export --help` says which formats take which precision, as the
+    exporter decides (keras_attn.export.portable.PRECISIONS)."""
+    from keras_attn.export.portable import PRECISIONS
+
+    with pytest.raises(SystemExit):
+        cli.main(["export", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    for precision in ("float16", "int8"):
+        formats = [format for format, allowed in PRECISIONS.items() if precision in allowed]
+        assert f"{precision} ({', '.join(formats)}" in text, (precision, formats, text)
+
+
 def _python(code, cwd, **env):
     environment = dict(os.environ, PYTHONPATH=os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]))
     environment.pop("TF_CPP_MIN_LOG_LEVEL", None)
