@@ -71,6 +71,9 @@ def main(argv=None):
     parser.add_argument("--steps", type=int, default=600, help="training steps")
     parser.add_argument("--smoke", action="store_true", help="a few steps only")
     args = parser.parse_args(argv)
+    if args.smoke:
+        print("--smoke: a few steps on a sliver of the data, to check that the example "
+              "runs; the numbers printed below are not its results.", flush=True)
     steps = 5 if args.smoke else args.steps
     start = time.time()
     keras.utils.set_random_seed(0)

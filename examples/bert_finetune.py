@@ -157,6 +157,9 @@ def main():
                              "are installed)")
     parser.add_argument("--smoke", action="store_true", help="a few steps only")
     args = parser.parse_args()
+    if args.smoke:
+        print("--smoke: a few steps on a sliver of the data, to check that the example "
+              "runs; the numbers printed below are not its results.", flush=True)
     if args.formats is None:
         formats = [f for f in FORMATS if not _missing(f.rsplit("_", 1)[0])]
         for format in ("onnx", "litert"):

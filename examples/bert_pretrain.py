@@ -62,6 +62,9 @@ def main():
     parser.add_argument("--output", default="out/bert_pretrain")
     parser.add_argument("--smoke", action="store_true", help="a few steps only")
     args = parser.parse_args()
+    if args.smoke:
+        print("--smoke: a few steps on a sliver of the data, to check that the example "
+              "runs; the numbers printed below are not its results.", flush=True)
     keras.utils.set_random_seed(args.seed)
     start = time.time()
 

@@ -57,6 +57,9 @@ def main(argv=None):
     parser.add_argument("--export", default=None, help="SavedModel directory")
     parser.add_argument("--smoke", action="store_true", help="a few steps only")
     args = parser.parse_args(argv)
+    if args.smoke:
+        print("--smoke: a few steps on a sliver of the data, to check that the example "
+              "runs; the numbers printed below are not its results.", flush=True)
     keras.utils.set_random_seed(0)
     count = 64 if args.smoke else args.utterances
     epochs = 1 if args.smoke else args.epochs

@@ -67,6 +67,9 @@ def main():
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--smoke", action="store_true", help="tiny data and model, one epoch")
     args = parser.parse_args()
+    if args.smoke:
+        print("--smoke: a few steps on a sliver of the data, to check that the example "
+              "runs; the numbers printed below are not its results.", flush=True)
     keras.utils.set_random_seed(args.seed)
     model_args = dict(
         hidden_dim=128, intermediate_dim=512, num_heads=4,

@@ -47,6 +47,9 @@ def main():
     parser.add_argument("--output", default="out/vit_classify", help="directory for the rollout PNG")
     parser.add_argument("--smoke", action="store_true", help="a few steps only")
     args = parser.parse_args()
+    if args.smoke:
+        print("--smoke: a few steps on a sliver of the data, to check that the example "
+              "runs; the numbers printed below are not its results.", flush=True)
 
     keras.utils.set_random_seed(args.seed)
     train, test = load_digits_dataset(

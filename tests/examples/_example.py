@@ -31,4 +31,6 @@ def run_example(name, *args, timeout=900, **env):
     noisy = [line for line in (result.stdout + result.stderr).splitlines()
              if any(text in line for text in NOISE)]
     assert not noisy, noisy
+    if "--smoke" in args:  # a smoke run's numbers mean nothing: it says so first
+        assert result.stdout.startswith("--smoke: a few steps"), result.stdout[:300]
     return result
