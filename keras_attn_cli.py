@@ -125,10 +125,11 @@ def list_command(args):
         (row["name"], row["family"], row["preset"], row["dataset"],
          "-" if row["parameters"] is None else f"{row['parameters']:,}",
          "-" if row["expected"] is None
-         else f"{row['expected']['metric']} {row['expected']['value']:.4g}")
+         else f"{row['expected']['metric']} {row['expected']['value']:.4g}",
+         "-" if row["train_seconds"] is None else f"{row['train_seconds'] / 60:.0f} min")
         for row in list_recipes(args.family)
     ]
-    header = ("recipe", "family", "preset", "dataset", "parameters", "expected")
+    header = ("recipe", "family", "preset", "dataset", "parameters", "expected", "trained in")
     widths = [max(len(str(row[i])) for row in rows + [header]) for i in range(len(header))]
     for row in [header] + rows:
         print("  ".join(str(cell).ljust(width) for cell, width in zip(row, widths)).rstrip())
@@ -219,9 +220,9 @@ def build_parser():
                             "help": "weights of the export: float32 (default), float16 "
                                     "(onnx, litert) or int8 (litert; dynamic range)"}))
     add("list", list_command, "list the zoo's recipes",
-        "List every recipe in the zoo's models/ directory with its family, preset, dataset, "
-        "parameter count (models/parameters.json, or the recorded run in models/results/) and "
-        "expected result.", (("--family",), {"choices": recipe_families()}))
+        "List the zoo's recipes: family, preset, dataset (embedded: trains offline; tfds:...: "
+        "downloaded), parameters (models/parameters.json or the recorded run in "
+        "models/results/), expected result, and the recorded run's training time.", (("--family",), {"choices": recipe_families()}))
     return parser
 
 

@@ -67,7 +67,9 @@ def read_json(path):
 def list_recipes(family=None, directory=None):
     """One dict per zoo recipe (of `family`, if given): `name`, `family`,
     `preset`, `dataset`, `parameters` (from models/parameters.json or the
-    recorded run; None if neither has it), `expected` (or None)."""
+    recorded run; None if neither has it), `expected` (or None),
+    `train_seconds` (the recorded run's training time, with its
+    `hardware`; None where no run is recorded)."""
     directory = directory or models_directory()
     counts_path = os.path.join(directory, PARAMETERS)
     counts = read_json(counts_path) if os.path.exists(counts_path) else {}
@@ -78,15 +80,18 @@ def list_recipes(family=None, directory=None):
             continue
         count = counts.get(name)
         result_path = os.path.join(directory, "results", name + ".json")
-        if count is None and os.path.exists(result_path):
+        recorded = read_json(result_path) if os.path.exists(result_path) else {}
+        if count is None:
             # Recipes on embedded data learn their vocabulary: counted by their run.
-            count = read_json(result_path).get("parameters")
+            count = recorded.get("parameters")
         rows.append({
             "name": name, "family": recipe.get("family", "?"),
             "preset": recipe.get("model", {}).get("preset", "?"),
             "dataset": recipe.get("data", {}).get("dataset", "?"),
             "parameters": count if isinstance(count, int) else None,
             "expected": recipe.get("expected") or None,
+            "train_seconds": recorded.get("train_seconds"),
+            "hardware": recorded.get("hardware"),
         })
     return rows
 

@@ -394,7 +394,14 @@ def test_list_shows_every_recipe_and_the_parameter_counts(tmp_path, monkeypatch,
     (models / "parameters.json").write_text("{}")
     (models / "results" / "vit_tiny_digits.json").write_text(json.dumps({"parameters": 1234}))
     assert cli.main(["list"]) == 0
-    assert "1,234" in capsys.readouterr().out.splitlines()[1]
+    header, row = capsys.readouterr().out.splitlines()
+    assert "1,234" in row
+    # The recorded run's training time, where one is recorded.
+    assert header.split()[-2:] == ["trained", "in"] and row.endswith("-")
+    (models / "results" / "vit_tiny_digits.json").write_text(
+        json.dumps({"parameters": 1234, "train_seconds": 150.0}))
+    assert cli.main(["list"]) == 0
+    assert capsys.readouterr().out.splitlines()[1].endswith("2 min")
 
 
 def test_recipe_names_resolve_to_zoo_files(tmp_path):
