@@ -247,12 +247,15 @@ def _check_output(output, recipe):
     return True
 
 
-def time_left(epochs_left, times, first):
+def time_left(epochs_left, times, first, first_steady=None):
     """Seconds left for `epochs_left` epochs at the mean of `times` (epoch ->
     seconds), leaving out epoch `first` (this process's first: it includes
-    tracing and compilation) once another epoch has been timed."""
-    steady = [seconds for epoch, seconds in times.items() if epoch != first] or list(
-        times.values())
+    tracing and compilation) once another epoch has been timed. Until then,
+    `first_steady` (the first epoch's seconds at the pace of its steps after
+    the first, i.e. without the compilation), where known, stands for it."""
+    steady = [seconds for epoch, seconds in times.items() if epoch != first]
+    if not steady:
+        steady = [first_steady] if first_steady is not None else list(times.values())
     return epochs_left * sum(steady) / len(steady)
 
 
@@ -279,8 +282,10 @@ def _epoch_logger(epochs, steps, times_path, verbose):
             self.start = time.time()
             self.first = str(epoch) if self.first is None else self.first
             self.epoch = epoch
+            self.step_ends = []  # the first and the last step's end
 
         def on_train_batch_end(self, batch, logs=None):
+            self.step_ends[1:] = [time.time()]
             if self.live:
                 values = " - ".join(f"{k} {v:.4g}" for k, v in (logs or {}).items())
                 sys.stdout.write(f"\r\033[Kepoch {self.epoch + 1}/{epochs}: step "
@@ -307,10 +312,20 @@ def _epoch_logger(epochs, steps, times_path, verbose):
             values = " - ".join(f"{k} {v:.4g}" for k, v in (logs or {}).items())
             left = ""
             if epoch + 1 < epochs:
-                left = f", about {time_left(epochs - epoch - 1, times, self.first) / 60:.1f} min left"
+                left = time_left(epochs - epoch - 1, times, self.first, self._steady(seconds))
+                left = f", about {left / 60:.1f} min left"
             if self.live:
                 sys.stdout.write("\r\033[K")
             print(f"epoch {epoch + 1}/{epochs} ({seconds:.1f} s{left}): {values}", flush=True)
+
+        def _steady(self, seconds):
+            # The epoch's seconds had its first step (tracing, compilation)
+            # taken the mean time of the others; None with a single step.
+            if len(self.step_ends) < 2 or steps is None or steps < 2:
+                return None
+            first_end, last_end = self.step_ends
+            per_step = (last_end - first_end) / (steps - 1)
+            return per_step * steps + (self.start + seconds - last_end)
 
     return EpochLog()
 

@@ -22,6 +22,25 @@ def test_time_left_leaves_out_the_first_epoch_once_another_is_timed():
         2 * (60.0 + 10.0 + 14.0) / 3)
 
 
+def test_after_the_first_epoch_the_time_left_leaves_out_its_first_step(tmp_path, monkeypatch,
+                                                                      capsys):
+    """Only the first epoch timed: its first step (600 s of compilation here)
+    does not count; the other steps' pace (60 s) stands for it."""
+    clock = iter([0.0, 600.0, 660.0, 720.0, 780.0, 790.0])  # begin, 4 steps, end
+    monkeypatch.setattr(runs, "time", type("Clock", (), {"time": lambda: next(clock)}))
+    logger = runs._epoch_logger(3, 4, str(tmp_path / "times.json"), verbose=2)
+    logger.on_epoch_begin(0)
+    for batch in range(4):
+        logger.on_train_batch_end(batch, {"loss": 1.0})
+    logger.on_epoch_end(0, {"loss": 1.0})
+    # 2 epochs of 4 steps at 60 s, plus the 10 s after the last step each:
+    # 500 s, where the epoch's own 790 s would have said 26.3 min.
+    assert "(790.0 s, about 8.3 min left)" in capsys.readouterr().out
+    assert runs.time_left(2, {"0": 790.0}, first="0", first_steady=250.0) == 500.0
+    # Once a second epoch is timed, the first is left out as before.
+    assert runs.time_left(1, {"0": 790.0, "1": 240.0}, first="0", first_steady=250.0) == 240.0
+
+
 class _Terminal(io.StringIO):
     def isatty(self):
         return True
