@@ -13,6 +13,21 @@ import importlib
 
 __version__ = "0.1.0"  # also in _version.py, which the package's own modules read
 
+import os as _os  # noqa: E402
+import sys as _sys  # noqa: E402
+
+from keras_attn_base.quiet_tensorflow import holding_back_notices as _holding_back  # noqa: E402
+
+# Imported first here, Keras (and TensorFlow on its TensorFlow backend) loads
+# without the C++ start-up notices that no setting turns off (absl's, oneDNN's,
+# "Could not find cuda drivers"), and with TensorFlow's INFO lines off unless
+# TF_CPP_MIN_LOG_LEVEL says otherwise (warnings and errors still show).
+# Where Keras or TensorFlow is already imported, nothing changes.
+if "keras" not in _sys.modules and "tensorflow" not in _sys.modules:
+    _os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
+    with _holding_back():
+        import keras  # noqa: E402,F401
+
 from keras_attn import _guard  # noqa: F401,E402  (registers SkipNonFiniteSteps)
 from keras_attn import errors  # noqa: E402
 from keras_attn import layers  # noqa: E402

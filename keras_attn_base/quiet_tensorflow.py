@@ -9,6 +9,7 @@ every other line it writes is passed on. Call `import_tensorflow_quietly()`
 before Keras is imported (Keras imports TensorFlow on its TensorFlow backend).
 """
 
+import contextlib
 import importlib
 import importlib.util
 import os
@@ -44,12 +45,21 @@ def import_holding_back_notices(module):
     """Imports `module` with the process's stderr file descriptor sent to a
     temporary file, then writes back every line of it except the start-up
     notices. Only fd 2 is redirected, and only during the import."""
+    with holding_back_notices():
+        importlib.import_module(module)
+
+
+@contextlib.contextmanager
+def holding_back_notices():
+    """While the block runs, the process's stderr file descriptor goes to a
+    temporary file; after it, every line written there is passed on except
+    TensorFlow's start-up notices. Only fd 2 is redirected."""
     sys.stderr.flush()
     saved = os.dup(2)
     with tempfile.TemporaryFile() as captured:
         os.dup2(captured.fileno(), 2)
         try:
-            importlib.import_module(module)
+            yield
         finally:
             sys.stderr.flush()
             os.dup2(saved, 2)

@@ -193,3 +193,24 @@ def test_help_and_list_modules_import_no_keras():
                             cwd=ROOT, env=environment, timeout=120)
     assert result.returncode == 0, result.stderr[-2000:]
     assert result.stdout.strip() == "[]"
+
+
+def test_importing_the_package_shows_no_tensorflow_start_up_notices():
+    """`import keras_attn` first (no logging variable set, TensorFlow
+    backend) loads Keras and TensorFlow without their C++ start-up notices
+    and INFO lines; what is written to stderr after the import still shows.
+    (On JAX and PyTorch TensorFlow loads later, with keras_attn.data or
+    .export: `keras_attn_base.quiet_tensorflow.import_tensorflow_quietly()`
+    first, as the command line and the examples do.)"""
+    environment = dict(os.environ, KERAS_BACKEND="tensorflow",
+                       PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    environment.pop("TF_CPP_MIN_LOG_LEVEL", None)
+    code = ("import sys, keras_attn; import keras_attn.data.text; "
+            "print('after the import', file=sys.stderr)")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            env=environment, cwd=ROOT, timeout=600)
+    assert result.returncode == 0, result.stderr[-2000:]
+    for notice in ("absl::InitializeLog", "oneDNN custom operations",
+                   "Could not find cuda drivers", "rebuild TensorFlow"):
+        assert notice not in result.stderr, result.stderr
+    assert "after the import" in result.stderr
