@@ -275,7 +275,7 @@ def parse_distribute(value):
     )
     if not match:
         raise ValueError(
-            "`distribute` (--distribute) must be `data_parallel` or "
+            "`distribute` must be `data_parallel` or "
             "`model_parallel:MxN` (M data replicas x N model shards, e.g. "
             f"model_parallel:2x4). Received: distribute={value!r}"
         )

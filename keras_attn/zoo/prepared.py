@@ -214,7 +214,7 @@ PREPARED = DirectoryKind("a directory written by `keras-attn prepare`", _foreign
 # What `prepare` writes: an earlier prepared directory is replaced, any other
 # non-empty one refused (`keras_attn._directories`).
 def _check_replaceable(output):
-    check_replaceable(output, PREPARED, "output", "--out")
+    check_replaceable(output, PREPARED, "output")
 
 
 def _write_pass(path, batches):

@@ -465,7 +465,7 @@ def test_prepare_refuses_a_directory_it_did_not_write(prepared, tmp_path, start,
         os.mkdir(directory)
     make(directory)
     before = _contents(directory)
-    with pytest.raises(ValueError, match=re.escape(f"`output` (--out) {directory} is not empty "
+    with pytest.raises(ValueError, match=re.escape(f"`output` {directory} is not empty "
                                                    "and is not a directory written by")
                        + ".*" + re.escape(named)):
         prepared_module.prepare("vit_tiny_digits", SETTINGS["vit_tiny_digits"],
