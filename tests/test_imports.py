@@ -214,3 +214,19 @@ def test_importing_the_package_shows_no_tensorflow_start_up_notices():
                    "Could not find cuda drivers", "rebuild TensorFlow"):
         assert notice not in result.stderr, result.stderr
     assert "after the import" in result.stderr
+
+
+def test_keras_internals_are_used_in_keras_compat_only():
+    """`_keras_compat.py` holds every use of Keras's private walks and
+    values: no other module calls `_flatten_layers` or reads `._value`."""
+    private = {"_flatten_layers", "_value"}
+    found = []
+    for _, path in _modules():
+        if os.path.basename(path) == "_keras_compat.py":
+            continue
+        with open(path) as file:
+            tree = ast.parse(file.read())
+        found += [f"{os.path.relpath(path, ROOT)}:{node.lineno} .{node.attr}"
+                  for node in ast.walk(tree)
+                  if isinstance(node, ast.Attribute) and node.attr in private]
+    assert not found, found

@@ -297,7 +297,9 @@ def _refuse_quantized(serving):
     """The TensorFlow Lite converter cannot take Keras's quantized layers
     (their int8 kernels go into a BatchMatMul it refuses, a raw MLIR
     `ConverterError`): named here, before the conversion."""
-    for layer in serving._flatten_layers():
+    from keras_attn._keras_compat import sublayers
+
+    for layer in sublayers(serving):
         mode = getattr(layer, "quantization_mode", None) or getattr(
             getattr(layer, "dtype_policy", None), "quantization_mode", None)
         if mode:
