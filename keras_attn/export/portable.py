@@ -105,7 +105,7 @@ def _default_axes(shape):
 
 
 def _contract(serving, format, precision, preprocessing, axes=None):
-    from keras_attn import __version__
+    from keras_attn._version import __version__
 
     # Keras flattens a dict of outputs in sorted key order, as tf2onnx does.
     names = sorted(serving.output) if isinstance(serving.output, dict) else ["probabilities"]
