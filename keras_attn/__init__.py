@@ -11,7 +11,7 @@ imported on first use (`keras_attn.export` is TensorFlow only).
 
 import importlib
 
-__version__ = "0.1.0"  # also in _version.py, which the package's own modules read
+from keras_attn._version import __version__  # stated once, there (setup.cfg reads it too)
 
 import os as _os  # noqa: E402
 import sys as _sys  # noqa: E402

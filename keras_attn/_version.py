@@ -1,11 +1,10 @@
-"""The package's version, in a module that imports nothing: modules inside
-the package read it here (a checkpoint records it) rather than from
-`keras_attn`, whose `__init__` imports them.
+"""The package's version, stated once, in a module that imports nothing.
 
-`keras_attn/__init__.py` states it again as a literal because setup.cfg's
-`version = attr: keras_attn.__version__` reads that line without running
-the package (a build environment has no Keras); tests/test_imports.py checks
-that the two agree.
+setup.cfg reads it here (`version = attr: keras_attn._version.__version__`,
+which setuptools evaluates from this file alone: a build environment has no
+Keras), `keras_attn/__init__.py` re-exports it, and the package's own modules
+import it from here rather than from `keras_attn`, whose `__init__` imports
+them.
 """
 
 __version__ = "0.1.0"

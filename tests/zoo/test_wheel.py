@@ -13,6 +13,7 @@ import pytest
 
 from _tiny import ROOT
 from _tiny import tiny_overrides
+from keras_attn._version import __version__
 
 # One worker builds the wheel once for both tests (module fixture).
 pytestmark = [pytest.mark.backend_independent, pytest.mark.xdist_group("wheel")]
@@ -44,7 +45,8 @@ def installed(tmp_path_factory):
     shutil.copytree(os.path.join(ROOT, "models"), source / "models", ignore=ignore)
     _run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--quiet", "-w", base / "dist",
           source], cwd=base)
-    (wheel,) = (base / "dist").glob("keras_attn-*.whl")
+    # Named with the package's version (setup.cfg reads keras_attn/_version.py).
+    (wheel,) = (base / "dist").glob(f"keras_attn-{__version__}-py3-none-any.whl")
     site = base / "site"
     _run([sys.executable, "-m", "pip", "install", "--no-deps", "--quiet", "--target", site,
           wheel], cwd=base)
