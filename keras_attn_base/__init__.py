@@ -14,4 +14,6 @@ standard library only (`tests/test_imports.py` checks it).
   names of a run directory's files.
 - `keras_attn_base.quiet_tensorflow`: `import_tensorflow_quietly`,
   `tensorflow_installed`.
+- `keras_attn_base.command_line`: the `keras-attn` subcommands' arguments
+  (`build_parser`), which the launcher (`keras_attn_cli`) parses with.
 """
