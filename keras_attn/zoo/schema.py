@@ -175,6 +175,10 @@ class Data(Section):
                 except pydantic_core.PydanticCustomError as error:
                     raise key_error("dataset", error.context["expectation"], dataset) from None
             kind = dataset_kind(dataset)
+            if "packing" in value and "packing" not in cls.model_fields:
+                raise key_error("packing", "is not taken by this task: packed rows train the "
+                                           "masked_lm task only (docs/packing.md)",
+                                value["packing"])
             for key, info in cls.model_fields.items():
                 only = only_for(info)
                 if only is not None and only != kind and key in value:
