@@ -7,6 +7,12 @@ training sentences (the model's vocabulary is its size), next-sentence pairs
 are drawn once with the seed. Training batches of epoch e: a permutation
 keyed by (seed, e) and masks drawn by stateless ops keyed by seed, e and the
 batch index (15% of tokens, 80/10/10). Held-out masks are fixed (epoch 0).
+With `data.packing`, the training examples of epoch e are packed into rows
+of `sequence_length` (`keras_attn.data.pack_sequences`, best-fit decreasing
+over the whole epoch keyed by (seed, e)) with BERT's packed inputs
+(`packed_segment_ids`, `positions`, one NSP target per example); the
+validation and test batches stay padded, one example per row, so the
+metrics are those of the padded recipe (docs/packing.md).
 Metrics: held-out masked-LM loss, accuracy and perplexity, NSP accuracy.
 Export: the pretrainer, `serve(token_ids, segment_ids, padding_mask,
 mask_positions) -> {"mlm": (B, P, V) logits, "nsp": (B, 2) logits}`; the
@@ -25,6 +31,8 @@ from keras_attn.zoo.tasks.base import Task
 from keras_attn.zoo.tasks.base import batch_count
 
 INPUTS = ("token_ids", "segment_ids", "padding_mask", "mask_positions")
+# The pretrainer's NSP slots per row when nothing is packed (its default).
+UNPACKED_MAX_SEGMENTS = 8
 
 
 class MaskedLMData(schema.Data):
@@ -48,6 +56,21 @@ class MaskedLMData(schema.Data):
     text_key: str = field("text", only="tfds", description="The feature with the text.")
     max_documents: Optional[int] = field(
         None, ge=1, description="Read only the first ones (null: all; quick experiments).")
+    packing: bool = field(
+        False, description="Train on packed rows: each epoch's examples packed into rows of "
+                           "`sequence_length` (best-fit decreasing over the epoch, a function "
+                           "of the seed and the epoch; `training.batch_size` counts rows), "
+                           "with BERT's packed inputs. Validation and test stay padded, one "
+                           "example per row: the metrics mean what they mean unpacked.")
+
+    @pydantic.model_serializer(mode="wrap")
+    def _without_the_other_kind(self, handler):
+        # Unpacked recipes resolve as before (the same fingerprint: their
+        # runs resume, their prepared data is still theirs).
+        dumped = schema.Data._without_the_other_kind(self, handler)
+        if not dumped.get("packing"):
+            dumped.pop("packing", None)
+        return dumped
 
     @pydantic.field_validator("validation_documents")
     @classmethod
@@ -126,6 +149,104 @@ class MaskedLM(Task):
                 f"Received: data.sequence_length={data['sequence_length']}"
             )
         self.model_config = config
+        self.max_segments = UNPACKED_MAX_SEGMENTS
+        if data["packing"]:
+            self._pack_training_examples()
+
+    # === Packed training rows ===
+
+    def _pack_training_examples(self):
+        """Tokenizes the training pairs once (`[CLS] A [SEP] B [SEP]` cut to
+        `sequence_length`, as the padded pipeline does), and sets the rows
+        per epoch and the NSP slots per row. Every epoch packs the same
+        multiset of lengths in one buffer, and best-fit decreasing decides
+        from the sorted lengths alone: every epoch has the same number of
+        rows with the same numbers of examples, in other places."""
+        from keras_attn.data import pack_rows
+        from keras_attn.data import text
+
+        pack = text.pack_pairs(self.tokenizer, self.data["sequence_length"])
+        first, second, labels = self.train_pairs
+        tokens, sentences, lengths = [], [], []
+        for start in range(0, len(labels), 1024):
+            token_ids, segment_ids, padding_mask = pack(
+                np.asarray(first[start:start + 1024]), np.asarray(second[start:start + 1024]))
+            tokens.append(np.asarray(token_ids))
+            sentences.append(np.asarray(segment_ids))
+            lengths.append(np.asarray(padding_mask).sum(axis=1))
+        lengths = np.concatenate(lengths)
+        tokens, sentences = np.concatenate(tokens), np.concatenate(sentences)
+        self.train_examples = [np.stack([tokens[i, :n], sentences[i, :n]], axis=1)
+                               for i, n in enumerate(lengths)]
+        self.train_labels = np.asarray(labels, "int32")
+        rows = pack_rows(lengths, self.data["sequence_length"], buffer_size=len(lengths),
+                         seed=self.seed, epoch=0)
+        self.max_segments = max(len(row) for row in rows)
+        self.batches_per_epoch = batch_count(len(rows), self.batch_size)
+
+    def packed_epoch(self, epoch):
+        """Epoch `epoch`'s packed rows before masking (NumPy): `token_ids`,
+        `segment_ids` (sentence A/B), `packed_segment_ids`, `positions`
+        `(R, sequence_length)`, `nsp` and `nsp_weights` `(R, max_segments)`
+        and `example_ids` (the training pair of each NSP slot, -1 past a
+        row's last)."""
+        from keras_attn.data import pack_sequences
+
+        self.prepare()
+        packed = pack_sequences(self.train_examples, self.data["sequence_length"],
+                                buffer_size=len(self.train_examples), seed=self.seed,
+                                epoch=epoch, max_segments=self.max_segments)
+        rows = len(packed["segment_ids"])
+        if batch_count(rows, self.batch_size) != self.batches_per_epoch:
+            raise RuntimeError(f"Epoch {epoch} packs into {rows} rows, epoch 0 into another "
+                               f"number of batches ({self.batches_per_epoch}).")
+        example_ids = np.full((rows, self.max_segments), -1, "int64")
+        example_ids[:, : packed["example_ids"].shape[1]] = packed["example_ids"]
+        present = example_ids >= 0
+        return {
+            "token_ids": packed["inputs"][..., 0].astype("int32"),
+            "segment_ids": packed["inputs"][..., 1].astype("int32"),
+            "packed_segment_ids": packed["segment_ids"],
+            "positions": packed["positions"],
+            "nsp": np.where(present, self.train_labels[np.maximum(example_ids, 0)], 0)
+            .astype("int32"),
+            "nsp_weights": present.astype("float32"),
+            "example_ids": example_ids,
+        }
+
+    def _packed_dataset(self, epoch):
+        """Epoch `epoch`'s packed batches `(x, y, sample_weight)`, masked
+        as the padded pipeline masks (the stateless draws keyed by seed,
+        epoch and batch; `[CLS]` / `[SEP]` of every example left alone)."""
+        import tensorflow as tf
+
+        from keras_attn.data import text
+
+        rows = self.packed_epoch(epoch)
+        mask_tokens = text.dynamic_masking(self.tokenizer, self.data["mask_rate"],
+                                           self.max_predictions, seed=self.seed)
+        key = tf.constant([self.seed, epoch], tf.int64)
+
+        def to_batch(index, batch):
+            masked = mask_tokens(batch["token_ids"],
+                                 tf.random.experimental.stateless_fold_in(key, index))
+            x = {
+                "token_ids": tf.cast(masked["token_ids"], "int32"),
+                "segment_ids": batch["segment_ids"],
+                "padding_mask": tf.cast(batch["packed_segment_ids"] > 0, "int32"),
+                "mask_positions": tf.cast(masked["mask_positions"], "int32"),
+                "packed_segment_ids": batch["packed_segment_ids"],
+                "positions": batch["positions"],
+            }
+            y = {"mlm": tf.cast(masked["mask_ids"], "int32"), "nsp": batch["nsp"]}
+            weight = {"mlm": tf.cast(masked["mask_weights"], "float32"),
+                      "nsp": batch["nsp_weights"]}
+            return x, y, weight
+
+        rows.pop("example_ids")
+        dataset = tf.data.Dataset.from_tensor_slices(rows).batch(self.batch_size).enumerate()
+        return dataset.map(to_batch, num_parallel_calls=tf.data.AUTOTUNE).prefetch(
+            tf.data.AUTOTUNE)
 
     def _dataset(self, pairs, epoch, shuffle):
         from keras_attn.data import text
@@ -138,6 +259,8 @@ class MaskedLM(Task):
 
     def train_dataset_fn(self, epoch):
         self.prepare()
+        if self.data["packing"]:
+            return self._packed_dataset(epoch)
         return self._dataset(self.train_pairs, epoch, shuffle=True)
 
     def validation_data(self):
@@ -153,13 +276,14 @@ class MaskedLM(Task):
     # Prepared data: every epoch's masked batches as the pipeline made them.
     def prepared_state(self):
         return dict(super().prepared_state(), vocabulary=list(self.vocabulary),
-                    max_predictions=self.max_predictions)
+                    max_predictions=self.max_predictions, max_segments=self.max_segments)
 
     def use_prepared(self, state):
         from keras_attn.models.bert import get_bert_config
 
         self.vocabulary = state["vocabulary"]
         self.max_predictions = state["max_predictions"]
+        self.max_segments = state.get("max_segments", UNPACKED_MAX_SEGMENTS)
         overrides = dict(self.recipe["model"]["overrides"], vocabulary_size=len(self.vocabulary))
         self.model_config = get_bert_config(self.recipe["model"]["preset"], **overrides)
         super().use_prepared(state)
@@ -169,10 +293,11 @@ class MaskedLM(Task):
         from keras_attn.models.bert import build_bert
 
         backbone = build_bert(preset, vocabulary_size=len(self.vocabulary), **overrides)
-        return BertPretrainer(backbone)
+        return BertPretrainer(backbone, max_segments=self.max_segments)
 
     def assume_data_sizes(self):
         self.vocabulary = [None] * self.data["vocabulary_size"]  # the size asked for
+        self.max_segments = UNPACKED_MAX_SEGMENTS  # NSP slots: no weights
 
     def compile_arguments(self, model):
         return {}  # BertPretrainer.compile fills in its losses and metrics
