@@ -6,6 +6,7 @@ keras-attn train RECIPE [--set key=value ...] [--output DIR] [--distribute [MODE
 keras-attn prepare RECIPE [--set key=value ...] [--out DIR]
 keras-attn evaluate RUN_DIR [--json] [--exported DIR]
 keras-attn export RUN_DIR [--output PATH] [--format saved_model|onnx|litert|hf] [--precision P]
+keras-attn transcribe RUN_DIR AUDIO.wav [--stream [--chunk-ms N]]
 keras-attn list [--family F]
 ```
 
@@ -120,6 +121,28 @@ def export(args):
     return 0
 
 
+def transcribe(args):
+    _runs()  # TensorFlow, quietly
+    from keras_attn.zoo.transcribe import Transcriber
+    from keras_attn.zoo.transcribe import transcribe as transcribe_file
+
+    if not args.stream:
+        print(transcribe_file(args.run_dir, args.audio, chunk_ms=args.chunk_ms))
+        return 0
+    # A line per piece that changes the text, or on a terminal one line
+    # rewritten in place; the final text alone on the last line either way.
+    terminal, shown = sys.stdout.isatty(), ""
+    for partial in Transcriber(args.run_dir).stream(args.audio, args.chunk_ms):
+        if partial.final:
+            print(("\r\033[K" if terminal else "") + partial.text)
+        elif partial.text != shown:
+            line = f"[{partial.seconds:6.2f} s] {partial.text}"
+            print("\r\033[K" + line if terminal else line, end="" if terminal else "\n",
+                  flush=True)
+            shown = partial.text
+    return 0
+
+
 def list_command(args):
     rows = [
         (row["name"], row["family"], row["preset"], row["dataset"],
@@ -142,7 +165,8 @@ def list_command(args):
 def build_parser():
     """The parser of every subcommand (declared in keras_attn_base.command_line)."""
     return command_line.build_parser({"train": train, "prepare": prepare, "evaluate": evaluate,
-                                      "export": export, "list": list_command})
+                                      "export": export, "transcribe": transcribe,
+                                      "list": list_command})
 
 
 def main(argv=None):

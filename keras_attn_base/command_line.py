@@ -97,6 +97,17 @@ def build_parser(handlers):
         (("--precision",), {"choices": ("float32", "float16", "int8"), "default": "float32",
                             "help": "weights of the export: float32 (default), float16 "
                                     "(onnx, litert) or int8 (litert; dynamic range)"}))
+    add("transcribe", "print the transcript of a WAV file (speech runs)",
+        "Transcribe a mono PCM WAV file (16-, 24- or 32-bit; resampled to the model's rate) with "
+        "a speech run's model, greedy CTC, whole or (--stream) fed chunk by chunk with partial "
+        "results as the text grows (a line each when piped, one line rewritten on a terminal); "
+        "the last line is the transcript.", run_dir,
+        (("audio",), {"metavar": "AUDIO", "help": "a WAV file"}),
+        (("--stream",), {"action": "store_true", "help": "stream the file chunk by chunk "
+                         "(a run trained for streaming: a recipe with chunk_size)"}),
+        (("--chunk-ms",), {"type": int, "metavar": "N", "help": "with --stream: milliseconds "
+                           "of audio per step, a multiple of the model's 40 ms step (default: "
+                           "its attention chunk, 320 ms for conformer_tiny_digits_streaming)"}))
     add("list", "list the zoo's recipes",
         "List the zoo's recipes: family, preset, dataset (embedded: trains offline; tfds:...: "
         "downloaded), parameters (models/parameters.json or the recorded run in "

@@ -1,0 +1,243 @@
+"""Transcribe a WAV file with a trained speech run (`keras-attn transcribe`).
+
+```
+from keras_attn.zoo.transcribe import Transcriber
+
+recognizer = Transcriber("runs/conformer_tiny_digits_streaming")
+recognizer.transcribe("audio.wav")                         # '407'
+for partial in recognizer.stream("audio.wav", chunk_ms=320):
+    print(partial.seconds, partial.text, partial.final)    # 0.32 '4' False ...
+```
+
+The WAV file is read with the standard library's `wave`: integer PCM of
+16, 24 or 32 bits, one channel. A stereo file is refused rather than mixed
+down (two channels out of phase cancel in a mix; `sox in.wav -c 1 out.wav`
+says what the user wants); 8-bit PCM is refused because its quantisation
+noise (-48 dB) sits far above the silence of the 16-bit audio the models
+learn from, which a model on raw decibels (the streaming recipe) reads as
+sound. A file at another sample rate is resampled to the model's with
+`scipy.signal.resample_poly` (a polyphase filter, as the embedded data's
+synthesis does). The file is read whole, then fed to the model chunk by
+chunk as a live source would deliver it.
+
+Decoding is greedy CTC in both modes. Streaming (`stream`) needs a model
+trained for it (`chunk_size` in its recipe); an offline model is refused
+by name, since its attention and convolution read the whole utterance (a
+caller who wants partial results from it re-runs it on the growing prefix,
+what benchmarks/streaming.py measures). The model attends in chunks of the
+recipe's `chunk_size` whatever `chunk_ms` is, so the streamed text is the
+offline text of the same model, exactly.
+"""
+
+import dataclasses
+import math
+import os
+import wave
+
+import numpy as np
+
+from keras_attn_base.zoo_files import MODEL
+from keras_attn_base.zoo_files import RECIPE
+
+_SAMPLE_WIDTHS = {2: "<i2", 4: "<i4"}  # 3 bytes (24-bit) is unpacked by hand
+
+
+def read_wav(audio):
+    """`(samples, sampling_rate)` of the mono integer-PCM WAV file `audio`:
+    float32 samples in [-1, 1). ValueErrors name the file and what it holds
+    (not a WAV file, stereo, 8-bit, compressed)."""
+    try:
+        with wave.open(os.fspath(audio), "rb") as reader:
+            channels, width = reader.getnchannels(), reader.getsampwidth()
+            rate, count = reader.getframerate(), reader.getnframes()
+            data = reader.readframes(count)
+    except (wave.Error, EOFError) as error:
+        # wave.Error: no RIFF/WAVE header, a compressed format (format tag
+        # other than PCM); EOFError: an empty or cut header.
+        raise ValueError(
+            f"Invalid value for argument `audio`: {audio} is not a readable PCM WAV file "
+            f"({type(error).__name__}: {error or 'the file ends inside its header'}). "
+            f"Received: audio={os.fspath(audio)!r}"
+        ) from None
+    if channels != 1:
+        raise ValueError(
+            f"Invalid value for argument `audio`: {audio} has {channels} channels; the model "
+            "hears one (mix it down to mono first, e.g. `sox in.wav -c 1 out.wav`: a mix of "
+            "channels out of phase cancels, so it is not done silently). "
+            f"Received: audio={os.fspath(audio)!r} with {channels} channels"
+        )
+    if width not in (2, 3, 4):
+        raise ValueError(
+            f"Invalid value for argument `audio`: {audio} holds {8 * width}-bit samples; "
+            "16-, 24- or 32-bit PCM is read (8-bit quantisation noise, -48 dB, is far above "
+            "the silence the models were trained on: convert with `sox in.wav -b 16 out.wav`). "
+            f"Received: audio={os.fspath(audio)!r} with sample width {width} bytes"
+        )
+    if width == 3:  # 24-bit little-endian: put each sample in the top of an int32
+        raw = np.frombuffer(data, np.uint8).reshape(-1, 3)
+        padded = np.zeros((len(raw), 4), np.uint8)
+        padded[:, 1:] = raw
+        samples = padded.view("<i4")[:, 0]
+        width = 4
+    else:
+        samples = np.frombuffer(data, _SAMPLE_WIDTHS[width])
+    scale = float(2 ** (8 * width - 1))
+    return (samples.astype("float64") / scale).astype("float32"), rate
+
+
+def resample(samples, rate, target_rate):
+    """`samples` at `rate` Hz resampled to `target_rate` Hz (polyphase
+    filter, `scipy.signal.resample_poly`); the same array when they agree."""
+    if rate == target_rate:
+        return samples
+    from scipy.signal import resample_poly
+
+    divisor = math.gcd(int(rate), int(target_rate))
+    return resample_poly(samples, target_rate // divisor, rate // divisor).astype("float32")
+
+
+@dataclasses.dataclass(frozen=True)
+class Partial:
+    """What a stream has said after `seconds` of audio: `text` so far;
+    `final` on the last one (after the end-of-stream flush)."""
+
+    seconds: float
+    text: str
+    final: bool = False
+
+
+class Transcriber:
+    """A trained speech run's model, ready to transcribe files.
+
+    Args:
+        run_dir: a run directory of a `speech_ctc` recipe (`keras-attn
+            train`): its model.keras, or its newest checkpoint when the run
+            has not finished.
+    """
+
+    def __init__(self, run_dir):
+        from keras_attn_base.zoo_files import read_json
+        from keras_attn.zoo.recipe import validate_recipe
+        from keras_attn.zoo.runs import load_run
+        from keras_attn.zoo.tasks import make_task
+
+        if not os.path.isfile(os.path.join(run_dir, RECIPE)):
+            raise ValueError(f"Invalid value for argument `run_dir`: {run_dir} is not a run "
+                             f"directory (it has no {RECIPE}). Received: run_dir={run_dir!r}")
+        recipe = validate_recipe(read_json(os.path.join(run_dir, RECIPE)))
+        if recipe["task"] != "speech_ctc":
+            raise ValueError(
+                f"Invalid value for argument `run_dir`: transcribing needs a speech run "
+                f"(task speech_ctc); {run_dir} is a {recipe['task']} run of "
+                f"{recipe['name']}. Received: run_dir={run_dir!r}")
+        task = make_task(recipe)
+        if os.path.isfile(os.path.join(run_dir, MODEL)):
+            # model.keras alone: the task's load_model would make the data set.
+            import importlib
+
+            import keras
+
+            importlib.import_module("keras_attn.models.conformer")  # registers the classes
+            self.model = keras.saving.load_model(os.path.join(run_dir, MODEL), compile=False)
+        else:
+            _, task, self.model, _ = load_run(run_dir)
+        task.assume_data_sizes()
+        self.vocabulary = task.vocabulary
+        self.name = recipe["name"]
+        self.config = self.model.conformer_config
+        if self.config.input_type != "waveform":
+            raise ValueError(f"Invalid value for argument `run_dir`: {run_dir}'s model reads "
+                             f"features, not audio. Received: run_dir={run_dir!r}")
+        self.sampling_rate = self.config.sampling_rate
+
+    @property
+    def streaming(self):
+        """Whether the model was trained to stream (a recipe with chunk_size)."""
+        return self.config.chunk_size is not None
+
+    @property
+    def step_ms(self):
+        """The stream's step: one encoder frame (4 feature frames), in ms."""
+        return 1000.0 * 4 * self.config.frame_step / self.sampling_rate
+
+    def load(self, audio):
+        """The samples of the WAV file `audio` at the model's rate."""
+        samples, rate = read_wav(audio)
+        if not len(samples):
+            raise ValueError(f"Invalid value for argument `audio`: {audio} holds no samples. "
+                             f"Received: audio={os.fspath(audio)!r}")
+        return resample(samples, rate, self.sampling_rate)
+
+    def text(self, ids):
+        from keras_attn.data.speech import decode_ids
+
+        return decode_ids([int(i) for i in np.asarray(ids).reshape(-1)], self.vocabulary)
+
+    def transcribe(self, audio):
+        """The greedy transcript of the WAV file `audio`, whole-utterance."""
+        samples = self.load(audio)
+        decoded = self.model.decode({"waveform": samples[None],
+                                     "waveform_length": np.array([len(samples)], "int32")})
+        return self.text(np.asarray(decoded))
+
+    def chunk_samples(self, chunk_ms):
+        """Samples per piece of `chunk_ms` ms; a ValueError naming the valid
+        values where it is not a whole number of the model's steps."""
+        step = 4 * self.config.frame_step
+        valid = [k * self.step_ms for k in range(1, 5)]
+        shown = ", ".join(f"{v:g}" for v in valid)
+        samples = chunk_ms * self.sampling_rate / 1000.0 if isinstance(
+            chunk_ms, (int, float)) and not isinstance(chunk_ms, bool) else None
+        if samples is None or samples <= 0 or samples != int(samples) or int(samples) % step:
+            raise ValueError(
+                f"Invalid value for argument `chunk_ms`: a multiple of the model's step, "
+                f"{self.step_ms:g} ms ({step} samples at {self.sampling_rate} Hz): {shown}, "
+                f"... Received: chunk_ms={chunk_ms!r}")
+        return int(samples)
+
+    def stream(self, audio, chunk_ms=None):
+        """Partial transcripts of the WAV file `audio` fed in pieces of
+        `chunk_ms` ms (default: the model's attention chunk), one `Partial`
+        per piece and a final one after the flush.
+
+        The model attends in chunks of its recipe's `chunk_size` whatever
+        `chunk_ms` is: text appears as each such chunk completes, and the
+        final text is the offline transcript's.
+        """
+        if not self.streaming:
+            raise ValueError(
+                f"Invalid value for argument `stream`: {self.name} was not trained for "
+                "streaming (its model has no chunk_size; its attention reads the whole "
+                "utterance): transcribe it whole (stream=False), or train a streaming recipe "
+                "such as conformer_tiny_digits_streaming. Received: stream=True")
+        if chunk_ms is None:
+            chunk_ms = self.config.chunk_size * self.step_ms
+        piece = self.chunk_samples(chunk_ms)
+        samples = self.load(audio)
+        state = self.model.initial_state(1)
+        ids = []
+        for start in range(0, max(len(samples), 1), piece):
+            chunk = samples[start:start + piece]
+            valid = len(chunk)
+            chunk = np.pad(chunk, (0, piece - valid))[None]
+            outputs, state = self.model.stream_step(chunk, state,
+                                                    np.array([valid], "int32"))
+            ids.extend(np.asarray(outputs["token_ids"]).reshape(-1).tolist())
+            yield Partial((start + valid) / self.sampling_rate, self.text(ids))
+        outputs, state = self.model.flush(state)
+        ids.extend(np.asarray(outputs["token_ids"]).reshape(-1).tolist())
+        yield Partial(len(samples) / self.sampling_rate, self.text(ids), final=True)
+
+
+def transcribe(run_dir, audio, stream=False, chunk_ms=None):
+    """The greedy transcript of the WAV file `audio` by the run `run_dir`,
+    whole-utterance or (`stream`) streamed in pieces of `chunk_ms` ms; for
+    the partial results, iterate `Transcriber(run_dir).stream(audio)`."""
+    recognizer = Transcriber(run_dir)
+    if not stream:
+        if chunk_ms is not None:
+            raise ValueError("Invalid value for argument `chunk_ms`: it sizes the pieces of a "
+                             f"stream (stream=True). Received: chunk_ms={chunk_ms!r}")
+        return recognizer.transcribe(audio)
+    *_, last = recognizer.stream(audio, chunk_ms)
+    return last.text
