@@ -150,7 +150,7 @@ class MaskedLM(Task):
             )
         self.model_config = config
         self.max_segments = UNPACKED_MAX_SEGMENTS
-        if data["packing"]:
+        if data.get("packing"):  # absent when false (the resolved recipe leaves it out)
             self._pack_training_examples()
 
     # === Packed training rows ===
@@ -259,7 +259,7 @@ class MaskedLM(Task):
 
     def train_dataset_fn(self, epoch):
         self.prepare()
-        if self.data["packing"]:
+        if self.data.get("packing"):
             return self._packed_dataset(epoch)
         return self._dataset(self.train_pairs, epoch, shuffle=True)
 
