@@ -134,7 +134,7 @@ def _contract(serving, format, precision, preprocessing, axes=None):
 
 
 def export_portable(serving, path, format, precision="float32", preprocessing=None,
-                    files=None, verbose=False, axes=None):
+                    files=None, verbose=False, axes=None, extra=None):
     """Writes the functional Keras model `serving` as ONNX or LiteRT into
     the directory `path` with `serving.json` (atomically).
 
@@ -154,6 +154,8 @@ def export_portable(serving, path, format, precision="float32", preprocessing=No
             have the same size in every input naming them (the text
             classifier's "length"). Default: axis 0 of each input is
             "batch".
+        extra: JSON-able `{key: value}` added to the contract (the
+            streaming step's state layout); a key it already has is refused.
 
     Returns:
         `path`.
@@ -183,6 +185,10 @@ def export_portable(serving, path, format, precision="float32", preprocessing=No
     if format == "litert":
         _refuse_quantized(serving)
     contract = _contract(serving, format, precision, preprocessing or {}, axes)
+    taken = sorted(set(extra or {}) & (set(contract) | {"sha256", "run"}))
+    if taken:
+        raise ValueError(f"`extra` must not replace the contract's own keys. Received: {taken}")
+    contract.update(extra or {})
 
     path = os.path.abspath(os.fspath(path))
     # A file, a link, or a directory that is not an earlier ONNX / LiteRT

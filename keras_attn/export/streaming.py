@@ -1,0 +1,283 @@
+"""The streaming step of a `ConformerCTC` as a stateful ONNX or LiteRT
+model of fixed shapes, for a device that has no TensorFlow:
+
+```
+chunk (B, n) float32, chunk_length (B,) int32, state tensors
+  -> logits (B, C, V + 1), token_ids (B, C) int32 (-1: none), next state tensors
+```
+
+`n = chunk_size x 4 x frame_step` samples (one attention chunk of `C =
+chunk_size` encoder frames). The step is the Keras streaming code
+(`ConformerStreamer`): `LogMelFeatures`'s frames (the STFT as a
+convolution, as in the offline export), `ConvSubsampling`, each
+`ConformerBlock.stream_step` and the CTC head, with the greedy decoding of
+`ConformerCTC.stream_step`. Keras's step carries state of varying length
+(nothing before the first chunk, the samples, feature frames and encoder
+frames still waiting after it); the exported one carries their steady
+lengths from the start, the first chunk's missing part as masked frames:
+
+- `log_mel_samples` `(B, R)`: the samples the next frames' windows still
+  need; before the first chunk the step puts `d` frames' worth of zeros and
+  the reflection that centres the STFT there, the `d` frames (`next_frame`
+  < 0) masked;
+- `subsampling_frames` / `_mask` `(B, S, mels)` / `(B, S)`, `encoder_frames`
+  / `_mask` `(B, P, D)` / `(B, P)`: frames received and not yet used;
+- `block_<i>_key` / `_value` `(B, L, N, H)`, `_mask` `(B, L)`, `_conv`
+  `(B, K - 1, C')`: each block's attention and convolution caches;
+- `log_mel_length` (samples so far), `log_mel_next_frame`, `ended`,
+  `logit_length` (real encoder frames so far), `decoder_last` (the last
+  frame's greedy token, so a token repeated across chunks is emitted once).
+
+So the exported step's `k`-th output is the `k`-th non-empty output of
+Keras's `stream_step` (the first call's output is one chunk of masked
+frames, no tokens): the same tokens. The end of a stream: the last chunk
+zero-padded with its valid samples in `chunk_length` (a row that ends
+stays ended), then `flush_chunks` chunks of zeros with `chunk_length` 0.
+
+`serving.json` records all of it under `"streaming"` (each state tensor's
+input and output names, shape, dtype and initial value, the chunk length
+in samples, the sampling rate, `flush_chunks`, the blank id and the
+vocabulary); `keras_attn.export.streaming_runtime` drives it with NumPy
+and the runtime alone.
+"""
+
+import math
+
+import keras
+from keras import ops
+
+from keras_attn.export.portable import PORTABLE_FORMATS
+from keras_attn.export.portable import check_format
+from keras_attn.models.conformer.streaming import _run_chunk
+
+# Feature frames per encoder frame (ConvSubsampling's two stride-2 convolutions).
+SUBSAMPLING = 4
+
+
+def export_streaming(model, path, format, precision="float32", chunk_size=None,
+                     batch_size=1, vocabulary=None, verbose=False):
+    """Writes the streaming step of `model` as a stateful ONNX or LiteRT
+    model of fixed shapes into the directory `path`, with `serving.json`.
+
+    Args:
+        model: a streamable `ConformerCTC` on waveforms (built with
+            `chunk_size`, `left_context`, `causal_conv=True`,
+            `feature_normalization="none"`).
+        path: the directory to write (atomically).
+        format: `"onnx"` or `"litert"`.
+        precision: `"float32"`, `"float16"` (weights) or, for LiteRT,
+            `"int8"` (dynamic-range int8 weights).
+        chunk_size: encoder frames per chunk (default: the model's).
+        batch_size: utterances streamed side by side (fixed).
+        vocabulary: the tokens of ids 1..V (id 0 is the blank), written
+            into `serving.json` for a runtime's decoding.
+
+    Returns:
+        `path`.
+
+    Raises:
+        ValueError: a model that cannot stream, a format or precision the
+            converters do not offer, a `vocabulary` of the wrong size.
+    """
+    from keras_attn._checks import check_positive_int
+    from keras_attn.export.portable import export_portable
+    from keras_attn.export.saved_model import require_tensorflow_backend
+
+    if format not in PORTABLE_FORMATS:
+        raise ValueError(f"The streaming step is exported as {PORTABLE_FORMATS}. "
+                         f"Received: format={format!r}")
+    check_format(format, precision)
+    require_tensorflow_backend("export_streaming")
+    batch_size = check_positive_int("batch_size", batch_size)
+    streamer = model.streamer(chunk_size)  # a ValueError for a model that cannot stream
+    if streamer.log_mel is None:
+        raise ValueError(
+            "Invalid value for argument `model`: the exported step takes audio chunks "
+            "(a ConformerCTC with input_type='waveform'). Received: a model with "
+            f"input_type={streamer.input_type!r}")
+    if vocabulary is not None and len(vocabulary) != model.vocabulary_size:
+        raise ValueError(
+            f"Invalid value for argument `vocabulary`: the {model.vocabulary_size} tokens of "
+            f"ids 1..{model.vocabulary_size}. Received: {len(vocabulary)} tokens")
+    geometry = _steady_geometry(streamer, batch_size)
+    step = FixedStep(model, streamer, geometry)
+    inputs = {"chunk": keras.Input(batch_shape=(batch_size, geometry["chunk_samples"]),
+                                   dtype="float32", name="chunk"),
+              "chunk_length": keras.Input(batch_shape=(batch_size,), dtype="int32",
+                                          name="chunk_length")}
+    for spec in step.state_specs:
+        inputs[spec["input"]] = keras.Input(batch_shape=tuple(spec["shape"]),
+                                            dtype=spec["dtype"], name=spec["input"])
+    # A list of inputs: export_portable's signature is one spec per input, in order.
+    serving = keras.Model(list(inputs.values()), step(inputs), name="conformer_streaming_step")
+    config = model.conformer_config
+    streaming = {
+        "chunk_samples": geometry["chunk_samples"],
+        "chunk_size": streamer.chunk_size,
+        "left_context": streamer.left_context,
+        "sampling_rate": int(config.sampling_rate),
+        "batch_size": batch_size,
+        "flush_chunks": geometry["flush_chunks"],
+        "chunk_input": "chunk",
+        "chunk_length_input": "chunk_length",
+        "state": step.state_specs,
+        "blank_id": 0,
+        "vocabulary": list(vocabulary) if vocabulary is not None else None,
+        "latency_ms": 1000.0 * geometry["chunk_samples"] / config.sampling_rate,
+    }
+    return export_portable(
+        serving, path, format, precision, verbose=verbose,
+        preprocessing={"chunk": "float32 audio in [-1, 1] at the model's sampling rate, "
+                                f"{geometry['chunk_samples']} samples per call",
+                       "sampling_rate": int(config.sampling_rate),
+                       "token_ids": "greedy CTC per frame: ids 1..V, -1 where the frame "
+                                    "emits none (blank, a repeat, past the end)"},
+        extra={"streaming": streaming})
+
+
+def _steady_geometry(streamer, batch_size):
+    """The state's steady lengths, read from Keras's own streaming code run
+    on three chunks of silence: `R` samples, `S` feature frames and `P`
+    encoder frames held between chunks, the same after every chunk from the
+    first on (else a ValueError: a geometry this export cannot hold)."""
+    import numpy as np
+
+    log_mel = streamer.log_mel
+    samples = streamer.chunk_size * streamer.step
+    state = streamer.initial_state(batch_size)
+    held = []
+    for _ in range(3):
+        _, state = streamer.stream_step(np.zeros((batch_size, samples), "float32"), state)
+        held.append((int(state["log_mel/samples"].shape[1]),
+                     int(state["subsampling/frames"].shape[1]),
+                     int(state["encoder/frames"].shape[1])))
+    (r, s, p), half, hop = held[0], log_mel.fft_length // 2, log_mel.frame_step
+    if held.count(held[0]) != 3 or (r - half) % hop or r < half:
+        raise ValueError(
+            "Invalid value for argument `chunk_size`: the streaming state must hold as "
+            "much after the first chunk as after the next ones for a fixed-shape export. "
+            f"Received: chunk_size={streamer.chunk_size}, held lengths {held}")
+    # Encoder frames still to come at the end of a stream, from the frames
+    # and samples held, through the end's half a window of zeros.
+    mel_left = s + math.ceil((r + half) / hop) + 1
+    encoder_left = p + math.ceil(mel_left / SUBSAMPLING)
+    return {"batch_size": batch_size, "chunk_samples": samples, "samples": r, "frames": s,
+            "pending": p, "dummy_frames": (r - half) // hop,
+            "flush_chunks": math.ceil(encoder_left / streamer.chunk_size)}
+
+
+class FixedStep(keras.layers.Layer):
+    """One chunk of `ConformerStreamer` with every state tensor of a
+    fixed shape (the module docstring). The layers are the model's,
+    shared."""
+
+    def __init__(self, model, streamer, geometry):
+        super().__init__(name="streaming_step")
+        self.model, self.streamer, self.geometry = model, streamer, geometry
+        self.state_specs = self._state_specs()
+
+    def _state_specs(self):
+        """`{name, input, output, shape, dtype, initial}` of each state
+        tensor: Keras's entries (`ConformerStreamer.state_names`) at their
+        steady lengths, and the greedy decoder's last token."""
+        g, specs = self.geometry, []
+        steady = {"log_mel/samples": g["samples"], "subsampling/frames": g["frames"],
+                  "subsampling/mask": g["frames"], "encoder/frames": g["pending"],
+                  "encoder/mask": g["pending"]}
+        initial = {"log_mel/next_frame": -g["dummy_frames"], "decoder/last": -1}
+        keras_state = self.model.initial_state(1, self.streamer.chunk_size)
+        # `received` counts samples: `next_frame` says the same with chunks of one length.
+        for name in [*self.streamer.state_names(), "decoder/last"]:
+            if name == "log_mel/received":
+                continue
+            shape = [g["batch_size"], *(int(dim) for dim in keras_state[name].shape[1:])]
+            if name in steady:
+                shape[1] = steady[name]
+            specs.append({"name": name, "input": name.replace("/", "_"),
+                          "output": "next_" + name.replace("/", "_"), "shape": shape,
+                          "dtype": keras.backend.standardize_dtype(keras_state[name].dtype),
+                          "initial": initial.get(name, 0)})
+        # Keras's frame counter is one for the batch; here each row has one.
+        next_frame = next(spec for spec in specs if spec["name"] == "log_mel/next_frame")
+        next_frame["shape"] = [g["batch_size"]]
+        return specs
+
+    def call(self, inputs):
+        streamer, g = self.streamer, self.geometry
+        log_mel, subsampling = streamer.log_mel, streamer.subsampling
+        state = {spec["name"]: inputs[spec["input"]] for spec in self.state_specs}
+        chunk = ops.cast(inputs["chunk"], "float32")
+        width, hop, half = g["chunk_samples"], log_mel.frame_step, log_mel.fft_length // 2
+        ended = state["log_mel/ended"]
+        given = ops.where(ended, 0, ops.clip(inputs["chunk_length"], 0, width))  # (B,)
+        inside = ops.less(ops.expand_dims(ops.arange(width), 0), ops.expand_dims(given, 1))
+        samples = ops.where(inside, chunk, 0.0)  # (B, n), zeros past each end
+        length = state["log_mel/length"] + given
+        first = ops.less(state["log_mel/next_frame"], 0)  # (B,): before the first chunk
+        # The first chunk: d masked frames' zeros, then the centred STFT's
+        # reflection of the first samples about sample 0.
+        start = ops.concatenate(
+            [ops.zeros((g["batch_size"], g["samples"] - half), "float32"),
+             ops.flip(samples[:, 1:half + 1], axis=1)], axis=1)  # (B, R)
+        held = ops.where(ops.expand_dims(first, 1), start, state["log_mel/samples"])
+        buffer = ops.concatenate([held, samples], axis=1)  # (B, R + n)
+        frames_count = width // hop
+        window = buffer[:, :(frames_count - 1) * hop + log_mel.fft_length]
+        power = log_mel._power_by_convolution(window)  # (B, F, mels)
+        features = ops.maximum(10.0 * ops.log10(ops.cast(power, "float32")), -100.0)
+        frames = (ops.expand_dims(state["log_mel/next_frame"], 1)
+                  + ops.expand_dims(ops.arange(frames_count, dtype="int32"), 0))  # (B, F)
+        valid = ops.logical_and(ops.greater_equal(frames, 0), ops.less_equal(
+            frames * hop, ops.expand_dims(length, 1)))
+        features = features * ops.expand_dims(ops.cast(valid, "float32"), -1)
+        new = {"log_mel/samples": buffer[:, frames_count * hop:],
+               "log_mel/next_frame": state["log_mel/next_frame"] + frames_count,
+               "log_mel/length": length,
+               "log_mel/ended": ops.logical_or(ended, ops.less(inputs["chunk_length"], width))}
+        # ConvSubsampling: output t reads frames 4t .. 4t + 6; real when
+        # its first (not a masked start) and last frames are.
+        frames_in = ops.concatenate([state["subsampling/frames"],
+                                     ops.cast(features, subsampling.compute_dtype)], axis=1)
+        mask_in = ops.concatenate([state["subsampling/mask"], valid], axis=1)
+        encoded = subsampling(frames_in, padding_mask=mask_in)  # (B, E, D)
+        steps = encoded.shape[1]
+        encoded_mask = ops.logical_and(mask_in[:, 0::SUBSAMPLING][:, :steps],
+                                       mask_in[:, 6::SUBSAMPLING][:, :steps])
+        new["subsampling/frames"] = frames_in[:, SUBSAMPLING * steps:]
+        new["subsampling/mask"] = mask_in[:, SUBSAMPLING * steps:]
+        # One attention chunk through the blocks and the head.
+        size = streamer.chunk_size
+        pending = ops.concatenate([state["encoder/frames"], encoded], axis=1)
+        pending_mask = ops.concatenate([state["encoder/mask"], encoded_mask], axis=1)
+        new["encoder/frames"], new["encoder/mask"] = pending[:, size:], pending_mask[:, size:]
+        caches = {name: value for name, value in state.items() if name.startswith("block_")}
+        outputs = _run_chunk(streamer.blocks, streamer.head,
+                             dict(caches, x=pending[:, :size], mask=pending_mask[:, :size]))
+        logits = ops.cast(outputs.pop("logits"), "float32")
+        new.update(outputs)
+        real = ops.sum(ops.cast(pending_mask[:, :size], "int32"), axis=1)
+        new["logit_length"] = state["logit_length"] + real
+        token_ids, new["decoder/last"] = _greedy_step(logits, real, state["decoder/last"])
+        result = {"logits": logits, "token_ids": token_ids}
+        for spec in self.state_specs:
+            result[spec["output"]] = ops.cast(new[spec["name"]], spec["dtype"])
+        return result
+
+
+def _greedy_step(logits, real, last):
+    """`ConformerCTC.stream_step`'s greedy tokens of one chunk: `logits`
+    `(B, C, V + 1)` whose first `real` `(B,)` frames are real, `last` `(B,)`
+    the previous frame's best token (-1: none). Returns `token_ids (B, C)`
+    (-1 where a frame emits none) and the new `last`. Written again here
+    (ConformerCTC._greedy) with the first maximum found without
+    `ops.argmax` of floats, whose TensorFlow form (a bitcast test for -0.0)
+    neither LiteRT's builtins nor ONNX hold, as `ctc_greedy_ids` does."""
+    frames = logits.shape[1]
+    is_best = ops.greater_equal(logits, ops.max(logits, axis=-1, keepdims=True))
+    best = ops.cast(ops.argmax(ops.cast(is_best, "int32"), axis=-1), "int32")  # (B, C)
+    valid = ops.less(ops.expand_dims(ops.arange(frames), 0), ops.expand_dims(real, 1))
+    previous = ops.concatenate([ops.expand_dims(last, 1), best[:, :-1]], axis=1)
+    keep = valid & ops.not_equal(best, 0) & ops.not_equal(best, previous)
+    # The last real frame's token (a blank included) carries on.
+    final = ops.take_along_axis(best, ops.expand_dims(ops.maximum(real - 1, 0), 1), axis=1)[:, 0]
+    return ops.where(keep, best, -1), ops.where(real > 0, final, last)
