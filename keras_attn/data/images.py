@@ -191,6 +191,48 @@ def make_image_pipeline(
                   shuffled=epoch is not None)
 
 
+def image_files_pipeline(paths, labels, image_size, num_channels=3, batch_size=32,
+                         training=False, augmentation=None, seed=0, epoch=None):
+    """A batched `tf.data.Dataset` of `(pixels, label)` from image files.
+
+    Each file (PNG, JPEG, GIF's first frame, BMP) is read and decoded by
+    TensorFlow as the batches are made, given `num_channels` and resized
+    bilinearly to `image_size` x `image_size`; pixels stay in [0, 255]
+    (float32). Shuffling, augmentation and `epoch` as `make_image_pipeline`.
+
+    Args:
+        paths: the image files.
+        labels: `(N,)` integer labels.
+        image_size: the side of the batches' images.
+        num_channels: 1 (grey) or 3 (RGB).
+        batch_size, training, augmentation, seed, epoch: as
+            `make_image_pipeline`.
+    """
+    paths, labels = list(paths), np.asarray(labels, "int32")
+    if training and epoch is not None:
+        order = epoch_permutation(len(paths), seed, epoch)
+        paths, labels = [paths[i] for i in order], labels[order]
+
+    def load(path, label):
+        image = tf.io.decode_image(tf.io.read_file(path), channels=num_channels,
+                                   expand_animations=False)
+        image = tf.image.resize(image, (image_size, image_size), "bilinear")
+        return tf.ensure_shape(image, (image_size, image_size, num_channels)), label
+
+    dataset = tf.data.Dataset.from_tensor_slices((paths, labels))
+    if training and epoch is None:  # shuffle the paths, not the decoded images
+        dataset = dataset.shuffle(len(paths), seed=seed, reshuffle_each_iteration=True)
+    dataset = dataset.map(load, num_parallel_calls=AUTOTUNE)
+    if epoch is not None:
+        return _batch(dataset, batch_size, training, augmentation, seed, len(paths), epoch,
+                      shuffled=True)
+    dataset = dataset.batch(batch_size)
+    if training and augmentation is not None:
+        dataset = dataset.map(lambda x, y: (_augment(augmentation, x), y),
+                              num_parallel_calls=AUTOTUNE)
+    return dataset.prefetch(AUTOTUNE)
+
+
 def _batch(dataset, batch_size, training, augmentation, seed, shuffle_buffer, epoch=None,
            shuffled=False):
     if training and epoch is not None:

@@ -359,3 +359,99 @@ def classification_dataset(texts, labels, tokenizer, sequence_length=128,
     return dataset.batch(batch_size).map(to_example, num_parallel_calls=AUTOTUNE).prefetch(
         AUTOTUNE
     )
+
+
+def align_word_labels(tokenizer, words, tags):
+    """Tokenizes a batch of words and gives each word piece a label.
+
+    The word's label goes to its first piece; the other pieces get label 0
+    and weight 0, so that each word counts once in the loss and the
+    accuracy (what Hugging Face's `word_ids()` recipe does with label -100,
+    as a `sample_weight` here). A word that yields no piece is dropped.
+
+    Args:
+        tokenizer: a WordPiece tokenizer (`make_tokenizer`).
+        words: a `(B, W)` ragged string tensor, one word per entry.
+        tags: a `(B, W)` ragged int tensor, the words' labels.
+
+    Returns:
+        `(piece_ids, labels, weights)`: three `(B, N)` int32 ragged tensors,
+        `N` the pieces of each example's words.
+    """
+    pieces = tokenizer(words.flat_values)  # (words in the batch, P)
+    lengths = pieces.row_lengths()
+    first = tf.ragged.range(lengths).flat_values == 0  # (pieces,)
+    labels = tf.where(first, tf.repeat(tf.cast(tags.flat_values, "int32"), lengths), 0)
+    # Pieces per example: the sum of its words' pieces.
+    splits = tf.gather(pieces.row_splits, words.row_splits)
+
+    def per_example(values):
+        return tf.RaggedTensor.from_row_splits(values, splits)
+
+    return (per_example(tf.cast(pieces.flat_values, "int32")), per_example(labels),
+            per_example(tf.cast(first, "int32")))
+
+
+def token_classification_dataset(words, tags, tokenizer, sequence_length=128, batch_size=32,
+                                 shuffle=False, seed=None):
+    """A dataset of `(x, labels, sample_weight)` for `BertTokenClassifier`.
+
+    Each example is a list of words with one integer label per word. The
+    words are split into WordPieces; a word's label is on its first piece,
+    and `sample_weight` is 1 there and 0 on the other pieces, `[CLS]`,
+    `[SEP]` and padding (`align_word_labels`), so the loss and the accuracy
+    count each word once. Packed as `[CLS] pieces [SEP]` with keras-hub's
+    `StartEndPacker`, truncated (the last words first) and padded to
+    `sequence_length`.
+
+    Args:
+        words: a list of examples, each a list of word strings.
+        tags: a list of examples, each a list of int labels, one per word.
+        tokenizer: from `make_tokenizer` (or `load_hf_bert_tokenizer`).
+        sequence_length: the packed length.
+        batch_size: examples per batch.
+        shuffle: shuffle the examples at every pass.
+        seed: the shuffle's seed.
+
+    Returns:
+        Batches of `x` = {"token_ids", "segment_ids", "padding_mask"}
+        `(B, sequence_length)`, labels and sample weights of that shape.
+    """
+    import keras_hub
+
+    words, tags = [list(w) for w in words], [list(t) for t in tags]
+    for index, (example_words, example_tags) in enumerate(zip(words, tags)):
+        if len(example_words) != len(example_tags):
+            raise ValueError(
+                "Each example needs one tag per word. Received: "
+                f"{len(example_words)} words and {len(example_tags)} tags in example {index}"
+            )
+    if len(words) != len(tags):
+        raise ValueError(f"`words` and `tags` must have as many examples. Received: "
+                         f"len(words)={len(words)}, len(tags)={len(tags)}")
+
+    def packer(start, end, pad):
+        return keras_hub.layers.StartEndPacker(
+            sequence_length=sequence_length, start_value=start, end_value=end, pad_value=pad,
+            return_padding_mask=False)
+
+    pad = _token_id(tokenizer, "[PAD]")
+    pack_ids = packer(_token_id(tokenizer, "[CLS]"), _token_id(tokenizer, "[SEP]"), pad)
+    pack_labels = packer(0, 0, 0)  # labels and weights: 0 on [CLS], [SEP], padding
+    vocabulary_size = int(tokenizer.vocabulary_size())
+
+    def to_example(batch_words, batch_tags):
+        piece_ids, labels, weights = align_word_labels(tokenizer, batch_words, batch_tags)
+        token_ids = _check_ids(tf.cast(pack_ids(piece_ids), "int32"), vocabulary_size)
+        x = {"token_ids": token_ids, "segment_ids": tf.zeros_like(token_ids),
+             "padding_mask": tf.cast(token_ids != pad, "int32")}
+        return x, tf.cast(pack_labels(labels), "int32"), tf.cast(pack_labels(weights), "float32")
+
+    dataset = tf.data.Dataset.from_tensor_slices((
+        tf.ragged.constant(words, dtype=tf.string, ragged_rank=1),
+        tf.ragged.constant(tags, dtype=tf.int32, ragged_rank=1),
+    ))
+    if shuffle:
+        dataset = dataset.shuffle(len(words), seed=seed)
+    return dataset.ragged_batch(batch_size).map(
+        to_example, num_parallel_calls=AUTOTUNE).prefetch(AUTOTUNE)

@@ -1,0 +1,595 @@
+"""Your own files as training data, for the five tasks of the package.
+
+```
+path (a file, or a folder with train / validation / test)
+ -> read and checked here (columns, fields, labels, images, audio)
+ -> the task's tf.data pipeline (keras_attn.data.text, .images, .speech,
+    .translation)
+ -> FilesData(train, validation, test, class_names, vocabulary, tokenizer)
+```
+
+Tables are CSV (a header row naming the columns) or JSON Lines (one object
+per line); images are a folder with one sub-folder per class (Keras's
+`image_dataset_from_directory` layout); audio is WAV, listed in a table with
+its transcript. Splits: a single file (or class folder) is the training set;
+a folder holding `train.csv` / `train.jsonl` (or a `train/` class folder)
+and optionally `validation.*` and `test.*` gives the three; with
+`validation_fraction`, a seeded share of the training examples is held out
+for validation when there is no validation file.
+
+Reading and checking need no TensorFlow (the recipe check uses them before
+anything loads); the pipelines import it when they are built.
+"""
+
+import csv
+import dataclasses
+import json
+import os
+from typing import Optional
+
+import numpy as np
+
+SPLITS = ("train", "validation", "test")
+TABLE_SUFFIXES = (".csv", ".jsonl")
+# What keras.utils.image_dataset_from_directory reads.
+IMAGE_SUFFIXES = (".bmp", ".gif", ".jpeg", ".jpg", ".png")
+
+
+def _error(problem, argument, value):
+    return ValueError(f"{problem}. Received: {argument}={value!r}")
+
+
+@dataclasses.dataclass
+class FilesData:
+    """What the `load_*_files` functions return.
+
+    Attributes:
+        train: the training batches (shuffled at every pass).
+        validation: batches, or None when there is no validation set.
+        test: batches, or None when there is no test file.
+        class_names: the label (or tag) of each class id, for the
+            classification tasks; None otherwise.
+        vocabulary: the tokenizer's vocabulary (text, translation), or the
+            characters of the transcripts, ids 1..V (speech).
+        tokenizer: the keras-hub tokenizer (text, translation), or None.
+        examples: `{split: number of examples}`.
+    """
+
+    train: object
+    validation: Optional[object]
+    test: Optional[object]
+    class_names: Optional[list] = None
+    vocabulary: Optional[list] = None
+    tokenizer: Optional[object] = None
+    examples: dict = dataclasses.field(default_factory=dict)
+
+
+# === Tables: CSV and JSON Lines ===
+
+
+def table_splits(path, argument="path"):
+    """`{"train": file, "validation": file or None, "test": file or None}`
+    for `path`: a CSV / JSONL file (the training set alone), or a folder
+    with `train.csv` or `train.jsonl` and optionally `validation.*` and
+    `test.*`. A `ValueError` naming `argument` otherwise."""
+    if os.path.isfile(path):
+        if not path.endswith(TABLE_SUFFIXES):
+            raise _error(f"A data file must be CSV or JSON Lines ({', '.join(TABLE_SUFFIXES)})",
+                         argument, path)
+        return {"train": path, "validation": None, "test": None}
+    if not os.path.isdir(path):
+        raise _error("No file or folder at this path", argument, path)
+    splits = {}
+    for split in SPLITS:
+        found = [os.path.join(path, split + suffix) for suffix in TABLE_SUFFIXES
+                 if os.path.isfile(os.path.join(path, split + suffix))]
+        if len(found) > 1:
+            raise _error(f"The folder holds both {' and '.join(found)}: keep one", argument, path)
+        splits[split] = found[0] if found else None
+    if splits["train"] is None:
+        raise _error("A data folder needs train.csv or train.jsonl (and may hold "
+                     f"validation.* and test.*); it holds {sorted(os.listdir(path))[:10]}",
+                     argument, path)
+    return splits
+
+
+def _csv_rows(path, fields, argument):
+    with open(path, newline="", encoding="utf-8") as handle:
+        reader = csv.DictReader(handle)
+        columns = reader.fieldnames or []
+        missing = [name for name in fields if name not in columns]
+        if missing:
+            raise _error(f"{path} has no column {missing} (its header row: {columns})",
+                         argument, path)
+        for line, row in enumerate(reader, start=2):
+            if any(row[name] is None for name in fields):
+                raise _error(f"{path}, line {line}: fewer values than columns", argument, path)
+            yield {name: row[name] for name in fields}
+
+
+def _jsonl_rows(path, fields, argument):
+    with open(path, encoding="utf-8") as handle:
+        for line, text in enumerate(handle, start=1):
+            if not text.strip():
+                continue
+            try:
+                row = json.loads(text)
+            except json.JSONDecodeError as error:
+                raise _error(f"{path}, line {line}: not JSON ({error.msg})",
+                             argument, path) from None
+            if not isinstance(row, dict):
+                raise _error(f"{path}, line {line}: not a JSON object", argument, path)
+            missing = [name for name in fields if name not in row]
+            if missing:
+                raise _error(f"{path}, line {line} has no field {missing} (its fields: "
+                             f"{sorted(row)})", argument, path)
+            yield {name: row[name] for name in fields}
+
+
+def read_table(path, fields, argument="path", limit=None):
+    """The rows of a CSV or JSONL file as dicts of `fields` (each required),
+    at most `limit`; a `ValueError` naming `argument` for a missing column
+    or field, a line that is not JSON, or a file without rows."""
+    reader = _csv_rows if path.endswith(".csv") else _jsonl_rows
+    rows = []
+    for row in reader(path, fields, argument):
+        rows.append(row)
+        if limit is not None and len(rows) >= limit:
+            break
+    if not rows:
+        raise _error(f"{path} holds no examples", argument, path)
+    return rows
+
+
+def check_table_files(path, fields, argument="path"):
+    """Checks, reading only the first row of each file, that `path` gives
+    tables with `fields`; returns `table_splits(path)`."""
+    splits = table_splits(path, argument)
+    for file in splits.values():
+        if file is not None:
+            read_table(file, fields, argument, limit=1)
+    return splits
+
+
+def hold_out(count, fraction, seed):
+    """`(kept, held_out)` index arrays: a seeded `fraction` of `count`
+    examples (at least one when `fraction` > 0, never all)."""
+    order = np.random.default_rng(seed).permutation(count)
+    held = min(count - 1, max(1, round(fraction * count))) if fraction else 0
+    return np.sort(order[held:]), np.sort(order[:held])
+
+
+def table_rows(path, fields, validation_fraction=0.0, seed=0, argument="path"):
+    """`{split: rows or None}` of `path` (see `table_splits`), the
+    validation rows held out from train when there is no validation file."""
+    if not 0.0 <= validation_fraction < 1.0:
+        raise _error("`validation_fraction` must be in [0, 1)", "validation_fraction",
+                     validation_fraction)
+    files = table_splits(path, argument)
+    rows = {split: read_table(file, fields, argument) if file else None
+            for split, file in files.items()}
+    if rows["validation"] is None and validation_fraction:
+        kept, held = hold_out(len(rows["train"]), validation_fraction, seed)
+        train = rows["train"]
+        rows["train"], rows["validation"] = [train[i] for i in kept], [train[i] for i in held]
+    return rows
+
+
+def _is_integer(value):
+    if isinstance(value, bool):
+        return False
+    return isinstance(value, int) or (isinstance(value, str) and value.strip().isdigit())
+
+
+def label_ids(values_by_split, path, argument="path"):
+    """Class ids and names for labels given as integers (ids as they are) or
+    as names (sorted names of the training set: ids 0, 1, ...).
+
+    Args:
+        values_by_split: `{split: list of labels or None}`.
+
+    Returns:
+        `({split: int32 ids or None}, class_names)`.
+    """
+    every = [v for values in values_by_split.values() if values for v in values]
+    if all(_is_integer(v) for v in every):
+        ids = {split: None if values is None else np.array([int(v) for v in values], "int32")
+               for split, values in values_by_split.items()}
+        return ids, [str(i) for i in range(max(int(v) for v in every) + 1)]
+    names = sorted({str(v) for v in values_by_split["train"]})
+    index = {name: i for i, name in enumerate(names)}
+    ids = {}
+    for split, values in values_by_split.items():
+        if values is None:
+            ids[split] = None
+            continue
+        unknown = sorted({str(v) for v in values} - set(index))
+        if unknown:
+            raise _error(f"The {split} set has labels the training set does not have: "
+                         f"{unknown[:10]}", argument, path)
+        ids[split] = np.array([index[str(v)] for v in values], "int32")
+    return ids, names
+
+
+def _words(value):
+    """A list of words: a JSON list, or a string split at white space."""
+    return value.split() if isinstance(value, str) else [str(word) for word in value]
+
+
+def _wordpiece(tokenizer, vocabulary_size, texts, train_vocabulary, make_tokenizer):
+    """The given tokenizer, or one over a vocabulary learned from `texts`."""
+    if tokenizer is not None:
+        return tokenizer, list(tokenizer.get_vocabulary())
+    vocabulary = train_vocabulary(texts, vocabulary_size)
+    return make_tokenizer(vocabulary), list(vocabulary)
+
+
+# === Text classification ===
+
+
+def load_text_classification_files(path, tokenizer=None, vocabulary_size=1000,
+                                   sequence_length=128, batch_size=32, validation_fraction=0.0,
+                                   seed=0, text_field="text", label_field="label",
+                                   second_text_field=None):
+    """Text classification from your CSV / JSONL files.
+
+    Each row has a text and a label (an integer class id, or a class name);
+    with `second_text_field`, a second text (a pair task: `[CLS] a [SEP] b
+    [SEP]`). The batches are `keras_attn.data.text.classification_dataset`'s,
+    for `BertSequenceClassifier`.
+
+    Args:
+        path: a CSV / JSONL file, or a folder with `train.csv|jsonl` and
+            optionally `validation.*` and `test.*`.
+        tokenizer: a WordPiece tokenizer (e.g. `load_hf_bert_tokenizer(dir)`
+            for a converted checkpoint); None learns a vocabulary of
+            `vocabulary_size` from the training texts.
+        vocabulary_size: the size of the learned vocabulary.
+        sequence_length: the packed length.
+        batch_size: examples per batch.
+        validation_fraction: held out from the training rows when there is
+            no validation file.
+        seed: the hold-out's and the shuffle's seed.
+        text_field, label_field, second_text_field: the column (CSV) or
+            field (JSONL) names.
+
+    Returns:
+        A `FilesData`; `class_names[i]` is the label of class `i`.
+    """
+    from keras_attn.data import text
+
+    fields = [text_field, label_field] + ([second_text_field] if second_text_field else [])
+    rows = table_rows(path, fields, validation_fraction, seed)
+    labels, class_names = label_ids(
+        {split: None if r is None else [row[label_field] for row in r]
+         for split, r in rows.items()}, path)
+    train_texts = [str(row[f]) for row in rows["train"] for f in fields if f != label_field]
+    tokenizer, vocabulary = _wordpiece(tokenizer, vocabulary_size, train_texts,
+                                       text.train_wordpiece_vocabulary, text.make_tokenizer)
+
+    def batches(split):
+        if rows[split] is None:
+            return None
+        return text.classification_dataset(
+            [str(row[text_field]) for row in rows[split]], labels[split], tokenizer,
+            sequence_length=sequence_length, batch_size=batch_size, shuffle=split == "train",
+            seed=seed, second_texts=[str(row[second_text_field]) for row in rows[split]]
+            if second_text_field else None)
+
+    return FilesData(*(batches(split) for split in SPLITS), class_names=class_names,
+                     vocabulary=vocabulary, tokenizer=tokenizer,
+                     examples={s: len(r) for s, r in rows.items() if r is not None})
+
+
+# === Token classification ===
+
+
+def load_token_classification_files(path, tokenizer=None, vocabulary_size=1000,
+                                    sequence_length=128, batch_size=32,
+                                    validation_fraction=0.0, seed=0, tokens_field="tokens",
+                                    tags_field="tags"):
+    """Token classification (tagging) from your CSV / JSONL files.
+
+    Each row has words and one tag per word: JSON lists in JSONL
+    (`{"tokens": ["John", "lives", "in", "Paris"], "tags": ["B-PER", "O",
+    "O", "B-LOC"]}`), white-space separated strings in CSV. Tags are
+    integer ids or names (sorted names of the training set: ids 0, 1, ...).
+    Words are split into WordPieces; a word's tag is on its first piece and
+    the other pieces have weight 0 (`keras_attn.data.text.
+    token_classification_dataset`), as Hugging Face's token classification
+    recipe labels them.
+
+    Args:
+        path: a CSV / JSONL file, or a folder with `train.csv|jsonl` and
+            optionally `validation.*` and `test.*`.
+        tokenizer: a WordPiece tokenizer; None learns a vocabulary of
+            `vocabulary_size` from the training words.
+        vocabulary_size, sequence_length, batch_size, validation_fraction,
+            seed: as `load_text_classification_files`.
+        tokens_field, tags_field: the column or field names.
+
+    Returns:
+        A `FilesData` of `(x, tags, sample_weight)` batches for
+        `BertTokenClassifier`; `class_names[i]` is the tag of id `i`.
+    """
+    from keras_attn.data import text
+
+    rows = table_rows(path, [tokens_field, tags_field], validation_fraction, seed)
+    words = {split: None if r is None else [_words(row[tokens_field]) for row in r]
+             for split, r in rows.items()}
+    tags = {split: None if r is None else [_words(row[tags_field]) for row in r]
+            for split, r in rows.items()}
+    for split, examples in words.items():
+        for line, (example_words, example_tags) in enumerate(zip(examples or [],
+                                                                 tags[split] or [])):
+            if len(example_words) != len(example_tags):
+                raise _error(f"{split} example {line + 1} has {len(example_words)} words and "
+                             f"{len(example_tags)} tags (one tag per word)", "path", path)
+    flat, class_names = label_ids({split: None if t is None else [v for row in t for v in row]
+                                   for split, t in tags.items()}, path)
+    tag_ids = {}
+    for split, t in tags.items():
+        if t is not None:
+            ends = np.cumsum([len(row) for row in t])
+            tag_ids[split] = np.split(flat[split], ends[:-1])
+    tokenizer, vocabulary = _wordpiece(
+        tokenizer, vocabulary_size, [" ".join(w) for w in words["train"]],
+        text.train_wordpiece_vocabulary, text.make_tokenizer)
+
+    def batches(split):
+        if words[split] is None:
+            return None
+        return text.token_classification_dataset(
+            words[split], tag_ids[split], tokenizer, sequence_length=sequence_length,
+            batch_size=batch_size, shuffle=split == "train", seed=seed)
+
+    return FilesData(*(batches(split) for split in SPLITS), class_names=class_names,
+                     vocabulary=vocabulary, tokenizer=tokenizer,
+                     examples={s: len(w) for s, w in words.items() if w is not None})
+
+
+# === Images ===
+
+
+def _class_folders(folder):
+    return sorted(name for name in os.listdir(folder)
+                  if os.path.isdir(os.path.join(folder, name)))
+
+
+def image_folder_splits(path, argument="path"):
+    """`{split: folder or None}`: a folder of class sub-folders is the
+    training set; a folder whose sub-folders are `train` and optionally
+    `validation` and `test` (each of class sub-folders) gives the three."""
+    if not os.path.isdir(path):
+        raise _error("Images are read from a folder with one sub-folder per class; there is "
+                     "no folder at this path", argument, path)
+    folders = _class_folders(path)
+    if "train" in folders and set(folders) <= set(SPLITS):
+        return {split: os.path.join(path, split) if split in folders else None
+                for split in SPLITS}
+    return {"train": path, "validation": None, "test": None}
+
+
+def list_images(folder, class_names=None, argument="path"):
+    """`(paths, labels, class_names)` of a folder with one sub-folder per
+    class (sorted names: ids 0, 1, ...). With `class_names` (the training
+    set's), the folder's classes must be among them."""
+    classes = _class_folders(folder)
+    if not classes:
+        raise _error(f"{folder} has no class sub-folder (one sub-folder of images per class)",
+                     argument, folder)
+    if class_names is None:
+        class_names = classes
+    unknown = sorted(set(classes) - set(class_names))
+    if unknown:
+        raise _error(f"{folder} has classes the training set does not have: {unknown}",
+                     argument, folder)
+    paths, labels = [], []
+    for name in classes:
+        for root, _, names in sorted(os.walk(os.path.join(folder, name))):
+            for file in sorted(names):
+                if file.lower().endswith(IMAGE_SUFFIXES):
+                    paths.append(os.path.join(root, file))
+                    labels.append(class_names.index(name))
+    if not paths:
+        raise _error(f"{folder}'s class folders hold no image ({', '.join(IMAGE_SUFFIXES)})",
+                     argument, folder)
+    return paths, np.array(labels, "int32"), list(class_names)
+
+
+def image_files(path, validation_fraction=0.0, seed=0, argument="path"):
+    """`({split: (paths, labels) or None}, class_names)` of an image folder
+    (`image_folder_splits`), validation held out from train when there is
+    no validation folder."""
+    folders = image_folder_splits(path, argument)
+    paths, labels, class_names = list_images(folders["train"], argument=argument)
+    splits = {"train": (paths, labels), "validation": None, "test": None}
+    for split in ("validation", "test"):
+        if folders[split] is not None:
+            splits[split] = list_images(folders[split], class_names, argument)[:2]
+    if splits["validation"] is None and validation_fraction:
+        kept, held = hold_out(len(paths), validation_fraction, seed)
+        splits["train"] = ([paths[i] for i in kept], labels[kept])
+        splits["validation"] = ([paths[i] for i in held], labels[held])
+    return splits, class_names
+
+
+def load_image_files(path, image_size, num_channels=3, batch_size=32, validation_fraction=0.0,
+                     seed=0, augmentation=None):
+    """Image classification from your folder of images.
+
+    `path` holds one sub-folder per class (`cats/`, `dogs/`: sorted names
+    are the class ids), or `train/` and optionally `validation/` and
+    `test/`, each of class sub-folders. Images (PNG, JPEG, GIF, BMP) are
+    decoded with TensorFlow, resized to `image_size` and given
+    `num_channels`, batch by batch as training reads them
+    (`keras_attn.data.images.image_files_pipeline`).
+
+    Args:
+        path: the folder.
+        image_size: the side the images are resized to (the ViT's).
+        num_channels: 1 (grey) or 3 (RGB).
+        batch_size: images per batch.
+        validation_fraction: held out from the training images when there
+            is no validation folder.
+        seed: the hold-out's and the shuffle's seed.
+        augmentation: a layer applied to training batches (e.g.
+            `keras_attn.data.images.image_augmentation(...)`), or None.
+
+    Returns:
+        A `FilesData` of `(pixels, label)` batches, pixels in [0, 255].
+    """
+    from keras_attn.data import images
+
+    splits, class_names = image_files(path, validation_fraction, seed)
+
+    def batches(split):
+        if splits[split] is None:
+            return None
+        return images.image_files_pipeline(
+            *splits[split], image_size=image_size, num_channels=num_channels,
+            batch_size=batch_size, training=split == "train",
+            augmentation=augmentation if split == "train" else None, seed=seed)
+
+    return FilesData(*(batches(split) for split in SPLITS), class_names=class_names,
+                     examples={s: len(v[0]) for s, v in splits.items() if v is not None})
+
+
+# === Speech ===
+
+
+def read_wav(path, sampling_rate=16000, argument="path"):
+    """A WAV file as float32 mono samples in [-1, 1] at `sampling_rate`
+    (TensorFlow's decoder; channels averaged; other rates resampled with
+    SciPy's polyphase filter)."""
+    import tensorflow as tf
+
+    try:
+        audio, rate = tf.audio.decode_wav(tf.io.read_file(path))
+    except (tf.errors.OpError, ValueError) as error:
+        raise _error(f"{path} is not a readable WAV file ({type(error).__name__})",
+                     argument, path) from None
+    audio, rate = np.mean(audio.numpy(), axis=-1), int(rate)
+    if rate != sampling_rate:
+        from scipy.signal import resample_poly
+
+        divisor = np.gcd(sampling_rate, rate)
+        audio = resample_poly(audio, sampling_rate // divisor, rate // divisor)
+    return audio.astype("float32")
+
+
+def speech_files(path, validation_fraction=0.0, seed=0, audio_field="audio",
+                 text_field="text", sampling_rate=16000, argument="path"):
+    """`{split: (waveforms, transcripts) or None}` of speech tables: each row
+    an audio file (a WAV path, relative to the table's folder or absolute)
+    and its transcript."""
+    rows = table_rows(path, [audio_field, text_field], validation_fraction, seed, argument)
+    files = table_splits(path, argument)
+    splits = {}
+    for split, split_rows in rows.items():
+        if split_rows is None:
+            splits[split] = None
+            continue
+        folder = os.path.dirname(files[split] or files["train"])
+        waveforms = []
+        for row in split_rows:
+            audio = os.path.join(folder, str(row[audio_field]))
+            if not os.path.isfile(audio):
+                raise _error(f"{split} row {len(waveforms) + 1}: no audio file {audio}",
+                             argument, path)
+            waveforms.append(read_wav(audio, sampling_rate, argument))
+        splits[split] = (waveforms, [str(row[text_field]) for row in split_rows])
+    return splits
+
+
+def load_speech_files(path, batch_size=16, vocabulary=None, validation_fraction=0.0, seed=0,
+                      audio_field="audio", text_field="text", sampling_rate=16000):
+    """Speech recognition (CTC) from your WAV files and transcripts.
+
+    A CSV / JSONL table (or a folder of `train.*`, `validation.*`,
+    `test.*` tables) whose rows name an audio file (`audio_field`: a WAV
+    path relative to the table's folder, or absolute) and its transcript
+    (`text_field`). The audio is read into memory at `sampling_rate` (the
+    Conformer's log-mel front end expects 16 kHz) and batched by duration
+    (`keras_attn.data.speech.speech_dataset`).
+
+    Args:
+        path: the table or the folder.
+        batch_size: utterances per batch.
+        vocabulary: the characters, ids 1..V (0 is the CTC blank); None:
+            every character of the transcripts, sorted.
+        validation_fraction, seed: as `load_text_classification_files`.
+        audio_field, text_field: the column or field names.
+        sampling_rate: the rate the audio is resampled to.
+
+    Returns:
+        A `FilesData` of `({"waveform", "waveform_length"}, labels)`
+        batches; `vocabulary` is the characters (build the Conformer with
+        `vocabulary_size=len(vocabulary) + 1`).
+    """
+    from keras_attn.data import speech
+
+    splits = speech_files(path, validation_fraction, seed, audio_field, text_field,
+                          sampling_rate)
+    if vocabulary is None:
+        vocabulary = tuple(sorted({c for split in splits.values() if split
+                                   for text in split[1] for c in text}))
+
+    def batches(split):
+        if splits[split] is None:
+            return None
+        return speech.speech_dataset(*splits[split], batch_size=batch_size,
+                                     vocabulary=vocabulary, shuffle=split == "train", seed=seed)
+
+    return FilesData(*(batches(split) for split in SPLITS), vocabulary=list(vocabulary),
+                     examples={s: len(v[0]) for s, v in splits.items() if v is not None})
+
+
+# === Translation ===
+
+
+def load_translation_files(path, tokenizer=None, vocabulary_size=1000, batch_size=64,
+                           validation_fraction=0.0, seed=0, source_field="source",
+                           target_field="target", bucket_boundaries=None):
+    """Translation from your CSV / JSONL files of sentence pairs.
+
+    Each row has a source and a target sentence. One WordPiece vocabulary is
+    shared by both sides (`[PAD]`, `[START]`, `[END]`, `[UNK]` first), as
+    the Transformer's tied embeddings expect; batches are bucketed by length
+    (`keras_attn.data.translation.make_translation_dataset`).
+
+    Args:
+        path: a CSV / JSONL file, or a folder with `train.csv|jsonl` and
+            optionally `validation.*` and `test.*`.
+        tokenizer: from `keras_attn.data.translation.make_tokenizer`; None
+            learns a vocabulary of `vocabulary_size` from the training pairs.
+        batch_size: sentence pairs per batch.
+        validation_fraction, seed: as `load_text_classification_files`.
+        source_field, target_field: the column or field names (e.g. "en",
+            "fr").
+        bucket_boundaries: as `make_translation_dataset`.
+
+    Returns:
+        A `FilesData` of `((source_ids, target_in_ids), target_out_ids)`
+        batches.
+    """
+    from keras_attn.data import translation
+
+    rows = table_rows(path, [source_field, target_field], validation_fraction, seed)
+    pairs = {split: None if r is None else ([str(row[source_field]) for row in r],
+                                            [str(row[target_field]) for row in r])
+             for split, r in rows.items()}
+    tokenizer, vocabulary = _wordpiece(tokenizer, vocabulary_size,
+                                       pairs["train"][0] + pairs["train"][1],
+                                       translation.train_vocabulary, translation.make_tokenizer)
+
+    def batches(split):
+        if pairs[split] is None:
+            return None
+        return translation.make_translation_dataset(
+            *pairs[split], tokenizer, batch_size, shuffle=split == "train", seed=seed,
+            bucket_boundaries=bucket_boundaries)
+
+    return FilesData(*(batches(split) for split in SPLITS), vocabulary=vocabulary,
+                     tokenizer=tokenizer,
+                     examples={s: len(p[0]) for s, p in pairs.items() if p is not None})

@@ -1,0 +1,337 @@
+"""Your own files to a trained model, one task at a time (`keras_attn.data`'s
+`load_*_files`): files the test writes (a dozen examples), a tiny model
+whose loss goes down, saved and reloaded with the same outputs; the text
+classifier exported and served from its SavedModel; bad files refused with
+the path named."""
+
+import csv
+import json
+import os
+import subprocess
+import sys
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from keras_attn import data
+from keras_attn.data import files
+
+# tf.data pipelines, and models trained on TensorFlow (the exports need it).
+pytestmark = pytest.mark.tf_only
+
+SENTENCES = [("a great film, I loved it", "good"), ("dull and far too long", "bad"),
+             ("wonderful acting and a great story", "good"), ("I want those hours back", "bad"),
+             ("great fun from start to end", "good"), ("a boring, tired plot", "bad")] * 2
+
+
+def write_csv(path, header, rows):
+    with open(path, "w", newline="", encoding="utf-8") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(header)
+        writer.writerows(rows)
+    return str(path)
+
+
+def write_jsonl(path, rows):
+    with open(path, "w", encoding="utf-8") as handle:
+        handle.writelines(json.dumps(row) + "\n" for row in rows)
+    return str(path)
+
+
+def fit_loss(model, dataset, epochs):
+    """The loss on `dataset` before and after `epochs` of training."""
+    keras.utils.set_random_seed(0)
+    before = model.evaluate(dataset, verbose=0, return_dict=True)["loss"]
+    model.fit(dataset, epochs=epochs, verbose=0)
+    return before, model.evaluate(dataset, verbose=0, return_dict=True)["loss"]
+
+
+def trains_and_reloads(model, train, batch, path, epochs):
+    """`model` compiled with its own loss, its loss on `train` lower after
+    `epochs`, and the same outputs on `batch` once saved and reloaded."""
+    model.compile(optimizer=keras.optimizers.Adam(3e-3))
+    before, after = fit_loss(model, train, epochs)
+    assert after < before
+    return save_and_reload(model, batch, path)
+
+
+def save_and_reload(model, batch, path):
+    """The reloaded model's outputs equal the model's on `batch`."""
+    model.save(str(path))
+    reloaded = keras.saving.load_model(str(path))
+    x = batch[0]
+    for new, old in zip(keras.tree.flatten(reloaded.predict(x, verbose=0)),
+                        keras.tree.flatten(model.predict(x, verbose=0))):
+        np.testing.assert_allclose(np.asarray(new), np.asarray(old), rtol=1e-5, atol=1e-5)
+    return reloaded
+
+
+def tiny_bert(vocabulary_size, sequence_length):
+    from keras_attn.models import build_bert
+
+    return build_bert("bert_tiny", vocabulary_size=vocabulary_size, num_layers=1,
+                      hidden_dim=32, num_heads=2, intermediate_dim=64,
+                      max_sequence_length=sequence_length)
+
+
+# === Text classification ===
+
+
+@pytest.mark.slow
+def test_text_classification_from_a_folder_of_csv_trains_saves_exports_and_serves(tmp_path):
+    from keras_attn.export import export_text_classifier
+    from keras_attn.models import BertSequenceClassifier
+
+    folder = tmp_path / "reviews"
+    folder.mkdir()
+    write_csv(folder / "train.csv", ["text", "label"], SENTENCES)
+    write_csv(folder / "test.csv", ["text", "label"], SENTENCES[:4])
+    loaded = data.load_text_classification_files(str(folder), vocabulary_size=120,
+                                                 sequence_length=16, batch_size=4, seed=0)
+    assert loaded.class_names == ["bad", "good"]  # names sorted: ids 0, 1
+    assert loaded.examples == {"train": 12, "test": 4}
+    assert loaded.validation is None
+    assert loaded.vocabulary[:5] == ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+    x, y = next(iter(loaded.test))
+    assert x["token_ids"].shape == (4, 16) and list(y.numpy()) == [1, 0, 1, 0]
+
+    keras.utils.set_random_seed(0)
+    classifier = BertSequenceClassifier(tiny_bert(len(loaded.vocabulary), 16), num_classes=2)
+    trains_and_reloads(classifier, loaded.train, next(iter(loaded.test)),
+                       tmp_path / "classifier.keras", epochs=4)
+
+    exported = export_text_classifier(classifier, loaded.tokenizer, str(tmp_path / "served"),
+                                      sequence_length=16)
+    # Served in a fresh process that imports TensorFlow alone, as the docs say.
+    code = ("import sys, tensorflow as tf; m = tf.saved_model.load(sys.argv[1]); "
+            "print(m.serve(tf.constant(['a great story', 'dull and tired'])).numpy().tolist())")
+    result = subprocess.run([sys.executable, "-c", code, exported], capture_output=True,
+                            text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-2000:]
+    served = np.array(json.loads(result.stdout.strip().splitlines()[-1]))
+    packed = data.classification_dataset(["a great story", "dull and tired"], [0, 0],
+                                         loaded.tokenizer, sequence_length=16, batch_size=2)
+    expected = keras.ops.softmax(classifier.predict(next(iter(packed))[0], verbose=0))
+    np.testing.assert_allclose(served, np.asarray(expected), atol=1e-5)
+
+
+def test_text_classification_holds_out_a_seeded_validation_share(tmp_path):
+    path = write_jsonl(tmp_path / "reviews.jsonl",
+                       [{"text": t, "label": int(l == "good")} for t, l in SENTENCES])
+    first = data.load_text_classification_files(path, vocabulary_size=100, sequence_length=16,
+                                                batch_size=32, validation_fraction=0.25)
+    again = data.load_text_classification_files(path, vocabulary_size=100, sequence_length=16,
+                                                batch_size=32, validation_fraction=0.25)
+    assert first.examples == {"train": 9, "validation": 3}
+    assert first.class_names == ["0", "1"]  # integer labels are the ids
+    ids = [next(iter(d.validation))[0]["token_ids"].numpy() for d in (first, again)]
+    np.testing.assert_array_equal(ids[0], ids[1])
+
+
+def test_a_hugging_face_style_tokenizer_is_used_as_given(tmp_path):
+    path = write_csv(tmp_path / "reviews.csv", ["text", "label"], SENTENCES)
+    own = data.load_text_classification_files(path, vocabulary_size=80, sequence_length=16)
+    given = data.load_text_classification_files(path, tokenizer=own.tokenizer,
+                                                sequence_length=16)
+    assert given.tokenizer is own.tokenizer and given.vocabulary == own.vocabulary
+
+
+# === Token classification ===
+
+TAGGED = [(["John", "lives", "in", "Paris"], ["B-PER", "O", "O", "B-LOC"]),
+          (["Mary", "visited", "Berlin", "yesterday"], ["B-PER", "O", "B-LOC", "O"]),
+          (["Paris", "is", "lovely"], ["B-LOC", "O", "O"]),
+          (["Anna", "met", "John", "in", "Rome"], ["B-PER", "O", "B-PER", "O", "B-LOC"])] * 3
+
+
+def test_word_labels_go_to_the_first_word_piece_and_the_rest_weigh_nothing():
+    vocabulary = data.train_wordpiece_vocabulary(["unbelievable things", "a b"], 40)
+    tokenizer = data.make_tokenizer(vocabulary)
+    words = [["unbelievable", "a"]]
+    pieces = [[int(i) for i in row] for row in tokenizer(tf.constant(words[0]))]
+    assert len(pieces[0]) > 1  # the long word is split: the case that matters
+    x, labels, weights = next(iter(data.token_classification_dataset(
+        words, [[5, 7]], tokenizer, sequence_length=32, batch_size=1)))
+    n = len(pieces[0])
+    ids = x["token_ids"].numpy()[0]
+    assert list(ids[1:1 + n]) == pieces[0] and ids[0] == vocabulary.index("[CLS]")
+    # [CLS], the first piece (5), the rest of the word (ignored), "a" (7), [SEP], padding.
+    assert list(labels.numpy()[0][: n + 3]) == [0, 5] + [0] * (n - 1) + [7, 0]
+    assert list(weights.numpy()[0]) == [0, 1] + [0] * (n - 1) + [1] + [0] * (30 - n)
+
+
+@pytest.mark.slow
+def test_token_classification_from_jsonl_trains_saves_and_reloads(tmp_path):
+    from keras_attn.models import BertTokenClassifier
+
+    path = write_jsonl(tmp_path / "tags.jsonl",
+                       [{"tokens": w, "tags": t} for w, t in TAGGED])
+    loaded = data.load_token_classification_files(path, vocabulary_size=80,
+                                                  sequence_length=12, batch_size=4)
+    assert loaded.class_names == ["B-LOC", "B-PER", "O"]
+    x, tags, weights = next(iter(loaded.train))
+    assert weights.shape == tags.shape == x["token_ids"].shape == (4, 12)
+
+    keras.utils.set_random_seed(0)
+    tagger = BertTokenClassifier(tiny_bert(len(loaded.vocabulary), 12), num_classes=3)
+    trains_and_reloads(tagger, loaded.train, next(iter(loaded.train)),
+                       tmp_path / "tagger.keras", epochs=4)
+
+
+def test_token_classification_reads_csv_with_space_separated_words_and_tags(tmp_path):
+    path = write_csv(tmp_path / "tags.csv", ["tokens", "tags"],
+                     [(" ".join(w), " ".join(t)) for w, t in TAGGED])
+    loaded = data.load_token_classification_files(path, vocabulary_size=80,
+                                                  sequence_length=32, batch_size=12)
+    _, _, weights = next(iter(loaded.train))
+    # One weighted position per word: the loss counts words, not pieces.
+    assert int(weights.numpy().sum()) == sum(len(w) for w, _ in TAGGED)
+
+
+# === Images ===
+
+
+def write_images(folder, count=6, size=12):
+    rng = np.random.default_rng(0)
+    for label, brightness in (("dark", 40), ("light", 215)):
+        os.makedirs(folder / label, exist_ok=True)
+        for i in range(count):
+            pixels = np.clip(rng.normal(brightness, 20, (size, size, 3)), 0, 255)
+            keras.utils.save_img(str(folder / label / f"{i}.png"), pixels.astype("uint8"))
+
+
+def test_image_folder_trains_saves_and_reloads(tmp_path):
+    from keras_attn.models import build_vit
+
+    write_images(tmp_path / "photos")
+    loaded = data.load_image_files(str(tmp_path / "photos"), image_size=8, batch_size=4,
+                                   validation_fraction=0.25, seed=0)
+    assert loaded.class_names == ["dark", "light"]
+    assert loaded.examples == {"train": 9, "validation": 3}
+    images, labels = next(iter(loaded.validation))
+    assert images.shape[1:] == (8, 8, 3) and float(tf.reduce_max(images)) > 100
+
+    keras.utils.set_random_seed(0)
+    model = build_vit("vit_tiny_16", image_size=8, patch_size=4, num_classes=2, num_layers=1,
+                      hidden_dim=16, num_heads=2, intermediate_dim=32)
+    trains_and_reloads(model, loaded.train, next(iter(loaded.validation)),
+                       tmp_path / "vit.keras", epochs=3)
+
+
+def test_image_split_folders_keep_the_training_class_ids(tmp_path):
+    write_images(tmp_path / "photos" / "train", count=2)
+    os.makedirs(tmp_path / "photos" / "test" / "light")
+    keras.utils.save_img(str(tmp_path / "photos" / "test" / "light" / "0.png"),
+                         np.full((5, 7, 3), 200, "uint8"))
+    loaded = data.load_image_files(str(tmp_path / "photos"), image_size=6, num_channels=1)
+    images, labels = next(iter(loaded.test))
+    assert images.shape == (1, 6, 6, 1) and labels.numpy().tolist() == [1]  # "light" is 1
+
+
+# === Speech ===
+
+
+@pytest.mark.slow
+def test_speech_table_of_wav_files_trains_saves_and_reloads(tmp_path):
+    from scipy.io import wavfile
+
+    from keras_attn.models import build_conformer
+
+    rng = np.random.default_rng(0)
+    rows = []
+    for i, words in enumerate(["yes", "no", "yes no", "no yes"] * 3):
+        # 8 kHz stereo: resampled to 16 kHz and averaged to mono.
+        audio = (rng.normal(0, 0.1, (2000 * len(words.split()), 2)) * 32767).astype("int16")
+        wavfile.write(str(tmp_path / f"clip{i}.wav"), 8000, audio)
+        rows.append({"audio": f"clip{i}.wav", "text": words})
+    path = write_jsonl(tmp_path / "train.jsonl", rows)
+    loaded = data.load_speech_files(path, batch_size=4)
+    assert loaded.vocabulary == list(" enosy")
+    inputs, labels = next(iter(loaded.train))
+    lengths = sorted(int(n) for n in inputs["waveform_length"])
+    assert set(lengths) <= {4000, 8000}  # 0.25 s at 8 kHz is 4,000 samples at 16 kHz
+
+    keras.utils.set_random_seed(0)
+    model = build_conformer("conformer_tiny", vocabulary_size=len(loaded.vocabulary) + 1,
+                            num_layers=1)
+    trains_and_reloads(model, loaded.train, next(iter(loaded.train)),
+                       tmp_path / "conformer.keras", epochs=3)
+
+
+# === Translation ===
+
+PAIRS = [{"en": "one cat", "fr": "un chat"}, {"en": "two cats", "fr": "deux chats"},
+         {"en": "one dog", "fr": "un chien"}, {"en": "two dogs", "fr": "deux chiens"}] * 3
+
+
+@pytest.mark.slow
+def test_translation_pairs_train_save_and_reload(tmp_path):
+    from keras_attn.models import build_transformer
+
+    path = write_jsonl(tmp_path / "pairs.jsonl", PAIRS)
+    loaded = data.load_translation_files(path, vocabulary_size=60, batch_size=4,
+                                         source_field="en", target_field="fr")
+    assert loaded.vocabulary[:4] == ["[PAD]", "[START]", "[END]", "[UNK]"]
+    keras.utils.set_random_seed(0)
+    model = build_transformer("transformer_base", vocabulary_size=len(loaded.vocabulary),
+                              hidden_dim=16, intermediate_dim=32, num_heads=2,
+                              num_encoder_layers=1, num_decoder_layers=1,
+                              max_sequence_length=16)
+    trains_and_reloads(model, loaded.train, next(iter(loaded.train)),
+                       tmp_path / "transformer.keras", epochs=3)
+
+
+# === Bad files, refused by name ===
+
+
+@pytest.mark.parametrize("write, message", [
+    (lambda p: str(p / "missing.csv"), "No file or folder"),
+    (lambda p: write_csv(p / "empty.csv", ["text", "label"], []), "holds no examples"),
+    (lambda p: write_csv(p / "x.csv", ["sentence", "label"], [("a", 1)]), "has no column"),
+    (lambda p: write_jsonl(p / "x.jsonl", [{"text": "a"}]), "line 1 has no field"),
+    (lambda p: write_csv(p / "x.txt", ["text", "label"], [("a", 1)]), "CSV or JSON Lines"),
+    (lambda p: str(p), "needs train.csv or train.jsonl"),
+])
+def test_bad_tables_are_refused_naming_the_path(tmp_path, write, message):
+    path = write(tmp_path)
+    with pytest.raises(ValueError, match=message) as error:
+        data.load_text_classification_files(path)
+    assert str(error.value).endswith(f"Received: path={path!r}")
+
+
+def test_a_test_label_unknown_to_training_is_refused(tmp_path):
+    write_csv(tmp_path / "train.csv", ["text", "label"], SENTENCES)
+    write_csv(tmp_path / "test.csv", ["text", "label"], [("so so", "meh")])
+    with pytest.raises(ValueError, match=r"labels the training set does not have: \['meh'\]"):
+        data.load_text_classification_files(str(tmp_path))
+
+
+def test_a_tag_count_unlike_the_word_count_is_refused(tmp_path):
+    path = write_jsonl(tmp_path / "tags.jsonl", [{"tokens": ["a", "b"], "tags": ["O"]}])
+    with pytest.raises(ValueError, match="2 words and 1 tags"):
+        data.load_token_classification_files(path)
+
+
+def test_an_image_folder_without_class_folders_or_images_is_refused(tmp_path):
+    with pytest.raises(ValueError, match="no class sub-folder"):
+        data.load_image_files(str(tmp_path), image_size=8)
+    os.makedirs(tmp_path / "cats")
+    with pytest.raises(ValueError, match="hold no image"):
+        data.load_image_files(str(tmp_path), image_size=8)
+
+
+def test_a_missing_audio_file_is_refused(tmp_path):
+    path = write_csv(tmp_path / "train.csv", ["audio", "text"], [("nowhere.wav", "yes")])
+    with pytest.raises(ValueError, match="no audio file"):
+        data.load_speech_files(path)
+
+
+def test_check_table_files_reads_only_the_first_row(tmp_path):
+    path = write_jsonl(tmp_path / "pairs.jsonl", [{"en": "a", "fr": "b"}])
+    with open(path, "a") as handle:
+        handle.write("not json\n")  # found when the data loads, not by the quick check
+    assert files.check_table_files(path, ["en", "fr"])["train"] == path
+    with pytest.raises(ValueError, match="line 2: not JSON"):
+        data.load_translation_files(path, source_field="en", target_field="fr")
