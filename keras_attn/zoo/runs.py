@@ -635,7 +635,8 @@ sys.exit(_export_in_child(*sys.argv[1:]))
 """
 
 
-def export_on_tensorflow(run_dir, path, format="saved_model", precision="float32"):
+def export_on_tensorflow(run_dir, path, format="saved_model", precision="float32",
+                         streaming=False):
     """`export` in a subprocess on the TensorFlow backend: the SavedModel
     exporters trace TensorFlow graphs, and model.keras loads on any backend
     (train on JAX, export on TensorFlow)."""
@@ -643,19 +644,19 @@ def export_on_tensorflow(run_dir, path, format="saved_model", precision="float32
 
     print(f"exporting {os.path.join(run_dir, MODEL)} on the TensorFlow backend", flush=True)
     environment = dict(os.environ, KERAS_BACKEND="tensorflow")
-    result = subprocess.run([sys.executable, "-c", _EXPORT_CHILD, run_dir, path, format, precision],
-                            env=environment)
+    result = subprocess.run([sys.executable, "-c", _EXPORT_CHILD, run_dir, path, format, precision,
+                             "streaming" if streaming else ""], env=environment)
     if result.returncode:
         raise RuntimeError(f"export({run_dir!r}, {path!r}, format={format!r}, "
                            f"precision={precision!r}) on the TensorFlow backend failed with "
                            f"status {result.returncode} (its error is printed above)")
 
 
-def _export_in_child(run_dir, path, format, precision):
+def _export_in_child(run_dir, path, format, precision, streaming=""):
     """`export_on_tensorflow`'s child: a refusal (bad input, a full disk) is
     printed without a traceback and ends it with status 2."""
     try:
-        export(run_dir, path, format, precision)
+        export(run_dir, path, format, precision, streaming=streaming == "streaming")
     except (ValueError, OSError) as error:
         print(f"export on the TensorFlow backend: error: {error}", file=sys.stderr)
         return 2
@@ -665,7 +666,7 @@ def _export_in_child(run_dir, path, format, precision):
 EXPORT_FORMATS = ("saved_model", "onnx", "litert", "hf")
 
 
-def export(run_dir, output=None, format="saved_model", precision="float32"):
+def export(run_dir, output=None, format="saved_model", precision="float32", streaming=False):
     """Writes a run's model (model.keras, or the newest checkpoint) for
     serving or sharing; returns `(path, source)`.
 
@@ -679,6 +680,9 @@ def export(run_dir, output=None, format="saved_model", precision="float32"):
     `format="hf"`: a Hugging Face directory of a BERT or ViT run
     (`keras_attn.convert.save_hf_bert` with the run's tokenizer,
     `save_hf_vit`), to `output` (default `<run_dir>/hf`), on any backend.
+    `streaming=True` (a streaming Conformer run; `"onnx"` or `"litert"`):
+    the streaming step with its state tensors, chunk by chunk
+    (`keras_attn.export.streaming`), to `<run_dir>/<format>_streaming`.
     """
     import keras
 
@@ -692,6 +696,8 @@ def export(run_dir, output=None, format="saved_model", precision="float32"):
     from keras_attn.export.portable import check_format
 
     check_format(format, precision)
+    if streaming:
+        return _export_streaming(run_dir, output, format, precision)
     path = output or os.path.join(run_dir, SAVED_MODEL if format == "saved_model" else format)
     if os.path.isfile(os.path.join(run_dir, RECIPE)):  # refused before loading anything
         from keras_attn.zoo.tasks import make_task
@@ -703,6 +709,30 @@ def export(run_dir, output=None, format="saved_model", precision="float32"):
         return path, os.path.join(run_dir, MODEL)
     _, task, model, source = load_run(run_dir)
     _export_task(task, model, run_dir, path, format=format, precision=precision, source=source)
+    return path, source
+
+
+def _export_streaming(run_dir, output, format, precision):
+    import keras
+
+    from keras_attn.export.portable import PORTABLE_FORMATS
+
+    family = read_json(os.path.join(run_dir, RECIPE)).get("family") \
+        if os.path.isfile(os.path.join(run_dir, RECIPE)) else None
+    if format not in PORTABLE_FORMATS or family != "conformer":
+        raise ValueError(
+            f"The streaming step is exported from a Conformer run as {PORTABLE_FORMATS}. "
+            f"Received: format={format!r}, a run of family {family!r}, streaming=True")
+    path = output or os.path.join(run_dir, f"{format}_streaming")
+    if keras.backend.backend() != "tensorflow":
+        export_on_tensorflow(run_dir, path, format, precision, streaming=True)
+        return path, os.path.join(run_dir, MODEL)
+    from keras_attn.export.streaming import export_streaming
+
+    _, task, model, source = load_run(run_dir)
+    export_streaming(model, path, format, precision,
+                     vocabulary=getattr(task, "vocabulary", None))
+    stamp_export(run_dir, path, source)
     return path, source
 
 
