@@ -16,20 +16,36 @@ source_ids (B, S)                          target_ids (B, T) (BOS y_1 .. y_{T-1}
 Padding masks are `ids != pad_id` on both sides (the first target position
 excepted: it holds the start token, which may be the pad id, as in Marian)
 and are passed explicitly to every block (so any `pad_id` works, not only 0).
+
+Packed rows (docs/packing.md) run the same layers through `call`, outside
+the functional graph: source and target rows packed in step
+(`keras_attn.data.pack_sequences(sources, ..., targets=...)`), segment `k` of
+a target row being the translation of segment `k` of its source row. The
+segment ids make the encoder's self-attention block-diagonal, the decoder's
+causal inside each target segment, and the cross-attention pair target
+segment `k` with source segment `k` only; the positions restart with each
+segment; the padding masks are `segment_ids > 0`.
 """
 
 import dataclasses
 import types
 
 import keras
+import numpy as np
 from keras import ops
 
 from keras_attn._clone import for_sublayer
 from keras_attn._guard import GuardedModel
 from keras_attn._guard import IdSpec
+from keras_attn._guard import concrete_value
 from keras_attn.models._config import ConfigModel
 from keras_attn.models._config import config_arguments
+from keras_attn.models._packing import any_invalid
+from keras_attn.models._packing import refused
 from keras_attn._remat import remat_scope
+from keras_attn.layers.masking import checked_positions
+from keras_attn.layers.masking import checked_segment_ids
+from keras_attn.layers.masking import nan_where
 from keras_attn.layers.position_embedding import PositionEmbedding
 from keras_attn.layers.sinusoidal_positional_encoding import (
     SinusoidalPositionalEncoding,
@@ -49,7 +65,9 @@ from keras_attn.models.transformer.transformer_config import (
 # model's attributes (`layers` is either).
 
 
-def _embed(layers, side, ids, start_index=0, training=None):
+def _embed(layers, side, ids, start_index=0, training=None, packing=None):
+    """Token embedding plus positions, then dropout; `packing` is a packed
+    side's `(segment_ids, positions)` (None: positions from `start_index`)."""
     if side == "encoder":
         embedding, position, dropout = (layers.source_embedding,
                                         layers.encoder_position_embedding,
@@ -59,7 +77,10 @@ def _embed(layers, side, ids, start_index=0, training=None):
                                         layers.decoder_position_embedding,
                                         layers.decoder_embedding_dropout)
     x = embedding(ids)  # (B, L, D), scaled by sqrt(D)
-    x = x + position(x, start_index=start_index)
+    if packing is None:
+        x = x + position(x, start_index=start_index)
+    else:
+        x = x + position(x, positions=packing[1], segment_ids=packing[0])  # (B, L, D)
     return dropout(x, training=training)
 
 
@@ -71,11 +92,20 @@ def _logits(layers, y):
     return layers.output_projection(y)
 
 
-def _encode(layers, pad_id, source_ids, training=None):
-    source_mask = ops.not_equal(source_ids, pad_id)  # (B, S)
-    x = _embed(layers, "encoder", source_ids, training=training)
+def _encode(layers, pad_id, source_ids, training=None, packing=None):
+    """`(encoder output (B, S, D), source mask (B, S))`; `packing` is the
+    source's `(segment_ids, positions)` for packed rows, whose mask is
+    `segment_ids > 0`."""
+    if packing is None:
+        source_mask = ops.not_equal(source_ids, pad_id)  # (B, S)
+        x = _embed(layers, "encoder", source_ids, training=training)
+        segments = {}
+    else:
+        source_mask = packing[0] > 0  # (B, S)
+        x = _embed(layers, "encoder", source_ids, training=training, packing=packing)
+        segments = {"segment_ids": packing[0]}
     for block in layers.encoder_blocks:
-        x = block(x, padding_mask=source_mask, training=training)
+        x = block(x, padding_mask=source_mask, training=training, **segments)
     if layers.encoder_final_layer_norm is not None:
         x = layers.encoder_final_layer_norm(x)
     return x, source_mask
@@ -88,9 +118,20 @@ def _target_mask(target_ids, pad_id):
     return ops.concatenate([first, ops.not_equal(target_ids[:, 1:], pad_id)], axis=1)
 
 
-def _decode(layers, pad_id, target_ids, encoder_output, source_mask, training=None):
-    target_mask = _target_mask(target_ids, pad_id)  # (B, T)
-    y = _embed(layers, "decoder", target_ids, training=training)
+def _decode(layers, pad_id, target_ids, encoder_output, source_mask, training=None,
+            packing=None, source_segment_ids=None):
+    """Logits `(B, T, V)`; `packing` is the target's `(segment_ids,
+    positions)` for packed rows (then `source_segment_ids` pairs segment `k`
+    of both rows in the cross-attention)."""
+    if packing is None:
+        target_mask = _target_mask(target_ids, pad_id)  # (B, T)
+        y = _embed(layers, "decoder", target_ids, training=training)
+        segments = {}
+    else:
+        target_mask = packing[0] > 0  # (B, T)
+        y = _embed(layers, "decoder", target_ids, training=training, packing=packing)
+        segments = {"decoder_segment_ids": packing[0],
+                    "encoder_segment_ids": source_segment_ids}
     for block in layers.decoder_blocks:
         y = block(
             y,
@@ -98,8 +139,72 @@ def _decode(layers, pad_id, target_ids, encoder_output, source_mask, training=No
             decoder_padding_mask=target_mask,
             encoder_padding_mask=source_mask,
             training=training,
+            **segments,
         )
     return _logits(layers, y)
+
+
+# Optional inputs of packed rows (docs/packing.md), outside the functional
+# graph: left out, the model runs that graph as it did before packing.
+PACKED_INPUT_NAMES = ("source_segment_ids", "source_positions",
+                      "target_segment_ids", "target_positions")
+
+
+def packed_inputs(inputs):
+    """The packed inputs of a dict of inputs that holds them (a dict of
+    `PACKED_INPUT_NAMES`), None when it holds none; some without the others
+    is a `ValueError`."""
+    if not isinstance(inputs, dict):
+        return None
+    present = [name for name in PACKED_INPUT_NAMES if inputs.get(name) is not None]
+    if not present:
+        return None
+    if len(present) < len(PACKED_INPUT_NAMES):
+        raise ValueError(
+            "Invalid value for argument `inputs`: packed rows need all of "
+            f"{list(PACKED_INPUT_NAMES)}. Received: inputs with keys {sorted(inputs)}"
+        )
+    return {name: inputs[name] for name in PACKED_INPUT_NAMES}
+
+
+def _checked_packing(source_ids, target_ids, packed, pad_id):
+    """The packed inputs checked under their own names: `(source packing,
+    target packing, invalid)`, each packing `(segment_ids, positions)`
+    int32 and `invalid` `(B,)` (or None) the rows to make NaN in a graph.
+
+    Beyond each side being a packing, the rows must hold the same number of
+    segments on both sides (target segment `k` translates source segment
+    `k`), and a token of a segment may not be the pad id (the padded model
+    masks it; a packed row's padding is its segment 0), save the first
+    token of a target segment (the start token, which may be the pad id).
+    """
+    sides, invalid = [], []
+    for side, ids in (("source", source_ids), ("target", target_ids)):
+        segment_ids, bad_segments = checked_segment_ids(
+            packed[f"{side}_segment_ids"], f"{side}_segment_ids")
+        positions, bad_positions = checked_positions(
+            packed[f"{side}_positions"], segment_ids, name=f"{side}_positions")
+        sides.append((segment_ids, positions))
+        pads = ops.logical_and(segment_ids > 0, ops.equal(ops.cast(ids, "int32"), pad_id))
+        if side == "target":
+            pads = ops.logical_and(pads, positions > 0)
+        invalid += [bad_segments, bad_positions, refused(
+            ops.any(pads, axis=1), f"{side}_ids",
+            lambda row, side=side, pads=pads: (
+                f"a token of a segment may not be the pad id {pad_id} (the padded "
+                "model masks it)" + (", but a segment's first (the start token)"
+                                     if side == "target" else "")
+                + f". Received: {side}_ids[{row}] holds it at step "
+                f"{int(np.argmax(concrete_value(pads)[row]))}"))]
+    counts = [ops.max(segment_ids, axis=1) for segment_ids, _ in sides]  # (B,) each
+    invalid.append(refused(
+        ops.not_equal(counts[0], counts[1]), "target_segment_ids",
+        lambda row: (
+            "a target row must hold as many segments as its source row (segment k "
+            f"of both is one example). Received: target_segment_ids[{row}].max()="
+            f"{int(concrete_value(counts[1])[row])}, source_segment_ids[{row}].max()="
+            f"{int(concrete_value(counts[0])[row])}")))
+    return sides[0], sides[1], any_invalid(*invalid)
 
 
 @keras.saving.register_keras_serializable(package="keras_attn")
@@ -118,6 +223,22 @@ class Transformer(GuardedModel, ConfigModel, keras.Model):
     positions); inside a compiled step such ids give NaN outputs and a NaN
     loss, and the step is skipped (see `keras_attn._guard`). The arguments are the fields of `TransformerConfig`; prefer
     `build_transformer("transformer_base", ...)`.
+
+    Packed rows (docs/packing.md): call the model on a dict of
+    `source_ids`, `target_ids` and the four optional inputs
+    `source_segment_ids`, `source_positions`, `target_segment_ids`,
+    `target_positions`, all `(B, S)` or `(B, T)` int, as
+    `keras_attn.data.pack_sequences(sources, S, targets=..., target_row_length=T)`
+    gives them (`segment_ids`, `positions`, `target_segment_ids`,
+    `target_positions`): segment `k` of a target row is the translation of
+    segment `k` of its source row. Each example of a packed row gets the
+    logits, the loss (labels packed like `target_ids`, padded with `pad_id`)
+    and the gradient it gets alone. A packing that is not valid (see
+    `keras_attn.layers.masking.SEGMENT_RULE`), rows with different numbers of
+    segments on the two sides, or a pad id inside a segment is a `ValueError`
+    naming the input in an eager call and NaN logits for that row inside a
+    compiled step. Without them (a list or a dict of the two ids) the
+    functional graph runs as it always did.
 
     Besides the functional call, the model exposes what decoding needs:
     `encode`, `decode` (the full decoder pass), `init_decoding_state` and
@@ -242,6 +363,31 @@ class Transformer(GuardedModel, ConfigModel, keras.Model):
 
         # === Config ===
         self.transformer_config = config
+
+    def call(self, inputs, training=None, mask=None):
+        packed = packed_inputs(inputs)
+        if packed is None:  # the functional graph, as without packing
+            return super().call(inputs, training=training, mask=mask)
+        pad_id = self.transformer_config.pad_id
+        source_ids, target_ids = inputs["source_ids"], inputs["target_ids"]
+        # Checked under this model's input names first (the layers check
+        # again under their own, and make a bad row NaN inside a graph).
+        source, target, invalid = _checked_packing(source_ids, target_ids, packed, pad_id)
+        encoder_output, source_mask = _encode(self, pad_id, source_ids, training,
+                                              packing=source)  # (B, S, D), (B, S)
+        logits = _decode(self, pad_id, target_ids, encoder_output, source_mask, training,
+                         packing=target, source_segment_ids=source[0])  # (B, T, V)
+        return nan_where(invalid, logits)
+
+    def compute_output_spec(self, inputs, training=None, mask=None):
+        # A symbolic call with the packed inputs is not one the functional
+        # graph was built for: the logits' shape is known.
+        if packed_inputs(inputs) is None:
+            return super().compute_output_spec(inputs, training=training, mask=mask)
+        target_ids = inputs["target_ids"]
+        return keras.KerasTensor(
+            (target_ids.shape[0], target_ids.shape[1], self._target_vocabulary_size()),
+            self.compute_dtype)
 
     def input_specs(self):
         config = self.transformer_config
