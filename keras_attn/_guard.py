@@ -20,9 +20,49 @@ Three lines of defence, from the cheapest to the last resort:
 Layers and models use `keras.ops` only; this module touches backend
 specifics only through Keras's own helpers, to tell a concrete tensor from
 a traced one.
+
+The Keras seams the guard stands on, each public, and why each is needed:
+
+- `compute_loss(x, y, y_pred, sample_weight, training)`: the hook for the
+  loss that Keras 3 documents for subclasses (the guide "Customizing what
+  happens in `fit()`", and `Model.compute_loss`'s docstring); the default
+  `train_step` and `test_step` of every backend call it (through
+  `Trainer._compute_loss`), inside `tf.function`, `jax.jit` and PyTorch's
+  eager step alike. The label and input guards multiply the loss there.
+  `train_step` / `test_step` / `predict_step` are not overridden: the
+  defaults already call `compute_loss`, and steps of our own would be written
+  once per backend (Keras's own differ: JAX's are stateless) and would have
+  to copy what Keras does in them (loss scaling, metrics, distribution).
+- `compile(optimizer, loss, ...)`, overridden as keras-hub's tasks do: the
+  one moment the optimizer and the loss are given; the optimizer is wrapped
+  in `SkipNonFiniteSteps` (a subclass of the public
+  `keras.optimizers.LossScaleOptimizer`) and a loss that reads probabilities
+  is refused for logits. `compile_from_config` then comes with it, as Keras's
+  `Trainer.compile_from_config` asks of every model with a custom `compile`
+  (else a reloaded model is left uncompiled).
+- `keras.callbacks.Callback` (`StopOnNonFiniteLoss`): sees each step's loss
+  and ends `fit` with `NonFiniteLossError`.
+- `fit`, `evaluate`, `predict`: they stay because no public seam sees the
+  data before the first compiled step (on TensorFlow and JAX `train_step`
+  runs traced, where no check can raise), no other adds a callback to every
+  `fit`, and Keras's JAX trainer leaves the variables detached when the
+  first step fails. Each binds its arguments to Keras's own signature
+  (`keras_arguments`: `inspect.signature(...).bind`), so an argument is found
+  wherever the caller put it, and a Keras that renamed one is refused loudly.
+- `__call__`: every call of the model passes through it (the default steps
+  of TensorFlow and PyTorch call `self(x)`), whatever `call` the family
+  defines (BERT's packed inputs take a path of their own); the inputs are
+  found as Keras's `Layer.__call__` finds them (the first argument of
+  `call`). JAX's steps run `call` traced through `stateless_call`, where
+  nothing could be checked anyway.
+
+The Keras internals the guard needs (telling a traced tensor from a concrete
+one, the detached values of the JAX trainer, `LossScaleOptimizer`'s step
+hooks) are in `keras_attn._keras_compat`.
 """
 
 import dataclasses
+import inspect
 import math
 import numbers
 
@@ -34,6 +74,7 @@ from keras_attn._keras_compat import in_tf_graph
 from keras_attn.errors import NonFiniteLossError  # noqa: F401  (raised here; its old home)
 from keras_attn._keras_compat import is_in_jax_tracing_scope
 from keras_attn._keras_compat import no_automatic_dependency_tracking
+from keras_attn._keras_compat import overrides_loss_scale_hooks
 from keras_attn._keras_compat import reattach_values
 from keras_attn._keras_compat import variable_values
 
@@ -173,6 +214,7 @@ def check_length(name, values, max_length, axis=1):
 
 
 @keras.saving.register_keras_serializable(package="keras_attn")
+@overrides_loss_scale_hooks
 class SkipNonFiniteSteps(keras.optimizers.LossScaleOptimizer):
     """Wraps an optimizer so that a step with a non-finite gradient is a
     no-op: no weight, moment or iteration count changes.
@@ -571,19 +613,25 @@ class GuardedModel:
         )
         return loss * ops.cast(guard * self.guard_inputs(x), loss.dtype)
 
-    # --- Keras entry points ---
+    # --- Keras entry points (see the module docstring for why each) ---
 
     def __call__(self, *args, **kwargs):
-        if args:
-            self.check_inputs(args[0])
-        elif "inputs" in kwargs:
-            self.check_inputs(kwargs["inputs"])
+        inputs = _first_argument(self.call, args, kwargs)
+        if inputs is not None:
+            self.check_inputs(inputs)
         return super().__call__(*args, **kwargs)
 
-    def compile(self, optimizer="rmsprop", *args, **kwargs):
+    def compile(self, *args, **kwargs):
+        """`keras.Model.compile`, with the optimizer wrapped by `guard_optimizer`
+        and, for a model whose outputs are logits, a loss that reads
+        probabilities refused."""
+        bound = keras_arguments(super().compile, args, kwargs, ("optimizer", "loss"))
+        arguments = bound.arguments
         if self.outputs_are_logits():
-            check_loss_reads_logits(args[0] if args else kwargs.get("loss"), self.name)
-        super().compile(guard_optimizer(optimizer, self.dtype_policy), *args, **kwargs)
+            check_loss_reads_logits(arguments.get("loss"), self.name)
+        optimizer = arguments.get("optimizer", bound.signature.parameters["optimizer"].default)
+        arguments["optimizer"] = guard_optimizer(optimizer, self.dtype_policy)
+        super().compile(*bound.args, **bound.kwargs)
 
     def compile_from_config(self, config):
         """Compiles a reloaded model as it was saved: the saved config holds
@@ -596,25 +644,34 @@ class GuardedModel:
             # Variables to load the saved optimizer state into.
             self.optimizer.build(self.trainable_variables)
 
-    def fit(self, x=None, y=None, *args, **kwargs):
-        self._check_data(x, y)
-        validation = kwargs.get("validation_data")
+    def fit(self, *args, **kwargs):
+        """`keras.Model.fit`, with concrete data checked first and
+        `StopOnNonFiniteLoss` among the callbacks."""
+        bound = keras_arguments(super().fit, args, kwargs,
+                                ("x", "y", "callbacks", "validation_data"))
+        arguments = bound.arguments
+        self._check_data(arguments.get("x"), arguments.get("y"))
+        validation = arguments.get("validation_data")
         if isinstance(validation, (tuple, list)) and len(validation) >= 2:
             self._check_data(validation[0], validation[1])
-        if len(args) < 4:  # `callbacks` is fit's sixth argument
-            kwargs["callbacks"] = with_stop_callback(
-                kwargs.get("callbacks"), self.describe_inputs()
-            )
-        return self._keeping_variables(lambda: super(GuardedModel, self).fit(x, y, *args, **kwargs))
-
-    def evaluate(self, x=None, y=None, *args, **kwargs):
-        self._check_data(x, y)
+        arguments["callbacks"] = with_stop_callback(
+            arguments.get("callbacks"), self.describe_inputs())
         return self._keeping_variables(
-            lambda: super(GuardedModel, self).evaluate(x, y, *args, **kwargs))
+            lambda: super(GuardedModel, self).fit(*bound.args, **bound.kwargs))
 
-    def predict(self, x, *args, **kwargs):
-        self._check_data(x)
-        return self._keeping_variables(lambda: super(GuardedModel, self).predict(x, *args, **kwargs))
+    def evaluate(self, *args, **kwargs):
+        """`keras.Model.evaluate`, with concrete data checked first."""
+        bound = keras_arguments(super().evaluate, args, kwargs, ("x", "y"))
+        self._check_data(bound.arguments.get("x"), bound.arguments.get("y"))
+        return self._keeping_variables(
+            lambda: super(GuardedModel, self).evaluate(*bound.args, **bound.kwargs))
+
+    def predict(self, *args, **kwargs):
+        """`keras.Model.predict`, with concrete inputs checked first."""
+        bound = keras_arguments(super().predict, args, kwargs, ("x",))
+        self._check_data(bound.arguments.get("x"))
+        return self._keeping_variables(
+            lambda: super(GuardedModel, self).predict(*bound.args, **bound.kwargs))
 
     def _keeping_variables(self, call):
         """`call()`; on JAX, a call that fails leaves the model usable.
@@ -649,3 +706,31 @@ def _is_dataset_like(x):
     if isinstance(x, keras.utils.PyDataset):
         return True
     return hasattr(x, "__iter__") and not ops.is_tensor(x)
+
+
+def keras_arguments(method, args, kwargs, names):
+    """The arguments of a call of Keras's `method` (a bound `keras.Model`
+    method), by name wherever the caller put them: `inspect.signature(method)
+    .bind(*args, **kwargs)`. A call Keras would refuse is a `TypeError` here
+    too. `names` are those the guard reads or sets: a Keras whose `method`
+    lacks one is refused loudly rather than guarded silently wrong."""
+    signature = inspect.signature(method)
+    missing = [name for name in names if name not in signature.parameters]
+    if missing:
+        raise RuntimeError(
+            f"keras_attn's guard reads the arguments {missing} of keras.Model."
+            f"{method.__name__}, which Keras {keras.__version__} no longer has "
+            f"(its parameters: {list(signature.parameters)}). keras_attn/_guard.py "
+            "needs updating for this Keras version."
+        )
+    return signature.bind(*args, **kwargs)
+
+
+def _first_argument(call, args, kwargs):
+    """The value of the first parameter of `call` (the model's inputs) in a
+    call `model(*args, **kwargs)`, as Keras's `Layer.__call__` passes it on,
+    or None. A call that does not fit `call` is left to Keras to refuse."""
+    if args:
+        return args[0]
+    parameters = list(inspect.signature(call).parameters)
+    return kwargs.get(parameters[0]) if parameters else None

@@ -37,6 +37,37 @@ except ImportError:  # pragma: no cover - reorganised Keras
         return fn
 
 
+# --- `keras.optimizers.LossScaleOptimizer`'s step hooks: it checks each step's
+# gradients and calls one of these (stateful on TensorFlow and PyTorch, inside
+# tf.distribute's merge call too; stateless on JAX). `_guard.SkipNonFiniteSteps`
+# overrides them to skip a step without scaling its loss; Keras has no public
+# hook for that. A Keras without them is refused at import, not run with the
+# parent's loss scaling instead.
+LOSS_SCALE_STEP_HOOKS = (
+    "_stateful_handle_finite_grads",
+    "_stateful_handle_non_finite_grads",
+    "_stateless_handle_finite_grads",
+    "_stateless_handle_non_finite_grads",
+)
+
+
+def overrides_loss_scale_hooks(cls):
+    """Class decorator: `cls` overrides every `LOSS_SCALE_STEP_HOOKS`, and this
+    Keras's `LossScaleOptimizer` still has each (else `ImportError`)."""
+    parent = keras.optimizers.LossScaleOptimizer
+    missing = [name for name in LOSS_SCALE_STEP_HOOKS if not callable(getattr(parent, name, None))]
+    if missing:
+        raise ImportError(
+            f"Keras {keras.__version__}'s LossScaleOptimizer has no {missing}, which "
+            f"{cls.__name__} overrides to skip non-finite steps: keras_attn/_keras_compat.py "
+            "needs updating for this Keras version."
+        )
+    not_overridden = [name for name in LOSS_SCALE_STEP_HOOKS if name not in vars(cls)]
+    if not_overridden:
+        raise TypeError(f"{cls.__name__} must override {not_overridden}")
+    return cls
+
+
 def in_tf_graph():
     """True inside a `tf.function` trace, where no tensor has a value (no
     public Keras function says so; `keras_attn._guard.concrete_value`)."""
@@ -177,12 +208,14 @@ class SpecFromCall:
 
 __all__ = [
     "GLOBAL_SEED_GENERATOR",
+    "LOSS_SCALE_STEP_HOOKS",
     "SpecFromCall",
     "get_global_seed_generator",
     "get_keras_mask",
     "in_tf_graph",
     "is_in_jax_tracing_scope",
     "no_automatic_dependency_tracking",
+    "overrides_loss_scale_hooks",
     "random_seed_dtype",
     "remat_mode",
     "resolve_policy_maps",
