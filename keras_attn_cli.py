@@ -6,6 +6,7 @@ keras-attn train RECIPE [--set key=value ...] [--output DIR] [--distribute [MODE
 keras-attn prepare RECIPE [--set key=value ...] [--out DIR]
 keras-attn evaluate RUN_DIR [--json] [--exported DIR]
 keras-attn export RUN_DIR [--output PATH] [--format saved_model|onnx|litert|hf] [--precision P]
+                  [--streaming]
 keras-attn transcribe RUN_DIR AUDIO.wav [--stream [--chunk-ms N]]
 keras-attn list [--family F]
 ```
@@ -114,9 +115,11 @@ def evaluate(args):
 
 
 def export(args):
-    path, source = _runs().export(args.run_dir, args.output, args.format, args.precision)
+    path, source = _runs().export(args.run_dir, args.output, args.format, args.precision,
+                                  streaming=args.streaming)
     kind = {"hf": "Hugging Face directory", "saved_model": "SavedModel", "onnx": "ONNX model",
-            "litert": "LiteRT model"}[args.format]
+            "litert": "LiteRT model"}[args.format] + (" of the streaming step" if args.streaming
+                                                     else "")
     print(f"{kind} of {source}: {os.path.abspath(path)}")
     return 0
 

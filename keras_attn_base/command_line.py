@@ -96,7 +96,12 @@ def build_parser(handlers):
                                  "directory (BERT and ViT runs)"}),
         (("--precision",), {"choices": ("float32", "float16", "int8"), "default": "float32",
                             "help": "weights of the export: float32 (default), float16 "
-                                    "(onnx, litert) or int8 (litert; dynamic range)"}))
+                                    "(onnx, litert) or int8 (litert; dynamic range)"}),
+        (("--streaming",), {"action": "store_true",
+                            "help": "onnx, litert (a streaming Conformer run): the streaming "
+                                    "step, one audio chunk and the state tensors in, tokens and "
+                                    "the next state out (default output RUN_DIR/<format>_"
+                                    "streaming; docs/streaming.md, 'On device')"}))
     add("transcribe", "print the transcript of a WAV file (speech runs)",
         "Transcribe a mono PCM WAV file (16-, 24- or 32-bit; resampled to the model's rate) with "
         "a speech run's model, greedy CTC, whole or (--stream) fed chunk by chunk with partial "
