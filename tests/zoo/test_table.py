@@ -114,3 +114,71 @@ def test_recorded_counts_are_the_models(name):
     )
     with open(os.path.join(MODELS, "parameters.json")) as handle:
         assert json.load(handle)[name] == model.count_params()
+
+
+def _streaming_section(text):
+    """The rows of models/README.md's streaming table, split into cells."""
+    lines = text.split("## Streaming speech recognition", 1)[1].splitlines()
+    return [[cell.strip() for cell in line.strip("|").split("|")]
+            for line in lines if line.startswith("| [")]
+
+
+def test_streaming_rows_are_the_recorded_runs_results():
+    # Every streamed chunk size of the recipe has its row, whose WER and
+    # latency are the recorded run's (models/results/), and the offline row
+    # the run's metric with the configured chunk mask.
+    make_table = _make_table()
+    name = "conformer_tiny_digits_streaming"
+    with open(os.path.join(MODELS, "conformer", name + ".json")) as handle:
+        recipe = json.load(handle)
+    with open(os.path.join(MODELS, "results", name + ".json")) as handle:
+        metrics = json.load(handle)["metrics"]
+    with open(os.path.join(MODELS, "results", "conformer_tiny_digits.json")) as handle:
+        offline_wer = json.load(handle)["metrics"]["wer"]
+    rows = [row for row in _streaming_section(make_table.render()) if name in row[0]]
+    sizes = recipe["evaluation"]["streaming_chunk_sizes"]
+    assert len(rows) == 1 + len(sizes)
+    chunk_size = recipe["model"]["overrides"]["chunk_size"]
+    assert rows[0][1:4] == [f"offline, chunk mask of {chunk_size} frames", "-",
+                            f"WER {metrics['wer']:.4f}"]
+    for row, size in zip(rows[1:], sizes):
+        assert row[1:4] == [f"streamed, chunks of {size} frames",
+                            f"{metrics[f'latency_ms_chunk_{size}']:.0f} ms",
+                            f"WER {metrics[f'wer_chunk_{size}']:.4f}"]
+        # The latency is the chunk (40 ms a frame) plus the front end's
+        # look-ahead: 2 feature frames (10 ms each) and half a 512-sample FFT.
+        assert metrics[f"latency_ms_chunk_{size}"] == 40 * size + 20 + 16
+    assert {row[4] for row in rows} == {
+        f"WER {offline_wer:.4f} ([conformer_tiny_digits](conformer/conformer_tiny_digits.json))"}
+
+
+def test_streaming_rows_read_each_chunk_size_from_the_results_file(tmp_path):
+    # Distinct values per chunk size, so that a row showing another size's
+    # numbers (or the recipe's instead of the run's) fails.
+    make_table = _make_table()
+    (tmp_path / "conformer").mkdir()
+    (tmp_path / "results").mkdir()
+    (tmp_path / "parameters.json").write_text("{}")
+    recipe = {"name": "asr_streaming", "family": "conformer", "task": "speech_ctc",
+              "data": {"dataset": "embedded"}, "paper": None,
+              "model": {"preset": "conformer_tiny", "overrides": {"chunk_size": 8}},
+              "evaluation": {"metric": "wer", "streaming_chunk_sizes": [4, 16, 2]}}
+    (tmp_path / "conformer" / "asr_streaming.json").write_text(json.dumps(recipe))
+    text = make_table.render(str(tmp_path))
+    assert _streaming_section(text) == [
+        ["[asr_streaming](conformer/asr_streaming.json)", decoding, "-", "not run here", "-"]
+        for decoding in ["offline, chunk mask of 8 frames", "streamed, chunks of 4 frames",
+                         "streamed, chunks of 16 frames", "streamed, chunks of 2 frames"]]
+    (tmp_path / "results" / "asr_streaming.json").write_text(json.dumps({
+        "name": "asr_streaming", "metric": "wer", "value": 0.125, "metrics": {
+            "wer": 0.125, "wer_chunk_4": 0.25, "latency_ms_chunk_4": 196.0,
+            "wer_chunk_16": 0.0625, "latency_ms_chunk_16": 676.4}}))
+    (tmp_path / "results" / "asr.json").write_text(json.dumps(
+        {"name": "asr", "metric": "wer", "value": 0.03, "metrics": {"wer": 0.03}}))
+    reference = "WER 0.0300 ([asr](conformer/asr.json))"
+    assert [row[1:] for row in _streaming_section(make_table.render(str(tmp_path)))] == [
+        ["offline, chunk mask of 8 frames", "-", "WER 0.1250", reference],
+        ["streamed, chunks of 4 frames", "196 ms", "WER 0.2500", reference],
+        ["streamed, chunks of 16 frames", "676 ms", "WER 0.0625", reference],
+        ["streamed, chunks of 2 frames", "-", "not run here", reference],
+    ]
