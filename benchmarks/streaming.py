@@ -314,7 +314,11 @@ def cpu_name():
 
 
 def main(argv=None):
+    if keras.backend.backend() != "tensorflow":
+        raise SystemExit("The exports need the TensorFlow backend (KERAS_BACKEND=tensorflow).")
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--smoke", action="store_true",
+                        help="tiny model, 3 s, 2 rounds, no exports (checks the script)")
     parser.add_argument("--seconds", type=float, default=30.0)
     parser.add_argument("--positions", default="5,10,20,30", help="seconds")
     parser.add_argument("--chunk-sizes", default="4,8,16", help="encoder frames (40 ms each)")
@@ -325,11 +329,7 @@ def main(argv=None):
     parser.add_argument("--threads", type=int, default=os.cpu_count())
     parser.add_argument("--output", default=os.path.join(HERE, "results", "streaming.json"))
     parser.add_argument("--plot", default=os.path.join(ROOT, "docs", "streaming_speed.png"))
-    parser.add_argument("--smoke", action="store_true",
-                        help="tiny model, 3 s, 2 rounds, no exports (checks the script)")
     args = parser.parse_args(argv)
-    if keras.backend.backend() != "tensorflow":
-        raise SystemExit("The exports need the TensorFlow backend (KERAS_BACKEND=tensorflow).")
     import tensorflow as tf
 
     if args.smoke:
