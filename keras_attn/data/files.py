@@ -141,13 +141,22 @@ def read_table(path, fields, argument="path", limit=None):
     return rows
 
 
-def check_table_files(path, fields, argument="path"):
+def _require(splits, require, path, argument):
+    missing = [split for split in require if splits[split] is None]
+    if missing:
+        raise _error(f"The data needs a {' and a '.join(missing)} set: a folder with "
+                     f"{' and '.join(missing)} files (or folders) beside train", argument, path)
+
+
+def check_table_files(path, fields, argument="path", require=("train",)):
     """Checks, reading only the first row of each file, that `path` gives
-    tables with `fields`; returns `table_splits(path)`."""
+    tables with `fields` and the splits in `require`; returns
+    `table_splits(path)`."""
     splits = table_splits(path, argument)
     for file in splits.values():
         if file is not None:
             read_table(file, fields, argument, limit=1)
+    _require(splits, require, path, argument)
     return splits
 
 
@@ -395,6 +404,18 @@ def list_images(folder, class_names=None, argument="path"):
         raise _error(f"{folder}'s class folders hold no image ({', '.join(IMAGE_SUFFIXES)})",
                      argument, folder)
     return paths, np.array(labels, "int32"), list(class_names)
+
+
+def check_image_folder(path, argument="path", require=("train",)):
+    """Checks that `path` is an image folder (`image_folder_splits`) with the
+    splits in `require`, each holding images of the training classes."""
+    folders = image_folder_splits(path, argument)
+    class_names = list_images(folders["train"], argument=argument)[2]
+    _require(folders, require, path, argument)
+    for split in ("validation", "test"):
+        if folders[split] is not None:
+            list_images(folders[split], class_names, argument)
+    return folders
 
 
 def image_files(path, validation_fraction=0.0, seed=0, argument="path"):

@@ -21,6 +21,7 @@ dataclass.
 
 import dataclasses
 import functools
+import os
 import re
 import typing
 from typing import Annotated
@@ -36,6 +37,8 @@ from keras_attn.errors import RecipeError
 
 EMBEDDED = "embedded"
 TFDS_PREFIX = "tfds:"
+FILES_PREFIX = "files:"
+KINDS = (EMBEDDED, "tfds", "files")
 SCHEMA_FILE = "recipe.schema.json"
 # What every zoo recipe's "$schema" says (the recipes are models/<family>/).
 SCHEMA_REFERENCE = f"../{SCHEMA_FILE}"
@@ -50,8 +53,9 @@ class Section(pydantic.BaseModel):
 
 def field(default=..., *, description, only=None, **limits):
     """A recipe key: its default (none: required), what it means, and its
-    limits (`ge`, `gt`, `le`, `lt`); `only="embedded"` / `"tfds"` for data
-    keys of one kind of dataset."""
+    limits (`ge`, `gt`, `le`, `lt`); `only="embedded"` / `"tfds"` /
+    `"files"` for data keys of one kind of dataset (`"tfds or files"`: of
+    two)."""
     extra = {"only": only} if only else None
     return Field(default, description=description, json_schema_extra=extra, **limits)
 
@@ -81,8 +85,15 @@ def is_number(info):
 
 
 def dataset_kind(dataset):
-    """"embedded" or "tfds" for a `data.dataset` value."""
-    return EMBEDDED if dataset == EMBEDDED else "tfds"
+    """"embedded", "files" or "tfds" for a `data.dataset` value."""
+    if dataset == EMBEDDED:
+        return EMBEDDED
+    return "files" if dataset.startswith(FILES_PREFIX) else "tfds"
+
+
+def files_path(dataset):
+    """The path of a "files:<path>" `data.dataset`."""
+    return dataset[len(FILES_PREFIX):]
 
 
 @functools.lru_cache(maxsize=1)
@@ -108,7 +119,8 @@ def _tfds_name(dataset):
     name = dataset[len(TFDS_PREFIX):]
     builder, _, config = name.partition("/")
     if not dataset.startswith(TFDS_PREFIX) or not builder:
-        raise key_error("", 'must be "embedded" or "tfds:<name>[/<config>]"', dataset)
+        raise key_error("", 'must be "embedded", "tfds:<name>[/<config>]" or "files:<path>"',
+                        dataset)
     import tensorflow_datasets as tfds
 
     known = _tfds_builders()
@@ -123,25 +135,47 @@ def _tfds_name(dataset):
     return name
 
 
+def check_files(dataset, check, *args):
+    """`check(path, *args)` (a `keras_attn.data.files` check) on a
+    "files:<path>" dataset, its `ValueError` a recipe error of
+    `data.dataset`; what `check` returns. For a task's `Data` validator."""
+    try:
+        return check(files_path(dataset), *args)
+    except ValueError as error:
+        problem = str(error).rsplit(" Received:", 1)[0].rstrip(".")
+        raise key_error("dataset", f"gives files the task cannot read: {problem}",
+                        dataset) from None
+
+
 def only_for(info):
-    """"embedded" / "tfds" for a key of one kind of dataset, else None."""
+    """"embedded" / "tfds" / "files" / "tfds or files" for a key of some
+    kinds of dataset, else None."""
     extra = info.json_schema_extra if info is not None else None
     return extra.get("only") if isinstance(extra, dict) else None
 
 
+def for_kind(info, kind):
+    """Whether a key (its field `info`) applies to datasets of `kind`."""
+    only = only_for(info)
+    return only is None or kind in only.split(" or ")
+
+
 def _one_kind_of_dataset(schema, cls):
-    """JSON Schema: the keys of the other kind of dataset are refused
-    (`if` the dataset is "embedded" `then` no tfds key, `else` no embedded
-    key), so that an editor flags them as pydantic does."""
-    keys = {kind: [name for name, info in cls.model_fields.items() if only_for(info) == kind]
-            for kind in (EMBEDDED, "tfds")}
-
-    def none_of(names):
-        return {"not": {"anyOf": [{"required": [name]} for name in names]}} if names else {}
-
-    schema["if"] = {"properties": {"dataset": {"const": EMBEDDED}}, "required": ["dataset"]}
-    schema["then"] = none_of(keys["tfds"])
-    schema["else"] = none_of(keys[EMBEDDED])
+    """JSON Schema: the keys of the other kinds of dataset are refused
+    (for each kind, `if` the dataset is of that kind `then` none of the
+    keys of the others), so that an editor flags them as pydantic does."""
+    matches = {EMBEDDED: {"const": EMBEDDED}, "tfds": {"pattern": f"^{TFDS_PREFIX}"},
+               "files": {"pattern": f"^{FILES_PREFIX}"}}
+    rules = []
+    for kind in KINDS:
+        names = [name for name, info in cls.model_fields.items() if not for_kind(info, kind)]
+        if names:
+            rules.append({
+                "if": {"properties": {"dataset": matches[kind]}, "required": ["dataset"]},
+                "then": {"not": {"anyOf": [{"required": [name]} for name in names]}},
+            })
+    if rules:
+        schema["allOf"] = rules
 
 
 # === Data ===
@@ -153,10 +187,13 @@ class Data(Section):
     model_config = ConfigDict(json_schema_extra=_one_kind_of_dataset)
 
     dataset: str = field(
-        description='"embedded" (the task\'s offline data set) or "tfds:<name>[/<config>]", a '
+        description='"embedded" (the task\'s offline data set), "tfds:<name>[/<config>]", a '
                     "name that `tfds.list_builders()` knows (checked without downloading "
-                    "anything; see `data.download`).",
-        pattern=r"^(embedded|tfds:[^/]+(/.+)?)$",
+                    'anything; see `data.download`), or "files:<path>", your own files (a '
+                    "path relative to the working directory, or absolute): a CSV / JSON Lines "
+                    "file or a folder, as the task's data says (docs/your_data.md); checked "
+                    "before anything trains.",
+        pattern=r"^(embedded|tfds:[^/]+(/.+)?|files:.+)$",
     )
     data_dir: Optional[str] = field(None, only="tfds",
                                     description="Where tfds keeps its data (null: its default).")
@@ -169,20 +206,22 @@ class Data(Section):
     def _known_dataset_and_its_keys(cls, value):
         if isinstance(value, dict) and isinstance(value.get("dataset"), str):
             dataset = value["dataset"]
-            if dataset != EMBEDDED:
+            kind = dataset_kind(dataset)
+            if kind == "tfds":
                 try:
                     _tfds_name(dataset)
                 except pydantic_core.PydanticCustomError as error:
                     raise key_error("dataset", error.context["expectation"], dataset) from None
-            kind = dataset_kind(dataset)
+            if kind == "files" and not os.path.exists(files_path(dataset)):
+                raise key_error("dataset", "names no file or folder (a path relative to the "
+                                           "working directory, or absolute)", dataset)
             if "packing" in value and "packing" not in cls.model_fields:
                 raise key_error("packing", "is not taken by this task: packed rows train the "
                                            "masked_lm task only (docs/packing.md)",
                                 value["packing"])
             for key, info in cls.model_fields.items():
-                only = only_for(info)
-                if only is not None and only != kind and key in value:
-                    raise key_error(key, f"is for {only} datasets only", value[key])
+                if not for_kind(info, kind) and key in value:
+                    raise key_error(key, f"is for {only_for(info)} datasets only", value[key])
         return value
 
     @pydantic.model_serializer(mode="wrap")
@@ -190,7 +229,7 @@ class Data(Section):
         kind = dataset_kind(self.dataset)
         fields = type(self).model_fields
         return {key: value for key, value in handler(self).items()
-                if only_for(fields.get(key)) in (None, kind)}
+                if key not in fields or for_kind(fields[key], kind)}
 
 
 class TfdsSplits(Data):

@@ -125,8 +125,11 @@ class Task:
         self.evaluation = recipe["evaluation"]
         self.seed = self.training["seed"]
         self.batch_size = self.training["batch_size"]
-        self.embedded = self.data["dataset"] == "embedded"
-        self.tfds_name = None if self.embedded else self.data["dataset"][len("tfds:"):]
+        kind = schema.dataset_kind(self.data["dataset"])
+        self.embedded = kind == schema.EMBEDDED
+        # "files:<path>": the user's own files (keras_attn.data.files).
+        self.files = schema.files_path(self.data["dataset"]) if kind == "files" else None
+        self.tfds_name = self.data["dataset"][len("tfds:"):] if kind == "tfds" else None
         self.batches_per_epoch = None
         self.model_config = None
         self._prepared = False

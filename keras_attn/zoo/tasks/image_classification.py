@@ -12,6 +12,7 @@ from typing import Literal
 from typing import Optional
 
 import numpy as np
+import pydantic
 
 from keras_attn.zoo import schema
 from keras_attn.zoo.schema import field
@@ -34,12 +35,15 @@ class Augmentation(schema.Section):
 class ImageClassificationData(schema.TfdsSplits):
     """Embedded: scikit-learn's 1,797 8 x 8 digits, resized to the model's
     image_size and repeated to its num_channels; tfds: any image
-    classification set (num_classes from its features)."""
+    classification set (num_classes from its features); files: a folder
+    with `train/`, `test/` and optionally `validation/`, each with one
+    sub-folder of images per class (sorted names: the class ids)."""
 
     validation_fraction: float = field(
         0.1, **_SHARE, description="Share of the training images held out for validation "
                                    "(tfds: when validation_split is null, the end of "
-                                   "train_split).")
+                                   "train_split; files: when there is no validation/ "
+                                   "folder).")
     test_fraction: float = field(0.2, gt=0, lt=1, only="embedded",
                                  description="The stratified test split (drawn with "
                                              "training.seed, as are every task's splits).")
@@ -48,6 +52,15 @@ class ImageClassificationData(schema.TfdsSplits):
                                             description="The validation split (null: none).")
     image_key: str = field("image", only="tfds", description="The feature with the image.")
     label_key: str = field("label", only="tfds", description="The feature with the label.")
+
+    @pydantic.model_validator(mode="after")
+    def _an_image_folder(self):
+        if schema.dataset_kind(self.dataset) == "files":
+            from keras_attn.data import files
+
+            schema.check_files(self.dataset, files.check_image_folder, "path",
+                               ("train", "test"))
+        return self
 
 
 class ImageClassificationEvaluation(schema.Evaluation):
@@ -74,6 +87,8 @@ class ImageClassification(Task):
         self.augmentation = images.StatelessAugmentation(**augmentation)
         if self.embedded:
             self._load_digits(config)
+        elif self.files:
+            self._load_files(config)
         else:
             self._load_tfds(config)
         self.model_config = replace_vit_config(config, num_classes=self.num_classes)
@@ -96,6 +111,18 @@ class ImageClassification(Task):
         self.train_arrays = (x, y)
         self.num_classes = 10
         self.batches_per_epoch = batch_count(len(x), self.batch_size)
+
+    def _load_files(self, config):
+        from keras_attn.data import files
+
+        self.file_splits, class_names = files.image_files(
+            self.files, self.data["validation_fraction"], self.seed)
+        self.num_classes = len(class_names)
+        # The split names stand where tfds split strings do.
+        self.splits = tuple(s if self.file_splits[s] else None for s in files.SPLITS)
+        self.batches_per_epoch = batch_count(len(self.file_splits["train"][0]),
+                                             self.batch_size)
+        self._image_config = config
 
     def _tfds_splits(self):
         """(train, validation, test) split strings."""
@@ -129,6 +156,10 @@ class ImageClassification(Task):
         from keras_attn.data import images
 
         config = self._image_config
+        if self.files:
+            return images.image_files_pipeline(
+                *self.file_splits[split], config.image_size, config.num_channels,
+                self.batch_size, seed=self.seed, **kwargs)
         dataset, _ = images.load_tfds_image_dataset(
             self.tfds_name, data_dir=self.data["data_dir"], split=split,
             image_size=config.image_size, batch_size=self.batch_size,
@@ -240,6 +271,12 @@ class ImageClassification(Task):
 
     def assume_data_sizes(self):
         import tensorflow_datasets as tfds
+
+        if self.files:
+            from keras_attn.data import files
+
+            self.num_classes = len(files.image_files(self.files)[1])
+            return
 
         features = tfds.builder(self.tfds_name).info.features
         self.num_classes = features[self.data["label_key"]].num_classes

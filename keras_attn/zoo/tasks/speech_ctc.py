@@ -30,18 +30,35 @@ class SpeechCTCData(schema.TfdsSplits):
     """Embedded: spoken digit strings synthesised offline with eSpeak NG (the
     digits are the vocabulary; each digit is a word for the WER); tfds:
     librispeech, speech_commands or any set with audio and text (vocabulary
-    a-z, apostrophe, space)."""
+    a-z, apostrophe, space); files: a folder with `train.csv|jsonl`,
+    `test.*` and optionally `validation.*`, each row a WAV file (relative to
+    the folder) and its transcript (vocabulary: the transcripts'
+    characters)."""
 
     utterances: int = field(2000, ge=3, only="embedded",
                             description="Utterances synthesised; more than test_size + "
                                         "validation_size.")
     test_size: int = field(200, ge=1, only="embedded", description="The first ones.")
     validation_size: int = field(100, ge=0, only="embedded", description="The next ones.")
-    audio_key: Optional[str] = field(None, only="tfds",
-                                     description='The audio feature (null: "speech" or "audio").')
-    text_key: Optional[str] = field(None, only="tfds",
+    audio_key: Optional[str] = field(None, only="tfds or files",
+                                     description='The audio feature (null: "speech" or "audio"; '
+                                                 'files: the column, null "audio").')
+    text_key: Optional[str] = field(None, only="tfds or files",
                                     description='The transcript feature (null: "text" or '
-                                                '"label").')
+                                                '"label"; files: the column, null "text").')
+
+    def file_fields(self):
+        """The audio and transcript columns of a files: dataset."""
+        return [self.audio_key or "audio", self.text_key or "text"]
+
+    @pydantic.model_validator(mode="after")
+    def _speech_tables(self):
+        if schema.dataset_kind(self.dataset) == "files":
+            from keras_attn.data import files
+
+            schema.check_files(self.dataset, files.check_table_files, self.file_fields(),
+                               "path", ("train", "test"))
+        return self
 
     @pydantic.model_validator(mode="after")
     def _utterances_left_to_train(self):
@@ -104,6 +121,16 @@ class SpeechCTC(Task):
             self.train_split = (waveforms[tests + validations :],
                                 transcripts[tests + validations :])
             self.batches_per_epoch = int(self._dataset("train", 0).cardinality())
+        elif self.files:
+            from keras_attn.data import files
+
+            splits = files.speech_files(self.files, seed=self.seed,
+                                        audio_field=self.data["audio_key"] or "audio",
+                                        text_field=self.data["text_key"] or "text")
+            self.vocabulary = self._file_vocabulary(splits)
+            self.train_split, self.test_split = splits["train"], splits["test"]
+            self.validation_split = splits["validation"] or ([], [])
+            self.batches_per_epoch = int(self._dataset("train", 0).cardinality())
         else:
             self.vocabulary = LETTERS
             self.tfds_builder()
@@ -114,10 +141,16 @@ class SpeechCTC(Task):
             **self.recipe["model"]["overrides"],
         )
 
+    @staticmethod
+    def _file_vocabulary(splits):
+        """Every character of the transcripts, sorted: ids 1..V."""
+        return tuple(sorted({c for split in splits.values() if split for text in split[1]
+                             for c in text}))
+
     def _dataset(self, which, epoch=None):
         from keras_attn.data import speech
 
-        if self.embedded:
+        if not self.tfds_name:
             split = {"train": self.train_split, "validation": self.validation_split,
                      "test": self.test_split}[which]
             if not split[0]:
@@ -151,7 +184,15 @@ class SpeechCTC(Task):
         return build_conformer(preset, vocabulary_size=len(self.vocabulary), **overrides)
 
     def assume_data_sizes(self):
+        from keras_attn.data import files
         from keras_attn.data import speech
+
+        if self.files:  # the transcripts alone, no audio read
+            audio, text = self.data["audio_key"] or "audio", self.data["text_key"] or "text"
+            rows = files.table_rows(self.files, [audio, text])
+            self.vocabulary = self._file_vocabulary(
+                {s: (None, [str(r[text]) for r in v]) for s, v in rows.items() if v})
+            return
 
         self.vocabulary = speech.DIGIT_VOCABULARY if self.embedded else LETTERS
 

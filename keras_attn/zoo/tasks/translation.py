@@ -26,7 +26,10 @@ from keras_attn.zoo.tasks.base import Task
 
 class TranslationData(schema.TfdsSplits):
     """Embedded: English number words -> Japanese numerals (num2words),
-    numbers split at random; tfds: any translation set."""
+    numbers split at random; tfds: any translation set; files: a folder
+    with `train.csv|jsonl`, `test.*` and optionally `validation.*`, each
+    row a sentence pair (the columns or fields `source_language` and
+    `target_language`)."""
 
     vocabulary_size: int = field(1000, ge=8, description="The shared WordPiece vocabulary.")
     bucket_boundaries: list[int] = field([8, 16, 32, 64], description="Length buckets: a "
@@ -37,9 +40,11 @@ class TranslationData(schema.TfdsSplits):
     max_number: int = field(99_999, ge=2, only="embedded",
                             description="The numbers are below it; at least num_train + "
                                         "num_validation + num_test.")
-    source_language: str = field("en", only="tfds", description="The source side.")
-    target_language: Optional[str] = field(None, only="tfds",
-                                           description="The target side (null: the other one).")
+    source_language: str = field("en", only="tfds or files",
+                                 description="The source side (files: its column or field).")
+    target_language: Optional[str] = field(
+        None, only="tfds or files",
+        description="The target side (null: tfds's other language; files: required).")
     vocabulary_examples: int = field(10_000, ge=1, only="tfds",
                                      description="Pairs the vocabulary is learned from.")
 
@@ -50,6 +55,18 @@ class TranslationData(schema.TfdsSplits):
             raise schema.key_error("", "must be a non-empty increasing list of positive "
                                        "integers", value)
         return value
+
+    @pydantic.model_validator(mode="after")
+    def _sentence_pairs(self):
+        if schema.dataset_kind(self.dataset) == "files":
+            from keras_attn.data import files
+
+            if self.target_language is None:
+                raise schema.key_error("target_language", "must name the target column "
+                                       "(field) of a files: dataset", None)
+            schema.check_files(self.dataset, files.check_table_files, [
+                self.source_language, self.target_language], "path", ("train", "test"))
+        return self
 
     @pydantic.model_validator(mode="after")
     def _enough_numbers(self):
@@ -100,10 +117,12 @@ class Translation(Task):
 
         if self.embedded:
             self._load_numbers()
+        elif self.files:
+            self._load_files()
         else:
             self._load_tfds()
         self.tokenizer = translation.make_tokenizer(self.vocabulary)
-        if self.embedded:
+        if not self.tfds_name:
             lengths = [
                 max(a, b) + 1  # + [END] / [START]
                 for a, b in zip(self._token_lengths(self.train_sources),
@@ -136,6 +155,19 @@ class Translation(Task):
         self.vocabulary = translation.train_vocabulary(
             self.train_sources + self.train_targets, data["vocabulary_size"]
         )
+
+    def _load_files(self):
+        from keras_attn.data import files
+        from keras_attn.data import translation
+
+        fields = [self.data["source_language"], self.data["target_language"]]
+        rows = files.table_rows(self.files, fields)
+        pairs = {split: [(str(row[fields[0]]), str(row[fields[1]])) for row in split_rows or []]
+                 for split, split_rows in rows.items()}
+        self.train_sources, self.train_targets = (list(side) for side in zip(*pairs["train"]))
+        self.test_pairs, self.validation_pairs = pairs["test"], pairs["validation"]
+        self.vocabulary = translation.train_vocabulary(
+            self.train_sources + self.train_targets, self.data["vocabulary_size"])
 
     def _tfds_pairs(self, split, limit=None):
         """`[(source, target)]` strings of a tfds split (the first `limit`)."""
@@ -178,7 +210,7 @@ class Translation(Task):
         from keras_attn.data import translation
 
         self.prepare()
-        if self.embedded:
+        if not self.tfds_name:
             return translation.make_translation_dataset(
                 self.train_sources, self.train_targets, self.tokenizer, self.batch_size,
                 shuffle=True, seed=self.seed, bucket_boundaries=self.data["bucket_boundaries"],
@@ -196,7 +228,7 @@ class Translation(Task):
         from keras_attn.data import translation
 
         self.prepare()
-        if not self.embedded:
+        if self.tfds_name:
             split = self.data["validation_split"]
             if split is None:
                 return None
