@@ -86,7 +86,8 @@ def train(args):
     results = _runs().train(args.recipe, args.set or (), output=args.output,
                             distribute=args.distribute, export=not args.no_export,
                             verbose=args.verbose, data=args.data)
-    _report(results["output"], results)
+    if "message" not in results:  # a process other than 0 of a job printed its line
+        _report(results["output"], results)
     return 0
 
 

@@ -144,17 +144,160 @@ def _tf_data_parallel(devices):
 
 
 def _jax_initialize():
-    """`keras.distribution.initialize()`, once, when a launcher set its
-    variables (a second `jax.distributed.initialize` is an error)."""
+    """`keras.distribution.initialize(...)`, once, when `KERAS_DISTRIBUTION_*`
+    or a scheduler's variables describe several processes
+    (`keras_attn.training.cluster`; a second `jax.distributed.initialize`
+    is an error)."""
     import jax
 
-    if any(name in os.environ for name in JAX_PROCESS_ENV):
-        if not jax.distributed.is_initialized():
-            keras.distribution.initialize()
+    from keras_attn.training.cluster import process_environment
+
+    found = process_environment()
+    if found is not None and not jax.distributed.is_initialized():
+        keras.distribution.initialize(found.coordinator, found.num_processes, found.process_id)
+
+
+def initialize_processes():
+    """Joins the other processes of a multi-process JAX job (see
+    `_jax_initialize`); returns `(process_index, process_count)`, `(0, 1)`
+    for one process or another backend."""
+    if keras.backend.backend() != "jax":
+        return 0, 1
+    import jax
+
+    _jax_initialize()
+    if not jax.distributed.is_initialized():
+        return 0, 1
+    return jax.process_index(), jax.process_count()
+
+
+def process_index():
+    """This process's index in a joined JAX job (0 otherwise): process 0
+    writes a run's files, the others only compute."""
+    if keras.backend.backend() != "jax":
+        return 0
+    import jax
+
+    return jax.process_index() if jax.distributed.is_initialized() else 0
+
+
+def _joined():
+    if keras.backend.backend() != "jax":
+        return False
+    import jax
+
+    return jax.distributed.is_initialized() and jax.process_count() > 1
+
+
+def _digest_words(value):
+    """Two non-negative int32 words of the sha256 of `value` as JSON."""
+    import hashlib
+    import json
+
+    text = json.dumps(value, sort_keys=True, default=str).encode("utf-8")
+    digest = hashlib.sha256(text).digest()
+    return [int.from_bytes(digest[i:i + 4], "little") >> 1 for i in (0, 4)]
+
+
+def check_processes_agree(fields):
+    """Refuses a job whose processes were started differently, before any
+    step: each process's sha256 of every `fields` value (name -> JSON-able
+    value) is gathered on every process through JAX's collectives
+    (`multihost_utils.process_allgather`), and a `ValueError` names the
+    first field and the processes whose value differs from process 0's.
+    Nothing to do in a single process.
+
+    Example: `check_processes_agree({"recipe": recipe, "seed": 0,
+    "keras_attn version": __version__})`.
+    """
+    if not _joined():
+        return
+    import jax
+    import numpy as np
+    from jax.experimental import multihost_utils
+
+    names = list(fields)
+    mine = np.array([_digest_words(fields[name]) for name in names], dtype="int32")
+    gathered = np.asarray(multihost_utils.process_allgather(mine))  # (processes, fields, 2)
+    for column, name in enumerate(names):
+        differ = [p for p in range(gathered.shape[0])
+                  if not np.array_equal(gathered[p, column], gathered[0, column])]
+        if differ:
+            which = ", ".join(str(p) for p in differ)
+            raise ValueError(
+                f"The processes of this job were started with another {name}: process "
+                f"{which} differ{'s' if len(differ) == 1 else ''} from process 0 (this is "
+                f"process {jax.process_index()} of {gathered.shape[0]}). Start every process "
+                f"with the same command, recipe, overrides, data and keras_attn. "
+                f"Received: {name} differing on process {which}")
+
+
+def broadcast_json(value):
+    """Process 0's JSON-able `value`, on every process of a joined JAX job
+    (`multihost_utils.broadcast_one_to_all`); `value` itself otherwise. The
+    other processes' `value` is ignored."""
+    if not _joined():
+        return value
+    import json
+
+    import numpy as np
+    from jax.experimental import multihost_utils
+
+    data = np.frombuffer(json.dumps(value).encode("utf-8"), dtype="uint8").astype("int32")
+    size = int(multihost_utils.broadcast_one_to_all(np.array(len(data), dtype="int32")))
+    padded = np.zeros(size, dtype="int32")
+    padded[:min(size, len(data))] = data[:size]
+    data = np.asarray(multihost_utils.broadcast_one_to_all(padded)).astype("uint8")
+    return json.loads(data.tobytes().decode("utf-8"))
+
+
+def broadcast_arrays(arrays):
+    """Process 0's NumPy arrays (a list; the other processes pass arrays of
+    the same shapes and dtypes, e.g. zeros), on every process of a joined
+    JAX job; `arrays` itself otherwise. Exact: the others' zeros are added."""
+    if not _joined() or not arrays:
+        return arrays
+    import numpy as np
+    from jax.experimental import multihost_utils
+
+    received = multihost_utils.broadcast_one_to_all(list(arrays))
+    return [np.asarray(new).astype(old.dtype) for new, old in zip(received, arrays)]
+
+
+def process_rows(dataset, process, processes):
+    """`dataset` (tf.data batches) with each batch cut into `processes`
+    equal slices of rows, slice `process` kept: what each process of a
+    multi-process JAX job feeds under `data_parallel(auto_shard_dataset=
+    False)`, so that the global batch is the dataset's batch even where its
+    size varies (a short last batch made even by `even_batches`; Keras's own
+    sharding needs one known size). Every batch size must divide by
+    `processes`."""
+    import tensorflow as tf
+
+    def rows(*batch):
+        structure = batch[0] if len(batch) == 1 else batch
+        size = tf.shape(tf.nest.flatten(structure)[0])[0] // processes
+        return tf.nest.map_structure(
+            lambda tensor: tensor[process * size:(process + 1) * size], structure)
+
+    return dataset.map(rows)
+
+
+def end_processes():
+    """Waits for every process of a joined JAX job at a barrier, then leaves
+    the job (`jax.distributed.shutdown`): process 0 then evaluates and
+    exports on its own, and the others end without waiting for it."""
+    if not _joined():
+        return
+    import jax
+    from jax.experimental import multihost_utils
+
+    multihost_utils.sync_global_devices("keras_attn: training done")
+    jax.distributed.shutdown()
 
 
 @contextlib.contextmanager
-def _jax_data_parallel(devices):
+def _jax_data_parallel(devices, auto_shard_dataset=True):
     _jax_initialize()
     if devices is None:
         devices = tuple(keras.distribution.list_devices())
@@ -162,7 +305,9 @@ def _jax_data_parallel(devices):
             _warn_single_device(", ".join(devices))
             yield 1
             return
-    distribution = keras.distribution.DataParallel(devices=list(devices))
+    distribution = keras.distribution.DataParallel(
+        devices=list(devices), auto_shard_dataset=auto_shard_dataset
+    )
     previous = keras.distribution.distribution()
     keras.distribution.set_distribution(distribution)
     try:
@@ -172,7 +317,7 @@ def _jax_data_parallel(devices):
 
 
 @contextlib.contextmanager
-def data_parallel(enabled=True, devices=None):
+def data_parallel(enabled=True, devices=None, auto_shard_dataset=True):
     """Runs the block data parallel; yields the number of replicas.
 
     Build, compile, train and save the model inside the block. The variables
@@ -218,6 +363,10 @@ def data_parallel(enabled=True, devices=None):
             TensorFlow names (`"/gpu:0"`, `"/cpu:1"`) or Keras JAX names
             (`"gpu:0"`, as `keras.distribution.list_devices()` gives them).
             Not allowed with `TF_CONFIG`.
+        auto_shard_dataset: JAX, several processes: True lets Keras give
+            each process its share of every `tf.data` batch (batches of one
+            known size: `rebatch` then `shard`); False when the caller
+            feeds each process its own rows (`process_rows`).
 
     Yields:
         The number of replicas in sync (1 when disabled or on one device).
@@ -235,7 +384,7 @@ def data_parallel(enabled=True, devices=None):
     if backend == "tensorflow":
         manager = _tf_data_parallel(devices)
     elif backend == "jax":
-        manager = _jax_data_parallel(devices)
+        manager = _jax_data_parallel(devices, auto_shard_dataset)
     else:
         raise ValueError(
             "Data parallel training (`--distribute`) runs on the tensorflow and "

@@ -72,6 +72,7 @@ from keras_attn._keras_compat import set_global_seed_generator
 from keras_attn._guard import StopOnNonFiniteLoss
 from keras_attn._checks import check_positive_int
 from keras_attn.training import checkpoints
+from keras_attn.training import distribute
 
 HISTORY_FILE = "history.json"
 
@@ -275,12 +276,17 @@ class ResumableTrainer:
         if not model.optimizer.built:
             model.optimizer.build(model.trainable_variables)
 
-        self.manager.remove_temporary_files()
+        # In a multi-process JAX job process 0 alone reads and writes the
+        # directory; the others receive what it restored (`_latest`).
+        writer = distribute.process_index() == 0
+        if writer:
+            self.manager.remove_temporary_files()
         epoch, step_in_epoch, history, metrics_checkpoint = self._restore(
             model, epochs, steps_per_epoch, verbose
         )
-        os.makedirs(self.directory, exist_ok=True)
-        checkpoints.atomic_write_json(os.path.join(self.directory, HISTORY_FILE), history)
+        if writer:
+            os.makedirs(self.directory, exist_ok=True)
+            checkpoints.atomic_write_json(os.path.join(self.directory, HISTORY_FILE), history)
 
         run = _OneRun(list(callbacks), verbose, epochs, steps_per_epoch)
         saver = _Saver(self, history, steps_per_epoch, metrics_checkpoint)
@@ -333,7 +339,7 @@ class ResumableTrainer:
     def _restore(self, model, epochs, steps_per_epoch, verbose):
         """Loads the newest checkpoint; returns (epoch, step in epoch,
         history, metrics arrays or None). Everything is checked first."""
-        checkpoint = self.manager.latest()
+        checkpoint = self._latest()
         self._restored_manifest = {} if checkpoint is None else checkpoint.manifest
         if checkpoint is None:
             return 0, 0, {}, None
@@ -379,6 +385,31 @@ class ResumableTrainer:
         metrics_checkpoint = checkpoint if step_in_epoch else None
         return epoch, step_in_epoch, manifest["history"], metrics_checkpoint
 
+    def _latest(self):
+        """The newest intact checkpoint: read by process 0 and sent to the
+        others of a multi-process JAX job (whose own `directory`, on another
+        host, may hold nothing), so that every process resumes from the
+        same state."""
+        writer = distribute.process_index() == 0
+        checkpoint = self.manager.latest() if writer else None
+        header = distribute.broadcast_json(
+            None if checkpoint is None else [checkpoint.name, checkpoint.manifest])
+        if header is None:
+            return None
+        name, manifest = header
+        if writer:
+            arrays = checkpoint.arrays
+        else:
+            arrays = {group: [np.zeros(spec["shape"], spec["dtype"]) for spec in specs]
+                      for group, specs in manifest["variables"].items()}
+        groups = list(arrays)
+        flat = distribute.broadcast_arrays([a for group in groups for a in arrays[group]])
+        if writer:
+            return checkpoint
+        for group in groups:
+            arrays[group], flat = flat[:len(arrays[group])], flat[len(arrays[group]):]
+        return checkpoints.Checkpoint(name, manifest, arrays)
+
     def _check_dataset(self, dataset, epoch, steps_per_epoch):
         if not hasattr(dataset, "skip"):
             raise ValueError(
@@ -396,7 +427,10 @@ class ResumableTrainer:
     def _write_checkpoint(self, model, epoch, step_in_epoch, steps_per_epoch, history,
                           torch_seed=None):
         """Writes the checkpoint of (epoch, step_in_epoch); `model` must be
-        the synced one (`Callback.model` on JAX)."""
+        the synced one (`Callback.model` on JAX). Process 0 of a
+        multi-process JAX job writes; the others return None."""
+        if distribute.process_index() != 0:
+            return None
         step = epoch * steps_per_epoch + step_in_epoch
         groups = {
             group: checkpoints.read_group(variables)
@@ -554,9 +588,10 @@ class _Saver(keras.callbacks.Callback):
             self.history.setdefault(name, []).append(_to_float(value))
         self.epoch, self.step_in_epoch = epoch + 1, 0
         self._save()
-        checkpoints.atomic_write_json(
-            os.path.join(self.trainer.directory, HISTORY_FILE), self.history
-        )
+        if distribute.process_index() == 0:
+            checkpoints.atomic_write_json(
+                os.path.join(self.trainer.directory, HISTORY_FILE), self.history
+            )
 
 
 def _to_float(value):

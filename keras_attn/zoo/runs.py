@@ -372,10 +372,17 @@ def train(recipe, overrides=(), output=None, distribute=False, export=True, verb
     from keras_attn.training.distribute import parse_distribute
     from keras_attn.zoo.recipe import load_recipe
 
+    from keras_attn.training.distribute import initialize_processes
+
     distribute = parse_distribute(distribute)
     recipe = load_recipe(locate_recipe(recipe), overrides)
     output = output or os.path.join("runs", recipe["name"])
-    _check_output_path(output)
+    # Several JAX processes (KERAS_DISTRIBUTION_*, SLURM, ...) train one run:
+    # process 0 takes the directory's lock and writes every file; the others
+    # compute and write nothing (docs/distributed.md).
+    process, processes = initialize_processes() if distribute else (0, 1)
+    if process == 0:
+        _check_output_path(output)
     prepared = None
     if data is not None:
         from keras_attn.zoo.prepared import PreparedData
@@ -386,20 +393,72 @@ def train(recipe, overrides=(), output=None, distribute=False, export=True, verb
                 f"on one device. Received: distribute={distribute!r}, data={data!r}"
             )
         prepared = PreparedData(data, recipe)
+    if process:
+        return _train_locked(recipe, output, distribute, export, verbose, prepared)
     with RunLock(output):
         results = _train_locked(recipe, output, distribute, export, verbose, prepared)
     return dict(results, output=output)
 
 
+def _agree_on_start(recipe, output, distribute):
+    """Process 0's decision on `output` (the results of a finished run, or
+    None to train), after checking that every process of a multi-process
+    job runs the same recipe, overrides, seed, data and versions (a
+    `ValueError` naming what differs, before any step)."""
+    import keras
+
+    from keras_attn.training.distribute import broadcast_json
+    from keras_attn.training.distribute import check_processes_agree
+    from keras_attn.training.distribute import process_index
+    from keras_attn.zoo.recipe import fingerprint
+
+    found = fingerprint(recipe)
+    training = dict(found.get("training", {}))
+    seed = training.pop("seed", None)
+    check_processes_agree({
+        "recipe": {k: v for k, v in dict(found, training=training).items() if k != "data"},
+        "seed": seed, "data": found.get("data"), "keras_attn version": __version__,
+        "Keras version": keras.__version__, "distribute": distribute,
+    })
+    state = None
+    if process_index() == 0:
+        try:
+            done = _check_output(output, recipe) and os.path.exists(os.path.join(output, RESULTS))
+            state = {"results": read_json(os.path.join(output, RESULTS)) if done else None}
+        except ValueError as error:  # raised on every process
+            state = {"error": str(error)}
+    state = broadcast_json(state)
+    if "error" in state:
+        raise ValueError(state["error"])
+    return state["results"]
+
+
+def _other_process(recipe, output, process):
+    """What `train` returns on a process other than 0 of a multi-process
+    job (`process`: its index and the number of processes): `process`,
+    `processes`, `name`, `output` (where process 0 writes), `message`."""
+    message = (f"process {process[0]} of {process[1]}: trained {recipe['name']}; "
+               f"process 0 writes the run (model, checkpoints, results) to its {output}")
+    print(message, flush=True)
+    return {"name": recipe["name"], "process": process[0], "processes": process[1],
+            "output": output, "message": message}
+
+
 def _train_locked(recipe, output, distribute, export, verbose, prepared=None):
     from keras_attn.zoo.recipe import fingerprint
 
-    resumed = _check_output(output, recipe)
-    if resumed and os.path.exists(os.path.join(output, RESULTS)):
+    from keras_attn.training.distribute import end_processes
+    from keras_attn.training.distribute import initialize_processes
+
+    process = initialize_processes() if distribute else (0, 1)
+    writer = process[0] == 0
+    finished = _agree_on_start(recipe, output, distribute)
+    if finished is not None:
         print(f"{output}: this run is already complete; nothing to train. "
               "`evaluate(output)` / `export(output)` evaluate or export it again.")
-        return read_json(os.path.join(output, RESULTS))
-    _remove_staging(output)
+        return finished if writer else _other_process(recipe, output, process)
+    if writer:
+        _remove_staging(output)
 
     import keras
 
@@ -422,7 +481,8 @@ def _train_locked(recipe, output, distribute, export, verbose, prepared=None):
         task.prepare()
         distribution = model_parallel(distribute, task.model_config)
     else:
-        distribution = data_parallel(distribute == "data_parallel")
+        # Each process is fed its rows of every batch (`process_rows` below).
+        distribution = data_parallel(distribute == "data_parallel", auto_shard_dataset=False)
     with distribution as replicas:
         # The batch is global: it must split evenly over the replicas.
         layout = describe_replicas(replicas, training["batch_size"])
@@ -433,7 +493,8 @@ def _train_locked(recipe, output, distribute, export, verbose, prepared=None):
         task.compile(model)
         # Written once the recipe has built and compiled: a recipe that fails
         # there leaves no recipe.json to refuse its corrected command.
-        write_json(os.path.join(output, RECIPE), recipe)
+        if writer:
+            write_json(os.path.join(output, RECIPE), recipe)
         parameters = model.count_params()
         steps = task.steps_per_epoch
         trainable = sum(int(math.prod(v.shape)) for v in model.trainable_weights)
@@ -441,7 +502,8 @@ def _train_locked(recipe, output, distribute, export, verbose, prepared=None):
             print(f"LoRA on {training['lora']['base']}: {trainable:,} of {parameters:,} "
                   "parameters train", flush=True)
         print(f"{recipe['name']}: {parameters:,} parameters, {training['epochs']} epochs of "
-              f"{steps} steps, {layout}; writing to {output}", flush=True)
+              f"{steps} steps, {layout}; "
+              + (f"writing to {output}" if writer else "process 0 writes the run"), flush=True)
         trainer = ResumableTrainer(
             os.path.join(output, CHECKPOINTS),
             checkpoint_every=training["checkpoint_every"],
@@ -449,7 +511,9 @@ def _train_locked(recipe, output, distribute, export, verbose, prepared=None):
         )
         times_path = os.path.join(output, TIMES)
         callbacks = [_epoch_logger(training["epochs"], steps, times_path, verbose)]
-        if tensorflow_installed():  # Keras writes TensorBoard logs with tf.summary
+        if not writer:  # process 0 logs the epochs and writes their times
+            callbacks, verbose = [], 0
+        elif tensorflow_installed():  # Keras writes TensorBoard logs with tf.summary
             callbacks.insert(0, keras.callbacks.TensorBoard(os.path.join(output, "tensorboard")))
         if prepared is None:
             # Every batch checked in the pipeline (ids, labels, lengths),
@@ -468,6 +532,12 @@ def _train_locked(recipe, output, distribute, export, verbose, prepared=None):
             checked_fn = train_dataset_fn
             train_dataset_fn = lambda epoch: even_batches(checked_fn(epoch), replicas)  # noqa: E731
             validation = validation and even_batches(validation, replicas)
+        if process[1] > 1 and not isinstance(distribute, tuple):
+            from keras_attn.training.distribute import process_rows
+
+            evened_fn = train_dataset_fn
+            train_dataset_fn = lambda epoch: process_rows(evened_fn(epoch), *process)  # noqa: E731
+            validation = validation and process_rows(validation, *process)
         from keras_attn.data.checks import data_check_errors
 
         with data_check_errors():  # a refused batch: DataCheckError
@@ -479,9 +549,20 @@ def _train_locked(recipe, output, distribute, export, verbose, prepared=None):
             from keras_attn.models import merge_lora
             from keras_attn.models import save_lora_weights
 
-            save_lora_weights(model, os.path.join(output, ADAPTERS))
+            if writer:
+                save_lora_weights(model, os.path.join(output, ADAPTERS))
             model = merge_lora(model)
-        save_model(model, model_path)
+        if writer:
+            save_model(model, model_path)
+        else:  # Keras's save runs collectives in a job: every process saves
+            import tempfile
+
+            with tempfile.TemporaryDirectory() as scratch:
+                model.save(os.path.join(scratch, MODEL))
+        # The others leave the job here, without waiting for the test set.
+        end_processes()
+    if not writer:
+        return _other_process(recipe, output, process)
     # The test set is evaluated and exported from model.keras on one device,
     # as `keras-attn evaluate` / `export` do (a test batch need not split
     # evenly over replicas).
