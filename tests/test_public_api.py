@@ -35,7 +35,7 @@ def test_every_listed_name_imports_from_where_the_readme_says():
 def test_every_exported_name_is_listed():
     listed = _listed()
     unlisted = []
-    for package in ("models", "layers", "training", "convert", "export", "viz", "zoo"):
+    for package in ("models", "layers", "training", "convert", "export", "viz", "zoo", "data"):
         module = f"keras_attn.{package}"
         exported = importlib.import_module(module).__all__
         # The family subpackages are modules, not names to import.

@@ -313,8 +313,11 @@ def load_token_classification_files(path, tokenizer=None, vocabulary_size=1000,
             optionally `validation.*` and `test.*`.
         tokenizer: a WordPiece tokenizer; None learns a vocabulary of
             `vocabulary_size` from the training words.
-        vocabulary_size, sequence_length, batch_size, validation_fraction,
-            seed: as `load_text_classification_files`.
+        vocabulary_size: as `load_text_classification_files`.
+        sequence_length: the packed length.
+        batch_size: examples per batch.
+        validation_fraction: as `load_text_classification_files`.
+        seed: as `load_text_classification_files`.
         tokens_field, tags_field: the column or field names.
 
     Returns:
