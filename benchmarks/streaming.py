@@ -221,6 +221,35 @@ def emformer_step(emformer_class, config, chunk_size, steps):
     return step
 
 
+def compare_emformer(args, results, config, last_steps, frame_ms, frames):
+    """Each runtime's step at the end of the stream against torchaudio's
+    Emformer step at the same chunk size and position (paired rounds)."""
+    emformer_class, source = load_emformer(args.emformer_wheel)
+    results["emformer"] = source
+    if emformer_class is None:
+        results["not_run"]["torchaudio Emformer"] = source
+        return
+    import torch
+
+    torch.set_num_threads(args.torch_threads)
+    results["versions"]["torch"] = torch.__version__
+    steppers = {}
+    for (name, size), ours in last_steps.items():
+        steps = frames // size - 1  # the segments before the stream's last
+        if size not in steppers:
+            steppers[size] = emformer_step(emformer_class, config, size, steps)
+        mine, theirs = time_pair(ours, steppers[size], args.rounds)
+        ratio, lo, hi, verdict = paired_ratio(mine, theirs)
+        row = {"runtime": name, "chunk_ms": size * frame_ms, "position_s": frames * frame_ms / 1e3,
+               "step_ms": 1e3 * statistics.median(mine),
+               "emformer_step_ms": 1e3 * statistics.median(theirs),
+               "over_emformer": ratio, "interval": [lo, hi], "verdict": verdict}
+        results["emformer_rows"].append(row)
+        print(f"  {name} at {row['chunk_ms']:.0f} ms: {row['step_ms']:.1f} ms; Emformer encoder "
+              f"step {row['emformer_step_ms']:.2f} ms; ratio {ratio:.1f} ({lo:.1f}-{hi:.1f})",
+              flush=True)
+
+
 # === Summaries (tested in tests/test_benchmarks.py) ===
 
 
@@ -266,6 +295,14 @@ def table(results):
                      f"first 5 s {trace['flatness']:.2f}")
     for name, note in results["not_run"].items():
         lines.append(f"{name}: not run ({note})")
+    if results.get("emformer_rows"):
+        lines += ["", f"| runtime | chunk | step ms | torchaudio Emformer encoder step ms | "
+                      f"ratio (95% interval) |", "|---|---|---|---|---|"]
+        for row in results["emformer_rows"]:
+            lo, hi = row["interval"]
+            lines.append(f"| {row['runtime']} | {row['chunk_ms']:.0f} ms | {row['step_ms']:.2f} "
+                         f"| {row['emformer_step_ms']:.2f} | {row['over_emformer']:.2f} "
+                         f"({lo:.2f}-{hi:.2f}) |")
     return "\n".join(lines)
 
 
@@ -327,6 +364,9 @@ def main(argv=None):
     parser.add_argument("--run", help="a trained streaming run (default: seeded random weights)")
     parser.add_argument("--emformer-wheel", help="a torchaudio wheel to load emformer.py from")
     parser.add_argument("--threads", type=int, default=os.cpu_count())
+    parser.add_argument("--torch-threads", type=int, default=1,
+                        help="the Emformer's (its 2-thread pool stalled 160-700 ms in a third "
+                             "of the steps on this loaded machine; one thread: 0.6 ms)")
     parser.add_argument("--output", default=os.path.join(HERE, "results", "streaming.json"))
     parser.add_argument("--plot", default=os.path.join(ROOT, "docs", "streaming_speed.png"))
     args = parser.parse_args(argv)
@@ -353,7 +393,8 @@ def main(argv=None):
                   "weights": args.run or "seeded random", "left_context": config.left_context,
                   "smoke": args.smoke},
         "audio_s": seconds_total, "rounds": args.rounds, "threads": args.threads,
-        "rows": [], "traces": {}, "not_run": {}, "command": " ".join(sys.argv),
+        "rows": [], "traces": {}, "not_run": {}, "emformer_rows": [],
+        "torch_threads": args.torch_threads, "command": " ".join(sys.argv),
     }
     print(f"keras {keras.__version__}, tensorflow {tf.__version__}, {machine}, "
           f"{model.count_params():,} parameters, {seconds_total:.1f} s of audio", flush=True)
@@ -378,6 +419,7 @@ def main(argv=None):
                   f"{row['prefix_ms']:.1f} ms ({row['prefix_over_step']:.1f}x)", flush=True)
 
     keras_ids, keras_states = {}, {}
+    last_steps = {}  # (runtime, chunk size) -> its step at the end of the stream
     for size in sizes:
         piece, chunk_ms = size * step_samples, size * step_samples * 1e3 / rate
         expected = chunk_masked_ids(model, audio, size)
@@ -394,6 +436,7 @@ def main(argv=None):
 
         measure(f"Keras stream_step, {chunk_ms:.0f} ms", chunk_ms, keras_step_at,
                 (ids, step_s))
+        last_steps[("Keras stream_step", size)] = keras_step_at(len(states) - 1)
 
     with tempfile.TemporaryDirectory() as tmp:
         size = config.chunk_size if config.chunk_size in sizes else sizes[0]
@@ -411,46 +454,14 @@ def main(argv=None):
                 return lambda: recognizer.step(chunk, states[index])
 
             measure(f"{name} step, {chunk_ms:.0f} ms", chunk_ms, exported_step_at, (ids, step_s))
-    for format in {"litert", "onnx"} - set(formats):
-        results["not_run"][format] = "left out (--formats)"
-
-    emformer_class, source = load_emformer(args.emformer_wheel)
-    results["emformer"] = source
-    if emformer_class is None:
-        results["not_run"]["torchaudio Emformer"] = source
-    else:
-        import torch
-
-        torch.set_num_threads(args.threads)
-        results["versions"]["torch"] = torch.__version__
-        for size in sizes:
-            chunk_ms = size * step_samples * 1e3 / rate
-            steps = int(round(positions[-1] * 1e3 / chunk_ms)) - 1
-            emformer = emformer_step(emformer_class, config, size, steps)
-            piece = size * step_samples
-            keras_at = audio[None, steps * piece:(steps + 1) * piece]
-
-            def keras_step(chunk=keras_at, state=keras_states[size][steps], size=size):
-                return model.stream_step(chunk, state, chunk_size=size)
-
-            ours, theirs = time_pair(keras_step, emformer, args.rounds)
-            ratio, lo, hi, verdict = paired_ratio(ours, theirs)
-            results.setdefault("emformer_rows", []).append({
-                "chunk_ms": chunk_ms, "position_s": positions[-1],
-                "keras_step_ms": 1e3 * statistics.median(ours),
-                "emformer_step_ms": 1e3 * statistics.median(theirs),
-                "keras_over_emformer": ratio, "interval": [lo, hi], "verdict": verdict})
-            print(f"  Emformer encoder step at {chunk_ms:.0f} ms: "
-                  f"{1e3 * statistics.median(theirs):.1f} ms; Keras step (front end included) "
-                  f"/ Emformer {ratio:.2f} ({lo:.2f}-{hi:.2f})", flush=True)
+            last_steps[(name, size)] = exported_step_at(len(states) - 1)
+        for format in {"litert", "onnx"} - set(formats):
+            results["not_run"][format] = "left out (--formats)"
+        compare_emformer(args, results, config, last_steps, step_samples / rate * 1e3,
+                         len(audio) // step_samples)
 
     print()
     print(table(results))
-    for row in results.get("emformer_rows", []):
-        lo, hi = row["interval"]
-        print(f"Emformer ({source}) encoder step, {row['chunk_ms']:.0f} ms at "
-              f"{row['position_s']:g} s: {row['emformer_step_ms']:.1f} ms; Keras step / Emformer "
-              f"{row['keras_over_emformer']:.2f} ({lo:.2f}-{hi:.2f})")
     os.makedirs(os.path.dirname(os.path.abspath(args.output)), exist_ok=True)
     with open(args.output, "w") as handle:
         json.dump(results, handle, indent=1)

@@ -239,3 +239,81 @@ def test_gpu_table_has_the_translation_and_speech_peers_and_the_kernels():
     assert "first step 61 s" in text
     assert "| conformer_large | torchaudio | 256 utterances/s | n/a | 0.80 |" in text
     assert "| 197 | 83 | fused (backend's choice) | 300 | __cudnn$fmhaSoftmax |" in text
+
+
+# === benchmarks/streaming.py ===
+
+
+def test_streaming_flatness_compares_the_streams_end_with_its_start():
+    import statistics
+
+    import streaming
+
+    positions = [0.32 * (i + 1) for i in range(60)]  # 19.2 s
+    assert streaming.flatness(positions, [0.05] * 60) == pytest.approx(1.0)
+    # A cost growing with the position (a prefix re-run): last 5 s over the
+    # 5 s after the first second.
+    growing = [0.01 * p for p in positions]
+    early = [0.01 * p for p in positions if 1.0 < p <= 6.0]
+    late = [0.01 * p for p in positions if p > 19.2 - 5.0]
+    ratio = streaming.flatness(positions, growing)
+    assert ratio == pytest.approx(statistics.median(late) / statistics.median(early))
+    assert ratio > 3
+    with pytest.raises(ValueError, match="at least 11 s for windows of 5 s"):
+        streaming.flatness([0.5, 1.0, 2.0, 10.5], [1.0, 1.0, 1.0, 1.0])
+
+
+def test_streaming_row_is_paired_and_in_real_time_factors():
+    import streaming
+
+    row = streaming.paired_row([0.010] * 10, [0.050] * 10, chunk_ms=160.0)
+    assert row["step_ms"] == pytest.approx(10.0) and row["prefix_ms"] == pytest.approx(50.0)
+    assert row["step_rtf"] == pytest.approx(10.0 / 160) and row["prefix_rtf"] == pytest.approx(
+        50.0 / 160)
+    assert row["prefix_over_step"] == pytest.approx(5.0) and row["interval"] == [
+        pytest.approx(5.0), pytest.approx(5.0)]
+
+
+def test_streaming_table_has_each_row_each_trace_and_what_did_not_run():
+    import streaming
+
+    results = {
+        "rows": [dict(streaming.paired_row([0.01] * 6, [0.2] * 6, 320.0), runtime="LiteRT step",
+                      chunk_ms=320.0, position_s=30.0)],
+        "traces": {"LiteRT step": {"rtf": 0.0312, "flatness": 1.04}},
+        "not_run": {"onnx": "left out (--formats)"},
+        "emformer_rows": [{"runtime": "LiteRT step", "chunk_ms": 320.0, "step_ms": 1.5,
+                           "emformer_step_ms": 0.6, "over_emformer": 2.5,
+                           "interval": [2.0, 3.25]}],
+    }
+    text = streaming.table(results)
+    assert "| LiteRT step | 320 ms | 30.0 s | 10.0 | 0.031 | 200.0 | 0.62 | 20.0 (20.0-20.0) |" \
+        in text
+    assert "LiteRT step: whole-stream RTF 0.031, step cost last 5 s / first 5 s 1.04" in text
+    assert "onnx: not run (left out (--formats))" in text
+    assert "| LiteRT step | 320 ms | 1.50 | 0.60 | 2.50 (2.00-3.25) |" in text
+    assert "Emformer" not in streaming.table(dict(results, emformer_rows=[]))
+
+
+@pytest.mark.slow
+def test_streaming_smoke_run_checks_its_tokens_and_writes_every_row(tmp_path):
+    # --smoke: a tiny model on 3 s of audio. The script refuses to time a
+    # stream whose tokens differ from the chunk-masked offline call's, so a
+    # zero exit is that check passing; the timings are not looked at.
+    import json
+    import subprocess
+
+    output, figure = tmp_path / "streaming.json", tmp_path / "streaming.png"
+    env = dict(os.environ, KERAS_BACKEND="tensorflow", TF_CPP_MIN_LOG_LEVEL="3")
+    run = subprocess.run([sys.executable, os.path.join(BENCHMARKS, "streaming.py"), "--smoke",
+                          "--output", str(output), "--plot", str(figure)],
+                         capture_output=True, text=True, timeout=1200, env=env)
+    assert run.returncode == 0, run.stderr[-3000:]
+    results = json.loads(output.read_text())
+    assert [(row["chunk_ms"], row["position_s"]) for row in results["rows"]] == [
+        (chunk, position) for chunk in (160.0, 320.0) for position in (1.0, results["audio_s"])]
+    for trace in results["traces"].values():
+        assert trace["positions_s"][-1] == pytest.approx(results["audio_s"])
+        assert len(trace["positions_s"]) == len(trace["step_s"])
+    assert {"litert", "onnx"} <= set(results["not_run"])
+    assert figure.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
