@@ -283,6 +283,31 @@ def process_rows(dataset, process, processes):
     return dataset.map(rows)
 
 
+@contextlib.contextmanager
+def naming_lost_processes():
+    """In a joined JAX job, turns the failure of a collective (a process
+    killed or its host lost: `Gloo AllReduce failed ... Connection reset by
+    peer`) into a `RuntimeError` that says what happened and what follows;
+    other errors, and errors in a single process, pass unchanged."""
+    try:
+        yield
+    except (RuntimeError, ValueError) as error:
+        import jax
+
+        collective = isinstance(error, jax.errors.JaxRuntimeError) or "Gloo" in str(error)
+        if not _joined() or not collective:
+            raise
+        first = (str(error).strip().splitlines() or [""])[0][:300]
+        raise RuntimeError(
+            f"Process {jax.process_index()} of {jax.process_count()}: a collective of this "
+            f"job failed ({first}): another process stopped or lost its connection. JAX's "
+            "distributed runtime names the lost process ('Task N heartbeat timeout') and "
+            "ends this one within its heartbeat timeout (100 s by default). The "
+            "checkpoints written so far are complete: run the same commands again to "
+            "resume."
+        ) from error
+
+
 def end_processes():
     """Waits for every process of a joined JAX job at a barrier, then leaves
     the job (`jax.distributed.shutdown`): process 0 then evaluates and

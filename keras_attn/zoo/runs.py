@@ -540,7 +540,9 @@ def _train_locked(recipe, output, distribute, export, verbose, prepared=None):
             validation = validation and process_rows(validation, *process)
         from keras_attn.data.checks import data_check_errors
 
-        with data_check_errors():  # a refused batch: DataCheckError
+        from keras_attn.training.distribute import naming_lost_processes
+
+        with data_check_errors(), naming_lost_processes():  # DataCheckError; a lost process
             history = trainer.fit(model, train_dataset_fn, training["epochs"], steps,
                                   validation_data=validation, callbacks=callbacks,
                                   verbose=verbose)

@@ -1,0 +1,169 @@
+"""`keras-attn train --distribute` as two JAX processes on this machine (JAX's
+CPU collectives over gloo between local processes), joined by
+`KERAS_DISTRIBUTION_*` on a free port: one run written by process 0, a lost
+worker, a resume, a worker started differently.
+
+Every process is started and ended here (killed in a `finally`); nothing is
+left running. The timeouts are generous (a loaded 2-core machine) and no
+duration is asserted.
+"""
+
+import glob
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from _tiny import ROOT
+from _tiny import TINY
+
+pytestmark = [pytest.mark.backend_independent, pytest.mark.slow,
+              pytest.mark.xdist_group("distribute")]
+RECIPE = "vit_tiny_digits"
+# Compiled steps (as on a GPU); checkpoints every 2 of 6 steps of a global
+# batch of 32, an epoch that reads the data's short last batch too.
+SETS = TINY[RECIPE] + ["training.epochs=1", "training.steps_per_epoch=6",
+                       "training.checkpoint_every=2", "training.jit_compile=true",
+                       "training.batch_size=32"]
+TIMEOUT = 900
+
+
+def _free_port():
+    with socket.socket() as sock:
+        sock.bind(("localhost", 0))
+        return sock.getsockname()[1]
+
+
+def _command(output, extra=()):
+    sets = [item for value in SETS + list(extra) for item in ("--set", value)]
+    return [sys.executable, "-m", "keras_attn_cli", "train", RECIPE, "--output", str(output),
+            "--verbose", "0", "--distribute", "--no-export", *sets]
+
+
+def _env(**extra):
+    env = dict(os.environ, KERAS_BACKEND="jax", TF_CPP_MIN_LOG_LEVEL="3", XLA_FLAGS="",
+               PYTHONPATH=os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]))
+    for name in list(env):
+        if name.startswith("KERAS_DISTRIBUTION_") or name in ("TF_CONFIG", "SLURM_PROCID",
+                                                              "RANK", "JOBSET_NAME"):
+            env.pop(name)
+    env.update(extra)
+    return env
+
+
+def _start(tmp_path, outputs, extras=((), ())):
+    """Two processes of one job, process k writing its output to
+    `outputs[k]`; returns the Popen objects (output in files beside)."""
+    port = _free_port()
+    processes = []
+    for rank, (output, extra) in enumerate(zip(outputs, extras)):
+        log = open(tmp_path / f"log{rank}-{port}.txt", "w+")
+        processes.append(subprocess.Popen(
+            _command(output, extra), cwd=tmp_path, stdout=log, stderr=subprocess.STDOUT,
+            env=_env(KERAS_DISTRIBUTION_JOB_ADDRESSES=f"localhost:{port}",
+                     KERAS_DISTRIBUTION_NUM_PROCESSES="2",
+                     KERAS_DISTRIBUTION_PROCESS_ID=str(rank))))
+        processes[-1].log = log
+    return processes
+
+
+def _finish(processes, timeout=TIMEOUT):
+    """Waits for every process; returns [(returncode, output)]; kills what
+    is left either way."""
+    try:
+        for process in processes:
+            process.wait(timeout=timeout)
+    finally:
+        for process in processes:
+            if process.poll() is None:
+                process.kill()
+                process.wait()
+    results = []
+    for process in processes:
+        process.log.seek(0)
+        results.append((process.returncode, process.log.read()))
+        process.log.close()
+    return results
+
+
+def _weights(path):
+    import zipfile
+
+    import h5py
+
+    with zipfile.ZipFile(path) as archive, archive.open("model.weights.h5") as stream:
+        with h5py.File(stream, "r") as weights:
+            found = []
+            weights.visititems(lambda name, item: found.append(
+                (name, np.asarray(item))) if isinstance(item, h5py.Dataset) else None)
+    return dict(found)
+
+
+def test_two_processes_write_one_run_survive_a_lost_worker_and_resume(tmp_path):
+    # The reference: one process, one device, the same global batch.
+    single = subprocess.run(_command(tmp_path / "single"), cwd=tmp_path, env=_env(),
+                            capture_output=True, text=True, timeout=TIMEOUT)
+    assert single.returncode == 0, single.stderr[-3000:]
+
+    # Two processes; process 1 is killed once process 0 wrote a checkpoint
+    # (mid-epoch: 2 of 6 steps). Process 0 must stop on its own, naming what
+    # happened, and keep only complete checkpoints.
+    run, other = tmp_path / "run", tmp_path / "other"
+    processes = _start(tmp_path, [run, other])
+    try:
+        deadline = time.time() + TIMEOUT
+        while not glob.glob(str(run / "checkpoints" / "ckpt-*.json")):
+            assert time.time() < deadline and processes[0].poll() is None, "no checkpoint"
+            time.sleep(0.5)
+        processes[1].send_signal(signal.SIGKILL)
+    finally:
+        (code, log), _ = _finish(processes)
+    assert code != 0, log[-3000:]
+    assert "Process 0 of 2: a collective of this job failed" in log, log[-3000:]
+    assert "Task 1 heartbeat timeout" in log, log[-3000:]  # JAX names the lost one
+    assert not os.path.exists(run / "model.keras")
+    assert not glob.glob(str(run / "**" / "*.tmp"), recursive=True)
+    from keras_attn.training.checkpoints import CheckpointManager
+
+    kept = CheckpointManager(str(run / "checkpoints")).latest()
+    assert kept.manifest["step_in_epoch"] < 6
+    kept_path = run / "checkpoints" / (kept.name + ".json")
+    kept_time = os.stat(kept_path).st_mtime_ns
+
+    # The same two commands again: process 0 resumes from its checkpoint and
+    # sends it to process 1, whose own directory holds nothing.
+    (code0, log0), (code1, log1) = _finish(_start(tmp_path, [run, other]))
+    assert code0 == 0, log0[-3000:]
+    assert code1 == 0, log1[-3000:]
+    # Resumed, not started again: the checkpoint it resumed from is still the
+    # one the killed run wrote (a fresh start rewrites it; 3 are kept).
+    assert os.stat(kept_path).st_mtime_ns == kept_time
+    assert "process 1 of 2: trained vit_tiny_digits; process 0 writes the run" in log1
+    assert not os.path.exists(other)  # process 1 wrote nothing
+    for name in ("model.keras", "results.json", "recipe.json", "learning_curves.png"):
+        assert os.path.exists(run / name), name
+    assert json.loads((run / "results.json").read_text())["steps"] == 6
+    # The final weights are those of one process with the same global batch
+    # (the same examples per step; float sums taken in another order).
+    expected, found = _weights(tmp_path / "single" / "model.keras"), _weights(run / "model.keras")
+    assert sorted(found) == sorted(expected)
+    # (measured: at most 2.3e-7 apart)
+    for name in expected:
+        np.testing.assert_allclose(found[name], expected[name], rtol=1e-5, atol=1e-6,
+                                   err_msg=name)
+
+
+def test_a_worker_started_with_another_seed_is_refused_by_name(tmp_path):
+    results = _finish(_start(tmp_path, [tmp_path / "run", tmp_path / "other"],
+                             extras=((), ("training.seed=1",))))
+    for code, log in results:
+        assert code != 0, log[-3000:]
+        assert ("The processes of this job were started with another seed: process 1 "
+                "differs from process 0") in log, log[-3000:]
+    assert not glob.glob(str(tmp_path / "run" / "checkpoints" / "*"))
