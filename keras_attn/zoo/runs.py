@@ -381,6 +381,14 @@ def train(recipe, overrides=(), output=None, distribute=False, export=True, verb
     # process 0 takes the directory's lock and writes every file; the others
     # compute and write nothing (docs/distributed.md).
     process, processes = initialize_processes() if distribute else (0, 1)
+    if isinstance(distribute, tuple) and processes > 1:
+        raise ValueError(
+            f"Model parallel across {processes} processes is not supported yet: no process "
+            "holds every shard to checkpoint or save (sharded checkpoints, each process "
+            "writing its own, are still to come). Train data parallel across processes "
+            "(`distribute=True`), or model parallel within one process. "
+            f"Received: distribute='model_parallel:{distribute[0]}x{distribute[1]}' "
+            f"with {processes} processes")
     if process == 0:
         _check_output_path(output)
     prepared = None
