@@ -48,7 +48,6 @@ from keras import ops
 
 from keras_attn.export.portable import PORTABLE_FORMATS
 from keras_attn.export.portable import check_format
-from keras_attn.models.conformer.streaming import _run_chunk
 
 # Feature frames per encoder frame (ConvSubsampling's two stride-2 convolutions).
 SUBSAMPLING = 4
@@ -100,7 +99,7 @@ def export_streaming(model, path, format, precision="float32", chunk_size=None,
             f"Invalid value for argument `vocabulary`: the {model.vocabulary_size} tokens of "
             f"ids 1..{model.vocabulary_size}. Received: {len(vocabulary)} tokens")
     geometry = _steady_geometry(streamer, batch_size)
-    step = FixedStep(model, streamer, geometry)
+    step = _StreamingStep(model, streamer, geometry)
     inputs = {"chunk": keras.Input(batch_shape=(batch_size, geometry["chunk_samples"]),
                                    dtype="float32", name="chunk"),
               "chunk_length": keras.Input(batch_shape=(batch_size,), dtype="int32",
@@ -123,7 +122,7 @@ def export_streaming(model, path, format, precision="float32", chunk_size=None,
         "state": step.state_specs,
         "blank_id": 0,
         "vocabulary": list(vocabulary) if vocabulary is not None else None,
-        "latency_ms": 1000.0 * geometry["chunk_samples"] / config.sampling_rate,
+        "chunk_ms": 1000.0 * geometry["chunk_samples"] / config.sampling_rate,
     }
     return export_portable(
         serving, path, format, precision, verbose=verbose,
@@ -166,7 +165,7 @@ def _steady_geometry(streamer, batch_size):
             "flush_chunks": math.ceil(encoder_left / streamer.chunk_size)}
 
 
-class FixedStep(keras.layers.Layer):
+class _StreamingStep(keras.layers.Layer):
     """One chunk of `ConformerStreamer` with every state tensor of a
     fixed shape (the module docstring). The layers are the model's,
     shared."""
@@ -250,11 +249,14 @@ class FixedStep(keras.layers.Layer):
         pending = ops.concatenate([state["encoder/frames"], encoded], axis=1)
         pending_mask = ops.concatenate([state["encoder/mask"], encoded_mask], axis=1)
         new["encoder/frames"], new["encoder/mask"] = pending[:, size:], pending_mask[:, size:]
-        caches = {name: value for name, value in state.items() if name.startswith("block_")}
-        outputs = _run_chunk(streamer.blocks, streamer.head,
-                             dict(caches, x=pending[:, :size], mask=pending_mask[:, :size]))
-        logits = ops.cast(outputs.pop("logits"), "float32")
-        new.update(outputs)
+        x, mask = pending[:, :size], pending_mask[:, :size]
+        for i, block in enumerate(streamer.blocks):  # ConformerBlock.stream_step, cache by cache
+            prefix = f"block_{i}/"
+            x, cache = block.stream_step(
+                x, {entry: state[prefix + entry] for entry in ("key", "value", "mask", "conv")},
+                padding_mask=mask)
+            new.update({prefix + entry: value for entry, value in cache.items()})
+        logits = ops.cast(streamer.head(x), "float32")  # (B, C, V + 1)
         real = ops.sum(ops.cast(pending_mask[:, :size], "int32"), axis=1)
         new["logit_length"] = state["logit_length"] + real
         token_ids, new["decoder/last"] = _greedy_step(logits, real, state["decoder/last"])
