@@ -316,8 +316,11 @@ def plot(results, path):
 
     figure, axes = plt.subplots(figsize=(8, 4.8), dpi=110)
     for name, trace in results["traces"].items():
-        axes.plot(trace["positions_s"], np.asarray(trace["step_s"]) * 1e3, lw=1, alpha=0.85,
-                  label=f"{name} step")
+        # A running median of 5 steps: one step in a few waits on the
+        # machine's other jobs, which hides the level the eye should compare.
+        step_ms = np.asarray(trace["step_s"]) * 1e3
+        smooth = [np.median(step_ms[max(0, i - 2):i + 3]) for i in range(len(step_ms))]
+        axes.plot(trace["positions_s"], smooth, lw=1.5, label=f"{name} step (median of 5)")
     prefix = {}  # position -> the re-run's times, measured beside each runtime
     for row in results["rows"]:
         prefix.setdefault(row["position_s"], []).append(row["prefix_ms"])
