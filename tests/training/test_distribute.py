@@ -304,3 +304,20 @@ def test_model_parallel_across_processes_is_refused_before_anything_is_written(
         runs.train("vit_tiny_digits", output=str(tmp_path / "run"),
                    distribute="model_parallel:1x2")
     assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.tf_only
+def test_process_rows_gives_each_process_its_slice_of_every_batch():
+    """Process k of N keeps rows k/N to (k+1)/N of each batch, short ones
+    too: the processes' slices, in order, are the global batch."""
+    import tensorflow as tf
+
+    images = np.arange(12, dtype="float32").reshape(6, 2)
+    dataset = tf.data.Dataset.from_tensor_slices((images, np.arange(6))).batch(4)  # 4, 2
+    slices = [list(distribute.process_rows(dataset, k, 2).as_numpy_iterator()) for k in (0, 1)]
+    assert [len(x) for x, _ in slices[0]] == [2, 1]
+    for batch, (global_x, global_y) in enumerate(dataset.as_numpy_iterator()):
+        np.testing.assert_array_equal(
+            np.concatenate([slices[k][batch][0] for k in (0, 1)]), global_x)
+        np.testing.assert_array_equal(
+            np.concatenate([slices[k][batch][1] for k in (0, 1)]), global_y)

@@ -160,7 +160,9 @@ def test_two_processes_write_one_run_survive_a_lost_worker_and_resume(tmp_path):
 
 
 def test_a_worker_started_with_another_seed_is_refused_by_name(tmp_path):
-    results = _finish(_start(tmp_path, [tmp_path / "run", tmp_path / "other"],
+    # One shared output: process 0 holds its lock, process 1 neither takes
+    # nor trips on it (else one of them would report the lock instead).
+    results = _finish(_start(tmp_path, [tmp_path / "run"] * 2,
                              extras=((), ("training.seed=1",))))
     for code, log in results:
         assert code != 0, log[-3000:]
