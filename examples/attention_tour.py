@@ -13,6 +13,9 @@ Run:     python examples/attention_tour.py [--output out/attention_tour]
 Expect:  under a minute on a laptop CPU; the reversal accuracy printed at the
          end is ~1.00 and the last block's heads show the anti-diagonal.
          `--smoke` trains a few steps only (used by the test suite).
+         Measured 2026-11-26 after the initialisation fix (issue 38): reversal
+         accuracy 1.00, 54 s on a loaded 2-core machine; every head of the
+         last block shows the anti-diagonal (docs/attention_tour_block_1.png).
 """
 
 import argparse
