@@ -216,9 +216,9 @@ class Data(Section):
                 raise key_error("dataset", "names no file or folder (a path relative to the "
                                            "working directory, or absolute)", dataset)
             if "packing" in value and "packing" not in cls.model_fields:
-                raise key_error("packing", "is not taken by this task: packed rows train the "
-                                           "masked_lm task only (docs/packing.md)",
-                                value["packing"])
+                raise key_error("packing", "is not taken by this task: packed rows train "
+                                           "the masked_lm and translation tasks only "
+                                           "(docs/packing.md)", value["packing"])
             for key, info in cls.model_fields.items():
                 if not for_kind(info, kind) and key in value:
                     raise key_error(key, f"is for {only_for(info)} datasets only", value[key])
@@ -228,8 +228,11 @@ class Data(Section):
     def _without_the_other_kind(self, handler):
         kind = dataset_kind(self.dataset)
         fields = type(self).model_fields
+        # `packing: false` (the tasks that pack) is left out: unpacked recipes
+        # resolve as before (the same fingerprint: their runs resume).
         return {key: value for key, value in handler(self).items()
-                if key not in fields or for_kind(fields[key], kind)}
+                if (key not in fields or for_kind(fields[key], kind))
+                and not (key == "packing" and value is False)}
 
 
 class TfdsSplits(Data):

@@ -63,15 +63,6 @@ class MaskedLMData(schema.Data):
                            "with BERT's packed inputs. Validation and test stay padded, one "
                            "example per row: the metrics mean what they mean unpacked.")
 
-    @pydantic.model_serializer(mode="wrap")
-    def _without_the_other_kind(self, handler):
-        # Unpacked recipes resolve as before (the same fingerprint: their
-        # runs resume, their prepared data is still theirs).
-        dumped = schema.Data._without_the_other_kind(self, handler)
-        if not dumped.get("packing"):
-            dumped.pop("packing", None)
-        return dumped
-
     @pydantic.field_validator("validation_documents")
     @classmethod
     def _negatives_need_two(cls, value):

@@ -22,6 +22,7 @@ import pydantic
 from keras_attn.zoo import schema
 from keras_attn.zoo.schema import field
 from keras_attn.zoo.tasks.base import Task
+from keras_attn.zoo.tasks.base import batch_count
 
 
 class TranslationData(schema.TfdsSplits):
@@ -47,6 +48,19 @@ class TranslationData(schema.TfdsSplits):
         description="The target side (null: tfds's other language; files: required).")
     vocabulary_examples: int = field(10_000, ge=1, only="tfds",
                                      description="Pairs the vocabulary is learned from.")
+    packing: bool = field(
+        False, description="Train on packed rows of `max(bucket_boundaries)` tokens a side: "
+                           "source/target pairs packed in step once for the seed (best-fit "
+                           "decreasing), the rows shuffled every epoch; `training.batch_size` "
+                           "counts rows. Embedded and files datasets. Validation stays "
+                           "bucketed, the test is decoded as unpacked.")
+
+    @pydantic.model_validator(mode="after")
+    def _packing_in_memory(self):
+        if self.packing and schema.dataset_kind(self.dataset) == "tfds":
+            raise schema.key_error("packing", "is for embedded and files datasets (a tfds "
+                                              "split is streamed, not packed yet)", True)
+        return self
 
     @pydantic.field_validator("bucket_boundaries")
     @classmethod
@@ -134,6 +148,61 @@ class Translation(Task):
         overrides = dict(self.recipe["model"]["overrides"], vocabulary_size=len(self.vocabulary),
                          pad_id=translation.PAD_ID)
         self.model_config = get_transformer_config(self.recipe["model"]["preset"], **overrides)
+        if self.data.get("packing"):  # absent when false (the resolved recipe leaves it out)
+            self._pack_training_pairs()
+
+    # === Packed training rows ===
+
+    def _pack_training_pairs(self):
+        """Packs the training pairs once: sources (`ids [END]`) and targets
+        (`[START] ids` beside the labels `ids [END]`, one column each) in
+        step into rows of `max(bucket_boundaries)` tokens. Which pairs share
+        a row does not change what each learns (attention stays inside its
+        pair); the rows are shuffled every epoch (`train_dataset_fn`), so
+        every epoch has the same number of batches."""
+        import tensorflow as tf
+
+        from keras_attn.data import pack_sequences
+        from keras_attn.data import translation
+
+        row = max(self.data["bucket_boundaries"])
+        sources, targets = [], []
+        for source, target in zip(self.tokenizer(tf.constant(self.train_sources)),
+                                  self.tokenizer(tf.constant(self.train_targets))):
+            source, target = np.asarray(source, "int32"), np.asarray(target, "int32")
+            sources.append(np.append(source, translation.END_ID))
+            targets.append(np.stack([np.insert(target, 0, translation.START_ID),
+                                     np.append(target, translation.END_ID)], axis=1))
+        longest = max(max(len(s) for s in sources), max(len(t) for t in targets))
+        if longest > row:
+            raise ValueError(
+                f"Recipe key `data.packing` packs rows of max(data.bucket_boundaries)={row} "
+                f"tokens; a training pair has {longest} (with [END] / [START]): raise the "
+                "last boundary. Received: data.packing=True, data.bucket_boundaries="
+                f"{self.data['bucket_boundaries']}")
+        self.packed_rows = pack_sequences(sources, row, targets=targets, target_row_length=row,
+                                          buffer_size=len(sources), seed=self.seed,
+                                          pad_value=translation.PAD_ID)
+        self.batches_per_epoch = batch_count(len(self.packed_rows["segment_ids"]),
+                                             self.batch_size)
+
+    def _packed_dataset(self, epoch):
+        """Epoch `epoch`'s batches of packed rows, `(x, labels)`: the rows
+        in an order keyed by (seed, epoch)."""
+        import tensorflow as tf
+
+        from keras_attn._epochs import epoch_permutation
+
+        rows = self.packed_rows
+        order = epoch_permutation(len(rows["segment_ids"]), self.seed, epoch)
+        x = {"source_ids": rows["inputs"], "target_ids": rows["targets"][..., 0],
+             "source_segment_ids": rows["segment_ids"], "source_positions": rows["positions"],
+             "target_segment_ids": rows["target_segment_ids"],
+             "target_positions": rows["target_positions"]}
+        x = {name: value[order] for name, value in x.items()}
+        labels = rows["targets"][..., 1][order]
+        return tf.data.Dataset.from_tensor_slices((x, labels)).batch(self.batch_size).prefetch(
+            tf.data.AUTOTUNE)
 
     def _token_lengths(self, texts):
         import tensorflow as tf
@@ -210,6 +279,8 @@ class Translation(Task):
         from keras_attn.data import translation
 
         self.prepare()
+        if self.data.get("packing"):
+            return self._packed_dataset(epoch)
         if not self.tfds_name:
             return translation.make_translation_dataset(
                 self.train_sources, self.train_targets, self.tokenizer, self.batch_size,
