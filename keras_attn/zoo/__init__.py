@@ -9,6 +9,9 @@ functions; they know nothing of it:
 
     zoo.prepare("vit_tiny_digits", output="prepared/vit")        # with TensorFlow
     zoo.train("vit_tiny_digits", data="prepared/vit")             # without it
+
+`keras_attn.zoo.transcribe` reads a WAV file through a speech run's model
+(`keras-attn transcribe RUN_DIR AUDIO [--stream]`).
 """
 
 from keras_attn.zoo.runs import evaluate
