@@ -135,6 +135,13 @@ def test_two_processes_write_one_run_survive_a_lost_worker_and_resume(tmp_path):
     assert kept.manifest["step_in_epoch"] < 6
     kept_path = run / "checkpoints" / (kept.name + ".json")
     kept_time = os.stat(kept_path).st_mtime_ns
+    # The checkpoint of two processes holds whole arrays: one process reads it.
+    evaluated = subprocess.run(
+        [sys.executable, "-m", "keras_attn_cli", "evaluate", str(run), "--json"], cwd=tmp_path,
+        env=_env(), capture_output=True, text=True, timeout=TIMEOUT)
+    assert evaluated.returncode == 0, evaluated.stderr[-3000:]
+    source = json.loads(evaluated.stdout.strip().splitlines()[-1])["source"]
+    assert source == f"checkpoint at step {kept.step} (the run has not finished)"
 
     # The same two commands again: process 0 resumes from its checkpoint and
     # sends it to process 1, whose own directory holds nothing.
