@@ -174,9 +174,14 @@ def pack_rows(lengths, row_length, target_lengths=None, target_row_length=None,
     return [rows[i] for i in shuffle]
 
 
-def _fill_rows(examples, rows, row_length, pad_value):
+def _aligned(length, alignment):
+    return -(-length // alignment) * alignment
+
+
+def _fill_rows(examples, rows, row_length, pad_value, alignment=1):
     """`(values, segment_ids, positions)` of the packed rows: `values`
-    `(R, row_length, ...)` in the examples' dtype, the others int32."""
+    `(R, row_length, ...)` in the examples' dtype, the others int32. Each
+    example starts at a multiple of `alignment` steps (padding between)."""
     first = np.asarray(examples[rows[0][0]]) if rows else np.zeros((0,), "int32")
     values = np.full((len(rows), row_length) + first.shape[1:], pad_value, first.dtype)
     segment_ids = np.zeros((len(rows), row_length), "int32")
@@ -189,7 +194,7 @@ def _fill_rows(examples, rows, row_length, pad_value):
             values[r, start:end] = example
             segment_ids[r, start:end] = segment
             positions[r, start:end] = np.arange(len(example))
-            start = end
+            start = start + _aligned(len(example), alignment)
     return values, segment_ids, positions
 
 
@@ -242,6 +247,81 @@ def pack_sequences(sequences, row_length, targets=None, target_row_length=None,
     width = max((len(row) for row in rows), default=0)
     packed["example_ids"] = np.array([row + [-1] * (width - len(row)) for row in rows],
                                      "int64").reshape(len(rows), width)
+    return packed
+
+
+def pack_utterances(features, row_length, labels=None, alignment=4, buffer_size=4096,
+                    seed=0, epoch=0, max_segments=None, pad_value=0.0):
+    """Packs utterances (feature frames) into rows for the Conformer, each
+    utterance starting at a multiple of `alignment` frames, for one epoch.
+
+    The Conformer's subsampling reads input frames `4t .. 4t + 6` for its
+    output frame `t` (unpadded convolutions): an utterance that starts at a
+    multiple of 4 gets exactly its output frames alone, and the frames that
+    straddle two utterances become padding
+    (`keras_attn.layers.conv_subsampling.subsampled_segment_ids`). The
+    convolution module and the attention read each utterance's own frames
+    only, so no longer gap is needed: an utterance takes its length rounded
+    up to `alignment` frames of a row.
+
+    Args:
+        features: a list of utterances, each `(L, F)` frames (log-mel).
+        row_length: frames per row, a multiple of `alignment`; each
+            utterance's length rounded up to `alignment` must fit.
+        labels: optional list of each utterance's token ids `(L_i,)` (1..V),
+            packed per row as `(R, K, L)` with 0 padding.
+        alignment: the subsampling factor (4 for `ConvSubsampling`).
+        buffer_size, seed, epoch, max_segments: as in `pack_rows`.
+        pad_value: the value of padding frames.
+
+    Returns:
+        A dict of NumPy arrays (R rows, K = the most utterances in a row):
+        `"inputs"` `(R, row_length, F)`, `"segment_ids"` and `"positions"`
+        `(R, row_length)` int32 (0 between and after the utterances),
+        `"example_ids"` `(R, K)` as in `pack_sequences`, `"lengths"` `(R, K)`
+        int32 frames of each utterance (0 past a row's last), and with
+        `labels`, `"labels"` `(R, K, L)` int32 (L the longest transcript).
+
+    Example:
+
+    >>> frames = [np.ones((5, 2)), np.ones((3, 2)), np.ones((8, 2))]
+    >>> packed = pack_utterances(frames, row_length=12, labels=[[1], [2, 3], [4]])
+    >>> packed["segment_ids"].tolist()
+    [[1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0], [1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 0]]
+    >>> packed["lengths"].tolist(), packed["labels"].tolist()
+    ([[5, 0], [8, 3]], [[[1, 0], [0, 0]], [[4, 0], [2, 3]]])
+    """
+    alignment = _check_positive("alignment", alignment)
+    row_length = _check_positive("row_length", row_length)
+    if row_length % alignment:
+        raise ValueError(
+            "Invalid value for argument `row_length`: it must be a multiple of "
+            f"alignment={alignment}. Received: row_length={row_length}"
+        )
+    lengths = np.array([len(f) for f in features], "int64")
+    aligned = _check_lengths(
+        "features", _aligned(lengths, alignment) if len(lengths) else lengths, row_length)
+    rows = pack_rows(aligned, row_length, buffer_size=buffer_size, seed=seed, epoch=epoch,
+                     max_segments=max_segments)
+    packed = dict(zip(("inputs", "segment_ids", "positions"),
+                      _fill_rows(features, rows, row_length, pad_value, alignment)))
+    width = max((len(row) for row in rows), default=0)
+    ids = np.array([row + [-1] * (width - len(row)) for row in rows], "int64")
+    packed["example_ids"] = ids.reshape(len(rows), width)
+    packed["lengths"] = np.where(ids >= 0, lengths[ids], 0).astype("int32").reshape(
+        len(rows), width)
+    if labels is not None:
+        if len(labels) != len(lengths):
+            raise ValueError(
+                "Invalid value for argument `labels`: one transcript per utterance. "
+                f"Received: {len(lengths)} utterances and {len(labels)} labels"
+            )
+        longest = max((len(t) for t in labels), default=0)
+        table = np.zeros((len(rows), width, longest), "int32")
+        for r, row in enumerate(rows):
+            for k, index in enumerate(row):
+                table[r, k, :len(labels[index])] = labels[index]
+        packed["labels"] = table
     return packed
 
 

@@ -15,7 +15,12 @@ from keras_attn._checks import check_rate
 from keras_attn.layers.conformer_conv_module import NORMS
 from keras_attn.layers.conformer_conv_module import ConformerConvModule
 from keras_attn.layers.feed_forward import FeedForward
+from keras_attn.layers.masking import checked_mask
+from keras_attn.layers.masking import checked_segment_ids
 from keras_attn.layers.masking import get_keras_mask
+from keras_attn.layers.masking import merge_masks
+from keras_attn.layers.masking import nan_where
+from keras_attn.layers.masking import segment_mask
 from keras_attn.layers.relative_multi_head_attention import RelativeMultiHeadAttention
 from keras_attn.layers.streaming import check_built
 
@@ -54,6 +59,15 @@ class ConformerBlock(SpecFromCall, RematCall, keras.layers.Layer):
             `chunk_attention_mask(T, chunk_size, left_context)`.
         training: whether dropout is active and BatchNorm uses batch statistics.
         return_attention_scores: also return the scores `(B, N, T, T)`.
+        segment_ids: optional `(B, T)` int ids of packed rows (1..k for the
+            k utterances of a row, 0 for padding): the self-attention is
+            block-diagonal by segment (its relative positions are distances,
+            the same in a row as alone) and the convolution module reads
+            each utterance's own frames only, so each utterance gets its
+            outputs alone. The frames of segment 0 are padding; a given
+            `padding_mask` may mark more (the gaps between utterances,
+            grouped with the utterance before them). An invalid packing is a
+            `ValueError` eagerly and NaN for that row in a graph.
 
     Returns:
         `(B, T, D)`, and the scores if asked for.
@@ -165,11 +179,17 @@ class ConformerBlock(SpecFromCall, RematCall, keras.layers.Layer):
         return tuple(inputs_shape)
 
     def call(self, inputs, padding_mask=None, attention_mask=None, training=None,
-             return_attention_scores=False):
-        if padding_mask is None:
+             return_attention_scores=False, segment_ids=None):
+        if padding_mask is None and segment_ids is None:
             padding_mask = get_keras_mask(inputs)
         if attention_mask is not None and len(attention_mask.shape) == 2:
             attention_mask = ops.expand_dims(attention_mask, 0)  # (T, T) -> (1, T, T)
+        segment_ids, bad_segments = checked_segment_ids(segment_ids)
+        bad_padding = None
+        if segment_ids is not None:
+            padding_mask, bad_padding = checked_mask(padding_mask, "padding_mask")
+            attention_mask = merge_masks(attention_mask, segment_mask(segment_ids))  # (B, T, T)
+            padding_mask = merge_masks(padding_mask, segment_ids > 0)
         x = inputs
         x = x + 0.5 * self.feed_forward_1(self.feed_forward_1_layer_norm(x), training=training)
         attended = self.self_attention(
@@ -183,8 +203,9 @@ class ConformerBlock(SpecFromCall, RematCall, keras.layers.Layer):
         if return_attention_scores:
             attended, scores = attended
         x = x + self.self_attention_dropout(attended, training=training)
-        x = x + self.conv_module(x, padding_mask=padding_mask, training=training)
-        x = self._last_half(x, training)
+        x = x + self.conv_module(x, padding_mask=padding_mask, training=training,
+                                 segment_ids=segment_ids)
+        x = nan_where(bad_padding, nan_where(bad_segments, self._last_half(x, training)))
         if return_attention_scores:
             return x, scores
         return x

@@ -12,6 +12,8 @@ from keras_attn._checks import check_positive_int
 from keras_attn._checks import check_rate
 from keras_attn._checks import check_static_shape
 from keras_attn.layers.masking import checked_mask
+from keras_attn.layers.masking import checked_segment_ids
+from keras_attn.layers.masking import merge_masks
 from keras_attn.layers.masking import get_keras_mask
 from keras_attn.layers.masking import nan_where
 from keras_attn.layers.streaming import check_built
@@ -34,6 +36,14 @@ class ConformerConvModule(SpecFromCall, keras.layers.Layer):
     Returns the module output `y`; the Conformer block adds the residual
     (`x + y`). Padded frames are zeroed before the depthwise convolution and
     left out of the batch statistics, so padding never reaches a valid frame.
+
+    Packed rows (several utterances one after the other, `segment_ids`):
+    each tap of the depthwise convolution reads only frames of the same
+    utterance (the others count as zeros, as the padding around an
+    utterance alone does), so each utterance gets its outputs alone with no
+    gap between utterances. At inference both normalisations are per frame;
+    in training, BatchNorm's statistics are those of the batch's valid
+    frames, the same as for the utterances padded one per row.
 
     Streaming: with `causal=True` the depthwise convolution is padded on the
     left only (`kernel_size - 1` frames), so frame `t` sees frames
@@ -60,8 +70,14 @@ class ConformerConvModule(SpecFromCall, keras.layers.Layer):
     Call arguments:
         inputs: `(B, T, D)`.
         padding_mask: `(B, T)`, True = real frame; defaults to the implicit
-            Keras mask.
+            Keras mask (not with `segment_ids`).
         training: whether BatchNorm uses batch statistics and dropout is on.
+        segment_ids: optional `(B, T)` int ids of packed rows (1..k for the
+            k utterances of a row, 0 for padding; see
+            `keras_attn.layers.masking.SEGMENT_RULE`). The frames of segment
+            0 are padding; a given `padding_mask` may mark more (the gaps
+            between utterances). An invalid packing is a `ValueError`
+            eagerly and NaN for that row in a graph.
 
     Returns:
         `(B, T, D)`.
@@ -150,17 +166,22 @@ class ConformerConvModule(SpecFromCall, keras.layers.Layer):
     def compute_output_shape(self, inputs_shape):
         return tuple(inputs_shape)
 
-    def call(self, inputs, padding_mask=None, training=None):
-        if padding_mask is None:
+    def call(self, inputs, padding_mask=None, training=None, segment_ids=None):
+        if padding_mask is None and segment_ids is None:
             padding_mask = get_keras_mask(inputs)
         padding_mask, bad_padding = checked_mask(padding_mask, "padding_mask")
         if padding_mask is not None:
             check_static_shape(
                 "padding_mask", padding_mask, tuple(inputs.shape[:2]), "(B, T)"
             )
+        segment_ids, bad_segments = checked_segment_ids(segment_ids)
+        if segment_ids is not None:
+            check_static_shape("segment_ids", segment_ids, tuple(inputs.shape[:2]), "(B, T)")
+            padding_mask = merge_masks(padding_mask, segment_ids > 0)
         x = self._gated(inputs, padding_mask)
-        x = self._depthwise(x)
-        return nan_where(bad_padding, self._output(x, padding_mask, training))
+        x = self._depthwise(x, segment_ids)
+        return nan_where(bad_segments, nan_where(bad_padding, self._output(x, padding_mask,
+                                                                           training)))
 
     def _gated(self, inputs, padding_mask):
         """LN -> pointwise conv -> GLU, padded frames zeroed: `(B, T, C)`."""
@@ -240,32 +261,48 @@ class ConformerConvModule(SpecFromCall, keras.layers.Layer):
             variable.assign(ops.where(ops.all(ops.isfinite(new)), new, old))
         return x
 
-    def _depthwise(self, x):
+    def _depthwise(self, x, segment_ids=None):
         """`self.depthwise_conv(x)` computed as a sum of K shifted products.
 
         Same weights and "same" padding as `keras.layers.DepthwiseConv1D`
         (left padding only when `causal`); XLA on the CPU lowers the grouped
         convolution ~28x slower than this sum (15.8 ms vs 0.55 ms for K=32,
         B8 T50 C288), and fuses the sum into one loop on every backend.
+        With `segment_ids` `(B, T)` each tap reads only frames of the output
+        frame's own segment.
         """
         k = self.kernel_size
         # "same": the extra pad of an even kernel goes right.
         left = k - 1 if self.causal else (k - 1) // 2
         padded = ops.pad(x, ((0, 0), (left, k - 1 - left), (0, 0)))
-        return self._depthwise_valid(padded, ops.shape(x))
+        if segment_ids is not None:
+            segment_ids = (ops.pad(segment_ids, ((0, 0), (left, k - 1 - left))),
+                           segment_ids)  # (B, T + K - 1), (B, T)
+        return self._depthwise_valid(padded, ops.shape(x), segment_ids)
 
-    def _depthwise_valid(self, padded, shape):
+    def _depthwise_valid(self, padded, shape, segment_ids=None):
         """The K-tap depthwise sum over `padded` `(B, T + K - 1, C)` without
-        padding: `shape` `(B, T, C)` outputs."""
+        padding: `shape` `(B, T, C)` outputs. `segment_ids`, when given, is
+        `(padded ids (B, T + K - 1), output ids (B, T))`: a tap reads a frame
+        of another segment (or padding) as zeros."""
         kernel = ops.cast(self.depthwise_conv.kernel[:, :, 0], padded.dtype)  # (K, C)
         # One unstack and K `ops.slice` calls, not 2K Python `[...]`
         # indexings, each of which TensorFlow traces through its Python
         # strided-slice helper (same ops once compiled; building
         # conformer_medium on TensorFlow: 9.5 s -> 8.8 s).
         taps = ops.unstack(kernel, axis=0)  # K x (C,)
-        out = ops.slice(padded, (0, 0, 0), shape) * taps[0]
+
+        def tap_input(tap):
+            frames = ops.slice(padded, (0, tap, 0), shape)  # (B, T, C)
+            if segment_ids is None:
+                return frames
+            padded_ids, ids = segment_ids
+            same = ops.equal(ops.slice(padded_ids, (0, tap), shape[:2]), ids)  # (B, T)
+            return frames * ops.cast(ops.expand_dims(same, -1), frames.dtype)
+
+        out = tap_input(0) * taps[0]
         for tap in range(1, self.kernel_size):
-            out = out + ops.slice(padded, (0, tap, 0), shape) * taps[tap]
+            out = out + tap_input(tap) * taps[tap]
         return out + ops.cast(self.depthwise_conv.bias, padded.dtype)
 
     def get_config(self):

@@ -34,6 +34,35 @@ def subsampled_length(length):
     return _conv_length(_conv_length(length))
 
 
+# Output frame t reads input frames 4t .. 4t + 6 (two unpadded 3-tap,
+# stride-2 convolutions in time).
+SUBSAMPLING = 4
+RECEPTIVE_FIELD = 7
+
+
+def subsampled_segment_ids(segment_ids):
+    """The segment ids `(B, T')` of `ConvSubsampling`'s output frames for
+    packed input rows' `(B, T)` (1..k for the k utterances of a row, 0 for
+    padding): output frame `t` belongs to an utterance when every input
+    frame it reads (`4t .. 4t + 6`) does, else it is padding (0).
+
+    The convolutions are unpadded in time, so an utterance that starts at an
+    input frame `4m` gets output frames `m .. m + subsampled_length(L) - 1`,
+    exactly its frames alone, whatever its neighbours: no gap between
+    utterances is needed beyond that alignment (`pack_utterances` aligns
+    them).
+
+    >>> ids = [[1] * 8 + [2] * 12 + [0] * 4]
+    >>> ops.convert_to_numpy(subsampled_segment_ids(ids)).tolist()
+    [[1, 0, 2, 2, 0]]
+    """
+    segment_ids = ops.convert_to_tensor(segment_ids)
+    steps = subsampled_length(ops.shape(segment_ids)[1])
+    first = segment_ids[:, ::SUBSAMPLING][:, :steps]  # (B, T')
+    last = segment_ids[:, RECEPTIVE_FIELD - 1 :: SUBSAMPLING][:, :steps]  # (B, T')
+    return ops.where(ops.equal(first, last), first, ops.zeros_like(first))
+
+
 @keras.saving.register_keras_serializable(package="keras_attn")
 class ConvSubsampling(SpecFromCall, keras.layers.Layer):
     """Two 3x3 convolutions with stride 2 over (time, frequency), ReLU after

@@ -32,3 +32,21 @@ def any_invalid(*invalid):
         if bad is not None:
             merged = bad if merged is None else ops.logical_or(merged, bad)
     return merged
+
+
+def packed_inputs(inputs, names):
+    """`{name: value}` of the optional packed inputs `names` of a dict of
+    inputs that holds them all, None when it holds none of them (the model
+    then runs its functional graph); some without the others is a
+    `ValueError`."""
+    if not isinstance(inputs, dict):
+        return None
+    present = [name for name in names if inputs.get(name) is not None]
+    if not present:
+        return None
+    if len(present) < len(names):
+        raise ValueError(
+            "Invalid value for argument `inputs`: packed rows need all of "
+            f"{list(names)}. Received: inputs with keys {sorted(inputs)}"
+        )
+    return {name: inputs[name] for name in names}

@@ -27,8 +27,17 @@ from keras_attn._guard import concrete_value
 from keras_attn.models._config import ConfigModel
 from keras_attn.models._config import config_arguments
 from keras_attn._remat import remat_scope
+from keras_attn._checks import check_static_shape
+from keras_attn.layers.masking import _integer_ids as integer_ids
+from keras_attn.layers.masking import checked_positions
+from keras_attn.layers.masking import nan_where
+from keras_attn.models._packing import any_invalid
+from keras_attn.models._packing import packed_inputs
+from keras_attn.models._packing import refused
 from keras_attn.layers.conformer_block import ConformerBlock
+from keras_attn.layers.conv_subsampling import SUBSAMPLING
 from keras_attn.layers.conv_subsampling import ConvSubsampling
+from keras_attn.layers.conv_subsampling import subsampled_segment_ids
 from keras_attn.layers.conv_subsampling import subsampled_length
 from keras_attn.layers.log_mel_features import LogMelFeatures
 from keras_attn.layers.spec_augment import SpecAugment
@@ -78,6 +87,17 @@ class LengthGuard(SpecFromCall, keras.layers.Layer):
         return ops.where(ops.expand_dims(bad, (1, 2)), ops.cast(float("nan"), x.dtype), x)
 
 
+def _chunk_mask_at(positions, chunk_size, left_context):
+    """`chunk_mask_of` for frames at `positions` `(B, T)` (each frame's
+    position in its utterance): `(B, T, T)`, query `t` seeing key `s` when
+    `s`'s position lies in `t`'s chunk or the `left_context` before it
+    (the segment mask keeps the other utterances out)."""
+    start = (positions // chunk_size) * chunk_size  # (B, T): each frame's chunk start
+    queries, keys = ops.expand_dims(start, 2), ops.expand_dims(positions, 1)
+    return ops.logical_and(ops.greater_equal(keys, queries - left_context),
+                           ops.less(keys, queries + chunk_size))
+
+
 @keras.saving.register_keras_serializable(package="keras_attn")
 class ChunkMask(SpecFromCall, keras.layers.Layer):
     """`x (B, T', D)` -> the `(T', T')` chunked attention mask
@@ -87,6 +107,10 @@ class ChunkMask(SpecFromCall, keras.layers.Layer):
     as WeNet's dynamic chunk training does (Zhang et al., 2020, section
     2.3): the whole utterance with probability 1/2, else uniformly in
     `1..max_chunk_size` frames; `chunk_size` at inference.
+
+    With `positions` `(B, T')` (packed utterances: each frame's position in
+    its utterance) the chunks are counted in each utterance from its first
+    frame, as alone: a `(B, T', T')` mask.
     """
 
     def __init__(self, chunk_size, left_context, dynamic=False, max_chunk_size=25,
@@ -102,16 +126,18 @@ class ChunkMask(SpecFromCall, keras.layers.Layer):
     def compute_output_shape(self, x_shape):
         return (x_shape[1], x_shape[1])
 
-    def call(self, x, training=None):
+    def call(self, x, training=None, positions=None):
         steps = ops.shape(x)[1]
+        mask_of = chunk_mask_of if positions is None else (
+            lambda _, size, left: _chunk_mask_at(positions, size, left))
         if not (self.dynamic and training):
-            return chunk_mask_of(steps, self.chunk_size, self.left_context)
+            return mask_of(steps, self.chunk_size, self.left_context)
         draw = keras.random.uniform((2,), seed=self.seed_generator)
         drawn = 1 + ops.minimum(ops.cast(draw[1] * self.max_chunk_size, "int32"),
                                 self.max_chunk_size - 1)
         # Whole utterance: one chunk at least as long as it.
         size = ops.where(draw[0] < 0.5, ops.maximum(ops.cast(steps, "int32"), 1), drawn)
-        return chunk_mask_of(steps, size, self.left_context)
+        return mask_of(steps, size, self.left_context)
 
     def get_config(self):
         config = super().get_config()
@@ -132,6 +158,22 @@ class ConformerCTC(GuardedModel, ConfigModel, keras.Model):
     Labels for `fit` are `(B, L)` int token ids in `1..vocabulary_size`,
     padded with 0 (the blank, never a label); the CTC loss uses each
     utterance's own logit and label lengths.
+
+    Packed utterances (docs/packing.md; `input_type="features"`): a dict of
+    `features` `(B, T, num_mel_bins)` and the optional inputs `segment_ids`
+    and `positions` `(B, T)` int, as `keras_attn.data.packing.pack_utterances`
+    gives them (each utterance starting at a multiple of 4 frames;
+    `feature_length` may be left out). The attention is block-diagonal by
+    utterance and the convolutions read each utterance's own frames, so each
+    utterance gets at inference the logits it gets alone. The outputs add
+    `logit_segment_ids` `(B, T')`, the utterance of each logit frame (0
+    between utterances); `unpack_utterances` gives each utterance's logits.
+    Labels are `(B, K, L)`, one transcript per utterance of a row (0 past
+    its last), and the loss is the mean over the batch's utterances of
+    their CTC losses, as for the same utterances padded one per row. A bad
+    packing (see `keras_attn.layers.masking.SEGMENT_RULE`, an utterance not
+    starting at a multiple of 4) is a `ValueError` naming the input in an
+    eager call and NaN for that row in a compiled step.
     """
 
     config_attribute = "conformer_config"
@@ -211,6 +253,66 @@ class ConformerCTC(GuardedModel, ConfigModel, keras.Model):
 
     def label_specs(self):
         return {None: IdSpec(0, self.vocabulary_size + 1, "1..V, 0 pads")}
+
+    # === Packed utterances ===
+
+    def call(self, inputs, training=None, mask=None):
+        packed = packed_inputs(inputs, PACKED_INPUT_NAMES)
+        if packed is None:  # the functional graph, as without packing
+            return super().call(inputs, training=training, mask=mask)
+        config = self.conformer_config
+        if config.input_type != "features":
+            raise ValueError(
+                "Invalid value for argument `inputs`: packed utterances are feature "
+                "frames (a model built with input_type='features'); the log-mel "
+                "front end normalises and pads each waveform on its own. Received: "
+                f"segment_ids for a model with input_type={config.input_type!r}"
+            )
+        features = inputs["features"]
+        segment_ids, positions, invalid = _checked_utterances(
+            features, packed["segment_ids"], packed["positions"], inputs["feature_length"])
+        frame_mask = segment_ids > 0  # (B, T)
+        # SpecAugment draws its masks per row, inside the row's span of
+        # utterances (docs/packing.md).
+        frames = ops.expand_dims(ops.arange(ops.shape(segment_ids)[1]), 0)  # (1, T)
+        last = ops.max(ops.where(frame_mask, frames, -1), axis=1, keepdims=True)  # (B, 1)
+        x = self.get_layer("spec_augment")(
+            features, padding_mask=frames <= last, training=training)
+        x = self.get_layer("subsampling")(x, padding_mask=frame_mask)  # (B, T', D)
+        logit_segment_ids = subsampled_segment_ids(segment_ids)  # (B, T')
+        steps = ops.shape(logit_segment_ids)[1]
+        x = self.get_layer("input_dropout")(x, training=training)
+        attention_mask = None
+        if config.chunk_size is not None:
+            # Each logit frame's position in its utterance (starts are aligned).
+            logit_positions = positions[:, ::SUBSAMPLING][:, :steps] // SUBSAMPLING
+            attention_mask = self.get_layer("chunk_mask")(
+                x, training=training, positions=logit_positions)  # (B, T', T')
+        # The blocks group each gap with the utterance before it and mask it.
+        grouped = _grouped(logit_segment_ids)  # (B, T')
+        for i in range(config.num_layers):
+            x = self.get_layer(f"conformer_block_{i}")(
+                x, padding_mask=logit_segment_ids > 0, attention_mask=attention_mask,
+                training=training, segment_ids=grouped)
+        logits = nan_where(invalid, self.get_layer("ctc_logits")(x))
+        return {"logits": logits,
+                "logit_lengths": ops.zeros_like(logit_segment_ids[:, 0]) + steps,
+                "logit_segment_ids": logit_segment_ids}
+
+    def compute_output_spec(self, inputs, training=None, mask=None):
+        # A symbolic call with the packed inputs is not one the functional
+        # graph was built for: the outputs' shapes are known.
+        if packed_inputs(inputs, PACKED_INPUT_NAMES) is None:
+            return super().compute_output_spec(inputs, training=training, mask=mask)
+        features = inputs["features"]
+        batch, steps = features.shape[0], features.shape[1]
+        steps = None if steps is None else subsampled_length(steps)
+        return {
+            "logits": keras.KerasTensor((batch, steps, self.vocabulary_size + 1),
+                                        self.compute_dtype),
+            "logit_lengths": keras.KerasTensor((batch,), "int32"),
+            "logit_segment_ids": keras.KerasTensor((batch, steps), "int32"),
+        }
 
     # === Streaming (a model built with `chunk_size`) ===
 
@@ -348,6 +450,18 @@ class ConformerCTC(GuardedModel, ConfigModel, keras.Model):
         if y is None or isinstance(y, dict):
             return
         named, labels = self._named(x), concrete_value(y)
+        frames = self._frames(named)
+        packed = packed_inputs(x, PACKED_INPUT_NAMES)
+        if labels is not None and labels.ndim == 3 and packed is not None:
+            segment_ids = concrete_value(packed["segment_ids"])
+            frames = None
+            if segment_ids is not None:  # each utterance's frames, (B * K,)
+                segment_ids = np.asarray(segment_ids)
+                _per_utterance_labels(labels, segment_ids.max(axis=1))
+                slots = np.arange(1, labels.shape[1] + 1)
+                frames = (segment_ids[:, None, :] == slots[None, :, None]).sum(axis=2)
+                frames = frames.reshape(-1)
+            labels = labels.reshape(-1, labels.shape[-1])
         if labels is not None and labels.ndim == 2:
             gaps = _interior_padding(labels)
             if np.any(gaps):
@@ -358,7 +472,6 @@ class ConformerCTC(GuardedModel, ConfigModel, keras.Model):
                     f"transcript that is neither. Received: labels with a 0 "
                     f"inside row(s) {rows[:5].tolist()}, e.g. {labels[rows[0]].tolist()}"
                 )
-        frames = self._frames(named)
         if labels is None or frames is None or labels.ndim != 2:
             return
         needed = ctc_frames_needed(labels)
@@ -390,8 +503,48 @@ class ConformerCTC(GuardedModel, ConfigModel, keras.Model):
     def compute_loss(self, x=None, y=None, y_pred=None, sample_weight=None, training=True):
         labels, guard = self.guard_labels(y)
         labels = ops.cast(labels, "int32")
+        if "logit_segment_ids" in y_pred:  # packed utterances: (B, K, L) labels
+            return self._packed_loss(x, labels, y_pred, guard)
+        losses = self._ctc_losses(labels, y_pred["logits"], y_pred["logit_lengths"], guard)
+        # The regularization losses added to every utterance add them once
+        # to the mean, scaled for the replicas like the CTC term; a label out
+        # of range makes the loss NaN (the step is skipped).
+        losses = (losses + sum(self.losses, 0.0)) * self.guard_inputs(x)  # (B,)
+        return _BatchMean(name="ctc_loss")(losses, losses)
+
+    def _packed_loss(self, x, labels, y_pred, guard):
+        """The mean CTC loss over the utterances of packed rows: each
+        utterance's logits unpacked into a row of its own, as padded."""
+        batch, slots = ops.shape(labels)[0], ops.shape(labels)[1]
+        logits, lengths = unpack_utterances(y_pred["logits"], y_pred["logit_segment_ids"],
+                                            slots)  # (B, K, T', V), (B, K)
+        counts = ops.max(ops.cast(x["segment_ids"], "int32"), axis=1)  # (B,) utterances
+        present = ops.less(ops.expand_dims(ops.arange(slots), 0),
+                           ops.expand_dims(counts, 1))  # (B, K)
+        # Labels for no utterance, or utterances without a slot: NaN.
+        real = ops.any(labels > 0, axis=2)  # (B, K)
+        fits = ops.logical_and(ops.all(ops.logical_or(present, ops.logical_not(real))),
+                               ops.all(counts <= slots))
+        guard = guard * ops.where(fits, 1.0, float("nan"))
+        # An empty slot gets one frame (a finite loss, left out below).
+        lengths = ops.where(present, lengths, ops.maximum(lengths, 1))
+        steps = ops.shape(logits)[2]
+        losses = self._ctc_losses(
+            ops.reshape(labels, (batch * slots, -1)),
+            ops.reshape(logits, (batch * slots, steps, -1)),
+            ops.reshape(lengths, (-1,)), guard)  # (B * K,)
+        present = ops.cast(ops.reshape(present, (-1,)), "float32")
+        losses = ops.where(present > 0, losses + sum(self.losses, 0.0), 0.0)
+        # _BatchMean divides by B * K: the mean over the present utterances.
+        scale = ops.cast(batch * slots, "float32") / ops.maximum(ops.sum(present), 1.0)
+        losses = losses * scale * self.guard_inputs(x)
+        return _BatchMean(name="ctc_loss")(losses, losses)
+
+    def _ctc_losses(self, labels, logits, logit_lengths, guard):
+        """Per-utterance CTC losses `(B,)` of `labels` `(B, L)` on `logits`
+        `(B, T', V)`, times `guard`, and NaN where they cannot be right."""
         label_lengths = ops.sum(ops.cast(labels > 0, "int32"), axis=1)
-        logit_lengths = ops.cast(y_pred["logit_lengths"], "int32")
+        logit_lengths = ops.cast(logit_lengths, "int32")
         # Where Python cannot refuse them (`_check_data`), labels with a 0
         # inside and transcripts longer than their logits can emit make the
         # loss NaN, so the step is skipped: never a finite loss on a
@@ -405,16 +558,12 @@ class ConformerCTC(GuardedModel, ConfigModel, keras.Model):
         guard = guard * ops.where(feasible, 1.0, float("nan"))  # (B,)
         losses = ops.ctc_loss(
             labels,
-            ops.cast(y_pred["logits"], "float32"),
+            ops.cast(logits, "float32"),
             label_lengths,
             logit_lengths,
             mask_index=0,
         )  # (B,)
-        # The regularization losses added to every utterance add them once
-        # to the mean, scaled for the replicas like the CTC term; a label out
-        # of range makes the loss NaN (the step is skipped).
-        losses = (losses + sum(self.losses, 0.0)) * guard * self.guard_inputs(x)  # (B,)
-        return _BatchMean(name="ctc_loss")(losses, losses)
+        return losses * guard
 
     def decode(self, inputs, strategy="greedy", beam_width=16):
         """Token ids `(B, T')`, -1 after each transcript's end.
@@ -478,6 +627,124 @@ def ctc_greedy_ids(logits, lengths, blank=0):
     placed = ops.sum(scatter * ops.expand_dims(best + 1, -1), axis=1)  # (B, T): id + 1 or 0
     broken = ops.any(ops.isnan(ops.cast(logits, "float32")), axis=(1, 2))  # (B,)
     return ops.where(ops.expand_dims(broken, 1), -2, placed - 1)
+
+
+# Optional inputs of packed utterances (docs/packing.md), outside the
+# functional graph: left out, the model runs that graph as before packing.
+PACKED_INPUT_NAMES = ("segment_ids", "positions")
+
+
+UTTERANCE_RULE = (
+    "the frames of a row's k utterances hold 1, 2, ..., k in order, each "
+    "contiguous, with 0 between and after them"
+)
+
+
+def _grouped(ids):
+    """Packed utterance ids `(B, T)` (`UTTERANCE_RULE`, gaps of 0 between
+    utterances) as the layers' segment ids: each gap joins the utterance
+    before it, the padding after the last stays 0 (`SEGMENT_RULE`)."""
+    previous = ops.concatenate([ops.zeros_like(ids[:, :1]), ids[:, :-1]], axis=1)
+    starts = ops.logical_and(ids > 0, ops.not_equal(ids, previous))  # (B, T)
+    count = ops.cumsum(ops.cast(starts, "int32"), axis=1)  # (B, T)
+    frames = ops.expand_dims(ops.arange(ops.shape(ids)[1]), 0)  # (1, T)
+    last = ops.max(ops.where(ids > 0, frames, -1), axis=1, keepdims=True)  # (B, 1)
+    return ops.where(frames <= last, count, ops.zeros_like(count))
+
+
+def _checked_utterances(features, segment_ids, positions, feature_length=None):
+    """`(segment_ids, positions, invalid)` of packed utterances, checked
+    under the inputs' names: `UTTERANCE_RULE`, positions that restart with
+    each utterance, each utterance starting at a multiple of the
+    subsampling (so that its logit frames are those it gets alone), and a
+    `feature_length` that cuts no utterance. `invalid` `(B,)` (or None):
+    the rows to make NaN in a graph."""
+    ids = integer_ids("segment_ids", segment_ids, UTTERANCE_RULE)  # (B, T) int32
+    check_static_shape("segment_ids", ids, tuple(features.shape[:2]), "features' (B, T)")
+    broken = ops.logical_and(ops.not_equal(ids, 0), ops.not_equal(ids, _grouped(ids)))
+    bad_ids = refused(
+        ops.any(broken, axis=1), "segment_ids",
+        lambda row: (
+            f"{UTTERANCE_RULE}; row {row} breaks it at frame "
+            f"{int(np.argmax(concrete_value(broken)[row]))}. Received: segment_ids[{row}]="
+            f"{concrete_value(ids)[row].tolist()}"))
+    positions, bad_positions = checked_positions(positions, ids, name="positions")
+    frames = ops.expand_dims(ops.arange(ops.shape(ids)[1]), 0)  # (1, T)
+    starts = ops.logical_and(ids > 0, ops.equal(positions, 0))  # (B, T)
+    misaligned = ops.logical_and(starts, ops.not_equal(frames % SUBSAMPLING, 0))
+    bad_starts = refused(
+        ops.any(misaligned, axis=1), "segment_ids",
+        lambda row: (
+            f"each utterance must start at a multiple of {SUBSAMPLING} frames (the "
+            "subsampling's stride: then its logit frames are those it gets alone; "
+            "keras_attn.data.packing.pack_utterances aligns them). Received: row "
+            f"{row} starts one at frame "
+            f"{int(np.argmax(concrete_value(misaligned)[row]))}"))
+    lengths = ops.expand_dims(ops.cast(feature_length, "int32"), 1)  # (B, 1)
+    cut = ops.logical_and(ids > 0, frames >= lengths)  # (B, T)
+    bad_length = refused(
+        ops.logical_or(ops.any(cut, axis=1), lengths[:, 0] < 0), "feature_length",
+        lambda row: (
+            "it must not end a row before its last utterance does (the segment "
+            f"ids say which frames are real). Received: feature_length[{row}]="
+            f"{int(concrete_value(lengths)[row, 0])}"))
+    return ids, positions, any_invalid(bad_ids, bad_positions, bad_starts, bad_length)
+
+
+def unpack_utterances(logits, logit_segment_ids, max_segments):
+    """Each utterance's logits of packed rows in a row of its own.
+
+    Args:
+        logits: `(B, T', V)`, the packed model's `"logits"`.
+        logit_segment_ids: `(B, T')`, its `"logit_segment_ids"`.
+        max_segments: K, the utterances a row holds at most.
+
+    Returns:
+        `((B, K, T', V) logits, (B, K) lengths)`: utterance `k + 1` of row
+        `b` in `[b, k, :lengths[b, k]]` (the frames after it are its
+        neighbours', to be masked by the length), 0 frames past a row's
+        last utterance.
+
+    >>> logits = np.arange(6, dtype="float32").reshape(1, 6, 1)
+    >>> out, lengths = unpack_utterances(logits, np.array([[1, 1, 0, 2, 2, 2]]), 2)
+    >>> np.asarray(out)[0, :, :3, 0].tolist(), np.asarray(lengths).tolist()
+    ([[0.0, 1.0, 2.0], [3.0, 4.0, 5.0]], [[2, 3]])
+    """
+    ids = ops.cast(logit_segment_ids, "int32")  # (B, T')
+    steps = ops.shape(ids)[1]
+    segments = ops.reshape(ops.arange(1, max_segments + 1, dtype="int32"), (1, -1, 1))
+    member = ops.cast(ops.equal(ops.expand_dims(ids, 1), segments), "int32")  # (B, K, T')
+    lengths = ops.sum(member, axis=2)  # (B, K)
+    first = ops.cast(ops.argmax(member, axis=2), "int32")  # (B, K)
+    index = ops.expand_dims(first, 2) + ops.reshape(ops.arange(steps, dtype="int32"),
+                                                    (1, 1, -1))  # (B, K, T')
+    index = ops.reshape(ops.minimum(index, steps - 1), (ops.shape(ids)[0], -1, 1))
+    unpacked = ops.take_along_axis(logits, index, axis=1)  # (B, K * T', V)
+    shape = ops.shape(logits)
+    return ops.reshape(unpacked, (shape[0], max_segments, steps, shape[2])), lengths
+
+
+def _per_utterance_labels(labels, counts):
+    """A `ValueError` when packed labels `(B, K, L)` do not give one
+    transcript per utterance: a row with more utterances (`counts` `(B,)`)
+    than K, or a transcript in a slot past a row's last utterance."""
+    slots = labels.shape[1]
+    if np.any(counts > slots):
+        row = int(np.argmax(counts > slots))
+        raise ValueError(
+            "Invalid value for argument `labels`: packed rows need one transcript "
+            f"per utterance, (B, K, L) with K at least the utterances of a row. "
+            f"Received: labels with K={slots} and {int(counts[row])} utterances in "
+            f"row {row}"
+        )
+    extra = (labels > 0).any(axis=2) & (np.arange(slots)[None, :] >= counts[:, None])
+    if extra.any():
+        row, slot = (int(i) for i in np.argwhere(extra)[0])
+        raise ValueError(
+            "Invalid value for argument `labels`: a transcript for an utterance the "
+            f"row does not hold. Received: labels[{row}, {slot}]="
+            f"{labels[row, slot].tolist()} beside {int(counts[row])} utterance(s)"
+        )
 
 
 def _interior_padding(labels):

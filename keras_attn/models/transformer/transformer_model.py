@@ -41,6 +41,7 @@ from keras_attn._guard import concrete_value
 from keras_attn.models._config import ConfigModel
 from keras_attn.models._config import config_arguments
 from keras_attn.models._packing import any_invalid
+from keras_attn.models._packing import packed_inputs
 from keras_attn.models._packing import refused
 from keras_attn._remat import remat_scope
 from keras_attn.layers.masking import checked_positions
@@ -148,23 +149,6 @@ def _decode(layers, pad_id, target_ids, encoder_output, source_mask, training=No
 # graph: left out, the model runs that graph as it did before packing.
 PACKED_INPUT_NAMES = ("source_segment_ids", "source_positions",
                       "target_segment_ids", "target_positions")
-
-
-def packed_inputs(inputs):
-    """The packed inputs of a dict of inputs that holds them (a dict of
-    `PACKED_INPUT_NAMES`), None when it holds none; some without the others
-    is a `ValueError`."""
-    if not isinstance(inputs, dict):
-        return None
-    present = [name for name in PACKED_INPUT_NAMES if inputs.get(name) is not None]
-    if not present:
-        return None
-    if len(present) < len(PACKED_INPUT_NAMES):
-        raise ValueError(
-            "Invalid value for argument `inputs`: packed rows need all of "
-            f"{list(PACKED_INPUT_NAMES)}. Received: inputs with keys {sorted(inputs)}"
-        )
-    return {name: inputs[name] for name in PACKED_INPUT_NAMES}
 
 
 def _checked_packing(source_ids, target_ids, packed, pad_id):
@@ -365,7 +349,7 @@ class Transformer(GuardedModel, ConfigModel, keras.Model):
         self.transformer_config = config
 
     def call(self, inputs, training=None, mask=None):
-        packed = packed_inputs(inputs)
+        packed = packed_inputs(inputs, PACKED_INPUT_NAMES)
         if packed is None:  # the functional graph, as without packing
             return super().call(inputs, training=training, mask=mask)
         pad_id = self.transformer_config.pad_id
@@ -382,7 +366,7 @@ class Transformer(GuardedModel, ConfigModel, keras.Model):
     def compute_output_spec(self, inputs, training=None, mask=None):
         # A symbolic call with the packed inputs is not one the functional
         # graph was built for: the logits' shape is known.
-        if packed_inputs(inputs) is None:
+        if packed_inputs(inputs, PACKED_INPUT_NAMES) is None:
             return super().compute_output_spec(inputs, training=training, mask=mask)
         target_ids = inputs["target_ids"]
         return keras.KerasTensor(
