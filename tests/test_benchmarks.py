@@ -317,3 +317,33 @@ def test_streaming_smoke_run_checks_its_tokens_and_writes_every_row(tmp_path):
         assert len(trace["positions_s"]) == len(trace["step_s"])
     assert {"litert", "onnx"} <= set(results["not_run"])
     assert figure.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.slow
+def test_packing_smoke_run_writes_every_row_and_packs_more_real_tokens(tmp_path):
+    # --smoke: a one-layer 16-wide BERT at rows of 32 and 64, 2 rounds. The
+    # timings are not looked at; what the rows say about the batches is.
+    import json
+    import subprocess
+
+    output = tmp_path / "packing.json"
+    env = dict(os.environ, KERAS_BACKEND="tensorflow", TF_CPP_MIN_LOG_LEVEL="3")
+    run = subprocess.run([sys.executable, os.path.join(BENCHMARKS, "packing.py"), "--smoke",
+                          "--output", str(output)],
+                         capture_output=True, text=True, timeout=1200, env=env)
+    assert run.returncode == 0, run.stderr[-3000:]
+    results = json.loads(output.read_text())
+    assert results["smoke"] and [row["length"] for row in results["rows"]] == [32, 64]
+    for row in results["rows"]:
+        padding, real = row["padding"], row["real_tokens_per_batch"]
+        # Packing fills rows with real tokens; padding to each batch's
+        # longest example already drops some padding, padding to the row none.
+        assert padding["packed"] < padding["padded_to_longest"] < padding["padded_to_length"]
+        assert real["packed"] > real["padded"] > 0
+        assert row["examples_per_batch"]["packed"] > row["examples_per_batch"]["padded"]
+        assert set(row["median_step_seconds"]) == {"padded", "packed", "keras_hub"}
+        for ratio in row["real_tokens_per_second_ratio"].values():
+            assert ratio["low"] <= ratio["median"] <= ratio["high"]
+        assert set(row["real_tokens_per_second_ratio"]) == {
+            "packed_vs_padded", "padded_vs_keras_hub", "packed_vs_keras_hub"}
+    assert "| 64 | 4 |" in run.stdout
