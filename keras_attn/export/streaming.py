@@ -268,20 +268,19 @@ class _StreamingStep(keras.layers.Layer):
 
 
 def _mel_power(log_mel, padded, chunk_length):
-    """`LogMelFeatures._power_by_convolution(padded)` with the STFT's kernels
-    and the mel matrix chosen at run time (by a condition on `chunk_length`
-    that always holds, which the converter cannot fold): LiteRT's int8 option quantizes the constant
-    weights of convolutions and matmuls, these included (the test WER of
-    the streaming digits went from 0 to 4.4%: raw decibels read the
-    leakage); a tensor computed at run time stays float32, and the encoder's
-    weights are still int8. No value changes."""
+    """`LogMelFeatures._power_by_convolution(padded)` (the same kernels, from
+    NumPy's DFT) with the STFT's kernels and the mel matrix chosen at run
+    time, by a condition on `chunk_length` that always holds and that the
+    converter cannot fold: LiteRT's int8 option quantizes the constant
+    weights of convolutions and matmuls, these included (the streaming
+    digits' test WER went from 0 to 4.4%: raw decibels read the leakage); a
+    tensor computed at run time stays float32, the encoder's weights int8.
+    No value changes."""
     n, length = log_mel.fft_length, log_mel.frame_length
-    window = np.zeros(n)
-    start = (n - length) // 2
-    window[start:start + length] = 0.5 - 0.5 * np.cos(2 * np.pi * np.arange(length) / length)
-    angles = 2 * np.pi * np.outer(np.arange(n), np.arange(n // 2 + 1)) / n
-    kernel = np.concatenate([window[:, None] * np.cos(angles),
-                             -window[:, None] * np.sin(angles)], axis=1)[:, None, :]  # (N, 1, 2F)
+    start = (n - length) // 2  # the periodic Hann window, centred in the FFT's n samples
+    window = np.pad(np.hanning(length + 1)[:-1], (start, n - length - start))
+    dft = window[:, None] * np.fft.rfft(np.eye(n), axis=1)  # (N, F): w_t exp(-2 pi i t f / N)
+    kernel = np.concatenate([dft.real, dft.imag], axis=1)[:, None, :]  # (N, 1, 2F)
     always = ops.greater_equal(chunk_length[0], np.iinfo("int32").min)  # True, at run time
     kernel = ops.where(always, ops.convert_to_tensor(kernel.astype("float32")), 0.0)
     spectrum = ops.conv(ops.expand_dims(padded, -1), kernel, strides=log_mel.frame_step)

@@ -53,7 +53,7 @@ def transcribe(recognizer, wave, rate):
     return [t for t in ids if t >= 0], int(state.tensors["logit_length"][0])
 
 
-def refusals(runtime, recognizer, other, wave, rate):
+def refusals(recognizer, other, wave, rate):
     """Each bad call on a state held after the first chunk; then the
     utterance streamed on from that state."""
     n = recognizer.chunk_samples
@@ -115,7 +115,7 @@ def main(job):
     if job["refusals"]:
         recognizer = recognizers[job["refusals"]]
         other = next(r for p, r in recognizers.items() if p != job["refusals"])
-        result["refusals"] = refusals(runtime, recognizer, other, waves[0], rate)
+        result["refusals"] = refusals(recognizer, other, waves[0], rate)
     result["imported"] = sorted(name for name in sys.modules if name.split(".")[0] in BLOCKED)
     print("RESULT" + json.dumps(result))
 
