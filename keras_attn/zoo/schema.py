@@ -25,6 +25,7 @@ import os
 import re
 import typing
 from typing import Annotated
+from typing import ClassVar
 from typing import Literal
 from typing import Optional
 from typing import Union
@@ -185,6 +186,8 @@ class Data(Section):
     """The keys of every task's `data`."""
 
     model_config = ConfigDict(json_schema_extra=_one_kind_of_dataset)
+    # A task whose data reads "files:<path>" sets it (and checks the files).
+    takes_files: ClassVar[bool] = False
 
     dataset: str = field(
         description='"embedded" (the task\'s offline data set), "tfds:<name>[/<config>]", a '
@@ -212,6 +215,10 @@ class Data(Section):
                     _tfds_name(dataset)
                 except pydantic_core.PydanticCustomError as error:
                     raise key_error("dataset", error.context["expectation"], dataset) from None
+            if kind == "files" and not cls.takes_files:
+                raise key_error("dataset", "is files:<path>, which this task does not read "
+                                           "(image_classification, speech_ctc and translation "
+                                           "do; docs/your_data.md)", dataset)
             if kind == "files" and not os.path.exists(files_path(dataset)):
                 raise key_error("dataset", "names no file or folder (a path relative to the "
                                            "working directory, or absolute)", dataset)

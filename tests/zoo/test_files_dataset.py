@@ -116,6 +116,7 @@ DATASET, TARGET, TEST = "data.dataset", "data.target_language", "data.test_fract
     ("conformer_tiny_digits", {"dataset": "files:{tmp}/t"}, DATASET, "has no column"),
     ("vit_tiny_digits", {"dataset": "files:{tmp}/t", "test_fraction": 0.2}, TEST,
      "is for embedded datasets only"),
+    ("bert_tiny_pydoc", {"dataset": "files:{tmp}/t"}, DATASET, "this task does not read"),
 ])
 def test_bad_files_are_recipe_errors_naming_the_key_and_the_value(tmp_path, name, data, key,
                                                                   message):

@@ -39,6 +39,8 @@ class ImageClassificationData(schema.TfdsSplits):
     with `train/`, `test/` and optionally `validation/`, each with one
     sub-folder of images per class (sorted names: the class ids)."""
 
+    takes_files = True
+
     validation_fraction: float = field(
         0.1, **_SHARE, description="Share of the training images held out for validation "
                                    "(tfds: when validation_split is null, the end of "

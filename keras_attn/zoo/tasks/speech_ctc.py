@@ -35,6 +35,8 @@ class SpeechCTCData(schema.TfdsSplits):
     the folder) and its transcript (vocabulary: the transcripts'
     characters)."""
 
+    takes_files = True
+
     utterances: int = field(2000, ge=3, only="embedded",
                             description="Utterances synthesised; more than test_size + "
                                         "validation_size.")

@@ -32,6 +32,8 @@ class TranslationData(schema.TfdsSplits):
     row a sentence pair (the columns or fields `source_language` and
     `target_language`)."""
 
+    takes_files = True
+
     vocabulary_size: int = field(1000, ge=8, description="The shared WordPiece vocabulary.")
     bucket_boundaries: list[int] = field([8, 16, 32, 64], description="Length buckets: a "
                                          "non-empty increasing list of positive integers.")
