@@ -195,23 +195,35 @@ class LogMelFeatures(keras.layers.Layer):
         x = ops.pad(waveform, [[0, 0], [n // 2, n // 2]], mode="reflect")
         return ops.transpose(self._power_by_convolution(x), (0, 2, 1))
 
-    def _power_by_convolution(self, padded):
+    def _power_by_convolution(self, padded, mel_matrix=None):
         """Mel power `(B, T, M)` of the uncentred frames of `padded` `(B, N)`
-        (frame `t` is samples `t * frame_step ..` + fft_length)."""
-        n, length = self.fft_length, self.frame_length
-        window = np.zeros(n)
-        start = (n - length) // 2
-        window[start:start + length] = 0.5 - 0.5 * np.cos(2 * np.pi * np.arange(length) / length)
-        angles = 2 * np.pi * np.outer(np.arange(n), np.arange(n // 2 + 1)) / n
-        kernel = np.concatenate([window[:, None] * np.cos(angles),
-                                 -window[:, None] * np.sin(angles)], axis=1)
-        kernel = ops.convert_to_tensor(kernel[:, None, :].astype("float32"))  # (N, 1, 2F)
+        (frame `t` is samples `t * frame_step ..` + fft_length); `mel_matrix`
+        defaults to `_mel_matrix()`."""
+        kernel = ops.convert_to_tensor(self._dft_kernel())  # (N, 1, 2F)
         spectrum = ops.conv(ops.expand_dims(padded, -1), kernel, strides=self.frame_step)  # (B, T, 2F)
-        bins = n // 2 + 1
+        bins = self.fft_length // 2 + 1
         power = ops.square(spectrum[..., :bins]) + ops.square(spectrum[..., bins:])
-        return ops.matmul(power, self._mel_matrix())
+        return ops.matmul(power, self._mel_matrix() if mel_matrix is None else mel_matrix)
+
+    def _dft_kernel(self):
+        """The windowed DFT's cosines and sines, `(N, 1, 2F)` float32, in
+        NumPy: made once per layer and safe to reuse in any trace (a NumPy
+        array is a constant wherever it is converted)."""
+        if getattr(self, "_dft_kernel_cache", None) is None:
+            n, length = self.fft_length, self.frame_length
+            window = np.zeros(n)
+            start = (n - length) // 2
+            window[start:start + length] = 0.5 - 0.5 * np.cos(2 * np.pi * np.arange(length) / length)
+            angles = 2 * np.pi * np.outer(np.arange(n), np.arange(n // 2 + 1)) / n
+            kernel = np.concatenate([window[:, None] * np.cos(angles),
+                                     -window[:, None] * np.sin(angles)], axis=1)
+            self._dft_kernel_cache = kernel[:, None, :].astype("float32")
+        return self._dft_kernel_cache
 
     def _mel_matrix(self):
+        """Keras's mel weight matrix `(F, M)`, computed where it is called
+        (in a trace, as part of it): the whole-utterance call and the
+        exports trace it once per graph."""
         mel = self.mel_spectrogram
         matrix = mel.linear_to_mel_weight_matrix(
             num_mel_bins=mel.num_mel_bins, num_spectrogram_bins=self.fft_length // 2 + 1,
@@ -219,7 +231,19 @@ class LogMelFeatures(keras.layers.Layer):
             upper_edge_hertz=mel.max_freq)
         return ops.cast(matrix, "float32")
 
-    def _power_by_fft(self, padded):
+    def _eager_mel_matrix(self):
+        """`_mel_matrix()` as a NumPy array, computed at the first streaming
+        step and kept (not a weight: saved files and `weights` do not
+        change). Only `_step` calls it, and `_step` runs eagerly on every
+        backend (it reads its inputs and state to NumPy first, which fails
+        inside a `jax.jit` trace or a `tf.function`), so the array is always
+        the eager matrix, never a tracer or a graph tensor of one trace.
+        The same numbers as computing it at every step."""
+        if getattr(self, "_mel_matrix_cache", None) is None:
+            self._mel_matrix_cache = ops.convert_to_numpy(self._mel_matrix())
+        return self._mel_matrix_cache
+
+    def _power_by_fft(self, padded, mel_matrix):
         """What `self.mel_spectrogram` computes from a waveform, for the
         uncentred frames of `padded` (its centring done by the caller)."""
         mel = self.mel_spectrogram
@@ -227,7 +251,7 @@ class LogMelFeatures(keras.layers.Layer):
                               sequence_stride=self.frame_step, fft_length=self.fft_length,
                               window=mel.window, center=False)
         magnitude = ops.sqrt(ops.square(real) + ops.square(imag))
-        return ops.tensordot(ops.power(magnitude, mel.mag_exp), self._mel_matrix(), axes=1)
+        return ops.tensordot(ops.power(magnitude, mel.mag_exp), mel_matrix, axes=1)
 
     # === Streaming ===
 
@@ -352,10 +376,11 @@ class LogMelFeatures(keras.layers.Layer):
             features = ops.zeros((batch, 0, self.num_mel_bins), self.compute_dtype)
             return features, ops.zeros((batch, 0), "bool"), new_state
         window = buffer[:, :(count - 1) * hop + self.fft_length]
+        mel_matrix = ops.convert_to_tensor(self._eager_mel_matrix())
         if self.stft == "fft":
-            power = self._power_by_fft(window)  # (B, f, M)
+            power = self._power_by_fft(window, mel_matrix)  # (B, f, M)
         else:
-            power = self._power_by_convolution(window)
+            power = self._power_by_convolution(window, mel_matrix)
         features = ops.maximum(10.0 * ops.log10(ops.cast(power, "float32")), -100.0)
         frames = ops.arange(first, first + count) * hop  # each frame's centre sample
         valid = ops.less_equal(ops.expand_dims(frames, 0), ops.expand_dims(length, 1))  # (B, f)
