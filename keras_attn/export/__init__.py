@@ -6,6 +6,7 @@ from keras_attn.export.portable import Artifact
 from keras_attn.export.portable import export_portable
 from keras_attn.export.saved_model import export_saved_model
 from keras_attn.export.speech_recognizer import export_speech_recognizer
+from keras_attn.export.streaming import export_streaming
 from keras_attn.export.text_classifier import export_text_classifier
 from keras_attn.export.translator import export_translator
 
@@ -15,6 +16,7 @@ __all__ = [
     "export_image_classifier",
     "export_saved_model",
     "export_speech_recognizer",
+    "export_streaming",
     "export_text_classifier",
     "export_translator",
 ]
