@@ -20,6 +20,7 @@ from keras_attn.zoo import prepared as prepared_module
 from keras_attn.zoo import runs
 from keras_attn.zoo.recipe import fingerprint
 from keras_attn.zoo.recipe import load_recipe
+from keras_attn.zoo.recipe import validate_recipe
 from keras_attn.zoo.tasks import make_task
 
 pytestmark = pytest.mark.tf_only
@@ -29,6 +30,8 @@ NAME = "bert_tiny_pydoc"
 PACKED = tiny_overrides(NAME, run=False) + ["data.packing=true", "data.sequence_length=64"]
 # Two epochs of 4 steps, a checkpoint every 3 (and at epoch ends): step 6
 # falls inside the second epoch, step 4 is the first epoch's end.
+TRANSLATION = "transformer_numbers"
+TRANSLATION_PACKED = tiny_overrides(TRANSLATION, run=False) + ["data.packing=true"]
 RESUMABLE = PACKED + ["training.epochs=2", "training.steps_per_epoch=4",
                       "training.checkpoint_every=3", "training.jit_compile=false"]
 
@@ -51,13 +54,28 @@ def test_a_packing_that_is_not_a_boolean_is_refused_by_name(value):
         _recipe(tiny_overrides(NAME) + [f"data.packing={value}"])
 
 
-@pytest.mark.parametrize("name", ["vit_tiny_digits", "transformer_numbers",
-                                  "conformer_tiny_digits"])
+@pytest.mark.parametrize("name", ["vit_tiny_digits", "conformer_tiny_digits"])
 @pytest.mark.parametrize("value", ["true", "false"])
 def test_tasks_that_do_not_pack_refuse_the_key_by_name(name, value):
     with pytest.raises(RecipeError, match=r"Recipe key `data\.packing` is not taken by this "
-                                          r"task: packed rows train the masked_lm task only"):
+                                          r"task: packed rows train the masked_lm and "
+                                          r"translation tasks only"):
         _recipe(tiny_overrides(name) + [f"data.packing={value}"], name)
+
+
+def test_translation_packs_embedded_and_files_data_only():
+    with open(recipe_path(TRANSLATION)) as handle:
+        recipe = json.load(handle)
+    recipe["data"] = {"dataset": "tfds:wmt14_translate/de-en", "packing": True}
+    with pytest.raises(RecipeError, match=r"Recipe key `data\.packing` is for embedded and "
+                                          r"files datasets.*Received: data\.packing=True"):
+        validate_recipe(recipe)
+    # Rows of max(bucket_boundaries) tokens: a longer pair is refused by name.
+    task = make_task(_recipe(TRANSLATION_PACKED + ["data.bucket_boundaries=[4, 8]"],
+                             TRANSLATION))
+    with pytest.raises(ValueError, match=r"Recipe key `data\.packing` packs rows of "
+                                         r"max\(data\.bucket_boundaries\)=8 tokens"):
+        task.prepare()
 
 
 def test_an_unpacked_recipe_resolves_and_fingerprints_as_before():
@@ -68,6 +86,8 @@ def test_an_unpacked_recipe_resolves_and_fingerprints_as_before():
     assert "packing" not in default["data"] and given == default
     assert fingerprint(given) == fingerprint(default)
     assert _recipe(PACKED)["data"]["packing"] is True
+    translation = _recipe(tiny_overrides(TRANSLATION) + ["data.packing=false"], TRANSLATION)
+    assert translation == _recipe(tiny_overrides(TRANSLATION), TRANSLATION)
 
 
 # === The packed rows ===
@@ -188,23 +208,20 @@ def test_a_packed_run_resumes_exactly(tmp_path):
     """Cut back to the checkpoint of step 6 (inside the second epoch: its
     packing is made again and 2 batches skipped), the run ends with the
     uninterrupted weights."""
-    whole = str(tmp_path / "whole")
+    whole, cut = str(tmp_path / "whole"), str(tmp_path / "cut")
     runs.train(NAME, RESUMABLE, output=whole, export=False, verbose=0)
-    expected = _weights(whole)
-    for cut in (6,):
-        cut_run = str(tmp_path / f"cut_{cut}")
-        shutil.copytree(whole, cut_run)
-        for path in glob.glob(os.path.join(cut_run, "checkpoints", "ckpt-*")):
-            if not os.path.basename(path).startswith(f"ckpt-{cut:08d}."):
-                os.remove(path)
-        for file in ("model.keras", "results.json"):
-            os.remove(os.path.join(cut_run, file))
-        runs.train(NAME, RESUMABLE, output=cut_run, export=False, verbose=0)
-        resumed = _weights(cut_run)
-        assert sorted(resumed) == sorted(expected)
-        for key in expected:
-            np.testing.assert_allclose(resumed[key], expected[key], atol=1e-6, rtol=0,
-                                       err_msg=f"{cut} {key}")
+    # The run as a kill right after step 6's checkpoint leaves it.
+    kept = "ckpt-00000006."
+    shutil.copytree(whole, cut, ignore=lambda _, names: [
+        name for name in names if name in ("model.keras", "results.json")
+        or (name.startswith("ckpt-") and not name.startswith(kept))])
+    assert sorted(os.listdir(os.path.join(cut, "checkpoints"))) == [
+        kept + "json", kept + "npz", "history.json"]
+    runs.train(NAME, RESUMABLE, output=cut, export=False, verbose=0)
+    expected, resumed = _weights(whole), _weights(cut)
+    assert sorted(resumed) == sorted(expected)
+    for key in expected:
+        np.testing.assert_allclose(resumed[key], expected[key], atol=1e-6, rtol=0, err_msg=key)
 
 
 def test_prepare_stores_the_packed_batches_and_reads_them_back(tmp_path):
@@ -234,3 +251,48 @@ def test_prepare_stores_the_packed_batches_and_reads_them_back(tmp_path):
     model = fresh.build_model()
     assert model.max_segments == task.max_segments
     data.check(model, fresh)
+
+
+# === Translation ===
+
+
+def test_translation_rows_pack_every_pair_once_in_step_and_shuffle_by_epoch():
+    task = make_task(_recipe(TRANSLATION_PACKED, TRANSLATION)).prepare()
+    rows = task.packed_rows
+    ids = rows["example_ids"]
+    assert sorted(ids[ids >= 0].tolist()) == list(range(len(task.train_sources)))
+    assert (ids >= 0).sum(axis=1).max() > 1
+    # Segment k of a target row is the translation of segment k of its source row.
+    np.testing.assert_array_equal(rows["segment_ids"].max(axis=1),
+                                  rows["target_segment_ids"].max(axis=1))
+    tokenizer = task.tokenizer
+    r, k = 0, 1
+    source = rows["inputs"][r][rows["segment_ids"][r] == k]
+    target = rows["targets"][r][rows["target_segment_ids"][r] == k]
+    pair = ids[r, k - 1]
+    np.testing.assert_array_equal(source[:-1], np.asarray(tokenizer(task.train_sources[pair])))
+    np.testing.assert_array_equal(target[1:, 0], target[:-1, 1])  # labels: inputs shifted
+    np.testing.assert_array_equal(target[:-1, 1],
+                                  np.asarray(tokenizer(task.train_targets[pair])))
+    # Every epoch: all the rows, once, in an order of its own; the same batch count.
+    epochs = []
+    for epoch in (0, 1):
+        batches = list(task.train_dataset_fn(epoch))
+        assert len(batches) == task.batches_per_epoch
+        epochs.append(np.concatenate([np.asarray(x["source_ids"]) for x, _ in batches]))
+    assert sorted(map(bytes, epochs[0])) == sorted(map(bytes, epochs[1]))
+    assert sorted(map(bytes, epochs[0])) == sorted(map(bytes, rows["inputs"].astype("int32")))
+    assert not np.array_equal(epochs[0], epochs[1])
+
+
+def test_a_packed_translation_run_trains(tmp_path):
+    # A constant rate: the recipe's schedule warms up over 1000 steps.
+    overrides = TRANSLATION_PACKED + ["training.epochs=3", "training.jit_compile=false",
+                                      'training.schedule={"name": "constant"}',
+                                      "training.optimizer.learning_rate=0.005"]
+    results = runs.train(TRANSLATION, overrides, output=str(tmp_path / "run"), export=False,
+                         verbose=0)
+    with open(os.path.join(results["output"], "checkpoints", "history.json")) as handle:
+        losses = json.load(handle)["loss"]
+    assert len(losses) == 3 and losses[0] > losses[1] > losses[2], losses
+    assert set(results["metrics"]) >= {"bleu", "exact_match"}

@@ -201,8 +201,8 @@ class Translation(Task):
              "source_segment_ids": rows["segment_ids"], "source_positions": rows["positions"],
              "target_segment_ids": rows["target_segment_ids"],
              "target_positions": rows["target_positions"]}
-        x = {name: value[order] for name, value in x.items()}
-        labels = rows["targets"][..., 1][order]
+        x = {name: value[order].astype("int32") for name, value in x.items()}
+        labels = rows["targets"][..., 1][order].astype("int32")  # as the padded pipeline's
         return tf.data.Dataset.from_tensor_slices((x, labels)).batch(self.batch_size).prefetch(
             tf.data.AUTOTUNE)
 
