@@ -74,6 +74,7 @@ LOSS_RECORDER = """
 import importlib.abc, importlib.machinery, sys
 
 def _record_losses(keras):
+    import functools
     import json
     import numpy as np
 
@@ -106,7 +107,9 @@ def _record_losses(keras):
             json.dump(list(after.values()), handle)
         return history
 
-    keras.Model.fit = recorded_fit
+    # functools.wraps: the model's guard binds fit's arguments by the
+    # signature of keras.Model.fit, which must stay Keras's own.
+    keras.Model.fit = functools.wraps(fit)(recorded_fit)
 
 class _AfterKerasImport(importlib.abc.MetaPathFinder):
     # Stays in place until keras is loaded: a find_spec("keras") that only
