@@ -347,3 +347,37 @@ def test_packing_smoke_run_writes_every_row_and_packs_more_real_tokens(tmp_path)
         assert set(row["real_tokens_per_second_ratio"]) == {
             "packed_vs_padded", "padded_vs_keras_hub", "packed_vs_keras_hub"}
     assert "| 64 | 4 |" in run.stdout
+
+
+@pytest.mark.slow
+def test_multiprocess_smoke_run_joins_two_processes_and_writes_every_ratio(tmp_path):
+    # --smoke: a one-block 16-wide ViT, one process beside a two-process JAX
+    # job, 3 rounds of 2 steps (1.5-2.5 minutes on the loaded 2-core
+    # machine: three processes start and compile). Timings are not looked at.
+    import json
+    import subprocess
+
+    output = tmp_path / "multiprocess.json"
+    env = dict(os.environ, KERAS_BACKEND="jax", TF_CPP_MIN_LOG_LEVEL="3")
+    run = subprocess.run([sys.executable, os.path.join(BENCHMARKS, "multiprocess.py"),
+                          "--smoke", "--timeout", "900", "--output", str(output)],
+                         capture_output=True, text=True, timeout=2400, env=env)
+    assert run.returncode == 0, run.stderr[-3000:]
+    results = json.loads(output.read_text())
+    assert results["model"]["smoke"] and results["global_batch"] == 8
+    assert results["model"]["parameters"] > 0
+    assert results["gradient_bytes"] == 4 * results["model"]["parameters"]
+    names = {"one_process", "step", "step_no_allreduce", "allreduce_alone",
+             "allreduce_one_buffer"}
+    assert set(results["seconds"]) == set(results["median_step_seconds"]) == names
+    assert all(len(results["seconds"][name]) == results["rounds"] == 3 for name in names)
+    assert set(results["ratios"]) == {"two_vs_one_process", "with_vs_without_allreduce"}
+    for ratio in results["ratios"].values():
+        assert ratio["low"] <= ratio["median"] <= ratio["high"]
+        assert ratio["verdict"] in ("faster", "slower", "tie")
+    assert set(results["allreduce_share"]) == {
+        "allreduce_alone_over_step", "allreduce_one_buffer_over_step",
+        "step_minus_no_allreduce_over_step"}
+    # What the numbers are on a 2-core machine is said in the output and the file.
+    assert "not a speed claim" in results["note"] and "not a speed claim" in run.stdout
+    assert "| two_vs_one_process |" in run.stdout
