@@ -33,6 +33,16 @@ def import_tensorflow_quietly():
         import_holding_back_notices("tensorflow")
 
 
+def tensorflow_module():
+    """The `tensorflow` module, imported as `import_tensorflow_quietly` does
+    (an ImportError where it is not installed). What keras_attn's
+    TensorFlow-only modules (`keras_attn.data`, `keras_attn.export`) use in
+    place of `import tensorflow`, so that on JAX and PyTorch, where Keras has
+    not imported TensorFlow, its start-up notices stay held back too."""
+    import_tensorflow_quietly()
+    return importlib.import_module("tensorflow")
+
+
 def tensorflow_installed():
     """Whether TensorFlow can be imported here, without importing it."""
     try:

@@ -222,6 +222,45 @@ def test_importing_the_package_shows_no_tensorflow_start_up_notices():
     assert "after the import" in result.stderr
 
 
+def test_tensorflow_loads_quietly_through_the_data_modules_on_jax():
+    """On JAX (Keras imports no TensorFlow), the first keras_attn module that
+    needs TensorFlow (keras_attn.data.text here) imports it with its C++
+    start-up notices held back; what is written after still shows."""
+    environment = dict(os.environ, KERAS_BACKEND="jax",
+                       PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    environment.pop("TF_CPP_MIN_LOG_LEVEL", None)
+    code = ("import sys, keras_attn; assert 'tensorflow' not in sys.modules; "
+            "import keras_attn.data.text, keras_attn.export.text_classifier; "
+            "assert 'tensorflow' in sys.modules; print('after the import', file=sys.stderr)")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            env=environment, cwd=ROOT, timeout=600)
+    assert result.returncode == 0, result.stderr[-2000:]
+    for notice in ("absl::InitializeLog", "oneDNN custom operations",
+                   "Could not find cuda drivers", "rebuild TensorFlow"):
+        assert notice not in result.stderr, result.stderr
+    assert "after the import" in result.stderr
+
+
+def test_the_data_and_export_modules_import_tensorflow_quietly():
+    """keras_attn.data and keras_attn.export take TensorFlow from
+    keras_attn_base.quiet_tensorflow.tensorflow_module() (quiet on every
+    backend), except portable.py, which runtime-only machines load by path
+    without the package (its TensorFlow import runs only in an export)."""
+    offenders = []
+    modules = [path for package in ("data", "export")
+               for _, path in _modules(os.path.join(PACKAGE, package))]
+    for path in modules:
+        if os.path.basename(path) in ("portable.py", "_wordpiece_graph.py"):
+            continue
+        with open(path, encoding="utf-8") as handle:
+            tree = ast.parse(handle.read())
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import) and any(
+                    alias.name == "tensorflow" for alias in node.names):
+                offenders.append(f"{os.path.relpath(path, ROOT)}:{node.lineno}")
+    assert not offenders
+
+
 def test_keras_internals_are_used_in_keras_compat_only():
     """`_keras_compat.py` holds every use of Keras's private walks and
     values: no other module calls `_flatten_layers` or reads `._value`."""

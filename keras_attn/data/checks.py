@@ -14,6 +14,7 @@ import contextlib
 from keras_attn._guard import IdSpec
 from keras_attn._guard import MaskSpec
 from keras_attn.errors import DataCheckError
+from keras_attn_base.quiet_tensorflow import tensorflow_module
 
 DATA_CHECK = "keras_attn data check:"
 
@@ -52,7 +53,7 @@ def _ctc_frames_needed(tf, labels):
 def check_batches(dataset, model):
     """`dataset` (of `(x, y)` or `(x, y, sample_weight)` batches for
     `model`) with every batch checked against what `model` accepts."""
-    import tensorflow as tf
+    tf = tensorflow_module()
 
     specs = model.input_specs()
     max_length = model.max_length()

@@ -28,6 +28,7 @@ import os
 from typing import Optional
 
 import numpy as np
+from keras_attn_base.quiet_tensorflow import tensorflow_module
 
 SPLITS = ("train", "validation", "test")
 TABLE_SUFFIXES = (".csv", ".jsonl")
@@ -486,7 +487,7 @@ def read_wav(path, sampling_rate=16000, argument="path"):
     """A WAV file as float32 mono samples in [-1, 1] at `sampling_rate`
     (TensorFlow's decoder; channels averaged; other rates resampled with
     SciPy's polyphase filter)."""
-    import tensorflow as tf
+    tf = tensorflow_module()
 
     try:
         audio, rate = tf.audio.decode_wav(tf.io.read_file(path))

@@ -8,12 +8,14 @@ TensorFlow only: imported lazily, never by `import keras_attn`.
 """
 
 import numpy as np
-import tensorflow as tf
 
 import keras
 
 from keras_attn._epochs import epoch_permutation
 from keras_attn._epochs import epoch_seed
+from keras_attn_base.quiet_tensorflow import tensorflow_module
+
+tf = tensorflow_module()  # import tensorflow, its start-up notices held back
 
 AUTOTUNE = tf.data.AUTOTUNE
 

@@ -21,6 +21,7 @@ import numpy as np
 from keras_attn._epochs import bucket_batch_count
 from keras_attn._epochs import epoch_permutation
 from keras_attn._epochs import epoch_seed
+from keras_attn_base.quiet_tensorflow import tensorflow_module
 
 DIGIT_VOCABULARY = tuple("0123456789")
 VOICES = ("en", "en-us", "en+f3", "en+m3", "en+f2", "en-gb-scotland")
@@ -174,7 +175,7 @@ def decode_ids(ids, vocabulary=DIGIT_VOCABULARY):
 
 def _edit_distance_rate(references, hypotheses, split):
     import keras_hub
-    import tensorflow as tf
+    tf = tensorflow_module()
 
     if len(references) != len(hypotheses):
         raise ValueError(
@@ -212,7 +213,7 @@ def speech_dataset(waveforms, transcripts, batch_size=16, vocabulary=DIGIT_VOCAB
     `(seed, epoch)`, the same at every pass (for resumable training); without
     it, a seeded shuffle that changes at every pass.
     """
-    import tensorflow as tf
+    tf = tensorflow_module()
 
     labels = [encode_transcript(t, vocabulary) for t in transcripts]
     if shuffle and epoch is not None:
@@ -282,7 +283,7 @@ def load_tfds_speech(name, split="train", data_dir=None, batch_size=16,
     Returns:
         `(dataset, info)`.
     """
-    import tensorflow as tf
+    tf = tensorflow_module()
     import tensorflow_datasets as tfds
 
     dataset, info = tfds.load(name, split=split, data_dir=data_dir, with_info=True,

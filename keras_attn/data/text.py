@@ -19,10 +19,12 @@ import random
 import re
 
 import numpy as np
-import tensorflow as tf
 
 from keras_attn._epochs import epoch_permutation
 from keras_attn.data import wordpiece
+from keras_attn_base.quiet_tensorflow import tensorflow_module
+
+tf = tensorflow_module()  # import tensorflow, its start-up notices held back
 
 AUTOTUNE = tf.data.AUTOTUNE
 SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")

@@ -25,7 +25,6 @@ TensorFlow only: imported lazily, never by `import keras_attn`.
 import dataclasses
 
 import numpy as np
-import tensorflow as tf
 
 from keras_attn._epochs import bucket_batch_count
 from keras_attn._epochs import epoch_permutation
@@ -37,6 +36,9 @@ from keras_attn.data.scoring import END_ID  # noqa: F401
 from keras_attn.data.scoring import PAD_ID  # noqa: F401
 from keras_attn.data.scoring import START_ID  # noqa: F401
 from keras_attn.data.scoring import evaluate_translations  # noqa: F401
+from keras_attn_base.quiet_tensorflow import tensorflow_module
+
+tf = tensorflow_module()  # import tensorflow, its start-up notices held back
 
 SPECIAL_TOKENS = ("[PAD]", "[START]", "[END]", "[UNK]")
 UNK_ID = 3

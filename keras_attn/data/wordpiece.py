@@ -8,7 +8,9 @@ constants of the data pipelines), lower-casing, and CJK characters split
 apart. TensorFlow only: imported lazily, never by `import keras_attn`.
 """
 
-import tensorflow as tf
+from keras_attn_base.quiet_tensorflow import tensorflow_module
+
+tf = tensorflow_module()  # import tensorflow, its start-up notices held back
 
 
 def train_wordpiece_vocabulary(texts, vocabulary_size, reserved_tokens, lowercase=True,

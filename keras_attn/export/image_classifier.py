@@ -12,6 +12,7 @@ model trained on JAX or PyTorch: save it as `.keras` and export it there).
 
 from keras_attn.export.saved_model import export_saved_model
 from keras_attn.export.saved_model import require_tensorflow_backend
+from keras_attn_base.quiet_tensorflow import tensorflow_module
 
 
 def export_image_classifier(model, path, format="saved_model", precision="float32"):
@@ -58,7 +59,7 @@ def export_image_classifier(model, path, format="saved_model", precision="float3
 
     if format != "saved_model":
         return _export_portable(model, path, format, precision, input_shape)
-    import tensorflow as tf
+    tf = tensorflow_module()
 
     def serve(images):
         logits = model(tf.cast(images, "float32"), training=False)

@@ -8,10 +8,11 @@ import tempfile
 from keras_attn._directories import DirectoryKind
 from keras_attn._directories import check_replaceable
 from keras_attn._directories import replace_directory
+from keras_attn_base.quiet_tensorflow import tensorflow_module
 
 
 def _spec(x, name=None):
-    import tensorflow as tf
+    tf = tensorflow_module()
 
     return tf.TensorSpec((None,) + tuple(x.shape[1:]), x.dtype, name=name or x.name)
 
@@ -76,7 +77,7 @@ def _refuse_empty(fn, signature):
     models' Python entry points raise `ValueError`, instead of failing deep
     inside a convolution or returning an empty answer in one family and not
     in another."""
-    import tensorflow as tf
+    tf = tensorflow_module()
 
     def guarded(*inputs):
         checks = []

@@ -4,6 +4,7 @@ waveforms and returns token ids: a SavedModel, ONNX or LiteRT."""
 from keras_attn._keras_compat import sublayers
 from keras_attn.export.saved_model import export_saved_model
 from keras_attn.export.saved_model import require_tensorflow_backend
+from keras_attn_base.quiet_tensorflow import tensorflow_module
 
 
 def export_speech_recognizer(model, path, strategy="greedy", beam_width=16,
@@ -50,7 +51,7 @@ def export_speech_recognizer(model, path, strategy="greedy", beam_width=16,
                 "logits for a server's own beam search). Received: "
                 f"strategy={strategy!r}, format={format!r}")
         return _export_portable(model, path, format, precision)
-    import tensorflow as tf
+    tf = tensorflow_module()
 
     def serve(waveform, waveform_length):
         inputs = {"waveform": waveform, "waveform_length": waveform_length}

@@ -18,6 +18,7 @@ export refuses a graph that would need any other op. TensorFlow backend only
 
 from keras_attn.export.saved_model import export_saved_model
 from keras_attn.export.saved_model import require_tensorflow_backend
+from keras_attn_base.quiet_tensorflow import tensorflow_module
 
 
 def export_text_classifier(model, tokenizer, path, sequence_length=128, format="saved_model",
@@ -51,7 +52,7 @@ def export_text_classifier(model, tokenizer, path, sequence_length=128, format="
 
     check_format(format, precision)
     require_tensorflow_backend("export_text_classifier")
-    import tensorflow as tf
+    tf = tensorflow_module()
 
     from keras_attn.export._wordpiece_graph import WordPieceGraph
 
@@ -118,7 +119,7 @@ def _single_text_packer(wordpiece, tokenizer, sequence_length):
     gives one segment (keras-hub's `MultiSegmentPacker`: `[CLS] text [SEP]`,
     the text truncated to `sequence_length - 2` tokens, `[PAD]` after), in
     core TensorFlow ops."""
-    import tensorflow as tf
+    tf = tensorflow_module()
 
     cls, sep, pad = (int(tokenizer.token_to_id(token)) for token in ("[CLS]", "[SEP]", "[PAD]"))
 
@@ -139,7 +140,7 @@ def check_core_ops(concrete_function):
     process would have to load from another library (tensorflow-text's).
     Core ops are those of `tf.raw_ops`; tensorflow-text's are not there
     even when it is imported."""
-    import tensorflow as tf
+    tf = tensorflow_module()
 
     graph = concrete_function.graph.as_graph_def()
     ops = {node.op for node in graph.node}

@@ -24,6 +24,7 @@ the SavedModel is core TensorFlow: `import tensorflow` alone loads it.
 from keras_attn._keras_compat import sublayers
 from keras_attn.export.saved_model import export_saved_model
 from keras_attn.export.saved_model import require_tensorflow_backend
+from keras_attn_base.quiet_tensorflow import tensorflow_module
 
 # The start of the `InvalidArgumentError` of a `translate` call whose search
 # gave an id that is no piece (see `export_translator`).
@@ -90,7 +91,7 @@ def export_translator(
 
     check_format(format, precision)
     require_tensorflow_backend("export_translator")
-    import tensorflow as tf
+    tf = tensorflow_module()
 
     from keras_attn.models.transformer.decoding import TransformerTranslator
 
@@ -184,7 +185,7 @@ def _export_portable(translator, path, format, precision, vocabulary):
 
 
 def _marian_text_graph_class():
-    import tensorflow as tf
+    tf = tensorflow_module()
 
     class MarianTextGraph(tf.Module):
         """`MarianTokenizer` as TensorFlow ops: the source SentencePiece
