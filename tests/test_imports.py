@@ -201,18 +201,14 @@ def test_help_and_list_modules_import_no_keras():
     assert result.stdout.strip() == "[]"
 
 
-def test_importing_the_package_shows_no_tensorflow_start_up_notices():
-    """`import keras_attn` first (no logging variable set, TensorFlow
-    backend) loads Keras and TensorFlow without their C++ start-up notices
-    and INFO lines; what is written to stderr after the import still shows.
-    (On JAX and PyTorch TensorFlow loads later, with keras_attn.data or
-    .export: `keras_attn_base.quiet_tensorflow.import_tensorflow_quietly()`
-    first, as the command line and the examples do.)"""
-    environment = dict(os.environ, KERAS_BACKEND="tensorflow",
+def _assert_imported_quietly(backend, code):
+    """Runs `code` in a fresh process on `backend` with no logging variable
+    set: it exits 0, stderr has none of TensorFlow's C++ start-up notices,
+    and what `code` writes to stderr after its imports still shows."""
+    environment = dict(os.environ, KERAS_BACKEND=backend,
                        PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
     environment.pop("TF_CPP_MIN_LOG_LEVEL", None)
-    code = ("import sys, keras_attn; import keras_attn.data.text; "
-            "print('after the import', file=sys.stderr)")
+    code += "; print('after the import', file=sys.stderr)"
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                             env=environment, cwd=ROOT, timeout=600)
     assert result.returncode == 0, result.stderr[-2000:]
@@ -220,25 +216,21 @@ def test_importing_the_package_shows_no_tensorflow_start_up_notices():
                    "Could not find cuda drivers", "rebuild TensorFlow"):
         assert notice not in result.stderr, result.stderr
     assert "after the import" in result.stderr
+
+
+def test_importing_the_package_shows_no_tensorflow_start_up_notices():
+    """`import keras_attn` first (TensorFlow backend) loads Keras and
+    TensorFlow without their C++ start-up notices and INFO lines."""
+    _assert_imported_quietly("tensorflow", "import sys, keras_attn; import keras_attn.data.text")
 
 
 def test_tensorflow_loads_quietly_through_the_data_modules_on_jax():
     """On JAX (Keras imports no TensorFlow), the first keras_attn module that
-    needs TensorFlow (keras_attn.data.text here) imports it with its C++
-    start-up notices held back; what is written after still shows."""
-    environment = dict(os.environ, KERAS_BACKEND="jax",
-                       PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    environment.pop("TF_CPP_MIN_LOG_LEVEL", None)
-    code = ("import sys, keras_attn; assert 'tensorflow' not in sys.modules; "
-            "import keras_attn.data.text, keras_attn.export.text_classifier; "
-            "assert 'tensorflow' in sys.modules; print('after the import', file=sys.stderr)")
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                            env=environment, cwd=ROOT, timeout=600)
-    assert result.returncode == 0, result.stderr[-2000:]
-    for notice in ("absl::InitializeLog", "oneDNN custom operations",
-                   "Could not find cuda drivers", "rebuild TensorFlow"):
-        assert notice not in result.stderr, result.stderr
-    assert "after the import" in result.stderr
+    needs TensorFlow (keras_attn.data.text here) imports it quietly."""
+    _assert_imported_quietly(
+        "jax", "import sys, keras_attn; assert 'tensorflow' not in sys.modules; "
+               "import keras_attn.data.text, keras_attn.export.text_classifier; "
+               "assert 'tensorflow' in sys.modules")
 
 
 def test_the_data_and_export_modules_import_tensorflow_quietly():
