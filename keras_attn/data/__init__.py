@@ -22,6 +22,7 @@ from keras_attn.data.files import load_token_classification_files
 from keras_attn.data.files import load_translation_files
 from keras_attn.data.packing import pack_rows
 from keras_attn.data.packing import pack_sequences
+from keras_attn.data.packing import pack_utterances
 from keras_attn.data.packing import packing_fill
 
 if typing.TYPE_CHECKING:  # for readers and the API reference; loaded lazily below
@@ -41,7 +42,7 @@ _LAZY = {
 __all__ = [
     "FilesData", "load_text_classification_files", "load_token_classification_files",
     "load_image_files", "load_speech_files", "load_translation_files",
-    *_LAZY, "pack_rows", "pack_sequences", "packing_fill",
+    *_LAZY, "pack_rows", "pack_sequences", "pack_utterances", "packing_fill",
 ]
 
 

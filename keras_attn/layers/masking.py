@@ -116,7 +116,7 @@ SEGMENT_RULE = (
 POSITION_RULE = "positions restart at 0 at each segment's first token and count up by 1"
 
 
-def _integer_ids(name, ids, what):
+def integer_ids(name, ids, what):
     """`ids` as an int32 `(B, T)` tensor; a `ValueError` for another dtype or
     rank (both are known while tracing, so this raises in a graph too)."""
     ids = ops.convert_to_tensor(ids)
@@ -181,7 +181,7 @@ def checked_segment_ids(segment_ids, name="segment_ids"):
     """
     if segment_ids is None:
         return None, None
-    segment_ids = _integer_ids(name, segment_ids, SEGMENT_RULE)
+    segment_ids = integer_ids(name, segment_ids, SEGMENT_RULE)
     previous = _shifted(segment_ids, 0)
     first = ops.expand_dims(ops.arange(ops.shape(segment_ids)[1]) == 0, 0)  # (1, T)
     # Allowed steps a -> b: stay (b == a); end the row (a > 0, b == 0); next
@@ -208,7 +208,7 @@ def checked_positions(positions, segment_ids=None, limit=None, name="positions")
     """
     if positions is None:
         return None, None
-    positions = _integer_ids(name, positions, POSITION_RULE)
+    positions = integer_ids(name, positions, POSITION_RULE)
     counts_on = ops.equal(positions, _shifted(positions, -1) + 1)
     restarts = ops.equal(positions, 0)
     if segment_ids is None:

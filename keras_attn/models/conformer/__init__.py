@@ -6,6 +6,7 @@ from keras_attn.models.conformer.conformer_config import get_conformer_config
 from keras_attn.models.conformer.conformer_config import replace_conformer_config
 from keras_attn.models.conformer.conformer_model import ConformerCTC
 from keras_attn.models.conformer.conformer_model import build_conformer
+from keras_attn.models.conformer.conformer_model import unpack_utterances
 from keras_attn.models.conformer.streaming import ConformerStreamer
 
 __all__ = [
@@ -16,4 +17,5 @@ __all__ = [
     "build_conformer",
     "get_conformer_config",
     "replace_conformer_config",
+    "unpack_utterances",
 ]

@@ -28,7 +28,7 @@ from keras_attn.models._config import ConfigModel
 from keras_attn.models._config import config_arguments
 from keras_attn._remat import remat_scope
 from keras_attn._checks import check_static_shape
-from keras_attn.layers.masking import _integer_ids as integer_ids
+from keras_attn.layers.masking import integer_ids
 from keras_attn.layers.masking import checked_positions
 from keras_attn.layers.masking import nan_where
 from keras_attn.models._packing import any_invalid
