@@ -20,14 +20,9 @@ pytestmark = pytest.mark.backend_independent
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DOCS = os.path.join(ROOT, "docs")
 
-# Pages whose blocks are fragments (names defined elsewhere, for reading),
-# written by the packing and streaming work; not yet runnable.
-FRAGMENT_PAGES = ("packing.md", "streaming.md")
-
 
 def _pages():
-    return sorted(p for p in glob.glob(os.path.join(DOCS, "**", "*.md"), recursive=True)
-                  if os.path.basename(p) not in FRAGMENT_PAGES)
+    return sorted(glob.glob(os.path.join(DOCS, "**", "*.md"), recursive=True))
 
 
 def _blocks():
