@@ -35,6 +35,7 @@ import sys
 
 from keras_attn_base import command_line
 from keras_attn_base.quiet_tensorflow import import_tensorflow_quietly
+from keras_attn_base.recipe_check import check_recipe_early
 from keras_attn_base.zoo_files import CURVES
 from keras_attn_base.zoo_files import MODEL
 from keras_attn_base.zoo_files import RESULTS
@@ -83,6 +84,7 @@ def _report(output, results):
 
 
 def train(args):
+    check_recipe_early(args.recipe, args.set or ())  # before Keras: seconds sooner
     results = _runs().train(args.recipe, args.set or (), output=args.output,
                             distribute=args.distribute, export=not args.no_export,
                             verbose=args.verbose, data=args.data)
@@ -92,6 +94,7 @@ def train(args):
 
 
 def prepare(args):
+    check_recipe_early(args.recipe, args.set or ())
     _runs()  # TensorFlow, quietly
     from keras_attn.zoo.prepared import prepare as prepare_data
 

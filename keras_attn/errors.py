@@ -1,8 +1,9 @@
-"""The exception classes of keras_attn, for callers that catch by type.
+"""The exception classes of keras_attn, for callers that catch by type
+(defined in `keras_attn_base.errors`, which imports no Keras, so that the
+command line raises the same classes before Keras is imported).
 
 Every class derives from `KerasAttnError`. The ones for bad input are also
-`ValueError`s, as they were before these classes existed, so code that
-catches `ValueError` keeps working:
+`ValueError`s, so code that catches `ValueError` keeps working:
 
 - `RecipeError`: a recipe key is missing, unknown or out of range.
 - `DataCheckError`: a batch of training data was refused by the check inside
@@ -17,36 +18,10 @@ catches `ValueError` keeps working:
 True
 """
 
-
-class KerasAttnError(Exception):
-    """The base of every exception keras_attn raises on purpose."""
-
-
-class RecipeError(KerasAttnError, ValueError):
-    """A recipe (or a `--set` override) that does not validate."""
-
-
-class DataCheckError(KerasAttnError, ValueError):
-    """A batch refused by the data check of the `tf.data` pipeline."""
-
-
-class RunDirectoryError(KerasAttnError, ValueError):
-    """A run directory that cannot be written or is in use."""
-
-
-class CorruptCheckpointError(KerasAttnError, ValueError):
-    """A checkpoint that is truncated, edited or otherwise not intact."""
-
-
-class NonFiniteLossError(KerasAttnError, ValueError):
-    """`fit` ended after a step whose loss was NaN or infinite."""
-
-
-__all__ = [
-    "CorruptCheckpointError",
-    "DataCheckError",
-    "KerasAttnError",
-    "NonFiniteLossError",
-    "RecipeError",
-    "RunDirectoryError",
-]
+from keras_attn_base.errors import CorruptCheckpointError
+from keras_attn_base.errors import DataCheckError
+from keras_attn_base.errors import KerasAttnError
+from keras_attn_base.errors import NonFiniteLossError
+from keras_attn_base.errors import RecipeError
+from keras_attn_base.errors import RunDirectoryError
+from keras_attn_base.errors import __all__  # noqa: F401  (the same names)

@@ -15,21 +15,21 @@ adapter `keras_attn.zoo.tasks.<task>` (the task's own keys); the reference
 generated from them (`keras_attn.zoo.reference`).
 """
 
-import copy
-import json
 import os
 
 import pydantic
 
-from keras_attn.zoo import schema
 from keras_attn.errors import RecipeError
+from keras_attn.zoo import schema
+# Reading a recipe file and applying `--set` overrides need no Keras: they
+# live in keras_attn_base, which the command line's early check uses too.
+from keras_attn_base.recipe_files import apply_overrides  # noqa: F401  (API)
+from keras_attn_base.recipe_files import key_error as _error
+from keras_attn_base.recipe_files import parse_override  # noqa: F401  (API)
+from keras_attn_base.recipe_files import read_recipe_file
 
 # Documentation only: not part of a run's fingerprint.
 DOCUMENTATION_KEYS = ("description", "expected", "paper")
-
-
-def _error(key, expectation, value):
-    return RecipeError(f"Recipe key `{key}` {expectation}. Received: {key}={value!r}")
 
 
 def validate_recipe(recipe, name=None):
@@ -69,53 +69,6 @@ def validate_recipe(recipe, name=None):
 
 
 # === Overrides and files ===
-
-
-def parse_override(text):
-    """`"dotted.key=value"` -> `("dotted.key", value)`; the value is parsed as
-    JSON (`3`, `0.5`, `true`, `null`, `[8, 16]`, `{"a": 1}`), else kept as a
-    string (`adamw`, `tfds:cifar10`)."""
-    key, sep, raw = text.partition("=")
-    key = key.strip()
-    if not sep or not key or any(not part for part in key.split(".")):
-        raise RecipeError(f"An override is dotted.key=value. Received: --set {text!r}")
-    try:
-        value = json.loads(raw)
-    except json.JSONDecodeError:
-        value = raw
-    return key, value
-
-
-def apply_overrides(recipe, overrides):
-    """A copy of `recipe` with `overrides` (`"key=value"` strings or
-    `(key, value)` pairs) applied. Missing objects on the way are created
-    (`training.schedule.alpha=0.1`); replacing a non-object is an error."""
-    recipe = copy.deepcopy(recipe)
-    for item in overrides:
-        key, value = parse_override(item) if isinstance(item, str) else item
-        parts = key.split(".")
-        node = recipe
-        for i, part in enumerate(parts[:-1]):
-            child = node.get(part)
-            if child is None:
-                child = node[part] = {}
-            if not isinstance(child, dict):
-                prefix = ".".join(parts[: i + 1])
-                raise _error(prefix, f"is not an object, so `{key}` cannot be set", child)
-            node = child
-        node[parts[-1]] = value
-    return recipe
-
-
-def read_recipe_file(path):
-    """The JSON object in `path`, with a `ValueError` naming the file and
-    the position for bad JSON."""
-    try:
-        with open(path, encoding="utf-8") as handle:
-            return json.load(handle)
-    except json.JSONDecodeError as error:
-        raise RecipeError(f"Recipe {path} is not valid JSON: {error}. "
-                         f"Received: {os.fspath(path)}") from None
 
 
 def load_recipe(path, overrides=()):
