@@ -14,7 +14,8 @@ def test_every_exporter_refuses_a_backend_other_than_tensorflow(name, monkeypatc
     exporter = getattr(export, name)
     arguments = {"export_text_classifier": (None, None, tmp_path / "out"),
                  "export_translator": (None, tmp_path / "out", 2, 3),
-                 "export_portable": (None, tmp_path / "out", "onnx")}.get(
+                 "export_portable": (None, tmp_path / "out", "onnx"),
+                 "export_streaming": (None, tmp_path / "out", "litert")}.get(
         name, (None, tmp_path / "out"))
     with pytest.raises(RuntimeError, match=rf"{name} .*runs Keras on '{backend}'.*keras-attn export"):
         exporter(*arguments)
