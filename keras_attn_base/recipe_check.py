@@ -45,7 +45,9 @@ def check_recipe_early(recipe, overrides=()):
         schema = json.load(handle)
     # The schema's discriminator is an OpenAPI keyword jsonschema ignores:
     # validate against the recipe's own task's branch, as an editor would.
-    branch = schema.get("discriminator", {}).get("mapping", {}).get(data.get("task"))
+    task = data.get("task")
+    branch = schema.get("discriminator", {}).get("mapping", {}).get(task) \
+        if isinstance(task, str) else None
     if branch is None:
         return
     validator = jsonschema.Draft202012Validator({"$defs": schema["$defs"], "$ref": branch})

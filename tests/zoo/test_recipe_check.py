@@ -83,3 +83,17 @@ def test_a_missing_key_reads_as_the_complete_check_words_it(tmp_path):
     with pytest.raises(RecipeError, match=r"Missing recipe key `training` \(required\)") as early:
         check_recipe_early(str(path))
     assert str(early.value) == str(complete.value)
+
+
+@pytest.mark.parametrize("text", ['[1, 2]', '{"task": ["masked_lm"]}', '{"task": 5}',
+                                  '{"family": "vit"}'])
+def test_what_the_schema_cannot_place_is_left_to_the_complete_check(tmp_path, text):
+    # Not a recipe object, or no task the schema knows: the early check says
+    # nothing (it must not crash); the complete check names the problem.
+    from keras_attn.zoo.recipe import load_recipe
+
+    path = tmp_path / "odd.json"
+    path.write_text(text)
+    assert check_recipe_early(str(path)) is None
+    with pytest.raises(RecipeError):
+        load_recipe(str(path))
