@@ -268,25 +268,17 @@ class _StreamingStep(keras.layers.Layer):
 
 
 def _mel_power(log_mel, padded, chunk_length):
-    """`LogMelFeatures._power_by_convolution(padded)` (the same kernels, from
-    NumPy's DFT) with the STFT's kernels and the mel matrix chosen at run
-    time, by a condition on `chunk_length` that always holds and that the
-    converter cannot fold: LiteRT's int8 option quantizes the constant
-    weights of convolutions and matmuls, these included (the streaming
-    digits' test WER went from 0 to 4.4%: raw decibels read the leakage); a
-    tensor computed at run time stays float32, the encoder's weights int8.
-    No value changes."""
-    n, length = log_mel.fft_length, log_mel.frame_length
-    start = (n - length) // 2  # the periodic Hann window, centred in the FFT's n samples
-    window = np.pad(np.hanning(length + 1)[:-1], (start, n - length - start))
-    dft = window[:, None] * np.fft.rfft(np.eye(n), axis=1)  # (N, F): w_t exp(-2 pi i t f / N)
-    kernel = np.concatenate([dft.real, dft.imag], axis=1)[:, None, :]  # (N, 1, 2F)
+    """`LogMelFeatures._power_by_convolution(padded)` with the STFT's kernels
+    and the mel matrix chosen at run time, by a condition on `chunk_length`
+    that always holds and that the converter cannot fold: LiteRT's int8
+    option quantizes the constant weights of convolutions and matmuls, these
+    included (the streaming digits' test WER went from 0 to 4.4%: raw
+    decibels read the leakage); a tensor computed at run time stays float32,
+    the encoder's weights int8. No value changes."""
     always = ops.greater_equal(chunk_length[0], np.iinfo("int32").min)  # True, at run time
-    kernel = ops.where(always, ops.convert_to_tensor(kernel.astype("float32")), 0.0)
-    spectrum = ops.conv(ops.expand_dims(padded, -1), kernel, strides=log_mel.frame_step)
-    bins = n // 2 + 1  # spectrum: (B, T, 2F)
-    power = ops.square(spectrum[..., :bins]) + ops.square(spectrum[..., bins:])
-    return ops.matmul(power, ops.where(always, log_mel._mel_matrix(), 0.0))
+    kernel = ops.where(always, ops.convert_to_tensor(log_mel._dft_kernel()), 0.0)
+    mel_matrix = ops.where(always, log_mel._mel_matrix(), 0.0)
+    return log_mel._power_by_convolution(padded, mel_matrix=mel_matrix, kernel=kernel)
 
 
 def _greedy_step(logits, real, last):

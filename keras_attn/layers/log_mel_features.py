@@ -195,11 +195,13 @@ class LogMelFeatures(keras.layers.Layer):
         x = ops.pad(waveform, [[0, 0], [n // 2, n // 2]], mode="reflect")
         return ops.transpose(self._power_by_convolution(x), (0, 2, 1))
 
-    def _power_by_convolution(self, padded, mel_matrix=None):
+    def _power_by_convolution(self, padded, mel_matrix=None, kernel=None):
         """Mel power `(B, T, M)` of the uncentred frames of `padded` `(B, N)`
         (frame `t` is samples `t * frame_step ..` + fft_length); `mel_matrix`
-        defaults to `_mel_matrix()`."""
-        kernel = ops.convert_to_tensor(self._dft_kernel())  # (N, 1, 2F)
+        defaults to `_mel_matrix()`, `kernel` to `_dft_kernel()` (the
+        streaming export passes both, computed at run time)."""
+        if kernel is None:
+            kernel = ops.convert_to_tensor(self._dft_kernel())  # (N, 1, 2F)
         spectrum = ops.conv(ops.expand_dims(padded, -1), kernel, strides=self.frame_step)  # (B, T, 2F)
         bins = self.fft_length // 2 + 1
         power = ops.square(spectrum[..., :bins]) + ops.square(spectrum[..., bins:])
