@@ -49,6 +49,7 @@ from keras import ops
 
 from keras_attn.export.portable import PORTABLE_FORMATS
 from keras_attn.export.portable import check_format
+from keras_attn.models.conformer.conformer_model import greedy_chunk_tokens
 
 # Feature frames per encoder frame (ConvSubsampling's two stride-2 convolutions).
 SUBSAMPLING = 4
@@ -260,7 +261,7 @@ class _StreamingStep(keras.layers.Layer):
         logits = ops.cast(streamer.head(x), "float32")  # (B, C, V + 1)
         real = ops.sum(ops.cast(pending_mask[:, :size], "int32"), axis=1)
         new["logit_length"] = state["logit_length"] + real
-        token_ids, new["decoder/last"] = _greedy_step(logits, real, state["decoder/last"])
+        token_ids, new["decoder/last"] = greedy_chunk_tokens(logits, real, state["decoder/last"])
         result = {"logits": logits, "token_ids": token_ids}
         for spec in self.state_specs:
             result[spec["output"]] = ops.cast(new[spec["name"]], spec["dtype"])
@@ -279,22 +280,3 @@ def _mel_power(log_mel, padded, chunk_length):
     kernel = ops.where(always, ops.convert_to_tensor(log_mel._dft_kernel()), 0.0)
     mel_matrix = ops.where(always, log_mel._mel_matrix(), 0.0)
     return log_mel._power_by_convolution(padded, mel_matrix=mel_matrix, kernel=kernel)
-
-
-def _greedy_step(logits, real, last):
-    """`ConformerCTC.stream_step`'s greedy tokens of one chunk: `logits`
-    `(B, C, V + 1)` whose first `real` `(B,)` frames are real, `last` `(B,)`
-    the previous frame's best token (-1: none). Returns `token_ids (B, C)`
-    (-1 where a frame emits none) and the new `last`. Written again here
-    (ConformerCTC._greedy) with the first maximum found without
-    `ops.argmax` of floats, whose TensorFlow form (a bitcast test for -0.0)
-    neither LiteRT's builtins nor ONNX hold, as `ctc_greedy_ids` does."""
-    frames = logits.shape[1]
-    is_best = ops.greater_equal(logits, ops.max(logits, axis=-1, keepdims=True))
-    best = ops.cast(ops.argmax(ops.cast(is_best, "int32"), axis=-1), "int32")  # (B, C)
-    valid = ops.less(ops.expand_dims(ops.arange(frames), 0), ops.expand_dims(real, 1))
-    previous = ops.concatenate([ops.expand_dims(last, 1), best[:, :-1]], axis=1)
-    keep = valid & ops.not_equal(best, 0) & ops.not_equal(best, previous)
-    # The last real frame's token (a blank included) carries on.
-    final = ops.take_along_axis(best, ops.expand_dims(ops.maximum(real - 1, 0), 1), axis=1)[:, 0]
-    return ops.where(keep, best, -1), ops.where(real > 0, final, last)

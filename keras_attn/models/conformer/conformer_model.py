@@ -409,15 +409,9 @@ class ConformerCTC(GuardedModel, ConfigModel, keras.Model):
             return {"logits": logits,
                     "token_ids": ops.zeros((ops.shape(logits)[0], 0), "int32")}, new_state
         real = new_state["logit_length"] - state["logit_length"]  # (B,) real frames
-        valid = ops.less(ops.expand_dims(ops.arange(frames), 0), ops.expand_dims(real, 1))
-        best = ops.cast(ops.argmax(ops.cast(logits, "float32"), axis=-1), "int32")  # (B, k)
-        previous = ops.concatenate([ops.expand_dims(last, 1), best[:, :-1]], axis=1)
-        keep = valid & ops.not_equal(best, 0) & ops.not_equal(best, previous)
-        # The last real frame's token (a blank included) carries on.
-        index = ops.maximum(real - 1, 0)
-        final = ops.take_along_axis(best, ops.expand_dims(index, 1), axis=1)[:, 0]
-        new_state["decoder/last"] = ops.where(real > 0, final, last)
-        return {"logits": logits, "token_ids": ops.where(keep, best, -1)}, new_state
+        token_ids, new_state["decoder/last"] = greedy_chunk_tokens(
+            ops.cast(logits, "float32"), real, last)
+        return {"logits": logits, "token_ids": token_ids}, new_state
 
     def outputs_are_logits(self):
         return True  # CTC logits: a probability loss is refused
@@ -593,6 +587,26 @@ class ConformerCTC(GuardedModel, ConfigModel, keras.Model):
             mask_index=0,
         )
         return decoded[0]
+
+
+def greedy_chunk_tokens(logits, real, last):
+    """Greedy CTC tokens of one streamed chunk: `logits` `(B, C, V + 1)`
+    whose first `real` `(B,)` frames are real, `last` `(B,)` the previous
+    frame's best token (-1: none). Returns `token_ids (B, C)` (-1 where a
+    frame emits none; repeats across chunks merged) and the new `last`.
+    The first maximum is found without `ops.argmax` of floats, whose
+    TensorFlow form (a bitcast test for -0.0) neither LiteRT's builtins nor
+    ONNX hold, so that the exported step (keras_attn.export.streaming) runs
+    this same function."""
+    frames = logits.shape[1]
+    is_best = ops.greater_equal(logits, ops.max(logits, axis=-1, keepdims=True))
+    best = ops.cast(ops.argmax(ops.cast(is_best, "int32"), axis=-1), "int32")  # (B, C)
+    valid = ops.less(ops.expand_dims(ops.arange(frames), 0), ops.expand_dims(real, 1))
+    previous = ops.concatenate([ops.expand_dims(last, 1), best[:, :-1]], axis=1)
+    keep = valid & ops.not_equal(best, 0) & ops.not_equal(best, previous)
+    # The last real frame's token (a blank included) carries on.
+    final = ops.take_along_axis(best, ops.expand_dims(ops.maximum(real - 1, 0), 1), axis=1)[:, 0]
+    return ops.where(keep, best, -1), ops.where(real > 0, final, last)
 
 
 def ctc_greedy_ids(logits, lengths, blank=0):
