@@ -217,7 +217,8 @@ class Data(Section):
                     raise key_error("dataset", error.context["expectation"], dataset) from None
             if kind == "files" and not cls.takes_files:
                 raise key_error("dataset", "is files:<path>, which this task does not read "
-                                           "(image_classification, speech_ctc and translation "
+                                           "(image_classification, text_classification, "
+                                           "token_classification, speech_ctc and translation "
                                            "do; docs/your_data.md)", dataset)
             if kind == "files" and not os.path.exists(files_path(dataset)):
                 raise key_error("dataset", "names no file or folder (a path relative to the "
