@@ -402,17 +402,59 @@ class MultiHeadAttention(SpecFromCall, keras.layers.Layer):
                 "`cache_update_index` needs a `cache`. Received: "
                 f"cache=None, cache_update_index={cache_update_index!r}"
             )
+        if self.flash_attention and return_attention_scores:
+            raise ValueError(
+                "The fused kernel does not return the attention scores: "
+                "`return_attention_scores=True` needs `flash_attention` None "
+                "or False. Received: flash_attention=True"
+            )
         for name, tensor in (("query", query), ("value", value), ("key", key)):
             _check_rank(name, tensor.shape)
         _check_lengths(key.shape, value.shape)
 
-        # Numeric masks hold 0 and 1 only: another value is an error here, or
-        # NaN for that example inside a graph (`checked_mask`).
+        masks, invalid = self._checked_masks(
+            query, value, query_mask, value_mask, key_mask, attention_mask,
+            segment_ids, value_segment_ids)
+        invalid += bad_ids
+        # A key or value hidden from every query never reaches the answer,
+        # whatever it holds: zeroed before its projection, so that a NaN in
+        # padding cannot leak through `0 * NaN` (forward or gradients).
+        for name in ("value_mask", "key_mask"):
+            mask = masks[name]
+            if mask is not None and cache is None:
+                check_static_shape(name, mask, tuple(value.shape[:2]), "(B, S)")
+                seen = ops.expand_dims(mask, -1)  # (B, S, 1)
+                value = ops.where(seen, value, ops.zeros_like(value))
+                key = ops.where(seen, key, ops.zeros_like(key))
+
+        q, k, v, cache = self._project(query, value, key, cache, cache_update_index)
+        mask, is_causal = self._compute_attention_mask(
+            q, k, masks, segment_ids, value_segment_ids, use_causal_mask,
+            cache_update_index)
+        attended, scores = self._compute_attention(
+            q, k, v, mask, is_causal, training, return_attention_scores)
+        output = self.output_dense(attended)  # (B, T, output_dim)
+        for bad in invalid:
+            output = nan_where(bad, output)
+
+        outputs = (output,)
+        if return_attention_scores:
+            outputs += (scores,)
+        if cache is not None:
+            outputs += (cache,)
+        return outputs[0] if len(outputs) == 1 else outputs
+
+    def _checked_masks(self, query, value, query_mask, value_mask, key_mask,
+                       attention_mask, segment_ids, value_segment_ids):
+        """The masks, checked: `({name: mask or None}, invalid)`, where
+        `invalid` holds a per-example flag for each check that cannot raise
+        inside a graph. Numeric masks hold 0 and 1 only: another value is an
+        error here, or NaN for that example inside a graph (`checked_mask`)."""
         query_mask, bad_query = checked_mask(query_mask, "query_mask")
         value_mask, bad_value = checked_mask(value_mask, "value_mask")
         key_mask, bad_key = checked_mask(key_mask, "key_mask")
         attention_mask, bad_attention = checked_mask(attention_mask, "attention_mask")
-        invalid = (bad_query, bad_value, bad_key, bad_attention) + bad_ids
+        invalid = (bad_query, bad_value, bad_key, bad_attention)
         if segment_ids is not None:
             # Padding is segment 0: the masks follow the ids, and a mask given
             # beside them must say the same (else an error, or NaN in a graph).
@@ -428,19 +470,16 @@ class MultiHeadAttention(SpecFromCall, keras.layers.Layer):
             invalid += (bad_q, bad_v, bad_k)
         if query_mask is not None:
             check_static_shape("query_mask", query_mask, tuple(query.shape[:2]), "(B, T)")
-        # A key or value hidden from every query never reaches the answer,
-        # whatever it holds: zeroed before its projection, so that a NaN in
-        # padding cannot leak through `0 * NaN` (forward or gradients).
-        for name, mask in (("value_mask", value_mask), ("key_mask", key_mask)):
-            if mask is not None and cache is None:
-                check_static_shape(name, mask, tuple(value.shape[:2]), "(B, S)")
-                seen = ops.expand_dims(mask, -1)  # (B, S, 1)
-                value = ops.where(seen, value, ops.zeros_like(value))
-                key = ops.where(seen, key, ops.zeros_like(key))
+        masks = {"query_mask": query_mask, "value_mask": value_mask, "key_mask": key_mask,
+                 "attention_mask": attention_mask}
+        return masks, invalid
 
-        # The masks were read above. The projections do not support masking,
-        # so they get the inputs without them; the masks are put back after,
-        # since the caller may use the same tensors again.
+    def _project(self, query, value, key, cache, cache_update_index):
+        """`(q, k, v, cache)`: the heads' projections `(B, T|S, N, H)`, the
+        keys and values read from the cache or written into it."""
+        # The masks were read by `call`. The projections do not support
+        # masking, so they get the inputs without them; the masks are put back
+        # after, since the caller may use the same tensors again.
         held = [(t, get_keras_mask(t)) for t in (query, value, key)]
         for tensor, _ in held:
             set_keras_mask(tensor, None)
@@ -461,83 +500,60 @@ class MultiHeadAttention(SpecFromCall, keras.layers.Layer):
             v = write(cache[:, 1], ops.cast(v, cache.dtype), cache_update_index)
             cache = ops.stack([k, v], axis=1)  # (B, 2, S_max, N, H)
             k, v = k[..., : self._key_dim], v[..., : self._value_dim]
+        return q, k, v, cache
 
-        batch, q_len, k_len = query.shape[0], query.shape[1], k.shape[1]
-        masks = []  # each broadcastable to (B, N, T, S)
-        if query_mask is not None:
-            check_static_shape("query_mask", query_mask, (batch, q_len), "(B, T)")
-            masks.append(ops.expand_dims(query_mask, (1, 3)))  # (B, 1, T, 1)
-        for name, mask in (("value_mask", value_mask), ("key_mask", key_mask)):
-            if mask is not None:
-                check_static_shape(name, mask, (batch, k_len), "(B, S)")
-                masks.append(ops.expand_dims(mask, (1, 2)))  # (B, 1, 1, S)
+    def _compute_attention_mask(self, q, k, masks, segment_ids, value_segment_ids,
+                                use_causal_mask, cache_update_index):
+        """`(mask, is_causal)`: the merged boolean mask, broadcastable to
+        `(B, N, T, S)` (None: everything visible), and whether a causal mask
+        is left to the fused kernel's causal mode."""
+        batch, q_len, k_len = q.shape[0], q.shape[1], k.shape[1]
+        merged = []  # each broadcastable to (B, N, T, S)
+        if masks["query_mask"] is not None:
+            check_static_shape("query_mask", masks["query_mask"], (batch, q_len), "(B, T)")
+            merged.append(ops.expand_dims(masks["query_mask"], (1, 3)))  # (B, 1, T, 1)
+        for name in ("value_mask", "key_mask"):
+            if masks[name] is not None:
+                check_static_shape(name, masks[name], (batch, k_len), "(B, S)")
+                merged.append(ops.expand_dims(masks[name], (1, 2)))  # (B, 1, 1, S)
         if segment_ids is not None:
             # Block-diagonal: each example of a packed row sees only itself.
-            masks.append(ops.expand_dims(segment_mask(segment_ids, value_segment_ids), 1))
-        if attention_mask is not None:
+            merged.append(ops.expand_dims(segment_mask(segment_ids, value_segment_ids), 1))
+        if masks["attention_mask"] is not None:
             # (T, S), (B, T, S) or (B, N, T, S) -> rank 4, each dim checked.
-            masks.append(normalize_attention_mask(attention_mask, q, k, name="attention_mask"))
-        is_causal = False
+            merged.append(normalize_attention_mask(masks["attention_mask"], q, k,
+                                                   name="attention_mask"))
+        t, s = ops.shape(q)[1], ops.shape(k)[1]
         if cache_update_index is not None:
             # Positions after the ones written so far hold no keys yet.
-            t, s = ops.shape(q)[1], ops.shape(k)[1]
             if use_causal_mask:
                 visible = causal_mask(t, s, offset=cache_update_index)
             else:
                 visible = ops.arange(s) < cache_update_index + t
                 visible = ops.broadcast_to(ops.expand_dims(visible, 0), (t, s))
-            masks.append(ops.expand_dims(visible, (0, 1)))  # (1, 1, T, S)
+            merged.append(ops.expand_dims(visible, (0, 1)))  # (1, 1, T, S)
         elif use_causal_mask:
-            if masks:
-                masks.append(ops.expand_dims(causal_mask(ops.shape(q)[1], ops.shape(k)[1]), (0, 1)))
-            else:
-                is_causal = True  # lets flash kernels use their causal mode
-        mask = merge_masks(*masks)  # (B|1, N|1, T, S) or None
+            if not merged:
+                return None, True  # lets flash kernels use their causal mode
+            merged.append(ops.expand_dims(causal_mask(t, s), (0, 1)))
+        return merge_masks(*merged), False  # (B|1, N|1, T, S) or None
 
+    def _compute_attention(self, q, k, v, mask, is_causal, training, return_attention_scores):
+        """`(attended (B, T, N, H_v), scores or None)`: the fused kernel where
+        it can run (no scores asked, no dropout, equal key and value head
+        sizes, a dtype it takes), else the explicit softmax."""
         dropout_active = self.dropout > 0 and bool(training)
         # keras.ops.dot_product_attention needs equal key and value head sizes.
-        fusable = self._key_dim == self._value_dim and fused_attention_supports(
-            q.dtype
-        )
-        if self.flash_attention and return_attention_scores:
-            raise ValueError(
-                "The fused kernel does not return the attention scores: "
-                "`return_attention_scores=True` needs `flash_attention` None "
-                "or False. Received: flash_attention=True"
-            )
+        fusable = self._key_dim == self._value_dim and fused_attention_supports(q.dtype)
         if return_attention_scores or dropout_active or not fusable:
             if is_causal:
                 mask = causal_mask(ops.shape(q)[1], ops.shape(k)[1])
-            attended, scores = scaled_dot_product_attention(
-                q,
-                k,
-                v,
-                mask=mask,
-                dropout=self.dropout,
-                training=training,
-                seed_generator=self.seed_generator,
-                return_attention_scores=True,
-            )
-        else:
-            attended = fused_dot_product_attention(
-                q,
-                k,
-                v,
-                mask=mask,
-                is_causal=is_causal,
-                flash_attention=self.flash_attention,
-            )
-            scores = None
-        output = self.output_dense(attended)  # (B, T, output_dim)
-        for bad in invalid:
-            output = nan_where(bad, output)
-
-        outputs = (output,)
-        if return_attention_scores:
-            outputs += (scores,)
-        if cache is not None:
-            outputs += (cache,)
-        return outputs[0] if len(outputs) == 1 else outputs
+            return scaled_dot_product_attention(
+                q, k, v, mask=mask, dropout=self.dropout, training=training,
+                seed_generator=self.seed_generator, return_attention_scores=True)
+        attended = fused_dot_product_attention(
+            q, k, v, mask=mask, is_causal=is_causal, flash_attention=self.flash_attention)
+        return attended, None
 
     def get_config(self):
         config = super().get_config()
