@@ -470,14 +470,13 @@ def _train_locked(recipe, output, distribute, export, verbose, prepared=None):
 
     import keras
 
-    from keras_attn.data.checks import check_batches
     from keras_attn.training.distribute import data_parallel
     from keras_attn.training.distribute import describe_replicas
     from keras_attn.training.distribute import model_parallel
+    from keras_attn.training.distribute import naming_lost_processes
     from keras_attn.training.resumable import ResumableTrainer
-    from keras_attn.viz import plot_learning_curves
+    from keras_attn.data.checks import data_check_errors
     from keras_attn.zoo.tasks import make_task
-    from keras_attn.zoo.tasks.base import even_batches
 
     task = make_task(recipe)
     if prepared is not None:
@@ -489,7 +488,7 @@ def _train_locked(recipe, output, distribute, export, verbose, prepared=None):
         task.prepare()
         distribution = model_parallel(distribute, task.model_config)
     else:
-        # Each process is fed its rows of every batch (`process_rows` below).
+        # Each process is fed its rows of every batch (`process_rows`).
         distribution = data_parallel(distribute == "data_parallel", auto_shard_dataset=False)
     with distribution as replicas:
         # The batch is global: it must split evenly over the replicas.
@@ -505,13 +504,7 @@ def _train_locked(recipe, output, distribute, export, verbose, prepared=None):
             write_json(os.path.join(output, RECIPE), recipe)
         parameters = model.count_params()
         steps = task.steps_per_epoch
-        trainable = sum(int(math.prod(v.shape)) for v in model.trainable_weights)
-        if training.get("lora"):
-            print(f"LoRA on {training['lora']['base']}: {trainable:,} of {parameters:,} "
-                  "parameters train", flush=True)
-        print(f"{recipe['name']}: {parameters:,} parameters, {training['epochs']} epochs of "
-              f"{steps} steps, {layout}; "
-              + (f"writing to {output}" if writer else "process 0 writes the run"), flush=True)
+        _announce(recipe, model, parameters, steps, layout, output if writer else None)
         trainer = ResumableTrainer(
             os.path.join(output, CHECKPOINTS),
             checkpoint_every=training["checkpoint_every"],
@@ -523,60 +516,104 @@ def _train_locked(recipe, output, distribute, export, verbose, prepared=None):
             callbacks, verbose = [], 0
         elif tensorflow_installed():  # Keras writes TensorBoard logs with tf.summary
             callbacks.insert(0, keras.callbacks.TensorBoard(os.path.join(output, "tensorboard")))
-        if prepared is None:
-            # Every batch checked in the pipeline (ids, labels, lengths),
-            # before a compiled step could see it.
-            train_dataset_fn = lambda epoch: check_batches(task.train_dataset_fn(epoch), model)  # noqa: E731
-            validation = task.validation_data()
-            validation = validation and check_batches(validation, model)
-        else:
-            # Every prepared batch checked now, before the first step.
-            prepared.check(model, task)
-            finish = task.finish_prepared
-            train_dataset_fn = lambda epoch: prepared.batches("train", epoch, finish).for_backend()  # noqa: E731
-            validation = prepared.batches("validation", finish=finish)
-            validation = validation and validation.for_backend()
-        if replicas > 1:  # JAX shards a batch only when the replicas divide it
-            checked_fn = train_dataset_fn
-            train_dataset_fn = lambda epoch: even_batches(checked_fn(epoch), replicas)  # noqa: E731
-            validation = validation and even_batches(validation, replicas)
-        if process[1] > 1 and not isinstance(distribute, tuple):
-            from keras_attn.training.distribute import process_rows
-
-            evened_fn = train_dataset_fn
-            train_dataset_fn = lambda epoch: process_rows(evened_fn(epoch), *process)  # noqa: E731
-            validation = validation and process_rows(validation, *process)
-        from keras_attn.data.checks import data_check_errors
-
-        from keras_attn.training.distribute import naming_lost_processes
-
+        train_dataset_fn, validation = _training_data(
+            task, model, prepared, replicas, process if not isinstance(distribute, tuple)
+            else (0, 1))
         with data_check_errors(), naming_lost_processes():  # DataCheckError; a lost process
             history = trainer.fit(model, train_dataset_fn, training["epochs"], steps,
                                   validation_data=validation, callbacks=callbacks,
                                   verbose=verbose)
-        model_path = os.path.join(output, MODEL)
-        if training.get("lora"):
-            from keras_attn.models import merge_lora
-            from keras_attn.models import save_lora_weights
-
-            if writer:
-                save_lora_weights(model, os.path.join(output, ADAPTERS))
-            model = merge_lora(model)
-        if writer:
-            save_model(model, model_path)
-        else:  # Keras's save runs collectives in a job: every process saves
-            import tempfile
-
-            with tempfile.TemporaryDirectory() as scratch:
-                model.save(os.path.join(scratch, MODEL))
+        model_path = _save_trained(model, output, training, writer)
         # The others leave the job here, without waiting for the test set.
         end_processes()
     if not writer:
         return _other_process(recipe, output, process)
-    # The test set is evaluated and exported from model.keras on one device,
-    # as `keras-attn evaluate` / `export` do (a test batch need not split
-    # evenly over replicas).
     del model
+    summary = {"parameters": parameters, "steps": training["epochs"] * steps,
+               "hardware": describe_hardware(replicas)}
+    return _finish_run(recipe, task, output, model_path, prepared, export, history, summary)
+
+
+def _announce(recipe, model, parameters, steps, layout, output):
+    """Prints the run's size and layout (and the LoRA share that trains);
+    `output` None on the processes that do not write."""
+    training = recipe["training"]
+    if training.get("lora"):
+        trainable = sum(int(math.prod(v.shape)) for v in model.trainable_weights)
+        print(f"LoRA on {training['lora']['base']}: {trainable:,} of {parameters:,} "
+              "parameters train", flush=True)
+    print(f"{recipe['name']}: {parameters:,} parameters, {training['epochs']} epochs of "
+          f"{steps} steps, {layout}; "
+          + (f"writing to {output}" if output else "process 0 writes the run"), flush=True)
+
+
+def _training_data(task, model, prepared, replicas, process):
+    """`(train_dataset_fn, validation)` for the trainer: the task's pipeline
+    with every batch checked (`check_batches`), or the prepared batches
+    checked now, before the first step; evened for the replicas and cut to
+    this process's rows (`process` = (index, count); (0, 1) for one process
+    or model parallel, where every process reads the whole batch)."""
+    from keras_attn.data.checks import check_batches
+    from keras_attn.zoo.tasks.base import even_batches
+
+    if prepared is None:
+        # Every batch checked in the pipeline (ids, labels, lengths),
+        # before a compiled step could see it.
+        train_dataset_fn = lambda epoch: check_batches(task.train_dataset_fn(epoch), model)  # noqa: E731
+        validation = task.validation_data()
+        validation = validation and check_batches(validation, model)
+    else:
+        # Every prepared batch checked now, before the first step.
+        prepared.check(model, task)
+        finish = task.finish_prepared
+        train_dataset_fn = lambda epoch: prepared.batches("train", epoch, finish).for_backend()  # noqa: E731
+        validation = prepared.batches("validation", finish=finish)
+        validation = validation and validation.for_backend()
+    if replicas > 1:  # JAX shards a batch only when the replicas divide it
+        checked_fn = train_dataset_fn
+        train_dataset_fn = lambda epoch: even_batches(checked_fn(epoch), replicas)  # noqa: E731
+        validation = validation and even_batches(validation, replicas)
+    if process[1] > 1:
+        from keras_attn.training.distribute import process_rows
+
+        evened_fn = train_dataset_fn
+        train_dataset_fn = lambda epoch: process_rows(evened_fn(epoch), *process)  # noqa: E731
+        validation = validation and process_rows(validation, *process)
+    return train_dataset_fn, validation
+
+
+def _save_trained(model, output, training, writer):
+    """Saves the trained model (LoRA: the adapters, then the merged model) as
+    the run's model.keras, from process 0. Returns its path."""
+    model_path = os.path.join(output, MODEL)
+    if training.get("lora"):
+        from keras_attn.models import merge_lora
+        from keras_attn.models import save_lora_weights
+
+        if writer:
+            save_lora_weights(model, os.path.join(output, ADAPTERS))
+        model = merge_lora(model)
+    if writer:
+        save_model(model, model_path)
+    else:  # Keras's save runs collectives in a job: every process saves
+        import tempfile
+
+        with tempfile.TemporaryDirectory() as scratch:
+            model.save(os.path.join(scratch, MODEL))
+    return model_path
+
+
+def _finish_run(recipe, task, output, model_path, prepared, export, history, summary):
+    """Process 0, after training: the test metrics, the assets, the export,
+    the learning curves and results.json. Returns the results.
+
+    The test set is evaluated and exported from model.keras on one device,
+    as `keras-attn evaluate` / `export` do (a test batch need not split
+    evenly over replicas)."""
+    import keras
+
+    from keras_attn.viz import plot_learning_curves
+
     print("evaluating on the test set", flush=True)
     model = task.load_model(model_path)
     if prepared is None:
@@ -595,6 +632,7 @@ def _train_locked(recipe, output, distribute, export, verbose, prepared=None):
         else:
             export_on_tensorflow(output, os.path.join(output, SAVED_MODEL))
     plot_learning_curves(history, os.path.join(output, CURVES), title=recipe["name"])
+    times_path = os.path.join(output, TIMES)
     times = read_json(times_path) if os.path.exists(times_path) else {}
     metric = recipe["evaluation"]["metric"]
     results = {
@@ -603,11 +641,11 @@ def _train_locked(recipe, output, distribute, export, verbose, prepared=None):
         "value": metrics[metric],
         "metrics": metrics,
         "train_seconds": round(sum(times.values()), 1),
-        "epochs": training["epochs"],
-        "steps": training["epochs"] * steps,
-        "parameters": parameters,
+        "epochs": recipe["training"]["epochs"],
+        "steps": summary["steps"],
+        "parameters": summary["parameters"],
         "backend": keras.backend.backend(),
-        "hardware": describe_hardware(replicas),
+        "hardware": summary["hardware"],
         "date": datetime.date.today().isoformat(),
         "keras_attn_version": __version__,
         "data": "tf.data" if prepared is None else f"prepared: {os.path.abspath(prepared.directory)}",
