@@ -18,18 +18,23 @@ from keras_attn.models import vit  # noqa: F401  (registers ViT for load_model)
 
 pytestmark = [pytest.mark.tf_only, pytest.mark.large]
 
-# Dropout stays on (the recipe's 0.1); 6 epochs x 25 steps, a checkpoint
-# every 4 steps; no XLA so that the first steps come quickly.
+# Dropout stays on (the recipe's 0.1); 2 epochs x 10 steps, a checkpoint
+# every 4 steps (4 and 8 inside the first epoch, so the resumed run crosses an
+# epoch end: the second epoch's order and augmentation are made again); no
+# XLA so that the first steps come quickly.
+STEPS_PER_EPOCH = 10
 SETTINGS = TINY["vit_tiny_digits"] + [
-    "training.epochs=6", "training.steps_per_epoch=25", "training.checkpoint_every=4",
-    "training.jit_compile=false", "training.batch_size=16",
+    "training.epochs=2", f"training.steps_per_epoch={STEPS_PER_EPOCH}",
+    "training.checkpoint_every=4", "training.jit_compile=false", "training.batch_size=16",
 ]
 
 
 def _command(run):
+    # --no-export: the weights are compared; the SavedModel is tested by
+    # test_cli.py's end-to-end runs.
     sets = [item for value in SETTINGS for item in ("--set", value)]
     return [sys.executable, "-m", "keras_attn_cli", "train", "vit_tiny_digits",
-            "--output", str(run), "--verbose", "2", *sets]
+            "--output", str(run), "--verbose", "2", "--no-export", *sets]
 
 
 def _env():
@@ -53,11 +58,11 @@ def test_killed_run_resumes_to_the_uninterrupted_weights(tmp_path):
     deadline = time.time() + 300
     mid_epoch = None
     while time.time() < deadline and process.poll() is None:
-        # A finished checkpoint has its manifest; steps 4, 8, ... fall inside
-        # an epoch of 25 except at 100.
+        # A finished checkpoint has its manifest; steps 4, 8, 12, 16 fall
+        # inside an epoch (10 and 20 are epoch ends).
         steps = [int(os.path.basename(p)[5:13])
                  for p in glob.glob(str(killed / "checkpoints" / "ckpt-*.json"))]
-        mid_epoch = next((s for s in steps if s % 25), None)
+        mid_epoch = next((s for s in steps if s % STEPS_PER_EPOCH), None)
         if mid_epoch is not None:
             process.send_signal(signal.SIGKILL)
             break
@@ -86,8 +91,10 @@ def test_distributed_run_checkpoints_and_resumes_on_tensorflow(tmp_path):
         "training.epochs=2", "training.steps_per_epoch=5", "training.checkpoint_every=3",
         "training.jit_compile=false",
     ] for item in ("--set", value)]
+    # --no-export: what is tested is the checkpoints (the SavedModel of a
+    # distributed run: test_cli.py's data-parallel JAX run).
     command = [sys.executable, script, "train", "vit_tiny_digits", "--output", str(run),
-               "--verbose", "2", "--distribute", *sets]
+               "--verbose", "2", "--distribute", "--no-export", *sets]
     first = subprocess.run(command, env=_env(), capture_output=True, text=True, timeout=600)
     assert first.returncode == 0, first.stderr[-2000:]
     assert "2 replicas" in first.stdout
