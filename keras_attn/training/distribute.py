@@ -43,6 +43,7 @@ TensorFlow is imported only in the TensorFlow branch, JAX only in the JAX one.
 """
 
 import contextlib
+import functools
 import os
 import re
 import warnings
@@ -55,6 +56,12 @@ JAX_PROCESS_ENV = (
     "KERAS_DISTRIBUTION_NUM_PROCESSES",
     "KERAS_DISTRIBUTION_PROCESS_ID",
 )
+
+# Seconds after which JAX's distributed runtime declares a process that sent
+# no heartbeat lost and ends the others (`jax.distributed.initialize`'s
+# `heartbeat_timeout_seconds`, 100 by default, which
+# `keras.distribution.initialize` keeps): read by `_jax_initialize` when set.
+HEARTBEAT_TIMEOUT_ENV = "KERAS_ATTN_HEARTBEAT_TIMEOUT"
 
 # A TensorFlow process can hold one MultiWorkerMirroredStrategy only (its
 # collectives are configured when it is created): later `data_parallel`
@@ -143,18 +150,44 @@ def _tf_data_parallel(devices):
         yield strategy.num_replicas_in_sync
 
 
+@contextlib.contextmanager
+def _jax_heartbeat_timeout():
+    """Within the block, `jax.distributed.initialize` takes
+    `heartbeat_timeout_seconds` from `KERAS_ATTN_HEARTBEAT_TIMEOUT` (a
+    positive integer) when it is set: `keras.distribution.initialize` passes
+    JAX the job's addresses and ids only. Unset: JAX's default (100 s)."""
+    import jax
+
+    from keras_attn.training.cluster import _integer
+
+    if HEARTBEAT_TIMEOUT_ENV not in os.environ:
+        yield
+        return
+    seconds = _integer(os.environ, HEARTBEAT_TIMEOUT_ENV, 1)
+    initialize = jax.distributed.initialize
+    jax.distributed.initialize = functools.partial(initialize,
+                                                   heartbeat_timeout_seconds=seconds)
+    try:
+        yield
+    finally:
+        jax.distributed.initialize = initialize
+
+
 def _jax_initialize():
     """`keras.distribution.initialize(...)`, once, when `KERAS_DISTRIBUTION_*`
     or a scheduler's variables describe several processes
     (`keras_attn.training.cluster`; a second `jax.distributed.initialize`
-    is an error)."""
+    is an error), with the heartbeat timeout of `KERAS_ATTN_HEARTBEAT_TIMEOUT`
+    when it is set."""
     import jax
 
     from keras_attn.training.cluster import process_environment
 
     found = process_environment()
     if found is not None and not jax.distributed.is_initialized():
-        keras.distribution.initialize(found.coordinator, found.num_processes, found.process_id)
+        with _jax_heartbeat_timeout():
+            keras.distribution.initialize(found.coordinator, found.num_processes,
+                                          found.process_id)
 
 
 def initialize_processes():
@@ -302,7 +335,8 @@ def naming_lost_processes():
             f"Process {jax.process_index()} of {jax.process_count()}: a collective of this "
             f"job failed ({first}): another process stopped or lost its connection. JAX's "
             "distributed runtime names the lost process ('Task N heartbeat timeout') and "
-            "ends this one within its heartbeat timeout (100 s by default). The "
+            "ends this one within its heartbeat timeout (100 s by default, else "
+            f"{HEARTBEAT_TIMEOUT_ENV}). The "
             "checkpoints written so far are complete: run the same commands again to "
             "resume."
         ) from error

@@ -280,6 +280,44 @@ def test_jax_initialize_reads_the_keras_distribution_variables():
         assert f'"{name}"' in source
 
 
+def test_heartbeat_timeout_variable_reaches_jax_initialize(monkeypatch):
+    """KERAS_ATTN_HEARTBEAT_TIMEOUT is how long JAX's distributed runtime
+    waits for a silent process (tests/zoo/test_multiprocess.py loses one);
+    unset, JAX's default stays; a value that is not a positive integer is
+    refused by name before anything connects."""
+    import jax
+    from keras.src.backend.jax import distribution_lib
+
+    # What keras.distribution.initialize does on the JAX backend: it calls
+    # jax.distributed.initialize with the job's address and ids only.
+    assert "jax.distributed.initialize(" in inspect.getsource(distribution_lib.initialize)
+    calls = []
+
+    def recorded(**kwargs):
+        calls.append(kwargs)
+
+    monkeypatch.setattr(jax.distributed, "initialize", recorded)
+    monkeypatch.setattr(jax.distributed, "is_initialized", lambda: False)
+    monkeypatch.setattr(keras.distribution, "initialize", lambda address, count, index: (
+        jax.distributed.initialize(coordinator_address=address, num_processes=count,
+                                   process_id=index)))
+    for name, value in zip(distribute.JAX_PROCESS_ENV, ("localhost:1234", "2", "1")):
+        monkeypatch.setenv(name, value)
+    job = dict(coordinator_address="localhost:1234", num_processes=2, process_id=1)
+    monkeypatch.delenv(distribute.HEARTBEAT_TIMEOUT_ENV, raising=False)
+    distribute._jax_initialize()
+    monkeypatch.setenv(distribute.HEARTBEAT_TIMEOUT_ENV, "15")
+    distribute._jax_initialize()
+    assert calls == [job, dict(job, heartbeat_timeout_seconds=15)]
+    assert jax.distributed.initialize is recorded  # put back after the call
+    for value in ("0", "ten"):
+        monkeypatch.setenv(distribute.HEARTBEAT_TIMEOUT_ENV, value)
+        with pytest.raises(ValueError, match=f"`KERAS_ATTN_HEARTBEAT_TIMEOUT`: it must be a "
+                           f"positive integer. Received: KERAS_ATTN_HEARTBEAT_TIMEOUT='{value}'"):
+            distribute._jax_initialize()
+    assert len(calls) == 2
+
+
 def test_describe_replicas():
     assert describe_replicas(4, batch_size=64) == (
         "4 replicas: global batch 64 = 16 examples per replica per step"

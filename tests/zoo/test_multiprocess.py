@@ -32,6 +32,11 @@ SETS = TINY[RECIPE] + ["training.epochs=1", "training.steps_per_epoch=6",
                        "training.checkpoint_every=2", "training.jit_compile=true",
                        "training.batch_size=32"]
 TIMEOUT = 900
+# JAX's heartbeat timeout in the jobs (KERAS_ATTN_HEARTBEAT_TIMEOUT, read by
+# keras_attn.training.distribute): a survivor ends that long after its peer
+# is lost, 100 s by default. The heartbeats come from a thread of their own,
+# so a loaded machine's slow steps do not delay them.
+HEARTBEAT_SECONDS = "15"
 
 
 def _free_port():
@@ -68,7 +73,8 @@ def _start(tmp_path, outputs, extras=((), ())):
             _command(output, extra), cwd=tmp_path, stdout=log, stderr=subprocess.STDOUT,
             env=_env(KERAS_DISTRIBUTION_JOB_ADDRESSES=f"localhost:{port}",
                      KERAS_DISTRIBUTION_NUM_PROCESSES="2",
-                     KERAS_DISTRIBUTION_PROCESS_ID=str(rank))))
+                     KERAS_DISTRIBUTION_PROCESS_ID=str(rank),
+                     KERAS_ATTN_HEARTBEAT_TIMEOUT=HEARTBEAT_SECONDS)))
         processes[-1].log = log
     return processes
 
