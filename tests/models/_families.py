@@ -212,6 +212,16 @@ def outputs(model, inputs):
     return [to_numpy(o) for o in keras.tree.flatten(model(inputs, training=False))]
 
 
+def unallocated(build, *args, **kwargs):
+    """`build(*args, **kwargs)` with every variable given its shape and no
+    value: `keras.StatelessScope` defers the initializers, and this one never
+    runs them (`keras.backend.clear_session()` drops the deferred list).
+    Enough for `count_params()`, which reads shapes only: a full-size model
+    counted without drawing its 100M-300M random weights."""
+    with keras.StatelessScope(initialize_variables=False):
+        return build(*args, **kwargs)
+
+
 def with_value(x, name, index, value):
     """`x` (a dict of arrays) with `x[name][index] = value`, a copy."""
     x = dict(x)
