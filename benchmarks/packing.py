@@ -291,7 +291,7 @@ def main(argv=None):
     parser.add_argument("--vocabulary", type=int, default=30522)
     parser.add_argument("--output", default=os.path.join(HERE, "results", "packing.json"))
     parser.add_argument("--smoke", action="store_true",
-                        help="a one-layer 16-wide model, rows of 32 and 64, 2 rounds")
+                        help="a one-layer 16-wide model, rows of 64, 1 round")
     args = parser.parse_args(argv)
     if keras.backend.backend() != "tensorflow":
         raise SystemExit("Run it on the TensorFlow backend (KERAS_BACKEND=tensorflow).")
@@ -299,7 +299,7 @@ def main(argv=None):
     import tensorflow as tf
 
     if args.smoke:
-        sizes, lengths, rounds = ("bert_tiny", SMOKE_SIZES), [32, 64], 2
+        sizes, lengths, rounds = ("bert_tiny", SMOKE_SIZES), [64], 1
         examples, vocabulary = 200, 100
     else:
         sizes, lengths, rounds = (args.preset, {}), [int(n) for n in args.lengths.split(",")], \

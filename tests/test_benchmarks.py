@@ -321,8 +321,10 @@ def test_streaming_smoke_run_checks_its_tokens_and_writes_every_row(tmp_path):
 
 @pytest.mark.slow
 def test_packing_smoke_run_writes_every_row_and_packs_more_real_tokens(tmp_path):
-    # --smoke: a one-layer 16-wide BERT at rows of 32 and 64, 2 rounds. The
-    # timings are not looked at; what the rows say about the batches is.
+    # --smoke: a one-layer 16-wide BERT at rows of 64, 1 round (each length
+    # builds and compiles three models: one row checks every field and ratio
+    # a row holds). The timings are not looked at; what the row says about
+    # the batches is.
     import json
     import subprocess
 
@@ -333,7 +335,7 @@ def test_packing_smoke_run_writes_every_row_and_packs_more_real_tokens(tmp_path)
                          capture_output=True, text=True, timeout=1200, env=env)
     assert run.returncode == 0, run.stderr[-3000:]
     results = json.loads(output.read_text())
-    assert results["smoke"] and [row["length"] for row in results["rows"]] == [32, 64]
+    assert results["smoke"] and [row["length"] for row in results["rows"]] == [64]
     for row in results["rows"]:
         padding, real = row["padding"], row["real_tokens_per_batch"]
         # Packing fills rows with real tokens; padding to each batch's
