@@ -55,6 +55,8 @@ from keras_attn.models.bert import BertSequenceClassifier  # noqa: E402
 from keras_attn.models.bert import build_bert  # noqa: E402
 from keras_attn.models.lora import enable_lora  # noqa: E402
 from keras_attn.models.lora import merge_lora  # noqa: E402
+# The default data, shared with the zoo's text_classification task.
+from keras_attn.zoo.tasks.text_classification import load_topic_sentences  # noqa: E402
 from keras_attn.zoo.runs import write_json  # noqa: E402
 
 RESULTS = """
@@ -87,7 +89,6 @@ float16 0.8387, 1.53 MB), LiteRT 0.8387 (2.40 MB; float16 0.8387, 1.25 MB;
 int8 0.8459, 0.71 MB). models/results/bert_finetune.served.json.
 """
 
-TOPICS = ("specialnames", "compound", "debugger", "string-methods")
 # The exports scored in their runtimes, "format_precision" (the zoo table's
 # column names).
 FORMATS = ("saved_model_float32", "onnx_float32", "onnx_float16", "litert_float32",
@@ -95,17 +96,6 @@ FORMATS = ("saved_model_float32", "onnx_float32", "onnx_float16", "litert_float3
 # What exporting and serving each format needs beyond the base install (the
 # [onnx] and [litert] extras).
 NEEDS = {"onnx": ("tf2onnx", "onnx", "onnxruntime"), "litert": ("ai_edge_litert",)}
-
-
-def load_topic_sentences():
-    from pydoc_data.topics import topics
-
-    texts, labels = [], []
-    for label, key in enumerate(TOPICS):
-        sentences = text.split_sentences(topics[key])
-        texts += sentences
-        labels += [label] * len(sentences)
-    return texts, np.asarray(labels, "int32"), list(TOPICS)
 
 
 def load_tfds_examples(name, data_dir, text_key, label_key, limit):

@@ -294,6 +294,34 @@ def load_text_classification_files(path, tokenizer=None, vocabulary_size=1000,
 # === Token classification ===
 
 
+def tagged_rows(path, validation_fraction=0.0, seed=0, tokens_field="tokens",
+                tags_field="tags", argument="path"):
+    """`(words, tag_ids, class_names)` of tagging tables (see
+    `load_token_classification_files`): `{split: [words of each example]
+    or None}`, `{split: [int32 tag ids of each example] or None}` and the
+    tag of each id; a `ValueError` for an example whose tags are not one
+    per word."""
+    rows = table_rows(path, [tokens_field, tags_field], validation_fraction, seed, argument)
+    words = {split: None if r is None else [_words(row[tokens_field]) for row in r]
+             for split, r in rows.items()}
+    tags = {split: None if r is None else [_words(row[tags_field]) for row in r]
+            for split, r in rows.items()}
+    for split, examples in words.items():
+        for line, (example_words, example_tags) in enumerate(zip(examples or [],
+                                                                 tags[split] or [])):
+            if len(example_words) != len(example_tags):
+                raise _error(f"{split} example {line + 1} has {len(example_words)} words and "
+                             f"{len(example_tags)} tags (one tag per word)", argument, path)
+    flat, class_names = label_ids({split: None if t is None else [v for row in t for v in row]
+                                   for split, t in tags.items()}, path, argument)
+    tag_ids = {split: None for split in tags}
+    for split, t in tags.items():
+        if t is not None:
+            ends = np.cumsum([len(row) for row in t])
+            tag_ids[split] = np.split(flat[split], ends[:-1])
+    return words, tag_ids, class_names
+
+
 def load_token_classification_files(path, tokenizer=None, vocabulary_size=1000,
                                     sequence_length=128, batch_size=32,
                                     validation_fraction=0.0, seed=0, tokens_field="tokens",
@@ -327,24 +355,8 @@ def load_token_classification_files(path, tokenizer=None, vocabulary_size=1000,
     """
     from keras_attn.data import text
 
-    rows = table_rows(path, [tokens_field, tags_field], validation_fraction, seed)
-    words = {split: None if r is None else [_words(row[tokens_field]) for row in r]
-             for split, r in rows.items()}
-    tags = {split: None if r is None else [_words(row[tags_field]) for row in r]
-            for split, r in rows.items()}
-    for split, examples in words.items():
-        for line, (example_words, example_tags) in enumerate(zip(examples or [],
-                                                                 tags[split] or [])):
-            if len(example_words) != len(example_tags):
-                raise _error(f"{split} example {line + 1} has {len(example_words)} words and "
-                             f"{len(example_tags)} tags (one tag per word)", "path", path)
-    flat, class_names = label_ids({split: None if t is None else [v for row in t for v in row]
-                                   for split, t in tags.items()}, path)
-    tag_ids = {}
-    for split, t in tags.items():
-        if t is not None:
-            ends = np.cumsum([len(row) for row in t])
-            tag_ids[split] = np.split(flat[split], ends[:-1])
+    words, tag_ids, class_names = tagged_rows(path, validation_fraction, seed, tokens_field,
+                                              tags_field)
     tokenizer, vocabulary = _wordpiece(
         tokenizer, vocabulary_size, [" ".join(w) for w in words["train"]],
         text.train_wordpiece_vocabulary, text.make_tokenizer)

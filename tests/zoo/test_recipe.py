@@ -346,7 +346,8 @@ def test_a_new_task_is_one_module(tmp_path, monkeypatch):
 
     monkeypatch.setattr(tasks, "__path__", [*tasks.__path__, str(tmp_path)])
     monkeypatch.setattr(tasks, "TASKS", tasks.find_tasks())
-    assert tasks.families()["bert"] == ["masked_lm", "sentence_labels"]
+    bert_tasks = ["masked_lm", "sentence_labels", "text_classification", "token_classification"]
+    assert tasks.families()["bert"] == bert_tasks
     recipe = {
         "name": "x", "family": "bert", "task": "sentence_labels",
         "model": {"preset": "bert_tiny"}, "data": {"dataset": "embedded"},
@@ -359,7 +360,8 @@ def test_a_new_task_is_one_module(tmp_path, monkeypatch):
                                          r"data.sequence_length=4"):
         recipes.validate_recipe(recipes.apply_overrides(recipe, ["data.sequence_length=4"]))
     with pytest.raises(ValueError,
-                       match=r"`task` must be one of \['masked_lm', 'sentence_labels'\]"):
+                       match=r"`task` must be one of \['masked_lm', 'sentence_labels', "
+                             r"'text_classification', 'token_classification'\]"):
         recipes.validate_recipe(recipes.apply_overrides(recipe, ["task=translation"]))
     tags = reference.json_schema()["discriminator"]["mapping"]
     assert "sentence_labels" in tags and "masked_lm" in tags

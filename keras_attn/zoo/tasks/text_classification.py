@@ -1,0 +1,191 @@
+"""text_classification: a `BertSequenceClassifier` on sentences and their
+labels.
+
+Data: embedded: the sentences of four help topics of the documentation
+inside CPython (`specialnames`, `compound`, `debugger`, `string-methods`;
+label = the topic: examples/bert_finetune.py's default), a stratified test
+split and validation share drawn with the seed; files: a folder of CSV /
+JSONL tables with a test set (`keras_attn.data.
+load_text_classification_files`' layout, the columns `data.text_key` and
+`data.label_key`); tfds: a text set with a
+class label. The examples are held in memory; training batches of epoch e
+are a permutation keyed by (seed, e), packed `[CLS] text [SEP]`. The
+vocabulary is learned from the training texts, or is the pretrained
+backbone's (`training.pretrained`). Metric: test accuracy. Export: raw
+strings in, class probabilities out (`keras_attn.export.
+export_text_classifier`; ONNX and LiteRT take the token ids); the run
+directory gets `vocab.txt` and `labels.txt`.
+"""
+
+from typing import Literal
+
+import numpy as np
+
+from keras_attn.zoo import schema
+from keras_attn.zoo.schema import field
+from keras_attn.zoo.tasks._bert_text import BERT_INPUTS
+from keras_attn.zoo.tasks._bert_text import BertTextData
+from keras_attn.zoo.tasks._bert_text import BertTextTask
+
+# examples/bert_finetune.py's default data: label = the topic.
+TOPICS = ("specialnames", "compound", "debugger", "string-methods")
+
+
+class TextClassificationData(BertTextData):
+    """Embedded: 1,394 sentences of four CPython help topics, label = the
+    topic; tfds: any set with a text and a class label; files: a folder with
+    `train.csv|jsonl`, `test.*` and optionally `validation.*`, each row a
+    text and a label (a class id, or a name: sorted names are the ids)."""
+
+    test_fraction: float = field(0.2, gt=0, lt=1, only="embedded",
+                                 description="The stratified test split (drawn with "
+                                             "training.seed).")
+    text_key: str = field("text", only="tfds or files",
+                          description="The feature (files: the column or field) with the text.")
+    label_key: str = field("label", only="tfds or files",
+                           description="The feature (files: the column or field) with the label.")
+
+    def table_fields(self):
+        return [self.text_key, self.label_key]
+
+
+class TextClassificationEvaluation(schema.Evaluation):
+    metric: Literal["accuracy"] = field("accuracy", description="Test accuracy "
+                                                                "(`Model.evaluate`).")
+
+
+def load_topic_sentences():
+    """`(texts, labels, class_names)`: the sentences of the four `TOPICS`."""
+    from pydoc_data.topics import topics
+
+    from keras_attn.data import text
+
+    texts, labels = [], []
+    for label, key in enumerate(TOPICS):
+        sentences = text.split_sentences(topics[key])
+        texts += sentences
+        labels += [label] * len(sentences)
+    return texts, np.asarray(labels, "int32"), list(TOPICS)
+
+
+class TextClassification(BertTextTask):
+    name = "text_classification"
+    Data = TextClassificationData
+    Evaluation = TextClassificationEvaluation
+    embedded_data = "sentences of 4 CPython help topics"
+    metric_names = {"accuracy": "accuracy"}
+
+    def _embedded_splits(self):
+        from sklearn.model_selection import train_test_split
+
+        texts, labels, class_names = load_topic_sentences()
+        self._set_classes(class_names)
+        x, x_test, y, y_test = train_test_split(
+            texts, labels, test_size=self.data["test_fraction"], stratify=labels,
+            random_state=self.seed)
+        splits = {"train": (x, y), "test": (x_test, y_test), "validation": None}
+        if self.data["validation_fraction"]:
+            x, x_val, y, y_val = train_test_split(
+                x, y, test_size=self.data["validation_fraction"], stratify=y,
+                random_state=self.seed)
+            splits.update(train=(x, y), validation=(x_val, y_val))
+        return splits
+
+    def _files_splits(self):
+        from keras_attn.data import files
+
+        keys = [self.data["text_key"], self.data["label_key"]]
+        rows = files.table_rows(self.files, keys, self.data["validation_fraction"], self.seed)
+        labels, class_names = files.label_ids(
+            {split: None if r is None else [row[keys[1]] for row in r]
+             for split, r in rows.items()}, self.files)
+        self._set_classes(class_names)
+        return {split: None if r is None else ([str(row[keys[0]]) for row in r], labels[split])
+                for split, r in rows.items()}
+
+    def _tfds_splits(self):
+        text_key, label_key = self.data["text_key"], self.data["label_key"]
+        features = self._tfds_features({"text_key": text_key, "label_key": label_key})
+        if not hasattr(features[label_key], "num_classes"):
+            raise ValueError(f"Recipe key `data.label_key` must name a class label of "
+                             f"{self.tfds_name}. Received: data.label_key={label_key!r}")
+        self._set_classes(features[label_key].names)
+        return self._tfds_columns(text_key, label_key,
+                                  lambda texts: [t.decode("utf-8") for t in texts],
+                                  lambda labels: np.asarray(labels, "int32"))
+
+    def _training_texts(self, texts):
+        return texts
+
+    def _batches(self, texts, labels, batch_size):
+        from keras_attn.data import text
+
+        return text.classification_dataset(texts, labels, self.tokenizer,
+                                           self.data["sequence_length"], batch_size)
+
+    def assume_data_sizes(self):
+        self.vocabulary = [None] * self.data["vocabulary_size"]  # the size asked for
+        self.pretrained = self.training.get("pretrained")
+        if self.embedded:
+            self.num_classes = len(TOPICS)
+        elif self.files:
+            self._files_splits()
+        else:
+            import tensorflow_datasets as tfds
+
+            features = tfds.builder(self.tfds_name).info.features
+            self.num_classes = features[self.data["label_key"]].num_classes
+
+    @property
+    def model_class(self):
+        from keras_attn.models.bert import BertSequenceClassifier
+
+        return BertSequenceClassifier
+
+    # === Export: raw strings (SavedModel) or token ids (ONNX, LiteRT) ===
+
+    def export(self, model, path, format="saved_model", precision="float32"):
+        from keras_attn.export import export_text_classifier
+
+        self.check_export_format(format, precision)
+        self.prepare()
+        return export_text_classifier(model, self.tokenizer, path,
+                                      sequence_length=self.data["sequence_length"],
+                                      format=format, precision=precision)
+
+    def evaluate_served(self, serve):
+        """Accuracy of an export fed the test set's token ids (the inputs
+        ONNX and LiteRT take; a SavedModel's `serve_ids`): its raw-string
+        `serve` is checked against the Keras model by `example_inputs`."""
+        correct = total = 0
+        for x, labels in self.test_data():
+            ids = {name: np.asarray(x[name], "int32") for name in BERT_INPUTS}
+            probabilities = np.asarray(serve(ids)["probabilities"])
+            correct += int(np.sum(probabilities.argmax(-1) == np.asarray(labels)))
+            total += len(labels)
+        return {"accuracy": correct / total}
+
+    def example_inputs(self):
+        self.prepare()
+        return {"text": np.array(self.splits["test"][0][:8], dtype=object)}
+
+    def _token_ids(self, inputs):
+        if "text" not in inputs:
+            return {name: inputs[name] for name in BERT_INPUTS}
+        from keras_attn.data import text
+
+        packed = text.pack_pairs(self.tokenizer, self.data["sequence_length"])(
+            list(inputs["text"]))
+        return {name: np.asarray(value) for name, value in zip(BERT_INPUTS, packed)}
+
+    def reference_outputs(self, model, inputs):
+        import keras
+
+        self.prepare()
+        logits = model.predict(self._token_ids(inputs), verbose=0)
+        return {"probabilities": np.asarray(keras.ops.softmax(logits.astype("float32"), -1))}
+
+    def served_outputs(self, loaded, inputs):
+        if "text" in inputs:
+            return {"probabilities": np.asarray(loaded.serve(list(inputs["text"])))}
+        return {"probabilities": np.asarray(loaded.serve_ids(*(inputs[n] for n in BERT_INPUTS)))}
