@@ -264,7 +264,7 @@ def measure(args, tmp):
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--smoke", action="store_true",
-                        help="tiny ViT, batch 8, 3 rounds of 2 steps (checks the script)")
+                        help="tiny ViT, batch 8, 1 round of 2 steps (checks the script)")
     parser.add_argument("--batch", type=int, default=64, help="global batch (the recipe's)")
     parser.add_argument("--rounds", type=int, default=15)
     parser.add_argument("--steps", type=int, default=20, help="steps per job per round")
@@ -275,7 +275,7 @@ def main(argv=None):
     parser.add_argument("name", nargs="?", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.smoke and not args.worker:
-        args.batch, args.rounds, args.steps = 8, 3, 2
+        args.batch, args.rounds, args.steps = 8, 1, 2
     if args.worker:
         return worker(args)
     if args.batch % 2:

@@ -354,8 +354,9 @@ def test_packing_smoke_run_writes_every_row_and_packs_more_real_tokens(tmp_path)
 @pytest.mark.slow
 def test_multiprocess_smoke_run_joins_two_processes_and_writes_every_ratio(tmp_path):
     # --smoke: a one-block 16-wide ViT, one process beside a two-process JAX
-    # job, 3 rounds of 2 steps (1.5-2.5 minutes on the loaded 2-core
-    # machine: three processes start and compile). Timings are not looked at.
+    # job, 1 round of 2 steps (each round adds one value to every list and
+    # ratio; the three processes' start and compile are the cost). Timings
+    # are not looked at.
     import json
     import subprocess
 
@@ -372,7 +373,7 @@ def test_multiprocess_smoke_run_joins_two_processes_and_writes_every_ratio(tmp_p
     names = {"one_process", "step", "step_no_allreduce", "allreduce_alone",
              "allreduce_one_buffer"}
     assert set(results["seconds"]) == set(results["median_step_seconds"]) == names
-    assert all(len(results["seconds"][name]) == results["rounds"] == 3 for name in names)
+    assert all(len(results["seconds"][name]) == results["rounds"] == 1 for name in names)
     assert set(results["ratios"]) == {"two_vs_one_process", "with_vs_without_allreduce"}
     for ratio in results["ratios"].values():
         assert ratio["low"] <= ratio["median"] <= ratio["high"]
