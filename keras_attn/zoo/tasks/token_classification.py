@@ -127,6 +127,13 @@ class TokenClassification(BertTextTask):
 
         return BertTokenClassifier
 
+    def make_model(self, preset, overrides):
+        model = super().make_model(preset, overrides)
+        # The tags come from the sequence output: the pooler gets no gradient
+        # (frozen, so that Keras does not warn about it at every step).
+        model.backbone.get_layer("pooled_dense").trainable = False
+        return model
+
     # === Export: token ids in, tag probabilities out ===
 
     def check_export_format(self, format, precision="float32"):
