@@ -523,7 +523,7 @@ def _train_locked(recipe, output, distribute, export, verbose, prepared=None):
             history = trainer.fit(model, train_dataset_fn, training["epochs"], steps,
                                   validation_data=validation, callbacks=callbacks,
                                   verbose=verbose)
-        model_path = _save_trained(model, output, training, writer)
+        model_path = _save_trained(task, model, output, writer)
         # The others leave the job here, without waiting for the test set.
         end_processes()
     if not writer:
@@ -582,17 +582,19 @@ def _training_data(task, model, prepared, replicas, process):
     return train_dataset_fn, validation
 
 
-def _save_trained(model, output, training, writer):
-    """Saves the trained model (LoRA: the adapters, then the merged model) as
-    the run's model.keras, from process 0. Returns its path."""
+def _save_trained(task, model, output, writer):
+    """Saves the trained model (LoRA: the adapters, then the merged model;
+    `task.served_model` of it) as the run's model.keras, from process 0.
+    Returns its path."""
     model_path = os.path.join(output, MODEL)
-    if training.get("lora"):
+    if task.training.get("lora"):
         from keras_attn.models import merge_lora
         from keras_attn.models import save_lora_weights
 
         if writer:
             save_lora_weights(model, os.path.join(output, ADAPTERS))
         model = merge_lora(model)
+    model = task.served_model(model)
     if writer:
         save_model(model, model_path)
     else:  # Keras's save runs collectives in a job: every process saves
@@ -679,6 +681,9 @@ def load_run(run_dir):
     if step is None:
         raise ValueError(f"{run_dir} has neither {MODEL} nor a checkpoint to evaluate. "
                          f"Received: run_dir={run_dir!r}")
+    served = task.served_model(model)
+    if served is not model:
+        model = task.compile(served)
     return recipe, task, model, f"checkpoint at step {step} (the run has not finished)"
 
 

@@ -61,6 +61,20 @@ def field(default=..., *, description, only=None, **limits):
     return Field(default, description=description, json_schema_extra=extra, **limits)
 
 
+def packing_in_memory():
+    """A `Data` validator (assign it in the class body) refusing
+    `packing: true` on a tfds dataset: a task packs a data set it holds in
+    memory (embedded or files), and a tfds split is streamed."""
+
+    def check(data):
+        if getattr(data, "packing", False) and dataset_kind(data.dataset) == "tfds":
+            raise key_error("packing", "is for embedded and files datasets (a tfds split is "
+                                       "streamed, not packed yet)", True)
+        return data
+
+    return pydantic.model_validator(mode="after")(check)
+
+
 def key_error(key, expectation, value):
     """A validation error for `key` (dotted, relative to the object being
     validated; "" for the object itself): "Recipe key `key` <expectation>.
@@ -225,7 +239,8 @@ class Data(Section):
                                            "working directory, or absolute)", dataset)
             if "packing" in value and "packing" not in cls.model_fields:
                 raise key_error("packing", "is not taken by this task: packed rows train "
-                                           "the masked_lm and translation tasks only "
+                                           "the masked_lm, translation and speech_ctc tasks "
+                                           "only "
                                            "(docs/packing.md)", value["packing"])
             for key, info in cls.model_fields.items():
                 if not for_kind(info, kind) and key in value:

@@ -54,12 +54,13 @@ def test_a_packing_that_is_not_a_boolean_is_refused_by_name(value):
         _recipe(tiny_overrides(NAME) + [f"data.packing={value}"])
 
 
-@pytest.mark.parametrize("name", ["vit_tiny_digits", "conformer_tiny_digits"])
+@pytest.mark.parametrize("name", ["vit_tiny_digits"])
 @pytest.mark.parametrize("value", ["true", "false"])
 def test_tasks_that_do_not_pack_refuse_the_key_by_name(name, value):
+    # Speech packs too (tests/zoo/test_packing_speech.py).
     with pytest.raises(RecipeError, match=r"Recipe key `data\.packing` is not taken by this "
-                                          r"task: packed rows train the masked_lm and "
-                                          r"translation tasks only"):
+                                          r"task: packed rows train the masked_lm, "
+                                          r"translation and speech_ctc tasks only"):
         _recipe(tiny_overrides(name) + [f"data.packing={value}"], name)
 
 

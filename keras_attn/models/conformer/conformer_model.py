@@ -184,12 +184,7 @@ class ConformerCTC(GuardedModel, ConfigModel, keras.Model):
         kwargs.setdefault("name", "conformer_ctc")
 
         # === Layers ===
-        frontend = LogMelFeatures(
-            sampling_rate=config.sampling_rate, num_mel_bins=config.num_mel_bins,
-            frame_length=config.frame_length, frame_step=config.frame_step,
-            fft_length=config.fft_length, normalization=config.feature_normalization,
-            dtype=dtype, name="log_mel",
-        )
+        frontend = log_mel_front_end(config, dtype=dtype)
         spec_augment = SpecAugment(
             freq_mask_count=config.freq_mask_count, freq_mask_width=config.freq_mask_width,
             time_mask_count=config.time_mask_count, time_mask_ratio=config.time_mask_ratio,
@@ -703,6 +698,19 @@ def _checked_utterances(features, segment_ids, positions, feature_length=None):
             f"ids say which frames are real). Received: feature_length[{row}]="
             f"{int(concrete_value(lengths)[row, 0])}"))
     return ids, positions, any_invalid(bad_ids, bad_positions, bad_starts, bad_length)
+
+
+def log_mel_front_end(config, dtype=None):
+    """The `LogMelFeatures` layer a waveform `ConformerCTC` of `config` puts
+    in front of its encoder (named "log_mel"): the features a model built
+    with `input_type="features"` takes, e.g. computed per utterance to pack
+    them (`keras_attn.data.pack_utterances`)."""
+    return LogMelFeatures(
+        sampling_rate=config.sampling_rate, num_mel_bins=config.num_mel_bins,
+        frame_length=config.frame_length, frame_step=config.frame_step,
+        fft_length=config.fft_length, normalization=config.feature_normalization,
+        dtype=dtype, name="log_mel",
+    )
 
 
 def unpack_utterances(logits, logit_segment_ids, max_segments):

@@ -259,6 +259,13 @@ class Task:
                         train_also=lora["train_also"])
         return model
 
+    def served_model(self, model):
+        """The model a run saves as model.keras, evaluates and exports, from
+        the model that trained (`build_model`'s): the same model, except for
+        a task that trains another form of it (packed speech trains a
+        features-input twin; its waveform model has the same weights)."""
+        return model
+
     def _load_base_weights(self, model, base):
         """The weights of `training.lora.base` (a run directory or a .keras
         file) into `model`, refusing a base of another model."""

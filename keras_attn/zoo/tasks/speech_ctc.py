@@ -11,6 +11,14 @@ inside the model (their seeds are model state the trainer checkpoints).
 Metrics: corpus WER and CER of the test transcripts (greedy or beam-search
 CTC decoding), and the share of exact transcripts. Export: waveforms in,
 token ids out (`keras_attn.export.export_speech_recognizer`).
+
+With `data.packing`, each training utterance's log-mel features are
+computed once by the model's own front end and packed (best-fit decreasing,
+once for the seed) into rows as long as the longest utterance, the rows
+shuffled every epoch: a features-input twin of the model trains on them,
+and the run saves, evaluates and exports the waveform model with the
+twin's weights (`served_model`). Validation and test stay unpacked
+(docs/packing.md).
 """
 
 from typing import Literal
@@ -22,6 +30,7 @@ import pydantic
 from keras_attn.zoo import schema
 from keras_attn.zoo.schema import field
 from keras_attn.zoo.tasks.base import Task
+from keras_attn.zoo.tasks.base import batch_count
 
 LETTERS = tuple("abcdefghijklmnopqrstuvwxyz' ")
 
@@ -48,6 +57,17 @@ class SpeechCTCData(schema.TfdsSplits):
     text_key: Optional[str] = field(None, only="tfds or files",
                                     description='The transcript feature (null: "text" or '
                                                 '"label"; files: the column, null "text").')
+
+    packing: bool = field(
+        False, description="Train on packed rows: each training utterance's log-mel features "
+                           "computed once by the model's front end and packed (best-fit "
+                           "decreasing, once for the seed) into rows of the longest one's "
+                           "frames, the rows shuffled every epoch; a features-input twin of "
+                           "the model trains, the run keeps the waveform model with its "
+                           "weights. `training.batch_size` counts rows. Embedded and files "
+                           "datasets. Validation and test stay unpacked.")
+
+    _packing_in_memory = schema.packing_in_memory()
 
     def file_fields(self):
         """The audio and transcript columns of a files: dataset."""
@@ -142,6 +162,95 @@ class SpeechCTC(Task):
             self.recipe["model"]["preset"], vocabulary_size=len(self.vocabulary),
             **self.recipe["model"]["overrides"],
         )
+        if self.data.get("packing"):  # absent when false (the resolved recipe leaves it out)
+            self._pack_training_utterances()
+
+    # === Packed training rows ===
+
+    def _features(self, waveforms):
+        """Each utterance's log-mel features `(frames, mels)`, float32, from
+        the model's own front end, in batches of similar lengths (the front
+        end gives an utterance the same frames in any batch)."""
+        from keras import ops
+
+        from keras_attn.models.conformer.conformer_model import log_mel_front_end
+
+        front_end = log_mel_front_end(self.model_config, dtype="float32")
+        lengths = np.array([len(w) for w in waveforms], "int32")
+        features = [None] * len(waveforms)
+        order = np.argsort(lengths, kind="stable")
+        for start in range(0, len(order), 64):
+            chunk = order[start:start + 64]
+            batch = np.zeros((len(chunk), int(lengths[chunk].max())), "float32")
+            for row, index in enumerate(chunk):
+                batch[row, :lengths[index]] = waveforms[index]
+            frames = ops.convert_to_numpy(front_end(batch, lengths[chunk]))
+            for row, (index, count) in enumerate(zip(chunk, front_end.num_frames(lengths[chunk]))):
+                features[index] = frames[row, :count]
+        return features
+
+    def _labels(self, transcripts):
+        from keras_attn.data import speech
+
+        return [np.asarray(speech.encode_transcript(t, self.vocabulary), "int32")
+                for t in transcripts]
+
+    def _pack_training_utterances(self):
+        """Packs the training utterances' features once for the seed into
+        rows of the longest one's frames (rounded up to the subsampling's
+        4); the rows are shuffled every epoch (`_packed_dataset`), so every
+        epoch has the same number of batches."""
+        from keras_attn.data import pack_utterances
+
+        waveforms, transcripts = self.train_split
+        features = self._features(waveforms)
+        row = -(-max(len(f) for f in features) // 4) * 4
+        self.packed_rows = pack_utterances(features, row, labels=self._labels(transcripts),
+                                           buffer_size=len(features), seed=self.seed)
+        self.batches_per_epoch = batch_count(len(self.packed_rows["inputs"]), self.batch_size)
+
+    def _packed_dataset(self, epoch):
+        """Epoch `epoch`'s batches of packed rows, `(x, labels)` with labels
+        `(B, K, L)`: the rows in an order keyed by (seed, epoch)."""
+        import tensorflow as tf
+
+        from keras_attn._epochs import epoch_permutation
+
+        rows = self.packed_rows
+        order = epoch_permutation(len(rows["inputs"]), self.seed, epoch)
+        x = {"features": rows["inputs"][order],
+             "feature_length": np.full(len(order), rows["inputs"].shape[1], "int32"),
+             "segment_ids": rows["segment_ids"][order].astype("int32"),
+             "positions": rows["positions"][order].astype("int32")}
+        return tf.data.Dataset.from_tensor_slices((x, rows["labels"][order])).batch(
+            self.batch_size).prefetch(tf.data.AUTOTUNE)
+
+    def _features_dataset(self, waveforms, transcripts):
+        """Unpacked feature batches, one utterance per row, for the
+        features-input twin (a packed run's validation)."""
+        import tensorflow as tf
+
+        features, labels = self._features(waveforms), self._labels(transcripts)
+        lengths = np.array([len(f) for f in features], "int32")
+        padded = np.zeros((len(features), int(lengths.max()), features[0].shape[1]), "float32")
+        table = np.zeros((len(labels), max(len(label) for label in labels)), "int32")
+        for i, (frames, label) in enumerate(zip(features, labels)):
+            padded[i, :len(frames)] = frames
+            table[i, :len(label)] = label
+        x = {"features": padded, "feature_length": lengths}
+        return tf.data.Dataset.from_tensor_slices((x, table)).batch(self.batch_size)
+
+    def served_model(self, model):
+        """A packed run trains the features-input twin: the waveform model
+        (the recipe's) with its weights, matched by path."""
+        if not self.data.get("packing"):
+            return model
+        served = self._build(self.recipe["model"]["preset"],
+                             dict(self.recipe["model"]["overrides"]))
+        trained = {variable.path: variable for variable in model.weights}
+        for variable in served.weights:
+            variable.assign(trained[variable.path])
+        return served
 
     @staticmethod
     def _file_vocabulary(splits):
@@ -174,13 +283,23 @@ class SpeechCTC(Task):
 
     def train_dataset_fn(self, epoch):
         self.prepare()
+        if self.data.get("packing"):
+            return self._packed_dataset(epoch)
         return self._dataset("train", epoch)
 
     def validation_data(self):
         self.prepare()
+        if self.data.get("packing"):  # for the features-input twin
+            waveforms, transcripts = self.validation_split
+            return self._features_dataset(waveforms, transcripts) if waveforms else None
         return self._dataset("validation")
 
     def make_model(self, preset, overrides):
+        if self.data.get("packing"):  # the twin that trains; `served_model` the one kept
+            overrides = dict(overrides, input_type="features")
+        return self._build(preset, overrides)
+
+    def _build(self, preset, overrides):
         from keras_attn.models.conformer import build_conformer
 
         return build_conformer(preset, vocabulary_size=len(self.vocabulary), **overrides)
@@ -296,6 +415,11 @@ class SpeechCTC(Task):
         return self._dataset("test")
 
     def check_preparable(self):
+        if self.data.get("packing"):
+            raise ValueError(
+                "Prepared data for speech stores unpacked batches of the embedded digits only "
+                "so far: train a packed speech recipe from its pipeline (without --prepared). "
+                "Received: data.packing=True")
         if not self.embedded:
             raise ValueError(
                 "Prepared data for speech is made from the embedded spoken digits only so far "

@@ -57,12 +57,7 @@ class TranslationData(schema.TfdsSplits):
                            "counts rows. Embedded and files datasets. Validation stays "
                            "bucketed, the test is decoded as unpacked.")
 
-    @pydantic.model_validator(mode="after")
-    def _packing_in_memory(self):
-        if self.packing and schema.dataset_kind(self.dataset) == "tfds":
-            raise schema.key_error("packing", "is for embedded and files datasets (a tfds "
-                                              "split is streamed, not packed yet)", True)
-        return self
+    _packing_in_memory = schema.packing_in_memory()
 
     @pydantic.field_validator("bucket_boundaries")
     @classmethod
