@@ -96,12 +96,12 @@ def test_text_classification_from_a_csv_folder_trains_evaluates_and_serves_raw_s
         tmp_path):
     recipe = write_recipe(tmp_path, "text_classification", {
         "dataset": f"files:{review_folder(tmp_path)}", "text_key": "review",
-        "validation_fraction": 0.25})
+        "validation_fraction": 0.0})
     run = tmp_path / "run"
     task, inputs, served = train_and_serve(recipe, run)
     assert task.class_names == ["bad", "good"]  # names sorted: ids 0, 1
     assert (run / "labels.txt").read_text() == "bad\ngood\n"
-    assert [len(task.splits[s][0]) for s in ("train", "validation", "test")] == [18, 6, 6]
+    assert len(task.splits["train"][0]) == 24 and task.splits["validation"] is None
     assert list(inputs) == ["text"] and served.shape == (6, 2)  # raw strings in
 
 
@@ -122,6 +122,22 @@ def test_token_classification_from_jsonl_trains_evaluates_and_serves(tmp_path):
         assert np.flatnonzero(row).tolist() == [s for s in starts if s < 15]
     with pytest.raises(ValueError, match=r"SavedModel \(token ids in\) only.*format='onnx'"):
         task.check_export_format("onnx")
+
+
+def test_without_a_validation_file_a_seeded_share_of_train_is_held_out(tmp_path):
+    data = {"text_classification": {"dataset": f"files:{review_folder(tmp_path)}",
+                                    "text_key": "review", "validation_fraction": 0.25},
+            "token_classification": {"dataset": f"files:{tag_folder(tmp_path)}",
+                                     "validation_fraction": 0.25}}
+    for task_name, section in data.items():
+        recipe = load_recipe(write_recipe(tmp_path, task_name, section))
+        splits = make_task(recipe)._files_splits()
+        assert [len(splits[s][0]) for s in ("train", "validation")] == [18, 6]  # of 24
+        again = make_task(recipe)._files_splits()
+        assert again["validation"][0] == splits["validation"][0], task_name
+        other = make_task(load_recipe(write_recipe(tmp_path, task_name, section),
+                                      ["training.seed=1"]))._files_splits()
+        assert other["validation"][0] != splits["validation"][0], task_name
 
 
 def _fake_masked_lm_run(folder, task="masked_lm"):
