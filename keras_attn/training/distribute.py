@@ -93,22 +93,51 @@ def _warn_single_device(found):
     )
 
 
-def _tf_multi_worker_strategy(tf):
-    strategy = tf.distribute.MultiWorkerMirroredStrategy()
-    jobs = strategy.cluster_resolver.cluster_spec().as_dict()
-    workers = len(jobs.get("chief", [])) + len(jobs.get("worker", []))
-    if workers > 1:
-        # Two workers on one host fail in the first `fit` with Keras 3.15 and
-        # TensorFlow 2.21 (checked here): Keras reduces a data batch across
-        # workers to build the model, then the logs with an axis that scalars
-        # lack. Single-worker jobs train normally.
-        warnings.warn(
-            f"TF_CONFIG describes {workers} workers: Keras {keras.__version__} "
-            "`Model.fit` fails under a multi-worker MultiWorkerMirroredStrategy "
-            "(keras-team/keras#20585). Train several hosts with KERAS_BACKEND=jax "
-            "and the KERAS_DISTRIBUTION_* variables instead."
-        )
-    return strategy
+def _tf_workers(strategy):
+    """The workers of a MultiWorkerMirroredStrategy's cluster; 0 for others."""
+    resolver = strategy.cluster_resolver  # None but for multi-worker strategies
+    jobs = resolver.cluster_spec().as_dict() if resolver is not None else {}
+    return len(jobs.get("chief", [])) + len(jobs.get("worker", []))
+
+
+@contextlib.contextmanager
+def _keras_multi_worker_fit():
+    """Within the block, `Model.fit` and `evaluate` run under a
+    MultiWorkerMirroredStrategy of several workers. Keras 3 fails there in two
+    places (keras-team/keras#20585; the same code in Keras 3.15 and on its
+    main branch in August 2026), both in how it reads values, not in the step:
+    `_maybe_symbolic_build` passes the first batch, a tuple of per-replica
+    values, to `strategy.reduce`, which takes one value (the batch is read for
+    its shapes only: this replica's part is given instead, what the
+    single-worker path builds from); `reduce_per_replica` averages each log
+    over axis 0, which scalar logs lack (they are averaged over the replicas,
+    as a single worker's MirroredStrategy does). The two are patched for the
+    block only and put back after it."""
+    from keras import tree
+    from keras.src.backend.tensorflow import trainer
+
+    build, reduce = trainer.TensorFlowTrainer._maybe_symbolic_build, trainer.reduce_per_replica
+
+    def symbolic_build(self, iterator=None, data_batch=None):
+        local = self.distribute_strategy.experimental_local_results
+        # This replica's part of the first batch.
+        for _, _, batches in iterator if iterator is not None else ():
+            data_batch = tree.map_structure(lambda value: local(value)[0], next(batches))
+            break
+        return build(self, data_batch=data_batch)
+
+    def reduce_logs(values, strategy, reduction):
+        if reduction not in ("auto", "mean"):
+            return reduce(values, strategy, reduction)
+        return tree.map_structure(lambda v: strategy.reduce("MEAN", v, axis=None), values)
+
+    trainer.TensorFlowTrainer._maybe_symbolic_build = symbolic_build
+    trainer.reduce_per_replica = reduce_logs
+    try:
+        yield
+    finally:
+        trainer.TensorFlowTrainer._maybe_symbolic_build = build
+        trainer.reduce_per_replica = reduce
 
 
 def _tf_strategy(devices):
@@ -123,7 +152,7 @@ def _tf_strategy(devices):
                 f"of each worker. Received: devices={list(devices)!r}"
             )
         if "multi_worker" not in _TF_STRATEGIES:
-            _TF_STRATEGIES["multi_worker"] = _tf_multi_worker_strategy(tf)
+            _TF_STRATEGIES["multi_worker"] = tf.distribute.MultiWorkerMirroredStrategy()
         return _TF_STRATEGIES["multi_worker"]
     if devices is None:
         # MirroredStrategy() alone takes the GPUs only; logical CPU devices
@@ -146,7 +175,8 @@ def _tf_data_parallel(devices):
     if strategy is None:
         yield 1
         return
-    with strategy.scope():
+    several = _tf_workers(strategy) > 1
+    with strategy.scope(), _keras_multi_worker_fit() if several else contextlib.nullcontext():
         yield strategy.num_replicas_in_sync
 
 
@@ -384,9 +414,10 @@ def data_parallel(enabled=True, devices=None, auto_shard_dataset=True):
     batch across the replicas and applies the gradient of its mean loss.
 
     - TensorFlow: `tf.distribute.MultiWorkerMirroredStrategy` when the
-      `TF_CONFIG` environment variable is set (a warning when it names
-      several workers: Keras 3 `fit` fails under it, see the module
-      docstring); else `MirroredStrategy` over `devices`, or over the local
+      `TF_CONFIG` environment variable is set (with several workers, the
+      block also works around the two places where Keras 3 `fit` and
+      `evaluate` fail under it: `_keras_multi_worker_fit`); else
+      `MirroredStrategy` over `devices`, or over the local
       GPUs, or, without GPUs, over the logical CPU devices when there are
       several (MirroredStrategy alone would ignore them). One strategy per
       device set and process, reused by later blocks.
