@@ -12,8 +12,9 @@ import pytest
 import yaml
 
 from test_public_api import _listed
+from test_readme import check_block_ran
 from test_readme import python_blocks
-from test_readme import run_block_as_written
+from test_readme import ran_blocks  # noqa: F401  (a fixture)
 
 pytestmark = pytest.mark.backend_independent
 
@@ -26,7 +27,10 @@ def _pages():
 
 
 def _blocks():
-    return [(os.path.relpath(page, ROOT), index)
+    """(page, index) of every Python block, each in its page's xdist group:
+    a page's blocks run in one process (test_readme.ran_blocks)."""
+    return [pytest.param(os.path.relpath(page, ROOT), index,
+                         marks=pytest.mark.xdist_group(os.path.relpath(page, ROOT)))
             for page in _pages() for index in range(len(python_blocks(page)))]
 
 
@@ -88,6 +92,6 @@ def test_a_broken_reference_fails_the_strict_build(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("page, index", _blocks())
-def test_every_python_block_of_the_docs_runs_as_written(page, index, tmp_path):
-    block = python_blocks(os.path.join(ROOT, page))[index]
-    run_block_as_written(block, tmp_path, f"{page} block {index}")
+def test_every_python_block_of_the_docs_runs_as_written(page, index, ran_blocks):
+    path = os.path.join(ROOT, page)
+    check_block_ran(ran_blocks(path)[index], python_blocks(path)[index], f"{page} block {index}")

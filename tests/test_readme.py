@@ -73,14 +73,17 @@ print("padding-invariant")
 LOSS_RECORDER = """
 import importlib.abc, importlib.machinery, sys
 
+# id(model) -> (name, x, y, loss before); id(model) -> the record written.
+# Emptied before each block when several run in one process (BLOCKS_RUNNER).
+_FIRST_LOSSES, _LAST_LOSSES = {}, {}
+
 def _record_losses(keras):
     import functools
     import json
     import numpy as np
 
     fit = keras.Model.fit
-    first = {}   # id(model) -> (name, x, y, loss before)
-    after = {}
+    first, after = _FIRST_LOSSES, _LAST_LOSSES
 
     def first_batch(x, y, batch_size):
         if y is None and hasattr(x, "element_spec"):   # a tf.data dataset
@@ -130,12 +133,59 @@ sys.meta_path.insert(0, _AfterKerasImport())
 """
 
 
-def _run(script, cwd):
+def _run(script, cwd, *args, timeout=1200):
     return subprocess.run(
-        [sys.executable, "-c", LOSS_RECORDER + script], capture_output=True, text=True,
-        timeout=1200, cwd=cwd,
+        [sys.executable, "-c", LOSS_RECORDER + script, *args], capture_output=True, text=True,
+        timeout=timeout, cwd=cwd,
         env=dict(os.environ, KERAS_BACKEND="tensorflow", TF_CPP_MIN_LOG_LEVEL="3"),
     )
+
+
+# Runs several blocks in one process (importing TensorFlow and Keras costs
+# 5-20 s a process), each as a fresh process would: in its own globals and
+# working directory, with os.environ, Keras's session, dtype policy and
+# registered classes as they were before the first block, and keras_attn not
+# yet imported (a block that loads a model must import keras_attn itself).
+# Its argv: a JSON file of [[directory, block], ...] and the results file,
+# written after each block: {index: {"error": traceback or None, "stdout": ...}}.
+BLOCKS_RUNNER = """
+import contextlib, io, json, os, sys, traceback
+import keras
+from keras.src.saving import object_registration as _registration
+
+with open(sys.argv[1]) as handle:
+    _blocks = json.load(handle)
+_environ = dict(os.environ)
+_policy, _floatx = keras.config.dtype_policy(), keras.config.floatx()
+_names = dict(_registration.GLOBAL_CUSTOM_NAMES)
+_objects = dict(_registration.GLOBAL_CUSTOM_OBJECTS)
+_results = {}
+for _index, (_directory, _block) in enumerate(_blocks):
+    os.chdir(_directory)
+    _FIRST_LOSSES.clear()
+    _LAST_LOSSES.clear()
+    _stdout = io.StringIO()
+    try:
+        with contextlib.redirect_stdout(_stdout):
+            exec(compile(_block, "<block>", "exec"), {"__name__": "__main__"})
+        _error = None
+    except BaseException:
+        _error = traceback.format_exc()
+    _results[_index] = {"error": _error, "stdout": _stdout.getvalue()}
+    with open(sys.argv[2], "w") as handle:
+        json.dump(_results, handle)
+    os.environ.clear()
+    os.environ.update(_environ)
+    for _name in [n for n in sys.modules if n.split(".")[0] in ("keras_attn", "keras_attn_base")]:
+        del sys.modules[_name]
+    for _registry, _kept in ((_registration.GLOBAL_CUSTOM_NAMES, _names),
+                             (_registration.GLOBAL_CUSTOM_OBJECTS, _objects)):
+        _registry.clear()
+        _registry.update(_kept)
+    keras.backend.clear_session()
+    keras.config.set_floatx(_floatx)
+    keras.config.set_dtype_policy(_policy)
+"""
 
 
 def _losses_that_did_not_go_down(cwd):
@@ -149,28 +199,77 @@ def _losses_that_did_not_go_down(cwd):
     return [entry for entry in losses if not entry["after"] < entry["before"]] if losses else None
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("index", range(len(python_blocks())))
-def test_every_python_block_runs_as_written(index, tmp_path):
-    run_block_as_written(python_blocks()[index], tmp_path, f"README block {index}")
+def run_blocks_as_written(blocks, cwd):
+    """Runs documentation blocks as written, each in a working directory of
+    its own under `cwd`, and returns one result a block, in order: a dict of
+    `error` (its traceback, or None), `stdout` and `cwd`. The blocks share one
+    process (BLOCKS_RUNNER), except a block that sets os.environ (its backend,
+    XLA flags) before importing Keras: it runs alone, as `python -c block`."""
+    blocks = [block + (PADDING_CHECK if "encoder = keras.Model(" in block else "")
+              for block in blocks]
+    directories = [os.path.join(cwd, f"block_{i}") for i in range(len(blocks))]
+    for directory in directories:
+        os.makedirs(directory)
+    shared = [i for i, block in enumerate(blocks) if "os.environ" not in block]
+    results = [None] * len(blocks)
+    for i in set(range(len(blocks))) - set(shared):
+        process = _run(blocks[i], directories[i])
+        results[i] = {"error": process.stderr if process.returncode else None,
+                      "stdout": process.stdout}
+    if shared:
+        listing = os.path.join(cwd, "blocks.json")
+        reported = os.path.join(cwd, "results.json")
+        with open(listing, "w") as handle:
+            json.dump([[directories[i], blocks[i]] for i in shared], handle)
+        process = _run(BLOCKS_RUNNER, cwd, listing, reported, timeout=1200 * len(shared))
+        ran = {}
+        if os.path.exists(reported):
+            with open(reported) as handle:
+                ran = json.load(handle)
+        for position, i in enumerate(shared):
+            results[i] = ran.get(str(position)) or {
+                "error": f"the process ended (exit {process.returncode}) before this block "
+                         f"finished:\n{process.stderr[-3000:]}", "stdout": ""}
+    return [dict(result, cwd=directory) for result, directory in zip(results, directories)]
 
 
-def run_block_as_written(block, cwd, where):
-    """Runs a documentation block in a fresh process in `cwd` and asserts
-    that it exits 0 and that every model it trains learns (`where` names
-    the block in the failure)."""
-    layers_block = "encoder = keras.Model(" in block
-    result = _run(block + (PADDING_CHECK if layers_block else ""), cwd)
-    assert result.returncode == 0, f"{where}:\n{block}\n{result.stderr[-3000:]}"
-    assert not layers_block or "padding-invariant" in result.stdout
+def check_block_ran(result, block, where):
+    """Asserts that a block (run by run_blocks_as_written) raised nothing
+    and that every model it trains learns (`where` names the block in the
+    failure)."""
+    assert result["error"] is None, f"{where}:\n{block}\n{result['error'][-3000:]}"
+    assert "encoder = keras.Model(" not in block or "padding-invariant" in result["stdout"]
     # A block that trains makes its loss go down: on the first batch it
     # trained on, after its last `fit`, for every model it trained.
     if re.search(r"\.fit\(", block):
-        stuck = _losses_that_did_not_go_down(cwd)
+        stuck = _losses_that_did_not_go_down(result["cwd"])
         assert stuck is not None, f"{where} trains but no fit was recorded"
         assert not stuck, (
             f"{where}: the loss on the first batch did not go down "
             f"(before training, after): {stuck}\n{block}")
+
+
+@pytest.fixture(scope="module")
+def ran_blocks(tmp_path_factory):
+    """`ran_blocks(path)`: the results of the Python blocks of the Markdown
+    file `path` (run_blocks_as_written), run once a module: the parameters of
+    one page share its process (and an xdist group, so one worker runs it)."""
+    runs = {}
+
+    def ran(path):
+        if path not in runs:
+            cwd = tmp_path_factory.mktemp(os.path.basename(path).replace(".", "_"))
+            runs[path] = run_blocks_as_written(python_blocks(path), str(cwd))
+        return runs[path]
+    return ran
+
+
+@pytest.mark.slow
+@pytest.mark.xdist_group("README.md")
+@pytest.mark.parametrize("index", range(len(python_blocks())))
+def test_every_python_block_runs_as_written(index, ran_blocks):
+    path = os.path.join(ROOT, "README.md")
+    check_block_ran(ran_blocks(path)[index], python_blocks(path)[index], f"README block {index}")
 
 
 def test_the_loss_check_sees_a_model_that_trains_nothing(tmp_path):
