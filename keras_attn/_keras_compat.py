@@ -6,6 +6,8 @@ that this module has not been tested with: when Keras moves one of these, the
 fix is here and nowhere else. A fallback is given where a safe one exists.
 """
 
+import contextlib
+
 import keras
 
 # --- Implicit masks (`tensor._keras_mask`): Keras 3 propagates masks through
@@ -223,3 +225,47 @@ __all__ = [
     "set_keras_mask",
     "sublayers",
 ]
+
+
+# --- `Model.fit` / `evaluate` under a MultiWorkerMirroredStrategy of several
+# TensorFlow workers, which Keras 3 does not support (keras-team/keras#20585):
+# two module functions of its TensorFlow trainer replaced for a block
+# (`keras_attn.training.distribute.data_parallel`).
+@contextlib.contextmanager
+def tensorflow_multi_worker_fit():
+    """Within the block, `Model.fit` and `evaluate` run under a
+    MultiWorkerMirroredStrategy of several workers. Keras 3 fails there in two
+    places (keras-team/keras#20585; the same code in Keras 3.15 and on its
+    main branch in August 2026), both in how it reads values, not in the step:
+    `_maybe_symbolic_build` passes the first batch, a tuple of per-replica
+    values, to `strategy.reduce`, which takes one value (the batch is read for
+    its shapes only: this replica's part is given instead, what the
+    single-worker path builds from); `reduce_per_replica` averages each log
+    over axis 0, which scalar logs lack (they are averaged over the replicas,
+    as a single worker's MirroredStrategy does). The two are patched for the
+    block only and put back after it."""
+    from keras import tree
+    from keras.src.backend.tensorflow import trainer
+
+    build, reduce = trainer.TensorFlowTrainer._maybe_symbolic_build, trainer.reduce_per_replica
+
+    def symbolic_build(self, iterator=None, data_batch=None):
+        local = self.distribute_strategy.experimental_local_results
+        # This replica's part of the first batch.
+        for _, _, batches in iterator if iterator is not None else ():
+            data_batch = tree.map_structure(lambda value: local(value)[0], next(batches))
+            break
+        return build(self, data_batch=data_batch)
+
+    def reduce_logs(values, strategy, reduction):
+        if reduction not in ("auto", "mean"):
+            return reduce(values, strategy, reduction)
+        return tree.map_structure(lambda v: strategy.reduce("MEAN", v, axis=None), values)
+
+    trainer.TensorFlowTrainer._maybe_symbolic_build = symbolic_build
+    trainer.reduce_per_replica = reduce_logs
+    try:
+        yield
+    finally:
+        trainer.TensorFlowTrainer._maybe_symbolic_build = build
+        trainer.reduce_per_replica = reduce

@@ -51,7 +51,10 @@ _TO_HF_ACTIVATION = {"gelu": "gelu", "gelu_approximate": "gelu_pytorch_tanh", "r
 
 
 def bert_config_from_hf(hf_config):
-    """A `BertConfig` from the fields of a Hugging Face BERT `config.json`."""
+    """A `BertConfig` from the fields of a Hugging Face BERT `config.json`:
+    `hf_config` is its dict, or the directory that holds it."""
+    if isinstance(hf_config, (str, os.PathLike)):
+        hf_config = read_config(hf_config)
     act = hf_config.get("hidden_act", "gelu")
     if act not in _FROM_HF_ACTIVATION:
         raise ValueError(

@@ -44,7 +44,7 @@ process's address); `num_processes`, `process_id`: ints; `source`: where the
 values came from, e.g. `"SLURM"`, `"KERAS_DISTRIBUTION_*"`."""
 
 
-def _integer(environ, name, minimum):
+def env_integer(environ, name, minimum):
     """`environ[name]` as an int >= minimum; a ValueError naming it."""
     text = environ[name]
     if not re.fullmatch(r"\s*[0-9]+\s*", text) or int(text) < minimum:
@@ -66,7 +66,7 @@ def _slurm(environ):
         if environ.get(name, "").strip():
             host = _first_host(environ[name])
             if "SLURM_JOB_ID" in environ and host:
-                port = 61440 + _integer(environ, "SLURM_JOB_ID", 0) % 4096
+                port = 61440 + env_integer(environ, "SLURM_JOB_ID", 0) % 4096
                 found["coordinator"] = (name, f"{host}:{port}")
             break
     return found
@@ -75,7 +75,7 @@ def _slurm(environ):
 def _launcher(environ):
     found = {"processes": ("WORLD_SIZE", None), "process_id": ("RANK", None)}
     if environ.get("MASTER_ADDR", "").strip() and "MASTER_PORT" in environ:
-        port = _integer(environ, "MASTER_PORT", 1)
+        port = env_integer(environ, "MASTER_PORT", 1)
         # torchrun's agent serves its store on MASTER_PORT itself.
         port += 1 if "TORCHELASTIC_RUN_ID" in environ else 0
         found["coordinator"] = ("MASTER_ADDR", f"{environ['MASTER_ADDR'].strip()}:{port}")
@@ -100,12 +100,12 @@ SCHEDULERS = (
 
 def _jobset_process_id(environ, processes):
     """JOB_GLOBAL_INDEX (or JOB_INDEX) x pods per Job + JOB_COMPLETION_INDEX."""
-    pod = _integer(environ, "JOB_COMPLETION_INDEX", 0)
+    pod = env_integer(environ, "JOB_COMPLETION_INDEX", 0)
     index_name = "JOB_GLOBAL_INDEX" if "JOB_GLOBAL_INDEX" in environ else "JOB_INDEX"
     if index_name not in environ:
         return pod, "JOB_COMPLETION_INDEX"
     jobs_name = "GLOBAL_REPLICAS" if index_name == "JOB_GLOBAL_INDEX" else "REPLICATED_JOB_REPLICAS"
-    jobs = _integer(environ, jobs_name, 1) if jobs_name in environ else 1
+    jobs = env_integer(environ, jobs_name, 1) if jobs_name in environ else 1
     if processes % jobs:
         raise ValueError(
             f"A JobSet of {jobs} Jobs cannot hold {processes} processes in equal Jobs. "
@@ -116,7 +116,7 @@ def _jobset_process_id(environ, processes):
             f"The pod index must be below the {pods} pods of each Job ({processes} processes "
             f"in {jobs} Jobs). Received: JOB_COMPLETION_INDEX={pod}, {jobs_name}={jobs}, "
             f"{KERAS_PROCESSES}={processes}")
-    return _integer(environ, index_name, 0) * pods + pod, (
+    return env_integer(environ, index_name, 0) * pods + pod, (
         f"{index_name} x {pods} + JOB_COMPLETION_INDEX")
 
 
@@ -156,10 +156,10 @@ def process_environment(environ=None):
         source = f"{source} and {', '.join(keras_set)}"
 
     if KERAS_PROCESSES in environ:
-        processes_name, processes = KERAS_PROCESSES, _integer(environ, KERAS_PROCESSES, 1)
+        processes_name, processes = KERAS_PROCESSES, env_integer(environ, KERAS_PROCESSES, 1)
     elif "processes" in found:
         processes_name = found["processes"][0]
-        processes = _integer(environ, processes_name, 1)
+        processes = env_integer(environ, processes_name, 1)
         if processes == 1 and not keras_set:
             return None  # a scheduler's job of one task
     else:
@@ -168,12 +168,12 @@ def process_environment(environ=None):
             f"{KERAS_PROCESSES} to the job's total. Received: {KERAS_PROCESSES} unset")
 
     if KERAS_PROCESS_ID in environ:
-        id_names, process_id = KERAS_PROCESS_ID, _integer(environ, KERAS_PROCESS_ID, 0)
+        id_names, process_id = KERAS_PROCESS_ID, env_integer(environ, KERAS_PROCESS_ID, 0)
     elif source.startswith("Kubernetes JobSet"):
         process_id, id_names = _jobset_process_id(environ, processes)
     elif "process_id" in found:
         id_names = found["process_id"][0]
-        process_id = _integer(environ, id_names, 0)
+        process_id = env_integer(environ, id_names, 0)
     else:
         raise ValueError(
             f"This process's id is not set: {source} does not give it; set "

@@ -50,6 +50,8 @@ import warnings
 
 import keras
 
+from keras_attn import _keras_compat
+
 # Read by `keras.distribution.initialize()` (keras/src/distribution/distribution_lib.py).
 JAX_PROCESS_ENV = (
     "KERAS_DISTRIBUTION_JOB_ADDRESSES",
@@ -100,46 +102,6 @@ def _tf_workers(strategy):
     return len(jobs.get("chief", [])) + len(jobs.get("worker", []))
 
 
-@contextlib.contextmanager
-def _keras_multi_worker_fit():
-    """Within the block, `Model.fit` and `evaluate` run under a
-    MultiWorkerMirroredStrategy of several workers. Keras 3 fails there in two
-    places (keras-team/keras#20585; the same code in Keras 3.15 and on its
-    main branch in August 2026), both in how it reads values, not in the step:
-    `_maybe_symbolic_build` passes the first batch, a tuple of per-replica
-    values, to `strategy.reduce`, which takes one value (the batch is read for
-    its shapes only: this replica's part is given instead, what the
-    single-worker path builds from); `reduce_per_replica` averages each log
-    over axis 0, which scalar logs lack (they are averaged over the replicas,
-    as a single worker's MirroredStrategy does). The two are patched for the
-    block only and put back after it."""
-    from keras import tree
-    from keras.src.backend.tensorflow import trainer
-
-    build, reduce = trainer.TensorFlowTrainer._maybe_symbolic_build, trainer.reduce_per_replica
-
-    def symbolic_build(self, iterator=None, data_batch=None):
-        local = self.distribute_strategy.experimental_local_results
-        # This replica's part of the first batch.
-        for _, _, batches in iterator if iterator is not None else ():
-            data_batch = tree.map_structure(lambda value: local(value)[0], next(batches))
-            break
-        return build(self, data_batch=data_batch)
-
-    def reduce_logs(values, strategy, reduction):
-        if reduction not in ("auto", "mean"):
-            return reduce(values, strategy, reduction)
-        return tree.map_structure(lambda v: strategy.reduce("MEAN", v, axis=None), values)
-
-    trainer.TensorFlowTrainer._maybe_symbolic_build = symbolic_build
-    trainer.reduce_per_replica = reduce_logs
-    try:
-        yield
-    finally:
-        trainer.TensorFlowTrainer._maybe_symbolic_build = build
-        trainer.reduce_per_replica = reduce
-
-
 def _tf_strategy(devices):
     """The strategy for `devices` (None: detect them), or None for one device."""
     import tensorflow as tf
@@ -176,7 +138,8 @@ def _tf_data_parallel(devices):
         yield 1
         return
     several = _tf_workers(strategy) > 1
-    with strategy.scope(), _keras_multi_worker_fit() if several else contextlib.nullcontext():
+    patch = _keras_compat.tensorflow_multi_worker_fit if several else contextlib.nullcontext
+    with strategy.scope(), patch():
         yield strategy.num_replicas_in_sync
 
 
@@ -188,12 +151,12 @@ def _jax_heartbeat_timeout():
     JAX the job's addresses and ids only. Unset: JAX's default (100 s)."""
     import jax
 
-    from keras_attn.training.cluster import _integer
+    from keras_attn.training.cluster import env_integer
 
     if HEARTBEAT_TIMEOUT_ENV not in os.environ:
         yield
         return
-    seconds = _integer(os.environ, HEARTBEAT_TIMEOUT_ENV, 1)
+    seconds = env_integer(os.environ, HEARTBEAT_TIMEOUT_ENV, 1)
     initialize = jax.distributed.initialize
     jax.distributed.initialize = functools.partial(initialize,
                                                    heartbeat_timeout_seconds=seconds)
@@ -416,7 +379,8 @@ def data_parallel(enabled=True, devices=None, auto_shard_dataset=True):
     - TensorFlow: `tf.distribute.MultiWorkerMirroredStrategy` when the
       `TF_CONFIG` environment variable is set (with several workers, the
       block also works around the two places where Keras 3 `fit` and
-      `evaluate` fail under it: `_keras_multi_worker_fit`); else
+      `evaluate` fail under it:
+      `keras_attn._keras_compat.tensorflow_multi_worker_fit`); else
       `MirroredStrategy` over `devices`, or over the local
       GPUs, or, without GPUs, over the logical CPU devices when there are
       several (MirroredStrategy alone would ignore them). One strategy per

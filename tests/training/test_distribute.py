@@ -192,8 +192,8 @@ def test_jax_two_processes_match_one_device(jax_runs, tmp_path):
 
 @pytest.mark.large
 def test_tf_config_selects_multi_worker_strategy(tf_runs, tmp_path):
-    """A one-worker TF_CONFIG (a cluster of several workers is what Keras 3
-    cannot fit under; see distribute.py) trains like one device."""
+    """A one-worker TF_CONFIG trains like one device (several workers:
+    tests/training/test_tf_multiworker.py)."""
     config = {"cluster": {"worker": [f"localhost:{_free_port()}"]},
               "task": {"type": "worker", "index": 0}}
     result = _result(

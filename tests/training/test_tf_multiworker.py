@@ -1,7 +1,7 @@
 """`data_parallel` on TensorFlow with two workers (`TF_CONFIG`, one process
 each, one CPU device each, on localhost): `Model.fit` and `evaluate` run under
 the MultiWorkerMirroredStrategy, which Keras 3 alone cannot do
-(keras-team/keras#20585; `_keras_multi_worker_fit` in distribute.py), and the
+(keras-team/keras#20585; `keras_attn._keras_compat.tensorflow_multi_worker_fit`), and the
 workers end with the weights of one process given the same global batch.
 
 The processes run this file as a script (`--worker`): the strategy must be

@@ -202,13 +202,12 @@ class BertTextTask(Task):
             self.model_config = get_bert_config(theirs["preset"], **theirs.get("overrides", {}),
                                                 vocabulary_size=len(self.vocabulary))
         else:
-            from keras_attn.convert._checkpoint import read_config
             from keras_attn.convert.bert import bert_config_from_hf
             from keras_attn.convert.bert import load_hf_bert_tokenizer
 
             self.tokenizer = load_hf_bert_tokenizer(path)
             self.vocabulary = list(self.tokenizer.get_vocabulary())
-            self.model_config = bert_config_from_hf(read_config(path))
+            self.model_config = bert_config_from_hf(path)
 
     def _split_rows(self, splits):
         """`splits` with a seeded `validation_fraction` of train held out
