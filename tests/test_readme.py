@@ -79,33 +79,39 @@ _FIRST_LOSSES, _LAST_LOSSES = {}, {}
 
 def _record_losses(keras):
     import functools
+    import inspect
     import json
     import numpy as np
 
     fit = keras.Model.fit
     first, after = _FIRST_LOSSES, _LAST_LOSSES
 
-    def first_batch(x, y, batch_size):
+    def first_batch(x, y, batch_size, sample_weight):
+        # (x, y, sample_weight or None) of the first batch fit trains on: the
+        # loss checked weighs examples (and tokens) as fit does.
         if y is None and hasattr(x, "element_spec"):   # a tf.data dataset
             batch = keras.tree.map_structure(np.asarray, next(iter(x)))
-            return batch[0], batch[1]
+            return batch[0], batch[1], batch[2] if len(batch) > 2 else None
         if y is None:
             raise TypeError("test_readme reads the first batch of a tf.data dataset "
                             f"or of arrays; extend it for {type(x).__name__}")
         size = batch_size or 32
-        return keras.tree.map_structure(lambda a: np.asarray(a)[:size], (x, y))
+        bx, by = keras.tree.map_structure(lambda a: np.asarray(a)[:size], (x, y))
+        return bx, by, None if sample_weight is None else np.asarray(sample_weight)[:size]
 
-    def loss_on(model, x, y):
+    def loss_on(model, x, y, weights):
         size = len(keras.tree.flatten(y)[0])
-        return float(model.evaluate(x, y, batch_size=size, verbose=0, return_dict=True)["loss"])
+        return float(model.evaluate(x, y, sample_weight=weights, batch_size=size, verbose=0,
+                                    return_dict=True)["loss"])
 
     def recorded_fit(self, x=None, y=None, batch_size=None, *args, **kwargs):
         if id(self) not in first:
-            bx, by = first_batch(x, y, batch_size)
-            first[id(self)] = (self.name, bx, by, loss_on(self, bx, by))
+            arguments = inspect.signature(fit).bind(self, x, y, batch_size, *args, **kwargs)
+            batch = first_batch(x, y, batch_size, arguments.arguments.get("sample_weight"))
+            first[id(self)] = (self.name, batch, loss_on(self, *batch))
         history = fit(self, x, y, batch_size, *args, **kwargs)
-        name, bx, by, before = first[id(self)]
-        after[id(self)] = {"model": name, "before": before, "after": loss_on(self, bx, by)}
+        name, batch, before = first[id(self)]
+        after[id(self)] = {"model": name, "before": before, "after": loss_on(self, *batch)}
         with open("readme_losses.json", "w") as handle:
             json.dump(list(after.values()), handle)
         return history
