@@ -321,10 +321,10 @@ def test_streaming_smoke_run_checks_its_tokens_and_writes_every_row(tmp_path):
 
 @pytest.mark.slow
 def test_packing_smoke_run_writes_every_row_and_packs_more_real_tokens(tmp_path):
-    # --smoke: a one-layer 16-wide BERT at rows of 64, 1 round (each length
-    # builds and compiles three models: one row checks every field and ratio
-    # a row holds). The timings are not looked at; what the row says about
-    # the batches is.
+    # --smoke: a one-layer 16-wide BERT at rows of 64 and a one-block 16-wide
+    # Transformer at rows of 32, 1 round (each row builds and compiles three
+    # models: one row a task checks every field and ratio a row holds). The
+    # timings are not looked at; what the rows say about the batches is.
     import json
     import subprocess
 
@@ -349,6 +349,40 @@ def test_packing_smoke_run_writes_every_row_and_packs_more_real_tokens(tmp_path)
         assert set(row["real_tokens_per_second_ratio"]) == {
             "packed_vs_padded", "padded_vs_keras_hub", "packed_vs_keras_hub"}
     assert "| 64 | 4 |" in run.stdout
+
+    # Translation: source/target pairs packed in step, under its own key.
+    translation = results["translation"]
+    assert translation["smoke"] and translation["rounds"] == 1
+    assert {"what", "preset", "overrides", "vocabulary", "distribution", "date", "machine",
+            "versions", "command"} <= set(translation)
+    [row] = translation["rows"]
+    assert set(row) == {
+        "length", "target_length", "batch", "examples", "max_segments", "mean_lengths",
+        "padding", "real_tokens_per_batch", "real_tokens_per_batch_by_side",
+        "examples_per_batch", "parameters", "median_step_seconds",
+        "real_tokens_per_second_ratio"}
+    assert (row["length"], row["target_length"], row["batch"]) == (32, 32, 4)
+    padding = row["padding"]
+    for fractions in (padding, padding["source"], padding["target"]):
+        assert 0 <= fractions["packed"] < fractions["padded_to_longest"] \
+            < fractions["padded_to_length"] < 1
+    # Both rows hold `batch` rows: packed ones hold more real tokens, on each side.
+    real, by_side = row["real_tokens_per_batch"], row["real_tokens_per_batch_by_side"]
+    assert real["packed"] > real["padded"] > 0
+    for side in ("source", "target"):
+        assert by_side[side]["packed"] > by_side[side]["padded"] > 0
+    assert real == {key: by_side["source"][key] + by_side["target"][key]
+                    for key in ("padded", "packed")}
+    assert row["examples_per_batch"]["packed"] > row["examples_per_batch"]["padded"] == 4
+    assert row["max_segments"] >= 2
+    # keras-hub's peer has the same sizes: the same parameter count.
+    assert row["parameters"]["keras_attn"] == row["parameters"]["keras_hub"] > 0
+    assert set(row["median_step_seconds"]) == {"padded", "packed", "keras_hub"}
+    assert set(row["real_tokens_per_second_ratio"]) == {
+        "packed_vs_padded", "padded_vs_keras_hub", "packed_vs_keras_hub"}
+    for ratio in row["real_tokens_per_second_ratio"].values():
+        assert ratio["low"] <= ratio["median"] <= ratio["high"]
+    assert "| 32 | 4 |" in run.stdout
 
 
 @pytest.mark.slow
