@@ -573,8 +573,13 @@ def run_translation_task(args, argv):
         **_run_record(args, argv, rounds),
         "rows": [],
     }
+    if args.note:
+        results["note"] = args.note
     print(f"translation, rows of {length}, batch {batch}: timing {rounds} rounds", flush=True)
+    start_load = os.getloadavg()
     results["rows"].append(run_translation(sizes, length, batch, rounds, examples, vocabulary))
+    # The machine's load (1, 5, 15 minutes) when the timing began and ended.
+    results["load_average"] = {"start": start_load, "end": os.getloadavg()}
     print(table(results["rows"]))
     return results
 
@@ -593,6 +598,8 @@ def main(argv=None):
     parser.add_argument("--vocabulary", type=int, default=30522)
     parser.add_argument("--translation-vocabulary", type=int, default=37000)
     parser.add_argument("--output", default=os.path.join(HERE, "results", "packing.json"))
+    parser.add_argument("--note", default="",
+                        help="recorded with the translation results (e.g. what else ran)")
     parser.add_argument("--smoke", action="store_true",
                         help="one-layer 16-wide models, rows of 64 (BERT) and 32 "
                              "(translation), 1 round")

@@ -354,7 +354,7 @@ def test_packing_smoke_run_writes_every_row_and_packs_more_real_tokens(tmp_path)
     translation = results["translation"]
     assert translation["smoke"] and translation["rounds"] == 1
     assert {"what", "preset", "overrides", "vocabulary", "distribution", "date", "machine",
-            "versions", "command"} <= set(translation)
+            "versions", "command", "load_average"} <= set(translation)
     [row] = translation["rows"]
     assert set(row) == {
         "length", "target_length", "batch", "examples", "max_segments", "mean_lengths",
