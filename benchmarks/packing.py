@@ -441,13 +441,14 @@ def keras_hub_transformer(sizes, vocabulary, dropout=0.1):
     return model
 
 
-def _translation_step(model, batch, weighted):
+def _translation_step(model, batch, weighted, losses, name):
     x, labels = batch
     # The peer's loss skips padding by sample weight; ours skips pad_id labels itself.
     weight = (labels != PAD).astype("float32") if weighted else None
 
     def step():
-        model.train_on_batch(x, labels, sample_weight=weight)
+        # A bad packing is NaN inside a compiled step: the last loss is kept to check.
+        losses[name] = float(np.asarray(model.train_on_batch(x, labels, sample_weight=weight)))
 
     return step
 
@@ -462,9 +463,10 @@ def run_translation(sizes, length, batch, rounds, examples_count, vocabulary, se
     ours_packed = transformer_model(sizes, vocabulary, length)
     ours_packed.set_weights(ours_padded.get_weights())
     peer = keras_hub_transformer(sizes, vocabulary)
-    steps = {"packed": _translation_step(ours_packed, packed, False),
-             "padded": _translation_step(ours_padded, padded, False),
-             "keras_hub": _translation_step(peer, padded, True)}
+    losses = {}
+    steps = {"packed": _translation_step(ours_packed, packed, False, losses, "packed"),
+             "padded": _translation_step(ours_padded, padded, False, losses, "padded"),
+             "keras_hub": _translation_step(peer, padded, True, losses, "keras_hub")}
     by_side = {
         "source": {"padded": int((padded[0]["source_ids"] != PAD).sum()),
                    "packed": int((packed[0]["source_segment_ids"] > 0).sum())},
@@ -474,6 +476,8 @@ def run_translation(sizes, length, batch, rounds, examples_count, vocabulary, se
     real = {name: by_side["source"][name] + by_side["target"][name]
             for name in ("padded", "packed")}
     speeds = _speeds(steps, rounds, dict(real, keras_hub=real["padded"]))
+    if not all(np.isfinite(list(losses.values()))):
+        raise SystemExit(f"A training step's loss is not finite: {losses}")
     return {
         "length": length,
         "target_length": length,
@@ -488,6 +492,7 @@ def run_translation(sizes, length, batch, rounds, examples_count, vocabulary, se
         "real_tokens_per_batch_by_side": by_side,
         "examples_per_batch": {"padded": batch,
                                "packed": int((packed_all["example_ids"][:batch] >= 0).sum())},
+        "last_loss": losses,
         "parameters": {"keras_attn": ours_padded.count_params(),
                        "keras_hub": peer.count_params()},
         **speeds,

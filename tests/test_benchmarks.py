@@ -359,8 +359,11 @@ def test_packing_smoke_run_writes_every_row_and_packs_more_real_tokens(tmp_path)
     assert set(row) == {
         "length", "target_length", "batch", "examples", "max_segments", "mean_lengths",
         "padding", "real_tokens_per_batch", "real_tokens_per_batch_by_side",
-        "examples_per_batch", "parameters", "median_step_seconds",
+        "examples_per_batch", "last_loss", "parameters", "median_step_seconds",
         "real_tokens_per_second_ratio"}
+    # Every step trained on a valid batch: a bad packing would be a NaN loss.
+    assert set(row["last_loss"]) == {"padded", "packed", "keras_hub"}
+    assert all(0 < loss < 100 for loss in row["last_loss"].values())
     assert (row["length"], row["target_length"], row["batch"]) == (32, 32, 4)
     padding = row["padding"]
     for fractions in (padding, padding["source"], padding["target"]):
