@@ -297,3 +297,28 @@ def test_a_packed_translation_run_trains(tmp_path):
         losses = json.load(handle)["loss"]
     assert len(losses) == 3 and losses[0] > losses[1] > losses[2], losses
     assert set(results["metrics"]) >= {"bleu", "exact_match"}
+
+
+def test_prepare_stores_the_packed_translation_rows_and_reads_them_back(tmp_path):
+    overrides = TRANSLATION_PACKED + ["training.epochs=2"]
+    recipe = _recipe(overrides, TRANSLATION)
+    directory = str(tmp_path / "prepared")
+    prepared_module.prepare(TRANSLATION, overrides, output=directory, verbose=False)
+    data = prepared_module.PreparedData(directory, recipe)
+    task = make_task(recipe).prepare()
+    for epoch in (0, 1):
+        stored = data.batches("train", epoch, task.finish_prepared)
+        expected = list(task.train_dataset_fn(epoch))
+        assert len(stored) == len(expected) == task.batches_per_epoch
+        for want, got in zip(expected, stored, strict=True):
+            assert sorted(got[0]) == sorted(want[0])  # the packed inputs, by name
+            assert {"source_segment_ids", "target_positions"} <= set(got[0])
+            for a, b in zip(tf.nest.flatten(tuple(want)), tf.nest.flatten(tuple(got)),
+                            strict=True):
+                a = np.asarray(a)
+                assert a.dtype == b.dtype and a.shape == b.shape, epoch
+                np.testing.assert_array_equal(b, a, err_msg=f"train {epoch}")
+    # A model made from the prepared state alone takes every stored batch.
+    fresh = make_task(recipe)
+    fresh.use_prepared(data.state)
+    data.check(fresh.build_model(), fresh)
