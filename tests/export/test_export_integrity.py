@@ -26,7 +26,9 @@ from keras_attn.models.vit import build_vit
 from keras_attn.zoo import runs
 from test_case import to_numpy
 
-pytestmark = pytest.mark.tf_only
+# One worker (`-n 2 --dist loadgroup`): the module's exports are converted
+# once, not once on each worker.
+pytestmark = [pytest.mark.tf_only, pytest.mark.xdist_group("export_integrity")]
 
 VOCAB = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "the", "cat", "sat", "on", "mat",
          "dog", "##s", "a", "run", "##ning", ".", ","]

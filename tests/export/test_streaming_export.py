@@ -20,7 +20,9 @@ from keras_attn.models.conformer import build_conformer
 from keras_attn.zoo import runs
 from test_case import to_numpy
 
-pytestmark = pytest.mark.tf_only
+# One worker (`-n 2 --dist loadgroup`): the module's fixture trains, exports
+# and runs the fresh process once, not once on each worker.
+pytestmark = [pytest.mark.tf_only, pytest.mark.xdist_group("streaming_export")]
 
 RUNNER = os.path.join(os.path.dirname(__file__), "_run_streaming.py")
 # The streaming digits recipe, tiny (one layer of 16, three steps).
