@@ -18,6 +18,7 @@ from _families import SAMPLES_PER_STEP
 from _families import with_value as _with
 from keras_attn._guard import NonFiniteLossError
 from keras_attn._guard import SkipNonFiniteSteps
+from keras_attn.layers import subsampled_length
 from keras_attn.models.bert import BertSequenceClassifier
 from keras_attn.models.conformer import build_conformer
 
@@ -36,6 +37,28 @@ def _model(family):
     model = FAMILIES[family].build(**SIZES[family])
     model.compile(optimizer="adam")
     return model
+
+
+# The tests that share `compiled` run in one worker (`--dist loadgroup`),
+# which builds and traces each family's model once.
+SHARED = pytest.mark.xdist_group("bad_input_compiled")
+
+
+@pytest.fixture(scope="module")
+def compiled():
+    """`compiled(family)`: one compiled tiny model per family, shared by the
+    tests below that compare the state before and after their own bad step
+    (each takes a good step first, so what an earlier test did to the model
+    changes nothing they assert). One model keeps one traced train step:
+    the same shapes are compiled once, not once a test."""
+    models = {}
+
+    def get(family):
+        if family not in models:
+            models[family] = _model(family)
+        return models[family]
+
+    return get
 
 
 def _data(family, size, length=None):
@@ -60,16 +83,13 @@ def transformer_data(batch=4, source_length=7):
     return _data("transformer", batch, source_length)
 
 
-def conformer():
-    return _model("conformer")
-
-
 def conformer_data(batch=2, samples=8000):
-    return _data("conformer", batch, samples // SAMPLES_PER_STEP)
-
-
-def vit():
-    return _model("vit")
+    """Transcripts of 2-3 labels padded with 0s to twice the utterances'
+    logit frames: the width of the too-long labels below, so that one
+    traced step serves every Conformer test here."""
+    x, y = _data("conformer", batch, samples // SAMPLES_PER_STEP)
+    width = 2 * subsampled_length(1 + samples // 160)
+    return x, np.pad(y, ((0, 0), (0, width - y.shape[1])))
 
 
 def vit_data(batch=4):
@@ -143,8 +163,9 @@ def _label(y, value):
 # every entry point, checked by run_model_test (tests/models/test_<family>.py) ===
 
 
-def test_conformer_warns_about_labels_too_long_to_emit():
-    model = conformer()
+@SHARED
+def test_conformer_warns_about_labels_too_long_to_emit(compiled):
+    model = compiled("conformer")
     x, _ = conformer_data(samples=2000)  # 13 frames -> 2 after subsampling
     labels = np.array([[1, 2, 0], [1, 1, 0]], "int32")  # needs 2 and 3 frames
     with pytest.warns(UserWarning, match=r"1 of 2 utterance\(s\) have more labels"):
@@ -156,24 +177,27 @@ def test_conformer_warns_about_labels_too_long_to_emit():
 
 @pytest.mark.parametrize("name, value", [("token_ids", V), ("segment_ids", -1),
                                          ("segment_ids", 5)])
-def test_bert_bad_ids_in_a_compiled_step_change_nothing(name, value):
-    model = bert_classifier()
+@SHARED
+def test_bert_bad_ids_in_a_compiled_step_change_nothing(name, value, compiled):
+    model = compiled("bert")
     assert isinstance(model.optimizer, SkipNonFiniteSteps)
     x, y = bert_data()
     _assert_step_skipped(model, _with(x, name, (0, 3), value), y,
                          input_error=rf"`{name}` must lie in .*Received: .*{value}")
 
 
-def test_bert_bad_labels_in_a_compiled_step_change_nothing():
-    model = bert_classifier()
+@SHARED
+def test_bert_bad_labels_in_a_compiled_step_change_nothing(compiled):
+    model = compiled("bert")
     x, y = bert_data()
     _assert_step_skipped(model, x, _label(y, 3))
 
 
+@SHARED
 @pytest.mark.slow
 @pytest.mark.parametrize("where", ["source", "target", "labels"])
-def test_transformer_bad_ids_in_a_compiled_step_change_nothing(where):
-    model = transformer()
+def test_transformer_bad_ids_in_a_compiled_step_change_nothing(where, compiled):
+    model = compiled("transformer")
     (source, target), labels = transformer_data()
     labels = labels.copy()  # not a view of target
     {"source": source, "target": target, "labels": labels}[where][1, 2] = V
@@ -181,9 +205,10 @@ def test_transformer_bad_ids_in_a_compiled_step_change_nothing(where):
                          input_error=None if where == "labels" else f"`{where}_ids` must lie in")
 
 
+@SHARED
 @pytest.mark.slow
-def test_conformer_bad_lengths_and_labels_in_a_compiled_step_change_nothing():
-    model = conformer()
+def test_conformer_bad_lengths_and_labels_in_a_compiled_step_change_nothing(compiled):
+    model = compiled("conformer")
     x, y = conformer_data()
     _assert_step_skipped(model, _with(x, "waveform_length", 0, 9000), y,
                          input_error="`waveform_length` must lie in .*9000")
@@ -193,8 +218,9 @@ def test_conformer_bad_lengths_and_labels_in_a_compiled_step_change_nothing():
     _assert_step_skipped(model, x, _label(y, 6), non_trainable=False)
 
 
-def test_vit_bad_labels_in_a_compiled_step_change_nothing():
-    model = vit()
+@SHARED
+def test_vit_bad_labels_in_a_compiled_step_change_nothing(compiled):
+    model = compiled("vit")
     x, y = vit_data()
     _assert_step_skipped(model, x, _label(y, 3))
 
@@ -230,11 +256,12 @@ def test_transformer_compile_defaults_to_the_papers_loss():
     assert "token_accuracy" in history.history
 
 
-def test_too_long_sequences_in_a_compiled_step_change_nothing():
+@SHARED
+def test_too_long_sequences_in_a_compiled_step_change_nothing(compiled):
     """Past max_sequence_length inside `fit`: a ValueError while tracing where
     the length is static (JAX), else a NaN loss and a skipped step (a
     TensorFlow graph traced for any length); the weights never change."""
-    model = bert_classifier()
+    model = compiled("bert")
     _fit_compiled(model, *bert_data())
     before = _state(model)
     with pytest.raises(ValueError, match="max_sequence_length=12|the loss is nan"):
@@ -247,21 +274,23 @@ def test_too_long_sequences_in_a_compiled_step_change_nothing():
 # === Mask values other than 0/1, and NaN behind a mask ===
 
 
+@SHARED
 @pytest.mark.parametrize("value", [2, -3])
-def test_bert_mask_values_other_than_0_1_in_a_compiled_step_change_nothing(value):
+def test_bert_mask_values_other_than_0_1_in_a_compiled_step_change_nothing(value, compiled):
     """Found by a hostile user: a padding_mask of 2 or -3 trained as if it
     were 1 where Python does not run."""
-    model = bert_classifier()
+    model = compiled("bert")
     x, y = bert_data()
     _assert_step_skipped(model, _with(x, "padding_mask", (0, 3), value), y,
                          input_error=r"`padding_mask` must be boolean or hold only 0 and 1")
 
 
-def test_bert_mask_value_other_than_0_1_makes_the_compiled_answer_nan():
+@SHARED
+def test_bert_mask_value_other_than_0_1_makes_the_compiled_answer_nan(compiled):
     """Inside a compiled `predict` nothing can raise: the example with the
     bad mask answers NaN, the others as before (a SavedModel, ONNX and
     LiteRT run the same graph)."""
-    model = bert_classifier()
+    model = compiled("bert")
     x, _ = bert_data()
     clean = model.predict_on_batch(x)
     if EAGER_STEP:  # PyTorch predicts eagerly: the check raises
@@ -273,9 +302,10 @@ def test_bert_mask_value_other_than_0_1_makes_the_compiled_answer_nan():
     np.testing.assert_allclose(bad[[0, 2, 3]], clean[[0, 2, 3]], atol=1e-6)
 
 
+@SHARED
 @pytest.mark.slow
-def test_conformer_labels_with_a_zero_inside_in_a_compiled_step_change_nothing():
-    model = conformer()
+def test_conformer_labels_with_a_zero_inside_in_a_compiled_step_change_nothing(compiled):
+    model = compiled("conformer")
     x, y = conformer_data()
     y = y.copy()
     y[0, :3] = [2, 0, 3]
@@ -283,14 +313,17 @@ def test_conformer_labels_with_a_zero_inside_in_a_compiled_step_change_nothing()
     _assert_step_skipped(model, x, y, non_trainable=False)
 
 
+@SHARED
 @pytest.mark.slow
-def test_conformer_labels_too_long_for_their_logits_never_reach_the_weights():
+def test_conformer_labels_too_long_for_their_logits_never_reach_the_weights(compiled):
     """CTC gives a finite clipped loss for an impossible alignment (706.9 on
     TensorFlow, 99999.3 on JAX): the step is skipped instead."""
-    model = conformer()
+    model = compiled("conformer")
     x, y = conformer_data()
     frames = int(keras.ops.convert_to_numpy(model(x)["logit_lengths"])[0])
-    too_long = np.tile(np.array([[1, 2]], "int32"), (2, frames))  # 2 * frames labels
+    # 2 * frames labels: conformer_data's label width, so the step traced for
+    # the good batch takes these too.
+    too_long = np.tile(np.array([[1, 2]], "int32"), (2, frames))
     _assert_step_skipped(model, x, too_long, non_trainable=False)
 
 

@@ -30,8 +30,13 @@ def batch(lengths, seed=0):
 
 def test_the_tiny_model_passes_the_model_harness(tmp_path):
     family = FAMILIES["conformer"]
+    # One block: every check here is of the model as a whole (config, file,
+    # batching, mixed precision, a fit step, refusals), and each of the 8
+    # builds and the compiled fit step cost a block's graph each. Padding
+    # through two blocks is checked by tests/models/test_batching.py
+    # (test_conformer_training_outputs_ignore_padding: noise in the padding).
     overrides = dict(dropout=0.0, freq_mask_count=0, time_mask_count=0, kernel_size=5,
-                     layer_norm_epsilon=1e-4)
+                     layer_norm_epsilon=1e-4, num_layers=1)
     vocabulary = family.config(**overrides).vocabulary_size
     x, y = family.batch(size=3, **overrides)
     longest = int(x["waveform"].shape[1])

@@ -302,5 +302,8 @@ def test_a_bad_packing_in_a_compiled_step_makes_that_row_nan_only():
 
 def test_fit_on_packed_rows_lowers_the_loss():
     inputs, labels, _ = _pack(_utterances())
-    check_fit_lowers_the_loss(_model(freq_mask_count=1, time_mask_count=1), inputs, labels,
-                              learning_rate=3e-3)
+    # One block: `fit` traces the model, and what it checks (packed rows
+    # train on this backend, SpecAugment on) does not depend on the depth;
+    # the packed logits and gradients are checked on two blocks above.
+    check_fit_lowers_the_loss(_model(num_layers=1, freq_mask_count=1, time_mask_count=1),
+                              inputs, labels, learning_rate=3e-3)
