@@ -187,13 +187,25 @@ def _weights(run):
         return {key: ckpt[key] for key in ckpt.files}
 
 
-def test_a_packed_run_trains_and_is_scored_on_padded_batches(tmp_path):
-    overrides = PACKED + ["training.epochs=3", "training.jit_compile=false",
-                          "training.optimizer.learning_rate=0.005"]
-    task = make_task(_recipe(overrides)).prepare()
+# One packed run serves the two tests below (one run less, the suite's budget):
+# 3 epochs of its 4 batches at a rate that moves the loss, a checkpoint every
+# 5 steps (and at epoch ends); the 3 kept are those of steps 8, 10 and 12.
+TRAINED = PACKED + ["training.epochs=3", "training.jit_compile=false",
+                    "training.optimizer.learning_rate=0.005", "training.checkpoint_every=5"]
+
+
+@pytest.fixture(scope="module")
+def packed_run(tmp_path_factory):
+    output = str(tmp_path_factory.mktemp("packed_run") / "whole")
+    return runs.train(NAME, TRAINED, output=output, export=False, verbose=0)
+
+
+@pytest.mark.xdist_group("packed_bert_run")  # one worker trains the module's run once
+def test_a_packed_run_trains_and_is_scored_on_padded_batches(packed_run):
+    task = make_task(_recipe(TRAINED)).prepare()
     untrained = task.compile(task.build_model())
     before = task.evaluate(untrained)
-    results = runs.train(NAME, overrides, output=str(tmp_path / "run"), export=False, verbose=0)
+    results = packed_run
     after = results["metrics"]
     assert results["steps"] == 3 * task.batches_per_epoch
     assert set(after) == set(before)
@@ -205,20 +217,20 @@ def test_a_packed_run_trains_and_is_scored_on_padded_batches(tmp_path):
     assert len(losses) == 3 and losses[0] > losses[1] > losses[2], losses
 
 
-def test_a_packed_run_resumes_exactly(tmp_path):
-    """Cut back to the checkpoint of step 6 (inside the second epoch: its
+@pytest.mark.xdist_group("packed_bert_run")  # one worker trains the module's run once
+def test_a_packed_run_resumes_exactly(packed_run, tmp_path):
+    """Cut back to the checkpoint of step 10 (inside the third epoch: its
     packing is made again and 2 batches skipped), the run ends with the
     uninterrupted weights."""
-    whole, cut = str(tmp_path / "whole"), str(tmp_path / "cut")
-    runs.train(NAME, RESUMABLE, output=whole, export=False, verbose=0)
-    # The run as a kill right after step 6's checkpoint leaves it.
-    kept = "ckpt-00000006."
+    whole, cut = packed_run["output"], str(tmp_path / "cut")
+    # The run as a kill right after step 10's checkpoint leaves it.
+    kept = "ckpt-00000010."
     shutil.copytree(whole, cut, ignore=lambda _, names: [
         name for name in names if name in ("model.keras", "results.json")
         or (name.startswith("ckpt-") and not name.startswith(kept))])
     assert sorted(os.listdir(os.path.join(cut, "checkpoints"))) == [
         kept + "json", kept + "npz", "history.json"]
-    runs.train(NAME, RESUMABLE, output=cut, export=False, verbose=0)
+    runs.train(NAME, TRAINED, output=cut, export=False, verbose=0)
     expected, resumed = _weights(whole), _weights(cut)
     assert sorted(resumed) == sorted(expected)
     for key in expected:
