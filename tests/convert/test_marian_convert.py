@@ -45,9 +45,23 @@ def _spm(directory, name, vocab_size):
     return sentencepiece.SentencePieceProcessor(model_file=os.path.join(directory, name + ".spm"))
 
 
+@pytest.fixture(scope="module")
+def made_marians(tmp_path_factory):
+    """`made_marians(index)`: configuration `index` made once a module (the
+    tests only copy its directory before changing a file)."""
+    made = {}
+
+    def get(index):
+        if index not in made:
+            made[index] = _make_marian(tmp_path_factory, index)
+        return made[index]
+
+    return get
+
+
 @pytest.fixture(scope="module", params=[0, 1])
-def marian_dir(request, tmp_path_factory):
-    return _make_marian(tmp_path_factory, request.param)
+def marian_dir(request, made_marians):
+    return made_marians(request.param)
 
 
 def _make_marian(tmp_path_factory, index):
@@ -203,12 +217,12 @@ def test_a_checkpoint_that_does_not_fit_is_refused(marian_dir, tmp_path):
 
 
 @pytest.fixture(scope="module")
-def exported_marian(tmp_path_factory):
+def exported_marian(tmp_path_factory, made_marians):
     """(directory, transformers model, model, tokenizer, SavedModel path)
     of one Marian model exported with its `translate` endpoint."""
     from keras_attn.export import export_translator
 
-    path, hf = _make_marian(tmp_path_factory, 0)
+    path, hf = made_marians(0)
     model, tokenizer = load_hf_marian(path)
     exported = export_translator(model, tmp_path_factory.mktemp("export") / "translator",
                                  tokenizer.start_id, tokenizer.end_id, beam_width=4, alpha=1.0,

@@ -170,12 +170,27 @@ def test_return_all_beams_sorted_and_errors():
 # === With a Transformer ===
 
 
-@pytest.fixture(scope="module", params=["default", "small_keys"])
-def model(request):
+def _build(kind):
     keras.utils.set_random_seed(7)
-    if request.param == "small_keys":  # d_k != d_v, as in Table 3 row (B)
+    if kind == "small_keys":  # d_k != d_v, as in Table 3 row (B)
         return build_transformer(TINY, key_dim=2, value_dim=6)
     return build_transformer(TINY)
+
+
+@pytest.fixture(scope="module", params=["default", "small_keys"])
+def model(request):
+    """Both models: for the tests of the decoding cache, whose key and value
+    entries d_k and d_v shape (step by step, in the searches, in a compiled
+    loop)."""
+    return _build(request.param)
+
+
+@pytest.fixture(scope="module")
+def default_model():
+    """The default model alone: for the searches' other contracts (batch
+    mates, beam width 1, length limits, `predict`), which d_k and d_v do not
+    touch; `model`'s tests above check the cache of d_k != d_v."""
+    return _build("default")
 
 
 def sources():
@@ -213,7 +228,8 @@ def test_cached_search_equals_recomputing_the_prefix(model):
     np.testing.assert_allclose(to_numpy(cached[1]), to_numpy(recomputed[1]), atol=1e-4)
 
 
-def test_a_batch_equals_single_sentences(model):
+def test_a_batch_equals_single_sentences(default_model):
+    model = default_model
     source = sources()
     kwargs = dict(start_id=START, end_id=EOS, max_length=6)
     greedy = to_numpy(transformer_greedy_search(model, source, **kwargs))
@@ -228,7 +244,8 @@ def test_a_batch_equals_single_sentences(model):
         np.testing.assert_allclose(to_numpy(one_scores)[0], to_numpy(scores)[row], atol=1e-5)
 
 
-def test_transformer_beam_width_one_is_greedy(model):
+def test_transformer_beam_width_one_is_greedy(default_model):
+    model = default_model
     source = sources()
     kwargs = dict(start_id=START, end_id=EOS, max_length=8)
     tokens, _ = transformer_beam_search(model, source, beam_width=1, alpha=0.0, **kwargs)
@@ -237,7 +254,8 @@ def test_transformer_beam_width_one_is_greedy(model):
     )
 
 
-def test_max_length_one_and_length_limits(model):
+def test_max_length_one_and_length_limits(default_model):
+    model = default_model
     source = sources()
     greedy = to_numpy(transformer_greedy_search(model, source, START, EOS, max_length=1))
     tokens, scores = transformer_beam_search(model, source, START, EOS, max_length=1)
@@ -271,7 +289,8 @@ def test_search_compiles_to_one_graph_loop(model):
     np.testing.assert_array_equal(compiled(source).numpy(), expected)
 
 
-def test_translator_predict_equals_the_searches(model):
+def test_translator_predict_equals_the_searches(default_model):
+    model = default_model
     """`predict` compiles the search on TensorFlow and JAX (one XLA / graph
     loop) and runs it step by step on PyTorch: the same tokens everywhere."""
     source = sources()
@@ -355,6 +374,7 @@ def test_a_source_the_model_cannot_read_gets_minus_two_and_nan_alone():
         transformer_beam_search(learned, too_long, **kwargs)
 
 
-def test_unknown_length_penalty_is_refused(model):
+def test_unknown_length_penalty_is_refused(default_model):
+    model = default_model
     with pytest.raises(ValueError, match="Received: length_penalty='google'"):
         transformer_beam_search(model, sources(), START, EOS, max_length=2, length_penalty="google")
