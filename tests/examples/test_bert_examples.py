@@ -12,18 +12,22 @@ from _example import run_example
 
 pytestmark = pytest.mark.backend_independent
 
+# Rows of 32 in batches of 64 (the examples' defaults: 64 and 32): the smoke
+# runs take half the steps, each on shorter rows; every stage still runs.
+SMALL = ("--sequence-length", 32, "--batch-size", 64)
+
 
 @pytest.mark.slow
 def test_pretrain_then_finetune_smoke(tmp_path):
     checkpoint = tmp_path / "pretrain"
-    out = run_example("bert_pretrain.py", "--smoke", "--output", checkpoint).stdout
+    out = run_example("bert_pretrain.py", "--smoke", *SMALL, "--output", checkpoint).stdout
     match = re.search(r"mlm loss before ([0-9.]+) after ([0-9.]+)", out)
     assert match, out[-3000:]
     before, after = float(match.group(1)), float(match.group(2))
     assert math.isfinite(before) and math.isfinite(after)
     assert sorted(os.listdir(checkpoint)) == ["backbone.keras", "vocab.txt"]
 
-    out = run_example("bert_finetune.py", "--smoke", "--checkpoint", checkpoint,
+    out = run_example("bert_finetune.py", "--smoke", *SMALL, "--checkpoint", checkpoint,
                       "--output", tmp_path / "finetune",
                       "--formats", "saved_model_float32,onnx_float32").stdout
     match = re.search(r"test accuracy: ([0-9.]+)", out)
@@ -44,7 +48,7 @@ def test_pretrain_then_finetune_smoke(tmp_path):
 
 @pytest.mark.slow
 def test_finetune_with_lora_trains_the_adapters_and_head_and_exports_merged(tmp_path):
-    out = run_example("bert_finetune.py", "--smoke", "--from-scratch", "--lora-rank", "2",
+    out = run_example("bert_finetune.py", "--smoke", *SMALL, "--from-scratch", "--lora-rank", "2",
                       "--output", tmp_path,
                       "--formats", "saved_model_float32,litert_float32").stdout
     match = re.search(r"trainable parameters: ([0-9,]+) of ([0-9,]+) \(LoRA rank 2", out)
