@@ -131,12 +131,14 @@ def test_an_empty_batch_or_length_is_refused_naming_the_input(tmp_path):
 
 def _tiny_bert(kind):
     """A tiny `BertBackbone`, or a `BertSequenceClassifier` on one (int8
-    with `quantize`): models called with a dict."""
+    with `quantize`): models called with a dict. One block: each block is
+    the same code in the traced graph, which tracing and saving take time
+    with."""
     from keras_attn.models import BertSequenceClassifier
     from keras_attn.models import build_bert
 
     keras.utils.set_random_seed(3)
-    backbone = build_bert("bert_tiny", vocabulary_size=40, num_layers=2, hidden_dim=16,
+    backbone = build_bert("bert_tiny", vocabulary_size=40, num_layers=1, hidden_dim=16,
                           intermediate_dim=32, max_sequence_length=16)
     if kind == "backbone":
         return backbone
