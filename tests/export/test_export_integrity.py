@@ -205,51 +205,71 @@ import json, sys
 import numpy as np
 from keras_attn.export.portable import Artifact
 
-path, inputs_file, requests_file = sys.argv[1:]
-with np.load(inputs_file) as stored:
-    good = dict(stored)
-artifact = Artifact(path)
-before = artifact(**good)["probabilities"]
-errors = []
-with np.load(requests_file) as stored:
-    requests = {}
-    for key in stored.files:
-        index, name = key.split("/", 1)
-        requests.setdefault(int(index), {})[name] = stored[key]
-for index in sorted(requests):
-    try:
-        artifact(**requests[index])
-        errors.append(None)
-    except ValueError as error:
-        errors.append(str(error))
-    # The interpreter still answers, the same, after each refused call.
-    after = artifact(**good)["probabilities"]
-    assert np.array_equal(after, before), (index, after, before)
-print("RESULT" + json.dumps({"before": before.tolist(), "errors": errors}))
+reports = []
+for job in json.loads(sys.argv[1]):
+    with np.load(job["good"]) as stored:
+        good = dict(stored)
+    artifact = Artifact(job["path"])
+    before = artifact(**good)["probabilities"]
+    errors = []
+    with np.load(job["requests"]) as stored:
+        requests = {}
+        for key in stored.files:
+            index, name = key.split("/", 1)
+            requests.setdefault(int(index), {})[name] = stored[key]
+    for index in sorted(requests):
+        try:
+            artifact(**requests[index])
+            errors.append(None)
+        except ValueError as error:
+            errors.append(str(error))
+        # The interpreter still answers, the same, after each refused call.
+        after = artifact(**good)["probabilities"]
+        assert np.array_equal(after, before), (job["path"], index, after, before)
+    reports.append({"before": before.tolist(), "errors": errors})
+print("RESULT" + json.dumps(reports))
 """
+
+
+def _litert_requests(exports, family):
+    good = {"images": exports["images"]} if family == "vit" else exports["ids"]
+    return good, IMAGE_REQUESTS if family == "vit" else _id_requests()
+
+
+@pytest.fixture(scope="module")
+def litert_reports(exports, tmp_path_factory):
+    """Each family's bad requests to its LiteRT export, in one subprocess
+    (one TensorFlow start-up for both): before the checks, these calls
+    ended the process ("free(): double free", SIGSEGV)."""
+    root = tmp_path_factory.mktemp("litert_requests")
+    jobs = []
+    for family in ("vit", "bert"):
+        good, requests = _litert_requests(exports, family)
+        np.savez(root / f"{family}_good.npz", **good)
+        np.savez(root / f"{family}_requests.npz", **{
+            f"{index}/{name}": value for index, (inputs, _) in enumerate(requests)
+            for name, value in inputs.items()})
+        jobs.append({"path": str(exports[family, "litert"]),
+                     "good": str(root / f"{family}_good.npz"),
+                     "requests": str(root / f"{family}_requests.npz")})
+    result = subprocess.run(
+        [sys.executable, "-c", LITERT_REQUESTS, json.dumps(jobs)],
+        capture_output=True, text=True, timeout=300,
+        env=dict(os.environ, KERAS_BACKEND="tensorflow", TF_CPP_MIN_LOG_LEVEL="3"))
+    assert result.returncode == 0, result.stderr[-3000:]
+    return dict(zip(("vit", "bert"), json.loads(result.stdout.split("RESULT")[-1])))
 
 
 @pytest.mark.parametrize("family", ["vit", "bert"])
 def test_bad_litert_requests_are_value_errors_and_the_interpreter_survives(
-        exports, tmp_path, family):
-    # In a subprocess: before the checks, these calls ended the process
-    # ("free(): double free", SIGSEGV).
-    good = {"images": exports["images"]} if family == "vit" else exports["ids"]
-    requests = IMAGE_REQUESTS if family == "vit" else _id_requests()
-    np.savez(tmp_path / "good.npz", **good)
-    np.savez(tmp_path / "requests.npz", **{f"{index}/{name}": value for index, (inputs, _) in
-                                         enumerate(requests) for name, value in inputs.items()})
-    result = subprocess.run(
-        [sys.executable, "-c", LITERT_REQUESTS, str(exports[family, "litert"]),
-         str(tmp_path / "good.npz"), str(tmp_path / "requests.npz")],
-        capture_output=True, text=True, timeout=300,
-        env=dict(os.environ, KERAS_BACKEND="tensorflow", TF_CPP_MIN_LOG_LEVEL="3"))
-    assert result.returncode == 0, result.stderr[-3000:]
-    report = json.loads(result.stdout.split("RESULT")[-1])
-    expected = exports["image_expected"] if family == "vit" else exports["ids_expected"]
-    np.testing.assert_allclose(report["before"], expected, atol=1e-4)
+        exports, litert_reports, family):
     import re
 
+    _, requests = _litert_requests(exports, family)
+    report = litert_reports[family]
+    expected = exports["image_expected"] if family == "vit" else exports["ids_expected"]
+    np.testing.assert_allclose(report["before"], expected, atol=1e-4)
+    assert len(report["errors"]) == len(requests)
     for (_, message), error in zip(requests, report["errors"]):
         assert error is not None and re.search(message, error), (message, error)
 
