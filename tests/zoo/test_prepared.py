@@ -186,16 +186,43 @@ def test_training_from_prepared_files_is_training_from_tf_data(prepared, tmp_pat
                                       keras.ops.convert_to_numpy(a))
 
 
-def _train_without_tensorflow(name, backend, data, output, timeout=900):
+# Runs `keras_attn_cli.main(argv)` for each `[argv, log]` of the JSON list
+# `sys.argv[1]`, its standard output written to `log`; prints the statuses.
+_CLI_RUNS = """
+import contextlib, json, sys
+import keras_attn_cli
+statuses = []
+for argv, log in json.loads(sys.argv[1]):
+    with open(log, "w") as out, contextlib.redirect_stdout(out):
+        statuses.append(keras_attn_cli.main(argv))
+print(json.dumps(statuses))
+"""
+
+
+def _train_without_tensorflow(backend, jobs, timeout=1200):
+    """`keras-attn train NAME --data DATA --output OUTPUT --verbose 2` for
+    each `(name, data, output)` of `jobs`, one after the other in one
+    process of `backend` where TensorFlow is not importable. Returns
+    `(the process, {output: (exit status, its standard output)})`."""
     environment = dict(
         os.environ, KERAS_BACKEND=backend, TF_CPP_MIN_LOG_LEVEL="3",
         KERAS_ATTN_TEST_BLOCK_TENSORFLOW="1",
         PYTHONPATH=os.pathsep.join([NO_TENSORFLOW, ROOT, os.environ.get("PYTHONPATH", "")]))
-    sets = [item for value in SETTINGS[name] for item in ("--set", value)]
-    command = [sys.executable, "-m", "keras_attn_cli", "train", name, "--data", data,
-               "--output", output, "--verbose", "2", *sets]
-    return subprocess.run(command, env=environment, capture_output=True, text=True,
-                          timeout=timeout)
+    commands = []
+    for name, data, output in jobs:
+        os.makedirs(os.path.dirname(output), exist_ok=True)
+        sets = [item for value in SETTINGS[name] for item in ("--set", value)]
+        commands.append([["train", name, "--data", data, "--output", output, "--verbose", "2",
+                          *sets], output + ".log"])
+    done = subprocess.run([sys.executable, "-c", _CLI_RUNS, json.dumps(commands)],
+                          env=environment, capture_output=True, text=True, timeout=timeout)
+    logs = {}
+    if done.returncode == 0:
+        statuses = json.loads(done.stdout.strip().splitlines()[-1])
+        for (_, _, output), status in zip(jobs, statuses, strict=True):
+            with open(output + ".log") as handle:
+                logs[output] = (status, handle.read())
+    return done, logs
 
 
 def _weights(run):
@@ -204,18 +231,55 @@ def _weights(run):
 
 
 # The backend each recipe trains on without TensorFlow (test_backends.py
-# trains it from tf.data on the other).
+# trains it from tf.data on the other), and the checkpoints its run is cut
+# back to: inside an epoch (step 6) or at an epoch's end (step 4).
 TRAINED_WITHOUT_TENSORFLOW = {"vit_tiny_digits": "jax", "bert_tiny_pydoc": "torch",
                               "transformer_numbers": "torch", "conformer_tiny_digits": "torch"}
+CUTS = {"vit_tiny_digits": (6,), "bert_tiny_pydoc": (6, 4), "transformer_numbers": (),
+        "conformer_tiny_digits": ()}
+
+
+@pytest.fixture(scope="module")
+def without_tensorflow(prepared, tmp_path_factory):
+    """The recipes' runs without TensorFlow, two processes a backend (each a
+    TensorFlow-free start-up): the whole runs one after the other in one,
+    then in a fresh one, as after a kill, the copies cut back to a
+    checkpoint. `{name: {"whole": ..., cut: ...}}`, each `(run directory,
+    the process, its (exit status, standard output))`."""
+    root = tmp_path_factory.mktemp("without_tensorflow")
+    found = {name: {} for name in CUTS}
+    for backend in sorted(set(TRAINED_WITHOUT_TENSORFLOW.values())):
+        names = sorted(n for n in CUTS if TRAINED_WITHOUT_TENSORFLOW[n] == backend)
+        jobs = [(name, prepared[name], str(root / name / "whole")) for name in names]
+        done, logs = _train_without_tensorflow(backend, jobs)
+        cut_jobs = []
+        for name, data, whole in jobs:
+            found[name]["whole"] = (whole, done, logs.get(whole))
+            if logs.get(whole, (1,))[0] != 0:
+                continue
+            for cut in CUTS[name]:
+                # Cut back to the checkpoint of step `cut`, as a kill after it leaves the run.
+                cut_run = str(root / name / f"cut_{cut}")
+                shutil.copytree(whole, cut_run)
+                for path in glob.glob(os.path.join(cut_run, "checkpoints", "ckpt-*")):
+                    if not os.path.basename(path).startswith(f"ckpt-{cut:08d}."):
+                        os.remove(path)
+                for file in ("model.keras", "results.json"):
+                    os.remove(os.path.join(cut_run, file))
+                cut_jobs.append((name, data, cut_run, cut))
+        if cut_jobs:
+            again, logs = _train_without_tensorflow(backend, [job[:3] for job in cut_jobs])
+            for name, _, cut_run, cut in cut_jobs:
+                found[name][cut] = (cut_run, again, logs.get(cut_run))
+    return found
 
 
 @pytest.mark.large
 @pytest.mark.backend_independent
-@pytest.mark.parametrize("name, cuts", [("vit_tiny_digits", (6,)), ("bert_tiny_pydoc", (6, 4)),
-                                        ("transformer_numbers", ()),
-                                        ("conformer_tiny_digits", ())])
+@pytest.mark.xdist_group("without_tensorflow")  # one worker trains the runs once
+@pytest.mark.parametrize("name, cuts", sorted(CUTS.items()))
 def test_trains_and_resumes_bit_identically_where_tensorflow_is_not_installed(
-        prepared, tmp_path, name, cuts):
+        without_tensorflow, name, cuts):
     """`keras-attn train --data` on JAX and on PyTorch with TensorFlow (and
     keras-hub, tfds, tensorboard) not importable: the run finishes with its
     model and results, and a run cut back to a checkpoint inside an epoch
@@ -223,10 +287,11 @@ def test_trains_and_resumes_bit_identically_where_tensorflow_is_not_installed(
     run's weights and optimizer, bit for bit (dropout on: PyTorch draws its
     masks from torch's global generator, which the trainer sets)."""
     backend = TRAINED_WITHOUT_TENSORFLOW[name]
-    whole = str(tmp_path / "whole")
-    done = _train_without_tensorflow(name, backend, prepared[name], whole)
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert "TensorFlow is not installed here: no SavedModel written" in done.stdout
+    whole, done, log = without_tensorflow[name]["whole"]
+    assert done.returncode == 0 and log is not None, done.stderr[-3000:]
+    status, stdout = log
+    assert status == 0, (stdout[-3000:], done.stderr[-3000:])
+    assert "TensorFlow is not installed here: no SavedModel written" in stdout
     with open(os.path.join(whole, "results.json")) as handle:
         results = json.load(handle)
     assert results["backend"] == backend and results["steps"] == 8
@@ -234,18 +299,13 @@ def test_trains_and_resumes_bit_identically_where_tensorflow_is_not_installed(
     assert not os.path.exists(os.path.join(whole, "saved_model"))
 
     expected = _weights(whole)
+    assert sorted(k for k in without_tensorflow[name] if k != "whole") == sorted(cuts)
     for cut in cuts:
-        # Cut back to the checkpoint of step `cut`, as a kill after it leaves the run.
-        cut_run = str(tmp_path / f"cut_{cut}")
-        shutil.copytree(whole, cut_run)
-        for path in glob.glob(os.path.join(cut_run, "checkpoints", "ckpt-*")):
-            if not os.path.basename(path).startswith(f"ckpt-{cut:08d}."):
-                os.remove(path)
-        for file in ("model.keras", "results.json"):
-            os.remove(os.path.join(cut_run, file))
-        again = _train_without_tensorflow(name, backend, prepared[name], cut_run)
-        assert again.returncode == 0, again.stderr[-3000:]
-        assert f"resuming from ckpt-{cut:08d}.npz at epoch 2/2 step {cut - 4}/4" in again.stdout
+        cut_run, again, log = without_tensorflow[name][cut]
+        assert again.returncode == 0 and log is not None, again.stderr[-3000:]
+        status, stdout = log
+        assert status == 0, (stdout[-3000:], again.stderr[-3000:])
+        assert f"resuming from ckpt-{cut:08d}.npz at epoch 2/2 step {cut - 4}/4" in stdout
         resumed = _weights(cut_run)
         assert sorted(expected) == sorted(resumed)
         for key in expected:
@@ -489,20 +549,22 @@ def test_prepare_refuses_it_when_it_changed_while_the_batches_were_made(tmp_path
 
 
 @pytest.mark.backend_independent
-def test_the_command_line_refuses_it_with_status_2(tmp_path):
+def test_the_command_line_refuses_it_with_status_2(tmp_path, capsys):
     """`keras-attn prepare vit_tiny_digits --out d` with `d/important.txt`:
-    exit status 2, the message names the directory, the file survives."""
+    exit status 2, the message names the directory, the file survives.
+    (`keras-attn` is `sys.exit(main())`: main's status is the exit status;
+    called here, a TensorFlow start-up less.)"""
+    import keras_attn_cli
+
     directory = tmp_path / "d"
     directory.mkdir()
     (directory / "important.txt").write_text("x\n")
-    done = subprocess.run(
-        [sys.executable, "keras_attn_cli.py", "prepare", "vit_tiny_digits", "--out",
-         str(directory)], cwd=ROOT, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"),
-        capture_output=True, text=True, timeout=600)
-    assert done.returncode == 2, (done.stdout[-2000:], done.stderr[-2000:])
+    status = keras_attn_cli.main(["prepare", "vit_tiny_digits", "--out", str(directory)])
+    out, err = capsys.readouterr()
+    assert status == 2, (out[-2000:], err[-2000:])
     assert (f"keras-attn prepare: error: `output` (--out) {directory} is not empty and is not "
-            "a directory written by `keras-attn prepare`") in done.stderr
-    assert "'important.txt'" in done.stderr
+            "a directory written by `keras-attn prepare`") in err
+    assert "'important.txt'" in err
     assert _contents(str(directory)) == {"important.txt": b"x\n"}
     assert os.listdir(tmp_path) == ["d"]
 
