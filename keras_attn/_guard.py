@@ -70,6 +70,7 @@ import keras
 import numpy as np
 from keras import ops
 
+from keras_attn._keras_compat import build_before_first_trace
 from keras_attn._keras_compat import in_tf_graph
 from keras_attn.errors import NonFiniteLossError  # noqa: F401  (raised here; its old home)
 from keras_attn._keras_compat import is_in_jax_tracing_scope
@@ -645,10 +646,11 @@ class GuardedModel:
             self.optimizer.build(self.trainable_variables)
 
     def fit(self, *args, **kwargs):
-        """`keras.Model.fit`, with concrete data checked first and
-        `StopOnNonFiniteLoss` among the callbacks."""
+        """`keras.Model.fit`, with concrete data checked first,
+        `StopOnNonFiniteLoss` among the callbacks, and on TensorFlow the
+        step's state built before its first trace (`build_before_first_trace`)."""
         bound = keras_arguments(super().fit, args, kwargs,
-                                ("x", "y", "callbacks", "validation_data"))
+                                ("x", "y", "sample_weight", "callbacks", "validation_data"))
         arguments = bound.arguments
         self._check_data(arguments.get("x"), arguments.get("y"))
         validation = arguments.get("validation_data")
@@ -656,6 +658,8 @@ class GuardedModel:
             self._check_data(validation[0], validation[1])
         arguments["callbacks"] = with_stop_callback(
             arguments.get("callbacks"), self.describe_inputs())
+        build_before_first_trace(self, arguments.get("x"), arguments.get("y"),
+                                 arguments.get("sample_weight"))
         return self._keeping_variables(
             lambda: super(GuardedModel, self).fit(*bound.args, **bound.kwargs))
 
