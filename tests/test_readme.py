@@ -1,11 +1,14 @@
 """The README's front-door commands are the ones CI and users really run."""
 
+import atexit
 import glob
 import json
 import os
 import re
+import select
 import subprocess
 import sys
+import tempfile
 
 import pytest
 
@@ -139,59 +142,109 @@ sys.meta_path.insert(0, _AfterKerasImport())
 """
 
 
+_ENV = dict(os.environ, KERAS_BACKEND="tensorflow", TF_CPP_MIN_LOG_LEVEL="3")
+
+
 def _run(script, cwd, *args, timeout=1200):
     return subprocess.run(
         [sys.executable, "-c", LOSS_RECORDER + script, *args], capture_output=True, text=True,
-        timeout=timeout, cwd=cwd,
-        env=dict(os.environ, KERAS_BACKEND="tensorflow", TF_CPP_MIN_LOG_LEVEL="3"),
-    )
+        timeout=timeout, cwd=cwd, env=_ENV)
 
 
-# Runs several blocks in one process (importing TensorFlow and Keras costs
-# 5-20 s a process), each as a fresh process would: in its own globals and
-# working directory, with os.environ, Keras's session, dtype policy and
-# registered classes as they were before the first block, and keras_attn not
-# yet imported (a block that loads a model must import keras_attn itself).
-# Its argv: a JSON file of [[directory, block], ...] and the results file,
-# written after each block: {index: {"error": traceback or None, "stdout": ...}}.
+# Runs blocks in one long-lived process a pytest worker (importing TensorFlow
+# and Keras costs 5-20 s a process; 19 pages' processes were ~100 worker-s),
+# each block as a fresh process would: in its own globals and working
+# directory, with os.environ, Keras's session, dtype policy and registered
+# classes as they were before the first block, and keras_attn not yet imported
+# (a block that loads a model must import keras_attn itself). It reads one
+# request a line on stdin, [blocks file, results file] (the blocks file: JSON
+# [[directory, block], ...]), writes the results file after each block,
+# {index: {"error": traceback or None, "stdout": ..., "seconds": ...}}, and
+# writes "done" to the file descriptor of its first argument after the last.
 BLOCKS_RUNNER = """
-import contextlib, io, json, os, sys, traceback
+import contextlib, io, json, os, sys, time, traceback
 import keras
 from keras.src.saving import object_registration as _registration
 
-with open(sys.argv[1]) as handle:
-    _blocks = json.load(handle)
+_done = os.fdopen(int(sys.argv[1]), "w")
 _environ = dict(os.environ)
 _policy, _floatx = keras.config.dtype_policy(), keras.config.floatx()
 _names = dict(_registration.GLOBAL_CUSTOM_NAMES)
 _objects = dict(_registration.GLOBAL_CUSTOM_OBJECTS)
-_results = {}
-for _index, (_directory, _block) in enumerate(_blocks):
-    os.chdir(_directory)
-    _FIRST_LOSSES.clear()
-    _LAST_LOSSES.clear()
-    _stdout = io.StringIO()
-    try:
-        with contextlib.redirect_stdout(_stdout):
-            exec(compile(_block, "<block>", "exec"), {"__name__": "__main__"})
-        _error = None
-    except BaseException:
-        _error = traceback.format_exc()
-    _results[_index] = {"error": _error, "stdout": _stdout.getvalue()}
-    with open(sys.argv[2], "w") as handle:
-        json.dump(_results, handle)
-    os.environ.clear()
-    os.environ.update(_environ)
-    for _name in [n for n in sys.modules if n.split(".")[0] in ("keras_attn", "keras_attn_base")]:
-        del sys.modules[_name]
-    for _registry, _kept in ((_registration.GLOBAL_CUSTOM_NAMES, _names),
-                             (_registration.GLOBAL_CUSTOM_OBJECTS, _objects)):
-        _registry.clear()
-        _registry.update(_kept)
-    keras.backend.clear_session()
-    keras.config.set_floatx(_floatx)
-    keras.config.set_dtype_policy(_policy)
+for _request in sys.stdin:
+    _listing, _reported = json.loads(_request)
+    with open(_listing) as handle:
+        _blocks = json.load(handle)
+    _results = {}
+    for _index, (_directory, _block) in enumerate(_blocks):
+        os.chdir(_directory)
+        _FIRST_LOSSES.clear()
+        _LAST_LOSSES.clear()
+        _stdout = io.StringIO()
+        _start = time.monotonic()
+        try:
+            with contextlib.redirect_stdout(_stdout):
+                exec(compile(_block, "<block>", "exec"), {"__name__": "__main__"})
+            _error = None
+        except BaseException:
+            _error = traceback.format_exc()
+        _results[_index] = {"error": _error, "stdout": _stdout.getvalue(),
+                            "seconds": round(time.monotonic() - _start, 1)}
+        with open(_reported, "w") as handle:
+            json.dump(_results, handle)
+        os.environ.clear()
+        os.environ.update(_environ)
+        for _name in [n for n in sys.modules
+                      if n.split(".")[0] in ("keras_attn", "keras_attn_base")]:
+            del sys.modules[_name]
+        for _registry, _kept in ((_registration.GLOBAL_CUSTOM_NAMES, _names),
+                                 (_registration.GLOBAL_CUSTOM_OBJECTS, _objects)):
+            _registry.clear()
+            _registry.update(_kept)
+        keras.backend.clear_session()
+        keras.config.set_floatx(_floatx)
+        keras.config.set_dtype_policy(_policy)
+    _done.write("done\\n")
+    _done.flush()
 """
+
+
+class _BlocksRunner:
+    """The BLOCKS_RUNNER process of this pytest worker, started at its first
+    page and restarted after one that ended it (a crash, a timeout)."""
+
+    process = None
+
+    def run(self, listing, reported, timeout):
+        """Runs the blocks of `listing`; None, or why the process ended."""
+        if self.process is None or self.process.poll() is not None:
+            self._start()
+        self.process.stdin.write(json.dumps([listing, reported]) + "\n")
+        self.process.stdin.flush()
+        ready, _, _ = select.select([self.done], [], [], timeout)
+        if ready and self.done.readline() == "done\n":
+            return None
+        self.process.kill()
+        self.process.wait()
+        self.done.close()
+        self.log.seek(0)
+        ended = f"exit {self.process.returncode}, {'' if ready else 'timed out, '}"
+        self.process = None
+        return ended + self.log.read()[-3000:]
+
+    def _start(self):
+        done, write_end = os.pipe()
+        self.log = tempfile.TemporaryFile("w+")
+        self.process = subprocess.Popen(
+            [sys.executable, "-c", LOSS_RECORDER + BLOCKS_RUNNER, str(write_end)],
+            stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=self.log, text=True,
+            pass_fds=(write_end,), env=_ENV)
+        os.close(write_end)
+        self.done = os.fdopen(done)
+        atexit.register(self.process.kill)
+
+
+_BLOCKS = _BlocksRunner()
 
 
 def _losses_that_did_not_go_down(cwd):
@@ -209,7 +262,7 @@ def run_blocks_as_written(blocks, cwd):
     """Runs documentation blocks as written, each in a working directory of
     its own under `cwd`, and returns one result a block, in order: a dict of
     `error` (its traceback, or None), `stdout` and `cwd`. The blocks share one
-    process (BLOCKS_RUNNER), except a block that sets os.environ (its backend,
+    process (BLOCKS_RUNNER, kept for the pytest worker's later pages), except a block that sets os.environ (its backend,
     XLA flags) before importing Keras: it runs alone, as `python -c block`."""
     blocks = [block + (PADDING_CHECK if "encoder = keras.Model(" in block else "")
               for block in blocks]
@@ -227,15 +280,15 @@ def run_blocks_as_written(blocks, cwd):
         reported = os.path.join(cwd, "results.json")
         with open(listing, "w") as handle:
             json.dump([[directories[i], blocks[i]] for i in shared], handle)
-        process = _run(BLOCKS_RUNNER, cwd, listing, reported, timeout=1200 * len(shared))
+        ended = _BLOCKS.run(listing, reported, timeout=1200 * len(shared))
         ran = {}
         if os.path.exists(reported):
             with open(reported) as handle:
                 ran = json.load(handle)
         for position, i in enumerate(shared):
             results[i] = ran.get(str(position)) or {
-                "error": f"the process ended (exit {process.returncode}) before this block "
-                         f"finished:\n{process.stderr[-3000:]}", "stdout": ""}
+                "error": f"the process ended ({ended}) before this block finished",
+                "stdout": ""}
     return [dict(result, cwd=directory) for result, directory in zip(results, directories)]
 
 
@@ -298,3 +351,15 @@ for name, rate in (("still", 0.0), ("learning", 0.1)):
     stuck = _losses_that_did_not_go_down(tmp_path)
     assert [entry["model"] for entry in stuck] == ["still"], stuck
     assert stuck[0]["after"] == stuck[0]["before"]
+
+
+def test_a_block_that_ends_the_runner_fails_and_the_next_blocks_run_again(tmp_path):
+    # The shared process dies with the block (os._exit): that block and the
+    # ones after it in its page fail with the reason, and the next page gets
+    # a new process that runs its blocks as written.
+    blocks = ["import os\nprint('first')", "import os\nos._exit(3)", "print('never')"]
+    first, ended, never = run_blocks_as_written(blocks, str(tmp_path / "a"))
+    assert first["error"] is None and first["stdout"] == "first\n"
+    assert "exit 3" in ended["error"] and "exit 3" in never["error"]
+    again, = run_blocks_as_written(["print(1 + 1)"], str(tmp_path / "b"))
+    assert again["error"] is None and again["stdout"] == "2\n"
