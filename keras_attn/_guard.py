@@ -49,6 +49,10 @@ The Keras seams the guard stands on, each public, and why each is needed:
   first step fails. Each binds its arguments to Keras's own signature
   (`keras_arguments`: `inspect.signature(...).bind`), so an argument is found
   wherever the caller put it, and a Keras that renamed one is refused loudly.
+  On TensorFlow `fit` also builds the step's optimizer and metric state
+  before the step's first trace, as Keras does under a distribution strategy
+  (`_keras_compat.build_before_first_trace`: the step is traced once, not
+  twice; the numbers are the same to the bit).
 - `__call__`: every call of the model passes through it (the default steps
   of TensorFlow and PyTorch call `self(x)`), whatever `call` the family
   defines (BERT's packed inputs take a path of their own); the inputs are
@@ -58,7 +62,7 @@ The Keras seams the guard stands on, each public, and why each is needed:
 
 The Keras internals the guard needs (telling a traced tensor from a concrete
 one, the detached values of the JAX trainer, `LossScaleOptimizer`'s step
-hooks) are in `keras_attn._keras_compat`.
+hooks, the early build of a TensorFlow step) are in `keras_attn._keras_compat`.
 """
 
 import dataclasses
