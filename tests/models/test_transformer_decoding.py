@@ -170,27 +170,39 @@ def test_return_all_beams_sorted_and_errors():
 # === With a Transformer ===
 
 
-def _build(kind):
-    keras.utils.set_random_seed(7)
-    if kind == "small_keys":  # d_k != d_v, as in Table 3 row (B)
-        return build_transformer(TINY, key_dim=2, value_dim=6)
-    return build_transformer(TINY)
+@pytest.fixture(scope="module")
+def built():
+    """`built(kind)`: each model made once a module, so that `model` and
+    `default_model` give one object (what a backend compiled for it serves
+    both)."""
+    models = {}
+
+    def get(kind):
+        if kind not in models:
+            keras.utils.set_random_seed(7)
+            if kind == "small_keys":  # d_k != d_v, as in Table 3 row (B)
+                models[kind] = build_transformer(TINY, key_dim=2, value_dim=6)
+            else:
+                models[kind] = build_transformer(TINY)
+        return models[kind]
+
+    return get
 
 
 @pytest.fixture(scope="module", params=["default", "small_keys"])
-def model(request):
+def model(request, built):
     """Both models: for the tests of the decoding cache, whose key and value
     entries d_k and d_v shape (step by step, in the searches, in a compiled
     loop)."""
-    return _build(request.param)
+    return built(request.param)
 
 
 @pytest.fixture(scope="module")
-def default_model():
+def default_model(built):
     """The default model alone: for the searches' other contracts (batch
     mates, beam width 1, length limits, `predict`), which d_k and d_v do not
     touch; `model`'s tests above check the cache of d_k != d_v."""
-    return _build("default")
+    return built("default")
 
 
 def sources():
