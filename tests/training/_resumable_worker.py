@@ -2,12 +2,17 @@
 
     python _resumable_worker.py DIRECTORY RESULT.npz [--sleep S]
         [--die-at-step N] [--die-at-epoch-begin E]
+        [--reference REFERENCE_DIRECTORY REFERENCE.npz]
 
 3 epochs x 10 steps, a checkpoint every 3 steps. Writes every model and
 optimizer variable and the history to RESULT.npz when training ends. `--sleep`
 slows each step (so that a test can SIGKILL it from outside mid-epoch);
 `--die-*` SIGKILL the process itself at a given global step (after the step,
 before the checkpoint of that step) or at the beginning of an epoch.
+`--reference` first trains the same run uninterrupted (no sleep, no death)
+in its own directory and writes its result: the run an interrupted one must
+end like, without a process of its own (a TensorFlow start costs more than
+the training).
 
 Runs on the backend in KERAS_BACKEND. On TensorFlow, op determinism makes
 TF pick deterministic kernels (and refuse unseeded random ops), so that
@@ -81,24 +86,15 @@ class Interrupt(keras.callbacks.Callback):
         time.sleep(self.sleep)
 
 
-def main(argv):
-    parser = argparse.ArgumentParser()
-    parser.add_argument("directory")
-    parser.add_argument("result")
-    parser.add_argument("--sleep", type=float, default=0.0)
-    parser.add_argument("--die-at-step", type=int, default=-1)
-    parser.add_argument("--die-at-epoch-begin", type=int, default=-1)
-    args = parser.parse_args(argv)
-    if keras.backend.backend() == "tensorflow":
-        tf.config.experimental.enable_op_determinism()
+def train(directory, result, interrupt):
     model = build_model()
-    trainer = ResumableTrainer(args.directory, checkpoint_every=3)
+    trainer = ResumableTrainer(directory, checkpoint_every=3)
     history = trainer.fit(
         model,
         dataset_fn,
         epochs=EPOCHS,
         steps_per_epoch=STEPS,
-        callbacks=[Interrupt(args.sleep, args.die_at_step, args.die_at_epoch_begin)],
+        callbacks=[interrupt],
         verbose=2,
     )
     arrays = {f"model.{i}": keras.ops.convert_to_numpy(v) for i, v in enumerate(model.variables)}
@@ -106,7 +102,26 @@ def main(argv):
         (f"optimizer.{i}", keras.ops.convert_to_numpy(v))
         for i, v in enumerate(model.optimizer.variables)
     )
-    np.savez(args.result, history=json.dumps(history), **arrays)
+    np.savez(result, history=json.dumps(history), **arrays)
+
+
+def main(argv):
+    parser = argparse.ArgumentParser()
+    parser.add_argument("directory")
+    parser.add_argument("result")
+    parser.add_argument("--sleep", type=float, default=0.0)
+    parser.add_argument("--die-at-step", type=int, default=-1)
+    parser.add_argument("--die-at-epoch-begin", type=int, default=-1)
+    parser.add_argument("--reference", nargs=2, metavar=("DIRECTORY", "RESULT"))
+    args = parser.parse_args(argv)
+    if keras.backend.backend() == "tensorflow":
+        tf.config.experimental.enable_op_determinism()
+    if args.reference:
+        train(*args.reference, Interrupt(0.0, -1, -1))
+        keras.backend.clear_session()  # the run below starts as in a new process
+        print("reference done", flush=True)
+    train(args.directory, args.result,
+          Interrupt(args.sleep, args.die_at_step, args.die_at_epoch_begin))
     print("done", flush=True)
 
 

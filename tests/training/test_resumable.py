@@ -445,25 +445,23 @@ def _resume_position(stdout):
     return tuple(int(g) for g in match.groups())
 
 
-@pytest.fixture(scope="module")
-def tf_reference(tmp_path_factory):
-    """The uninterrupted run of the worker on TensorFlow."""
-    base = tmp_path_factory.mktemp("reference")
-    done = _run(_command(base / "ckpt", base / "result.npz"))
-    assert done.returncode == 0, done.stderr[-3000:]
-    return base / "result.npz"
+def _reference_flags(tmp_path):
+    """The killed process trains the uninterrupted run first (in its own
+    directory): the reference, written to the returned path."""
+    reference = tmp_path / "reference.npz"
+    return reference, ["--reference", str(tmp_path / "reference"), str(reference)]
 
 
 @pytest.mark.large
-@pytest.mark.xdist_group("tf_reference")  # one worker computes the fixture once
-def test_sigkill_mid_epoch_then_rerun_ends_with_the_uninterrupted_weights(tmp_path, tf_reference):
+def test_sigkill_mid_epoch_then_rerun_ends_with_the_uninterrupted_weights(tmp_path):
     directory, result = tmp_path / "ckpt", tmp_path / "result.npz"
-    command = _command(directory, result, "--sleep", "0.1")
+    reference, flags = _reference_flags(tmp_path)
     process = subprocess.Popen(
-        command, env=_env("tensorflow"), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        _command(directory, result, "--sleep", "0.1", *flags), env=_env("tensorflow"),
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
     )
     manager = checkpoints.CheckpointManager(directory)
-    deadline = time.monotonic() + 240
+    deadline = time.monotonic() + 300
     try:  # kill it once a checkpoint inside epoch 2 (steps 11-19) is there
         while not any(step >= 12 for step in manager.steps()):
             assert process.poll() is None, "the worker ended before it was killed"
@@ -474,36 +472,34 @@ def test_sigkill_mid_epoch_then_rerun_ends_with_the_uninterrupted_weights(tmp_pa
         process.wait()
     assert process.returncode == -signal.SIGKILL and not result.exists()
 
-    resumed = _run(command)
+    resumed = _run(_command(directory, result))  # at full speed: nothing to kill
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     step, epoch, step_in_epoch = _resume_position(resumed.stdout)
     assert epoch == 2 and 0 < step_in_epoch < 10 and step == 10 + step_in_epoch
-    _assert_same_run(result, tf_reference)
+    _assert_same_run(result, reference)
     assert not [n for n in os.listdir(directory) if n.endswith(".tmp")]
     assert len(manager.steps()) == 3
 
 
 @pytest.mark.large
-@pytest.mark.xdist_group("tf_reference")  # one worker computes the fixture once
-def test_sigkill_at_an_epoch_boundary_then_rerun_is_exact(tmp_path, tf_reference):
+def test_sigkill_at_an_epoch_boundary_then_rerun_is_exact(tmp_path):
     directory, result = tmp_path / "ckpt", tmp_path / "result.npz"
-    killed = _run(_command(directory, result, "--die-at-epoch-begin", "2"))
+    reference, flags = _reference_flags(tmp_path)
+    killed = _run(_command(directory, result, "--die-at-epoch-begin", "2", *flags))
     assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
     resumed = _run(_command(directory, result))
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert _resume_position(resumed.stdout) == (20, 3, 0)
-    _assert_same_run(result, tf_reference)
+    _assert_same_run(result, reference)
     with open(directory / "history.json") as f:
         assert len(json.load(f)["loss"]) == 3
 
 
 @pytest.mark.large
 def test_sigkill_mid_epoch_on_jax_then_rerun_is_exact_and_restores_on_tensorflow(tmp_path):
-    reference = tmp_path / "reference.npz"
-    done = _run(_command(tmp_path / "a", reference), backend="jax")
-    assert done.returncode == 0, done.stderr[-3000:]
     directory, result = tmp_path / "b", tmp_path / "result.npz"
-    killed = _run(_command(directory, result, "--die-at-step", "17"), backend="jax")
+    reference, flags = _reference_flags(tmp_path)
+    killed = _run(_command(directory, result, "--die-at-step", "17", *flags), backend="jax")
     assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
     resumed = _run(_command(directory, result), backend="jax")
     assert resumed.returncode == 0, resumed.stderr[-3000:]
