@@ -12,10 +12,6 @@ from _tiny import tiny_overrides
 
 from keras_attn import zoo
 
-NO_VALIDATION = {"bert_tiny_pydoc": ["data.validation_documents=0"],
-                 "transformer_numbers": ["data.num_validation=0"],
-                 "conformer_tiny_digits": ["data.validation_size=0"]}
-
 
 def main(out, *names):
     import keras
@@ -27,12 +23,6 @@ def main(out, *names):
             # 3 steps (the conformer's epoch: 96 s eager, 28 s compiled).
             overrides = [o for o in overrides if not o.startswith("training.jit_compile=")]
             overrides.append("training.jit_compile=true")
-        # No validation set: the test asserts the training, the test metrics and
-        # the loaded model.keras, not validation, whose extra pipeline and
-        # compiled step were a third of each JAX run (bert: 33 -> 18 CPU-s on
-        # a cold compilation cache). Validation during training, with these
-        # pipelines, is exercised by test_cli.py's end-to-end runs (every recipe).
-        overrides += NO_VALIDATION.get(name, [])
         results = zoo.train(recipe_path(name), overrides,
                             output=os.path.join(out, name), export=False, verbose=0)
         print(f"{name}: {results['metric']} = {results['value']:.4f} on {results['backend']}",
