@@ -22,6 +22,7 @@ import pytest
 
 from _tiny import ROOT
 from _tiny import TINY
+from test_case import jax_cpu_devices_flags
 
 pytestmark = [pytest.mark.backend_independent, pytest.mark.slow,
               pytest.mark.xdist_group("distribute")]
@@ -52,7 +53,10 @@ def _command(output, extra=()):
 
 
 def _env(**extra):
-    env = dict(os.environ, KERAS_BACKEND="jax", TF_CPP_MIN_LOG_LEVEL="3", XLA_FLAGS="",
+    # One device a process, after this process's own flags (conftest.py's
+    # faster XLA compile), which the device count's flags override.
+    xla_flags = " ".join([os.environ.get("XLA_FLAGS", ""), jax_cpu_devices_flags(1)])
+    env = dict(os.environ, KERAS_BACKEND="jax", TF_CPP_MIN_LOG_LEVEL="3", XLA_FLAGS=xla_flags,
                PYTHONPATH=os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]))
     for name in list(env):
         if name.startswith("KERAS_DISTRIBUTION_") or name in ("TF_CONFIG", "SLURM_PROCID",
