@@ -1,15 +1,17 @@
 """Trains a tiny dropout model with `ResumableTrainer`; run by test_resumable.py.
 
-    python _resumable_worker.py DIRECTORY RESULT.npz [--sleep S]
+    python _resumable_worker.py DIRECTORY RESULT.npz [--hang-after-step N]
         [--die-at-step N] [--die-at-epoch-begin E]
         [--reference REFERENCE_DIRECTORY REFERENCE.npz]
 
 3 epochs x 10 steps, a checkpoint every 3 steps. Writes every model and
-optimizer variable and the history to RESULT.npz when training ends. `--sleep`
-slows each step (so that a test can SIGKILL it from outside mid-epoch);
+optimizer variable and the history to RESULT.npz when training ends.
+`--hang-after-step` stops in the middle of training after that step, until
+the process is killed (so that a test SIGKILLs it from outside mid-epoch
+wherever the machine's load puts it: no race with the epoch's end);
 `--die-*` SIGKILL the process itself at a given global step (after the step,
 before the checkpoint of that step) or at the beginning of an epoch.
-`--reference` first trains the same run uninterrupted (no sleep, no death)
+`--reference` first trains the same run uninterrupted (no hang, no death)
 in its own directory and writes its result: the run an interrupted one must
 end like, without a process of its own (a TensorFlow start costs more than
 the training).
@@ -69,9 +71,9 @@ def build_model():
 
 
 class Interrupt(keras.callbacks.Callback):
-    def __init__(self, sleep, die_at_step, die_at_epoch_begin):
+    def __init__(self, hang_after_step, die_at_step, die_at_epoch_begin):
         super().__init__()
-        self.sleep, self.die_at_step = sleep, die_at_step
+        self.hang_after_step, self.die_at_step = hang_after_step, die_at_step
         self.die_at_epoch_begin = die_at_epoch_begin
         self.epoch = 0
 
@@ -81,9 +83,11 @@ class Interrupt(keras.callbacks.Callback):
             os.kill(os.getpid(), signal.SIGKILL)
 
     def on_train_batch_end(self, batch, logs=None):
-        if self.epoch * STEPS + batch + 1 == self.die_at_step:
+        step = self.epoch * STEPS + batch + 1
+        if step == self.die_at_step:
             os.kill(os.getpid(), signal.SIGKILL)
-        time.sleep(self.sleep)
+        while step == self.hang_after_step:  # until the test kills the process
+            time.sleep(1)
 
 
 def train(directory, result, interrupt):
@@ -109,7 +113,7 @@ def main(argv):
     parser = argparse.ArgumentParser()
     parser.add_argument("directory")
     parser.add_argument("result")
-    parser.add_argument("--sleep", type=float, default=0.0)
+    parser.add_argument("--hang-after-step", type=int, default=-1)
     parser.add_argument("--die-at-step", type=int, default=-1)
     parser.add_argument("--die-at-epoch-begin", type=int, default=-1)
     parser.add_argument("--reference", nargs=2, metavar=("DIRECTORY", "RESULT"))
@@ -117,11 +121,11 @@ def main(argv):
     if keras.backend.backend() == "tensorflow":
         tf.config.experimental.enable_op_determinism()
     if args.reference:
-        train(*args.reference, Interrupt(0.0, -1, -1))
+        train(*args.reference, Interrupt(-1, -1, -1))
         keras.backend.clear_session()  # the run below starts as in a new process
         print("reference done", flush=True)
     train(args.directory, args.result,
-          Interrupt(args.sleep, args.die_at_step, args.die_at_epoch_begin))
+          Interrupt(args.hang_after_step, args.die_at_step, args.die_at_epoch_begin))
     print("done", flush=True)
 
 

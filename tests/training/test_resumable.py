@@ -457,12 +457,12 @@ def test_sigkill_mid_epoch_then_rerun_ends_with_the_uninterrupted_weights(tmp_pa
     directory, result = tmp_path / "ckpt", tmp_path / "result.npz"
     reference, flags = _reference_flags(tmp_path)
     process = subprocess.Popen(
-        _command(directory, result, "--sleep", "0.1", *flags), env=_env("tensorflow"),
+        _command(directory, result, "--hang-after-step", "13", *flags), env=_env("tensorflow"),
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
     )
     manager = checkpoints.CheckpointManager(directory)
     deadline = time.monotonic() + 300
-    try:  # kill it once a checkpoint inside epoch 2 (steps 11-19) is there
+    try:  # kill it once the checkpoint of step 12 (epoch 2 is steps 11-20) is there
         while not any(step >= 12 for step in manager.steps()):
             assert process.poll() is None, "the worker ended before it was killed"
             assert time.monotonic() < deadline, "no checkpoint appeared"
