@@ -164,11 +164,15 @@ SCHEDULER_VARIABLES = ("TF_CONFIG", "SLURM_PROCID", "RANK", "JOBSET_NAME")
 
 
 def _worker_env(**extra):
-    """This environment without any job description, on JAX, plus `extra`."""
+    """This environment without any job description, on JAX, plus `extra`;
+    its XLA flags kept, except a host device count (each process is one
+    device)."""
     env = {name: value for name, value in os.environ.items()
            if not name.startswith("KERAS_DISTRIBUTION_") and name not in SCHEDULER_VARIABLES}
     path = os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")])
-    return dict(env, KERAS_BACKEND="jax", TF_CPP_MIN_LOG_LEVEL="3", XLA_FLAGS="",
+    flags = " ".join(flag for flag in os.environ.get("XLA_FLAGS", "").split()
+                     if not flag.startswith("--xla_force_host_platform_device_count"))
+    return dict(env, KERAS_BACKEND="jax", TF_CPP_MIN_LOG_LEVEL="3", XLA_FLAGS=flags,
                 PYTHONPATH=path, **extra)
 
 

@@ -32,8 +32,11 @@ def jax_cpu_devices_flags(count):
     devices. XLA aborts the process when one device reaches a collective (the
     gradients' all-reduce) 40 s after another; on a loaded 2-core CI machine
     that happened once (a fresh-clone run, 2026-11-24), so the tests give it
-    15 min."""
-    return (f"--xla_force_host_platform_device_count={count}"
+    15 min. This process's own XLA flags (conftest's faster compile) come
+    first."""
+    own = [flag for flag in os.environ.get("XLA_FLAGS", "").split()
+           if not flag.startswith("--xla_force_host_platform_device_count")]
+    return (" ".join(own) + f" --xla_force_host_platform_device_count={count}"
             " --xla_cpu_collective_call_terminate_timeout_seconds=900"
             " --xla_cpu_collective_call_warn_stuck_timeout_seconds=300")
 
