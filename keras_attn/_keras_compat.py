@@ -299,17 +299,14 @@ def build_before_first_trace(model, x, y=None, sample_weight=None):
 
     if tf.distribute.has_strategy():
         return
-    if isinstance(x, tf.data.Dataset):
-        x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(x.element_spec)
-    batch = (x, y, sample_weight)
-    if x is None or not all(value is None or hasattr(value, "shape") and hasattr(value, "dtype")
-                            for value in keras.tree.flatten(batch)):
-        return
-    symbolic_build = getattr(model, "_symbolic_build", None)
-    try:
-        if symbolic_build is None:  # pragma: no cover - reorganised Keras
-            raise AttributeError("_symbolic_build")
-        symbolic_build(data_batch=batch)
+    try:  # a data layout Keras would refuse is left to its trace to refuse
+        if isinstance(x, tf.data.Dataset):
+            x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(x.element_spec)
+        batch = (x, y, sample_weight)
+        if x is None or not all(value is None or hasattr(value, "shape")
+                                and hasattr(value, "dtype") for value in keras.tree.flatten(batch)):
+            return
+        model._symbolic_build(data_batch=batch)
     except Exception:  # noqa: BLE001 - the traced step builds (and raises) as before
         if model.built and model.optimizer is not None and not model.optimizer.built:
             model.optimizer.build(model.trainable_variables)
