@@ -8,8 +8,6 @@ import shutil
 import warnings
 
 import pytest
-import torch
-import transformers
 from safetensors.numpy import load_file
 from safetensors.numpy import save_file
 
@@ -24,6 +22,9 @@ def _save(model, path):
 
 @pytest.fixture(scope="module")
 def checkpoints(tmp_path_factory):
+    import torch  # here, not at the top: collecting the module does not import them
+    import transformers
+
     torch.manual_seed(0)
     bert = transformers.BertConfig(vocab_size=50, hidden_size=16, num_hidden_layers=2,
                                    num_attention_heads=2, intermediate_size=32,

@@ -1,16 +1,17 @@
 import numpy as np
 import pytest
-import torch
-import transformers
 
 from keras_attn.convert.vit import load_hf_vit
 from keras_attn.convert.vit import vit_config_from_hf
 from test_case import to_numpy
 
+# torch and transformers are imported where used: collecting this module
+# (in every pytest worker of every pass) does not import them.
 pytestmark = pytest.mark.large
 
 
 def hf_config(**overrides):
+    import transformers
     # Non-default image and patch sizes, and a grey image: every shape differs.
     fields = dict(
         image_size=30, patch_size=6, num_channels=2, hidden_size=16,
@@ -22,6 +23,7 @@ def hf_config(**overrides):
 
 
 def random_hf(cls, config):
+    import torch
     torch.manual_seed(0)
     model = cls(config).eval()
     with torch.no_grad():  # non-trivial values everywhere, cls token included
@@ -35,11 +37,14 @@ def pixels(seed=0):
 
 
 def hf_inputs(images):
+    import torch
     normalized = images.astype("float32") / 127.5 - 1.0
     return torch.from_numpy(normalized.transpose(0, 3, 1, 2).copy())
 
 
 def test_classifier_logits_match(tmp_path):
+    import torch
+    import transformers
     config = hf_config(num_labels=5)
     hf = random_hf(transformers.ViTForImageClassification, config)
     hf.save_pretrained(tmp_path, safe_serialization=True)
@@ -54,6 +59,8 @@ def test_classifier_logits_match(tmp_path):
 
 
 def test_backbone_cls_output_matches(tmp_path):
+    import torch
+    import transformers
     hf = random_hf(transformers.ViTModel, hf_config())
     hf.save_pretrained(tmp_path, safe_serialization=True)
     model = load_hf_vit(str(tmp_path))
@@ -73,6 +80,8 @@ def test_checkpoint_that_does_not_match_its_config(tmp_path):
     """A config.json that disagrees with the tensors fails naming a tensor."""
     import json
 
+    import transformers
+
     hf = random_hf(transformers.ViTModel, hf_config())
     hf.save_pretrained(tmp_path, safe_serialization=True)
     config_path = tmp_path / "config.json"
@@ -84,6 +93,7 @@ def test_checkpoint_that_does_not_match_its_config(tmp_path):
 
 
 def test_checkpoint_missing_a_tensor(tmp_path):
+    import transformers
     from safetensors.numpy import load_file
     from safetensors.numpy import save_file
 
