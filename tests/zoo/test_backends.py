@@ -4,10 +4,10 @@ test_prepared.py (which trains from prepared files without TensorFlow: the
 ViT on JAX, the others on PyTorch), so that every recipe trains on both; the
 model.keras written on one backend serves the same outputs on the other two.
 
-One subprocess per backend trains its recipes; the JAX runs' model.keras
-files are then loaded here on TensorFlow and in one PyTorch subprocess, the
-PyTorch run's here and in one JAX subprocess. The writer's own numbers are
-its test metrics in results.json, which TensorFlow must reproduce.
+One subprocess per backend (_backend_worker.py) trains its recipes and
+loads the other backend's model.keras files; each run is also loaded here on
+TensorFlow. The writer's own numbers are its test metrics in results.json,
+which TensorFlow must reproduce.
 `keras-attn train` itself (the command line) is tested per backend in
 test_cli.py."""
 
@@ -15,6 +15,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 
 import numpy as np
 import pytest
@@ -31,50 +32,75 @@ WRITER = {"vit_tiny_digits": "torch", "bert_tiny_pydoc": "jax", "transformer_num
 READER = {"jax": "torch", "torch": "jax"}
 
 
-def _run(backend, args, cwd):
-    env = dict(os.environ, KERAS_BACKEND=backend, TF_CPP_MIN_LOG_LEVEL="3",
-               PYTHONPATH=os.pathsep.join([ROOT, HERE, os.environ.get("PYTHONPATH", "")]))
-    if backend == "torch":
-        # The JAX runs' recipes say jit_compile=true (_train_all.py), which
-        # Keras turns into torch.compile on PyTorch: Dynamo's compiles of
-        # BERT's predict took 190 s of a loaded 2-core machine, the eager
-        # call a fraction of that. What is tested is the loaded weights and
-        # layers serving TensorFlow's outputs, not torch.compile.
-        env["TORCH_COMPILE_DISABLE"] = "1"
-    result = subprocess.run([sys.executable, *map(str, args)], capture_output=True, text=True,
-                            timeout=2400, cwd=cwd, env=env)
-    assert result.returncode == 0, f"{backend}: {result.stderr[-4000:]}"
-    return result
+class _Worker:
+    """A `_backend_worker.py` process on `backend`, given its commands one
+    at a time (`do`), each answered once done."""
+
+    def __init__(self, backend, cwd):
+        env = dict(os.environ, KERAS_BACKEND=backend, TF_CPP_MIN_LOG_LEVEL="3",
+                   PYTHONPATH=os.pathsep.join([ROOT, HERE, os.environ.get("PYTHONPATH", "")]))
+        if backend == "torch":
+            # The JAX runs' recipes say jit_compile=true (_backend_worker.py),
+            # which Keras turns into torch.compile on PyTorch: Dynamo's compiles
+            # of BERT's predict took 190 s of a loaded 2-core machine, the eager
+            # call a fraction of that. What is tested is the loaded weights and
+            # layers serving TensorFlow's outputs, not torch.compile.
+            env["TORCH_COMPILE_DISABLE"] = "1"
+        self.backend, self.errors = backend, open(cwd / "stderr.txt", "w+")
+        self.process = subprocess.Popen(
+            [sys.executable, os.path.join(HERE, "_backend_worker.py")], cwd=cwd, env=env,
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.errors, text=True)
+        # A hung process is killed (its stdout ends): the test fails, naming it.
+        self.watchdog = threading.Timer(2400, self.process.kill)
+        self.watchdog.start()
+
+    def do(self, *command):
+        self.process.stdin.write(json.dumps([str(arg) for arg in command]) + "\n")
+        self.process.stdin.flush()
+        for line in self.process.stdout:
+            if line.strip() == "done":
+                return
+        self.close()
+        self.errors.seek(0)
+        raise AssertionError(f"{self.backend} {command[0]}: {self.errors.read()[-4000:]}")
+
+    def close(self):
+        self.process.stdin.close()
+        self.process.wait()
+        self.watchdog.cancel()
+        self.errors.close()
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory):
-    """`{recipe name: run directory}`, each trained on its WRITER backend."""
-    found = {}
-    for backend in READER:
-        names = sorted(name for name in SMALL if WRITER[name] == backend)
-        out = tmp_path_factory.mktemp(backend)
-        _run(backend, [os.path.join(HERE, "_train_all.py"), out, *names], out)
-        found.update({name: out / name for name in names})
-    return found
-
-
-@pytest.fixture(scope="module")
-def served(runs, tmp_path_factory):
-    """`{name: outputs}`: what the third backend (READER of the writer)
-    serves from each model.keras, one subprocess per reader."""
-    found = {}
-    for writer, reader in READER.items():
-        out = tmp_path_factory.mktemp(f"{writer}_on_{reader}")
-        names = sorted(name for name in SMALL if WRITER[name] == writer)
-        pairs = []
-        for name in names:
-            pairs += [runs[name], out / f"{name}.npz"]
-        _run(reader, [os.path.join(HERE, "_load_run.py"), *pairs], out)
-        for name in names:
-            with np.load(out / f"{name}.npz") as arrays:
-                found[name] = dict(arrays)
-    return found
+def trained(tmp_path_factory):
+    """`({recipe name: run directory}, {recipe name: outputs})`: each recipe
+    trained on its WRITER backend, and what the third backend (READER of the
+    writer) serves from its model.keras. One process per backend: PyTorch
+    trains, JAX trains and reads PyTorch's run, PyTorch reads JAX's."""
+    runs, served = {}, {}
+    names = {backend: sorted(name for name in SMALL if WRITER[name] == backend)
+             for backend in READER}
+    workers = {backend: _Worker(backend, tmp_path_factory.mktemp(f"{backend}_worker"))
+               for backend in ("torch", "jax")}
+    try:
+        for backend in ("torch", "jax"):
+            out = tmp_path_factory.mktemp(backend)
+            workers[backend].do("train", out, *names[backend])
+            runs.update({name: out / name for name in names[backend]})
+        for writer in ("torch", "jax"):
+            out = tmp_path_factory.mktemp(f"{writer}_on_{READER[writer]}")
+            pairs = [item for name in names[writer] for item in (runs[name], out / f"{name}.npz")]
+            workers[READER[writer]].do("load", *pairs)
+            if READER[writer] == "jax":
+                workers["jax"].close()
+            for name in names[writer]:
+                with np.load(out / f"{name}.npz") as arrays:
+                    served[name] = dict(arrays)
+    finally:
+        for worker in workers.values():
+            if not worker.errors.closed:
+                worker.close()
+    return runs, served
 
 
 def _same(actual, expected, context):
@@ -89,10 +115,11 @@ def _same(actual, expected, context):
 
 
 @pytest.mark.parametrize("name", sorted(SMALL))
-def test_trains_on_jax_or_torch_and_loads_on_every_backend(name, runs, served):
+def test_trains_on_jax_or_torch_and_loads_on_every_backend(name, trained):
     from keras_attn.zoo.recipe import validate_recipe
     from keras_attn.zoo.tasks import make_task
 
+    runs, served = trained
     writer, run = WRITER[name], runs[name]
     results = json.loads((run / "results.json").read_text())
     assert results["backend"] == writer and results["steps"] == 3
