@@ -115,25 +115,20 @@ def _weights(path):
     return dict(found)
 
 
-def test_two_processes_write_one_run_survive_a_lost_worker_and_resume(tmp_path):
-    # The reference: one process, one device, the same global batch.
-    single = subprocess.run(_command(tmp_path / "single"), cwd=tmp_path, env=_env(),
-                            capture_output=True, text=True, timeout=TIMEOUT)
-    assert single.returncode == 0, single.stderr[-3000:]
+def _single(tmp_path):
+    """The reference run: one process, one device, the same global batch
+    (started, output in a file beside; `_finish` waits for it)."""
+    log = open(tmp_path / "single.txt", "w+")
+    process = subprocess.Popen(_command(tmp_path / "single"), cwd=tmp_path, env=_env(),
+                               stdout=log, stderr=subprocess.STDOUT)
+    process.log = log
+    return process
 
-    # Two processes; process 1 is killed once process 0 wrote a checkpoint
-    # (mid-epoch: 2 of 6 steps). Process 0 must stop on its own, naming what
-    # happened, and keep only complete checkpoints.
-    run, other = tmp_path / "run", tmp_path / "other"
-    processes = _start(tmp_path, [run, other])
-    try:
-        deadline = time.time() + TIMEOUT
-        while not glob.glob(str(run / "checkpoints" / "ckpt-*.json")):
-            assert time.time() < deadline and processes[0].poll() is None, "no checkpoint"
-            time.sleep(0.5)
-        processes[1].send_signal(signal.SIGKILL)
-    finally:
-        (code, log), _ = _finish(processes)
+
+def _check_the_survivor_and_its_checkpoint(tmp_path, run, code, log):
+    """Process 0 of the job whose process 1 was killed stopped on its own,
+    naming what happened, and kept only complete checkpoints, which one
+    process reads. Returns the kept checkpoint's manifest path and time."""
     assert code != 0, log[-3000:]
     assert "Process 0 of 2: a collective of this job failed" in log, log[-3000:]
     assert "Task 1 heartbeat timeout" in log, log[-3000:]  # JAX names the lost one
@@ -152,6 +147,34 @@ def test_two_processes_write_one_run_survive_a_lost_worker_and_resume(tmp_path):
     assert evaluated.returncode == 0, evaluated.stderr[-3000:]
     source = json.loads(evaluated.stdout.strip().splitlines()[-1])["source"]
     assert source == f"checkpoint at step {kept.step} (the run has not finished)"
+    return kept_path, kept_time
+
+
+def test_two_processes_write_one_run_survive_a_lost_worker_and_resume(tmp_path):
+    # Two processes; process 1 is killed once process 0 wrote a checkpoint
+    # (mid-epoch: 2 of 6 steps). Process 0 must stop on its own, naming what
+    # happened, and keep only complete checkpoints.
+    run, other = tmp_path / "run", tmp_path / "other"
+    processes = _start(tmp_path, [run, other])
+    try:
+        deadline = time.time() + TIMEOUT
+        while not glob.glob(str(run / "checkpoints" / "ckpt-*.json")):
+            assert time.time() < deadline and processes[0].poll() is None, "no checkpoint"
+            time.sleep(0.5)
+        processes[1].send_signal(signal.SIGKILL)
+        # The reference run (its own directory, a job of one process) trains
+        # while process 0 waits out the heartbeat timeout, idle.
+        single = _single(tmp_path)
+    finally:
+        (code, log), _ = _finish(processes)
+    try:
+        kept_path, kept_time = _check_the_survivor_and_its_checkpoint(tmp_path, run, code, log)
+    except BaseException:
+        single.kill()
+        raise
+    finally:
+        [(single_code, single_log)] = _finish([single])
+    assert single_code == 0, single_log[-3000:]
 
     # The same two commands again: process 0 resumes from its checkpoint and
     # sends it to process 1, whose own directory holds nothing.
