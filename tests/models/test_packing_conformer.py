@@ -49,15 +49,6 @@ def _utterances(seed=0):
             for n in LENGTHS]
 
 
-def _few_utterances():
-    """Utterances 0, 2, 4 and 6 (23, 17, 12 and 9 frames): packed, a row of
-    three (slots 1-3) and a row of one beside padding, every case of the
-    per-utterance contracts, at 4 calls alone instead of 7 (each a new
-    shape to compile on JAX)."""
-    utterances = _utterances()
-    return [utterances[i] for i in (0, 2, 4, 6)]
-
-
 def _alone(utterance):
     return {"features": utterance["features"][None],
             "feature_length": np.array([len(utterance["features"])], "int32")}
@@ -78,6 +69,12 @@ def _pack(utterances):
 
 
 def _padded(utterances):
+    """`utterances` padded one per row: inputs and labels. Each row's
+    outputs are those of its utterance alone, padding masked and rows
+    independent (test_without_the_packed_inputs_the_model_computes_as_before
+    checks it against calls at each utterance's own length): the
+    utterances' references at one shape, where on JAX each call at its own
+    length compiled every op of the model again."""
     rows, longest = len(utterances), max(LENGTHS)
     features = np.zeros((rows, longest, MELS), "float32")
     labels = np.zeros((rows, max(len(u["labels"]) for u in utterances)), "int32")
@@ -114,12 +111,14 @@ def test_pack_utterances_starts_each_utterance_at_a_multiple_of_the_alignment():
 
 @pytest.mark.parametrize("variant", [{}, CHUNKED], ids=["offline", "chunked"])
 def test_each_packed_utterance_gets_its_logits_alone(variant):
-    model, utterances = _model(**variant), _few_utterances()
+    model, utterances = _model(**variant), _utterances()
     inputs, _, where = _pack(utterances)
     out = {k: to_numpy(v) for k, v in model(inputs).items()}
     ids = out["logit_segment_ids"]
+    reference = model(_padded(utterances)[0])
+    logits, lengths = to_numpy(reference["logits"]), to_numpy(reference["logit_lengths"])
     for index, (row, slot) in where.items():
-        alone = to_numpy(model(_alone(utterances[index]))["logits"])[0]
+        alone = logits[index, :lengths[index]]
         got = out["logits"][row][ids[row] == slot + 1]
         assert got.shape == alone.shape, f"utterance {index}"
         np.testing.assert_allclose(got, alone, rtol=0, atol=1e-5, err_msg=f"utterance {index}")
@@ -131,7 +130,7 @@ def test_each_packed_utterance_gets_its_logits_alone(variant):
 
 def test_without_the_packed_inputs_the_model_computes_as_before():
     model, utterances = _model(), _utterances()
-    padded, _ = _padded(utterances[:2])
+    padded, _ = _padded(utterances)  # the other tests' reference shape
     out = model(padded)
     assert sorted(out) == ["logit_lengths", "logits"]
     for i, u in enumerate(utterances[:2]):
@@ -195,17 +194,16 @@ def _assert_gradients_close(expected, got):
 def test_gradient_is_the_sum_of_the_utterances_gradients():
     """With LayerNorm in the convolution module nothing mixes utterances:
     the weight gradient of packed rows is the sum of the utterances'."""
-    model, utterances = _model(conv_norm="layer_norm"), _few_utterances()
-    inputs, labels, where = _pack(utterances)
+    model, utterances = _model(conv_norm="layer_norm"), _utterances()
+    inputs, labels, _ = _pack(utterances)
     _, grads, _ = training_step_results(model, inputs,
                                         lambda out: _packed_summed_ctc(out, labels))
-    total = [np.zeros_like(g) for g in grads]
-    for index in where:
-        u = utterances[index]
-        _, utterance_grads, _ = training_step_results(
-            model, _alone(u), lambda out, u=u: _summed_ctc(
-                out["logits"], out["logit_lengths"], u["labels"][None]))
-        total = [t + g for t, g in zip(total, utterance_grads)]
+    # The utterances' gradients summed in one step: one per row, each row
+    # its utterance alone (see _padded), the loss their sum. On JAX a
+    # step per utterance compiled the model's training step once each.
+    padded, padded_labels = _padded(utterances)
+    _, total, _ = training_step_results(model, padded, lambda out: _summed_ctc(
+        out["logits"], out["logit_lengths"], padded_labels))
     assert sum(float(np.abs(g).max() > 0) for g in grads) > len(grads) // 2
     _assert_gradients_close(total, grads)
 
