@@ -83,6 +83,27 @@ def _pack(examples, max_segments):
             where)
 
 
+def _one_per_row(examples):
+    """`examples` padded one per row to the longest: inputs, targets and
+    weights. Each row's outputs are those of its example alone, padding
+    masked and rows independent
+    (test_without_the_packed_inputs_the_models_compute_as_before checks it
+    against calls at each example's own length): one shape for every
+    example's reference, where on JAX each call at its own length compiled
+    every op of the model again."""
+    rows, n = len(examples), max(len(e["tokens"]) for e in examples)
+    padded = {k: np.zeros((rows, n), "int32")
+              for k in ("token_ids", "segment_ids", "padding_mask")}
+    for i, e in enumerate(examples):
+        m = len(e["tokens"])
+        padded["token_ids"][i, :m], padded["segment_ids"][i, :m] = e["tokens"], e["sentences"]
+        padded["padding_mask"][i, :m] = 1
+    padded["mask_positions"] = np.stack([e["mask_positions"] for e in examples]).astype("int32")
+    return (padded, {"mlm": np.stack([e["mlm"] for e in examples]),
+                     "nsp": np.array([e["nsp"] for e in examples])},
+            {"mlm": np.ones((rows, MASKED), "float32"), "nsp": np.ones((rows,), "float32")})
+
+
 def _backbone_inputs(inputs):
     return {k: v for k, v in inputs.items() if k != "mask_positions"}
 
@@ -94,12 +115,10 @@ def test_backbone_gives_each_packed_example_its_own_outputs():
     backbone, examples = _backbone(), _examples()
     inputs, _, _, where = _pack(examples, max_segments=4)
     got = to_numpy(backbone(_backbone_inputs(inputs))["sequence_output"])
+    alone = to_numpy(backbone(_backbone_inputs(_one_per_row(examples)[0]))["sequence_output"])
     for index, (row, _, start) in where.items():
-        alone = backbone({k: v for k, v in _alone(examples[index]).items()
-                          if k != "mask_positions"})
         n = len(examples[index]["tokens"])
-        np.testing.assert_allclose(got[row, start:start + n],
-                                   to_numpy(alone["sequence_output"])[0],
+        np.testing.assert_allclose(got[row, start:start + n], alone[index, :n],
                                    rtol=0, atol=1e-5, err_msg=f"example {index}")
 
 
@@ -108,8 +127,9 @@ def test_pretrainer_gives_each_packed_example_its_masked_lm_and_nsp_logits():
     inputs, _, _, where = _pack(examples, max_segments=4)
     got = {k: to_numpy(v) for k, v in model(inputs).items()}
     assert got["nsp"].shape == (len(inputs["token_ids"]), 4, 2)
+    reference = {k: to_numpy(v) for k, v in model(_one_per_row(examples)[0]).items()}
     for index, (row, slot, _) in where.items():
-        alone = {k: to_numpy(v)[0] for k, v in model(_alone(examples[index])).items()}
+        alone = {k: v[index] for k, v in reference.items()}
         span = slice(slot * MASKED, (slot + 1) * MASKED)
         np.testing.assert_allclose(got["mlm"][row, span], alone["mlm"], rtol=0, atol=1e-5)
         np.testing.assert_allclose(got["nsp"][row, slot], alone["nsp"], rtol=0, atol=1e-5)
@@ -120,15 +140,8 @@ def test_without_the_packed_inputs_the_models_compute_as_before():
     each example alone (padding masked), with the unpacked shapes."""
     model, examples = BertPretrainer(_backbone()), _examples()
     alone = [model(_alone(e)) for e in examples[:2]]
-    n = max(len(e["tokens"]) for e in examples[:2])
-    padded = {k: np.zeros((2, n), "int32") for k in ("token_ids", "segment_ids", "padding_mask")}
-    for i, e in enumerate(examples[:2]):
-        m = len(e["tokens"])
-        padded["token_ids"][i, :m], padded["segment_ids"][i, :m] = e["tokens"], e["sentences"]
-        padded["padding_mask"][i, :m] = 1
-    padded["mask_positions"] = np.stack([e["mask_positions"] for e in examples[:2]]).astype("int32")
-    out = model(padded)
-    assert tuple(out["nsp"].shape) == (2, 2)
+    out = model(_one_per_row(examples)[0])  # the other tests' reference shape
+    assert tuple(out["nsp"].shape) == (len(examples), 2)
     for i in range(2):
         assert_all_close([to_numpy(out[k])[i] for k in ("mlm", "nsp")],
                          [to_numpy(alone[i][k])[0] for k in ("mlm", "nsp")], atol=1e-5,
@@ -151,17 +164,15 @@ def _per_example_loss(outputs, labels, weights):
 
 def test_pretrainer_gradient_is_the_sum_of_the_examples_gradients():
     model, examples = BertPretrainer(_backbone(), max_segments=4), _examples()
-    inputs, labels, weights, where = _pack(examples, max_segments=4)
+    inputs, labels, weights, _ = _pack(examples, max_segments=4)
     _, grads, _ = training_step_results(
         model, inputs, lambda out: _per_example_loss(out, labels, weights))
-    total = [np.zeros_like(g) for g in grads]
-    for index in where:
-        e = examples[index]
-        _, example_grads, _ = training_step_results(
-            model, _alone(e), lambda out, e=e: _per_example_loss(
-                out, {"mlm": e["mlm"][None], "nsp": np.array([e["nsp"]])},
-                {"mlm": np.ones((1, MASKED), "float32"), "nsp": np.ones((1,), "float32")}))
-        total = [t + g for t, g in zip(total, example_grads)]
+    # The examples' gradients summed in one step: one per row, each row its
+    # example alone (see _one_per_row), the loss their sum. On JAX a step
+    # per example compiled the model's training step once each.
+    padded, padded_labels, padded_weights = _one_per_row(examples)
+    _, total, _ = training_step_results(
+        model, padded, lambda out: _per_example_loss(out, padded_labels, padded_weights))
     assert sum(float(np.abs(g).max() > 0) for g in grads) > len(grads) // 2
     assert_all_close(total, grads, atol=1e-5, what="weight gradient")
 
@@ -178,19 +189,7 @@ def test_packed_batch_loss_is_the_padded_batch_loss():
     model, examples = BertPretrainer(_backbone(), max_segments=4), _examples()
     model.compile(optimizer="sgd")
     inputs, labels, weights, _ = _pack(examples, max_segments=4)
-    n = max(LENGTHS)
-    padded = {k: np.zeros((len(examples), n), "int32")
-              for k in ("token_ids", "segment_ids", "padding_mask")}
-    for i, e in enumerate(examples):
-        m = len(e["tokens"])
-        padded["token_ids"][i, :m], padded["segment_ids"][i, :m] = e["tokens"], e["sentences"]
-        padded["padding_mask"][i, :m] = 1
-    padded["mask_positions"] = np.stack([e["mask_positions"] for e in examples]).astype("int32")
-    padded_loss = _auto_loss(
-        model, padded, {"mlm": np.stack([e["mlm"] for e in examples]),
-                        "nsp": np.array([e["nsp"] for e in examples])},
-        {"mlm": np.ones((len(examples), MASKED), "float32"),
-         "nsp": np.ones((len(examples),), "float32")})
+    padded_loss = _auto_loss(model, *_one_per_row(examples))
     np.testing.assert_allclose(_auto_loss(model, inputs, labels, weights), padded_loss,
                                rtol=1e-5)
 
