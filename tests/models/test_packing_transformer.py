@@ -49,14 +49,6 @@ def _examples(seed=0):
     return examples
 
 
-def _few_examples():
-    """Examples 0, 2, 4 and 3: packed, a row of one beside padding and a row
-    of three (slots 1-3), every case of the per-example gradient, at 4
-    training steps alone instead of 7."""
-    examples = _examples()
-    return [examples[i] for i in (0, 2, 4, 3)]
-
-
 def _alone(example):
     return {"source_ids": example["source"][None], "target_ids": example["target_in"][None]}
 
@@ -83,7 +75,12 @@ def _pack(examples):
 
 
 def _padded(examples):
-    """The examples padded one per row: inputs and labels."""
+    """The examples padded one per row: inputs and labels. Each row's
+    outputs are those of its example alone, padding masked and rows
+    independent (test_without_the_packed_inputs_the_model_computes_as_before
+    checks it against calls at each example's own lengths): the examples'
+    references at one shape, where on JAX each call at its own lengths
+    compiled every op of the model again."""
     rows = len(examples)
     source = np.full((rows, max(n for n, _ in LENGTHS)), PAD, "int32")
     target, labels = (np.full((rows, max(m for _, m in LENGTHS)), PAD, "int32")
@@ -104,8 +101,9 @@ def test_each_packed_example_gets_its_logits_alone(position_embedding):
     inputs, _, where = _pack(examples)
     got = to_numpy(model(inputs))
     assert got.shape == (len(inputs["source_ids"]), TARGET_ROW, VOCAB)
+    reference = to_numpy(model(_padded(examples)[0]))
     for index, (row, _, start) in where.items():
-        alone = to_numpy(model(_alone(examples[index])))[0]
+        alone = reference[index, :len(examples[index]["target_in"])]
         np.testing.assert_allclose(got[row, start:start + len(alone)], alone,
                                    rtol=0, atol=1e-5, err_msg=f"example {index}")
 
@@ -114,7 +112,7 @@ def test_without_the_packed_inputs_the_model_computes_as_before():
     """A dict of the two ids runs the functional graph: the outputs of the
     list call, each padded example's those of the example alone."""
     model, examples = _model(), _examples()
-    (source, target), _ = _padded(examples[:2])
+    (source, target), _ = _padded(examples)  # the other tests' reference shape
     listed = to_numpy(model([source, target]))
     named = to_numpy(model({"source_ids": source, "target_ids": target}))
     np.testing.assert_allclose(named, listed, rtol=0, atol=0)
@@ -134,15 +132,15 @@ def _summed_loss(logits, labels):
 
 
 def test_gradient_is_the_sum_of_the_examples_gradients():
-    model, examples = _model(), _few_examples()
-    inputs, labels, where = _pack(examples)
+    model, examples = _model(), _examples()
+    inputs, labels, _ = _pack(examples)
     _, grads, _ = training_step_results(model, inputs, lambda out: _summed_loss(out, labels))
-    total = [np.zeros_like(g) for g in grads]
-    for index in where:
-        e = examples[index]
-        _, example_grads, _ = training_step_results(
-            model, _alone(e), lambda out, e=e: _summed_loss(out, e["labels"][None]))
-        total = [t + g for t, g in zip(total, example_grads)]
+    # The examples' gradients summed in one step: one per row, each row its
+    # example alone (see _padded), the loss their sum. On JAX a step per
+    # example compiled the model's training step once each.
+    padded, padded_labels = _padded(examples)
+    _, total, _ = training_step_results(model, padded,
+                                        lambda out: _summed_loss(out, padded_labels))
     assert sum(float(np.abs(g).max() > 0) for g in grads) > len(grads) // 2
     assert_all_close(total, grads, atol=1e-5, what="weight gradient")
 
