@@ -235,8 +235,13 @@ def peaky():
     return model
 
 
-CASES = [  # samples per stream_step, in encoder frames of 640 samples
-    1, 2, 7] if ON_TENSORFLOW else [3]
+# Samples per stream_step, in encoder frames of 640 samples. JAX and
+# PyTorch run 5: like 1 and 7, a step that ends inside a 2-frame chunk (a
+# frame carried to the next step), and the shapes of
+# test_streamed_logits_equal_the_chunk_masked_forward's case there (the
+# same batch and waveform width, pieces of 5 frames into 2-frame chunks):
+# JAX compiles them once for both.
+CASES = [1, 2, 7] if ON_TENSORFLOW else [5]
 
 
 @pytest.mark.parametrize("frames_per_step", CASES)
