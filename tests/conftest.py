@@ -28,28 +28,44 @@ os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", os.path.join(
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 sys.path.insert(0, os.path.dirname(__file__))  # `from test_case import ...`
 
-import keras  # noqa: E402
-import pytest  # noqa: E402
-
-BACKEND = keras.backend.backend()
-
-# Test-speed setting: the objects alive now (TensorFlow's, JAX's, Keras's
-# modules: ~460,000) are moved out of the garbage collector's sight, once per
-# process. A full collection traverses them all (0.75 s each here), and Keras
-# runs one for every variable it deletes (`Layer.__delattr__`: 24 in one
-# int8 quantization of the tiny Conformer), besides the interpreter's own
-# oldest-generation collections as a test allocates. After the freeze a
-# collection sees only what the tests made (~0.01 s). Nothing is leaked:
-# only objects alive at import time are frozen, and they live to the end.
-# Measured on tests/models/test_lora.py + test_bert.py: 13.9 -> 10.6 s of
-# collections; test_quantize.py's int8 tests 2-4x faster (e49a815).
 import gc  # noqa: E402
 
-import keras_attn.layers  # noqa: E402,F401
-import keras_attn.models  # noqa: E402,F401
+import pytest  # noqa: E402
 
-gc.collect()
-gc.freeze()
+# The backend of this pass: Keras takes it from KERAS_BACKEND (set above
+# when the caller did not), so it is known without importing Keras.
+BACKEND = os.environ["KERAS_BACKEND"]
+
+
+def pytest_configure(config):
+    """Imports Keras and keras_attn, then freezes the garbage collector's
+    view of them; not in pytest-xdist's controller process, which runs no
+    test and collects none: there the imports (~6 s here, TensorFlow's
+    mostly) only delayed the start of the workers, once per pass."""
+    if getattr(config.option, "numprocesses", None) and not hasattr(config, "workerinput"):
+        return
+    import keras
+
+    import keras_attn.layers  # noqa: F401
+    import keras_attn.models  # noqa: F401
+
+    if keras.backend.backend() != BACKEND:
+        raise pytest.UsageError(f"Keras runs on {keras.backend.backend()!r}, "
+                                f"but KERAS_BACKEND={BACKEND!r}")
+    # Test-speed setting: the objects alive now (TensorFlow's, JAX's,
+    # Keras's modules: ~460,000) are moved out of the garbage collector's
+    # sight, once per process. A full collection traverses them all (0.75 s
+    # each here), and Keras runs one for every variable it deletes
+    # (`Layer.__delattr__`: 24 in one int8 quantization of the tiny
+    # Conformer), besides the interpreter's own oldest-generation
+    # collections as a test allocates. After the freeze a collection sees
+    # only what the tests made (~0.01 s). Nothing is leaked: only objects
+    # alive at import time are frozen, and they live to the end. Measured on
+    # tests/models/test_lora.py + test_bert.py: 13.9 -> 10.6 s of
+    # collections; test_quantize.py's int8 tests 2-4x faster (e49a815).
+    gc.collect()
+    gc.freeze()
+
 
 # marker -> the only backend whose pass collects the test (see setup.cfg).
 ONLY_ON = {
@@ -85,6 +101,8 @@ def pytest_collection_modifyitems(config, items):
 
 @pytest.fixture(autouse=True)
 def _fresh_keras_state():
+    import keras
+
     keras.config.set_dtype_policy("float32")
     keras.utils.set_random_seed(1234)
     yield
