@@ -15,6 +15,7 @@ from keras_attn._guard import IdSpec
 from keras_attn._guard import MaskSpec
 from keras_attn.errors import DataCheckError
 from keras_attn_base.quiet_tensorflow import tensorflow_module
+from keras_attn_base.quiet_tensorflow import traced_as_written
 
 DATA_CHECK = "keras_attn data check:"
 
@@ -115,7 +116,8 @@ def check_batches(dataset, model):
             x = tf.nest.map_structure(tf.identity, x)
         return (x,) + (() if y is None else (y,)) + tuple(rest)
 
-    return dataset.map(check, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+    return dataset.map(traced_as_written(check), num_parallel_calls=tf.data.AUTOTUNE,
+                       deterministic=True)
 
 
 @contextlib.contextmanager

@@ -14,6 +14,7 @@ import keras
 from keras_attn._epochs import epoch_permutation
 from keras_attn._epochs import epoch_seed
 from keras_attn_base.quiet_tensorflow import tensorflow_module
+from keras_attn_base.quiet_tensorflow import traced_as_written
 
 tf = tensorflow_module()  # import tensorflow, its start-up notices held back
 
@@ -224,13 +225,13 @@ def image_files_pipeline(paths, labels, image_size, num_channels=3, batch_size=3
     dataset = tf.data.Dataset.from_tensor_slices((paths, labels))
     if training and epoch is None:  # shuffle the paths, not the decoded images
         dataset = dataset.shuffle(len(paths), seed=seed, reshuffle_each_iteration=True)
-    dataset = dataset.map(load, num_parallel_calls=AUTOTUNE)
+    dataset = dataset.map(traced_as_written(load), num_parallel_calls=AUTOTUNE)
     if epoch is not None:
         return _batch(dataset, batch_size, training, augmentation, seed, len(paths), epoch,
                       shuffled=True)
     dataset = dataset.batch(batch_size)
     if training and augmentation is not None:
-        dataset = dataset.map(lambda x, y: (_augment(augmentation, x), y),
+        dataset = dataset.map(traced_as_written(lambda x, y: (_augment(augmentation, x), y)),
                               num_parallel_calls=AUTOTUNE)
     return dataset.prefetch(AUTOTUNE)
 
@@ -246,10 +247,10 @@ def _batch(dataset, batch_size, training, augmentation, seed, shuffle_buffer, ep
         if augmentation:
             key = tf.constant([seed, epoch], tf.int64)
             dataset = dataset.enumerate().map(
-                lambda i, batch: (
+                traced_as_written(lambda i, batch: (
                     augmentation(batch[0], tf.random.experimental.stateless_fold_in(key, i)),
                     batch[1],
-                ),
+                )),
                 num_parallel_calls=AUTOTUNE,  # stateless: the order of the calls is free
             )
         return dataset.prefetch(AUTOTUNE)
@@ -258,7 +259,7 @@ def _batch(dataset, batch_size, training, augmentation, seed, shuffle_buffer, ep
     dataset = dataset.batch(batch_size)
     if training and augmentation is not None:
         dataset = dataset.map(
-            lambda x, y: (_augment(augmentation, tf.cast(x, "float32")), y),
+            traced_as_written(lambda x, y: (_augment(augmentation, tf.cast(x, "float32")), y)),
             num_parallel_calls=AUTOTUNE,
         )
     return dataset.prefetch(AUTOTUNE)
@@ -377,6 +378,6 @@ def load_tfds_image_dataset(
             f"Dataset {name!r} has {channels}-channel images; only grey images can be "
             f"turned into {num_channels} channels. Received: num_channels={num_channels}"
         )
-    dataset = dataset.map(select, num_parallel_calls=AUTOTUNE)
+    dataset = dataset.map(traced_as_written(select), num_parallel_calls=AUTOTUNE)
     dataset = _batch(dataset, batch_size, training, augmentation, seed, 4 * batch_size, epoch)
     return dataset, info

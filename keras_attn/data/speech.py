@@ -22,6 +22,7 @@ from keras_attn._epochs import bucket_batch_count
 from keras_attn._epochs import epoch_permutation
 from keras_attn._epochs import epoch_seed
 from keras_attn_base.quiet_tensorflow import tensorflow_module
+from keras_attn_base.quiet_tensorflow import traced_as_written
 
 DIGIT_VOCABULARY = tuple("0123456789")
 VOICES = ("en", "en-us", "en+f3", "en+m3", "en+f2", "en-gb-scotland")
@@ -253,9 +254,9 @@ def speech_dataset(waveforms, transcripts, batch_size=16, vocabulary=DIGIT_VOCAB
         target = tf.gather(edges, tf.searchsorted(edges, length[None], side="right"))[0]
         return tf.pad(audio, [[0, target - length]]), length, label
 
-    dataset = dataset.map(pad_to_boundary)
+    dataset = dataset.map(traced_as_written(pad_to_boundary))
     dataset = dataset.bucket_by_sequence_length(
-        lambda audio, length, label: length,
+        traced_as_written(lambda audio, length, label: length),
         bucket_boundaries=boundaries,
         bucket_batch_sizes=[batch_size] * (len(boundaries) + 1),
     )
@@ -263,7 +264,8 @@ def speech_dataset(waveforms, transcripts, batch_size=16, vocabulary=DIGIT_VOCAB
     batches = bucket_batch_count(lengths, boundaries, batch_size)
     dataset = dataset.apply(tf.data.experimental.assert_cardinality(batches))
     dataset = dataset.map(
-        lambda audio, length, label: ({"waveform": audio, "waveform_length": length}, label)
+        traced_as_written(lambda audio, length, label: (
+            {"waveform": audio, "waveform_length": length}, label))
     )
     return dataset.prefetch(tf.data.AUTOTUNE)
 
@@ -323,9 +325,10 @@ def load_tfds_speech(name, split="train", data_dir=None, batch_size=16,
         labels = tf.boolean_mask(labels, labels > 0)  # drop characters outside the vocabulary
         return audio, tf.shape(audio)[0], labels
 
-    dataset = dataset.map(convert, num_parallel_calls=tf.data.AUTOTUNE)
+    dataset = dataset.map(traced_as_written(convert), num_parallel_calls=tf.data.AUTOTUNE)
     dataset = dataset.padded_batch(batch_size)
     dataset = dataset.map(
-        lambda audio, length, labels: ({"waveform": audio, "waveform_length": length}, labels)
+        traced_as_written(lambda audio, length, labels: (
+            {"waveform": audio, "waveform_length": length}, labels))
     )
     return dataset.prefetch(tf.data.AUTOTUNE), info

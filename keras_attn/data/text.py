@@ -23,6 +23,7 @@ import numpy as np
 from keras_attn._epochs import epoch_permutation
 from keras_attn.data import wordpiece
 from keras_attn_base.quiet_tensorflow import tensorflow_module
+from keras_attn_base.quiet_tensorflow import traced_as_written
 
 tf = tensorflow_module()  # import tensorflow, its start-up notices held back
 
@@ -328,16 +329,16 @@ def pretraining_dataset(
         key = tf.constant([seed, epoch], tf.int64)
         dataset = tf.data.Dataset.from_tensor_slices(columns).batch(batch_size).enumerate()
         dataset = dataset.map(
-            lambda i, batch: to_example(*batch, tf.random.experimental.stateless_fold_in(key, i)),
+            traced_as_written(lambda i, batch: to_example(
+                *batch, tf.random.experimental.stateless_fold_in(key, i))),
             num_parallel_calls=AUTOTUNE,  # stateless draws: the call order is free
         )
         return dataset.prefetch(AUTOTUNE)
     dataset = tf.data.Dataset.from_tensor_slices(columns)
     if shuffle:
         dataset = dataset.shuffle(len(labels), seed=seed, reshuffle_each_iteration=True)
-    return dataset.batch(batch_size).map(to_example, num_parallel_calls=AUTOTUNE).prefetch(
-        AUTOTUNE
-    )
+    return dataset.batch(batch_size).map(
+        traced_as_written(to_example), num_parallel_calls=AUTOTUNE).prefetch(AUTOTUNE)
 
 
 def classification_dataset(texts, labels, tokenizer, sequence_length=128,
@@ -358,9 +359,8 @@ def classification_dataset(texts, labels, tokenizer, sequence_length=128,
     dataset = tf.data.Dataset.from_tensor_slices(columns + (labels,))
     if shuffle:
         dataset = dataset.shuffle(len(labels), seed=seed)
-    return dataset.batch(batch_size).map(to_example, num_parallel_calls=AUTOTUNE).prefetch(
-        AUTOTUNE
-    )
+    return dataset.batch(batch_size).map(
+        traced_as_written(to_example), num_parallel_calls=AUTOTUNE).prefetch(AUTOTUNE)
 
 
 def align_word_labels(tokenizer, words, tags):
@@ -456,4 +456,4 @@ def token_classification_dataset(words, tags, tokenizer, sequence_length=128, ba
     if shuffle:
         dataset = dataset.shuffle(len(words), seed=seed)
     return dataset.ragged_batch(batch_size).map(
-        to_example, num_parallel_calls=AUTOTUNE).prefetch(AUTOTUNE)
+        traced_as_written(to_example), num_parallel_calls=AUTOTUNE).prefetch(AUTOTUNE)

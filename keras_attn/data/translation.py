@@ -37,6 +37,7 @@ from keras_attn.data.scoring import PAD_ID  # noqa: F401
 from keras_attn.data.scoring import START_ID  # noqa: F401
 from keras_attn.data.scoring import evaluate_translations  # noqa: F401
 from keras_attn_base.quiet_tensorflow import tensorflow_module
+from keras_attn_base.quiet_tensorflow import traced_as_written
 
 tf = tensorflow_module()  # import tensorflow, its start-up notices held back
 
@@ -164,10 +165,11 @@ def make_translation_dataset(
             tf.concat([target_ids, end], 0),
         )
 
+    @traced_as_written
     def length(s, t_in, t_out):
         return tf.maximum(tf.shape(s)[0], tf.shape(t_in)[0])
 
-    dataset = dataset.map(encode, num_parallel_calls=tf.data.AUTOTUNE)
+    dataset = dataset.map(traced_as_written(encode), num_parallel_calls=tf.data.AUTOTUNE)
     boundaries = list(bucket_boundaries or [8, 16, 32, 64])
     batches = None
     if targets is not None:
@@ -183,7 +185,7 @@ def make_translation_dataset(
         bucket_batch_sizes=[batch_size] * (len(boundaries) + 1),
         padding_values=(PAD_ID, PAD_ID, PAD_ID),
     )
-    dataset = dataset.map(lambda s, t_in, t_out: ((s, t_in), t_out))
+    dataset = dataset.map(traced_as_written(lambda s, t_in, t_out: ((s, t_in), t_out)))
     if batches is not None:
         # Checked as the data is read: a wrong count is an error, not a silently short epoch.
         dataset = dataset.apply(tf.data.experimental.assert_cardinality(batches))
@@ -292,7 +294,8 @@ def load_tfds_translation(
             f"`target_language` must be another of the dataset's languages {keys}. "
             f"Received: target_language={target_language!r}"
         )
-    pairs = raw.map(lambda example: (example[source_language], example[target_language]))
+    pairs = raw.map(traced_as_written(
+        lambda example: (example[source_language], example[target_language])))
     if tokenizer is None:
         texts = []
         for source, target in pairs.take(vocabulary_examples).as_numpy_iterator():

@@ -78,7 +78,7 @@ def export_text_classifier(model, tokenizer, path, sequence_length=128, format="
     # Traced once here, checked, and called as this one function by every
     # trace of the endpoint.
     pack = tf.function(_single_text_packer(wordpiece, tokenizer, sequence_length),
-                       input_signature=[text_spec])
+                       input_signature=[text_spec], autograph=False)  # see traced_as_written
     check_core_ops(pack.get_concrete_function())
 
     def probabilities(token_ids, segment_ids, padding_mask):

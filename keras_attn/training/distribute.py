@@ -51,6 +51,7 @@ import warnings
 import keras
 
 from keras_attn import _keras_compat
+from keras_attn_base.quiet_tensorflow import traced_as_written
 
 # Read by `keras.distribution.initialize()` (keras/src/distribution/distribution_lib.py).
 JAX_PROCESS_ENV = (
@@ -306,7 +307,7 @@ def process_rows(dataset, process, processes):
         return tf.nest.map_structure(
             lambda tensor: tensor[process * size:(process + 1) * size], structure)
 
-    return dataset.map(rows)
+    return dataset.map(traced_as_written(rows))
 
 
 @contextlib.contextmanager

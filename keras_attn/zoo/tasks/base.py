@@ -16,6 +16,7 @@ task.export(model, path)              # the serving SavedModel
 import math
 
 from keras_attn.zoo import schema
+from keras_attn_base.quiet_tensorflow import traced_as_written
 
 FAMILY_MODULES = {
     "vit": "keras_attn.models.vit",
@@ -411,7 +412,7 @@ def even_batches(dataset, replicas):
         index = tf.range((size + replicas - 1) // replicas * replicas) % size
         return tf.nest.map_structure(lambda tensor: tf.gather(tensor, index), structure)
 
-    return dataset.map(fill)
+    return dataset.map(traced_as_written(fill))
 
 
 def batch_count(examples, batch_size):

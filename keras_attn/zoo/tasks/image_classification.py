@@ -18,6 +18,7 @@ from keras_attn.zoo import schema
 from keras_attn.zoo.schema import field
 from keras_attn.zoo.tasks.base import Task
 from keras_attn.zoo.tasks.base import batch_count
+from keras_attn_base.quiet_tensorflow import traced_as_written
 
 _SHARE = dict(ge=0, le=0.99)
 
@@ -239,7 +240,7 @@ class ImageClassification(Task):
             return {part: rows, "y": labels,
                     "transforms": self.augmentation.transforms(size, height, width, seed)}
 
-        return dataset.enumerate().map(with_transforms)
+        return dataset.enumerate().map(traced_as_written(with_transforms))
 
     def finish_prepared(self, parts, tables):
         if "transforms" not in parts:

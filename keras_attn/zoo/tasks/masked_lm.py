@@ -29,6 +29,7 @@ from keras_attn.zoo import schema
 from keras_attn.zoo.schema import field
 from keras_attn.zoo.tasks.base import Task
 from keras_attn.zoo.tasks.base import batch_count
+from keras_attn_base.quiet_tensorflow import traced_as_written
 
 INPUTS = ("token_ids", "segment_ids", "padding_mask", "mask_positions")
 # The pretrainer's NSP slots per row when nothing is packed (its default).
@@ -236,8 +237,8 @@ class MaskedLM(Task):
 
         rows.pop("example_ids")
         dataset = tf.data.Dataset.from_tensor_slices(rows).batch(self.batch_size).enumerate()
-        return dataset.map(to_batch, num_parallel_calls=tf.data.AUTOTUNE).prefetch(
-            tf.data.AUTOTUNE)
+        return dataset.map(traced_as_written(to_batch),
+                           num_parallel_calls=tf.data.AUTOTUNE).prefetch(tf.data.AUTOTUNE)
 
     def _dataset(self, pairs, epoch, shuffle):
         from keras_attn.data import text

@@ -23,6 +23,7 @@ from keras_attn.zoo import schema
 from keras_attn.zoo.schema import field
 from keras_attn.zoo.tasks.base import Task
 from keras_attn.zoo.tasks.base import batch_count
+from keras_attn_base.quiet_tensorflow import traced_as_written
 
 
 class TranslationData(schema.TfdsSplits):
@@ -245,7 +246,8 @@ class Translation(Task):
             raw = raw.take(limit)
         source, target = self._languages
         return [(a.decode("utf-8"), b.decode("utf-8"))
-                for a, b in raw.map(lambda x: (x[source], x[target])).as_numpy_iterator()]
+                for a, b in raw.map(traced_as_written(
+                    lambda x: (x[source], x[target]))).as_numpy_iterator()]
 
     def _load_tfds(self):
         from keras_attn.data import translation
