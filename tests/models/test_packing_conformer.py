@@ -128,8 +128,10 @@ def test_each_packed_utterance_gets_its_logits_alone(variant):
                                out["logits"][row][ids[row] == slot + 1], rtol=0, atol=0)
 
 
-def test_without_the_packed_inputs_the_model_computes_as_before():
-    model, utterances = _model(), _utterances()
+@pytest.mark.parametrize("variant", [{}, CHUNKED], ids=["offline", "chunked"])
+def test_without_the_packed_inputs_the_model_computes_as_before(variant):
+    # Both variants: each is the padded-row reference of the packed tests.
+    model, utterances = _model(**variant), _utterances()
     padded, _ = _padded(utterances)  # the other tests' reference shape
     out = model(padded)
     assert sorted(out) == ["logit_lengths", "logits"]
