@@ -88,7 +88,8 @@ def traced_as_written(function):
     to `tf.data.Dataset.map` and `tf.function` by default. Every function
     keras_attn hands them is written for graph mode already (it branches
     with `tf.cond` / `tf.where`, never with Python control flow on a
-    tensor), so the rewrite was only cost: the zoo's text-task tests 29.5 ->
-    25.7 s. A function that did need it fails loudly when traced (TensorFlow
+    tensor), so the rewrite was only cost (tests/zoo/test_text_tasks.py +
+    tests/data/test_user_files.py, back to back: 75.0/74.3 -> 73.4/71.1 s).
+    A function that did need it fails loudly when traced (TensorFlow
     refuses a tensor used as a Python bool, or iterated over)."""
     return tensorflow_module().autograph.experimental.do_not_convert(function)

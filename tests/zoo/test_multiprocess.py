@@ -53,10 +53,10 @@ def _command(output, extra=()):
 
 
 def _env(**extra):
-    # One device a process, after this process's own flags (conftest.py's
-    # faster XLA compile), which the device count's flags override.
-    xla_flags = " ".join([os.environ.get("XLA_FLAGS", ""), jax_cpu_devices_flags(1)])
-    env = dict(os.environ, KERAS_BACKEND="jax", TF_CPP_MIN_LOG_LEVEL="3", XLA_FLAGS=xla_flags,
+    # One device a process, beside this process's own flags (conftest.py's
+    # faster XLA compile: jax_cpu_devices_flags keeps them).
+    env = dict(os.environ, KERAS_BACKEND="jax", TF_CPP_MIN_LOG_LEVEL="3",
+               XLA_FLAGS=jax_cpu_devices_flags(1),
                PYTHONPATH=os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]))
     for name in list(env):
         if name.startswith("KERAS_DISTRIBUTION_") or name in ("TF_CONFIG", "SLURM_PROCID",
