@@ -271,8 +271,12 @@ def run_bert_jax(impl, case, smoke):
     rng = np.random.default_rng(0)
     x, labels, _, _ = _bert_inputs(rng, batch, length, cfg["vocabulary_size"], jnp)
     keras.utils.set_random_seed(0)
-    if impl == "keras_attn":
-        model = build_keras_attn_bert(cfg)
+    if impl in ("keras_attn", "keras_attn_no_attention_dropout"):
+        # The second: attention dropout 0, so that attention takes the fused
+        # kernel (keras.ops.dot_product_attention has no dropout), with the
+        # padding mask of every BERT batch.
+        extra = {"attention_dropout": 0.0} if impl != "keras_attn" else {}
+        model = build_keras_attn_bert({**cfg, **extra})
         y = {"mlm": labels, "nsp": jnp.zeros((batch,), "int32")}
 
         def loss_fn(y, out):
@@ -445,6 +449,12 @@ def run_attention_jax(smoke):
         key = jax.random.PRNGKey(length)
         q, k, v = (jax.random.normal(kk, (batch, length, n, h), "bfloat16")
                    for kk in jax.random.split(key, 3))
+        # A key-padding mask (B, 1, 1, S) as a BERT batch gives: the second
+        # half of the batch padded over its last eighth.
+        keep = np.ones((batch, 1, 1, length), bool)
+        keep[batch // 2:, ..., length - max(1, length // 8):] = False
+        paths["fused, key padding mask"] = lambda q, k, v, keep=jnp.asarray(keep): (
+            fused_dot_product_attention(q, k, v, mask=keep, length_multiple=m))
         flops = attention_flops(batch, n, length, h, backward=True)
         for name, fn in paths.items():
             if name == "fused, not padded" and length % m == 0:
@@ -899,7 +909,7 @@ def run_one(spec, smoke, deadline=None):
 
 
 PLAN = {
-    "bert128": ["keras_attn", "keras_hub", "transformers"],
+    "bert128": ["keras_attn", "keras_attn_no_attention_dropout", "keras_hub", "transformers"],
     "bert512": ["keras_attn", "keras_hub", "transformers"],
     "vit": ["keras_attn", "keras_hub", "timm"],
     "transformer_big": ["keras_attn", "marian"],

@@ -9,6 +9,12 @@ Run:  python benchmarks/packing.py [--tasks bert,translation]
                                    [--rounds 10] [--smoke]
       (TensorFlow backend; about 15 minutes for bert_mini on 2 busy cores)
 
+On the GPU machine (JAX, no TensorFlow there; ../shared/gpu/README.md):
+      KERAS_BACKEND=jax python benchmarks/packing.py --tasks bert
+          --preset bert_base --lengths 512 --batch-tokens 32768
+          --dtype-policy mixed_bfloat16 --rounds 5
+      (64 rows of 512 a step, the batch of gpu.py's bert512 case)
+
 BERT (`--tasks bert`; the JSON's top-level keys)
 ------------------------------------------------
 The examples' lengths are log-normal around a median of 0.3 x the row
@@ -248,6 +254,26 @@ def keras_hub_model(config, vocabulary, length):
     return model
 
 
+def attention_kernels(model, x):
+    """The fused attention kernels that `model`'s compiled forward pass on
+    `x` calls (JAX only: the custom calls of the compiled program, as
+    gpu.py reads them); None on other backends, [] where attention is XLA's
+    own ops."""
+    if keras.backend.backend() != "jax":
+        return None
+    import jax
+
+    from gpu import fused_kernels
+
+    def forward(trainable, non_trainable, x):
+        return model.stateless_call(trainable, non_trainable, x, training=True)[0]
+
+    compiled = jax.jit(forward).lower(
+        [v.value for v in model.trainable_variables],
+        [v.value for v in model.non_trainable_variables], x).compile()
+    return fused_kernels(compiled.as_text())
+
+
 def _step(model, batch):
     x, y, weight = batch
 
@@ -303,7 +329,10 @@ def run_length(sizes, length, batch, rounds, examples_count, vocabulary, seed=0)
     real = {"padded": int(padded[0]["padding_mask"].sum()),
             "packed": int(packed[0]["padding_mask"].sum())}
     speeds = _speeds(steps, rounds, dict(real, keras_hub=real["padded"]))
+    kernels = {"padded": attention_kernels(ours_padded, padded[0]),
+               "packed": attention_kernels(ours_packed, packed[0])}
     return {
+        "attention_kernels": kernels,
         "length": length,
         "batch": batch,
         "examples": examples_count,
@@ -514,17 +543,38 @@ def table(rows):
     return "\n".join(lines)
 
 
+def _device():
+    """The accelerator the backend computes on ("cpu" where there is none)."""
+    if keras.backend.backend() == "jax":
+        import jax
+
+        device = jax.devices()[0]
+        return "cpu" if device.platform == "cpu" else device.device_kind
+    return "cpu"
+
+
 def _run_record(args, argv, rounds):
     """Where and how a task's rows were measured."""
     import keras_hub
-    import tensorflow as tf
 
+    backend = keras.backend.backend()
+    versions = {"keras": keras.__version__, "keras_hub": keras_hub.__version__,
+                "python": platform.python_version()}
+    if backend == "tensorflow":
+        import tensorflow as tf
+
+        versions["tensorflow"] = tf.__version__
+    elif backend == "jax":
+        import jax
+
+        versions["jax"] = jax.__version__
     return {
         "rounds": rounds, "smoke": args.smoke,
         "date": datetime.date.today().isoformat(),
         "machine": f"{os.cpu_count()} CPUs, {platform.processor() or platform.machine()}",
-        "versions": {"keras": keras.__version__, "keras_hub": keras_hub.__version__,
-                     "tensorflow": tf.__version__, "python": platform.python_version()},
+        "backend": backend, "device": _device(), "batch_tokens": args.batch_tokens,
+        "dtype_policy": keras.config.dtype_policy().name,
+        "versions": versions,
         "command": "python benchmarks/packing.py " + " ".join(argv if argv is not None
                                                                else sys.argv[1:]),
     }
@@ -535,7 +585,10 @@ def run_bert(args, argv):
         sizes, lengths, rounds = ("bert_tiny", SMOKE_SIZES), [64], 1
         examples, vocabulary = 200, 100
     else:
-        sizes, lengths, rounds = (args.preset, {}), [int(n) for n in args.lengths.split(",")], \
+        overrides = {} if args.attention_dropout is None else {
+            "attention_dropout": args.attention_dropout}
+        sizes, lengths, rounds = (args.preset, overrides), \
+            [int(n) for n in args.lengths.split(",")], \
             args.rounds
         examples, vocabulary = args.examples, args.vocabulary
     results = {
@@ -549,9 +602,11 @@ def run_bert(args, argv):
         "rows": [],
     }
     for length in lengths:
-        batch = max(1, BATCH_TOKENS // length) if not args.smoke else 4
+        batch = max(1, args.batch_tokens // length) if not args.smoke else 4
         print(f"length {length}, batch {batch}: timing {rounds} rounds", flush=True)
         results["rows"].append(run_length(sizes, length, batch, rounds, examples, vocabulary))
+        # Each row as it is measured: a run cut off still leaves its rows.
+        print("ROW " + json.dumps(results["rows"][-1]), flush=True)
     print(table(results["rows"]))
     return results
 
@@ -562,7 +617,7 @@ def run_translation_task(args, argv):
         examples, vocabulary = 200, 100
     else:
         sizes, length, rounds = TRANSLATION_SIZES, args.translation_length, args.rounds
-        batch = max(1, BATCH_TOKENS // length)
+        batch = max(1, args.batch_tokens // length)
         examples, vocabulary = args.examples, args.translation_vocabulary
     results = {
         "what": "real (non-padding, source + target) tokens per second of Transformer "
@@ -605,6 +660,13 @@ def main(argv=None):
     parser.add_argument("--output", default=os.path.join(HERE, "results", "packing.json"))
     parser.add_argument("--note", default="",
                         help="recorded with the translation results (e.g. what else ran)")
+    parser.add_argument("--batch-tokens", type=int, default=BATCH_TOKENS,
+                        help="rows x length of a step (2048: the CPU runs; 32768 on a GPU)")
+    parser.add_argument("--attention-dropout", type=float, default=None,
+                        help="keras_attn BERT's attention dropout (default: the preset's "
+                             "0.1); 0 lets attention take the fused kernel")
+    parser.add_argument("--dtype-policy", default=None,
+                        help="Keras dtype policy for every model, e.g. mixed_bfloat16 on a GPU")
     parser.add_argument("--smoke", action="store_true",
                         help="one-layer 16-wide models, rows of 64 (BERT) and 32 "
                              "(translation), 1 round")
@@ -613,8 +675,14 @@ def main(argv=None):
     if not tasks or set(tasks) - {"bert", "translation"}:
         parser.error(f"Invalid value for argument `--tasks`: bert and/or translation. "
                      f"Received: --tasks={args.tasks}")
-    if keras.backend.backend() != "tensorflow":
-        raise SystemExit("Run it on the TensorFlow backend (KERAS_BACKEND=tensorflow).")
+    if keras.backend.backend() not in ("tensorflow", "jax"):
+        raise SystemExit("Run it on the TensorFlow backend (the CPU rows) or JAX (the GPU "
+                         f"machine); KERAS_BACKEND={keras.backend.backend()}.")
+    if args.batch_tokens < 1:
+        parser.error(f"Invalid value for argument `--batch-tokens`: a positive number of "
+                     f"tokens. Received: --batch-tokens={args.batch_tokens}")
+    if args.dtype_policy:
+        keras.config.set_dtype_policy(args.dtype_policy)
 
     # A task not run keeps its results already in the file.
     results = {}

@@ -119,7 +119,8 @@ def test_gpu_table_reports_throughput_mfu_and_ratio():
 def test_gpu_plan_times_every_pytorch_peer_eager_and_compiled():
     specs = gpu.plan(["bert128", "vit", "transformer_big", "conformer_large", "attention"])
     assert specs == [
-        "bert128:keras_attn", "bert128:keras_hub", "bert128:transformers",
+        "bert128:keras_attn", "bert128:keras_attn_no_attention_dropout", "bert128:keras_hub",
+        "bert128:transformers",
         "bert128:transformers+compile",
         "vit:keras_attn", "vit:keras_hub", "vit:timm", "vit:timm+compile",
         "transformer_big:keras_attn", "transformer_big:marian", "transformer_big:marian+compile",

@@ -269,7 +269,9 @@ def fused_dot_product_attention(
     known query and key lengths are padded with zeros to multiples of `m`,
     the padded keys are masked out (a boolean key mask keeps cuDNN's kernel),
     and the padded queries are sliced off, so every answer and gradient is
-    the unpadded one.
+    the unpadded one. On that route (`m > 1`) a mask is handed to the kernel
+    with its query and key axes full, `(B|1, N|1, T', S')`: cuDNN refuses a
+    mask that broadcasts over them.
     """
     query = ops.convert_to_tensor(query)
     key = ops.convert_to_tensor(key)
@@ -303,6 +305,15 @@ def fused_dot_product_attention(
             rows = 0 if static_dim(mask.shape[2]) == 1 else t_pad - t
             mask = ops.pad(mask, [[0, 0], [0, 0], [0, rows], [0, s_pad - s]])
         mask = merge_masks(mask, real_keys)
+    if length_multiple > 1 and mask is not None:
+        # cuDNN's kernel takes a mask only as a bias of the full (T, S) (JAX
+        # raises "Bias must have same seq length as QKV, got 1 and 200" and
+        # Keras falls back to XLA's ops, which the compiled program shows:
+        # every masked or padded call ran without the kernel on an H200,
+        # 2026-11-26). Batch and head axes may stay 1.
+        shape = ops.shape(mask)
+        mask = ops.broadcast_to(mask, (shape[0], shape[1], ops.shape(query)[1],
+                                       ops.shape(key)[1]))
     output = ops.dot_product_attention(
         query,
         key,

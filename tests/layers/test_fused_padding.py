@@ -139,3 +139,50 @@ def test_the_default_pads_only_where_the_kernel_needs_it():
     with pytest.raises(ValueError, match="Received: length_multiple=0"):
         q, k, v = _inputs(3, 3, seed=1)
         fused_dot_product_attention(q, k, v, length_multiple=0)
+
+
+@pytest.mark.parametrize("length", [16, 13])
+def test_the_kernel_route_hands_the_kernel_a_mask_of_full_query_and_key_axes(
+        monkeypatch, length):
+    """cuDNN (JAX on a GPU) takes a mask only as a bias of the full (T, S):
+    a key-padding mask (B, 1, 1, S), or the padded keys' own mask, reached
+    it broadcast over the queries, was refused and fell back to XLA's ops
+    (seen on an H200). The mask the kernel receives is (B|1, N|1, T', S'),
+    and the answer is still the explicit path's."""
+    import sys
+
+    # The package exports a function of the module's name.
+    module = sys.modules["keras_attn.layers.scaled_dot_product_attention"]
+    seen = []
+    real = module.ops.dot_product_attention
+
+    class Recording:
+        def __getattr__(self, name):
+            return getattr(ops, name)
+
+        @staticmethod
+        def dot_product_attention(query, key, value, mask=None, **kwargs):
+            seen.append((tuple(query.shape), tuple(key.shape),
+                         None if mask is None else tuple(mask.shape)))
+            return real(query, key, value, mask=mask, **kwargs)
+
+    monkeypatch.setattr(module, "ops", Recording())
+    q, k, v = _inputs(length, length, seed=3)
+    padded = -(-length // KERNEL_LENGTH_MULTIPLE) * KERNEL_LENGTH_MULTIPLE
+    keys, _ = _masks(length, length, "padding")
+    for mask in (keys, None):
+        got = fused_dot_product_attention(q, k, v, mask=mask,
+                                          length_multiple=KERNEL_LENGTH_MULTIPLE)
+        want = scaled_dot_product_attention(q, k, v, mask=mask)
+        np.testing.assert_allclose(ops.convert_to_numpy(got), ops.convert_to_numpy(want),
+                                   atol=2e-5)
+    query_shape, key_shape, mask_shape = seen[0]  # the key-padding mask
+    assert mask_shape == (B, 1, padded, padded)
+    if length == padded:
+        assert seen[1][2] is None  # nothing to mask: no mask at all
+    else:
+        assert seen[1][2] == (1, 1, padded, padded)  # the padded keys' mask
+    # Off the kernel route (the default here: no GPU), masks are not grown.
+    seen.clear()
+    fused_dot_product_attention(q, k, v, mask=keys, length_multiple=1)
+    assert seen[0][2] == (B, 1, 1, length)
