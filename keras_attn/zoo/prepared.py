@@ -24,15 +24,18 @@ rows of each batch; batches of varying width, as a length bucket each, are
 padded to the widest and cut back to their own `shape/<part>` when read) in
 the narrowest integer type that holds their values; they are read back in
 the pipeline's dtypes. `tables.npz` holds what a task stores once (the
-digits the augmented batches index, the translation test set). The training batches of every
-epoch are stored (an epoch is a pure function of the recipe and the epoch:
-`Task.train_dataset_fn`), so a run from prepared files sees the batches of a
-run from tf.data, the masks and orders included, and resumes exactly as it
-does (`ResumableTrainer`: `Batches.skip`). What would make them large is
-stored compactly: image augmentation as the source pixels (uint8) and one
-projective transform per image (drawn by the same stateless TensorFlow ops),
-applied when the batch is read with `keras.ops.image.affine_transform`
-(equal on TensorFlow; within 1e-4 of 255 on JAX and PyTorch).
+digits the augmented batches index, the translation test set, a packed
+speech run's rows, which each epoch's batches list by `row`: the features
+float32, as the twin trains on them, once rather than once an epoch). The
+training batches of every epoch are stored (an epoch is a pure function of
+the recipe and the epoch: `Task.train_dataset_fn`), so a run from prepared
+files sees the batches of a run from tf.data, the masks and orders
+included, and resumes exactly as it does (`ResumableTrainer`:
+`Batches.skip`). What would make them large is stored compactly: image
+augmentation as the source pixels (uint8) and one projective transform per
+image (drawn by the same stateless TensorFlow ops), applied when the batch
+is read with `keras.ops.image.affine_transform` (equal on TensorFlow;
+within 1e-4 of 255 on JAX and PyTorch).
 
 Why Keras's `PyDataset` and not grain with array_record: the prepared data
 of the small recipes is a few MiB that fits in memory, read in order, batch
@@ -49,8 +52,11 @@ data-defining keys, the epochs and steps, against the recipe and overrides
 `train` was given), that every file is there with its size and SHA-256,
 then, as each file is read, that its arrays are the ones the manifest lists
 in dtypes `prepare` could have written, and every batch of every file
-against what the model accepts (`GuardedModel.check_inputs` /
-`check_labels`: ids, labels, masks, lengths), all before the first step.
+(and the batch rows stored once) against what the model accepts
+(`GuardedModel.check_inputs` / `check_labels`: ids, labels, masks,
+lengths; `index` and `row` within what they point at; the task's own
+checks: packed segment ids and positions, labels each utterance can
+emit), all before the first step.
 
 What the checksums protect against: a manifest or a data file damaged
 (truncated, a flipped bit) or edited by hand (`num_classes`, a dtype, an
@@ -92,8 +98,11 @@ _PREPARED_FILE = re.compile(r"(train-\d{4}|validation|test|tables)\.npz")
 # directory prepared with other values is refused. The rest (optimizer,
 # schedule, precision, checkpoints, XLA, the search) may change between
 # `prepare` and `train`.
-DATA_KEYS = ("family", "task", "model", "data", "training.seed", "training.batch_size",
-             "training.epochs", "training.steps_per_epoch", "evaluation.max_examples")
+# `data.packing` is part of `data`; named before it so that a directory
+# prepared packed for an unpacked run (or the reverse) is refused by that name.
+DATA_KEYS = ("family", "task", "model", "data.packing", "data", "training.seed",
+             "training.batch_size", "training.epochs", "training.steps_per_epoch",
+             "evaluation.max_examples")
 
 
 def _data_keys(recipe):
@@ -519,15 +528,23 @@ class PreparedData:
         `ValueError` naming the file."""
         for name in self.files:
             if name == "tables":
-                continue
-            _, arrays, _ = self._arrays(name)
-            parts = _unflatten(arrays)
+                parts = _unflatten(self.tables)
+                if "x" not in parts:  # no batch rows (e.g. images an `index` points at)
+                    continue
+            else:
+                parts = _unflatten(self._arrays(name)[1])
             try:
+                if name == "tables":  # batch rows stored once: each part of each row
+                    _check_same_rows(parts)
                 if "x" in parts:
                     model.check_inputs(parts["x"])
                 model.check_labels(parts.get("y"))
                 if "index" in parts:  # rows of the examples stored once
-                    _check_index(parts["index"], self.state["index_rows"])
+                    _check_index("index", parts["index"], self.state["index_rows"],
+                                 "rows of the stored examples")
+                if "row" in parts:  # rows of the batch rows stored once
+                    _check_index("row", parts["row"], self._table_rows(),
+                                 "rows of the batch rows in tables.npz")
                 if task is not None:
                     task.check_prepared(parts, model)
             except ValueError as error:
@@ -535,6 +552,11 @@ class PreparedData:
                     f"Prepared file {os.path.join(self.directory, self.files[name]['file'])}: "
                     f"{error}"
                 ) from None
+
+    def _table_rows(self):
+        """The batch rows stored once in tables.npz (its `y`), which `row`
+        parts index; 0 when it holds none."""
+        return len(self.tables["y"]) if "y" in self.tables else 0
 
     def batches(self, split, epoch=None, finish=None):
         """The `Batches` of `"train"` (with `epoch`), `"validation"` or
@@ -598,9 +620,16 @@ def _check_dtype(file, key, stored, dtype):
                      f"as it, the values would change).")
 
 
-def _check_index(index, rows):
+def _check_same_rows(parts):
+    rows = {name: len(value) for name, value in _flatten(parts).items()}
+    if len(set(rows.values())) > 1:
+        raise ValueError(f"the batch rows stored once must have the same rows in every part. "
+                         f"Received: rows {rows}")
+
+
+def _check_index(name, index, rows, what):
     if index.size and (index.min() < 0 or index.max() >= rows):
-        raise ValueError(f"`index` must lie in [0, {rows}) (rows of the stored examples). "
+        raise ValueError(f"`{name}` must lie in [0, {rows}) ({what}). "
                          f"Received: values from {index.min()} to {index.max()}")
 
 

@@ -126,7 +126,11 @@ class SpeechCTC(Task):
     # the spoken-digits set, their lengths, the batch's padded width and the
     # labels; the waveforms (~140 MB for 2,000) are made again where the data
     # is used (eSpeak NG and SciPy, no TensorFlow) and checked against the
-    # SHA-256 of the ones prepared from.
+    # SHA-256 of the ones prepared from. Packed (`data.packing`): the packed
+    # rows, their features float32, stored once (tables.npz), each training
+    # batch as the rows it holds; the validation features stored as they are
+    # (the features the front end gives on another backend would not be the
+    # same to the bit).
 
     def load_data(self):
         from keras_attn.data import speech
@@ -216,14 +220,19 @@ class SpeechCTC(Task):
 
         from keras_attn._epochs import epoch_permutation
 
+        order = epoch_permutation(len(self.packed_rows["inputs"]), self.seed, epoch)
+        return tf.data.Dataset.from_tensor_slices(self._packed_arrays(order)).batch(
+            self.batch_size).prefetch(tf.data.AUTOTUNE)
+
+    def _packed_arrays(self, order):
+        """`(x, labels)` of the packed rows `order`, in the dtypes the
+        twin trains on."""
         rows = self.packed_rows
-        order = epoch_permutation(len(rows["inputs"]), self.seed, epoch)
         x = {"features": rows["inputs"][order],
              "feature_length": np.full(len(order), rows["inputs"].shape[1], "int32"),
              "segment_ids": rows["segment_ids"][order].astype("int32"),
              "positions": rows["positions"][order].astype("int32")}
-        return tf.data.Dataset.from_tensor_slices((x, rows["labels"][order])).batch(
-            self.batch_size).prefetch(tf.data.AUTOTUNE)
+        return x, rows["labels"][order]
 
     def _features_dataset(self, waveforms, transcripts):
         """Unpacked feature batches, one utterance per row, for the
@@ -415,11 +424,6 @@ class SpeechCTC(Task):
         return self._dataset("test")
 
     def check_preparable(self):
-        if self.data.get("packing"):
-            raise ValueError(
-                "Prepared data for speech stores unpacked batches of the embedded digits only "
-                "so far: train a packed speech recipe from its pipeline (without --prepared). "
-                "Received: data.packing=True")
         if not self.embedded:
             raise ValueError(
                 "Prepared data for speech is made from the embedded spoken digits only so far "
@@ -427,8 +431,22 @@ class SpeechCTC(Task):
                 f"Received: data.dataset={self.data['dataset']!r}")
 
     def prepared_batches(self, split, epoch=None):
-        import hashlib
+        """The test batches (and an unpacked run's others) as each row's
+        index in the spoken digits, its length, the batch's width and the
+        labels; a packed run's training batches as the packed rows they
+        hold (`prepared_tables`), its validation features as they are."""
+        packed = self.data.get("packing")
+        if packed and split == "validation":
+            return self.validation_data()
+        if packed and split == "train":
+            table = self._packed_arrays(np.arange(len(self.packed_rows["inputs"])))
+            rows = {digest: i for i, digest in enumerate(_row_digests(*table))}
 
+            def packed_batches():
+                for x, labels in self.train_dataset_fn(epoch).as_numpy_iterator():
+                    yield {"row": np.array([rows[d] for d in _row_digests(x, labels)], "int32")}
+
+            return packed_batches()
         dataset = (self.train_dataset_fn(epoch) if split == "train" else
                    self.validation_data() if split == "validation" else self.test_data())
         if dataset is None:
@@ -436,17 +454,25 @@ class SpeechCTC(Task):
         # The pipeline buckets (and so reorders) the utterances: each row is
         # found again by its samples.
         waveforms = self._prepared_waveforms()
-        rows = {hashlib.sha256(w.tobytes()).hexdigest(): i for i, w in enumerate(waveforms)}
+        rows = {_bytes_digest(w): i for i, w in enumerate(waveforms)}
 
         def batches():
             for inputs, labels in dataset.as_numpy_iterator():
                 lengths, padded = inputs["waveform_length"], inputs["waveform"]
-                index = [rows[hashlib.sha256(row[:n].tobytes()).hexdigest()]
-                         for row, n in zip(padded, lengths)]
+                index = [rows[_bytes_digest(row[:n])] for row, n in zip(padded, lengths)]
                 yield {"index": np.array(index, "int32"), "length": lengths, "y": labels,
                        "width": np.full(len(index), padded.shape[1], "int32")}
 
         return batches()
+
+    def prepared_tables(self):
+        """A packed run's rows, once (each epoch's batches index them):
+        `x/features`, `x/feature_length`, `x/segment_ids`, `x/positions` and
+        `y`, as the twin trains on them."""
+        if not self.data.get("packing"):
+            return {}
+        x, labels = self._packed_arrays(np.arange(len(self.packed_rows["inputs"])))
+        return dict({f"x/{key}": value for key, value in x.items()}, y=labels)
 
     def _prepared_waveforms(self):
         """Every utterance of the embedded set, in load_data's order."""
@@ -489,8 +515,18 @@ class SpeechCTC(Task):
         super().use_prepared(state)
 
     def check_prepared(self, parts, model):
-        from keras_attn.models.conformer.conformer_model import ctc_frames_needed
+        """What the pipelines' checks and the model's own check of packed
+        rows ask of stored speech: lengths that are the utterances' own,
+        valid segment ids and positions, and labels each utterance can
+        emit after the 4x subsampling. (`row` parts, each epoch's packed
+        rows, are checked against the rows stored once, which come here as
+        the tables' `x` and `y`.)"""
+        if "index" in parts:
+            self._check_waveform_rows(parts)
+        elif "x" in parts:
+            _check_feature_rows(parts["x"], parts["y"])
 
+    def _check_waveform_rows(self, parts):
         index, lengths, widths = parts["index"], parts["length"], parts["width"]
         own = np.array([len(self._waveforms[i]) for i in index])
         if np.any(lengths != own) or np.any(lengths > widths):
@@ -499,20 +535,17 @@ class SpeechCTC(Task):
                 "`length` must be the utterance's own length, at most the batch's `width`. "
                 f"Received: length={int(lengths[bad])} for utterance {int(index[bad])} of "
                 f"{int(own[bad])} samples, width={int(widths[bad])}")
-        # What the pipeline's data check asks (keras_attn.data.checks): labels
-        # the utterance can emit after the 4x subsampling.
-        emitted = 1 + lengths.astype("int64") // self.model_config.frame_step
-        for _ in range(2):  # keras_attn.layers.subsampled_length, in NumPy
-            emitted = np.maximum((emitted - 3) // 2 + 1, 0)
-        needed = ctc_frames_needed(parts["y"])
-        if np.any(needed > emitted):
-            bad = int(np.flatnonzero(needed > emitted)[0])
-            raise ValueError(
-                "a CTC label sequence is longer than its utterance can emit after 4x "
-                f"subsampling. Received: labels needing {int(needed[bad])} frames, "
-                f"{int(emitted[bad])} frames for utterance {int(index[bad])}")
+        frames = 1 + lengths.astype("int64") // self.model_config.frame_step
+        _check_label_frames(parts["y"], frames, lambda bad: f"utterance {int(index[bad])}")
 
     def finish_prepared(self, parts, tables):
+        if "row" in parts:  # a packed training batch: its rows of the table
+            rows = parts["row"]
+            x = {key[len("x/"):]: value[rows] for key, value in tables.items()
+                 if key.startswith("x/")}
+            return x, tables["y"][rows]
+        if "x" in parts:  # a packed run's validation features
+            return parts["x"], parts["y"]
         padded = np.zeros((len(parts["index"]), int(parts["width"][0])), "float32")
         for row, (index, length) in enumerate(zip(parts["index"], parts["length"])):
             padded[row, :length] = self._waveforms[index][:length]
@@ -559,3 +592,68 @@ class SpeechCTC(Task):
     def served_outputs(self, loaded, inputs):
         ids = loaded.serve(inputs["waveform"], inputs["waveform_length"])
         return {"token_ids": np.asarray(ids)}
+
+
+# === Prepared data: checks of stored rows (NumPy) ===
+
+
+def _bytes_digest(*arrays):
+    """The SHA-256 of the arrays' bytes, one after the other."""
+    import hashlib
+
+    digest = hashlib.sha256()
+    for array in arrays:
+        digest.update(np.ascontiguousarray(array).tobytes())
+    return digest.hexdigest()
+
+
+def _row_digests(x, labels):
+    """`_bytes_digest` of each row of a batch `(x, labels)` (x a dict, in key order)."""
+    return [_bytes_digest(*(x[key][i] for key in sorted(x)), labels[i]) for i in range(len(labels))]
+
+
+def _check_feature_rows(x, labels):
+    """Feature rows the twin trains on: packed ones as the model checks them
+    when it is called eagerly (segment ids, positions, `feature_length`, one
+    transcript per utterance), then each utterance's labels against its
+    frames; unpacked ones (validation) against their `feature_length`."""
+    from keras_attn.models.conformer.conformer_model import _checked_utterances
+    from keras_attn.models.conformer.conformer_model import _per_utterance_labels
+
+    labels = np.asarray(labels)
+    if "segment_ids" not in x:
+        frames = np.asarray(x["feature_length"]).astype("int64")
+        _check_label_frames(labels, frames, lambda bad: f"row {bad}")
+        return
+    _checked_utterances(x["features"], x["segment_ids"], x["positions"], x["feature_length"])
+    ids = np.asarray(x["segment_ids"])
+    _per_utterance_labels(labels, ids.max(axis=1))
+    slots = labels.shape[1]
+    frames = (ids[:, None, :] == np.arange(1, slots + 1)[None, :, None]).sum(axis=2)  # (B, K)
+    _check_label_frames(labels.reshape(-1, labels.shape[-1]), frames.reshape(-1),
+                        lambda bad: f"utterance {bad % slots + 1} of row {bad // slots}")
+
+
+def _check_label_frames(labels, frames, where):
+    """What the pipeline's data check asks (keras_attn.data.checks) of
+    labels `(N, L)` and their utterances' feature frames `(N,)`: each
+    transcript's ids followed by 0s, no longer than the utterance can emit
+    after the 4x subsampling. `where(i)` names row i."""
+    from keras_attn.models.conformer.conformer_model import ctc_frames_needed
+
+    real = labels > 0
+    gaps = np.flatnonzero((~real[:, :-1] & real[:, 1:]).any(axis=1))
+    if gaps.size:
+        raise ValueError(
+            "`labels` must be each transcript's ids followed by 0s (the padding). "
+            f"Received: {labels[gaps[0]].tolist()} for {where(int(gaps[0]))}")
+    emitted = frames
+    for _ in range(2):  # keras_attn.layers.subsampled_length, in NumPy
+        emitted = np.maximum((emitted - 3) // 2 + 1, 0)
+    needed = ctc_frames_needed(labels)
+    if np.any(needed > emitted):
+        bad = int(np.flatnonzero(needed > emitted)[0])
+        raise ValueError(
+            "a CTC label sequence is longer than its utterance can emit after 4x "
+            f"subsampling. Received: labels needing {int(needed[bad])} frames, "
+            f"{int(emitted[bad])} frames for {where(bad)}")
