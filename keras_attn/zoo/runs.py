@@ -516,9 +516,11 @@ def _train_locked(recipe, output, distribute, export, verbose, prepared=None):
             callbacks, verbose = [], 0
         elif tensorflow_installed():  # Keras writes TensorBoard logs with tf.summary
             callbacks.insert(0, keras.callbacks.TensorBoard(os.path.join(output, "tensorboard")))
+        # TensorFlow's MultiWorkerMirroredStrategy gives each worker its share
+        # of every batch itself: each worker reads the whole batch.
         train_dataset_fn, validation = _training_data(
-            task, model, prepared, replicas, process if not isinstance(distribute, tuple)
-            else (0, 1))
+            task, model, prepared, replicas, process if distribute == "data_parallel"
+            and keras.backend.backend() == "jax" else (0, 1))
         with data_check_errors(), naming_lost_processes():  # DataCheckError; a lost process
             history = trainer.fit(model, train_dataset_fn, training["epochs"], steps,
                                   validation_data=validation, callbacks=callbacks,
