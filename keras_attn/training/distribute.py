@@ -96,11 +96,26 @@ def _warn_single_device(found):
     )
 
 
-def _tf_workers(strategy):
-    """The workers of a MultiWorkerMirroredStrategy's cluster; 0 for others."""
-    resolver = strategy.cluster_resolver  # None but for multi-worker strategies
-    jobs = resolver.cluster_spec().as_dict() if resolver is not None else {}
-    return len(jobs.get("chief", [])) + len(jobs.get("worker", []))
+def _tf_process_of(strategy):
+    """`(index, count)` of this worker in `strategy`'s job, as TensorFlow
+    numbers the workers: it gives the replicas of worker k the ids k * L to
+    k * L + L - 1 (L local devices), worker 0 being the chief (TF_CONFIG's
+    `chief` task, else its `worker` 0: `strategy.extended.should_checkpoint`
+    there). `(0, 1)` for a strategy of one host."""
+    local = len(strategy.extended.worker_devices)
+    ids = strategy.experimental_local_results(
+        strategy.experimental_distribute_values_from_function(
+            lambda context: context.replica_id_in_sync_group))
+    return ids[0] // local, strategy.num_replicas_in_sync // local
+
+
+def _tf_process():
+    """`(index, count)` of this process in the TensorFlow multi-worker job it
+    joined (the MultiWorkerMirroredStrategy `data_parallel` or
+    `initialize_processes` made from TF_CONFIG); `(0, 1)` when it joined
+    none."""
+    strategy = _TF_STRATEGIES.get("multi_worker")
+    return (0, 1) if strategy is None else _tf_process_of(strategy)
 
 
 def _tf_strategy(devices):
@@ -138,7 +153,7 @@ def _tf_data_parallel(devices):
     if strategy is None:
         yield 1
         return
-    several = _tf_workers(strategy) > 1
+    several = _tf_process_of(strategy)[1] > 1
     patch = _keras_compat.tensorflow_multi_worker_fit if several else contextlib.nullcontext
     with strategy.scope(), patch():
         yield strategy.num_replicas_in_sync
@@ -185,35 +200,95 @@ def _jax_initialize():
 
 
 def initialize_processes():
-    """Joins the other processes of a multi-process JAX job (see
-    `_jax_initialize`); returns `(process_index, process_count)`, `(0, 1)`
-    for one process or another backend."""
-    if keras.backend.backend() != "jax":
+    """Joins the other processes of a multi-process job: on JAX (see
+    `_jax_initialize`), and on TensorFlow when TF_CONFIG is set (the
+    MultiWorkerMirroredStrategy `data_parallel` uses, made now); returns
+    `(process_index, process_count)`, `(0, 1)` for one process (a TF_CONFIG
+    of one worker and no chief included) or on torch."""
+    backend = keras.backend.backend()
+    if backend == "tensorflow" and "TF_CONFIG" in os.environ:
+        _tf_strategy(None)
+    elif backend == "jax":
+        _jax_initialize()
+    return _process()
+
+
+def _process():
+    """`(index, count)` of this process in the job it joined, `(0, 1)`
+    when it joined none (`initialize_processes` joins without asking)."""
+    backend = keras.backend.backend()
+    if backend == "tensorflow":
+        return _tf_process()
+    if backend != "jax":
         return 0, 1
     import jax
 
-    _jax_initialize()
     if not jax.distributed.is_initialized():
         return 0, 1
     return jax.process_index(), jax.process_count()
 
 
 def process_index():
-    """This process's index in a joined JAX job (0 otherwise): process 0
-    writes a run's files, the others only compute."""
-    if keras.backend.backend() != "jax":
-        return 0
-    import jax
-
-    return jax.process_index() if jax.distributed.is_initialized() else 0
+    """This process's index in a joined JAX job or TensorFlow multi-worker
+    job (0 otherwise): process 0 (on TensorFlow the chief) writes a run's
+    files, the others only compute."""
+    return _process()[0]
 
 
 def _joined():
-    if keras.backend.backend() != "jax":
-        return False
-    import jax
+    return _process()[1] > 1
 
-    return jax.distributed.is_initialized() and jax.process_count() > 1
+
+def _tf_sum(array):
+    """The sum over the workers of a joined TensorFlow job of each worker's
+    int32 NumPy `array` (one collective all-reduce: every worker must call
+    it, in the same order). Each worker's first replica holds its `array`,
+    its other replicas zeros."""
+    import numpy as np
+    import tensorflow as tf
+
+    strategy = _TF_STRATEGIES["multi_worker"]
+    local = len(strategy.extended.worker_devices)
+    values = strategy.experimental_distribute_values_from_function(
+        lambda context: tf.constant(array if context.replica_id_in_sync_group % local == 0
+                                    else np.zeros_like(array)))
+    return strategy.reduce("SUM", values, axis=None).numpy()
+
+
+def _all_gather(array):
+    """Every process's int32 `array`, stacked in process order, on every
+    process of a joined job."""
+    if keras.backend.backend() == "jax":
+        from jax.experimental import multihost_utils
+
+        return multihost_utils.process_allgather(array)
+    import numpy as np
+
+    index, count = _tf_process()
+    rows = np.zeros((count,) + array.shape, array.dtype)
+    rows[index] = array
+    return _tf_sum(rows)
+
+
+def _from_process_0(array):
+    """Process 0's int32 `array` (or, on JAX, list of arrays) on every
+    process of a joined job; the others pass the same shapes."""
+    if keras.backend.backend() == "jax":
+        from jax.experimental import multihost_utils
+
+        return multihost_utils.broadcast_one_to_all(array)
+    import numpy as np
+
+    return _tf_sum(array if process_index() == 0 else np.zeros_like(array))
+
+
+def reads_take_every_process():
+    """True where reading a model's state is a collective that every process
+    of the job must take part in: under a TensorFlow MultiWorkerMirroredStrategy
+    of several workers, where a compiled metric's total (a SyncOnReadVariable)
+    is summed over the workers when read. Then every worker reads a
+    checkpoint's state and the chief alone writes it."""
+    return keras.backend.backend() == "tensorflow" and _joined()
 
 
 def _digest_words(value):
@@ -239,13 +314,11 @@ def check_processes_agree(fields):
     """
     if not _joined():
         return
-    import jax
     import numpy as np
-    from jax.experimental import multihost_utils
 
     names = list(fields)
     mine = np.array([_digest_words(fields[name]) for name in names], dtype="int32")
-    gathered = np.asarray(multihost_utils.process_allgather(mine))  # (processes, fields, 2)
+    gathered = np.asarray(_all_gather(mine))  # (processes, fields, 2)
     for column, name in enumerate(names):
         differ = [p for p in range(gathered.shape[0])
                   if not np.array_equal(gathered[p, column], gathered[0, column])]
@@ -254,40 +327,58 @@ def check_processes_agree(fields):
             raise ValueError(
                 f"The processes of this job were started with another {name}: process "
                 f"{which} differ{'s' if len(differ) == 1 else ''} from process 0 (this is "
-                f"process {jax.process_index()} of {gathered.shape[0]}). Start every process "
+                f"process {process_index()} of {gathered.shape[0]}). Start every process "
                 f"with the same command, recipe, overrides, data and keras_attn. "
                 f"Received: {name} differing on process {which}")
 
 
 def broadcast_json(value):
-    """Process 0's JSON-able `value`, on every process of a joined JAX job
-    (`multihost_utils.broadcast_one_to_all`); `value` itself otherwise. The
-    other processes' `value` is ignored."""
+    """Process 0's JSON-able `value`, on every process of a joined JAX or
+    TensorFlow multi-worker job (`multihost_utils.broadcast_one_to_all`; on
+    TensorFlow a sum over the workers, the others giving zeros); `value`
+    itself otherwise. The other processes' `value` is ignored."""
     if not _joined():
         return value
     import json
 
     import numpy as np
-    from jax.experimental import multihost_utils
 
     data = np.frombuffer(json.dumps(value).encode("utf-8"), dtype="uint8").astype("int32")
-    size = int(multihost_utils.broadcast_one_to_all(np.array(len(data), dtype="int32")))
+    size = int(_from_process_0(np.array(len(data), dtype="int32")))
     padded = np.zeros(size, dtype="int32")
     padded[:min(size, len(data))] = data[:size]
-    data = np.asarray(multihost_utils.broadcast_one_to_all(padded)).astype("uint8")
+    data = np.asarray(_from_process_0(padded)).astype("uint8")
     return json.loads(data.tobytes().decode("utf-8"))
+
+
+def _tf_broadcast_arrays(arrays):
+    """Process 0's `arrays` bit for bit, whatever their dtypes: their bytes
+    as int32 words summed over the workers, the others' words zeros."""
+    import numpy as np
+
+    data = b"".join(np.ascontiguousarray(array).tobytes() for array in arrays)
+    words = np.frombuffer(data + bytes(-len(data) % 4), dtype="int32")
+    data = _from_process_0(words).tobytes()
+    received, start = [], 0
+    for array in arrays:
+        received.append(
+            np.frombuffer(data, array.dtype, array.size, start).reshape(array.shape).copy())
+        start += array.nbytes
+    return received
 
 
 def broadcast_arrays(arrays):
     """Process 0's NumPy arrays (a list; the other processes pass arrays of
     the same shapes and dtypes, e.g. zeros), on every process of a joined
-    JAX job; `arrays` itself otherwise. Exact: the others' zeros are added."""
+    JAX or TensorFlow multi-worker job; `arrays` itself otherwise. Exact:
+    the others' zeros are added (on TensorFlow to the arrays' bytes)."""
     if not _joined() or not arrays:
         return arrays
+    if keras.backend.backend() == "tensorflow":
+        return _tf_broadcast_arrays(arrays)
     import numpy as np
-    from jax.experimental import multihost_utils
 
-    received = multihost_utils.broadcast_one_to_all(list(arrays))
+    received = _from_process_0(list(arrays))
     return [np.asarray(new).astype(old.dtype) for new, old in zip(received, arrays)]
 
 
@@ -319,6 +410,8 @@ def naming_lost_processes():
     try:
         yield
     except (RuntimeError, ValueError) as error:
+        if keras.backend.backend() != "jax":
+            raise
         import jax
 
         collective = isinstance(error, jax.errors.JaxRuntimeError) or "Gloo" in str(error)
@@ -339,8 +432,10 @@ def naming_lost_processes():
 def end_processes():
     """Waits for every process of a joined JAX job at a barrier, then leaves
     the job (`jax.distributed.shutdown`): process 0 then evaluates and
-    exports on its own, and the others end without waiting for it."""
-    if not _joined():
+    exports on its own, and the others end without waiting for it. Nothing
+    to do on TensorFlow: the chief's saving of the model, a collective
+    (`keras_attn.zoo.runs`), was the workers' last meeting."""
+    if keras.backend.backend() != "jax" or not _joined():
         return
     import jax
     from jax.experimental import multihost_utils

@@ -276,7 +276,7 @@ class ResumableTrainer:
         if not model.optimizer.built:
             model.optimizer.build(model.trainable_variables)
 
-        # In a multi-process JAX job process 0 alone reads and writes the
+        # In a multi-process job process 0 alone reads and writes the
         # directory; the others receive what it restored (`_latest`).
         writer = distribute.process_index() == 0
         if writer:
@@ -387,7 +387,7 @@ class ResumableTrainer:
 
     def _latest(self):
         """The newest intact checkpoint: read by process 0 and sent to the
-        others of a multi-process JAX job (whose own `directory`, on another
+        others of a multi-process job (whose own `directory`, on another
         host, may hold nothing), so that every process resumes from the
         same state."""
         writer = distribute.process_index() == 0
@@ -428,8 +428,11 @@ class ResumableTrainer:
                           torch_seed=None):
         """Writes the checkpoint of (epoch, step_in_epoch); `model` must be
         the synced one (`Callback.model` on JAX). Process 0 of a
-        multi-process JAX job writes; the others return None."""
-        if distribute.process_index() != 0:
+        multi-process job writes; the others return None, on TensorFlow
+        after reading the state with it (a metric's total is summed over the
+        workers when read: every worker must read it)."""
+        writer = distribute.process_index() == 0
+        if not writer and not distribute.reads_take_every_process():
             return None
         step = epoch * steps_per_epoch + step_in_epoch
         groups = {
@@ -437,6 +440,8 @@ class ResumableTrainer:
             for group, variables in _state(model).items()
         }
         _check_finite(groups, step)
+        if not writer:
+            return None
         groups.update(_torch_random_states())
         metadata = {
             "epoch": epoch,

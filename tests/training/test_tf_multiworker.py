@@ -10,6 +10,11 @@ made before TensorFlow initialises. The job of one worker also trains the
 reference afterwards, outside the strategy (`data_parallel(enabled=False)`):
 one process on its one CPU device. Tolerance 1e-6: the runs differ only in
 the order float32 sums are taken, and SGD keeps that rounding-sized.
+
+Then the same processes train a recipe as users do (`keras_attn.zoo.runs.train`,
+what `keras-attn train` calls): the two workers `--distribute` into one shared
+output, which the chief (worker 0) alone writes, and the job of one worker
+the one-process reference, undistributed, into its own.
 """
 
 import json
@@ -25,6 +30,20 @@ pytestmark = pytest.mark.backend_independent
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 GLOBAL_BATCH = 8
 STEPS = 4
+# A tiny vit_tiny_digits (tests/zoo/_tiny.py's sizes): 4 steps of a global
+# batch of 32 with a checkpoint at step 2 (mid-epoch: the running metrics
+# too) and at the epoch's end. No dropout: under tf.distribute each replica
+# draws its own masks, for its share of the batch (the augmentation is the
+# pipeline's, keyed by batch, the same on every worker). Adam with an epsilon
+# of 1 steps by about lr * m, as SGD does: with the default, a rounding-sized
+# difference in a near-zero gradient becomes a whole step (measured: 8e-5).
+RECIPE = "vit_tiny_digits"
+OVERRIDES = ["model.overrides.num_layers=1", "model.overrides.hidden_dim=16",
+             "model.overrides.intermediate_dim=32", "model.overrides.num_heads=2",
+             "model.overrides.dropout=0.0", "training.optimizer.epsilon=1.0",
+             "training.optimizer.learning_rate=0.05", "training.epochs=1",
+             "training.steps_per_epoch=4", "training.checkpoint_every=2",
+             "training.jit_compile=false", "training.batch_size=32"]
 
 
 def _train(distributed):
@@ -64,15 +83,64 @@ def _train(distributed):
     }
 
 
-def _worker(reference):
+def _writes_under(directory):
+    """The paths under `directory` that this process opens for writing,
+    creates, renames or removes from now on (Python's audit events: the
+    package's files are all written from Python but the chief's TensorBoard
+    logs); a list, filled as it goes."""
+    root = os.path.realpath(directory)
+    found = []
+
+    def hook(event, args):
+        if event == "open":
+            path, mode, flags = args
+            writes = any(c in (mode or "") for c in "wax+") or flags & (
+                os.O_WRONLY | os.O_RDWR | os.O_CREAT)
+        else:
+            path, writes = args[0], event in ("os.mkdir", "os.rename", "os.remove",
+                                              "os.rmdir", "shutil.rmtree")
+        if writes and isinstance(path, (str, os.PathLike)):
+            if os.path.realpath(path).startswith(root):
+                found.append(os.fspath(path))
+
+    sys.addaudithook(hook)
+    return found
+
+
+def _broadcast_check():
+    """What `broadcast_arrays` and `broadcast_json` give this worker when
+    each worker sends its own values (process 0's are received)."""
+    from keras_attn.training import distribute
+
+    index = distribute.process_index()
+    arrays = [np.array([-0.0, np.nan, 1.5 + index], "float32"),
+              np.arange(3, dtype="int64") - 2 ** 40 * index, np.array([index] * 5, "uint8"),
+              np.array([[True, index == 0]])]
+    received = distribute.broadcast_arrays(arrays)
+    return {"arrays": [[a.dtype.str, a.shape, a.tobytes().hex()] for a in received],
+            "json": distribute.broadcast_json({"from": index})}
+
+
+def _worker(reference, output):
     """Prints one JSON line: this worker's distributed run, and with
-    `reference` the same training outside the strategy, in this process."""
+    `reference` the same training outside the strategy, in this process;
+    then its `runs.train` of RECIPE into `output` (distributed but with
+    `reference`), what it returned and the paths it wrote there."""
     import keras
 
     keras.config.disable_traceback_filtering()  # whole tracebacks in failures
     result = _train(distributed=True)
     if reference:
         result["reference"] = _train(distributed=False)
+    from keras_attn.training.distribute import initialize_processes
+    from keras_attn.zoo import runs
+
+    result["process"] = initialize_processes()
+    result["broadcast"] = _broadcast_check()
+    written = _writes_under(output)
+    returned = runs.train(RECIPE, OVERRIDES, output=output, distribute=not reference,
+                          export=False, verbose=0)
+    result.update(returned=sorted(returned), written=written)
     print(json.dumps(result))
 
 
@@ -82,14 +150,15 @@ def _free_port():
         return sock.getsockname()[1]
 
 
-def _start(workers, index, reference=False):
-    """Worker `index` of a job of `len(workers)` workers (addresses)."""
+def _start(workers, index, output, reference=False):
+    """Worker `index` of a job of `len(workers)` workers (addresses), its
+    recipe run written to `output`."""
     tf_config = {"cluster": {"worker": workers}, "task": {"type": "worker", "index": index}}
     env = dict(os.environ, KERAS_BACKEND="tensorflow", PYTHONPATH=ROOT,
                TF_CPP_MIN_LOG_LEVEL="3", CUDA_VISIBLE_DEVICES="",
                TF_CONFIG=json.dumps(tf_config))
     return subprocess.Popen(
-        [sys.executable, os.path.abspath(__file__), "--worker"]
+        [sys.executable, os.path.abspath(__file__), "--worker", str(output)]
         + (["--reference"] if reference else []),
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
 
@@ -120,13 +189,56 @@ def _assert_trained_alike(worker, single):
         np.testing.assert_allclose(trained, reference, rtol=0, atol=1e-6)
 
 
+def _weights(path):
+    """`{variable path: values}` of a saved model."""
+    import keras
+
+    import keras_attn  # noqa: F401 - registers the layers the file names
+
+    model = keras.saving.load_model(path, compile=False)
+    return {v.path: keras.ops.convert_to_numpy(v) for v in model.weights}
+
+
+def _files(run):
+    """The run's files, relative (TensorBoard's event files by folder: their
+    names hold the time and the process id)."""
+    return sorted(os.path.dirname(os.path.relpath(os.path.join(folder, name), run))
+                  if name.startswith("events.out.tfevents") else
+                  os.path.relpath(os.path.join(folder, name), run)
+                  for folder, _, names in os.walk(run) for name in names)
+
+
+def _assert_one_run_written_by_the_chief(single, shared, both):
+    """The shared output holds one run, the reference's files and weights;
+    worker 1 wrote nothing there and said so."""
+    chief, other = both
+    assert (chief["process"], other["process"]) == ([0, 2], [1, 2])
+    assert _files(shared) == _files(single)
+    assert "checkpoints/ckpt-00000002.npz" in _files(shared)
+    assert "checkpoints/ckpt-00000004.npz" in _files(shared)
+    results = json.loads((shared / "results.json").read_text())
+    assert chief["returned"] == sorted([*results, "output"])
+    assert other["returned"] == ["message", "name", "output", "process", "processes"]
+    assert chief["written"] and other["written"] == []
+    assert results["steps"] == json.loads((single / "results.json").read_text())["steps"] == 4
+    expected, found = _weights(single / "model.keras"), _weights(shared / "model.keras")
+    assert sorted(found) == sorted(expected)
+    # (measured: at most 3.9e-8 apart; 0.04 when each worker also kept
+    # only its half of every batch, as JAX processes do)
+    for name in expected:
+        np.testing.assert_allclose(found[name], expected[name], rtol=0, atol=1e-6,
+                                   err_msg=name)
+
+
 @pytest.mark.large
-def test_one_and_two_tensorflow_workers_fit_like_one_process():
+def test_one_and_two_tensorflow_workers_fit_like_one_process(tmp_path):
     # (Was also tests/training/test_distribute.py's one-worker TF_CONFIG
     # test, which trained in a process of its own.)
     alone = [f"localhost:{_free_port()}"]
     pair = [f"localhost:{_free_port()}" for _ in range(2)]
-    processes = [_start(alone, 0, reference=True)] + [_start(pair, index) for index in range(2)]
+    reference_run, shared_run = tmp_path / "single", tmp_path / "shared"
+    processes = [_start(alone, 0, reference_run, reference=True)] + [
+        _start(pair, index, shared_run) for index in range(2)]
     one, *both = _results(processes)
     single = one["reference"]
     assert (single["replicas"], single["strategy"]) == (1, "_DefaultDistributionStrategy")
@@ -138,7 +250,13 @@ def test_one_and_two_tensorflow_workers_fit_like_one_process():
         _assert_trained_alike(worker, single)
     for a, b in zip(both[0]["weights"], both[1]["weights"], strict=True):
         np.testing.assert_array_equal(a, b)  # the replicas stay identical
+    # A one-worker TF_CONFIG is one process; of two workers, each receives
+    # the chief's values, bit for bit.
+    assert one["process"] == [0, 1]
+    assert both[1]["broadcast"] == both[0]["broadcast"]
+    assert both[0]["broadcast"]["json"] == {"from": 0}
+    _assert_one_run_written_by_the_chief(reference_run, shared_run, both)
 
 
 if __name__ == "__main__" and sys.argv[1] == "--worker":
-    _worker(reference=sys.argv[2:] == ["--reference"])
+    _worker(reference=sys.argv[3:] == ["--reference"], output=sys.argv[2])
