@@ -107,9 +107,10 @@ def _writes_under(directory):
     return found
 
 
-def _broadcast_check():
+def _collectives_check():
     """What `broadcast_arrays` and `broadcast_json` give this worker when
-    each worker sends its own values (process 0's are received)."""
+    each worker sends its own values (process 0's are received), and what
+    `check_processes_agree` says of a seed that differs between workers."""
     from keras_attn.training import distribute
 
     index = distribute.process_index()
@@ -117,8 +118,13 @@ def _broadcast_check():
               np.arange(3, dtype="int64") - 2 ** 40 * index, np.array([index] * 5, "uint8"),
               np.array([[True, index == 0]])]
     received = distribute.broadcast_arrays(arrays)
+    try:
+        distribute.check_processes_agree({"recipe": "same", "seed": index})
+        refusal = None
+    except ValueError as error:
+        refusal = str(error)
     return {"arrays": [[a.dtype.str, a.shape, a.tobytes().hex()] for a in received],
-            "json": distribute.broadcast_json({"from": index})}
+            "json": distribute.broadcast_json({"from": index}), "refusal": refusal}
 
 
 def _worker(reference, output):
@@ -136,7 +142,7 @@ def _worker(reference, output):
     from keras_attn.zoo import runs
 
     result["process"] = initialize_processes()
-    result["broadcast"] = _broadcast_check()
+    result["collectives"] = _collectives_check()
     written = _writes_under(output)
     returned = runs.train(RECIPE, OVERRIDES, output=output, distribute=not reference,
                           export=False, verbose=0)
@@ -251,10 +257,16 @@ def test_one_and_two_tensorflow_workers_fit_like_one_process(tmp_path):
     for a, b in zip(both[0]["weights"], both[1]["weights"], strict=True):
         np.testing.assert_array_equal(a, b)  # the replicas stay identical
     # A one-worker TF_CONFIG is one process; of two workers, each receives
-    # the chief's values, bit for bit.
+    # the chief's values, bit for bit, and each refuses a differing seed.
     assert one["process"] == [0, 1]
-    assert both[1]["broadcast"] == both[0]["broadcast"]
-    assert both[0]["broadcast"]["json"] == {"from": 0}
+    assert one["collectives"]["refusal"] is None  # nothing to compare with
+    sent, received = (worker["collectives"] for worker in both)
+    assert received["arrays"] == sent["arrays"]
+    assert received["json"] == sent["json"] == {"from": 0}
+    for index, worker in enumerate(both):
+        assert worker["collectives"]["refusal"].startswith(
+            "The processes of this job were started with another seed: process 1 differs "
+            f"from process 0 (this is process {index} of 2)")
     _assert_one_run_written_by_the_chief(reference_run, shared_run, both)
 
 
