@@ -152,26 +152,28 @@ def _build_model(layer, input_data, call_kwargs):
     return keras.Model(inputs, outputs), inputs
 
 
-def _call_at_once(layer, input_data, call_kwargs):
-    """`layer(**input_data, **call_kwargs)` through `Layer.__call__` (its
-    input casts and masks); on JAX inside one `jax.jit` over the layer's
-    variables, as a compiled model calls it. Eagerly, JAX compiles every op
-    for every dtype it meets (~20-30 ms each here): a mixed precision call of
-    a block was hundreds of small programs where this is one. The float32
-    eager call of `run_layer_test` stays eager."""
+def _call_at_once(layer, call, tensors):
+    """`call(layer, tensors)`, a call through `Layer.__call__` (its input
+    casts and masks); on JAX inside one `jax.jit` over the layer's variables
+    and `tensors` (arrays, or a structure of arrays), as a compiled model calls
+    it. Eagerly, JAX compiles every op for every dtype it meets (~20-30 ms
+    each here): a mixed precision call of a block was hundreds of small
+    programs where this is one. The float32 eager calls of the harnesses stay
+    eager."""
     if keras.backend.backend() != "jax":
-        return layer(**input_data, **call_kwargs)
+        return call(layer, tensors)
     import jax
 
     if not layer.built:  # a call builds first; a symbolic one compiles nothing
-        layer(**_symbolic_inputs(input_data), **call_kwargs)
+        call(layer, keras.tree.map_structure(
+            lambda x: keras.KerasTensor(np.shape(x), dtype=np.asarray(x).dtype.name), tensors))
     variables = layer.variables
 
-    def call(values, tensors):
+    def stateless(values, tensors):
         with keras.StatelessScope(state_mapping=list(zip(variables, values))):
-            return layer(**tensors, **call_kwargs)
+            return call(layer, tensors)
 
-    return jax.jit(call)([v.value for v in variables], input_data)
+    return jax.jit(stateless)([v.value for v in variables], tensors)
 
 
 def run_layer_test(
@@ -240,7 +242,8 @@ def run_layer_test(
             **_float32_specs(input_data), **call_kwargs))
         assert tuple(tuple(s.shape) for s in specs) == expected_output_shape
         mixed = layer_cls(**init_kwargs, dtype=policy)
-        outputs = _as_tuple(_call_at_once(mixed, input_data, call_kwargs))
+        outputs = _as_tuple(_call_at_once(
+            mixed, lambda layer, tensors: layer(**tensors, **call_kwargs), input_data))
         compute_dtype = policy.split("_")[1]
         for output in outputs + specs:
             if _is_float(output):
@@ -325,7 +328,8 @@ def _check_mixed_precision(build, inputs):
         finally:
             keras.config.set_dtype_policy("float32")
         compute_dtype = policy.split("_")[1]
-        for i, output in enumerate(keras.tree.flatten(model(inputs))):
+        outputs = _call_at_once(model, lambda model, inputs: model(inputs), inputs)
+        for i, output in enumerate(keras.tree.flatten(outputs)):
             if _is_float(output):
                 assert keras.backend.standardize_dtype(output.dtype) == compute_dtype, (
                     policy, i, output.dtype)
