@@ -746,6 +746,17 @@ def unpack_utterances(logits, logit_segment_ids, max_segments):
     return ops.reshape(unpacked, (shape[0], max_segments, steps, shape[2])), lengths
 
 
+def check_packed_rows(features, segment_ids, positions, feature_length, labels):
+    """A `ValueError` naming the input unless packed rows are what a
+    features-input Conformer trains on: what the model checks when called
+    eagerly (segment ids, positions restarting with each utterance, each
+    utterance at a multiple of the subsampling, a `feature_length` that cuts
+    none) and one transcript per utterance in `labels` `(B, K, L)`. For data
+    checked before training (prepared files), NumPy arrays."""
+    _checked_utterances(features, segment_ids, positions, feature_length)
+    _per_utterance_labels(np.asarray(labels), np.asarray(segment_ids).max(axis=1))
+
+
 def _per_utterance_labels(labels, counts):
     """A `ValueError` when packed labels `(B, K, L)` do not give one
     transcript per utterance: a row with more utterances (`counts` `(B,)`)

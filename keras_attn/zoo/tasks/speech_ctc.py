@@ -617,17 +617,16 @@ def _check_feature_rows(x, labels):
     when it is called eagerly (segment ids, positions, `feature_length`, one
     transcript per utterance), then each utterance's labels against its
     frames; unpacked ones (validation) against their `feature_length`."""
-    from keras_attn.models.conformer.conformer_model import _checked_utterances
-    from keras_attn.models.conformer.conformer_model import _per_utterance_labels
+    from keras_attn.models.conformer.conformer_model import check_packed_rows
 
     labels = np.asarray(labels)
     if "segment_ids" not in x:
         frames = np.asarray(x["feature_length"]).astype("int64")
         _check_label_frames(labels, frames, lambda bad: f"row {bad}")
         return
-    _checked_utterances(x["features"], x["segment_ids"], x["positions"], x["feature_length"])
+    check_packed_rows(x["features"], x["segment_ids"], x["positions"], x["feature_length"],
+                      labels)
     ids = np.asarray(x["segment_ids"])
-    _per_utterance_labels(labels, ids.max(axis=1))
     slots = labels.shape[1]
     frames = (ids[:, None, :] == np.arange(1, slots + 1)[None, :, None]).sum(axis=2)  # (B, K)
     _check_label_frames(labels.reshape(-1, labels.shape[-1]), frames.reshape(-1),
