@@ -268,6 +268,40 @@ def test_epochs_reorder_the_same_rows_as_a_function_of_seed_and_epoch(task):
 
 
 @RUN_GROUP
+def test_a_packed_lora_run_serves_its_adapters(run, task):
+    """With `training.lora`, the twin that trains carries the adapters: the
+    waveform model made from it (what a run evaluates from a checkpoint and
+    saves) computes the adapted twin, not the base it started from (the
+    adapters were dropped when copied by path)."""
+    output, _ = run
+    lora = make_task(load_recipe(recipe_path(NAME), PACKED + [
+        f"training.lora.base={output}", "training.lora.rank=2"]))
+    twin = lora.build_model()
+    from keras_attn.models.lora import lora_layers
+
+    adapted = lora_layers(twin)
+    assert adapted  # the default targets, query and value, of every block
+    rng = np.random.default_rng(0)
+    for layer in adapted:  # as if fine-tuned: B is zero at the start
+        layer.lora_kernel_b.assign(rng.normal(size=layer.lora_kernel_b.shape).astype("float32"))
+    served = lora.served_model(twin)
+    assert served.conformer_config.input_type == "waveform" and not lora_layers(served)
+    waveform = task.test_split[0][0]
+    features = task._features([waveform])[0][None]
+    from_waveform = served({"waveform": waveform[None],
+                            "waveform_length": np.array([len(waveform)], "int32")})
+    from_features = twin({"features": features,
+                          "feature_length": np.array([features.shape[1]], "int32")})
+    base = keras.saving.load_model(os.path.join(output, "model.keras"), compile=False)
+    from_base = base({"waveform": waveform[None],
+                      "waveform_length": np.array([len(waveform)], "int32")})
+    np.testing.assert_allclose(keras.ops.convert_to_numpy(from_waveform["logits"]),
+                               keras.ops.convert_to_numpy(from_features["logits"]), atol=1e-4)
+    assert np.abs(keras.ops.convert_to_numpy(from_waveform["logits"])
+                  - keras.ops.convert_to_numpy(from_base["logits"])).max() > 1e-2
+
+
+@RUN_GROUP
 def test_a_packed_run_trains_the_twin_and_keeps_the_waveform_model(run, task):
     output, results = run
     with open(os.path.join(output, "results.json")) as handle:

@@ -254,6 +254,14 @@ class SpeechCTC(Task):
         (the recipe's) with its weights, matched by path."""
         if not self.data.get("packing"):
             return model
+        from keras_attn.models import merge_lora
+        from keras_attn.models.lora import lora_layers
+
+        if lora_layers(model):
+            # LoRA adapters folded in first: copied by path, the base kernels
+            # alone would serve the model from before the fine-tuning (a run
+            # evaluated from a checkpoint did).
+            model = merge_lora(model)
         served = self._build(self.recipe["model"]["preset"],
                              dict(self.recipe["model"]["overrides"]))
         trained = {variable.path: variable for variable in model.weights}
