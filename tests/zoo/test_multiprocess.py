@@ -1,7 +1,8 @@
 """`keras-attn train --distribute` as two JAX processes on this machine (JAX's
 CPU collectives over gloo between local processes), joined by
 `KERAS_DISTRIBUTION_*` on a free port: one run written by process 0, a lost
-worker, a resume, a worker started differently.
+worker, a resume (by the two processes, and by one: another process count),
+a worker started differently.
 
 Every process is started and ended here (killed in a `finally`); nothing is
 left running. The timeouts are generous (a loaded 2-core machine) and no
@@ -11,6 +12,7 @@ duration is asserted.
 import glob
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -176,14 +178,28 @@ def test_two_processes_write_one_run_survive_a_lost_worker_and_resume(tmp_path):
         [(single_code, single_log)] = _finish([single])
     assert single_code == 0, single_log[-3000:]
 
-    # The same two commands again: process 0 resumes from its checkpoint and
-    # sends it to process 1, whose own directory holds nothing.
-    (code0, log0), (code1, log1) = _finish(_start(tmp_path, [run, other]))
+    # A copy of the run resumes on ONE process (another process count: the
+    # checkpoint holds whole arrays and the data position is global), while
+    # the same two commands again resume the run itself: process 0 resumes
+    # from its checkpoint and sends it to process 1, whose own directory
+    # holds nothing.
+    alone = tmp_path / "resumed_alone"
+    shutil.copytree(run, alone)
+    log_alone = open(tmp_path / "alone.txt", "w+")
+    resumed_alone = subprocess.Popen(_command(alone), cwd=tmp_path, env=_env(),
+                                     stdout=log_alone, stderr=subprocess.STDOUT)
+    resumed_alone.log = log_alone
+    try:
+        (code0, log0), (code1, log1) = _finish(_start(tmp_path, [run, other]))
+    finally:
+        [(code_alone, log_alone)] = _finish([resumed_alone])
     assert code0 == 0, log0[-3000:]
     assert code1 == 0, log1[-3000:]
+    assert code_alone == 0, log_alone[-3000:]
     # Resumed, not started again: the checkpoint it resumed from is still the
     # one the killed run wrote (a fresh start rewrites it; 3 are kept).
     assert os.stat(kept_path).st_mtime_ns == kept_time
+    assert os.stat(alone / "checkpoints" / kept_path.name).st_mtime_ns == kept_time
     assert "process 1 of 2: trained vit_tiny_digits; process 0 writes the run" in log1
     assert not os.path.exists(other)  # process 1 wrote nothing
     for name in ("model.keras", "results.json", "recipe.json", "learning_curves.png"):
@@ -191,12 +207,15 @@ def test_two_processes_write_one_run_survive_a_lost_worker_and_resume(tmp_path):
     assert json.loads((run / "results.json").read_text())["steps"] == 6
     # The final weights are those of one process with the same global batch
     # (the same examples per step; float sums taken in another order).
-    expected, found = _weights(tmp_path / "single" / "model.keras"), _weights(run / "model.keras")
-    assert sorted(found) == sorted(expected)
-    # (measured: at most 2.3e-7 apart)
-    for name in expected:
-        np.testing.assert_allclose(found[name], expected[name], rtol=1e-5, atol=1e-6,
-                                   err_msg=name)
+    expected = _weights(tmp_path / "single" / "model.keras")
+    for resumed in (run, alone):
+        found = _weights(resumed / "model.keras")
+        assert sorted(found) == sorted(expected)
+        # (measured: at most 2.3e-7 apart)
+        for name in expected:
+            np.testing.assert_allclose(found[name], expected[name], rtol=1e-5, atol=1e-6,
+                                       err_msg=f"{resumed.name}: {name}")
+    assert json.loads((alone / "results.json").read_text())["steps"] == 6
 
 
 def test_a_worker_started_with_another_seed_is_refused_by_name(tmp_path):
