@@ -152,7 +152,7 @@ def _build_model(layer, input_data, call_kwargs):
     return keras.Model(inputs, outputs), inputs
 
 
-def _call_at_once(layer, call, tensors):
+def call_at_once(layer, call, tensors):
     """`call(layer, tensors)`, a call through `Layer.__call__` (its input
     casts and masks); on JAX inside one `jax.jit` over the layer's variables
     and `tensors` (arrays, or a structure of arrays), as a compiled model calls
@@ -242,7 +242,7 @@ def run_layer_test(
             **_float32_specs(input_data), **call_kwargs))
         assert tuple(tuple(s.shape) for s in specs) == expected_output_shape
         mixed = layer_cls(**init_kwargs, dtype=policy)
-        outputs = _as_tuple(_call_at_once(
+        outputs = _as_tuple(call_at_once(
             mixed, lambda layer, tensors: layer(**tensors, **call_kwargs), input_data))
         compute_dtype = policy.split("_")[1]
         for output in outputs + specs:
@@ -275,8 +275,8 @@ def _outputs(model, inputs, training=False):
 
 
 def _compiled_outputs(model, inputs, training=False):
-    """`_outputs` through `_call_at_once`: one compiled program per shape on JAX."""
-    outputs = _call_at_once(model, lambda model, x: model(x, training=training), inputs)
+    """`_outputs` through `call_at_once`: one compiled program per shape on JAX."""
+    outputs = call_at_once(model, lambda model, x: model(x, training=training), inputs)
     return [to_numpy(o) for o in keras.tree.flatten(outputs)]
 
 
@@ -334,7 +334,7 @@ def _check_mixed_precision(build, inputs):
         finally:
             keras.config.set_dtype_policy("float32")
         compute_dtype = policy.split("_")[1]
-        outputs = _call_at_once(model, lambda model, inputs: model(inputs), inputs)
+        outputs = call_at_once(model, lambda model, inputs: model(inputs), inputs)
         for i, output in enumerate(keras.tree.flatten(outputs)):
             if _is_float(output):
                 assert keras.backend.standardize_dtype(output.dtype) == compute_dtype, (
@@ -384,7 +384,7 @@ def _check_refused(build, inputs, labels, bad_inputs, bad_labels):
 def _check_batching(model, batches, crop, modes, atol):
     """Example i alone (`crop(batch, i)`: unpadded, batch of one) gives the
     outputs of row i of the batch (over the example's own length). On JAX
-    each call is one compiled program (`_call_at_once`), as predict runs it:
+    each call is one compiled program (`call_at_once`), as predict runs it:
     every example is a new shape, which eagerly meant every op compiled
     again (the four families' harness tests, cold cache: 47 -> 36 s)."""
     for batch in batches:

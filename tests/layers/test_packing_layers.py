@@ -17,6 +17,7 @@ from keras_attn.layers import TransformerBlock
 from keras_attn.layers import TransformerDecoderBlock
 from keras_attn.layers.masking import segment_mask
 from test_case import assert_all_close
+from test_case import call_at_once
 from test_case import to_numpy
 from test_case import training_step_results
 
@@ -47,6 +48,13 @@ def _spans(packed, prefix=""):
             yield row, slice(where[0], where[-1] + 1), int(index)
 
 
+def _alone(layer, inputs, call):
+    """`call(inputs)` of one example alone (its own length): one compiled
+    program on JAX (`call_at_once`), where eagerly every op compiled again
+    for each example's length; eager on TensorFlow and PyTorch."""
+    return call_at_once(layer, lambda layer, inputs: call(inputs), inputs)
+
+
 def _assert_each_example_as_alone(packed_out, alone_outs, packed, atol=1e-5):
     for row, span, index in _spans(packed):
         np.testing.assert_allclose(packed_out[row, span], alone_outs[index], rtol=0, atol=atol,
@@ -64,10 +72,11 @@ def test_mha_self_attention_gives_each_example_its_own_output(causal, scores):
 
     def run(x, **kwargs):
         out = layer(x, use_causal_mask=causal, return_attention_scores=scores, **kwargs)
-        return to_numpy(out[0] if scores else out)
+        return out[0] if scores else out
 
-    got = run(packed["inputs"], segment_ids=packed["segment_ids"])
-    _assert_each_example_as_alone(got, [run(x[None])[0] for x in examples], packed)
+    got = to_numpy(run(packed["inputs"], segment_ids=packed["segment_ids"]))
+    _assert_each_example_as_alone(got, [to_numpy(_alone(layer, x[None], run))[0]
+                                        for x in examples], packed)
     # Padding attends to nothing: a zero attention output, as a padded query.
     assert np.all(got[packed["segment_ids"] == 0] == 0)
 
@@ -83,7 +92,8 @@ def test_source_target_pairs_get_their_own_outputs(make, ids):
     layer = make()
     got = to_numpy(layer(packed["targets"], packed["inputs"], **{
         ids[0]: packed["target_segment_ids"], ids[1]: packed["segment_ids"]}))
-    alone = [to_numpy(layer(t[None], s[None]))[0] for s, t in zip(sources, targets)]
+    alone = [to_numpy(_alone(layer, (t[None], s[None]), lambda pair: layer(*pair)))[0]
+             for s, t in zip(sources, targets)]
     for row, span, index in _spans(packed, prefix="target_"):
         np.testing.assert_allclose(got[row, span], alone[index], rtol=0, atol=1e-5)
 
@@ -128,7 +138,8 @@ def test_transformer_block_gives_each_example_its_own_output(norm_position, caus
     block = TransformerBlock(num_heads=2, intermediate_dim=16, norm_position=norm_position,
                              use_causal_mask=causal)
     got = to_numpy(block(packed["inputs"], segment_ids=packed["segment_ids"]))
-    _assert_each_example_as_alone(got, [to_numpy(block(x[None]))[0] for x in examples], packed)
+    _assert_each_example_as_alone(got, [to_numpy(_alone(block, x[None], block))[0]
+                                        for x in examples], packed)
 
 
 @pytest.mark.parametrize("make", [lambda: PositionEmbedding(max_sequence_length=ROW),
