@@ -14,6 +14,7 @@ sys.path.insert(0, BENCHMARKS)
 import _flops  # noqa: E402
 import _stats  # noqa: E402
 import gpu  # noqa: E402
+import gpu_zoo  # noqa: E402
 
 pytestmark = pytest.mark.backend_independent
 
@@ -130,6 +131,23 @@ def test_gpu_plan_times_every_pytorch_peer_eager_and_compiled():
     ]
     assert not [s for s in gpu.plan(gpu.CASES, torch_compile=False) if "+compile" in s]
     assert set(gpu.PLAN) == set(gpu.CASES)
+
+
+def test_gpu_zoo_table_puts_each_run_beside_its_cpu_result_and_names_failures():
+    records = [
+        {"recipe": "vit_tiny_digits", "remat": False, "metric": "accuracy", "value": 0.95,
+         "steps": 1260, "train_seconds": 41.25, "peak_bytes": 3 * 2**29,
+         "device": "NVIDIA H200"},
+        {"recipe": "conformer_tiny_digits", "remat": True,
+         "error": "ValueError: The spoken digits made here | are not the ones"},
+    ]
+    rows = gpu_zoo.table(records).splitlines()[2:]
+    cpu = gpu_zoo._cpu_result("vit_tiny_digits")  # models/results/vit_tiny_digits.json
+    assert rows[0] == (f"| vit_tiny_digits | False | accuracy 0.9500 | {cpu['value']:.4f} "
+                       f"({cpu['backend']}, {cpu['date']}) | 1260 | 41.2 | 1.50 | NVIDIA H200 |")
+    # A failed run is a row saying why (a `|` in the message kept out of the cells).
+    assert rows[1].startswith("| conformer_tiny_digits | True | not measured: ValueError: "
+                              "The spoken digits made here / are not the ones |")
 
 
 class _FakeDevice:
