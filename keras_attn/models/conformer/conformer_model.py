@@ -444,13 +444,10 @@ class ConformerCTC(GuardedModel, ConfigModel, keras.Model):
         if labels is not None and labels.ndim == 3 and packed is not None:
             segment_ids = concrete_value(packed["segment_ids"])
             frames = None
-            if segment_ids is not None:  # each utterance's frames, (B * K,)
-                segment_ids = np.asarray(segment_ids)
-                _per_utterance_labels(labels, segment_ids.max(axis=1))
-                slots = np.arange(1, labels.shape[1] + 1)
-                frames = (segment_ids[:, None, :] == slots[None, :, None]).sum(axis=2)
-                frames = frames.reshape(-1)
-            labels = labels.reshape(-1, labels.shape[-1])
+            if segment_ids is not None:  # each utterance's labels and frames
+                labels, frames = utterance_labels_and_frames(labels, segment_ids)
+            else:
+                labels = labels.reshape(-1, labels.shape[-1])
         if labels is not None and labels.ndim == 2:
             gaps = _interior_padding(labels)
             if np.any(gaps):
@@ -752,9 +749,22 @@ def check_packed_rows(features, segment_ids, positions, feature_length, labels):
     eagerly (segment ids, positions restarting with each utterance, each
     utterance at a multiple of the subsampling, a `feature_length` that cuts
     none) and one transcript per utterance in `labels` `(B, K, L)`. For data
-    checked before training (prepared files), NumPy arrays."""
+    checked before training (prepared files), NumPy arrays. Returns
+    `utterance_labels_and_frames(labels, segment_ids)`."""
     _checked_utterances(features, segment_ids, positions, feature_length)
-    _per_utterance_labels(np.asarray(labels), np.asarray(segment_ids).max(axis=1))
+    return utterance_labels_and_frames(labels, segment_ids)
+
+
+def utterance_labels_and_frames(labels, segment_ids):
+    """`(labels (B * K, L), frames (B * K,))` of packed rows: each
+    utterance's transcript and its feature frames (0 for an empty slot), from
+    `labels` `(B, K, L)` and `segment_ids` `(B, T)` (NumPy). A `ValueError`
+    unless there is one transcript per utterance."""
+    labels, segment_ids = np.asarray(labels), np.asarray(segment_ids)
+    _per_utterance_labels(labels, segment_ids.max(axis=1))
+    slots = np.arange(1, labels.shape[1] + 1)
+    frames = (segment_ids[:, None, :] == slots[None, :, None]).sum(axis=2)  # (B, K)
+    return labels.reshape(-1, labels.shape[-1]), frames.reshape(-1)
 
 
 def _per_utterance_labels(labels, counts):

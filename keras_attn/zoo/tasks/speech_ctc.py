@@ -632,12 +632,10 @@ def _check_feature_rows(x, labels):
         frames = np.asarray(x["feature_length"]).astype("int64")
         _check_label_frames(labels, frames, lambda bad: f"row {bad}")
         return
-    check_packed_rows(x["features"], x["segment_ids"], x["positions"], x["feature_length"],
-                      labels)
-    ids = np.asarray(x["segment_ids"])
     slots = labels.shape[1]
-    frames = (ids[:, None, :] == np.arange(1, slots + 1)[None, :, None]).sum(axis=2)  # (B, K)
-    _check_label_frames(labels.reshape(-1, labels.shape[-1]), frames.reshape(-1),
+    utterances, frames = check_packed_rows(x["features"], x["segment_ids"], x["positions"],
+                                           x["feature_length"], labels)
+    _check_label_frames(utterances, frames,
                         lambda bad: f"utterance {bad % slots + 1} of row {bad // slots}")
 
 
