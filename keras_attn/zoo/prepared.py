@@ -78,6 +78,8 @@ import hashlib
 import json
 import os
 import re
+import struct
+import zipfile
 
 import keras
 import numpy as np
@@ -88,10 +90,18 @@ from keras_attn._directories import replace_directory
 
 MANIFEST = "prepared.json"
 # 2: the manifest holds `manifest_sha256`, its own digest (format 1 had none).
-FORMAT = 2
+# 3: the passes stored uncompressed with a digest per row (`ROW_DIGESTS`), so
+# that a process of a multi-process job reads and checks only its rows.
+FORMAT = 3
+# The formats `PreparedData` reads (2: every file read and checked whole).
+READABLE_FORMATS = (2, 3)
 # The formats of directories `prepare` may replace (earlier ones included).
-REPLACEABLE_FORMATS = (1, 2)
+REPLACEABLE_FORMATS = (1, 2, 3)
 MANIFEST_DIGEST = "manifest_sha256"
+# The member of a pass file (format 3) holding each row's digest: the first
+# 16 bytes of the SHA-256 of the row's bytes in every stored array.
+ROW_DIGESTS = "row_sha256"
+_ROW_DIGEST_BYTES = 16
 # The names of the files `prepare` writes into a directory.
 _PREPARED_FILE = re.compile(r"(train-\d{4}|validation|test|tables)\.npz")
 # The recipe keys that decide the batches (and the translation test set): a
@@ -253,24 +263,64 @@ def _write_pass(path, batches):
                       for leaf in leaves]
         arrays[key] = np.concatenate(leaves)
     sizes = np.array([len(batch[keys[0]]) for batch in batches], "int64")
-    return dict(_write_arrays(path, arrays, sizes=sizes, **shapes), batches=len(batches),
-                rows=int(sizes.sum()), varying=sorted(key[len("shape/"):] for key in shapes))
+    return dict(_write_arrays(path, arrays, rows=True, sizes=sizes, **shapes),
+                batches=len(batches), rows=int(sizes.sum()),
+                varying=sorted(key[len("shape/"):] for key in shapes))
 
 
-def _write_arrays(path, arrays, **extra):
+def _write_arrays(path, arrays, rows=False, **extra):
     """`arrays` (narrowed) and `extra` to `path` atomically; returns the
-    manifest entry (`dtypes`, `shapes`: of each array as given)."""
+    manifest entry (`dtypes`, `shapes`: of each array as given).
+
+    `rows`: a pass, stored uncompressed with each row's digest
+    (`ROW_DIGESTS`), so that its rows can be read and checked apart; the
+    entry adds `stored` (each array's stored dtype) and `meta_sha256` (of
+    `extra` and the row digests, which a reader of some rows reads whole).
+    Otherwise compressed (`tables.npz`, read whole)."""
     from keras_attn.training.checkpoints import atomic_write
 
     narrowed = {key: _narrow(np.asarray(array)) for key, array in arrays.items()}
-    atomic_write(path, lambda stream: np.savez_compressed(stream, **extra, **narrowed))
-    return {
+    entry = {}
+    if rows:
+        extra = dict(extra, **{ROW_DIGESTS: _row_digests(narrowed)})
+        entry = {"stored": {key: array.dtype.str for key, array in narrowed.items()},
+                 "meta_sha256": _arrays_digest(extra)}
+    save = np.savez if rows else np.savez_compressed
+    atomic_write(path, lambda stream: save(stream, **extra, **narrowed))
+    return dict({
         "file": os.path.basename(path),
         "bytes": os.path.getsize(path),
         "sha256": _sha256(path),
         "dtypes": {key: str(np.asarray(array).dtype) for key, array in arrays.items()},
         "shapes": {key: list(np.shape(array)) for key, array in arrays.items()},
-    }
+    }, **entry)
+
+
+def _row_digests(arrays):
+    """`(rows, 16)` uint8: for each row, the first 16 bytes of the SHA-256
+    of its bytes in every array of `arrays` (by sorted key), as stored."""
+    keys = sorted(arrays)
+    count = len(arrays[keys[0]])
+    flat = [np.ascontiguousarray(arrays[key]).reshape(count, int(np.prod(arrays[key].shape[1:])))
+            .view(np.uint8) for key in keys]
+    digests = np.empty((count, _ROW_DIGEST_BYTES), np.uint8)
+    for row in range(count):
+        digest = hashlib.sha256()
+        for array in flat:
+            digest.update(array[row].tobytes())
+        digests[row] = np.frombuffer(digest.digest()[:_ROW_DIGEST_BYTES], np.uint8)
+    return digests
+
+
+def _arrays_digest(arrays):
+    """The SHA-256 of `arrays` (name, dtype, shape and bytes of each, by
+    name)."""
+    digest = hashlib.sha256()
+    for key in sorted(arrays):
+        array = np.ascontiguousarray(arrays[key])
+        digest.update(f"{key}|{array.dtype.str}|{list(array.shape)}|".encode("utf-8"))
+        digest.update(array.tobytes())
+    return digest.hexdigest()
 
 
 def _collect(dataset, limit=None):
@@ -384,13 +434,26 @@ class PreparedData:
     whose arrays do not match its manifest (their shapes, a dtype `prepare`
     would not have written).
 
+    As process k of N (`process=(k, N)`, a multi-process data-parallel
+    job), the training and validation passes are read by rows: each
+    process reads and checks only the rows it feeds (`batch_rows`), in a
+    directory of format 3 from the files themselves (each row against its
+    digest; the digests, the batch sizes and shapes against the manifest's
+    `meta_sha256`), in one of format 2 from every file read and checked
+    whole. The test pass (evaluated by process 0 alone) and `tables.npz`
+    (which rows of every process index) are read and checked whole.
+
     Args:
         directory: the output of `prepare`.
         recipe: the resolved recipe to train.
+        process: `(index, count)` of this process in its job; `(0, 1)`
+            for one process. The recipe's batch size must divide by the
+            count (each process feeds an equal share of every batch).
     """
 
-    def __init__(self, directory, recipe):
+    def __init__(self, directory, recipe, process=(0, 1)):
         self.directory = directory
+        self.process = _check_process(process, recipe)
         path = os.path.join(directory, MANIFEST)
         if not os.path.isfile(path):
             raise ValueError(
@@ -403,11 +466,12 @@ class PreparedData:
         except (OSError, ValueError) as error:
             raise ValueError(f"{path} cannot be read ({error}). Received: data={directory!r}"
                              ) from None
-        if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
+        if (not isinstance(manifest, dict) or type(manifest.get("format")) is not int
+                or manifest["format"] not in READABLE_FORMATS):
             found = manifest.get("format") if isinstance(manifest, dict) else None
             raise ValueError(f"{path} is prepared data of format {found!r}; this keras_attn "
-                             f"reads format {FORMAT}. Prepare the data again "
-                             f"(`keras-attn prepare`). Received: data={directory!r}")
+                             f"reads formats {READABLE_FORMATS[0]} to {FORMAT}. Prepare the "
+                             f"data again (`keras-attn prepare`). Received: data={directory!r}")
         if manifest.get(MANIFEST_DIGEST) != _manifest_digest(manifest):
             raise ValueError(
                 f"{path} is not the manifest `prepare` wrote: its {MANIFEST_DIGEST} "
@@ -454,10 +518,21 @@ class PreparedData:
         if extra:
             raise ValueError(f"{path} lists {extra}, beyond its {manifest['epochs']} epochs. "
                              f"Received: data={directory!r}")
+        # Read by rows on this process (the rest read whole): the passes
+        # the processes share out, where the format allows it.
+        self._by_rows = set()
+        if self.process[1] > 1 and manifest["format"] >= 3:
+            self._by_rows = {name for name in self.files if _shared_out(name)}
+        self._checked = set()  # the files checked whole
+        self._meta = {}
         for name, entry in self.files.items():
-            self._check_file(name, entry)
+            if name in self._by_rows:
+                self._meta[name] = self._check_meta(name, entry)
+            elif name != "test" or self.process[0] == 0:  # else checked if read
+                self._check_file(name, entry)
         self._cache = {}
         self._tables = None
+        self.bytes_read = 0  # of the passes read by rows (their arrays' rows)
 
     @property
     def state(self):
@@ -467,10 +542,14 @@ class PreparedData:
     def steps_per_epoch(self):
         return self.manifest["steps_per_epoch"]
 
-    def _check_file(self, name, entry):
-        file = os.path.join(self.directory, entry["file"])
+    def _file(self, name):
+        file = os.path.join(self.directory, self.files[name]["file"])
         if not os.path.isfile(file):
             raise ValueError(f"Prepared file {file} is missing. Received: data={self.directory!r}")
+        return file
+
+    def _check_file(self, name, entry):
+        file = self._file(name)
         size = os.path.getsize(file)
         if size != entry["bytes"] or _sha256(file) != entry["sha256"]:
             raise ValueError(
@@ -478,10 +557,56 @@ class PreparedData:
                 f"{entry['bytes']} written; or another SHA-256): truncated, edited or "
                 f"replaced. Prepare the data again. Received: data={self.directory!r}"
             )
+        self._checked.add(name)
+
+    def _check_meta(self, name, entry):
+        """What a reader of some rows of a pass reads whole, checked: the
+        members' stored dtypes and shapes against the manifest's, the batch
+        sizes, shapes and row digests against its `meta_sha256`. Returns
+        `(members, meta)`: `{key: (offset, dtype, shape)}` of the arrays,
+        `{name: array}` of the rest."""
+        file = self._file(name)
+        if not isinstance(entry.get("stored"), dict) or "meta_sha256" not in entry:
+            raise ValueError(f"{os.path.join(self.directory, MANIFEST)} lists no row digests "
+                             f"of `{name}` (`stored`, `meta_sha256`). Received: "
+                             f"data={self.directory!r}")
+        try:
+            members = _stored_members(file)
+        except (OSError, ValueError, zipfile.BadZipFile) as error:
+            raise ValueError(f"Prepared file {file} is not the file `prepare` wrote ({error}): "
+                             f"truncated, edited or replaced. Prepare the data again. "
+                             f"Received: data={self.directory!r}") from None
+        meta = {key: _read_rows(file, members[key], None)[0]
+                for key in members if key not in entry["dtypes"]}
+        problem = None
+        for key, dtype in entry["dtypes"].items():
+            stored = members.get(key)
+            if stored is None:
+                problem = f"it holds no `{key}`"
+            elif (stored[1].str != entry["stored"].get(key)
+                  or list(stored[2]) != entry["shapes"][key]):
+                problem = (f"`{key}` is stored as {stored[1].str} {list(stored[2])}, the "
+                           f"manifest lists {entry['stored'].get(key)} {entry['shapes'][key]}")
+            if problem:
+                break
+        else:
+            if _arrays_digest(meta) != entry["meta_sha256"]:
+                problem = "its batch sizes, shapes or row digests are not the ones written"
+            elif (set(meta) != {"sizes", ROW_DIGESTS} | {f"shape/{key}" for key in
+                                                         entry.get("varying", ())}
+                  or meta[ROW_DIGESTS].shape != (entry["rows"], _ROW_DIGEST_BYTES)):
+                problem = "its members are not the ones `prepare` writes"
+        if problem:
+            raise ValueError(f"Prepared file {file} is not the file `prepare` wrote: "
+                             f"{problem}. Prepare the data again. Received: "
+                             f"data={self.directory!r}")
+        return members, meta
 
     def _load(self, name):
         """`(file, {key: array in the written dtype}, sizes or None)`."""
         entry = self.files[name]
+        if name not in self._checked:  # a file read only where it is needed
+            self._check_file(name, entry)
         file = os.path.join(self.directory, entry["file"])
         with np.load(file, allow_pickle=False) as stored:
             missing = sorted(set(entry["dtypes"]) - set(stored.files))
@@ -492,6 +617,13 @@ class PreparedData:
                       for key, dtype in entry["dtypes"].items()}
             sizes = stored["sizes"] if "sizes" in stored.files else None
             shapes = {key: stored[f"shape/{key}"] for key in entry.get("varying", ())}
+        self._check_shapes(file, entry, arrays, shapes)
+        return file, arrays, sizes, shapes
+
+    @staticmethod
+    def _check_shapes(file, entry, arrays, shapes):
+        """The batch shapes of the varying parts within their arrays, and
+        every array of the shape the manifest lists."""
         for key, shape in shapes.items():
             if shape.shape != (entry["batches"], arrays[key].ndim - 1) or np.any(
                     shape > np.asarray(arrays[key].shape[1:])):
@@ -502,7 +634,6 @@ class PreparedData:
             if list(array.shape) != shape:
                 raise ValueError(f"Prepared file {file}: `{key}` has shape {array.shape}, "
                                  f"not {tuple(shape)}.")
-        return file, arrays, sizes, shapes
 
     @property
     def tables(self):
@@ -510,29 +641,69 @@ class PreparedData:
             self._tables = self._load("tables")[1] if "tables" in self.files else {}
         return self._tables
 
-    def _arrays(self, name):
+    def _arrays(self, name, replicas=1):
         """`(sizes, {key: array in the pipeline's dtype}, {key: batch
-        shapes})` of one pass."""
-        if name not in self._cache:
-            file, arrays, sizes, shapes = self._load(name)
+        shapes}, rows)` of one pass as this process reads it: `rows[b]`,
+        the rows of the arrays that batch b feeds here (`batch_rows`)."""
+        if (name, replicas) not in self._cache:
+            process = self.process if _shared_out(name) else (0, 1)
             entry = self.files[name]
-            if sizes is None or len(sizes) != entry["batches"] or int(sizes.sum()) != entry["rows"]:
-                raise ValueError(f"Prepared file {file}: its batch sizes do not add up to "
-                                 f"its {entry['rows']} rows.")
-            self._cache = {name: (sizes, arrays, shapes)}  # one pass in memory at a time
-        return self._cache[name]
+            if name in self._by_rows:
+                sizes, arrays, shapes, rows = self._read_rows(name, replicas)
+            else:
+                file, arrays, sizes, shapes = self._load(name)
+                _check_sizes(file, entry, sizes)
+                rows = batch_rows(sizes, replicas, *process)
+            # One pass in memory at a time.
+            self._cache = {(name, replicas): (sizes, arrays, shapes, rows)}
+        return self._cache[(name, replicas)]
 
-    def check(self, model, task=None):
-        """Every batch of every file against what `model` accepts (the
-        model's own checks on concrete arrays, and `task.check_prepared`);
-        `ValueError` naming the file."""
+    def _read_rows(self, name, replicas):
+        """`_arrays` of a pass read by rows: only the rows this process
+        feeds, each checked against its digest."""
+        entry = self.files[name]
+        file = self._file(name)
+        members, meta = self._meta[name]
+        sizes = meta["sizes"]
+        _check_sizes(file, entry, sizes)
+        wanted = batch_rows(sizes, replicas, *self.process)
+        needed = np.unique(np.concatenate(wanted))
+        stored, read = {}, 0
+        for key in entry["dtypes"]:
+            stored[key], count = _read_rows(file, members[key], needed)
+            read += count
+        self.bytes_read += read
+        bad = np.flatnonzero(np.any(_row_digests(stored) != meta[ROW_DIGESTS][needed], axis=1))
+        if bad.size:
+            raise ValueError(
+                f"Prepared file {file} is not the file `prepare` wrote: row "
+                f"{int(needed[bad[0]])} ({bad.size} of the {needed.size} rows read here) is "
+                f"not the row written (its SHA-256): damaged or edited. Prepare the data "
+                f"again. Received: data={self.directory!r}")
+        arrays = {key: _check_dtype(file, key, stored[key], dtype)
+                  for key, dtype in entry["dtypes"].items()}
+        shapes = {key: meta[f"shape/{key}"] for key in entry.get("varying", ())}
+        # The shapes the manifest lists, but of the rows read.
+        listed = dict(entry, shapes={key: [needed.size] + shape[1:]
+                                     for key, shape in entry["shapes"].items()})
+        self._check_shapes(file, listed, arrays, shapes)
+        rows = [np.searchsorted(needed, batch) for batch in wanted]
+        return sizes, arrays, shapes, rows
+
+    def check(self, model, task=None, replicas=1):
+        """Every batch of every file this process reads against what
+        `model` accepts (the model's own checks on concrete arrays, and
+        `task.check_prepared`); `ValueError` naming the file. `replicas`:
+        the devices of the job, as for `batches`."""
         for name in self.files:
             if name == "tables":
                 parts = _unflatten(self.tables)
                 if "x" not in parts:  # no batch rows (e.g. images an `index` points at)
                     continue
+            elif name == "test" and self.process[0] != 0:
+                continue  # evaluated by process 0 alone
             else:
-                parts = _unflatten(self._arrays(name)[1])
+                parts = _unflatten(self._arrays(name, replicas)[1])
             try:
                 if name == "tables":  # batch rows stored once: each part of each row
                     _check_same_rows(parts)
@@ -558,22 +729,144 @@ class PreparedData:
         parts index; 0 when it holds none."""
         return len(self.tables["y"]) if "y" in self.tables else 0
 
-    def batches(self, split, epoch=None, finish=None):
+    def batches(self, split, epoch=None, finish=None, replicas=1):
         """The `Batches` of `"train"` (with `epoch`), `"validation"` or
         `"test"`; None for a split the recipe does not have. `finish(parts,
         tables)` (`Task.finish_prepared`) maps a stored batch's parts to the
-        model's `(x, y[, sample_weight])`."""
+        model's `(x, y[, sample_weight])`. `replicas`: the devices of the
+        data-parallel job; each batch is filled up to a multiple of it (as
+        `even_batches`), and of the training and validation batches this
+        process gets its rows (`batch_rows`)."""
         name = f"train-{epoch:04d}" if split == "train" else split
         if name not in self.files:
             if split == "train":
                 raise ValueError(f"{self.directory} holds {self.manifest['epochs']} epochs; "
                                  f"epoch {epoch} was asked for.")
             return None
-        sizes, arrays, shapes = self._arrays(name)
+        sizes, arrays, shapes, rows = self._arrays(name, replicas)
         if finish is not None:
             tables = self.tables
-            return Batches(sizes, arrays, lambda parts: finish(parts, tables), shapes=shapes)
-        return Batches(sizes, arrays, shapes=shapes)
+            return Batches(sizes, arrays, lambda parts: finish(parts, tables), shapes=shapes,
+                           rows=rows)
+        return Batches(sizes, arrays, shapes=shapes, rows=rows)
+
+
+def _shared_out(name):
+    """Whether the processes of a job share out the batches of the file
+    `name` (training and validation) rather than one reading it whole."""
+    return name.startswith("train-") or name == "validation"
+
+
+def _check_process(process, recipe):
+    """`process` as `(index, count)`, checked: a valid index, a count that
+    divides the recipe's (global) batch size."""
+    try:
+        index, count = (int(value) for value in process)
+        valid = 0 <= index < count and tuple(process) == (index, count)
+    except (TypeError, ValueError):
+        valid = False
+    if not valid:
+        raise ValueError("Invalid value for argument `process`: it must be (index, count) "
+                         f"with 0 <= index < count. Received: process={process!r}")
+    batch_size = recipe.get("training", {}).get("batch_size")
+    if count > 1 and (not isinstance(batch_size, int) or batch_size % count):
+        raise ValueError(
+            f"The global batch of {batch_size} rows cannot be shared out evenly over "
+            f"{count} processes: each feeds an equal share of every batch. Make "
+            f"`training.batch_size` a multiple of the process count (the prepared data "
+            f"with it). Received: training.batch_size={batch_size!r} with {count} processes")
+    return index, count
+
+
+def _check_sizes(file, entry, sizes):
+    if sizes is None or len(sizes) != entry["batches"] or int(sizes.sum()) != entry["rows"]:
+        raise ValueError(f"Prepared file {file}: its batch sizes do not add up to "
+                         f"its {entry['rows']} rows.")
+
+
+def batch_rows(sizes, replicas=1, process=0, processes=1):
+    """For each batch of a pass (`sizes`: the rows of each, laid end to end),
+    the rows that process `process` of `processes` feeds: the batch filled
+    up to a multiple of `replicas` with its own first rows again (as
+    `keras_attn.zoo.tasks.base.even_batches`), cut into `processes` equal
+    slices, slice `process` kept (as
+    `keras_attn.training.distribute.process_rows`), so that the processes
+    together feed the global batch a single process feeds.
+
+    >>> [list(rows) for rows in batch_rows([4, 3], replicas=2, process=1, processes=2)]
+    [[2, 3], [4, 5]]
+    """
+    if replicas % processes:
+        raise ValueError(f"Invalid value for argument `replicas`: the devices of a job "
+                         f"must divide evenly over its {processes} processes. "
+                         f"Received: replicas={replicas}")
+    offsets = np.concatenate([[0], np.cumsum(sizes)]).astype("int64")
+    rows = []
+    for start, size in zip(offsets, np.asarray(sizes, "int64")):
+        share = -(-int(size) // replicas) * replicas // processes
+        rows.append(start + np.arange(process * share, (process + 1) * share) % size)
+    return rows
+
+
+def _stored_members(file):
+    """`{key: (offset, dtype, shape)}` of the arrays of an uncompressed
+    `.npz` (`np.savez`): where each array's data starts in the file, read
+    from the zip's headers and the `.npy` headers, nothing else."""
+    with zipfile.ZipFile(file) as archive:
+        infos = archive.infolist()
+    members = {}
+    with open(file, "rb") as stream:
+        for info in infos:
+            if info.compress_type != zipfile.ZIP_STORED or not info.filename.endswith(".npy"):
+                raise ValueError(f"its member {info.filename!r} is not an uncompressed array")
+            stream.seek(info.header_offset)
+            local = stream.read(30)
+            if len(local) != 30 or local[:4] != b"PK\x03\x04":
+                raise ValueError(f"the header of its member {info.filename!r} is damaged")
+            name_length, extra_length = struct.unpack("<HH", local[26:30])
+            stream.seek(info.header_offset + 30 + name_length + extra_length)
+            version = np.lib.format.read_magic(stream)
+            read_header = {(1, 0): np.lib.format.read_array_header_1_0,
+                           (2, 0): np.lib.format.read_array_header_2_0}.get(version)
+            if read_header is None:
+                raise ValueError(f"its member {info.filename!r} is of .npy version {version}")
+            shape, fortran_order, dtype = read_header(stream)
+            if fortran_order or dtype.hasobject or not shape:
+                raise ValueError(f"its member {info.filename!r} is not a C-ordered array")
+            size = dtype.itemsize * int(np.prod(shape))
+            if stream.tell() + size > info.header_offset + 30 + name_length + extra_length \
+                    + info.file_size:
+                raise ValueError(f"its member {info.filename!r} is shorter than its array")
+            members[info.filename[:-len(".npy")]] = (stream.tell(), dtype, tuple(shape))
+    return members
+
+
+def _read_rows(file, member, rows):
+    """`(rows of the array, bytes read)`: the rows `rows` (sorted, unique;
+    None: all) of the array `member` (`_stored_members`) of `file`, each
+    run of consecutive rows read at once and nothing else."""
+    offset, dtype, shape = member
+    row_bytes = dtype.itemsize * int(np.prod(shape[1:]))
+    if rows is None:
+        rows = np.arange(shape[0])
+    if rows.size and (rows[0] < 0 or rows[-1] >= shape[0]):
+        raise ValueError(f"Prepared file {file}: rows up to {rows[-1]} asked of an array of "
+                         f"{shape[0]}.")
+    values = np.empty((rows.size,) + tuple(shape[1:]), dtype)
+    flat = values.reshape(rows.size, int(np.prod(shape[1:]))).view(np.uint8)
+    starts = np.flatnonzero(np.diff(rows, prepend=-2) != 1)  # each run's first row
+    ends = np.append(starts[1:], rows.size)
+    read = 0
+    with open(file, "rb") as stream:
+        for start, end in zip(starts, ends):
+            stream.seek(offset + int(rows[start]) * row_bytes)
+            data = stream.read((end - start) * row_bytes)
+            if len(data) != (end - start) * row_bytes:
+                raise ValueError(f"Prepared file {file} is shorter than its arrays: "
+                                 f"truncated.")
+            flat[start:end] = np.frombuffer(data, np.uint8).reshape(end - start, row_bytes)
+            read += len(data)
+    return values, read
 
 
 def _check_layout(path, manifest, directory):
@@ -641,16 +934,18 @@ class Batches(keras.utils.PyDataset):
     """One pass of prepared batches as a `keras.utils.PyDataset`, read in
     order by `Model.fit` / `evaluate` on every backend; `skip(k)` starts at
     batch k (what `ResumableTrainer` asks of a dataset to resume mid-epoch).
+    `rows[b]`: the rows of `arrays` that make batch b (`batch_rows`; by
+    default the `sizes[b]` rows after the batches before it).
     """
 
-    def __init__(self, sizes, arrays, finish=None, start=0, shapes=None):
+    def __init__(self, sizes, arrays, finish=None, start=0, shapes=None, rows=None):
         super().__init__()
         self.sizes = np.asarray(sizes)
         self.arrays = arrays
         self.finish = finish or _default_finish
         self.start = start
         self.shapes = shapes or {}
-        self.offsets = np.concatenate([[0], np.cumsum(self.sizes)])
+        self.rows = batch_rows(self.sizes) if rows is None else rows
 
     def __len__(self):
         return len(self.sizes) - self.start
@@ -663,7 +958,8 @@ class Batches(keras.utils.PyDataset):
         return len(self)
 
     def skip(self, count):
-        return Batches(self.sizes, self.arrays, self.finish, self.start + int(count), self.shapes)
+        return Batches(self.sizes, self.arrays, self.finish, self.start + int(count), self.shapes,
+                       self.rows)
 
     def for_backend(self):
         """These batches as `Model.fit` reads them best on this backend: on
@@ -691,7 +987,7 @@ class Batches(keras.utils.PyDataset):
         if not 0 <= index < len(self):
             raise IndexError(f"batch {index} of {len(self)}")
         index += self.start
-        rows = slice(int(self.offsets[index]), int(self.offsets[index + 1]))
+        rows = self.rows[index]
         parts = {}
         for key, array in self.arrays.items():
             value = array[rows]

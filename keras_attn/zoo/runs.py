@@ -395,12 +395,18 @@ def train(recipe, overrides=(), output=None, distribute=False, export=True, verb
     if data is not None:
         from keras_attn.zoo.prepared import PreparedData
 
-        if distribute:
+        if isinstance(distribute, tuple):
             raise ValueError(
-                f"`distribute` = {distribute!r} does not take prepared `data` yet: train "
-                f"on one device. Received: distribute={distribute!r}, data={data!r}"
+                f"Model parallel does not take prepared `data` yet: train data parallel or "
+                f"on one device. Received: distribute='model_parallel:{distribute[0]}x"
+                f"{distribute[1]}', data={data!r}"
             )
-        prepared = PreparedData(data, recipe)
+        # On JAX each process reads and checks only its rows of the batches
+        # (TensorFlow's multi-worker strategy shares out whole batches itself).
+        import keras
+
+        prepared = PreparedData(data, recipe, (process, processes) if keras.backend.backend()
+                                == "jax" else (0, 1))
     if process:
         return _train_locked(recipe, output, distribute, export, verbose, prepared)
     with RunLock(output):
@@ -558,19 +564,21 @@ def _training_data(task, model, prepared, replicas, process):
     from keras_attn.data.checks import check_batches
     from keras_attn.zoo.tasks.base import even_batches
 
-    if prepared is None:
-        # Every batch checked in the pipeline (ids, labels, lengths),
-        # before a compiled step could see it.
-        train_dataset_fn = lambda epoch: check_batches(task.train_dataset_fn(epoch), model)  # noqa: E731
-        validation = task.validation_data()
-        validation = validation and check_batches(validation, model)
-    else:
-        # Every prepared batch checked now, before the first step.
-        prepared.check(model, task)
+    if prepared is not None:
+        # Every prepared batch this process reads checked now, before the
+        # first step: evened for the replicas, cut to this process's rows
+        # (`prepared.process`), and read so.
+        prepared.check(model, task, replicas)
         finish = task.finish_prepared
-        train_dataset_fn = lambda epoch: prepared.batches("train", epoch, finish).for_backend()  # noqa: E731
-        validation = prepared.batches("validation", finish=finish)
-        validation = validation and validation.for_backend()
+        train_dataset_fn = lambda epoch: prepared.batches(  # noqa: E731
+            "train", epoch, finish, replicas).for_backend()
+        validation = prepared.batches("validation", finish=finish, replicas=replicas)
+        return train_dataset_fn, validation and validation.for_backend()
+    # Every batch checked in the pipeline (ids, labels, lengths), before a
+    # compiled step could see it.
+    train_dataset_fn = lambda epoch: check_batches(task.train_dataset_fn(epoch), model)  # noqa: E731
+    validation = task.validation_data()
+    validation = validation and check_batches(validation, model)
     if replicas > 1:  # JAX shards a batch only when the replicas divide it
         checked_fn = train_dataset_fn
         train_dataset_fn = lambda epoch: even_batches(checked_fn(epoch), replicas)  # noqa: E731

@@ -378,7 +378,7 @@ def test_missing_truncated_or_edited_files_are_refused(prepared, tmp_path):
         content = json.load(handle)
     with open(manifest, "w") as handle:
         json.dump(dict(content, format=99), handle)
-    with pytest.raises(ValueError, match="of format 99; this keras_attn reads format "
+    with pytest.raises(ValueError, match="of format 99; this keras_attn reads formats 2 to "
                                          f"{prepared_module.FORMAT}"):
         prepared_module.PreparedData(directory, recipe)
 
@@ -448,13 +448,11 @@ def test_ids_out_of_range_are_refused_before_the_first_step(prepared, tmp_path):
         data.check(task.build_model())
 
 
-def test_what_cannot_be_prepared_yet_and_distribution_are_refused(tmp_path, prepared):
+# (What distribution cannot take: tests/zoo/test_prepared_shards.py.)
+def test_what_cannot_be_prepared_yet_is_refused(tmp_path):
     with pytest.raises(ValueError, match="embedded spoken digits only.*tfds:librispeech"):
         prepared_module.prepare("conformer_small", output=str(tmp_path / "t"), verbose=False)
     assert not os.path.exists(tmp_path / "t")
-    with pytest.raises(ValueError, match="`distribute` .* does not take prepared `data`"):
-        runs.train("vit_tiny_digits", SETTINGS["vit_tiny_digits"], output=str(tmp_path / "r"),
-                   distribute=True, data=prepared["vit_tiny_digits"])
 
 
 def test_speech_made_again_elsewhere_must_be_the_prepared_speech(prepared, tmp_path):
@@ -605,7 +603,7 @@ def test_prepare_takes_a_new_an_empty_or_an_earlier_prepared_directory(tmp_path)
         manifest["format"] = 1
 
     _edit_manifest(empty, format_1, seal=False)
-    with pytest.raises(ValueError, match="of format 1; this keras_attn reads format 2. "
+    with pytest.raises(ValueError, match="of format 1; this keras_attn reads formats 2 to 3. "
                                          "Prepare the data again"):
         prepared_module.PreparedData(empty, recipe)
     prepare(empty)

@@ -1,0 +1,280 @@
+"""Prepared data read by rows (issue 45, item 4): process k of N of a
+data-parallel job reads and checks only its rows of every training and
+validation batch, the rows one process would feed as that process's share,
+so the global batch and the examples of each step stay those of one
+process."""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import keras
+import numpy as np
+import pytest
+
+from _tiny import tiny_overrides
+from keras_attn.zoo import prepared as prepared_module
+from keras_attn.zoo import runs
+from keras_attn.zoo.recipe import load_recipe
+from keras_attn.zoo.tasks import make_task
+
+# Two epochs of 4 steps; conformer's `y` varies in width from batch to batch.
+SETTINGS = {
+    "vit_tiny_digits": tiny_overrides("vit_tiny_digits", run=False)
+    + ["training.epochs=2", "training.steps_per_epoch=4", "training.batch_size=16"],
+    "conformer_tiny_digits": tiny_overrides("conformer_tiny_digits", run=False)
+    + ["training.epochs=2", "training.steps_per_epoch=4"],
+}
+
+
+def _recipe(name, extra=()):
+    return load_recipe(runs.locate_recipe(name), SETTINGS[name] + list(extra))
+
+
+@pytest.fixture(scope="module")
+def prepared(tmp_path_factory):
+    """The recipes' prepared directories, by name (made on demand)."""
+    made = {}
+
+    def get(name):
+        if name not in made:
+            made[name] = str(tmp_path_factory.mktemp("prepared") / name)
+            prepared_module.prepare(name, SETTINGS[name], output=made[name], verbose=False)
+        return made[name]
+
+    return get
+
+
+def _flat(batch):
+    return [np.asarray(leaf) for leaf in keras.tree.flatten(batch)]
+
+
+def _passes(data):
+    epochs = data.manifest["epochs"]
+    return [("train", epoch) for epoch in range(epochs)] + [("validation", None)]
+
+
+def _assert_shards_are_the_batch(one, shards, replicas):
+    """Each batch of the one-process read, evened for `replicas`, is the
+    shards' batches end to end, bit for bit."""
+    count = len(shards)
+    for split, epoch in _passes(one):
+        whole = one.batches(split, epoch, replicas=replicas)
+        parts = [shard.batches(split, epoch, replicas=replicas) for shard in shards]
+        assert all(len(part) == len(whole) for part in parts)
+        for index in range(len(whole)):
+            expected = _flat(whole[index])
+            found = [_flat(part[index]) for part in parts]
+            for leaf, want in enumerate(expected):
+                assert len(want) % replicas == 0, (split, epoch, index)
+                share = len(want) // count
+                for k in range(count):
+                    got = found[k][leaf]
+                    assert got.dtype == want.dtype and got.shape[1:] == want.shape[1:]
+                    np.testing.assert_array_equal(got, want[k * share:(k + 1) * share],
+                                                  err_msg=f"{split} {epoch} batch {index}")
+
+
+@pytest.mark.parametrize("name", sorted(SETTINGS))
+def test_each_process_reads_exactly_its_rows_of_every_batch(prepared, name):
+    """Process k of N gets rows k/N to (k+1)/N of each batch of the
+    one-process read (a short batch first filled up to a multiple of the
+    replicas, as from tf.data), and reads from the files only the bytes of
+    those rows (plus the batch sizes and row digests, read whole)."""
+    directory, recipe = prepared(name), _recipe(name)
+    one = prepared_module.PreparedData(directory, recipe)
+    manifest = one.manifest
+    for processes, replicas in ((2, 2), (2, 4), (4, 4)):
+        shards = [prepared_module.PreparedData(directory, recipe, (k, processes))
+                  for k in range(processes)]
+        _assert_shards_are_the_batch(one, shards, replicas)
+        for k, shard in enumerate(shards):
+            # What it read: each row it feeds once, in every array, no more.
+            expected = total = 0
+            for split, epoch in _passes(one):
+                file = f"train-{epoch:04d}" if split == "train" else split
+                entry = manifest["files"][file]
+                rows = prepared_module.batch_rows(one._arrays(file)[0], replicas, k, processes)
+                row_bytes = sum(np.dtype(entry["stored"][key]).itemsize
+                                * int(np.prod(shape[1:]))
+                                for key, shape in entry["shapes"].items())
+                expected += np.unique(np.concatenate(rows)).size * row_bytes
+                total += entry["rows"] * row_bytes
+            assert shard.bytes_read == expected, (processes, replicas, k)
+            assert expected <= total * 2 // processes  # its share, not everything
+
+
+def _row_offset(file, key, row):
+    offset, dtype, shape = prepared_module._stored_members(file)[key]
+    return offset + row * dtype.itemsize * int(np.prod(shape[1:]))
+
+
+def test_a_process_checks_its_own_rows_and_no_others(prepared, tmp_path):
+    """A damaged row refuses the process that reads it, naming the file
+    and the row, before anything is trained; the other process, which does
+    not read it, reads its rows as they were written; one process, which
+    reads everything, refuses the file by its SHA-256."""
+    name, recipe = "vit_tiny_digits", _recipe("vit_tiny_digits")
+    directory = str(tmp_path / "copy")
+    shutil.copytree(prepared(name), directory)
+    untouched = prepared_module.PreparedData(prepared(name), recipe, (1, 2))
+    file = os.path.join(directory, "train-0001.npz")
+    # Row 2 of batch 0 (16 rows, 2 replicas): process 0's.
+    with open(file, "r+b") as stream:
+        stream.seek(_row_offset(file, "y", 2))
+        value = stream.read(1)
+        stream.seek(-1, os.SEEK_CUR)
+        stream.write(bytes([value[0] ^ 1]))
+    other = prepared_module.PreparedData(directory, recipe, (1, 2))
+    for epoch in (0, 1):
+        for got, want in zip(other.batches("train", epoch, replicas=2),
+                             untouched.batches("train", epoch, replicas=2)):
+            for a, b in zip(_flat(got), _flat(want)):
+                np.testing.assert_array_equal(a, b)
+    owner = prepared_module.PreparedData(directory, recipe, (0, 2))
+    with pytest.raises(ValueError, match=r"train-0001.npz is not the file `prepare` wrote: "
+                                         r"row 2 \(1 of the \d+ rows read here\) is not the "
+                                         r"row written"):
+        owner.batches("train", 1, replicas=2)
+    task = make_task(recipe)
+    task.use_prepared(owner.state)
+    with pytest.raises(ValueError, match=r"train-0001.npz is not the file `prepare` wrote: "
+                                         r"row 2"):
+        owner.check(task.build_model(), task, replicas=2)
+    with pytest.raises(ValueError, match=r"train-0001.npz is not the file `prepare` wrote "
+                                         r"\(size"):
+        prepared_module.PreparedData(directory, recipe)
+
+    # What every process reads whole is checked whole: the batch sizes and
+    # row digests against the manifest, the array headers against it.
+    for index, (key, change) in enumerate([("sizes", lambda byte: byte ^ 1),
+                                           (prepared_module.ROW_DIGESTS, lambda byte: byte ^ 1)]):
+        damaged = str(tmp_path / f"meta{index}")
+        shutil.copytree(prepared(name), damaged)
+        file = os.path.join(damaged, "train-0000.npz")
+        with open(file, "r+b") as stream:
+            stream.seek(_row_offset(file, key, 0))
+            value = stream.read(1)
+            stream.seek(-1, os.SEEK_CUR)
+            stream.write(bytes([change(value[0])]))
+        with pytest.raises(ValueError, match=r"train-0000.npz is not the file `prepare` "
+                                             r"wrote: its batch sizes, shapes or row digests"):
+            prepared_module.PreparedData(damaged, recipe, (1, 2))
+    truncated = str(tmp_path / "truncated")
+    shutil.copytree(prepared(name), truncated)
+    file = os.path.join(truncated, "validation.npz")
+    with open(file, "r+b") as stream:
+        stream.truncate(os.path.getsize(file) // 2)
+    with pytest.raises(ValueError, match=r"validation.npz is not the file `prepare` wrote "
+                                         r"\(.*\): truncated"):
+        prepared_module.PreparedData(truncated, recipe, (1, 2))
+
+
+def _as_format_2(directory):
+    """`directory` rewritten as `prepare` wrote it before format 3: every
+    file compressed whole, no row digests."""
+    path = os.path.join(directory, "prepared.json")
+    with open(path) as handle:
+        manifest = json.load(handle)
+    for name, entry in manifest["files"].items():
+        file = os.path.join(directory, entry["file"])
+        with np.load(file) as stored:
+            arrays = {key: stored[key] for key in stored.files
+                      if key != prepared_module.ROW_DIGESTS}
+        np.savez_compressed(file, **arrays)
+        entry.pop("stored", None)
+        entry.pop("meta_sha256", None)
+        entry.update(bytes=os.path.getsize(file), sha256=prepared_module._sha256(file))
+    manifest["format"] = 2
+    with open(path, "w") as handle:
+        json.dump(prepared_module._seal(manifest), handle)
+
+
+def test_an_earlier_format_is_read_whole_by_every_process(prepared, tmp_path):
+    """A directory of format 2 (compressed, checked file by file) still
+    trains across processes: each reads and checks every file whole and
+    keeps its rows, the same rows as from format 3."""
+    name, recipe = "conformer_tiny_digits", _recipe("conformer_tiny_digits")
+    directory = str(tmp_path / "format2")
+    shutil.copytree(prepared(name), directory)
+    _as_format_2(directory)
+    one = prepared_module.PreparedData(directory, recipe)
+    assert one.manifest["format"] == 2
+    shards = [prepared_module.PreparedData(directory, recipe, (k, 2)) for k in range(2)]
+    _assert_shards_are_the_batch(one, shards, 2)
+    assert [shard.bytes_read for shard in shards] == [0, 0]  # nothing read by rows
+    newer = prepared_module.PreparedData(prepared(name), recipe, (1, 2))
+    for split, epoch in _passes(one):
+        for got, want in zip(shards[1].batches(split, epoch, replicas=2),
+                             newer.batches(split, epoch, replicas=2)):
+            for a, b in zip(_flat(got), _flat(want)):
+                np.testing.assert_array_equal(a, b)
+
+
+def test_what_cannot_be_shared_out_is_refused_by_name(prepared, tmp_path):
+    name = "vit_tiny_digits"
+    with pytest.raises(ValueError, match=r"global batch of 16 rows cannot be shared out evenly "
+                                         r"over 3 processes.*Received: training.batch_size=16 "
+                                         r"with 3 processes"):
+        prepared_module.PreparedData(prepared(name), _recipe(name), (0, 3))
+    with pytest.raises(ValueError, match=r"Invalid value for argument `process`.*"
+                                         r"Received: process=\(2, 2\)"):
+        prepared_module.PreparedData(prepared(name), _recipe(name), (2, 2))
+    with pytest.raises(ValueError, match=r"Invalid value for argument `replicas`.*over its 2 "
+                                         r"processes. Received: replicas=3"):
+        prepared_module.batch_rows([4, 3], replicas=3, process=0, processes=2)
+    with pytest.raises(ValueError, match=r"Model parallel does not take prepared `data` yet.*"
+                                         r"Received: distribute='model_parallel:1x2'"):
+        runs.train(name, SETTINGS[name], output=str(tmp_path / "run"),
+                   distribute="model_parallel:1x2", data=prepared(name))
+    assert not os.path.exists(tmp_path / "run")
+
+
+@pytest.mark.slow
+@pytest.mark.backend_independent
+@pytest.mark.xdist_group("distribute")
+def test_two_processes_from_prepared_files_train_as_one(tmp_path):
+    """`keras-attn train --data DIR --distribute` as two JAX processes, each
+    reading its rows: the final weights of one process trained from the
+    same files with the same global batch."""
+    from test_multiprocess import RECIPE
+    from test_multiprocess import SETS
+    from test_multiprocess import _env
+    from test_multiprocess import _finish
+    from test_multiprocess import _free_port
+    from test_multiprocess import _weights
+
+    directory = str(tmp_path / "prepared")
+    prepared_module.prepare(RECIPE, SETS, output=directory, verbose=False)
+
+    def command(output):
+        sets = [item for value in SETS for item in ("--set", value)]
+        return [sys.executable, "-m", "keras_attn_cli", "train", RECIPE, "--output",
+                str(output), "--data", directory, "--verbose", "0", "--distribute",
+                "--no-export", *sets]
+
+    port = _free_port()
+    # The job's two processes, and one process alone (the reference).
+    jobs = [(tmp_path / "run", f"log{rank}.txt",
+             {"KERAS_DISTRIBUTION_JOB_ADDRESSES": f"localhost:{port}",
+              "KERAS_DISTRIBUTION_NUM_PROCESSES": "2", "KERAS_DISTRIBUTION_PROCESS_ID": str(rank)})
+            for rank in range(2)] + [(tmp_path / "single", "single.txt", {})]
+    started = []
+    try:
+        for output, name, extra in jobs:
+            log = open(tmp_path / name, "w+")
+            started.append(subprocess.Popen(command(output), cwd=tmp_path, stdout=log,
+                                            stderr=subprocess.STDOUT, env=_env(**extra)))
+            started[-1].log = log
+    finally:
+        results = _finish(started)  # every process ended, whatever happened
+    for code, log in results:
+        assert code == 0, log[-3000:]
+    assert "process 1 of 2: trained vit_tiny_digits" in results[1][1]
+    expected = _weights(tmp_path / "single" / "model.keras")
+    found = _weights(tmp_path / "run" / "model.keras")
+    assert sorted(found) == sorted(expected)
+    for key in expected:
+        np.testing.assert_allclose(found[key], expected[key], rtol=1e-5, atol=1e-6, err_msg=key)
