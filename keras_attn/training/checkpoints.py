@@ -15,6 +15,15 @@ last: a checkpoint counts only once its manifest exists, so a process killed
 at any instant leaves either the previous set of checkpoints or the new one,
 never a half-written file that would be read.
 
+Under model parallel across JAX processes no process holds the whole state:
+`save_sharded` writes the arrays as `ckpt-00000012.orbax/`, an orbax-checkpoint
+directory to which every process writes its own shards (orbax's own atomic
+commit: a temporary directory renamed once every process is done), and
+process 0 writes the manifest after it (format `keras_attn.checkpoint.orbax/1`:
+the same fields, without the sha256 and size that one file would have). The
+arrays are read when the caller knows where they go (`ShardedCheckpoint.load`:
+each process its own slices, whatever the layout or the process count).
+
 Reading goes newest first. A manifest that does not parse or whose checksum
 fails, an npz whose sha256 or size differs from its manifest, or that does not
 unzip, is skipped with a `warnings.warn` naming the file, and the next older
@@ -43,9 +52,12 @@ from keras_attn._version import __version__
 from keras_attn.errors import CorruptCheckpointError  # noqa: F401  (raised here; its old home)
 
 FORMAT = "keras_attn.checkpoint/1"
-_NAME = re.compile(r"^ckpt-(\d{8,})\.(npz|json)$")
-# `.ckpt-00000012.npz.<random>.tmp`, `.history.json.<random>.tmp`
-_TEMPORARY = re.compile(r"^\.(ckpt-\d{8,}\.(npz|json)|history\.json)\.[^.]+\.tmp$")
+FORMAT_SHARDED = "keras_attn.checkpoint.orbax/1"
+_NAME = re.compile(r"^ckpt-(\d{8,})\.(npz|json|orbax)$")
+# `.ckpt-00000012.npz.<random>.tmp`, `.history.json.<random>.tmp`, and orbax's
+# `ckpt-00000012.orbax.orbax-checkpoint-tmp-<n>` directories
+_TEMPORARY = re.compile(r"^\.(ckpt-\d{8,}\.(npz|json)|history\.json)\.[^.]+\.tmp$"
+                        r"|^ckpt-\d{8,}\.orbax\.orbax-checkpoint-tmp")
 _READ_ERRORS = (OSError, ValueError, EOFError, KeyError, zipfile.BadZipFile)
 _HASH_CHUNK = 1 << 20
 
@@ -93,6 +105,17 @@ def _fsync_directory(directory):
         os.close(fd)
 
 
+def _remove(path):
+    """Deletes a file, or an orbax checkpoint's directory; gone already is fine."""
+    if os.path.isdir(path) and not os.path.islink(path):
+        import shutil
+
+        shutil.rmtree(path, ignore_errors=True)
+        return
+    with contextlib.suppress(FileNotFoundError):
+        os.remove(path)
+
+
 def _sha256_of_file(path):
     digest = hashlib.sha256()
     with open(path, "rb") as f:
@@ -135,7 +158,31 @@ class Checkpoint:
         return self.manifest["variables"].get(group)
 
     def __repr__(self):
-        return f"Checkpoint({self.name!r})"
+        return f"{type(self).__name__}({self.name!r})"
+
+
+class ShardedCheckpoint(Checkpoint):
+    """A checkpoint whose arrays are an orbax directory (`save_sharded`):
+    verified manifest first, arrays read by `load` once the caller knows
+    where each goes; `arrays` holds the groups loaded so far."""
+
+    def __init__(self, name, manifest, directory):
+        super().__init__(name, manifest, {})
+        self.directory = directory
+
+    @property
+    def file(self):
+        return self.name + ".orbax"
+
+    def load(self, targets):
+        """Reads the groups of `targets` (`{group: [variables] or None}`,
+        see `sharded.restore`) into `arrays`. Every process of the job
+        calls it. Call `check_group` first."""
+        from keras_attn.training import sharded
+
+        specs = {group: self.specs(group) or [] for group in targets}
+        path = os.path.join(self.directory, self.file)
+        self.arrays.update(sharded.restore(path, targets, specs))
 
 
 class CheckpointManager:
@@ -158,7 +205,7 @@ class CheckpointManager:
         return os.path.join(self.directory, name)
 
     def _listing(self):
-        """({step: manifest name}, {step: npz name}) of the directory."""
+        """({step: manifest name}, {step: npz file or orbax directory name})."""
         manifests, arrays = {}, {}
         if not os.path.isdir(self.directory):
             return manifests, arrays
@@ -192,10 +239,48 @@ class CheckpointManager:
                 specs[group].append(variable_spec(path, array))
         npz_path = self._path(name + ".npz")
         atomic_write(npz_path, lambda f: np.savez(f, **arrays))
+        self._write_manifest(name, FORMAT, specs, metadata, file=name + ".npz",
+                             sha256=_sha256_of_file(npz_path), size=os.path.getsize(npz_path))
+        self._prune(step)
+        return name
 
+    def save_sharded(self, step, groups, metadata=None):
+        """Writes checkpoint `step` of `{group: [variables]}` whose values are
+        split over the devices of several JAX processes; every process of
+        the job calls it. The arrays go to `ckpt-<step>.orbax/` (each process
+        its shards, through orbax-checkpoint, committed when all are done);
+        then process 0 writes the manifest and prunes. Returns the name."""
+        from keras_attn.training import sharded
+
+        import jax
+
+        name = checkpoint_name(step)
+        os.makedirs(self.directory, exist_ok=True)
+        if jax.process_index() == 0:
+            # A checkpoint of this step that a killed run left (committed
+            # arrays without a manifest, or one that was skipped as corrupt):
+            # orbax does not write over a directory. The manifest first, as
+            # in `_prune`; the others write nowhere final before orbax's
+            # barriers, which process 0 reaches after this.
+            for stale in (name + ".json", name + ".orbax"):
+                _remove(self._path(stale))
+        sharded.save(self._path(name + ".orbax"), groups)
+        if jax.process_index() != 0:
+            return name
+        specs = {group: [{"path": v.path, "shape": list(v.shape),
+                          "dtype": keras.backend.standardize_dtype(v.dtype)}
+                         for v in variables]
+                 for group, variables in groups.items()}
+        self._write_manifest(name, FORMAT_SHARDED, specs, metadata, file=name + ".orbax",
+                             processes=jax.process_count())
+        self._prune(step)
+        return name
+
+    def _write_manifest(self, name, format, specs, metadata, **fields):
+        """The manifest of checkpoint `name`, written atomically (last)."""
         manifest = dict(metadata or {})
         reserved = {"format", "file", "sha256", "size", "step", "variables",
-                    "versions", "checksum"}
+                    "versions", "checksum", "processes"}
         clash = sorted(reserved & set(manifest))
         if clash:
             raise ValueError(
@@ -203,22 +288,18 @@ class CheckpointManager:
                 f"metadata keys {clash}"
             )
         manifest.update(
-            format=FORMAT,
-            file=name + ".npz",
-            sha256=_sha256_of_file(npz_path),
-            size=os.path.getsize(npz_path),
-            step=int(step),
+            format=format,
+            step=int(name.split("-")[1]),
             variables=specs,
             versions={
                 "keras_attn": __version__,
                 "keras": keras.__version__,
                 "backend": keras.backend.backend(),
             },
+            **fields,
         )
         manifest["checksum"] = _canonical_checksum(manifest)
         atomic_write_json(self._path(name + ".json"), manifest)
-        self._prune(step)
-        return name
 
     def _prune(self, step):
         manifests, arrays = self._listing()
@@ -230,11 +311,9 @@ class CheckpointManager:
             # The manifest first: a half-deleted checkpoint no longer counts.
             for name in (manifests[old], arrays.get(old)):
                 if name:
-                    with contextlib.suppress(FileNotFoundError):
-                        os.remove(self._path(name))
+                    _remove(self._path(name))
         for orphan in set(arrays) - set(manifests):  # a write killed before its manifest
-            with contextlib.suppress(FileNotFoundError):
-                os.remove(self._path(arrays[orphan]))
+            _remove(self._path(arrays[orphan]))
 
     def remove_temporary_files(self):
         """Deletes the temporary files of writes that were interrupted."""
@@ -242,8 +321,7 @@ class CheckpointManager:
             return []
         removed = sorted(n for n in os.listdir(self.directory) if _TEMPORARY.match(n))
         for name in removed:
-            with contextlib.suppress(FileNotFoundError):
-                os.remove(self._path(name))
+            _remove(self._path(name))
         return removed
 
     def latest(self):
@@ -292,14 +370,23 @@ class CheckpointManager:
                 raise ValueError("not a JSON object")
             if manifest.get("checksum") != _canonical_checksum(manifest):
                 raise ValueError("its checksum does not match its content")
-            if manifest.get("format") != FORMAT:
+            if manifest.get("format") not in (FORMAT, FORMAT_SHARDED):
                 raise ValueError(f"unknown format {manifest.get('format')!r}")
-            if manifest.get("file") != name + ".npz":
+            suffix = ".npz" if manifest["format"] == FORMAT else ".orbax"
+            if manifest.get("file") != name + suffix:
                 raise ValueError(f"it describes {manifest.get('file')!r}")
         except _READ_ERRORS as error:  # UnicodeDecodeError is a ValueError
             raise CorruptCheckpointError(
                 f"Checkpoint manifest {manifest_path} is corrupt ({error})."
             ) from error
+        if manifest["format"] == FORMAT_SHARDED:
+            from keras_attn.training import sharded
+
+            if not sharded.is_complete(self._path(manifest["file"])):
+                raise CorruptCheckpointError(
+                    f"Checkpoint {self._path(manifest['file'])} is corrupt (missing, or "
+                    "not committed by orbax).")
+            return ShardedCheckpoint(name, manifest, self.directory)
         npz_path = self._path(name + ".npz")
         try:
             size = os.path.getsize(npz_path)
@@ -376,7 +463,9 @@ def check_group(checkpoint, group, variables, label, limit=5):
     """Raises `ValueError` naming every variable of `group` whose count, shape
     or dtype differs between `checkpoint` and `variables` (by position)."""
     specs = checkpoint.specs(group) or []
-    arrays = checkpoint.arrays.get(group, [])
+    # A sharded checkpoint's arrays are read after the check: its manifest's
+    # dtypes stand for them (empty, so an integer dtype's range passes).
+    arrays = checkpoint.arrays.get(group) or [np.empty(0, spec["dtype"]) for spec in specs]
     source = f"Checkpoint {checkpoint.file}"
     if len(specs) != len(variables):
         hint = ""

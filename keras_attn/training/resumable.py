@@ -48,6 +48,16 @@ On JAX the trainer holds the variables outside the model during an epoch; the
 callbacks read them through `Callback.model`, which syncs them back first, so
 a checkpoint holds the values of the step it is named after.
 
+Under model parallel across JAX processes (a weight split over the devices
+of several processes, which no process can read whole) every process writes
+its shards of each checkpoint through orbax-checkpoint into the one
+`directory` that all of them must see, and process 0 writes the manifest
+last (`CheckpointManager.save_sharded`; a directory per host is refused
+before any step, `sharded.check_shared_directory`). On resumption each
+process reads its own slices, whatever layout or process count wrote them.
+Everything else, one process or data parallel, writes the npz checkpoints
+as before.
+
 Checkpoints with a corrupt file are skipped with a warning (the previous one
 is used). When checkpoints exist but none is intact, `fit` raises
 `ValueError` instead of training from scratch: atomic writes mean a kill
@@ -73,6 +83,7 @@ from keras_attn._guard import StopOnNonFiniteLoss
 from keras_attn._checks import check_positive_int
 from keras_attn.training import checkpoints
 from keras_attn.training import distribute
+from keras_attn.training import sharded
 
 HISTORY_FILE = "history.json"
 
@@ -138,6 +149,8 @@ def restore_latest(model, directory, fingerprint=None):
     if checkpoint is None:
         return None
     _check_model(checkpoint, model, fingerprint)
+    if isinstance(checkpoint, checkpoints.ShardedCheckpoint):
+        checkpoint.load({"model": model.variables})
     checkpoints.assign_group(checkpoint, "model", model.variables)
     return checkpoint.step
 
@@ -223,6 +236,7 @@ class ResumableTrainer:
         self.max_to_keep = check_positive_int("max_to_keep", max_to_keep)
         self.fingerprint = {} if fingerprint is None else _as_json(fingerprint)
         self.manager = checkpoints.CheckpointManager(self.directory, self.max_to_keep)
+        self.sharded_state = False  # set by `fit`
 
     def fit(
         self,
@@ -281,6 +295,12 @@ class ResumableTrainer:
         writer = distribute.process_index() == 0
         if writer:
             self.manager.remove_temporary_files()
+        # Split over several processes' devices: every process writes its
+        # shards into the one directory, which they must all see.
+        self.sharded_state = sharded.spans_processes(
+            list(model.variables) + list(model.optimizer.variables))
+        if self.sharded_state:
+            sharded.check_shared_directory(self.directory, "directory")
         epoch, step_in_epoch, history, metrics_checkpoint = self._restore(
             model, epochs, steps_per_epoch, verbose
         )
@@ -367,6 +387,12 @@ class ResumableTrainer:
                 checkpoint, "global_seed_generator", [stand_in], "global seed generator state"
             )
         # Everything matches: assign.
+        if isinstance(checkpoint, checkpoints.ShardedCheckpoint):
+            # Each process reads its slices, laid out as the variables are;
+            # the metrics and the global seed state (replicated) whole.
+            checkpoint.load({"model": model.variables, "optimizer": model.optimizer.variables,
+                             **{group: None for group in ("metrics", "global_seed_generator")
+                                if checkpoint.specs(group) is not None}})
         checkpoints.assign_group(checkpoint, "model", model.variables)
         checkpoints.assign_group(checkpoint, "optimizer", model.optimizer.variables)
         if has_generator:
@@ -397,6 +423,10 @@ class ResumableTrainer:
         if header is None:
             return None
         name, manifest = header
+        if manifest["format"] == checkpoints.FORMAT_SHARDED:
+            # Not sent: every process reads its own slices (`ShardedCheckpoint.load`).
+            return checkpoint if writer else checkpoints.ShardedCheckpoint(
+                name, manifest, self.directory)
         if writer:
             arrays = checkpoint.arrays
         else:
@@ -432,17 +462,7 @@ class ResumableTrainer:
         after reading the state with it (a metric's total is summed over the
         workers when read: every worker must read it)."""
         writer = distribute.process_index() == 0
-        if not writer and not distribute.reads_take_every_process():
-            return None
         step = epoch * steps_per_epoch + step_in_epoch
-        groups = {
-            group: checkpoints.read_group(variables)
-            for group, variables in _state(model).items()
-        }
-        _check_finite(groups, step)
-        if not writer:
-            return None
-        groups.update(_torch_random_states())
         metadata = {
             "epoch": epoch,
             "step_in_epoch": step_in_epoch,
@@ -451,6 +471,23 @@ class ResumableTrainer:
             "history": history,
             "time": time.time(),
         }
+        if self.sharded_state:  # every process writes its shards
+            state = _state(model)
+            for group in ("model", "optimizer"):
+                counts = sharded.finite_counts(state[group])
+                _check_finite({group: [(v.path, count) for v, count in
+                                       zip(state[group], counts)]}, step, counted=True)
+            return self.manager.save_sharded(step, state, metadata)
+        if not writer and not distribute.reads_take_every_process():
+            return None
+        groups = {
+            group: checkpoints.read_group(variables)
+            for group, variables in _state(model).items()
+        }
+        _check_finite(groups, step)
+        if not writer:
+            return None
+        groups.update(_torch_random_states())
         if torch_seed is not None:
             metadata["torch_seed"] = torch_seed
         return self.manager.save(step, groups, metadata)
@@ -490,21 +527,29 @@ def _restore_torch_random_states(checkpoint):
             torch.cuda.set_rng_state_all([torch.from_numpy(s.copy()) for s in states])
 
 
-def _check_finite(groups, step):
+def _check_finite(groups, step, counted=False):
     """Refuses to save non-finite weights or optimizer state: nothing is
     written, so the last good checkpoint stays the newest and is never
     pruned because of a bad one. (The running metrics may be NaN: they are
-    logs, not state that training continues from.)"""
+    logs, not state that training continues from.) `counted`: the groups
+    hold `(path, number of non-finite values)` instead of arrays (sharded
+    state, counted across processes)."""
     for group in ("model", "optimizer"):
         for path, array in groups.get(group, ()):
-            if array.dtype.kind in "fc" and not np.all(np.isfinite(array)):
+            if counted:
+                count = int(array)
+            elif array.dtype.kind in "fc" and not np.all(np.isfinite(array)):
                 count = int(np.sum(~np.isfinite(array)))
+            else:
+                count = 0
+            if count:
+                shape = "" if counted else f", shape {array.shape}"
                 raise ValueError(
                     f"Not writing checkpoint {step}: {group} variable {path!r} has "
                     f"{count} non-finite value(s). Training diverged or bad data "
                     "reached the weights; the newest checkpoint on disk is the last "
                     "good state. Received: non-finite values in "
-                    f"{path}, shape {array.shape}"
+                    f"{path}{shape}"
                 )
 
 

@@ -380,15 +380,9 @@ def train(recipe, overrides=(), output=None, distribute=False, export=True, verb
     # Several JAX processes (KERAS_DISTRIBUTION_*, SLURM, ...) train one run:
     # process 0 takes the directory's lock and writes every file; the others
     # compute and write nothing (docs/distributed.md).
+    # Model parallel across processes: each writes its shards of every
+    # checkpoint (orbax-checkpoint) into `output`, which they must all see.
     process, processes = initialize_processes() if distribute else (0, 1)
-    if isinstance(distribute, tuple) and processes > 1:
-        raise ValueError(
-            f"Model parallel across {processes} processes is not supported yet: no process "
-            "holds every shard to checkpoint or save (sharded checkpoints, each process "
-            "writing its own, are still to come). Train data parallel across processes "
-            "(`distribute=True`), or model parallel within one process. "
-            f"Received: distribute='model_parallel:{distribute[0]}x{distribute[1]}' "
-            f"with {processes} processes")
     if process == 0:
         _check_output_path(output)
     prepared = None
@@ -524,9 +518,16 @@ def _train_locked(recipe, output, distribute, export, verbose, prepared=None):
             callbacks.insert(0, keras.callbacks.TensorBoard(os.path.join(output, "tensorboard")))
         # TensorFlow's MultiWorkerMirroredStrategy gives each worker its share
         # of every batch itself: each worker reads the whole batch.
-        train_dataset_fn, validation = _training_data(
-            task, model, prepared, replicas, process if distribute == "data_parallel"
-            and keras.backend.backend() == "jax" else (0, 1))
+        rows = process if distribute == "data_parallel" and keras.backend.backend() == "jax" \
+            else (0, 1)
+        if isinstance(distribute, tuple) and process[1] > 1:
+            from keras_attn.training.sharded import batch_rows
+
+            # Each process fed its rows here, as for data parallel: Keras's
+            # own sharding needs batches of one known size.
+            keras.distribution.distribution().auto_shard_dataset = False
+            rows = batch_rows(distribute, *process)
+        train_dataset_fn, validation = _training_data(task, model, prepared, replicas, rows)
         with data_check_errors(), naming_lost_processes():  # DataCheckError; a lost process
             history = trainer.fit(model, train_dataset_fn, training["epochs"], steps,
                                   validation_data=validation, callbacks=callbacks,
@@ -596,7 +597,17 @@ def _save_trained(task, model, output, writer):
     """Saves the trained model (LoRA: the adapters, then the merged model;
     `task.served_model` of it) as the run's model.keras, from process 0.
     Returns its path."""
+    from keras_attn.training import sharded
+
     model_path = os.path.join(output, MODEL)
+    if sharded.spans_processes(model.variables):
+        # Model parallel across processes: the weights gathered whole, saved
+        # by process 0 from a copy on its own device (loads on one process).
+        copy = sharded.one_process_copy(model, lambda: task.compile(task.build_model()))
+        if copy is None:
+            return model_path
+        with sharded.no_distribution():  # nothing made for the job's devices now
+            return _save_trained(task, copy, output, writer)
     if task.training.get("lora"):
         from keras_attn.models import merge_lora
         from keras_attn.models import save_lora_weights

@@ -1,0 +1,158 @@
+"""`keras-attn train --distribute model_parallel:1x2` as two JAX processes of
+one CPU device each (every weight split over the processes, JAX's CPU
+collectives over gloo): one run in one shared directory, sharded checkpoints
+written by both through orbax-checkpoint, one model.keras that loads on one
+process, an exact resume, a directory per host refused by name.
+
+Every process is started and ended here (killed in a `finally`); the
+timeouts are generous (a loaded 2-core machine) and no duration is asserted.
+"""
+
+import glob
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from _tiny import TINY
+from test_multiprocess import _env
+from test_multiprocess import _finish
+from test_multiprocess import _free_port
+from test_multiprocess import _weights
+
+pytestmark = [pytest.mark.backend_independent, pytest.mark.slow,
+              pytest.mark.xdist_group("distribute")]
+pytest.importorskip("orbax.checkpoint")  # in the dev extra: CI has it
+
+RECIPE = "vit_tiny_digits"
+# Compiled steps, checkpoints every 2 of 6 (3 kept); the tiny ViT's 2 heads
+# and inner width 32 split over the 2 processes.
+SETS = TINY[RECIPE] + ["training.epochs=1", "training.steps_per_epoch=6",
+                       "training.checkpoint_every=2", "training.jit_compile=true",
+                       "training.batch_size=32"]
+TIMEOUT = 900
+
+
+def _start(tmp_path, outputs, tag):
+    """The two processes of one job, process k training into `outputs[k]`."""
+    port = _free_port()
+    sets = [item for value in SETS for item in ("--set", value)]
+    processes = []
+    for rank, output in enumerate(outputs):
+        log = open(tmp_path / f"{tag}{rank}.txt", "w+")
+        command = [sys.executable, "-m", "keras_attn_cli", "train", RECIPE, "--output",
+                   str(output), "--verbose", "0", "--distribute", "model_parallel:1x2",
+                   "--no-export", *sets]
+        processes.append(subprocess.Popen(
+            command, cwd=tmp_path, stdout=log, stderr=subprocess.STDOUT,
+            env=_env(KERAS_DISTRIBUTION_JOB_ADDRESSES=f"localhost:{port}",
+                     KERAS_DISTRIBUTION_NUM_PROCESSES="2",
+                     KERAS_DISTRIBUTION_PROCESS_ID=str(rank),
+                     KERAS_ATTN_HEARTBEAT_TIMEOUT="60")))
+        processes[-1].log = log
+    return processes
+
+
+def _run_jobs(*jobs):
+    """Waits for every process of `jobs` (started together); returns each
+    job's [(returncode, output)]; every process ended either way."""
+    flat = [process for job in jobs for process in job]
+    results = _finish(flat)
+    found, start = [], 0
+    for job in jobs:
+        found.append(results[start:start + len(job)])
+        start += len(job)
+    return found
+
+
+def _one_process_outputs(run):
+    """On this one process: model.keras, and a fresh model given the run's
+    newest (sharded) checkpoint; both models' outputs on test images, and
+    the checkpoint's step."""
+    from keras_attn.training.resumable import restore_latest
+    from keras_attn.zoo.runs import load_run
+
+    _, task, saved, source = load_run(str(run))
+    assert source == str(run / "model.keras")
+    restored = task.compile(task.build_model())
+    step = restore_latest(restored, str(run / "checkpoints"))
+    shape = (4,) + tuple(saved.inputs[0].shape[1:])
+    images = np.random.default_rng(0).uniform(0, 16, shape).astype("float32")
+    return saved, restored, step, images
+
+
+def test_model_parallel_across_two_processes_one_run_reloads_resumes_refuses_per_host(
+        tmp_path):
+    run = tmp_path / "run"
+    # A job of two processes sharing `run`, and beside it a job given a
+    # directory per host, refused before any step.
+    [(code0, log0), (code1, log1)], refused = _run_jobs(
+        _start(tmp_path, [run, run], "run"),
+        _start(tmp_path, [tmp_path / "host0", tmp_path / "host1"], "hosts"))
+    assert code0 == 0, log0[-3000:]
+    assert code1 == 0, log1[-3000:]
+    assert "process 1 of 2: trained vit_tiny_digits; process 0 writes the run" in log1
+    for rank, (code, log) in enumerate(refused):
+        assert code != 0, log[-3000:]
+        assert "Model parallel across processes needs a directory that every process" \
+            in log, log[-3000:]
+        assert "Process 1 cannot read" in log, log[-3000:]
+        assert str(tmp_path / f"host{rank}" / "checkpoints") in log, log[-3000:]
+    assert not glob.glob(str(tmp_path / "host*" / "checkpoints" / "ckpt-*"))
+    assert not os.path.exists(tmp_path / "host1")  # process 1 wrote nothing
+
+    # One run: one set of checkpoints (each an orbax directory both processes
+    # wrote, committed, and process 0's manifest), one model.keras.
+    checkpoints = run / "checkpoints"
+    names = sorted(os.listdir(checkpoints))
+    assert names == ["ckpt-00000002.json", "ckpt-00000002.orbax", "ckpt-00000004.json",
+                     "ckpt-00000004.orbax", "ckpt-00000006.json", "ckpt-00000006.orbax",
+                     "history.json"], names
+    manifest = json.loads((checkpoints / "ckpt-00000006.json").read_text())
+    assert manifest["format"] == "keras_attn.checkpoint.orbax/1"
+    assert manifest["processes"] == 2
+    assert sorted(glob.glob(str(run / "**" / "model.keras"), recursive=True)) == [
+        str(run / "model.keras")]
+    assert json.loads((run / "results.json").read_text())["steps"] == 6
+
+    # model.keras loads on ONE process (this one, TensorFlow) and holds the
+    # trained weights: those of the final checkpoint, written sharded by two
+    # processes and read here by one (orbax reads each array whole).
+    saved, restored, step, images = _one_process_outputs(run)
+    assert step == 6
+    weights = [(a.path, np.asarray(a)) for a in saved.weights if "seed_generator" not in a.path]
+    expected = [np.asarray(b) for b in restored.weights if "seed_generator" not in b.path]
+    assert len(weights) == len(expected) > 20
+    for (path, found), wanted in zip(weights, expected):
+        np.testing.assert_array_equal(found, wanted, err_msg=path)
+    np.testing.assert_allclose(np.asarray(saved(images)), np.asarray(restored(images)),
+                               rtol=1e-5, atol=1e-5)
+
+    # As if killed after step 4's checkpoint, during step 6's: its arrays
+    # committed by orbax but no manifest, and an orbax temporary directory.
+    # The same two commands resume from step 4 and end with the weights of
+    # the uninterrupted run.
+    resumed = tmp_path / "resumed"
+    shutil.copytree(run, resumed)
+    for name in ("model.keras", "results.json", "learning_curves.png",
+                 "checkpoints/ckpt-00000006.json"):
+        os.remove(resumed / name)
+    os.makedirs(resumed / "checkpoints" / "ckpt-00000006.orbax.orbax-checkpoint-tmp-7")
+    kept = resumed / "checkpoints" / "ckpt-00000004.json"
+    kept_time = os.stat(kept).st_mtime_ns
+    [(code0, log0), (code1, log1)] = _finish(_start(tmp_path, [resumed, resumed], "resumed"))
+    assert code0 == 0, log0[-3000:]
+    assert code1 == 0, log1[-3000:]
+    assert os.stat(kept).st_mtime_ns == kept_time  # resumed from it, not started again
+    assert not glob.glob(str(resumed / "checkpoints" / "*tmp*"))
+    assert os.path.exists(resumed / "checkpoints" / "ckpt-00000006.json")
+    expected = _weights(run / "model.keras")
+    found = _weights(resumed / "model.keras")
+    assert sorted(found) == sorted(expected)
+    for name in expected:
+        np.testing.assert_allclose(found[name], expected[name], rtol=0, atol=1e-6,
+                                   err_msg=name)
