@@ -10,7 +10,9 @@ What a directory holds:
 
 ```
 prepared.json        the format, the recipe's data-defining keys, the task's
-                     sizes (classes, vocabulary), every file's size and SHA-256,
+                     sizes (classes, vocabulary), every file's size and SHA-256
+                     (a pass's: with its arrays' stored dtypes and the SHA-256
+                     of its batch sizes, shapes and block digests, `meta_sha256`),
                      and its own SHA-256 (`manifest_sha256`)
 train-0000.npz ...   epoch e's training batches, as the tf.data pipeline made them
 validation.npz       the validation batches (when the recipe has them)
@@ -19,11 +21,22 @@ test.npz             the test batches (translation: its sources and references
 tables.npz           what a task stores once
 ```
 
-Each `.npz` holds the batches of one pass laid end to end (`sizes`: the
-rows of each batch; batches of varying width, as a length bucket each, are
-padded to the widest and cut back to their own `shape/<part>` when read) in
-the narrowest integer type that holds their values; they are read back in
-the pipeline's dtypes. `tables.npz` holds what a task stores once (the
+Each pass's `.npz` holds the batches of one pass laid end to end (`sizes`:
+the rows of each batch; batches of varying width, as a length bucket each,
+are padded to the widest and cut back to their own `shape/<part>` when
+read) in the narrowest integer type that holds their values; they are read
+back in the pipeline's dtypes. A pass is stored as blocks of rows (format
+3): each batch cut into blocks of `BLOCK_ROWS` (8) rows (its last block
+shorter), each block (its rows of every array) compressed with zlib on its
+own, the blocks end to end in an uncompressed `.npz` member (`blocks`, at
+a fixed offset in the file) beside the end (`block_ends`) and the SHA-256
+(`block_sha256`) of each, so that a process can read some blocks of a pass
+and check exactly those. Format 2 (still read) compressed each file whole
+and is checked file by file. Blocks compress less than whole files: the
+small recipes' directories are 1.1x to 1.6x the size of format 2 (see
+docs/zoo.md), where storing the arrays uncompressed would have made them
+up to 4.8x (bert_tiny_pydoc: 3.0 -> 14 MiB).
+`tables.npz` holds what a task stores once (the
 digits the augmented batches index, the translation test set, a packed
 speech run's rows, which each epoch's batches list by `row`: the features
 float32, as the twin trains on them, once rather than once an epoch). The
@@ -37,20 +50,40 @@ image (drawn by the same stateless TensorFlow ops), applied when the batch
 is read with `keras.ops.image.affine_transform` (equal on TensorFlow;
 within 1e-4 of 255 on JAX and PyTorch).
 
+Several processes (a data-parallel JAX job, `train(..., distribute=True)`
+as N processes): process k of N reads, of every training and validation
+batch, only the rows it feeds, those that process k feeds from tf.data
+(`batch_rows`: the batch filled up to a multiple of the job's devices with
+its own first rows, as `even_batches`, then rows k/N to (k+1)/N, as
+`process_rows`), so the global batch and the examples of each step are
+those of one process. It reads the batch sizes, shapes and block ends and
+digests whole and checks them against the manifest's `meta_sha256`, then
+reads the blocks that hold its rows (each run of adjacent blocks at once,
+no other block) and checks each against its SHA-256 before decompressing
+it: a damaged block refuses the process that reads it, naming the file and
+the rows, before the first step, and does not concern the others. Where a
+process's share of a batch is a multiple of 8 rows (a batch of 64 over 2,
+4 or 8 processes) it reads its rows alone; otherwise also the other rows
+of the blocks its share begins or ends in. `tables.npz` (which the rows of every
+process index) is read and checked whole by every process, `test.npz` by
+process 0 (which alone evaluates). A directory of format 2 is read whole by
+every process, each file checked whole, and each keeps its rows.
+
 Why Keras's `PyDataset` and not grain with array_record: the prepared data
 of the small recipes is a few MiB that fits in memory, read in order, batch
-by batch, by one process; `PyDataset` is what `Model.fit` reads on every
-backend with no dependency beyond Keras, and NumPy's `.npz` keeps the files
-readable anywhere. grain's strengths (random access into large record
-files, sharded readers, worker processes) are for data sets this path does
-not serve yet (tfds sets larger than memory).
+by batch; `PyDataset` is what `Model.fit` reads on every backend with no
+dependency beyond Keras, and NumPy's `.npz` keeps the files readable
+anywhere. grain's strengths (random access into large record files, worker
+processes) are for data sets this path does not serve yet (tfds sets larger
+than memory).
 
 Nothing reaches a training step unchecked: opening a directory checks the
 format, the manifest's own SHA-256 (`manifest_sha256`: of its canonical JSON,
 every key but that one), that it was prepared for this recipe (the
 data-defining keys, the epochs and steps, against the recipe and overrides
-`train` was given), that every file is there with its size and SHA-256,
-then, as each file is read, that its arrays are the ones the manifest lists
+`train` was given), that every file is there with its size and SHA-256
+(a process of several: of the files it reads whole; of the passes, the
+rows it reads, as above), then, as each file is read, that its arrays are the ones the manifest lists
 in dtypes `prepare` could have written, and every batch of every file
 (and the batch rows stored once) against what the model accepts
 (`GuardedModel.check_inputs` / `check_labels`: ids, labels, masks,
@@ -80,6 +113,7 @@ import os
 import re
 import struct
 import zipfile
+import zlib
 
 import keras
 import numpy as np
@@ -90,18 +124,21 @@ from keras_attn._directories import replace_directory
 
 MANIFEST = "prepared.json"
 # 2: the manifest holds `manifest_sha256`, its own digest (format 1 had none).
-# 3: the passes stored uncompressed with a digest per row (`ROW_DIGESTS`), so
-# that a process of a multi-process job reads and checks only its rows.
+# 3: the passes stored as compressed blocks of rows, each with its SHA-256,
+# so that a process of a multi-process job reads and checks only its rows.
 FORMAT = 3
 # The formats `PreparedData` reads (2: every file read and checked whole).
 READABLE_FORMATS = (2, 3)
 # The formats of directories `prepare` may replace (earlier ones included).
 REPLACEABLE_FORMATS = (1, 2, 3)
 MANIFEST_DIGEST = "manifest_sha256"
-# The member of a pass file (format 3) holding each row's digest: the first
-# 16 bytes of the SHA-256 of the row's bytes in every stored array.
-ROW_DIGESTS = "row_sha256"
-_ROW_DIGEST_BYTES = 16
+# The rows of a block of a pass (format 3): a batch is stored as blocks of
+# this many rows (its last one shorter), each compressed on its own.
+BLOCK_ROWS = 8
+# The members of a pass file (format 3) besides `sizes` and `shape/<part>`:
+# the compressed blocks end to end (uint8), the end of each in it, and the
+# SHA-256 of each (its compressed bytes).
+BLOCKS, BLOCK_ENDS, BLOCK_DIGESTS = "blocks", "block_ends", "block_sha256"
 # The names of the files `prepare` writes into a directory.
 _PREPARED_FILE = re.compile(r"(train-\d{4}|validation|test|tables)\.npz")
 # The recipe keys that decide the batches (and the translation test set): a
@@ -272,21 +309,25 @@ def _write_arrays(path, arrays, rows=False, **extra):
     """`arrays` (narrowed) and `extra` to `path` atomically; returns the
     manifest entry (`dtypes`, `shapes`: of each array as given).
 
-    `rows`: a pass, stored uncompressed with each row's digest
-    (`ROW_DIGESTS`), so that its rows can be read and checked apart; the
-    entry adds `stored` (each array's stored dtype) and `meta_sha256` (of
-    `extra` and the row digests, which a reader of some rows reads whole).
-    Otherwise compressed (`tables.npz`, read whole)."""
+    `rows`: a pass (`extra` holds its `sizes`), written as blocks of rows
+    (`_blocks`) in an uncompressed `.npz`, so that a reader can take some
+    blocks alone; the entry adds `stored` (each array's stored dtype),
+    `block_rows` and `meta_sha256` (of every member but the blocks, which a
+    reader of some rows reads whole). Otherwise the arrays themselves,
+    compressed (`tables.npz`, read whole)."""
     from keras_attn.training.checkpoints import atomic_write
 
     narrowed = {key: _narrow(np.asarray(array)) for key, array in arrays.items()}
     entry = {}
     if rows:
-        extra = dict(extra, **{ROW_DIGESTS: _row_digests(narrowed)})
+        blocks, ends, digests = _blocks(narrowed, extra["sizes"])
+        meta = dict(extra, **{BLOCK_ENDS: ends, BLOCK_DIGESTS: digests})
         entry = {"stored": {key: array.dtype.str for key, array in narrowed.items()},
-                 "meta_sha256": _arrays_digest(extra)}
-    save = np.savez if rows else np.savez_compressed
-    atomic_write(path, lambda stream: save(stream, **extra, **narrowed))
+                 "block_rows": BLOCK_ROWS, "meta_sha256": _arrays_digest(meta)}
+        members = dict(meta, **{BLOCKS: blocks})
+        atomic_write(path, lambda stream: np.savez(stream, **members))
+    else:
+        atomic_write(path, lambda stream: np.savez_compressed(stream, **extra, **narrowed))
     return dict({
         "file": os.path.basename(path),
         "bytes": os.path.getsize(path),
@@ -296,20 +337,79 @@ def _write_arrays(path, arrays, rows=False, **extra):
     }, **entry)
 
 
-def _row_digests(arrays):
-    """`(rows, 16)` uint8: for each row, the first 16 bytes of the SHA-256
-    of its bytes in every array of `arrays` (by sorted key), as stored."""
+def _block_starts(sizes, block_rows):
+    """The first row of each block of a pass whose batches have `sizes`
+    rows (blocks of `block_rows` rows within each batch), and the pass's
+    row count after them."""
+    offsets = np.concatenate([[0], np.cumsum(sizes)]).astype("int64")
+    starts = [np.arange(start, end, block_rows) for start, end in zip(offsets, offsets[1:])]
+    return np.concatenate(starts + [offsets[-1:]])
+
+
+def _blocks(arrays, sizes):
+    """`(blocks, ends, digests)`: each block of `BLOCK_ROWS` rows of a pass
+    (its rows of every array, by sorted key, in C order) compressed with
+    zlib, end to end (uint8); the end of each; the SHA-256 of each."""
     keys = sorted(arrays)
-    count = len(arrays[keys[0]])
-    flat = [np.ascontiguousarray(arrays[key]).reshape(count, int(np.prod(arrays[key].shape[1:])))
-            .view(np.uint8) for key in keys]
-    digests = np.empty((count, _ROW_DIGEST_BYTES), np.uint8)
-    for row in range(count):
-        digest = hashlib.sha256()
-        for array in flat:
-            digest.update(array[row].tobytes())
-        digests[row] = np.frombuffer(digest.digest()[:_ROW_DIGEST_BYTES], np.uint8)
-    return digests
+    starts = _block_starts(sizes, BLOCK_ROWS)
+    compressed = [zlib.compress(b"".join(np.ascontiguousarray(arrays[key][start:end]).tobytes()
+                                         for key in keys))
+                  for start, end in zip(starts[:-1], starts[1:])]
+    digests = np.array([np.frombuffer(hashlib.sha256(block).digest(), np.uint8)
+                        for block in compressed]).reshape(len(compressed), 32)
+    ends = np.cumsum([len(block) for block in compressed]).astype("int64")
+    return np.frombuffer(b"".join(compressed), np.uint8), ends, digests
+
+
+def _unblock(file, entry, blocks, rows):
+    """`{key: array in the stored dtype}` of the rows of `blocks` (the
+    compressed blocks, holding `rows[i]` rows each), decompressed and split
+    by the manifest's `stored` dtypes and `shapes`."""
+    keys = sorted(entry["stored"])
+    dtypes = {key: np.dtype(entry["stored"][key]) for key in keys}
+    widths = {key: tuple(entry["shapes"][key][1:]) for key in keys}
+    row_bytes = {key: dtypes[key].itemsize * int(np.prod(widths[key])) for key in keys}
+    parts = {key: [] for key in keys}
+    for block, count in zip(blocks, rows):
+        try:
+            data = zlib.decompress(block)
+        except zlib.error as error:
+            raise ValueError(f"Prepared file {file}: a block cannot be decompressed ({error}).")
+        if len(data) != count * sum(row_bytes.values()):
+            raise ValueError(f"Prepared file {file}: a block of {count} rows holds "
+                             f"{len(data)} bytes, not the {count * sum(row_bytes.values())} "
+                             f"of its rows.")
+        at = 0
+        for key in keys:
+            size = count * row_bytes[key]
+            parts[key].append(np.frombuffer(data[at:at + size], dtypes[key])
+                              .reshape((count,) + widths[key]))
+            at += size
+    return {key: np.concatenate(parts[key]) if parts[key]
+            else np.empty((0,) + widths[key], dtypes[key]) for key in keys}
+
+
+def _read_file(file, entry):
+    """`({key: array as stored}, {member: array} of the rest: sizes,
+    shapes)` of a whole prepared file (a pass stored as blocks where its
+    manifest `entry` says so: decompressed)."""
+    with np.load(file, allow_pickle=False) as stored:
+        members = {key: stored[key] for key in stored.files}
+    if "block_rows" not in entry:
+        arrays = {key: members.pop(key) for key in entry["dtypes"] if key in members}
+        return arrays, members
+    sizes = members.get("sizes")
+    _check_sizes(file, entry, sizes)
+    ends, blocks = members.pop(BLOCK_ENDS, None), members.pop(BLOCKS, None)
+    members.pop(BLOCK_DIGESTS, None)
+    starts = _block_starts(sizes, BLOCK_ROWS)
+    if (ends is None or blocks is None or ends.shape != starts[1:].shape
+            or np.any(np.diff(ends, prepend=0) < 0) or ends[-1] != blocks.size):
+        raise ValueError(f"Prepared file {file}: its blocks do not match its batch sizes.")
+    blocks = blocks.tobytes()
+    begins = np.concatenate([[0], ends[:-1]])
+    return _unblock(file, entry, [blocks[begin:end] for begin, end in zip(begins, ends)],
+                    np.diff(starts)), members
 
 
 def _arrays_digest(arrays):
@@ -437,10 +537,10 @@ class PreparedData:
     As process k of N (`process=(k, N)`, a multi-process data-parallel
     job), the training and validation passes are read by rows: each
     process reads and checks only the rows it feeds (`batch_rows`), in a
-    directory of format 3 from the files themselves (each row against its
-    digest; the digests, the batch sizes and shapes against the manifest's
-    `meta_sha256`), in one of format 2 from every file read and checked
-    whole. The test pass (evaluated by process 0 alone) and `tables.npz`
+    directory of format 3 from the files themselves (the blocks of rows
+    that hold them, each against its SHA-256; the batch sizes, shapes and
+    block digests against the manifest's `meta_sha256`), in one of format
+    2 from every file read and checked whole. The test pass (evaluated by process 0 alone) and `tables.npz`
     (which rows of every process index) are read and checked whole.
 
     Args:
@@ -559,48 +659,58 @@ class PreparedData:
             )
         self._checked.add(name)
 
+    def _blocked(self, name):
+        """Whether the pass `name` is stored as blocks of rows (format 3);
+        its manifest entry checked for what reading them needs."""
+        entry = self.files[name]
+        if self.manifest["format"] < 3 or name == "tables":
+            return False
+        stored = entry.get("stored")
+        valid = (isinstance(stored, dict) and set(stored) == set(entry["dtypes"])
+                 == set(entry["shapes"]) and entry.get("block_rows") == BLOCK_ROWS
+                 and isinstance(entry.get("meta_sha256"), str))
+        if valid:
+            try:
+                valid = all(np.dtype(dtype).kind in "biuf" for dtype in stored.values())
+            except TypeError:
+                valid = False
+        if not valid:
+            raise ValueError(f"{os.path.join(self.directory, MANIFEST)} does not list how "
+                             f"`{name}` is stored (`stored`, `block_rows`, `meta_sha256`). "
+                             f"Prepare the data again. Received: data={self.directory!r}")
+        return True
+
     def _check_meta(self, name, entry):
-        """What a reader of some rows of a pass reads whole, checked: the
-        members' stored dtypes and shapes against the manifest's, the batch
-        sizes, shapes and row digests against its `meta_sha256`. Returns
-        `(members, meta)`: `{key: (offset, dtype, shape)}` of the arrays,
-        `{name: array}` of the rest."""
+        """What a reader of some rows of a pass reads whole, checked against
+        the manifest's `meta_sha256`: the batch sizes and shapes, the end
+        and the SHA-256 of every block. Returns `(offset, meta)`: where the
+        blocks start in the file, `{member: array}` of the rest."""
         file = self._file(name)
-        if not isinstance(entry.get("stored"), dict) or "meta_sha256" not in entry:
-            raise ValueError(f"{os.path.join(self.directory, MANIFEST)} lists no row digests "
-                             f"of `{name}` (`stored`, `meta_sha256`). Received: "
-                             f"data={self.directory!r}")
+        self._blocked(name)
+        problem = None
         try:
             members = _stored_members(file)
+            with np.load(file, allow_pickle=False) as stored:
+                meta = {key: stored[key] for key in stored.files if key != BLOCKS}
         except (OSError, ValueError, zipfile.BadZipFile) as error:
-            raise ValueError(f"Prepared file {file} is not the file `prepare` wrote ({error}): "
-                             f"truncated, edited or replaced. Prepare the data again. "
-                             f"Received: data={self.directory!r}") from None
-        meta = {key: _read_rows(file, members[key], None)[0]
-                for key in members if key not in entry["dtypes"]}
-        problem = None
-        for key, dtype in entry["dtypes"].items():
-            stored = members.get(key)
-            if stored is None:
-                problem = f"it holds no `{key}`"
-            elif (stored[1].str != entry["stored"].get(key)
-                  or list(stored[2]) != entry["shapes"][key]):
-                problem = (f"`{key}` is stored as {stored[1].str} {list(stored[2])}, the "
-                           f"manifest lists {entry['stored'].get(key)} {entry['shapes'][key]}")
-            if problem:
-                break
+            problem = f" ({error}): truncated, edited or replaced"
         else:
-            if _arrays_digest(meta) != entry["meta_sha256"]:
-                problem = "its batch sizes, shapes or row digests are not the ones written"
-            elif (set(meta) != {"sizes", ROW_DIGESTS} | {f"shape/{key}" for key in
-                                                         entry.get("varying", ())}
-                  or meta[ROW_DIGESTS].shape != (entry["rows"], _ROW_DIGEST_BYTES)):
-                problem = "its members are not the ones `prepare` writes"
+            expected = {"sizes", BLOCK_ENDS, BLOCK_DIGESTS} | {
+                f"shape/{key}" for key in entry.get("varying", ())}
+            if _arrays_digest(meta) != entry["meta_sha256"] or set(meta) != expected:
+                problem = ": its batch sizes, shapes or block digests are not the ones written"
+            else:
+                blocks = members.get(BLOCKS, (0, np.dtype("O"), ()))
+                starts = _block_starts(meta["sizes"], BLOCK_ROWS)
+                ends = meta[BLOCK_ENDS]
+                if (blocks[1] != np.uint8 or len(blocks[2]) != 1 or ends.shape != starts[1:].shape
+                        or np.any(np.diff(ends, prepend=0) < 0)
+                        or (ends.size and ends[-1] != blocks[2][0])):
+                    problem = ": its blocks are not the ones its manifest lists"
         if problem:
-            raise ValueError(f"Prepared file {file} is not the file `prepare` wrote: "
-                             f"{problem}. Prepare the data again. Received: "
-                             f"data={self.directory!r}")
-        return members, meta
+            raise ValueError(f"Prepared file {file} is not the file `prepare` wrote{problem}. "
+                             f"Prepare the data again. Received: data={self.directory!r}")
+        return members[BLOCKS][0], meta
 
     def _load(self, name):
         """`(file, {key: array in the written dtype}, sizes or None)`."""
@@ -608,17 +718,20 @@ class PreparedData:
         if name not in self._checked:  # a file read only where it is needed
             self._check_file(name, entry)
         file = os.path.join(self.directory, entry["file"])
-        with np.load(file, allow_pickle=False) as stored:
-            missing = sorted(set(entry["dtypes"]) - set(stored.files))
-            if missing:
-                raise ValueError(f"Prepared file {file} holds no {missing}; its manifest "
-                                 f"lists them.")
-            arrays = {key: _check_dtype(file, key, stored[key], dtype)
-                      for key, dtype in entry["dtypes"].items()}
-            sizes = stored["sizes"] if "sizes" in stored.files else None
-            shapes = {key: stored[f"shape/{key}"] for key in entry.get("varying", ())}
+        self._blocked(name)
+        arrays, extra = _read_file(file, entry)
+        missing = sorted(set(entry["dtypes"]) - set(arrays))
+        if missing:
+            raise ValueError(f"Prepared file {file} holds no {missing}; its manifest "
+                             f"lists them.")
+        arrays = {key: _check_dtype(file, key, arrays[key], dtype)
+                  for key, dtype in entry["dtypes"].items()}
+        missing = sorted({f"shape/{key}" for key in entry.get("varying", ())} - set(extra))
+        if missing:
+            raise ValueError(f"Prepared file {file} holds no {missing}.")
+        shapes = {key: extra[f"shape/{key}"] for key in entry.get("varying", ())}
         self._check_shapes(file, entry, arrays, shapes)
-        return file, arrays, sizes, shapes
+        return file, arrays, extra.get("sizes"), shapes
 
     @staticmethod
     def _check_shapes(file, entry, arrays, shapes):
@@ -659,35 +772,37 @@ class PreparedData:
         return self._cache[(name, replicas)]
 
     def _read_rows(self, name, replicas):
-        """`_arrays` of a pass read by rows: only the rows this process
-        feeds, each checked against its digest."""
+        """`_arrays` of a pass read by rows: only the blocks that hold rows
+        this process feeds, each checked against its SHA-256."""
         entry = self.files[name]
         file = self._file(name)
-        members, meta = self._meta[name]
+        offset, meta = self._meta[name]
         sizes = meta["sizes"]
         _check_sizes(file, entry, sizes)
         wanted = batch_rows(sizes, replicas, *self.process)
-        needed = np.unique(np.concatenate(wanted))
-        stored, read = {}, 0
-        for key in entry["dtypes"]:
-            stored[key], count = _read_rows(file, members[key], needed)
-            read += count
-        self.bytes_read += read
-        bad = np.flatnonzero(np.any(_row_digests(stored) != meta[ROW_DIGESTS][needed], axis=1))
-        if bad.size:
-            raise ValueError(
-                f"Prepared file {file} is not the file `prepare` wrote: row "
-                f"{int(needed[bad[0]])} ({bad.size} of the {needed.size} rows read here) is "
-                f"not the row written (its SHA-256): damaged or edited. Prepare the data "
-                f"again. Received: data={self.directory!r}")
+        starts = _block_starts(sizes, BLOCK_ROWS)
+        needed = np.unique(np.searchsorted(starts, np.concatenate(wanted), side="right") - 1)
+        ends = meta[BLOCK_ENDS]
+        begins = np.concatenate([[0], ends[:-1]])
+        data = _read_ranges(file, offset, begins[needed], ends[needed])
+        self.bytes_read += sum(len(block) for block in data)
+        for block, found in zip(needed, data):
+            if hashlib.sha256(found).digest() != meta[BLOCK_DIGESTS][block].tobytes():
+                raise ValueError(
+                    f"Prepared file {file} is not the file `prepare` wrote: rows "
+                    f"{starts[block]} to {starts[block + 1] - 1} (a block that this process "
+                    f"reads) are not the rows written (their SHA-256): damaged or edited. "
+                    f"Prepare the data again. Received: data={self.directory!r}")
+        stored = _unblock(file, entry, data, starts[needed + 1] - starts[needed])
         arrays = {key: _check_dtype(file, key, stored[key], dtype)
                   for key, dtype in entry["dtypes"].items()}
         shapes = {key: meta[f"shape/{key}"] for key in entry.get("varying", ())}
+        read = np.concatenate([np.arange(starts[block], starts[block + 1]) for block in needed])
         # The shapes the manifest lists, but of the rows read.
-        listed = dict(entry, shapes={key: [needed.size] + shape[1:]
+        listed = dict(entry, shapes={key: [read.size] + shape[1:]
                                      for key, shape in entry["shapes"].items()})
         self._check_shapes(file, listed, arrays, shapes)
-        rows = [np.searchsorted(needed, batch) for batch in wanted]
+        rows = [np.searchsorted(read, batch) for batch in wanted]
         return sizes, arrays, shapes, rows
 
     def check(self, model, task=None, replicas=1):
@@ -824,49 +939,41 @@ def _stored_members(file):
             if len(local) != 30 or local[:4] != b"PK\x03\x04":
                 raise ValueError(f"the header of its member {info.filename!r} is damaged")
             name_length, extra_length = struct.unpack("<HH", local[26:30])
-            stream.seek(info.header_offset + 30 + name_length + extra_length)
+            start = info.header_offset + 30 + name_length + extra_length
+            stream.seek(start)
             version = np.lib.format.read_magic(stream)
             read_header = {(1, 0): np.lib.format.read_array_header_1_0,
                            (2, 0): np.lib.format.read_array_header_2_0}.get(version)
             if read_header is None:
                 raise ValueError(f"its member {info.filename!r} is of .npy version {version}")
             shape, fortran_order, dtype = read_header(stream)
-            if fortran_order or dtype.hasobject or not shape:
+            if fortran_order or dtype.hasobject:
                 raise ValueError(f"its member {info.filename!r} is not a C-ordered array")
-            size = dtype.itemsize * int(np.prod(shape))
-            if stream.tell() + size > info.header_offset + 30 + name_length + extra_length \
-                    + info.file_size:
+            if stream.tell() + dtype.itemsize * int(np.prod(shape)) > start + info.file_size:
                 raise ValueError(f"its member {info.filename!r} is shorter than its array")
             members[info.filename[:-len(".npy")]] = (stream.tell(), dtype, tuple(shape))
     return members
 
 
-def _read_rows(file, member, rows):
-    """`(rows of the array, bytes read)`: the rows `rows` (sorted, unique;
-    None: all) of the array `member` (`_stored_members`) of `file`, each
-    run of consecutive rows read at once and nothing else."""
-    offset, dtype, shape = member
-    row_bytes = dtype.itemsize * int(np.prod(shape[1:]))
-    if rows is None:
-        rows = np.arange(shape[0])
-    if rows.size and (rows[0] < 0 or rows[-1] >= shape[0]):
-        raise ValueError(f"Prepared file {file}: rows up to {rows[-1]} asked of an array of "
-                         f"{shape[0]}.")
-    values = np.empty((rows.size,) + tuple(shape[1:]), dtype)
-    flat = values.reshape(rows.size, int(np.prod(shape[1:]))).view(np.uint8)
-    starts = np.flatnonzero(np.diff(rows, prepend=-2) != 1)  # each run's first row
-    ends = np.append(starts[1:], rows.size)
-    read = 0
+def _read_ranges(file, offset, begins, ends):
+    """The bytes `[begin, end)` after `offset` in `file` for each pair (in
+    increasing order), each run of adjacent ranges read at once and nothing
+    else."""
+    found = []
     with open(file, "rb") as stream:
-        for start, end in zip(starts, ends):
-            stream.seek(offset + int(rows[start]) * row_bytes)
-            data = stream.read((end - start) * row_bytes)
-            if len(data) != (end - start) * row_bytes:
-                raise ValueError(f"Prepared file {file} is shorter than its arrays: "
-                                 f"truncated.")
-            flat[start:end] = np.frombuffer(data, np.uint8).reshape(end - start, row_bytes)
-            read += len(data)
-    return values, read
+        index = 0
+        while index < len(begins):
+            last = index
+            while last + 1 < len(begins) and begins[last + 1] == ends[last]:
+                last += 1
+            stream.seek(offset + int(begins[index]))
+            data = stream.read(int(ends[last] - begins[index]))
+            if len(data) != ends[last] - begins[index]:
+                raise ValueError(f"Prepared file {file} is shorter than its blocks: truncated.")
+            found += [data[begin - begins[index]:end - begins[index]]
+                      for begin, end in zip(begins[index:last + 1], ends[index:last + 1])]
+            index = last + 1
+    return found
 
 
 def _check_layout(path, manifest, directory):

@@ -406,15 +406,16 @@ def _rewrite(directory, name, change, seal=True):
     path = os.path.join(directory, "prepared.json")
     with open(path) as handle:
         manifest = json.load(handle)
-    file = os.path.join(directory, manifest["files"][name]["file"])
-    with np.load(file) as stored:
-        arrays = {key: stored[key] for key in stored.files}
+    entry = manifest["files"][name]
+    file = os.path.join(directory, entry["file"])
+    arrays, extra = prepared_module._read_file(file, entry)
     change(arrays)
-    np.savez_compressed(file, **arrays)
+    written = prepared_module._write_arrays(file, arrays, rows="block_rows" in entry, **extra)
 
-    def update(manifest):
-        manifest["files"][name]["bytes"] = os.path.getsize(file)
-        manifest["files"][name]["sha256"] = prepared_module._sha256(file)
+    def update(manifest):  # the pipeline's dtypes (`dtypes`) as they were
+        manifest["files"][name].update(
+            {key: written[key] for key in ("bytes", "sha256", "stored", "meta_sha256")
+             if key in written})
 
     return _edit_manifest(directory, update, seal=seal)
 

@@ -81,8 +81,9 @@ def _assert_shards_are_the_batch(one, shards, replicas):
 def test_each_process_reads_exactly_its_rows_of_every_batch(prepared, name):
     """Process k of N gets rows k/N to (k+1)/N of each batch of the
     one-process read (a short batch first filled up to a multiple of the
-    replicas, as from tf.data), and reads from the files only the bytes of
-    those rows (plus the batch sizes and row digests, read whole)."""
+    replicas, as from tf.data), and reads of the files' blocks only those
+    that hold its rows (plus the batch sizes and block digests, read
+    whole)."""
     directory, recipe = prepared(name), _recipe(name)
     one = prepared_module.PreparedData(directory, recipe)
     manifest = one.manifest
@@ -91,42 +92,43 @@ def test_each_process_reads_exactly_its_rows_of_every_batch(prepared, name):
                   for k in range(processes)]
         _assert_shards_are_the_batch(one, shards, replicas)
         for k, shard in enumerate(shards):
-            # What it read: each row it feeds once, in every array, no more.
+            # What it read: each block that holds a row it feeds, once.
             expected = total = 0
             for split, epoch in _passes(one):
-                file = f"train-{epoch:04d}" if split == "train" else split
-                entry = manifest["files"][file]
-                rows = prepared_module.batch_rows(one._arrays(file)[0], replicas, k, processes)
-                row_bytes = sum(np.dtype(entry["stored"][key]).itemsize
-                                * int(np.prod(shape[1:]))
-                                for key, shape in entry["shapes"].items())
-                expected += np.unique(np.concatenate(rows)).size * row_bytes
-                total += entry["rows"] * row_bytes
+                entry = manifest["files"][f"train-{epoch:04d}" if split == "train" else split]
+                with np.load(os.path.join(directory, entry["file"])) as stored:
+                    sizes, ends = stored["sizes"], stored["block_ends"]
+                starts = prepared_module._block_starts(sizes, prepared_module.BLOCK_ROWS)
+                rows = np.concatenate(prepared_module.batch_rows(sizes, replicas, k, processes))
+                blocks = np.unique(np.searchsorted(starts, rows, side="right") - 1)
+                expected += np.diff(ends, prepend=0)[blocks].sum()
+                total += ends[-1]
             assert shard.bytes_read == expected, (processes, replicas, k)
-            assert expected <= total * 2 // processes  # its share, not everything
+            if name == "vit_tiny_digits":  # 16 rows a batch: 2 blocks of 8
+                assert expected < total  # its blocks, not every block
 
 
-def _row_offset(file, key, row):
-    offset, dtype, shape = prepared_module._stored_members(file)[key]
-    return offset + row * dtype.itemsize * int(np.prod(shape[1:]))
+def _flip(file, key, byte):
+    """Flips a bit of byte `byte` of member `key` of an uncompressed .npz."""
+    with open(file, "r+b") as stream:
+        stream.seek(prepared_module._stored_members(file)[key][0] + byte)
+        value = stream.read(1)
+        stream.seek(-1, os.SEEK_CUR)
+        stream.write(bytes([value[0] ^ 1]))
 
 
 def test_a_process_checks_its_own_rows_and_no_others(prepared, tmp_path):
-    """A damaged row refuses the process that reads it, naming the file
-    and the row, before anything is trained; the other process, which does
+    """A damaged block refuses the process that reads it, naming the file
+    and the rows, before anything is trained; the other process, which does
     not read it, reads its rows as they were written; one process, which
     reads everything, refuses the file by its SHA-256."""
     name, recipe = "vit_tiny_digits", _recipe("vit_tiny_digits")
     directory = str(tmp_path / "copy")
     shutil.copytree(prepared(name), directory)
     untouched = prepared_module.PreparedData(prepared(name), recipe, (1, 2))
-    file = os.path.join(directory, "train-0001.npz")
-    # Row 2 of batch 0 (16 rows, 2 replicas): process 0's.
-    with open(file, "r+b") as stream:
-        stream.seek(_row_offset(file, "y", 2))
-        value = stream.read(1)
-        stream.seek(-1, os.SEEK_CUR)
-        stream.write(bytes([value[0] ^ 1]))
+    # The first block (rows 0 to 7) of batch 0 (16 rows, 2 replicas):
+    # process 0's.
+    _flip(os.path.join(directory, "train-0001.npz"), prepared_module.BLOCKS, 5)
     other = prepared_module.PreparedData(directory, recipe, (1, 2))
     for epoch in (0, 1):
         for got, want in zip(other.batches("train", epoch, replicas=2),
@@ -135,32 +137,36 @@ def test_a_process_checks_its_own_rows_and_no_others(prepared, tmp_path):
                 np.testing.assert_array_equal(a, b)
     owner = prepared_module.PreparedData(directory, recipe, (0, 2))
     with pytest.raises(ValueError, match=r"train-0001.npz is not the file `prepare` wrote: "
-                                         r"row 2 \(1 of the \d+ rows read here\) is not the "
-                                         r"row written"):
+                                         r"rows 0 to 7 \(a block that this process reads\) "
+                                         r"are not the rows written"):
         owner.batches("train", 1, replicas=2)
     task = make_task(recipe)
     task.use_prepared(owner.state)
     with pytest.raises(ValueError, match=r"train-0001.npz is not the file `prepare` wrote: "
-                                         r"row 2"):
+                                         r"rows 0 to 7"):
         owner.check(task.build_model(), task, replicas=2)
     with pytest.raises(ValueError, match=r"train-0001.npz is not the file `prepare` wrote "
                                          r"\(size"):
         prepared_module.PreparedData(directory, recipe)
 
-    # What every process reads whole is checked whole: the batch sizes and
-    # row digests against the manifest, the array headers against it.
-    for index, (key, change) in enumerate([("sizes", lambda byte: byte ^ 1),
-                                           (prepared_module.ROW_DIGESTS, lambda byte: byte ^ 1)]):
+    # What every process reads whole is checked whole against the
+    # manifest: the batch sizes, each block's end and SHA-256, edited and
+    # saved again (a damaged byte is refused by the zip's own CRC-32 first).
+    for index, key in enumerate(["sizes", prepared_module.BLOCK_ENDS,
+                                 prepared_module.BLOCK_DIGESTS]):
         damaged = str(tmp_path / f"meta{index}")
         shutil.copytree(prepared(name), damaged)
         file = os.path.join(damaged, "train-0000.npz")
-        with open(file, "r+b") as stream:
-            stream.seek(_row_offset(file, key, 0))
-            value = stream.read(1)
-            stream.seek(-1, os.SEEK_CUR)
-            stream.write(bytes([change(value[0])]))
+        with np.load(file) as stored:
+            members = {member: stored[member] for member in stored.files}
+        members[key].reshape(-1)[0] ^= 1
+        np.savez(file, **members)
         with pytest.raises(ValueError, match=r"train-0000.npz is not the file `prepare` "
-                                             r"wrote: its batch sizes, shapes or row digests"):
+                                             r"wrote: its batch sizes, shapes or block digests"):
+            prepared_module.PreparedData(damaged, recipe, (1, 2))
+        _flip(file, key, 0)
+        with pytest.raises(ValueError, match=r"train-0000.npz is not the file `prepare` "
+                                             r"wrote \(Bad CRC-32"):
             prepared_module.PreparedData(damaged, recipe, (1, 2))
     truncated = str(tmp_path / "truncated")
     shutil.copytree(prepared(name), truncated)
@@ -174,18 +180,16 @@ def test_a_process_checks_its_own_rows_and_no_others(prepared, tmp_path):
 
 def _as_format_2(directory):
     """`directory` rewritten as `prepare` wrote it before format 3: every
-    file compressed whole, no row digests."""
+    file's arrays compressed whole, no blocks."""
     path = os.path.join(directory, "prepared.json")
     with open(path) as handle:
         manifest = json.load(handle)
-    for name, entry in manifest["files"].items():
+    for entry in manifest["files"].values():
         file = os.path.join(directory, entry["file"])
-        with np.load(file) as stored:
-            arrays = {key: stored[key] for key in stored.files
-                      if key != prepared_module.ROW_DIGESTS}
-        np.savez_compressed(file, **arrays)
-        entry.pop("stored", None)
-        entry.pop("meta_sha256", None)
+        arrays, extra = prepared_module._read_file(file, entry)
+        np.savez_compressed(file, **extra, **arrays)
+        for key in ("stored", "block_rows", "meta_sha256"):
+            entry.pop(key, None)
         entry.update(bytes=os.path.getsize(file), sha256=prepared_module._sha256(file))
     manifest["format"] = 2
     with open(path, "w") as handle:
