@@ -205,15 +205,16 @@ class CheckpointManager:
         return os.path.join(self.directory, name)
 
     def _listing(self):
-        """({step: manifest name}, {step: npz file or orbax directory name})."""
+        """({step: manifest name}, {step: [npz file and / or orbax directory]})."""
         manifests, arrays = {}, {}
         if not os.path.isdir(self.directory):
             return manifests, arrays
         for name in os.listdir(self.directory):
             match = _NAME.match(name)
-            if match:
-                kind = manifests if match.group(2) == "json" else arrays
-                kind[int(match.group(1))] = name
+            if match and match.group(2) == "json":
+                manifests[int(match.group(1))] = name
+            elif match:  # both where a run resumed on another process count
+                arrays.setdefault(int(match.group(1)), []).append(name)
         return manifests, arrays
 
     def steps(self):
@@ -241,7 +242,7 @@ class CheckpointManager:
         atomic_write(npz_path, lambda f: np.savez(f, **arrays))
         self._write_manifest(name, FORMAT, specs, metadata, file=name + ".npz",
                              sha256=_sha256_of_file(npz_path), size=os.path.getsize(npz_path))
-        self._prune(step)
+        self._prune(step, name + ".npz")
         return name
 
     def save_sharded(self, step, groups, metadata=None):
@@ -273,7 +274,7 @@ class CheckpointManager:
                  for group, variables in groups.items()}
         self._write_manifest(name, FORMAT_SHARDED, specs, metadata, file=name + ".orbax",
                              processes=jax.process_count())
-        self._prune(step)
+        self._prune(step, name + ".orbax")
         return name
 
     def _write_manifest(self, name, format, specs, metadata, **fields):
@@ -301,7 +302,7 @@ class CheckpointManager:
         manifest["checksum"] = _canonical_checksum(manifest)
         atomic_write_json(self._path(name + ".json"), manifest)
 
-    def _prune(self, step):
+    def _prune(self, step, written):
         manifests, arrays = self._listing()
         # Newer than the one just written: the state this run did not continue
         # from (corrupt ones that `latest` skipped), so never its future.
@@ -309,11 +310,16 @@ class CheckpointManager:
         kept = sorted((s for s in manifests if s <= step), reverse=True)
         for old in stale + kept[self.max_to_keep:]:
             # The manifest first: a half-deleted checkpoint no longer counts.
-            for name in (manifests[old], arrays.get(old)):
-                if name:
-                    _remove(self._path(name))
+            for name in [manifests[old]] + arrays.get(old, []):
+                _remove(self._path(name))
         for orphan in set(arrays) - set(manifests):  # a write killed before its manifest
-            _remove(self._path(arrays[orphan]))
+            for name in arrays[orphan]:
+                _remove(self._path(name))
+        # The other format's arrays beside the ones just written (the step
+        # written again by a run resumed on another process count).
+        for name in arrays.get(step, []):
+            if name != written:
+                _remove(self._path(name))
 
     def remove_temporary_files(self):
         """Deletes the temporary files of writes that were interrupted."""
@@ -351,7 +357,7 @@ class CheckpointManager:
         for step in sorted(set(arrays) - set(manifests)):
             if step > floor:
                 warnings.warn(
-                    f"{self._path(arrays[step])} has no manifest (its write was "
+                    f"{self._path(arrays[step][0])} has no manifest (its write was "
                     "interrupted); ignoring it.",
                     stacklevel=2,
                 )
