@@ -132,9 +132,11 @@ READABLE_FORMATS = (2, 3)
 # The formats of directories `prepare` may replace (earlier ones included).
 REPLACEABLE_FORMATS = (1, 2, 3)
 MANIFEST_DIGEST = "manifest_sha256"
-# The rows of a block of a pass (format 3): a batch is stored as blocks of
-# this many rows (its last one shorter), each compressed on its own.
-BLOCK_ROWS = 8
+# The bytes of a block of a pass (format 3), about: a batch is stored as
+# blocks of rows (its last one shorter), each compressed on its own, of the
+# fewest rows (a power of two) that hold this many bytes uncompressed
+# (`_block_rows`): smaller blocks compress worse and cost a digest each.
+BLOCK_BYTES = 1024
 # The members of a pass file (format 3) besides `sizes` and `shape/<part>`:
 # the compressed blocks end to end (uint8), the end of each in it, and the
 # SHA-256 of each (its compressed bytes).
@@ -320,10 +322,11 @@ def _write_arrays(path, arrays, rows=False, **extra):
     narrowed = {key: _narrow(np.asarray(array)) for key, array in arrays.items()}
     entry = {}
     if rows:
-        blocks, ends, digests = _blocks(narrowed, extra["sizes"])
+        block_rows = _block_rows(narrowed)
+        blocks, ends, digests = _blocks(narrowed, extra["sizes"], block_rows)
         meta = dict(extra, **{BLOCK_ENDS: ends, BLOCK_DIGESTS: digests})
         entry = {"stored": {key: array.dtype.str for key, array in narrowed.items()},
-                 "block_rows": BLOCK_ROWS, "meta_sha256": _arrays_digest(meta)}
+                 "block_rows": block_rows, "meta_sha256": _arrays_digest(meta)}
         members = dict(meta, **{BLOCKS: blocks})
         atomic_write(path, lambda stream: np.savez(stream, **members))
     else:
@@ -346,12 +349,23 @@ def _block_starts(sizes, block_rows):
     return np.concatenate(starts + [offsets[-1:]])
 
 
-def _blocks(arrays, sizes):
-    """`(blocks, ends, digests)`: each block of `BLOCK_ROWS` rows of a pass
+def _block_rows(arrays):
+    """The rows of a block of the pass `arrays`: the fewest, a power of
+    two, whose bytes (in every array) reach `BLOCK_BYTES`."""
+    row_bytes = sum(array.dtype.itemsize * int(np.prod(array.shape[1:]))
+                    for array in arrays.values())
+    rows = 1
+    while rows * row_bytes < BLOCK_BYTES:
+        rows *= 2
+    return rows
+
+
+def _blocks(arrays, sizes, block_rows):
+    """`(blocks, ends, digests)`: each block of `block_rows` rows of a pass
     (its rows of every array, by sorted key, in C order) compressed with
     zlib, end to end (uint8); the end of each; the SHA-256 of each."""
     keys = sorted(arrays)
-    starts = _block_starts(sizes, BLOCK_ROWS)
+    starts = _block_starts(sizes, block_rows)
     compressed = [zlib.compress(b"".join(np.ascontiguousarray(arrays[key][start:end]).tobytes()
                                          for key in keys))
                   for start, end in zip(starts[:-1], starts[1:])]
@@ -402,7 +416,7 @@ def _read_file(file, entry):
     _check_sizes(file, entry, sizes)
     ends, blocks = members.pop(BLOCK_ENDS, None), members.pop(BLOCKS, None)
     members.pop(BLOCK_DIGESTS, None)
-    starts = _block_starts(sizes, BLOCK_ROWS)
+    starts = _block_starts(sizes, entry["block_rows"])
     if (ends is None or blocks is None or ends.shape != starts[1:].shape
             or np.any(np.diff(ends, prepend=0) < 0) or ends[-1] != blocks.size):
         raise ValueError(f"Prepared file {file}: its blocks do not match its batch sizes.")
@@ -667,7 +681,8 @@ class PreparedData:
             return False
         stored = entry.get("stored")
         valid = (isinstance(stored, dict) and set(stored) == set(entry["dtypes"])
-                 == set(entry["shapes"]) and entry.get("block_rows") == BLOCK_ROWS
+                 == set(entry["shapes"]) and type(entry.get("block_rows")) is int
+                 and entry["block_rows"] > 0
                  and isinstance(entry.get("meta_sha256"), str))
         if valid:
             try:
@@ -701,7 +716,7 @@ class PreparedData:
                 problem = ": its batch sizes, shapes or block digests are not the ones written"
             else:
                 blocks = members.get(BLOCKS, (0, np.dtype("O"), ()))
-                starts = _block_starts(meta["sizes"], BLOCK_ROWS)
+                starts = _block_starts(meta["sizes"], entry["block_rows"])
                 ends = meta[BLOCK_ENDS]
                 if (blocks[1] != np.uint8 or len(blocks[2]) != 1 or ends.shape != starts[1:].shape
                         or np.any(np.diff(ends, prepend=0) < 0)
@@ -780,7 +795,7 @@ class PreparedData:
         sizes = meta["sizes"]
         _check_sizes(file, entry, sizes)
         wanted = batch_rows(sizes, replicas, *self.process)
-        starts = _block_starts(sizes, BLOCK_ROWS)
+        starts = _block_starts(sizes, entry["block_rows"])
         needed = np.unique(np.searchsorted(starts, np.concatenate(wanted), side="right") - 1)
         ends = meta[BLOCK_ENDS]
         begins = np.concatenate([[0], ends[:-1]])

@@ -35,13 +35,17 @@ def _recipe(name, extra=()):
 
 @pytest.fixture(scope="module")
 def prepared(tmp_path_factory):
-    """The recipes' prepared directories, by name (made on demand)."""
+    """The recipes' prepared directories, by name (made on demand), in
+    blocks of 256 bytes: vit_tiny_digits's rows (35 bytes) in blocks of 8,
+    2 to each batch of 16."""
     made = {}
 
     def get(name):
         if name not in made:
             made[name] = str(tmp_path_factory.mktemp("prepared") / name)
-            prepared_module.prepare(name, SETTINGS[name], output=made[name], verbose=False)
+            with pytest.MonkeyPatch.context() as patch:
+                patch.setattr(prepared_module, "BLOCK_BYTES", 256)
+                prepared_module.prepare(name, SETTINGS[name], output=made[name], verbose=False)
         return made[name]
 
     return get
@@ -98,7 +102,7 @@ def test_each_process_reads_exactly_its_rows_of_every_batch(prepared, name):
                 entry = manifest["files"][f"train-{epoch:04d}" if split == "train" else split]
                 with np.load(os.path.join(directory, entry["file"])) as stored:
                     sizes, ends = stored["sizes"], stored["block_ends"]
-                starts = prepared_module._block_starts(sizes, prepared_module.BLOCK_ROWS)
+                starts = prepared_module._block_starts(sizes, entry["block_rows"])
                 rows = np.concatenate(prepared_module.batch_rows(sizes, replicas, k, processes))
                 blocks = np.unique(np.searchsorted(starts, rows, side="right") - 1)
                 expected += np.diff(ends, prepend=0)[blocks].sum()
@@ -125,6 +129,7 @@ def test_a_process_checks_its_own_rows_and_no_others(prepared, tmp_path):
     name, recipe = "vit_tiny_digits", _recipe("vit_tiny_digits")
     directory = str(tmp_path / "copy")
     shutil.copytree(prepared(name), directory)
+    assert prepared_module.PreparedData(directory, recipe).files["train-0001"]["block_rows"] == 8
     untouched = prepared_module.PreparedData(prepared(name), recipe, (1, 2))
     # The first block (rows 0 to 7) of batch 0 (16 rows, 2 replicas):
     # process 0's.
