@@ -212,7 +212,6 @@ def check_shared_directory(directory, argument="output"):
 
     import jax
 
-    from keras_attn.training.checkpoints import atomic_write_json
     from keras_attn.training.distribute import broadcast_json
 
     path = os.path.join(directory, TOKEN_FILE)
@@ -220,16 +219,17 @@ def check_shared_directory(directory, argument="output"):
     if jax.process_index() == 0:
         token = secrets.token_hex(16)
         os.makedirs(directory, exist_ok=True)
-        atomic_write_json(path, {"token": token})
+        # Closed before the broadcast below: on a network file system a
+        # file closed on one host is seen whole by a later open on another.
+        with open(path, "w", encoding="utf-8") as stream:
+            stream.write(token)
     token = broadcast_json(token)
     seen = None
     if jax.process_index() != 0:
         try:
             with open(path, encoding="utf-8") as stream:
-                import json
-
-                seen = json.load(stream).get("token")
-        except (OSError, ValueError, AttributeError):
+                seen = stream.read()
+        except (OSError, ValueError):
             seen = None
     ok = np.array([jax.process_index() == 0 or seen == token], dtype="int32")
     found = np.asarray(multihost_utils.process_allgather(ok)).reshape(-1)
