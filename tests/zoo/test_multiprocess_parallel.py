@@ -2,7 +2,8 @@
 one CPU device each (every weight split over the processes, JAX's CPU
 collectives over gloo): one run in one shared directory, sharded checkpoints
 written by both through orbax-checkpoint, one model.keras that loads on one
-process, an exact resume, a directory per host refused by name.
+process, a job killed (SIGKILL) and resumed exactly by the same commands, a
+resume on one process, a directory per host refused by name.
 
 Every process is started and ended here (killed in a `finally`); the
 timeouts are generous (a loaded 2-core machine) and no duration is asserted.
@@ -12,8 +13,10 @@ import glob
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -85,14 +88,34 @@ def _one_process_outputs(run):
     return saved, restored, step, images
 
 
+def _newest_manifest(directory):
+    """(name, mtime) of the newest intact checkpoint of `directory`."""
+    from keras_attn.training.checkpoints import CheckpointManager
+
+    newest = CheckpointManager(str(directory)).latest()
+    path = directory / (newest.name + ".json")
+    return newest.name, os.stat(path).st_mtime_ns
+
+
 def test_model_parallel_across_two_processes_one_run_reloads_resumes_refuses_per_host(
         tmp_path):
-    run = tmp_path / "run"
-    # A job of two processes sharing `run`, and beside it a job given a
-    # directory per host, refused before any step.
-    [(code0, log0), (code1, log1)], refused = _run_jobs(
-        _start(tmp_path, [run, run], "run"),
-        _start(tmp_path, [tmp_path / "host0", tmp_path / "host1"], "hosts"))
+    run, killed = tmp_path / "run", tmp_path / "killed"
+    # Three jobs of two processes at once: one sharing `run` (the
+    # uninterrupted run), one sharing `killed` whose two processes are
+    # killed (SIGKILL) once a checkpoint is written, one given a directory
+    # per host, refused before any step.
+    jobs = [_start(tmp_path, [run, run], "run"),
+            _start(tmp_path, [tmp_path / "host0", tmp_path / "host1"], "hosts"),
+            _start(tmp_path, [killed, killed], "killed")]
+    try:
+        deadline = time.time() + TIMEOUT
+        while not glob.glob(str(killed / "checkpoints" / "ckpt-*.json")):
+            assert time.time() < deadline and jobs[2][0].poll() is None, "no checkpoint"
+            time.sleep(0.2)
+        for process in jobs[2]:
+            process.send_signal(signal.SIGKILL)
+    finally:
+        [(code0, log0), (code1, log1)], refused, _ = _run_jobs(*jobs)
     assert code0 == 0, log0[-3000:]
     assert code1 == 0, log1[-3000:]
     assert "process 1 of 2: trained vit_tiny_digits; process 0 writes the run" in log1
@@ -104,6 +127,8 @@ def test_model_parallel_across_two_processes_one_run_reloads_resumes_refuses_per
         assert str(tmp_path / f"host{rank}" / "checkpoints") in log, log[-3000:]
     assert not glob.glob(str(tmp_path / "host*" / "checkpoints" / "ckpt-*"))
     assert not os.path.exists(tmp_path / "host1")  # process 1 wrote nothing
+    assert not os.path.exists(killed / "model.keras")
+    killed_at = _newest_manifest(killed / "checkpoints")
 
     # One run: one set of checkpoints (each an orbax directory both processes
     # wrote, committed, and process 0's manifest), one model.keras.
@@ -132,47 +157,49 @@ def test_model_parallel_across_two_processes_one_run_reloads_resumes_refuses_per
     np.testing.assert_allclose(np.asarray(saved(images)), np.asarray(restored(images)),
                                rtol=1e-5, atol=1e-5)
 
-    # As if killed after step 4's checkpoint, during step 6's: its arrays
-    # committed by orbax but no manifest, and an orbax temporary directory.
-    # The same two commands resume from step 4 and end with the weights of
-    # the uninterrupted run; so does another copy resumed by ONE process
-    # (another process count: it reads the sharded arrays whole).
-    kept = {}
-    for copy in ("resumed", "alone"):
-        shutil.copytree(run, tmp_path / copy)
-        checkpoints = tmp_path / copy / "checkpoints"
-        for name in ("model.keras", "results.json", "learning_curves.png",
-                     "checkpoints/ckpt-00000006.json"):
-            os.remove(tmp_path / copy / name)
-        os.makedirs(checkpoints / "ckpt-00000006.orbax.orbax-checkpoint-tmp-7")
-        kept[copy] = os.stat(checkpoints / "ckpt-00000004.json").st_mtime_ns
+    # The same two commands resume the killed job from its newest complete
+    # checkpoint. A copy of the finished run made to look killed while step
+    # 6 was checkpointed (its arrays committed by orbax but no manifest, an
+    # orbax temporary directory) resumes from step 4 on ONE process (another
+    # process count: it reads the sharded arrays whole). Both end with the
+    # uninterrupted run's weights.
+    alone = tmp_path / "alone"
+    shutil.copytree(run, alone)
+    for name in ("model.keras", "results.json", "learning_curves.png",
+                 "checkpoints/ckpt-00000006.json"):
+        os.remove(alone / name)
+    os.makedirs(alone / "checkpoints" / "ckpt-00000006.orbax.orbax-checkpoint-tmp-7")
+    with pytest.warns(UserWarning, match="ckpt-00000006.orbax has no manifest"):
+        alone_at = _newest_manifest(alone / "checkpoints")
+    assert alone_at[0] == "ckpt-00000004"
     log = open(tmp_path / "alone.txt", "w+")
-    alone = [subprocess.Popen(
-        [sys.executable, "-m", "keras_attn_cli", "train", RECIPE, "--output",
-         str(tmp_path / "alone"), "--verbose", "0", "--no-export",
+    one = subprocess.Popen(
+        [sys.executable, "-m", "keras_attn_cli", "train", RECIPE, "--output", str(alone),
+         "--verbose", "0", "--no-export",
          *[item for value in SETS for item in ("--set", value)]],
-        cwd=tmp_path, stdout=log, stderr=subprocess.STDOUT, env=_env())]
-    alone[0].log = log
+        cwd=tmp_path, stdout=log, stderr=subprocess.STDOUT, env=_env())
+    one.log = log
     [(code0, log0), (code1, log1)], [(code, log)] = _run_jobs(
-        _start(tmp_path, [tmp_path / "resumed"] * 2, "resumed"), alone)
+        _start(tmp_path, [killed, killed], "resumed"), [one])
     assert code0 == 0, log0[-3000:]
     assert code1 == 0, log1[-3000:]
     assert code == 0, log[-3000:]
     expected = _weights(run / "model.keras")
-    for copy, tolerance in (("resumed", 0), ("alone", 1e-5)):
-        checkpoints = tmp_path / copy / "checkpoints"
-        # Resumed from step 4, not started again (that would rewrite it).
-        assert os.stat(checkpoints / "ckpt-00000004.json").st_mtime_ns == kept[copy], copy
-        assert not glob.glob(str(checkpoints / "*tmp*")), copy
-        assert os.path.exists(checkpoints / "ckpt-00000006.json"), copy
-        found = _weights(tmp_path / copy / "model.keras")
+    # Two processes sum as before: the same weights; one sums in another
+    # order: float round-off.
+    for resumed, at, tolerance in ((killed, killed_at, 0), (alone, alone_at, 1e-5)):
+        checkpoints = resumed / "checkpoints"
+        # Resumed from it, not started again (that would rewrite it).
+        assert os.stat(checkpoints / (at[0] + ".json")).st_mtime_ns == at[1], resumed
+        assert not glob.glob(str(checkpoints / "*tmp*")), resumed
+        assert os.path.exists(checkpoints / "ckpt-00000006.json"), resumed
+        found = _weights(resumed / "model.keras")
         assert sorted(found) == sorted(expected)
-        # One process sums in another order than two: float round-off.
         for name in expected:
             np.testing.assert_allclose(found[name], expected[name], rtol=tolerance,
-                                       atol=1e-6, err_msg=f"{copy}: {name}")
+                                       atol=1e-6, err_msg=f"{resumed.name}: {name}")
     # The one process wrote an npz checkpoint after the sharded ones it resumed
     # from, and deleted the orbax arrays of step 6 that had no manifest.
-    assert sorted(os.listdir(tmp_path / "alone" / "checkpoints")) == [
+    assert sorted(os.listdir(alone / "checkpoints")) == [
         "ckpt-00000002.json", "ckpt-00000002.orbax", "ckpt-00000004.json",
         "ckpt-00000004.orbax", "ckpt-00000006.json", "ckpt-00000006.npz", "history.json"]
