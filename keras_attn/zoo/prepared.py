@@ -26,20 +26,21 @@ the rows of each batch; batches of varying width, as a length bucket each,
 are padded to the widest and cut back to their own `shape/<part>` when
 read) in the narrowest integer type that holds their values; they are read
 back in the pipeline's dtypes. A pass is stored as blocks of rows (format
-3): each batch cut into blocks of `BLOCK_ROWS` (8) rows (its last block
-shorter), each block (its rows of every array) compressed with zlib on its
-own, the blocks end to end in an uncompressed `.npz` member (`blocks`, at
-a fixed offset in the file) beside the end (`block_ends`) and the SHA-256
+3): each batch cut into blocks of `block_rows` rows (its last one shorter;
+the fewest rows, a power of two, whose bytes reach `BLOCK_BYTES`, 4 KiB),
+each block (its rows of every array) compressed with zlib on its own, the
+blocks end to end in an uncompressed `.npz` member (`blocks`, at a fixed
+offset in the file) beside the end (`block_ends`) and the SHA-256
 (`block_sha256`) of each, so that a process can read some blocks of a pass
 and check exactly those. Format 2 (still read) compressed each file whole
 and is checked file by file. Blocks compress less than whole files: the
-small recipes' directories are 1.1x to 1.6x the size of format 2 (see
-docs/zoo.md), where storing the arrays uncompressed would have made them
-up to 4.8x (bert_tiny_pydoc: 3.0 -> 14 MiB).
-`tables.npz` holds what a task stores once (the
-digits the augmented batches index, the translation test set, a packed
-speech run's rows, which each epoch's batches list by `row`: the features
-float32, as the twin trains on them, once rather than once an epoch). The
+small recipes' directories are 1.0x to 1.6x their size in format 2 (listed
+in docs/zoo.md), where the arrays stored uncompressed for the same purpose
+made them up to 4.6x (bert_tiny_pydoc: 3.0 -> 14 MiB). `tables.npz` holds
+what a task stores once (the digits the augmented batches index, the
+translation test set, a packed speech run's rows, which each epoch's
+batches list by `row`: the features float32, as the twin trains on them,
+once rather than once an epoch). The
 training batches of every epoch are stored (an epoch is a pure function of
 the recipe and the epoch: `Task.train_dataset_fn`), so a run from prepared
 files sees the batches of a run from tf.data, the masks and orders
@@ -62,12 +63,13 @@ reads the blocks that hold its rows (each run of adjacent blocks at once,
 no other block) and checks each against its SHA-256 before decompressing
 it: a damaged block refuses the process that reads it, naming the file and
 the rows, before the first step, and does not concern the others. Where a
-process's share of a batch is a multiple of 8 rows (a batch of 64 over 2,
-4 or 8 processes) it reads its rows alone; otherwise also the other rows
-of the blocks its share begins or ends in. `tables.npz` (which the rows of every
-process index) is read and checked whole by every process, `test.npz` by
-process 0 (which alone evaluates). A directory of format 2 is read whole by
-every process, each file checked whole, and each keeps its rows.
+process's share of a batch is a multiple of the pass's `block_rows` it
+reads its rows alone; otherwise also the other rows of the blocks its share
+begins or ends in (small rows make blocks of a whole batch: every process
+reads the batch). `tables.npz` (which the rows of every process index) is
+read and checked whole by every process, `test.npz` by process 0 (which
+alone evaluates). A directory of format 2 is read whole by every process,
+each file checked whole, and each keeps its rows.
 
 Why Keras's `PyDataset` and not grain with array_record: the prepared data
 of the small recipes is a few MiB that fits in memory, read in order, batch
@@ -83,9 +85,10 @@ every key but that one), that it was prepared for this recipe (the
 data-defining keys, the epochs and steps, against the recipe and overrides
 `train` was given), that every file is there with its size and SHA-256
 (a process of several: of the files it reads whole; of the passes, the
-rows it reads, as above), then, as each file is read, that its arrays are the ones the manifest lists
-in dtypes `prepare` could have written, and every batch of every file
-(and the batch rows stored once) against what the model accepts
+blocks it reads, as above), then, as each file is read, that its arrays
+are the ones the manifest lists in dtypes `prepare` could have written,
+and every batch of every file (of those read: a process of several checks
+its rows) and the batch rows stored once against what the model accepts
 (`GuardedModel.check_inputs` / `check_labels`: ids, labels, masks,
 lengths; `index` and `row` within what they point at; the task's own
 checks: packed segment ids and positions, labels each utterance can
@@ -136,7 +139,7 @@ MANIFEST_DIGEST = "manifest_sha256"
 # blocks of rows (its last one shorter), each compressed on its own, of the
 # fewest rows (a power of two) that hold this many bytes uncompressed
 # (`_block_rows`): smaller blocks compress worse and cost a digest each.
-BLOCK_BYTES = 1024
+BLOCK_BYTES = 4096
 # The members of a pass file (format 3) besides `sizes` and `shape/<part>`:
 # the compressed blocks end to end (uint8), the end of each in it, and the
 # SHA-256 of each (its compressed bytes).
@@ -554,8 +557,9 @@ class PreparedData:
     directory of format 3 from the files themselves (the blocks of rows
     that hold them, each against its SHA-256; the batch sizes, shapes and
     block digests against the manifest's `meta_sha256`), in one of format
-    2 from every file read and checked whole. The test pass (evaluated by process 0 alone) and `tables.npz`
-    (which rows of every process index) are read and checked whole.
+    2 from every file read and checked whole. The test pass (evaluated by
+    process 0 alone) and `tables.npz` (which rows of every process index)
+    are read and checked whole.
 
     Args:
         directory: the output of `prepare`.
