@@ -21,10 +21,15 @@ checkpoint nor Keras's `model.save` can be written by one process. Here:
   (`multihost_utils.process_allgather`), for a model.keras that one process
   loads (the model must fit in one host's memory).
 
-Why not `Model.get_state_tree()` (what Keras's own orbax callback saves):
-it keys variables by path, and paths are not unique in these models (two
-`Dropout` layers both own `.../seed_generator_state`): it raises. The
-groups here are keyed by position, as in the npz checkpoints.
+Why not Keras's own orbax integration (`Model.get_state_tree()`, which its
+`OrbaxCheckpoint` callback saves, and `load_weights` of such a directory):
+it holds the model, optimizer and metrics variables but not the global
+`SeedGenerator`'s state, and keys them by path, while the npz checkpoints and
+their checks (`checkpoints.check_group`) go by position. The groups here are
+the npz checkpoint's groups, keyed by position, so both formats share one
+manifest, one check and one resume. (The orbax calls are the same: a pytree
+of `jax.Array`s saved, `jax.ShapeDtypeStruct`-like targets with the current
+shardings to restore, as Keras's `build_orbax_abstract_pytree` builds them.)
 
 orbax-checkpoint is imported here only, and only when such state is saved
 or read (`pip install keras-attn[multihost]`).
