@@ -208,7 +208,11 @@ class ResumableTrainer:
 
     Args:
         directory: where `ckpt-<step:08d>.npz` / `.json` and `history.json`
-            go. One trainer writes to a directory at a time.
+            go. One trainer writes to a directory at a time. With a model
+            split over several JAX processes' devices (model parallel), one
+            directory that every process sees: each writes its shards there
+            (`ckpt-<step:08d>.orbax/`); a directory per host is a
+            `ValueError` before any step.
         checkpoint_every: save every this many training steps (batches), and
             always at the end of each epoch.
         max_to_keep: the number of newest checkpoints kept.
