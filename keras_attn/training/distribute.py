@@ -401,32 +401,114 @@ def process_rows(dataset, process, processes):
     return dataset.map(traced_as_written(rows))
 
 
+# A task as TensorFlow's errors name it: `/job:worker/replica:0/task:1`
+# (or `/job:worker/task:1`).
+_TF_TASK = re.compile(r"/job:(\w+)(?:/replica:\d+)?/task:(\d+)")
+
+
+def _jax_lost_process(error):
+    """The `RuntimeError` to raise for `error`, a JAX collective that failed
+    in a joined job (`Gloo AllReduce failed ... Connection reset by peer`);
+    None for any other error."""
+    import jax
+
+    if not isinstance(error, (RuntimeError, ValueError)):
+        return None
+    collective = isinstance(error, jax.errors.JaxRuntimeError) or "Gloo" in str(error)
+    if not _joined() or not collective:
+        return None
+    first = (str(error).strip().splitlines() or [""])[0][:300]
+    return RuntimeError(
+        f"Process {jax.process_index()} of {jax.process_count()}: a collective of this "
+        f"job failed ({first}): another process stopped or lost its connection. JAX's "
+        "distributed runtime names the lost process ('Task N heartbeat timeout') and "
+        "ends this one within its heartbeat timeout (100 s by default, else "
+        f"{HEARTBEAT_TIMEOUT_ENV}). The "
+        "checkpoints written so far are complete: run the same commands again to "
+        "resume.")
+
+
+def _tf_tasks(strategy):
+    """The cluster's `(job, task)` pairs in process order (the chief, then
+    the workers, as `_tf_process_of` numbers them), the address of each,
+    and this worker's pair: TensorFlow's reading of TF_CONFIG
+    (`strategy.cluster_resolver`)."""
+    resolver = strategy.cluster_resolver
+    spec = resolver.cluster_spec()
+    tasks = [(job, task) for job in ("chief", "worker") if job in spec.jobs
+             for task in spec.task_indices(job)]
+    addresses = {(job, task): spec.task_address(job, task) for job, task in tasks}
+    return tasks, addresses, (resolver.task_type, resolver.task_id)
+
+
+def _tf_lost_process(error):
+    """The `RuntimeError` to raise for `error`, a TensorFlow collective
+    aborted in a joined MultiWorkerMirroredStrategy job because a worker was
+    lost; None for any other error. TensorFlow detects the loss itself: its
+    coordination service (which the strategy starts on the chief) aborts the
+    collectives of every worker once one stops sending heartbeats
+    (`UnavailableError: ... The following tasks are unhealthy (stopped
+    sending heartbeats): /job:worker/replica:0/task:1`), and a collective
+    whose peer's connection is reset fails at once (`... from remote target
+    /job:worker/replica:0/task:0 ...`). The lost worker is the task TensorFlow
+    names other than this one, its address taken from the cluster; where
+    TensorFlow names none, every other worker is listed."""
+    import tensorflow as tf
+
+    strategy = _TF_STRATEGIES.get("multi_worker")
+    message = str(error)
+    aborted = isinstance(error, (tf.errors.UnavailableError, tf.errors.AbortedError,
+                                 tf.errors.DeadlineExceededError))
+    if (strategy is None or not isinstance(error, tf.errors.OpError)
+            or not (aborted or "Collective ops is aborted" in message)):
+        return None
+    tasks, addresses, me = _tf_tasks(strategy)
+    if len(tasks) < 2:
+        return None
+    named = {(job, int(task)) for job, task in _TF_TASK.findall(message)}
+    lost = [task for task in tasks if task in named and task != me]
+    others = [task for task in tasks if task != me]
+
+    def describe(task):
+        return (f"process {tasks.index(task)} (TF_CONFIG's {task[0]} {task[1]}, "
+                f"{addresses[task]})")
+
+    if lost:
+        who = " and ".join(describe(task) for task in lost) + (
+            " was" if len(lost) == 1 else " were") + " lost"
+    elif len(others) == 1:
+        who = f"{describe(others[0])}, the only other worker, was lost"
+    else:
+        who = ("a worker was lost (TensorFlow's error names none), one of "
+               + ", ".join(describe(task) for task in others))
+    lines = [line.strip() for line in message.splitlines() if line.strip()]
+    says = next((line for line in lines if "aborted by" in line or _TF_TASK.search(line)),
+                lines[0] if lines else "")
+    return RuntimeError(
+        f"Process {tasks.index(me)} of {len(tasks)} (TF_CONFIG's {me[0]} {me[1]}): a "
+        f"collective of this job failed: {who} ({type(error).__name__}: {says[:300]}). "
+        "TensorFlow's coordination service aborts every worker's collectives once one "
+        "stops sending heartbeats (after about 10 s), at once where a peer's connection "
+        "is reset. The checkpoints written so far are complete: run the same commands "
+        "again to resume.")
+
+
 @contextlib.contextmanager
 def naming_lost_processes():
-    """In a joined JAX job, turns the failure of a collective (a process
-    killed or its host lost: `Gloo AllReduce failed ... Connection reset by
-    peer`) into a `RuntimeError` that says what happened and what follows;
+    """In a joined JAX job or TensorFlow multi-worker job, turns the failure
+    of a collective because a process was lost (killed, or its host lost)
+    into a `RuntimeError` that names it where the engine does, says what
+    happened and what follows (`_jax_lost_process`, `_tf_lost_process`);
     other errors, and errors in a single process, pass unchanged."""
     try:
         yield
-    except (RuntimeError, ValueError) as error:
-        if keras.backend.backend() != "jax":
+    except Exception as error:
+        backend = keras.backend.backend()
+        lost = (_jax_lost_process(error) if backend == "jax" else
+                _tf_lost_process(error) if backend == "tensorflow" else None)
+        if lost is None:
             raise
-        import jax
-
-        collective = isinstance(error, jax.errors.JaxRuntimeError) or "Gloo" in str(error)
-        if not _joined() or not collective:
-            raise
-        first = (str(error).strip().splitlines() or [""])[0][:300]
-        raise RuntimeError(
-            f"Process {jax.process_index()} of {jax.process_count()}: a collective of this "
-            f"job failed ({first}): another process stopped or lost its connection. JAX's "
-            "distributed runtime names the lost process ('Task N heartbeat timeout') and "
-            "ends this one within its heartbeat timeout (100 s by default, else "
-            f"{HEARTBEAT_TIMEOUT_ENV}). The "
-            "checkpoints written so far are complete: run the same commands again to "
-            "resume."
-        ) from error
+        raise lost from error
 
 
 def end_processes():

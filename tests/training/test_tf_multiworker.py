@@ -15,13 +15,24 @@ Then the same processes train a recipe as users do (`keras_attn.zoo.runs.train`,
 what `keras-attn train` calls): the two workers `--distribute` into one shared
 output, which the chief (worker 0) alone writes, and the job of one worker
 the one-process reference, undistributed, into its own.
+
+Then a lost worker and a resume: a fresh job of two workers trains the
+recipe into an output of its own, and worker 1 is killed with SIGKILL
+mid-epoch, after the chief's first checkpoint (step 2 of 4). The chief must
+stop on its own with the error naming worker 1, keeping only complete
+checkpoints; the same two commands again must resume from that checkpoint
+to the weights of the one-process reference.
 """
 
+import faulthandler
+import glob
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -30,6 +41,9 @@ pytestmark = pytest.mark.backend_independent
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 GLOBAL_BATCH = 8
 STEPS = 4
+# Seconds a test waits for its workers in all (generous: a loaded 2-core
+# machine; no duration is asserted).
+TIMEOUT = 600
 # A tiny vit_tiny_digits (tests/zoo/_tiny.py's sizes): 4 steps of a global
 # batch of 32 with a checkpoint at step 2 (mid-epoch: the running metrics
 # too) and at the epoch's end. No dropout: under tf.distribute each replica
@@ -150,35 +164,83 @@ def _worker(reference, output):
     print(json.dumps(result))
 
 
+def _train_or_die(output, die):
+    """`runs.train` of RECIPE into `output` as a worker of a job, printing
+    the keys it returned; with `die`, this worker kills itself with SIGKILL
+    (no cleanup, no exception: as `kill -9` from outside) once it has taken
+    part in the first checkpoint (step 2 of 4) and the chief's files of that
+    checkpoint are complete, mid-epoch: a worker lost at a known step."""
+    import keras
+
+    keras.config.disable_traceback_filtering()
+    # Where it hangs, should it: every thread's stack, before `_ended` kills it.
+    faulthandler.dump_traceback_later(TIMEOUT - 60)
+    from keras_attn.training.resumable import ResumableTrainer
+    from keras_attn.zoo import runs
+
+    if die:
+        write = ResumableTrainer._write_checkpoint
+        manifest = os.path.join(output, "checkpoints", "ckpt-00000002.json")
+
+        def write_then_die(self, *args, **kwargs):
+            written = write(self, *args, **kwargs)
+            while not os.path.exists(manifest):  # the chief writes it, then reads on
+                time.sleep(0.05)
+            os.kill(os.getpid(), signal.SIGKILL)
+            return written
+
+        ResumableTrainer._write_checkpoint = write_then_die
+    returned = runs.train(RECIPE, OVERRIDES, output=output, distribute=True, export=False,
+                          verbose=0)
+    print(json.dumps(sorted(returned)))
+
+
 def _free_port():
     with socket.socket() as sock:
         sock.bind(("localhost", 0))
         return sock.getsockname()[1]
 
 
-def _start(workers, index, output, reference=False):
+def _start(workers, index, output, reference=False, mode="--worker"):
     """Worker `index` of a job of `len(workers)` workers (addresses), its
-    recipe run written to `output`."""
+    recipe run written to `output`; `mode`: this file's `--worker`, or
+    `--train` (`_train_or_die`, `--die` appended to die)."""
     tf_config = {"cluster": {"worker": workers}, "task": {"type": "worker", "index": index}}
     env = dict(os.environ, KERAS_BACKEND="tensorflow", PYTHONPATH=ROOT,
                TF_CPP_MIN_LOG_LEVEL="3", CUDA_VISIBLE_DEVICES="",
                TF_CONFIG=json.dumps(tf_config))
     return subprocess.Popen(
-        [sys.executable, os.path.abspath(__file__), "--worker", str(output)]
+        [sys.executable, os.path.abspath(__file__), *mode.split(), str(output)]
         + (["--reference"] if reference else []),
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
 
 
-def _results(processes, timeout=600):
+def _ended(processes):
+    """`[(returncode, stdout, stderr)]` of each process, once all ended;
+    what is still running after TIMEOUT seconds in all (a worker left
+    waiting for its peer) is killed, its output kept (`_train_or_die`'s
+    workers have printed their threads' stacks by then)."""
+    deadline = time.monotonic() + TIMEOUT
+    outputs = []
     try:
-        outputs = [process.communicate(timeout=timeout) for process in processes]
+        for process in processes:
+            try:
+                outputs.append(process.communicate(
+                    timeout=max(deadline - time.monotonic(), 1)))
+            except subprocess.TimeoutExpired:
+                process.kill()
+                outputs.append(process.communicate())
     finally:
-        for process in processes:  # a worker left waiting for its peer
+        for process in processes:
             process.kill()
             process.wait()
+    return [(process.returncode, *output) for process, output in zip(processes, outputs)]
+
+
+def _results(processes):
     results = []
-    for process, (stdout, stderr) in zip(processes, outputs):
-        assert process.returncode == 0, stderr[-3000:]
+    for code, stdout, stderr in _ended(processes):
+        assert code == 0, stderr[-3000:]
         results.append(json.loads(stdout.strip().splitlines()[-1]))
     return results
 
@@ -236,16 +298,26 @@ def _assert_one_run_written_by_the_chief(single, shared, both):
                                    err_msg=name)
 
 
-@pytest.mark.large
-def test_one_and_two_tensorflow_workers_fit_like_one_process(tmp_path):
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """The jobs of one worker (with the reference) and of two workers:
+    `(reference run directory, shared run directory, what the worker of one
+    printed, what each of the two printed)`."""
     # (Was also tests/training/test_distribute.py's one-worker TF_CONFIG
     # test, which trained in a process of its own.)
+    tmp_path = tmp_path_factory.mktemp("tf_workers")
     alone = [f"localhost:{_free_port()}"]
     pair = [f"localhost:{_free_port()}" for _ in range(2)]
     reference_run, shared_run = tmp_path / "single", tmp_path / "shared"
     processes = [_start(alone, 0, reference_run, reference=True)] + [
         _start(pair, index, shared_run) for index in range(2)]
     one, *both = _results(processes)
+    return reference_run, shared_run, one, both
+
+
+@pytest.mark.large
+def test_one_and_two_tensorflow_workers_fit_like_one_process(trained):
+    reference_run, shared_run, one, both = trained
     single = one["reference"]
     assert (single["replicas"], single["strategy"]) == (1, "_DefaultDistributionStrategy")
     # A one-worker TF_CONFIG selects the multi-worker strategy: one replica.
@@ -270,5 +342,100 @@ def test_one_and_two_tensorflow_workers_fit_like_one_process(tmp_path):
     _assert_one_run_written_by_the_chief(reference_run, shared_run, both)
 
 
+def _assert_survivor_named_the_lost_worker(run, survivor, lost, workers, stderr):
+    """Worker `survivor` stopped with the error naming worker `lost`, and
+    the run holds the chief's complete checkpoint of step 2, nothing
+    half-written and no model."""
+    from keras_attn.training.checkpoints import CheckpointManager
+
+    assert (f"RuntimeError: Process {survivor} of 2 (TF_CONFIG's worker {survivor}): a "
+            f"collective of this job failed: process {lost} (TF_CONFIG's worker {lost}, "
+            f"{workers[lost]}) was lost") in stderr, stderr[-3000:]
+    assert "run the same commands again to resume" in stderr
+    assert not os.path.exists(run / "model.keras")
+    assert not os.path.exists(run / "results.json")
+    assert not glob.glob(str(run / "**" / "*.tmp"), recursive=True)
+    assert CheckpointManager(str(run / "checkpoints")).latest().step == 2
+
+
+@pytest.mark.parametrize("message, lost", [
+    # The chief's coordination service saw worker 2's heartbeats stop.
+    ("Collective ops is aborted by: Error reported from /job:worker/task:2: The following "
+     "tasks are unhealthy (stopped sending heartbeats):\n/job:worker/replica:0/task:2",
+     "process 2 (TF_CONFIG's worker 2, w2:3) was lost"),
+    ("Collective ops is aborted by: recvmsg:Connection reset by peer\nAdditional GRPC "
+     "error information from remote target /job:worker/replica:0/task:0 while calling",
+     "process 0 (TF_CONFIG's worker 0, w0:1) was lost"),
+    ("Collective ops is aborted by: Socket closed",
+     "a worker was lost (TensorFlow's error names none), one of process 0 (TF_CONFIG's "
+     "worker 0, w0:1), process 2 (TF_CONFIG's worker 2, w2:3)"),
+])
+def test_a_collective_aborted_by_a_lost_worker_names_it(monkeypatch, message, lost):
+    # This worker is worker 1 of 3; TensorFlow's error names the lost task,
+    # or none. Any other error, and a job of one worker, pass unchanged.
+    import tensorflow as tf
+
+    from keras_attn.training import distribute
+
+    def strategy(workers):
+        resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(
+            tf.train.ClusterSpec({"worker": workers}), task_type="worker",
+            task_id=len(workers) // 2)
+        return type("Strategy", (), {"cluster_resolver": resolver})()
+
+    monkeypatch.setattr(distribute, "_TF_STRATEGIES",
+                        {"multi_worker": strategy(["w0:1", "w1:2", "w2:3"])})
+    with pytest.raises(RuntimeError) as raised:
+        with distribute.naming_lost_processes():
+            raise tf.errors.UnavailableError(None, None, "Graph execution error:\n" + message)
+    assert str(raised.value).startswith(
+        "Process 1 of 3 (TF_CONFIG's worker 1): a collective of this job failed: " + lost)
+    assert isinstance(raised.value.__cause__, tf.errors.UnavailableError)
+    other = tf.errors.InvalidArgumentError(None, None, "labels out of range")
+    with pytest.raises(tf.errors.InvalidArgumentError):
+        with distribute.naming_lost_processes():
+            raise other
+    monkeypatch.setattr(distribute, "_TF_STRATEGIES", {"multi_worker": strategy(["w0:1"])})
+    with pytest.raises(tf.errors.UnavailableError):
+        with distribute.naming_lost_processes():
+            raise tf.errors.UnavailableError(None, None, message)
+
+
+@pytest.mark.large
+def test_a_lost_tensorflow_worker_is_named_and_the_job_resumes(trained, tmp_path):
+    # Worker 1 dies after the chief's first checkpoint; the chief, which
+    # writes the run, must stop on its own naming it. (The chief lost
+    # instead, worker 1 stops naming worker 0, "from remote target
+    # /job:worker/replica:0/task:0": checked by hand, see docs/distributed.md.)
+    reference_run, run = trained[0], tmp_path / "run"
+    workers = [f"localhost:{_free_port()}" for _ in range(2)]
+    (code, _, stderr), (lost_code, _, lost_stderr) = _ended(
+        [_start(workers, 0, run, mode="--train"),
+         _start(workers, 1, run, mode="--train --die")])
+    assert lost_code == -signal.SIGKILL, lost_stderr[-3000:]
+    assert code == 1, stderr[-3000:]  # ended on its own, within `_ended`'s generous limit
+    _assert_survivor_named_the_lost_worker(run, 0, 1, workers, stderr)
+    manifest = run / "checkpoints" / "ckpt-00000002.json"
+    written = os.stat(manifest).st_mtime_ns
+
+    # The same two commands again, fresh workers on fresh ports: the chief
+    # resumes from its checkpoint (left as it was: a start from scratch
+    # would write it again) to the weights of the one-process run.
+    workers = [f"localhost:{_free_port()}" for _ in range(2)]
+    chief, other = _results([_start(workers, index, run, mode="--train")
+                             for index in range(2)])
+    assert "steps" in chief
+    assert other == ["message", "name", "output", "process", "processes"]
+    assert os.stat(manifest).st_mtime_ns == written
+    assert json.loads((run / "results.json").read_text())["steps"] == 4
+    expected, found = _weights(reference_run / "model.keras"), _weights(run / "model.keras")
+    assert sorted(found) == sorted(expected)
+    for name in expected:
+        np.testing.assert_allclose(found[name], expected[name], rtol=0, atol=1e-6,
+                                   err_msg=name)
+
+
 if __name__ == "__main__" and sys.argv[1] == "--worker":
     _worker(reference=sys.argv[3:] == ["--reference"], output=sys.argv[2])
+elif __name__ == "__main__" and sys.argv[1] == "--train":
+    _train_or_die(output=sys.argv[-1], die=sys.argv[2] == "--die")
