@@ -183,11 +183,10 @@ def _train_or_die(output, die):
         manifest = os.path.join(output, "checkpoints", "ckpt-00000002.json")
 
         def write_then_die(self, *args, **kwargs):
-            written = write(self, *args, **kwargs)
-            while not os.path.exists(manifest):  # the chief writes it, then reads on
+            write(self, *args, **kwargs)
+            while not os.path.exists(manifest):  # written by the chief, before step 3
                 time.sleep(0.05)
             os.kill(os.getpid(), signal.SIGKILL)
-            return written
 
         ResumableTrainer._write_checkpoint = write_then_die
     returned = runs.train(RECIPE, OVERRIDES, output=output, distribute=True, export=False,
