@@ -57,12 +57,14 @@ batch, only the rows it feeds, those that process k feeds from tf.data
 (`batch_rows`: the batch filled up to a multiple of the job's devices with
 its own first rows, as `even_batches`, then rows k/N to (k+1)/N, as
 `process_rows`), so the global batch and the examples of each step are
-those of one process. It reads the batch sizes, shapes and block ends and
+those of one process with the job's devices (a batch they do not divide is
+filled up, on one process as on several). It reads the batch sizes, shapes and block ends and
 digests whole and checks them against the manifest's `meta_sha256`, then
 reads the blocks that hold its rows (each run of adjacent blocks at once,
 no other block) and checks each against its SHA-256 before decompressing
 it: a damaged block refuses the process that reads it, naming the file and
-the rows, before the first step, and does not concern the others. Where a
+the rows, before the first step, and the others stop with it (`_agreed`:
+whether any process refused its share is gathered on all). Where a
 process's share of a batch is a multiple of the pass's `block_rows` it
 reads its rows alone; otherwise also the other rows of the blocks its share
 begins or ends in (small rows make blocks of a whole batch: every process
@@ -572,6 +574,11 @@ class PreparedData:
     def __init__(self, directory, recipe, process=(0, 1)):
         self.directory = directory
         self.process = _check_process(process, recipe)
+        # What one process refuses stops every process of the job.
+        _agreed(self.process, directory, lambda: self._open(recipe))
+
+    def _open(self, recipe):
+        directory = self.directory
         path = os.path.join(directory, MANIFEST)
         if not os.path.isfile(path):
             raise ValueError(
@@ -828,7 +835,11 @@ class PreparedData:
         """Every batch of every file this process reads against what
         `model` accepts (the model's own checks on concrete arrays, and
         `task.check_prepared`); `ValueError` naming the file. `replicas`:
-        the devices of the job, as for `batches`."""
+        the devices of the job, as for `batches`. In a job, every process
+        calls it, and one's refusal stops them all."""
+        _agreed(self.process, self.directory, lambda: self._check(model, task, replicas))
+
+    def _check(self, model, task, replicas):
         for name in self.files:
             if name == "tables":
                 parts = _unflatten(self.tables)
@@ -885,6 +896,44 @@ class PreparedData:
         return Batches(sizes, arrays, shapes=shapes, rows=rows)
 
 
+def _agreed(process, directory, check):
+    """Runs `check()` on this process of a job of several (`process`:
+    `(index, count)`), where each reads and checks its own share of the
+    data: whether any process refused its share (a `ValueError`) is
+    gathered on every process (JAX's `multihost_utils.process_allgather`;
+    every process must call it, in the same order), so that a refusal stops
+    every process at once, by name, rather than leaving the others to wait
+    for a process that has left the job. The refusing process raises its
+    own error."""
+    try:
+        import jax
+
+        joined = process[1] > 1 and jax.process_count() > 1
+    except ImportError:
+        joined = False
+    if not joined:  # one process (or a test reading as process k alone)
+        return check()
+    from jax.experimental import multihost_utils
+
+    error = None
+    try:
+        check()
+    except ValueError as raised:
+        error = raised
+    refused = np.asarray(multihost_utils.process_allgather(
+        np.array([error is not None], "int32"))).reshape(-1)
+    if error is not None:
+        raise error
+    if refused.any():
+        which = ", ".join(str(index) for index in np.flatnonzero(refused))
+        raise ValueError(
+            f"The prepared data of process {which} of {process[1]} was refused there (its "
+            f"output names the file and what is wrong): every process of the job stops "
+            f"before the first step (this is process {process[0]}). Prepare the data again "
+            f"where it was damaged. Received: data={directory!r}")
+    return None
+
+
 def _shared_out(name):
     """Whether the processes of a job share out the batches of the file
     `name` (training and validation) rather than one reading it whole."""
@@ -925,10 +974,15 @@ def batch_rows(sizes, replicas=1, process=0, processes=1):
     `keras_attn.zoo.tasks.base.even_batches`), cut into `processes` equal
     slices, slice `process` kept (as
     `keras_attn.training.distribute.process_rows`), so that the processes
-    together feed the global batch a single process feeds.
+    together feed the global batch that one process with `replicas`
+    devices feeds.
 
-    >>> [list(rows) for rows in batch_rows([4, 3], replicas=2, process=1, processes=2)]
-    [[2, 3], [4, 5]]
+    Batches of 4 and 3 rows over 2 devices, one a process: process 1 feeds
+    rows 2 and 3 of the first, and of the second (rows 4 to 6, filled up to
+    4 with its first row again: 4, 5, 6, 4) its last two.
+
+    >>> [rows.tolist() for rows in batch_rows([4, 3], replicas=2, process=1, processes=2)]
+    [[2, 3], [6, 4]]
     """
     if replicas % processes:
         raise ValueError(f"Invalid value for argument `replicas`: the devices of a job "

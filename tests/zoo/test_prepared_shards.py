@@ -241,6 +241,36 @@ def test_what_cannot_be_shared_out_is_refused_by_name(prepared, tmp_path):
     assert not os.path.exists(tmp_path / "run")
 
 
+def _run_jobs(tmp_path, jobs):
+    """Starts `keras-attn train --data ... --distribute` for each `(output,
+    data, log name, process id or None)` of `jobs` (the ids: one job of 2
+    processes on a free port; None: a process alone), waits for all, ends
+    every one either way; returns `[(returncode, output)]`."""
+    from test_multiprocess import RECIPE
+    from test_multiprocess import SETS
+    from test_multiprocess import _env
+    from test_multiprocess import _finish
+    from test_multiprocess import _free_port
+
+    port = _free_port()
+    sets = [item for value in SETS for item in ("--set", value)]
+    started = []
+    try:
+        for output, data, name, rank in jobs:
+            extra = {} if rank is None else {
+                "KERAS_DISTRIBUTION_JOB_ADDRESSES": f"localhost:{port}",
+                "KERAS_DISTRIBUTION_NUM_PROCESSES": "2", "KERAS_DISTRIBUTION_PROCESS_ID": str(rank)}
+            log = open(tmp_path / name, "w+")
+            started.append(subprocess.Popen(
+                [sys.executable, "-m", "keras_attn_cli", "train", RECIPE, "--output", str(output),
+                 "--data", data, "--verbose", "0", "--distribute", "--no-export", *sets],
+                cwd=tmp_path, stdout=log, stderr=subprocess.STDOUT, env=_env(**extra)))
+            started[-1].log = log
+    finally:
+        results = _finish(started)  # every process ended, whatever happened
+    return results
+
+
 @pytest.mark.slow
 @pytest.mark.backend_independent
 @pytest.mark.xdist_group("distribute")
@@ -250,35 +280,14 @@ def test_two_processes_from_prepared_files_train_as_one(tmp_path):
     same files with the same global batch."""
     from test_multiprocess import RECIPE
     from test_multiprocess import SETS
-    from test_multiprocess import _env
-    from test_multiprocess import _finish
-    from test_multiprocess import _free_port
     from test_multiprocess import _weights
 
     directory = str(tmp_path / "prepared")
     prepared_module.prepare(RECIPE, SETS, output=directory, verbose=False)
-
-    def command(output):
-        sets = [item for value in SETS for item in ("--set", value)]
-        return [sys.executable, "-m", "keras_attn_cli", "train", RECIPE, "--output",
-                str(output), "--data", directory, "--verbose", "0", "--distribute",
-                "--no-export", *sets]
-
-    port = _free_port()
     # The job's two processes, and one process alone (the reference).
-    jobs = [(tmp_path / "run", f"log{rank}.txt",
-             {"KERAS_DISTRIBUTION_JOB_ADDRESSES": f"localhost:{port}",
-              "KERAS_DISTRIBUTION_NUM_PROCESSES": "2", "KERAS_DISTRIBUTION_PROCESS_ID": str(rank)})
-            for rank in range(2)] + [(tmp_path / "single", "single.txt", {})]
-    started = []
-    try:
-        for output, name, extra in jobs:
-            log = open(tmp_path / name, "w+")
-            started.append(subprocess.Popen(command(output), cwd=tmp_path, stdout=log,
-                                            stderr=subprocess.STDOUT, env=_env(**extra)))
-            started[-1].log = log
-    finally:
-        results = _finish(started)  # every process ended, whatever happened
+    results = _run_jobs(tmp_path, [(tmp_path / "run", directory, "log0.txt", 0),
+                                   (tmp_path / "run", directory, "log1.txt", 1),
+                                   (tmp_path / "single", directory, "single.txt", None)])
     for code, log in results:
         assert code == 0, log[-3000:]
     assert "process 1 of 2: trained vit_tiny_digits" in results[1][1]
@@ -287,3 +296,32 @@ def test_two_processes_from_prepared_files_train_as_one(tmp_path):
     assert sorted(found) == sorted(expected)
     for key in expected:
         np.testing.assert_allclose(found[key], expected[key], rtol=1e-5, atol=1e-6, err_msg=key)
+
+
+@pytest.mark.slow
+@pytest.mark.backend_independent
+@pytest.mark.xdist_group("distribute")
+def test_a_process_that_refuses_its_rows_stops_the_job(tmp_path):
+    """Each host with its own copy of the prepared files, process 1's
+    damaged: process 1 refuses it, naming the file and the rows, and
+    process 0, whose copy is sound, stops too, naming process 1, before
+    the first step (neither waits for the other)."""
+    from test_multiprocess import RECIPE
+    from test_multiprocess import SETS
+
+    sound = str(tmp_path / "host0")
+    prepared_module.prepare(RECIPE, SETS, output=sound, verbose=False)
+    damaged = str(tmp_path / "host1")
+    shutil.copytree(sound, damaged)
+    _flip(os.path.join(damaged, "train-0000.npz"), prepared_module.BLOCKS, 5)
+    results = _run_jobs(tmp_path, [(tmp_path / "run", sound, "log0.txt", 0),
+                                   (tmp_path / "run", damaged, "log1.txt", 1)])
+    (code0, log0), (code1, log1) = results
+    assert code1 != 0 and code0 != 0, (log0[-3000:], log1[-3000:])
+    assert "host1/train-0000.npz is not the file `prepare` wrote: rows 0 to " in log1, \
+        log1[-3000:]
+    assert ("The prepared data of process 1 of 2 was refused there (its output names the file "
+            "and what is wrong): every process of the job stops before the first step") in log0, \
+        log0[-3000:]
+    assert not os.path.exists(tmp_path / "run" / "checkpoints") or not os.listdir(
+        tmp_path / "run" / "checkpoints")
