@@ -408,11 +408,13 @@ def train(recipe, overrides=(), output=None, distribute=False, export=True, verb
     return dict(results, output=output)
 
 
-def _agree_on_start(recipe, output, distribute):
+def _agree_on_start(recipe, output, distribute, prepared=None):
     """Process 0's decision on `output` (the results of a finished run, or
     None to train), after checking that every process of a multi-process
     job runs the same recipe, overrides, seed, data and versions (a
-    `ValueError` naming what differs, before any step)."""
+    `ValueError` naming what differs, before any step); with `prepared`
+    data, the same prepared files (their manifest's digest: each host may
+    read its own copy)."""
     import keras
 
     from keras_attn.training.distribute import broadcast_json
@@ -427,6 +429,7 @@ def _agree_on_start(recipe, output, distribute):
         "recipe": {k: v for k, v in dict(found, training=training).items() if k != "data"},
         "seed": seed, "data": found.get("data"), "keras_attn version": __version__,
         "Keras version": keras.__version__, "distribute": distribute,
+        "prepared data": prepared and prepared.manifest["manifest_sha256"],
     })
     state = None
     if process_index() == 0:
@@ -460,7 +463,7 @@ def _train_locked(recipe, output, distribute, export, verbose, prepared=None):
 
     process = initialize_processes() if distribute else (0, 1)
     writer = process[0] == 0
-    finished = _agree_on_start(recipe, output, distribute)
+    finished = _agree_on_start(recipe, output, distribute, prepared)
     if finished is not None:
         print(f"{output}: this run is already complete; nothing to train. "
               "`evaluate(output)` / `export(output)` evaluate or export it again.")

@@ -325,3 +325,30 @@ def test_a_process_that_refuses_its_rows_stops_the_job(tmp_path):
         log0[-3000:]
     assert not os.path.exists(tmp_path / "run" / "checkpoints") or not os.listdir(
         tmp_path / "run" / "checkpoints")
+
+
+@pytest.mark.slow
+@pytest.mark.backend_independent
+@pytest.mark.xdist_group("distribute")
+def test_hosts_with_different_prepared_copies_are_refused_by_name(tmp_path):
+    """Each host with its own copy, both sound and both for this recipe, but
+    not the same files (process 1's an earlier format of the same batches,
+    as a host never updated would hold): every process stops before the
+    first step, naming the prepared data, rather than train on what only
+    each host's own checks vouch for."""
+    from test_multiprocess import RECIPE
+    from test_multiprocess import SETS
+
+    newer = str(tmp_path / "host0")
+    prepared_module.prepare(RECIPE, SETS, output=newer, verbose=False)
+    older = str(tmp_path / "host1")
+    shutil.copytree(newer, older)
+    _as_format_2(older)
+    results = _run_jobs(tmp_path, [(tmp_path / "run", newer, "log0.txt", 0),
+                                   (tmp_path / "run", older, "log1.txt", 1)])
+    for code, log in results:
+        assert code != 0, log[-3000:]
+        assert ("The processes of this job were started with another prepared data: "
+                "process 1 differs from process 0") in log, log[-3000:]
+    assert not os.path.exists(tmp_path / "run" / "checkpoints") or not os.listdir(
+        tmp_path / "run" / "checkpoints")
