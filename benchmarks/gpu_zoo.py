@@ -5,7 +5,7 @@ prepare` makes their batches here, and `keras-attn train --data` reads them
 there.
 
 Here (TensorFlow installed), once, into a git-ignored folder that a device
-call carries (the four small recipes: about 7 MiB, 3 minutes on 2 cores):
+call carries (the four small recipes: about 8.5 MiB, 3 minutes on 2 cores):
 
     for r in vit_tiny_digits bert_tiny_pydoc transformer_numbers conformer_tiny_digits; do
         python -m keras_attn_cli prepare $r --out .prep/$r; done
