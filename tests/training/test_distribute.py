@@ -317,20 +317,6 @@ def test_describe_replicas():
         describe_replicas(1, batch_size=True)
 
 
-def test_model_parallel_across_processes_is_refused_before_anything_is_written(
-        monkeypatch, tmp_path):
-    """No process of a multi-process job holds every shard of a model
-    parallel model to checkpoint it: refused by name, nothing written."""
-    from keras_attn.zoo import runs
-
-    monkeypatch.setattr(distribute, "initialize_processes", lambda: (0, 2))
-    with pytest.raises(ValueError, match="Model parallel across 2 processes is not supported "
-                       "yet.*Received: distribute='model_parallel:1x2' with 2 processes"):
-        runs.train("vit_tiny_digits", output=str(tmp_path / "run"),
-                   distribute="model_parallel:1x2")
-    assert not (tmp_path / "run").exists()
-
-
 @pytest.mark.tf_only
 def test_process_rows_gives_each_process_its_slice_of_every_batch():
     """Process k of N keeps rows k/N to (k+1)/N of each batch, short ones
