@@ -243,9 +243,9 @@ def test_what_cannot_be_shared_out_is_refused_by_name(prepared, tmp_path):
 
 def _run_jobs(tmp_path, jobs):
     """Starts `keras-attn train --data ... --distribute` for each `(output,
-    data, log name, process id or None)` of `jobs` (the ids: one job of 2
-    processes on a free port; None: a process alone), waits for all, ends
-    every one either way; returns `[(returncode, output)]`."""
+    data, log name, process id or None[, environment])` of `jobs` (the ids:
+    one job of 2 processes on a free port; None: a process alone), waits
+    for all, ends every one either way; returns `[(returncode, output)]`."""
     from test_multiprocess import RECIPE
     from test_multiprocess import SETS
     from test_multiprocess import _env
@@ -256,8 +256,8 @@ def _run_jobs(tmp_path, jobs):
     sets = [item for value in SETS for item in ("--set", value)]
     started = []
     try:
-        for output, data, name, rank in jobs:
-            extra = {} if rank is None else {
+        for output, data, name, rank, *environment in jobs:
+            extra = dict(*environment) if rank is None else {
                 "KERAS_DISTRIBUTION_JOB_ADDRESSES": f"localhost:{port}",
                 "KERAS_DISTRIBUTION_NUM_PROCESSES": "2", "KERAS_DISTRIBUTION_PROCESS_ID": str(rank)}
             log = open(tmp_path / name, "w+")
@@ -276,26 +276,35 @@ def _run_jobs(tmp_path, jobs):
 @pytest.mark.xdist_group("distribute")
 def test_two_processes_from_prepared_files_train_as_one(tmp_path):
     """`keras-attn train --data DIR --distribute` as two JAX processes, each
-    reading its rows: the final weights of one process trained from the
-    same files with the same global batch."""
+    reading its rows, and as one process of two devices (the prepared
+    batches split over its replicas): the final weights of one device
+    trained from the same files with the same global batch."""
+    from test_case import jax_cpu_devices_flags
     from test_multiprocess import RECIPE
     from test_multiprocess import SETS
     from test_multiprocess import _weights
 
     directory = str(tmp_path / "prepared")
     prepared_module.prepare(RECIPE, SETS, output=directory, verbose=False)
-    # The job's two processes, and one process alone (the reference).
-    results = _run_jobs(tmp_path, [(tmp_path / "run", directory, "log0.txt", 0),
-                                   (tmp_path / "run", directory, "log1.txt", 1),
-                                   (tmp_path / "single", directory, "single.txt", None)])
+    # The job's two processes, one process of two devices, and one process
+    # of one device alone (the reference).
+    results = _run_jobs(tmp_path, [
+        (tmp_path / "run", directory, "log0.txt", 0),
+        (tmp_path / "run", directory, "log1.txt", 1),
+        (tmp_path / "devices", directory, "devices.txt", None,
+         {"XLA_FLAGS": jax_cpu_devices_flags(2)}),
+        (tmp_path / "single", directory, "single.txt", None)])
     for code, log in results:
         assert code == 0, log[-3000:]
     assert "process 1 of 2: trained vit_tiny_digits" in results[1][1]
+    assert "2 replicas: global batch 32 = 16 examples per replica" in results[2][1]
     expected = _weights(tmp_path / "single" / "model.keras")
-    found = _weights(tmp_path / "run" / "model.keras")
-    assert sorted(found) == sorted(expected)
-    for key in expected:
-        np.testing.assert_allclose(found[key], expected[key], rtol=1e-5, atol=1e-6, err_msg=key)
+    for run in ("run", "devices"):
+        found = _weights(tmp_path / run / "model.keras")
+        assert sorted(found) == sorted(expected)
+        for key in expected:
+            np.testing.assert_allclose(found[key], expected[key], rtol=1e-5, atol=1e-6,
+                                       err_msg=f"{run}: {key}")
 
 
 @pytest.mark.slow
