@@ -444,15 +444,27 @@ def _agree_on_start(recipe, output, distribute, prepared=None):
     return state["results"]
 
 
-def _other_process(recipe, output, process):
+def _other_process(recipe, output, process, sharded=False):
     """What `train` returns on a process other than 0 of a multi-process
-    job (`process`: its index and the number of processes): `process`,
-    `processes`, `name`, `output` (where process 0 writes), `message`."""
+    job (`process`: its index and the number of processes; `sharded`: it
+    wrote its shards of every checkpoint into `output`, model parallel):
+    `process`, `processes`, `name`, `output` (where process 0 writes),
+    `message`."""
     message = (f"process {process[0]} of {process[1]}: trained {recipe['name']}; "
                f"process 0 writes the run (model, checkpoints, results) to its {output}")
+    if sharded:
+        message += " (this process wrote its shards of every checkpoint there)"
     print(message, flush=True)
     return {"name": recipe["name"], "process": process[0], "processes": process[1],
             "output": output, "message": message}
+
+
+def _sharded_state(model):
+    """Whether `model`'s weights are split over several processes' devices
+    (model parallel across processes: sharded checkpoints)."""
+    from keras_attn.training import sharded
+
+    return sharded.spans_processes(model.variables)
 
 
 def _train_locked(recipe, output, distribute, export, verbose, prepared=None):
@@ -535,11 +547,12 @@ def _train_locked(recipe, output, distribute, export, verbose, prepared=None):
             history = trainer.fit(model, train_dataset_fn, training["epochs"], steps,
                                   validation_data=validation, callbacks=callbacks,
                                   verbose=verbose)
+        sharded = _sharded_state(model)
         model_path = _save_trained(task, model, output, writer)
         # The others leave the job here, without waiting for the test set.
         end_processes()
     if not writer:
-        return _other_process(recipe, output, process)
+        return _other_process(recipe, output, process, sharded)
     del model
     summary = {"parameters": parameters, "steps": training["epochs"] * steps,
                "hardware": describe_hardware(replicas)}

@@ -119,6 +119,7 @@ def test_model_parallel_across_two_processes_one_run_reloads_resumes_refuses_per
     assert code0 == 0, log0[-3000:]
     assert code1 == 0, log1[-3000:]
     assert "process 1 of 2: trained vit_tiny_digits; process 0 writes the run" in log1
+    assert "(this process wrote its shards of every checkpoint there)" in log1
     for rank, (code, log) in enumerate(refused):
         assert code != 0, log[-3000:]
         assert "Model parallel across processes needs a directory that every process" \
