@@ -547,10 +547,14 @@ def _train_locked(recipe, output, distribute, export, verbose, prepared=None):
             history = trainer.fit(model, train_dataset_fn, training["epochs"], steps,
                                   validation_data=validation, callbacks=callbacks,
                                   verbose=verbose)
-        sharded = _sharded_state(model)
-        model_path = _save_trained(task, model, output, writer)
-        # The others leave the job here, without waiting for the test set.
-        end_processes()
+        # Saving is collective too (TensorFlow's model.save, the gathered
+        # shards of model parallel, the barrier): a process lost there is
+        # named as during training.
+        with naming_lost_processes():
+            sharded = _sharded_state(model)
+            model_path = _save_trained(task, model, output, writer)
+            # The others leave the job here, without waiting for the test set.
+            end_processes()
     if not writer:
         return _other_process(recipe, output, process, sharded)
     del model
