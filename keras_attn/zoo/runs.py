@@ -395,12 +395,18 @@ def train(recipe, overrides=(), output=None, distribute=False, export=True, verb
                 f"on one device. Received: distribute='model_parallel:{distribute[0]}x"
                 f"{distribute[1]}', data={data!r}"
             )
-        # On JAX each process reads and checks only its rows of the batches
-        # (TensorFlow's multi-worker strategy shares out whole batches itself).
         import keras
 
-        prepared = PreparedData(data, recipe, (process, processes) if keras.backend.backend()
-                                == "jax" else (0, 1))
+        if processes > 1 and keras.backend.backend() != "jax":
+            # Prepared data serves machines without TensorFlow; how the
+            # multi-worker strategy would share out its batches is untested.
+            raise ValueError(
+                f"Prepared `data` trains across processes on JAX only: across "
+                f"{processes} TensorFlow workers, train from the recipe's own tf.data "
+                f"pipeline (leave `data` out). Received: data={data!r} with {processes} "
+                f"{keras.backend.backend()} processes")
+        # On JAX each process reads and checks only its rows of the batches.
+        prepared = PreparedData(data, recipe, (process, processes))
     if process:
         return _train_locked(recipe, output, distribute, export, verbose, prepared)
     with RunLock(output):

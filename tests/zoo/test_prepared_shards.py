@@ -361,3 +361,20 @@ def test_hosts_with_different_prepared_copies_are_refused_by_name(tmp_path):
                 "process 1 differs from process 0") in log, log[-3000:]
     assert not os.path.exists(tmp_path / "run" / "checkpoints") or not os.listdir(
         tmp_path / "run" / "checkpoints")
+
+
+@pytest.mark.tf_only
+def test_prepared_data_across_tensorflow_workers_is_refused_by_name(prepared, tmp_path,
+                                                                      monkeypatch):
+    """How TensorFlow's multi-worker strategy would share out prepared
+    batches is untested: refused by name, nothing written (TensorFlow users
+    train from the recipe's own pipeline)."""
+    from keras_attn.training import distribute
+
+    name = "vit_tiny_digits"
+    monkeypatch.setattr(distribute, "initialize_processes", lambda: (0, 2))
+    with pytest.raises(ValueError, match=r"Prepared `data` trains across processes on JAX "
+                                         r"only.*with 2 tensorflow processes"):
+        runs.train(name, SETTINGS[name], output=str(tmp_path / "run"), distribute=True,
+                   data=prepared(name))
+    assert not os.path.exists(tmp_path / "run")
