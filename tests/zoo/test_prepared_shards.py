@@ -392,13 +392,13 @@ def test_prepared_data_on_two_tensorflow_devices_trains_as_one(tmp_path):
     from test_multiprocess import SETS
     from test_multiprocess import _weights
 
-    # No dropout (each replica draws its own masks on TensorFlow), no XLA
-    # (TensorFlow's XLA refuses a mirrored variable read from another device),
-    # Adam with epsilon 1 (TensorFlow sums the replicas' gradients in another
-    # order: with a small epsilon a near-zero gradient's rounding becomes a
-    # full step; measured 0.014 apart from tf.data as from prepared files).
-    sets = SETS + ["model.overrides.dropout=0", "training.jit_compile=false",
-                   "training.optimizer.epsilon=1", "training.optimizer.learning_rate=0.05"]
+    # No dropout (each replica draws its own masks on TensorFlow); Adam with
+    # epsilon 1 (TensorFlow sums the replicas' gradients in another order:
+    # with a small epsilon a near-zero gradient's rounding becomes a full
+    # step; measured 0.014 apart from tf.data as from prepared files). SETS'
+    # jit_compile=true is not used under the strategy (a warning says so).
+    sets = SETS + ["model.overrides.dropout=0", "training.optimizer.epsilon=1",
+                   "training.optimizer.learning_rate=0.05"]
     directory = str(tmp_path / "prepared")
     prepared_module.prepare(RECIPE, sets, output=directory, verbose=False)
     script = "\n".join([
@@ -422,6 +422,8 @@ def test_prepared_data_on_two_tensorflow_devices_trains_as_one(tmp_path):
     assert done.returncode == 0, done.stderr[-3000:]
     assert "2 replicas: global batch 32 = 16 examples per replica" in done.stdout, \
         done.stdout[-3000:]
+    assert "training.jit_compile=true is not used under TensorFlow's distribution " \
+        "strategy (2 replicas)" in done.stderr, done.stderr[-3000:]
     expected = _weights(tmp_path / "one" / "model.keras")
     found = _weights(tmp_path / "two" / "model.keras")
     assert sorted(found) == sorted(expected)

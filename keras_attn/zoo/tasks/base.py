@@ -14,6 +14,7 @@ task.export(model, path)              # the serving SavedModel
 """
 
 import math
+import warnings
 
 from keras_attn.zoo import schema
 from keras_attn_base.quiet_tensorflow import traced_as_written
@@ -319,7 +320,7 @@ class Task:
         """Compiles `model` with the task's loss and metrics and the recipe's
         optimizer, schedule and `jit_compile`. Returns `model`."""
         optimizer = build_optimizer(self.training, self.total_steps, self.hidden_dim(model))
-        model.compile(optimizer=optimizer, jit_compile=self.training["jit_compile"],
+        model.compile(optimizer=optimizer, jit_compile=_jit_compile(self.training["jit_compile"]),
                       **self.compile_arguments(model))
         return model
 
@@ -396,6 +397,30 @@ class Task:
     def served_outputs(self, loaded, inputs):
         """What the loaded SavedModel's `serve` returns: a dict of NumPy arrays."""
         raise NotImplementedError
+
+
+def _jit_compile(value):
+    """The recipe's `training.jit_compile`, except `true` under a TensorFlow
+    distribution strategy of several replicas: XLA there cannot read a
+    mirrored variable's copy on another device (`Trying to access resource
+    .../replica_1/... located in device CPU:1 from device CPU:0`, seen with
+    two devices), and Keras's own "auto" turns XLA off under tf.distribute
+    for the same reason; so does this, with a warning."""
+    import keras
+
+    if value is not True or keras.backend.backend() != "tensorflow":
+        return value
+    import tensorflow as tf
+
+    if not tf.distribute.has_strategy() or \
+            tf.distribute.get_strategy().num_replicas_in_sync < 2:
+        return value
+    warnings.warn(
+        "training.jit_compile=true is not used under TensorFlow's distribution strategy "
+        f"({tf.distribute.get_strategy().num_replicas_in_sync} replicas): its XLA cannot "
+        "read mirrored variables across devices (Keras's jit_compile='auto' turns XLA off "
+        "there too); these steps run as TensorFlow graphs.", stacklevel=3)
+    return False
 
 
 def even_batches(dataset, replicas):
