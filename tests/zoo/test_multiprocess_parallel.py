@@ -21,23 +21,18 @@ import time
 import numpy as np
 import pytest
 
-from _tiny import TINY
+import orbax.checkpoint  # noqa: F401  (the dev extra: missing, this fails, never skips)
+from test_multiprocess import RECIPE
+from test_multiprocess import SETS  # compiled steps, checkpoints every 2 of 6 (3 kept)
+from test_multiprocess import TIMEOUT
 from test_multiprocess import _env
 from test_multiprocess import _finish
 from test_multiprocess import _free_port
 from test_multiprocess import _weights
 
+# The tiny ViT's 2 heads and inner width 32 split over the 2 processes.
 pytestmark = [pytest.mark.backend_independent, pytest.mark.slow,
               pytest.mark.xdist_group("distribute")]
-import orbax.checkpoint  # noqa: E402,F401  (the dev extra: missing, this fails, never skips)
-
-RECIPE = "vit_tiny_digits"
-# Compiled steps, checkpoints every 2 of 6 (3 kept); the tiny ViT's 2 heads
-# and inner width 32 split over the 2 processes.
-SETS = TINY[RECIPE] + ["training.epochs=1", "training.steps_per_epoch=6",
-                       "training.checkpoint_every=2", "training.jit_compile=true",
-                       "training.batch_size=32"]
-TIMEOUT = 900
 
 
 def _start(tmp_path, outputs, tag):
