@@ -20,13 +20,24 @@ Under model parallel across JAX processes no process holds the whole state:
 directory to which every process writes its own shards (orbax's own atomic
 commit: a temporary directory renamed once every process is done), and
 process 0 writes the manifest after it (format `keras_attn.checkpoint.orbax/1`:
-the same fields, without the sha256 and size that one file would have). The
-arrays are read when the caller knows where they go (`ShardedCheckpoint.load`:
-each process its own slices, whatever the layout or the process count).
+the same fields, and instead of one file's sha256 and size those of every file
+of the directory, `files`, which process 0 reads whole once orbax committed
+it). The arrays are read when the caller knows where they go
+(`ShardedCheckpoint.load`: each process its own slices, whatever the layout or
+the process count), and each is checked against its manifest entry.
 
-Reading goes newest first. A manifest that does not parse or whose checksum
-fails, an npz whose sha256 or size differs from its manifest, or that does not
-unzip, is skipped with a `warnings.warn` naming the file, and the next older
+Why the digests: orbax's OCDBT store checks its own index (CRC-32C) but not
+the array chunks it points to; a flipped byte there restored silently as
+another weight. Hashing costs what the npz path's sha256 costs (one read of
+the state by process 0, about 1.5 GB/s), and the state of a model-parallel
+run fits one host's disk and memory anyway (its model.keras is gathered on
+one process).
+
+Reading goes newest first. A manifest that does not parse, whose checksum
+fails or whose fields are not of their types (the step of its name, a path,
+shape and dtype per variable), an npz whose sha256 or size differs from its
+manifest, or that does not unzip, an orbax directory not committed or with a
+file missing, added or differing from its digest, is skipped with a `warnings.warn` naming the file, and the next older
 checkpoint is tried. Matching a checkpoint to a model (`check_compatible`) is
 separate and strict: a valid checkpoint for another model is a `ValueError`,
 never a fallback and never a partial load.
@@ -128,6 +139,79 @@ def _canonical_checksum(manifest):
     body = {key: value for key, value in manifest.items() if key != "checksum"}
     text = json.dumps(body, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def directory_digests(directory):
+    """`{relative path: {"size": bytes, "sha256": hex}}` of every file under
+    `directory` (an orbax checkpoint's), "/"-separated paths."""
+    return {relative: {"size": os.path.getsize(os.path.join(directory, relative)),
+                       "sha256": _sha256_of_file(os.path.join(directory, relative))}
+            for relative in _files_under(directory)}
+
+
+def _files_under(directory):
+    found = []
+    for root, _, names in os.walk(directory):
+        found += [os.path.relpath(os.path.join(root, name), directory).replace(os.sep, "/")
+                  for name in names]
+    return sorted(found)
+
+
+def _check_digests(directory, files):
+    """Raises `ValueError` saying which file of `directory` is missing, not
+    listed in `files` (the manifest's digests) or differs from its digest."""
+    found = _files_under(directory)
+    missing = sorted(set(files) - set(found))
+    if missing:
+        raise ValueError(f"{len(missing)} file(s) of its manifest missing: {missing[:3]}")
+    extra = sorted(set(found) - set(files))
+    if extra:
+        raise ValueError(f"{len(extra)} file(s) its manifest does not list: {extra[:3]}")
+    for relative in found:
+        path = os.path.join(directory, relative)
+        size = os.path.getsize(path)
+        if size != files[relative]["size"]:
+            raise ValueError(f"{relative} is {size} bytes, the manifest says "
+                             f"{files[relative]['size']}")
+        if _sha256_of_file(path) != files[relative]["sha256"]:
+            raise ValueError(f"the sha256 of {relative} differs from the manifest's")
+
+
+def _check_fields(manifest, name):
+    """Raises `ValueError` naming the first field of a manifest (checksum
+    valid, so written or edited on purpose) that is not what `read` and the
+    checks after it rely on: the step of its name, `{group: [{path, shape,
+    dtype}]}`, and for an orbax directory its files' digests."""
+    step = manifest.get("step")
+    if type(step) is not int or checkpoint_name(step) != name:
+        raise ValueError(f"its step is {step!r}, its name {name!r}")
+    variables = manifest.get("variables")
+    if not isinstance(variables, dict):
+        raise ValueError(f"its variables are {type(variables).__name__}, not a JSON object")
+    for group, specs in variables.items():
+        if not isinstance(specs, list):
+            raise ValueError(f"its variables.{group} is {type(specs).__name__}, not a list")
+        for index, spec in enumerate(specs):
+            shape = spec.get("shape") if isinstance(spec, dict) else None
+            if (not isinstance(spec, dict) or set(spec) != {"path", "shape", "dtype"}
+                    or not isinstance(spec["path"], str) or not isinstance(shape, list)
+                    or any(type(n) is not int or n < 0 for n in shape)
+                    or not isinstance(spec["dtype"], str)):
+                raise ValueError(f"its variables.{group}[{index}] is not a path, shape "
+                                 f"and dtype: {spec!r}")
+            try:
+                np.dtype(spec["dtype"])
+            except TypeError:
+                raise ValueError(f"its variables.{group}[{index}] has an unknown dtype "
+                                 f"{spec['dtype']!r}") from None
+    if manifest["format"] != FORMAT_SHARDED:
+        return
+    files = manifest.get("files")
+    if not isinstance(files, dict) or not files or not all(
+            isinstance(entry, dict) and type(entry.get("size")) is int
+            and isinstance(entry.get("sha256"), str) for entry in files.values()):
+        raise ValueError("its files are not {path: {size, sha256}} (no digests of the "
+                         "orbax directory)")
 
 
 def variable_spec(path, array):
@@ -272,8 +356,11 @@ class CheckpointManager:
                           "dtype": keras.backend.standardize_dtype(v.dtype)}
                          for v in variables]
                  for group, variables in groups.items()}
+        # Every process's files, committed: process 0 reads them all (the
+        # directory is shared, `sharded.check_shared_directory`).
+        files = directory_digests(self._path(name + ".orbax"))
         self._write_manifest(name, FORMAT_SHARDED, specs, metadata, file=name + ".orbax",
-                             processes=jax.process_count())
+                             processes=jax.process_count(), files=files)
         self._prune(step, name + ".orbax")
         return name
 
@@ -281,7 +368,7 @@ class CheckpointManager:
         """The manifest of checkpoint `name`, written atomically (last)."""
         manifest = dict(metadata or {})
         reserved = {"format", "file", "sha256", "size", "step", "variables",
-                    "versions", "checksum", "processes"}
+                    "versions", "checksum", "processes", "files"}
         clash = sorted(reserved & set(manifest))
         if clash:
             raise ValueError(
@@ -381,6 +468,7 @@ class CheckpointManager:
             suffix = ".npz" if manifest["format"] == FORMAT else ".orbax"
             if manifest.get("file") != name + suffix:
                 raise ValueError(f"it describes {manifest.get('file')!r}")
+            _check_fields(manifest, name)
         except _READ_ERRORS as error:  # UnicodeDecodeError is a ValueError
             raise CorruptCheckpointError(
                 f"Checkpoint manifest {manifest_path} is corrupt ({error})."
@@ -388,10 +476,15 @@ class CheckpointManager:
         if manifest["format"] == FORMAT_SHARDED:
             from keras_attn.training import sharded
 
-            if not sharded.is_complete(self._path(manifest["file"])):
+            directory = self._path(manifest["file"])
+            if not sharded.is_complete(directory):
                 raise CorruptCheckpointError(
-                    f"Checkpoint {self._path(manifest['file'])} is corrupt (missing, or "
-                    "not committed by orbax).")
+                    f"Checkpoint {directory} is corrupt (missing, or not committed by orbax).")
+            try:
+                _check_digests(directory, manifest["files"])
+            except _READ_ERRORS as error:
+                raise CorruptCheckpointError(
+                    f"Checkpoint {directory} is corrupt ({error}).") from error
             return ShardedCheckpoint(name, manifest, self.directory)
         npz_path = self._path(name + ".npz")
         try:

@@ -113,6 +113,27 @@ def _check_model(checkpoint, model, fingerprint):
     checkpoints.check_group(checkpoint, "model", model.variables, "model variable")
 
 
+def _check_progress(checkpoint):
+    """Raises `ValueError` unless `checkpoint`'s manifest holds the progress a
+    `ResumableTrainer` writes, consistent with its step: ints `epoch` >= 0,
+    `steps_per_epoch` > 0, `step_in_epoch` in [0, steps_per_epoch), step =
+    epoch * steps_per_epoch + step_in_epoch, and a `history` dict (not so:
+    written by another writer, or edited)."""
+    manifest = checkpoint.manifest
+    epoch, step_in_epoch, steps = (manifest.get(key) for key in
+                                   ("epoch", "step_in_epoch", "steps_per_epoch"))
+    if not (all(type(value) is int for value in (epoch, step_in_epoch, steps))
+            and epoch >= 0 and steps > 0 and 0 <= step_in_epoch < steps
+            and epoch * steps + step_in_epoch == checkpoint.step
+            and isinstance(manifest.get("history"), dict)):
+        raise ValueError(
+            f"Checkpoint {checkpoint.file} does not hold a resumable run's progress "
+            f"at its step {checkpoint.step} (step = epoch * steps_per_epoch + "
+            f"step_in_epoch, and a history). Received: epoch={epoch!r}, "
+            f"step_in_epoch={step_in_epoch!r}, steps_per_epoch={steps!r}, "
+            f"history={type(manifest.get('history')).__name__}")
+
+
 def _global_seed_generator():
     generator = get_global_seed_generator()
     if generator is None:
@@ -368,6 +389,7 @@ class ResumableTrainer:
         if checkpoint is None:
             return 0, 0, {}, None
         manifest = checkpoint.manifest
+        _check_progress(checkpoint)
         epoch, step_in_epoch = manifest["epoch"], manifest["step_in_epoch"]
         if manifest["steps_per_epoch"] != steps_per_epoch:
             raise ValueError(

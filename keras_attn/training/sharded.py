@@ -115,8 +115,10 @@ def restore(path, targets, specs):
     orbax directory `path`: a group with variables as JAX arrays laid out as
     those variables are (each process reads its own slices; any layout and
     process count), a group with None (or on another backend) as whole NumPy
-    arrays of `specs[group]` (the manifest's shapes and dtypes). Returns
-    `{group: [array, ...]}`."""
+    arrays. Returns `{group: [array, ...]}`. `specs[group]` is the manifest's
+    list: each array read must have its shape and dtype (as stored, no cast
+    by orbax), else a `ValueError` names `path` and the array; so is an
+    array orbax cannot read."""
     ocp = _orbax()
     restore_args, item = {}, {}
     for group, variables in targets.items():
@@ -129,18 +131,33 @@ def restore(path, targets, specs):
             if variables is None or keras.backend.backend() != "jax":
                 restore_args[group][key] = ocp.RestoreArgs(restore_type=np.ndarray)
             else:
+                # No dtype: one given, orbax would cast what it stored to it;
+                # strict: a stored shape that differs is an error, not padded
+                # or truncated to this one.
                 restore_args[group][key] = ocp.ArrayRestoreArgs(
                     sharding=variables[index].value.sharding,
-                    global_shape=tuple(spec["shape"]), dtype=spec["dtype"])
+                    global_shape=tuple(spec["shape"]), strict=True)
     if not item:
         return {group: [] for group in targets}
     # A partial restore: the groups asked for only (the metrics' variables
     # may not exist yet when the weights are restored).
-    restored = ocp.PyTreeCheckpointer().restore(
-        os.path.abspath(path),
-        args=ocp.args.PyTreeRestore(item=item, restore_args=restore_args, partial_restore=True))
-    return {group: [restored[group][_key(i)] for i in range(len(specs[group]))]
-            if specs[group] else [] for group in targets}
+    try:
+        restored = ocp.PyTreeCheckpointer().restore(
+            os.path.abspath(path), args=ocp.args.PyTreeRestore(
+                item=item, restore_args=restore_args, partial_restore=True))
+        arrays = {group: [restored[group][_key(i)] for i in range(len(specs[group]))]
+                  if specs[group] else [] for group in targets}
+    except (OSError, ValueError, KeyError, TypeError) as error:
+        raise ValueError(f"Checkpoint {path} could not be read by orbax ({error}).") from error
+    for group, values in arrays.items():
+        for index, (spec, value) in enumerate(zip(specs[group], values)):
+            found = (tuple(value.shape), str(np.dtype(value.dtype)))
+            if found != (tuple(spec["shape"]), spec["dtype"]):
+                raise ValueError(
+                    f"Checkpoint {path} does not hold what its manifest says: {group} "
+                    f"array {index} ('{spec['path']}') is {found[0]} {found[1]}, the "
+                    f"manifest says {tuple(spec['shape'])} {spec['dtype']}.")
+    return arrays
 
 
 def finite_counts(variables):
