@@ -281,3 +281,18 @@ def test_a_manifest_without_a_resumable_runs_progress_is_refused_by_name(tmp_pat
                        r"resumable run's progress at its step 3 .*Received: " + received):
         ResumableTrainer(tmp_path).fit(model, dataset, epochs=2, steps_per_epoch=3,
                                        verbose=0)
+
+
+def test_a_sharded_checkpoint_of_another_recipe_is_refused_by_its_fingerprint(tmp_path):
+    model = _model()
+    groups = {"model": model.variables, "optimizer": model.optimizer.variables}
+    CheckpointManager(tmp_path).save_sharded(3, groups, metadata={
+        "fingerprint": {"recipe": {"name": "vit_tiny_digits", "training": {"epochs": 2}}}})
+    other = _model(seed=1)
+    before = _values(other)
+    with pytest.raises(ValueError, match=r"Checkpoint ckpt-00000003\.orbax was written with "
+                       r"another `fingerprint`: recipe\.training\.epochs: checkpoint 2, now 3"):
+        restore_latest(other, tmp_path, fingerprint={
+            "recipe": {"name": "vit_tiny_digits", "training": {"epochs": 3}}})
+    for value, after in zip(before, _values(other)):
+        np.testing.assert_array_equal(value, after)
