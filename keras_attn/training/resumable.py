@@ -54,7 +54,9 @@ its shards of each checkpoint through orbax-checkpoint into the one
 `directory` that all of them must see, and process 0 writes the manifest
 last (`CheckpointManager.save_sharded`; a directory per host is refused
 before any step, `sharded.check_shared_directory`). On resumption each
-process reads its own slices, whatever layout or process count wrote them.
+process reads its own slices, whatever layout or process count wrote them;
+a job whose state is not split now (one process, data parallel) has process
+0 read the arrays whole and send them, as it does an npz checkpoint's.
 Everything else, one process or data parallel, writes the npz checkpoints
 as before.
 
@@ -414,8 +416,9 @@ class ResumableTrainer:
             )
         # Everything matches: assign.
         if isinstance(checkpoint, checkpoints.ShardedCheckpoint):
-            # Each process reads its slices, laid out as the variables are;
-            # the metrics and the global seed state (replicated) whole.
+            # State split over processes now: each process reads its slices,
+            # laid out as the variables are; the metrics and the global seed
+            # state (replicated) whole. (Otherwise `_latest` read it whole.)
             checkpoint.load({"model": model.variables, "optimizer": model.optimizer.variables,
                              **{group: None for group in ("metrics", "global_seed_generator")
                                 if checkpoint.specs(group) is not None}})
@@ -450,9 +453,17 @@ class ResumableTrainer:
             return None
         name, manifest = header
         if manifest["format"] == checkpoints.FORMAT_SHARDED:
-            # Not sent: every process reads its own slices (`ShardedCheckpoint.load`).
-            return checkpoint if writer else checkpoints.ShardedCheckpoint(
-                name, manifest, self.directory)
+            if self.sharded_state:
+                # Not sent: every process reads its own slices
+                # (`ShardedCheckpoint.load`) from the one shared directory.
+                return checkpoint if writer else checkpoints.ShardedCheckpoint(
+                    name, manifest, self.directory)
+            # Read on one process or resumed as data parallel: process 0 reads
+            # the arrays whole and sends them, as an npz checkpoint's (the
+            # others' directory, never checked to be shared, may hold none).
+            if writer:
+                checkpoint.load({group: None for group in manifest["variables"]})
+                checkpoint = checkpoints.Checkpoint(name, manifest, checkpoint.arrays)
         if writer:
             arrays = checkpoint.arrays
         else:

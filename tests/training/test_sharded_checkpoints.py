@@ -296,3 +296,34 @@ def test_a_sharded_checkpoint_of_another_recipe_is_refused_by_its_fingerprint(tm
             "recipe": {"name": "vit_tiny_digits", "training": {"epochs": 3}}})
     for value, after in zip(before, _values(other)):
         np.testing.assert_array_equal(value, after)
+
+
+def test_a_sharded_checkpoint_resumes_a_run_on_one_process_read_whole(tmp_path):
+    # The state a model-parallel job saved at the end of epoch 1 of 2,
+    # optimizer moments and the global seed state included; resumed here,
+    # where nothing is split over processes: process 0 reads it whole.
+    from keras_attn.training.resumable import _state
+
+    saved = _model(seed=0)
+    for variable in saved.optimizer.variables:
+        variable.assign(np.full(variable.shape, 3, keras.backend.standardize_dtype(
+            variable.dtype)))
+    keras.random.uniform(())  # creates the global SeedGenerator
+    state = _state(saved)
+    assert "global_seed_generator" in state
+    CheckpointManager(tmp_path).save_sharded(2, state, metadata={
+        "epoch": 1, "step_in_epoch": 0, "steps_per_epoch": 2, "fingerprint": {},
+        "history": {"loss": [0.5]}})
+    seed_state = np.asarray(state["global_seed_generator"][0])
+
+    resumed = _model(seed=1)
+    keras.random.uniform(())  # moves the global seed state on
+    history = ResumableTrainer(tmp_path).fit(resumed, lambda epoch: None, epochs=1,
+                                             steps_per_epoch=2, verbose=0)
+    assert history == {"loss": [0.5]}
+    for a, b in zip(saved.variables + saved.optimizer.variables,
+                    resumed.variables + resumed.optimizer.variables):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b), err_msg=a.path)
+    from keras_attn._keras_compat import get_global_seed_generator
+
+    np.testing.assert_array_equal(np.asarray(get_global_seed_generator().state), seed_state)
