@@ -21,13 +21,15 @@ recipe into an output of its own, and worker 1 is killed with SIGKILL
 mid-epoch, after the chief's first checkpoint (step 2 of 4). The chief must
 stop on its own with the error naming worker 1, keeping only complete
 checkpoints; the same two commands again must resume from that checkpoint
-to the weights of the one-process reference.
+to the weights of the one-process reference, and so must a copy of the
+stopped run resumed by one process (another worker count).
 """
 
 import faulthandler
 import glob
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -203,11 +205,14 @@ def _free_port():
 def _start(workers, index, output, reference=False, mode="--worker"):
     """Worker `index` of a job of `len(workers)` workers (addresses), its
     recipe run written to `output`; `mode`: this file's `--worker`, or
-    `--train` (`_train_or_die`, `--die` appended to die)."""
-    tf_config = {"cluster": {"worker": workers}, "task": {"type": "worker", "index": index}}
+    `--train` (`_train_or_die`, `--die` appended to die). No `workers`: one
+    process, without TF_CONFIG."""
     env = dict(os.environ, KERAS_BACKEND="tensorflow", PYTHONPATH=ROOT,
-               TF_CPP_MIN_LOG_LEVEL="3", CUDA_VISIBLE_DEVICES="",
-               TF_CONFIG=json.dumps(tf_config))
+               TF_CPP_MIN_LOG_LEVEL="3", CUDA_VISIBLE_DEVICES="")
+    env.pop("TF_CONFIG", None)
+    if workers:
+        env["TF_CONFIG"] = json.dumps(
+            {"cluster": {"worker": workers}, "task": {"type": "worker", "index": index}})
     return subprocess.Popen(
         [sys.executable, os.path.abspath(__file__), *mode.split(), str(output)]
         + (["--reference"] if reference else []),
@@ -419,19 +424,27 @@ def test_a_lost_tensorflow_worker_is_named_and_the_job_resumes(trained, tmp_path
 
     # The same two commands again, fresh workers on fresh ports: the chief
     # resumes from its checkpoint (left as it was: a start from scratch
-    # would write it again) to the weights of the one-process run.
+    # would write it again) to the weights of the one-process run. Beside
+    # them, a copy of the stopped run resumes on ONE process (no TF_CONFIG:
+    # another worker count), to the same weights.
+    alone = tmp_path / "resumed_alone"
+    shutil.copytree(run, alone)
     workers = [f"localhost:{_free_port()}" for _ in range(2)]
-    chief, other = _results([_start(workers, index, run, mode="--train")
-                             for index in range(2)])
-    assert "steps" in chief
+    chief, other, single = _results([_start(workers, index, run, mode="--train")
+                                     for index in range(2)]
+                                    + [_start(None, 0, alone, mode="--train")])
+    assert "steps" in chief and "steps" in single
     assert other == ["message", "name", "output", "process", "processes"]
-    assert os.stat(manifest).st_mtime_ns == written
-    assert json.loads((run / "results.json").read_text())["steps"] == 4
-    expected, found = _weights(reference_run / "model.keras"), _weights(run / "model.keras")
-    assert sorted(found) == sorted(expected)
-    for name in expected:
-        np.testing.assert_allclose(found[name], expected[name], rtol=0, atol=1e-6,
-                                   err_msg=name)
+    expected = _weights(reference_run / "model.keras")
+    for resumed in (run, alone):
+        checkpoint = resumed / "checkpoints" / "ckpt-00000002.json"
+        assert os.stat(checkpoint).st_mtime_ns == written, resumed.name
+        assert json.loads((resumed / "results.json").read_text())["steps"] == 4
+        found = _weights(resumed / "model.keras")
+        assert sorted(found) == sorted(expected)
+        for name in expected:
+            np.testing.assert_allclose(found[name], expected[name], rtol=0, atol=1e-6,
+                                       err_msg=f"{resumed.name}: {name}")
 
 
 if __name__ == "__main__" and sys.argv[1] == "--worker":
