@@ -236,7 +236,9 @@ class Checkpoint:
 
     @property
     def file(self):
-        return self.name + ".npz"
+        # The manifest's: an orbax directory's arrays read whole (`ResumableTrainer`)
+        # are held here too.
+        return self.manifest.get("file", self.name + ".npz")
 
     def specs(self, group):
         return self.manifest["variables"].get(group)
