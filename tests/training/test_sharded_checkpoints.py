@@ -171,6 +171,11 @@ def test_the_digests_cover_every_file_and_survive_a_restore(tmp_path):
 
 
 _EDITS = {
+    "another step's arrays": (lambda m: m.update(file=m["file"].replace("3.", "2.")),
+                              r"it describes 'ckpt-00000002\.(orbax|npz)'"),
+    "another format": (lambda m: m.update(format="keras_attn.checkpoint.orbax/9"),
+                       r"unknown format 'keras_attn\.checkpoint\.orbax/9'"),
+    "no format": (lambda m: m.pop("format"), r"unknown format None"),
     "variables are str": (lambda m: m.update(variables="model"),
                           r"its variables are str, not a JSON object"),
     "a group is str": (lambda m: m["variables"].update(model="dense"),
