@@ -29,16 +29,17 @@ the process count), and each is checked against its manifest entry.
 Why the digests: orbax's OCDBT store checks its own index (CRC-32C) but not
 the array chunks it points to; a flipped byte there restored silently as
 another weight. Hashing costs what the npz path's sha256 costs (one read of
-the state by process 0, about 1.5 GB/s), and the state of a model-parallel
-run fits one host's disk and memory anyway (its model.keras is gathered on
-one process).
+the whole state by process 0 at each save and each resume: 0.07 s for a
+59 MB directory on a CPU test machine, against 1.1 s for orbax's save), and
+the state of a model-parallel run fits one host's disk and memory anyway
+(its model.keras is gathered on one process).
 
 Reading goes newest first. A manifest that does not parse, whose checksum
 fails or whose fields are not of their types (the step of its name, a path,
 shape and dtype per variable), an npz whose sha256 or size differs from its
 manifest, or that does not unzip, an orbax directory not committed or with a
-file missing, added or differing from its digest, is skipped with a `warnings.warn` naming the file, and the next older
-checkpoint is tried. Matching a checkpoint to a model (`check_compatible`) is
+file missing, added or differing from its digest: each is skipped with a
+`warnings.warn` naming the file, and the next older checkpoint is tried. Matching a checkpoint to a model (`check_compatible`) is
 separate and strict: a valid checkpoint for another model is a `ValueError`,
 never a fallback and never a partial load.
 
