@@ -561,6 +561,11 @@ def _castable(array, dtype):
     return array.size == 0 or (array.min() >= info.min and array.max() <= info.max)
 
 
+def _within_model(path):
+    """`'sequential_3/dense/kernel'` -> `'dense/kernel'`."""
+    return path.split("/", 1)[-1]
+
+
 def check_group(checkpoint, group, variables, label, limit=5):
     """Raises `ValueError` naming every variable of `group` whose count, shape
     or dtype differs between `checkpoint` and `variables` (by position)."""
@@ -570,9 +575,15 @@ def check_group(checkpoint, group, variables, label, limit=5):
     arrays = checkpoint.arrays.get(group) or [np.empty(0, spec["dtype"]) for spec in specs]
     source = f"Checkpoint {checkpoint.file}"
     if len(specs) != len(variables):
-        hint = ""
+        common = min(len(specs), len(variables))
+        hint = (f" The first {common} match; the first {label} of the "
+                f"{'checkpoint' if len(specs) > common else 'model'} beyond them is "
+                f"'{(specs[common]['path'] if len(specs) > common else variables[common].path)}'.")
         for index, (spec, variable) in enumerate(zip(specs, variables)):
-            if spec["path"] != variable.path or tuple(spec["shape"]) != tuple(variable.shape):
+            # The model's own name (`sequential_3/...`) is not compared: it
+            # differs between two builds in one session.
+            if (_within_model(spec["path"]) != _within_model(variable.path)
+                    or tuple(spec["shape"]) != tuple(variable.shape)):
                 hint = (
                     f" The first difference is {label} {index}: '{spec['path']}' "
                     f"{tuple(spec['shape'])} in the checkpoint, '{variable.path}' "

@@ -332,3 +332,28 @@ def test_a_sharded_checkpoint_resumes_a_run_on_one_process_read_whole(tmp_path):
     from keras_attn._keras_compat import get_global_seed_generator
 
     np.testing.assert_array_equal(np.asarray(get_global_seed_generator().state), seed_state)
+
+
+@pytest.mark.parametrize("fmt", ["orbax", "npz"])
+def test_a_checkpoint_of_another_layer_count_names_its_first_real_difference(tmp_path, fmt):
+    # A model of one more layer, built in the same session (another name:
+    # `sequential_<n>`, which the hint does not count as a difference).
+    model = _model()
+    manager = CheckpointManager(tmp_path)
+    if fmt == "orbax":
+        _save(manager, model, 3)
+    else:
+        manager.save(3, {"model": [(v.path, np.asarray(v)) for v in model.variables]})
+    deeper = keras.Sequential([keras.Input((3,)), keras.layers.Dense(4, name="dense"),
+                               keras.layers.Dense(4, name="middle"),
+                               keras.layers.Dense(2, name="head")])
+    with pytest.raises(ValueError, match=rf"ckpt-00000003\.{fmt} does not match the model: "
+                       r"it holds 4 model variables, the model has 6\. The first difference "
+                       r"is model variable 2: '.*/head/kernel' \(4, 2\) in the checkpoint, "
+                       r"'.*/middle/kernel' \(4, 4\) in the model\."):
+        restore_latest(deeper, tmp_path)
+    shallower = keras.Sequential([keras.Input((3,)), keras.layers.Dense(4, name="dense")])
+    with pytest.raises(ValueError, match=r"it holds 4 model variables, the model has 2\. The "
+                       r"first 2 match; the first model variable of the checkpoint beyond "
+                       r"them is '.*/head/kernel'\."):
+        restore_latest(shallower, tmp_path)
