@@ -98,9 +98,16 @@ def test_pruning_removes_orbax_directories_and_the_other_format(tmp_path):
         "ckpt-00000006.json", "ckpt-00000006.orbax", "ckpt-00000008.json", "ckpt-00000008.orbax"]
     # Step 8 written again as npz (a run resumed on one process): the orbax
     # arrays of that step go.
-    manager.save(8, {"model": [(v.path, np.asarray(v)) for v in model.variables]})
+    _save_as("npz", manager, model, 8)
     assert sorted(os.listdir(tmp_path)) == [
         "ckpt-00000006.json", "ckpt-00000006.orbax", "ckpt-00000008.json", "ckpt-00000008.npz"]
+
+
+def _save_as(fmt, manager, model, step):
+    """Checkpoint `step` of `model` as an orbax directory or an npz file."""
+    if fmt == "orbax":
+        return _save(manager, model, step)
+    return manager.save(step, {"model": [(v.path, np.asarray(v)) for v in model.variables]})
 
 
 def _values(model):
@@ -138,7 +145,7 @@ def test_a_damaged_orbax_directory_is_skipped_for_the_older_npz_checkpoint(tmp_p
     # Wide enough (3 x 300) that the kernel is a chunk file of its own.
     older, newer = _model(units=300, seed=0), _model(units=300, seed=1)
     manager = CheckpointManager(tmp_path)
-    manager.save(2, {"model": [(v.path, np.asarray(v)) for v in older.variables]})
+    _save_as("npz", manager, older, 2)
     _save(manager, newer, 4)
     directory = tmp_path / "ckpt-00000004.orbax"
     if damage == "flip":
@@ -205,11 +212,7 @@ _EDITS = {
 def test_a_manifest_of_wrong_field_types_is_corrupt_by_name(tmp_path, fmt, edit):
     change, reason = _EDITS[edit]
     model = _model()
-    manager = CheckpointManager(tmp_path)
-    if fmt == "orbax":
-        _save(manager, model, 3)
-    else:
-        manager.save(3, {"model": [(v.path, np.asarray(v)) for v in model.variables]})
+    _save_as(fmt, CheckpointManager(tmp_path), model, 3)
     _edit_manifest(tmp_path / "ckpt-00000003.json", change)
     before = _values(model)
     with pytest.warns(UserWarning, match=r"Skipping it"):
@@ -257,13 +260,10 @@ def test_pruning_keeps_the_newest_checkpoints_whatever_their_format(tmp_path):
     model = _model()
     manager = CheckpointManager(tmp_path, max_to_keep=2)
     for step in (2, 4, 6, 8):
-        if step in (2, 6):
-            manager.save(step, {"model": [(v.path, np.asarray(v)) for v in model.variables]})
-        else:
-            _save(manager, model, step)
+        _save_as("npz" if step in (2, 6) else "orbax", manager, model, step)
     assert sorted(os.listdir(tmp_path)) == [
         "ckpt-00000006.json", "ckpt-00000006.npz", "ckpt-00000008.json", "ckpt-00000008.orbax"]
-    manager.save(10, {"model": [(v.path, np.asarray(v)) for v in model.variables]})
+    _save_as("npz", manager, model, 10)
     assert sorted(os.listdir(tmp_path)) == [
         "ckpt-00000008.json", "ckpt-00000008.orbax", "ckpt-00000010.json", "ckpt-00000010.npz"]
 
@@ -339,11 +339,7 @@ def test_a_checkpoint_of_another_layer_count_names_its_first_real_difference(tmp
     # A model of one more layer, built in the same session (another name:
     # `sequential_<n>`, which the hint does not count as a difference).
     model = _model()
-    manager = CheckpointManager(tmp_path)
-    if fmt == "orbax":
-        _save(manager, model, 3)
-    else:
-        manager.save(3, {"model": [(v.path, np.asarray(v)) for v in model.variables]})
+    _save_as(fmt, CheckpointManager(tmp_path), model, 3)
     deeper = keras.Sequential([keras.Input((3,)), keras.layers.Dense(4, name="dense"),
                                keras.layers.Dense(4, name="middle"),
                                keras.layers.Dense(2, name="head")])
