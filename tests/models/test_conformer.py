@@ -262,3 +262,42 @@ def test_greedy_ids_in_ops_equal_ctc_decode():
     assert all(row[len(want):].tolist() == [-1] * (9 - len(want)) for row, want in zip(got, expected))
     logits[3, 0, 0] = np.nan
     assert to_numpy(ctc_greedy_ids(logits, lengths))[3].tolist() == [-2] * 9
+
+
+def _utterance_losses(model, data, labels):
+    """Each utterance's CTC loss alone (inference: no row affects another)."""
+    losses = []
+    for i in range(len(labels)):
+        row = {name: value[i:i + 1] for name, value in data.items()}
+        out = model(row, training=False)
+        losses.append(float(to_numpy(model.compute_loss(row, labels[i:i + 1], out))))
+    return np.array(losses)
+
+
+def test_the_ctc_loss_is_the_sample_weighted_mean_over_utterances():
+    model = build_conformer(TINY, vocabulary_size=6)
+    data = batch([6000, 4000, 5000])
+    labels = np.array([[1, 2, 3], [4, 5, 0], [6, 0, 0]], "int32")
+    alone = _utterance_losses(model, data, labels)
+    out = model(data, training=False)
+    np.testing.assert_allclose(to_numpy(model.compute_loss(data, labels, out)), alone.mean(),
+                               rtol=1e-5)
+    # A weight of 0 leaves an utterance out (the filler rows of several
+    # replicas, keras_attn.zoo.tasks.base.even_batches); others weigh as given.
+    for weights in ([1.0, 1.0, 0.0], [2.0, 1.0, 0.5], [[0.0], [3.0], [1.0]]):
+        w = np.asarray(weights, "float32").reshape(-1)
+        found = to_numpy(model.compute_loss(data, labels, out, np.asarray(weights, "float32")))
+        np.testing.assert_allclose(found, np.sum(w * alone) / np.sum(w), rtol=1e-5,
+                                   err_msg=str(weights))
+
+
+def test_a_sample_weight_of_another_shape_is_refused():
+    model = build_conformer(TINY, vocabulary_size=6)
+    data = batch([6000, 4000, 5000])
+    labels = np.array([[1, 2, 3], [4, 5, 0], [6, 0, 0]], "int32")
+    out = model(data, training=False)
+    for weights in (np.ones((3, 2), "float32"), np.ones((2,), "float32")):
+        with pytest.raises(ValueError, match=r"`sample_weight` of ConformerCTC must hold one "
+                           rf"weight per utterance .*B=3 rows. Received: sample_weight of "
+                           rf"shape \({weights.shape[0]},"):
+            model.compute_loss(data, labels, out, weights)

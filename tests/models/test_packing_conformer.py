@@ -161,6 +161,28 @@ def test_packed_batch_loss_is_the_padded_batch_loss():
     np.testing.assert_allclose(loss(inputs, labels), padded_loss, rtol=1e-5)
 
 
+def test_packed_rows_weigh_their_utterances_as_sample_weight_says():
+    """`sample_weight` `(R,)` of packed rows: each utterance weighs its
+    row's weight, as the same utterances padded one per row with those
+    weights (a row of weight 0, a filler of several replicas, adds nothing)."""
+    model, utterances = _model(), _utterances()
+    model.compile(optimizer="sgd")
+    inputs, labels, where = _pack(utterances)
+    padded, padded_labels = _padded(utterances)
+    rows = len(labels)
+    weights = np.arange(rows, dtype="float32") % 3  # 0, 1, 2, 0, ...
+    per_utterance = np.array([weights[where[i][0]] for i in range(len(utterances))])
+
+    def loss(x, y, w):
+        return float(to_numpy(model.compute_loss(x=x, y=y, y_pred=model(x), sample_weight=w,
+                                                 training=False)))
+
+    expected = loss(padded, padded_labels, per_utterance)
+    assert np.isfinite(expected)
+    np.testing.assert_allclose(loss(inputs, labels, weights), expected, rtol=1e-5)
+    assert not np.isclose(expected, loss(padded, padded_labels, None), rtol=1e-4)
+
+
 def _summed_ctc(logits, lengths, labels):
     """CTC losses of `labels` `(N, L)` summed over the utterances."""
     labels = ops.convert_to_tensor(labels)

@@ -60,6 +60,24 @@ class _BatchMean(keras.losses.Loss):
         return y_pred
 
 
+def _row_weights(sample_weight, labels):
+    """`sample_weight` as one float32 weight per row `(B,)` (an utterance,
+    or a packed row's utterances), or None; `ValueError` for another shape."""
+    if sample_weight is None:
+        return None
+    weights = ops.convert_to_tensor(sample_weight)
+    shape = tuple(weights.shape)
+    if len(shape) == 2 and shape[1] == 1:
+        weights, shape = ops.squeeze(weights, axis=1), shape[:1]
+    rows = labels.shape[0]
+    if len(shape) != 1 or (None not in (shape[0], rows) and shape[0] != rows):
+        raise ValueError(
+            "`sample_weight` of ConformerCTC must hold one weight per utterance (per "
+            f"packed row), shape (B,) or (B, 1) for labels of B={rows} rows. "
+            f"Received: sample_weight of shape {shape}")
+    return ops.cast(weights, "float32")
+
+
 @keras.saving.register_keras_serializable(package="keras_attn")
 class LengthMask(SpecFromCall, keras.layers.Layer):
     """`(B, T, ...)` and lengths `(B,)` -> the `(B, T)` mask `t < length`."""
@@ -157,7 +175,9 @@ class ConformerCTC(GuardedModel, ConfigModel, keras.Model):
     Outputs: `{"logits": (B, T', vocabulary_size + 1), "logit_lengths": (B,)}`.
     Labels for `fit` are `(B, L)` int token ids in `1..vocabulary_size`,
     padded with 0 (the blank, never a label); the CTC loss uses each
-    utterance's own logit and label lengths.
+    utterance's own logit and label lengths. The loss is the mean of the
+    utterances' CTC losses; with `fit(sample_weight=...)` (one weight per
+    utterance, `(B,)`), their weighted mean `sum(w * loss) / sum(w)`.
 
     Packed utterances (docs/packing.md; `input_type="features"`): a dict of
     `features` `(B, T, num_mel_bins)` and the optional inputs `segment_ids`
@@ -170,7 +190,8 @@ class ConformerCTC(GuardedModel, ConfigModel, keras.Model):
     between utterances); `unpack_utterances` gives each utterance's logits.
     Labels are `(B, K, L)`, one transcript per utterance of a row (0 past
     its last), and the loss is the mean over the batch's utterances of
-    their CTC losses, as for the same utterances padded one per row. A bad
+    their CTC losses, as for the same utterances padded one per row (with
+    `sample_weight` `(B,)`, each utterance weighs its row's weight). A bad
     packing (see `keras_attn.layers.masking.SEGMENT_RULE`, an utterance not
     starting at a multiple of 4) is a `ValueError` naming the input in an
     eager call and NaN for that row in a compiled step.
@@ -489,18 +510,23 @@ class ConformerCTC(GuardedModel, ConfigModel, keras.Model):
     def compute_loss(self, x=None, y=None, y_pred=None, sample_weight=None, training=True):
         labels, guard = self.guard_labels(y)
         labels = ops.cast(labels, "int32")
+        weights = _row_weights(sample_weight, labels)  # (B,) or None
         if "logit_segment_ids" in y_pred:  # packed utterances: (B, K, L) labels
-            return self._packed_loss(x, labels, y_pred, guard)
+            return self._packed_loss(x, labels, y_pred, guard, weights)
         losses = self._ctc_losses(labels, y_pred["logits"], y_pred["logit_lengths"], guard)
         # The regularization losses added to every utterance add them once
         # to the mean, scaled for the replicas like the CTC term; a label out
         # of range makes the loss NaN (the step is skipped).
         losses = (losses + sum(self.losses, 0.0)) * self.guard_inputs(x)  # (B,)
+        if weights is not None:  # sum(w * loss) / sum(w)
+            return _BatchMean(name="ctc_loss", reduction="mean_with_sample_weight")(
+                losses, losses, sample_weight=weights)
         return _BatchMean(name="ctc_loss")(losses, losses)
 
-    def _packed_loss(self, x, labels, y_pred, guard):
+    def _packed_loss(self, x, labels, y_pred, guard, weights=None):
         """The mean CTC loss over the utterances of packed rows: each
-        utterance's logits unpacked into a row of its own, as padded."""
+        utterance's logits unpacked into a row of its own, as padded; with
+        `weights` `(B,)`, each utterance weighs its row's weight."""
         batch, slots = ops.shape(labels)[0], ops.shape(labels)[1]
         logits, lengths = unpack_utterances(y_pred["logits"], y_pred["logit_segment_ids"],
                                             slots)  # (B, K, T', V), (B, K)
@@ -521,6 +547,12 @@ class ConformerCTC(GuardedModel, ConfigModel, keras.Model):
             ops.reshape(lengths, (-1,)), guard)  # (B * K,)
         present = ops.cast(ops.reshape(present, (-1,)), "float32")
         losses = ops.where(present > 0, losses + sum(self.losses, 0.0), 0.0)
+        if weights is not None:  # sum(w * loss) / sum(w) over the present utterances
+            weights = ops.reshape(ops.repeat(ops.expand_dims(weights, 1), slots, axis=1),
+                                  (-1,)) * present  # (B * K,)
+            losses = losses * self.guard_inputs(x)
+            return _BatchMean(name="ctc_loss", reduction="mean_with_sample_weight")(
+                losses, losses, sample_weight=weights)
         # _BatchMean divides by B * K: the mean over the present utterances.
         scale = ops.cast(batch * slots, "float32") / ops.maximum(ops.sum(present), 1.0)
         losses = losses * scale * self.guard_inputs(x)
