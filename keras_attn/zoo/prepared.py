@@ -58,8 +58,9 @@ batch, only the rows it feeds, those that process k feeds from tf.data
 its own first rows, as `even_batches`, then rows k/N to (k+1)/N, as
 `process_rows`), so the global batch and the examples of each step are
 those of one process with the job's devices (a batch they do not divide is
-filled up, on one process as on several). It reads the batch sizes, shapes and block ends and
-digests whole and checks them against the manifest's `meta_sha256`, then
+filled up, on one process as on several, and its filler rows made to count
+for nothing: `batch_kept`, `Task.weightless_rows`). It reads the batch
+sizes, shapes and block ends and digests whole and checks them against the manifest's `meta_sha256`, then
 reads the blocks that hold its rows (each run of adjacent blocks at once,
 no other block) and checks each against its SHA-256 before decompressing
 it: a damaged block refuses the process that reads it, naming the file and
@@ -874,14 +875,17 @@ class PreparedData:
         parts index; 0 when it holds none."""
         return len(self.tables["y"]) if "y" in self.tables else 0
 
-    def batches(self, split, epoch=None, finish=None, replicas=1):
+    def batches(self, split, epoch=None, finish=None, replicas=1, weightless=None):
         """The `Batches` of `"train"` (with `epoch`), `"validation"` or
         `"test"`; None for a split the recipe does not have. `finish(parts,
         tables)` (`Task.finish_prepared`) maps a stored batch's parts to the
         model's `(x, y[, sample_weight])`. `replicas`: the devices of the
         data-parallel job; each batch is filled up to a multiple of it (as
         `even_batches`), and of the training and validation batches this
-        process gets its rows (`batch_rows`)."""
+        process gets its rows (`batch_rows`). `weightless(batch, keep)`
+        (`Task.weightless_rows`), with `replicas` > 1: every finished
+        batch with its filler rows (`keep` False, `batch_kept`) made to
+        count for nothing, as `even_batches` makes them."""
         name = f"train-{epoch:04d}" if split == "train" else split
         if name not in self.files:
             if split == "train":
@@ -891,9 +895,15 @@ class PreparedData:
         sizes, arrays, shapes, rows = self._arrays(name, replicas)
         if finish is not None:
             tables = self.tables
-            return Batches(sizes, arrays, lambda parts: finish(parts, tables), shapes=shapes,
-                           rows=rows)
-        return Batches(sizes, arrays, shapes=shapes, rows=rows)
+            finished = lambda parts: finish(parts, tables)  # noqa: E731
+        else:
+            finished = None
+        if weightless is not None and replicas > 1:
+            process = self.process if _shared_out(name) else (0, 1)
+            kept = batch_kept(sizes, replicas, *process)
+            return Batches(sizes, arrays, finished, shapes=shapes, rows=rows,
+                           weightless=lambda batch, index: weightless(batch, kept[index]))
+        return Batches(sizes, arrays, finished, shapes=shapes, rows=rows)
 
 
 def _agreed(process, directory, check):
@@ -994,6 +1004,22 @@ def batch_rows(sizes, replicas=1, process=0, processes=1):
         share = -(-int(size) // replicas) * replicas // processes
         rows.append(start + np.arange(process * share, (process + 1) * share) % size)
     return rows
+
+
+def batch_kept(sizes, replicas=1, process=0, processes=1):
+    """For each batch of a pass, a boolean per row that `batch_rows` gives
+    process `process` of `processes`: True for the batch's own rows, False
+    for the filler rows that fill it up to a multiple of `replicas` (which
+    `Task.weightless_rows` makes count for nothing).
+
+    >>> [kept.tolist() for kept in batch_kept([4, 3], replicas=2, process=1, processes=2)]
+    [[True, True], [True, False]]
+    """
+    kept = []
+    for size in np.asarray(sizes, "int64"):
+        share = -(-int(size) // replicas) * replicas // processes
+        kept.append(np.arange(process * share, (process + 1) * share) < size)
+    return kept
 
 
 def _stored_members(file):
@@ -1116,9 +1142,12 @@ class Batches(keras.utils.PyDataset):
     batch k (what `ResumableTrainer` asks of a dataset to resume mid-epoch).
     `rows[b]`: the rows of `arrays` that make batch b (`batch_rows`; by
     default the `sizes[b]` rows after the batches before it).
+    `weightless(batch, b)`: batch b as finished, with its filler rows made
+    to count for nothing (`PreparedData.batches`); None: as finished.
     """
 
-    def __init__(self, sizes, arrays, finish=None, start=0, shapes=None, rows=None):
+    def __init__(self, sizes, arrays, finish=None, start=0, shapes=None, rows=None,
+                 weightless=None):
         super().__init__()
         self.sizes = np.asarray(sizes)
         self.arrays = arrays
@@ -1126,6 +1155,7 @@ class Batches(keras.utils.PyDataset):
         self.start = start
         self.shapes = shapes or {}
         self.rows = batch_rows(self.sizes) if rows is None else rows
+        self.weightless = weightless
 
     def __len__(self):
         return len(self.sizes) - self.start
@@ -1139,7 +1169,7 @@ class Batches(keras.utils.PyDataset):
 
     def skip(self, count):
         return Batches(self.sizes, self.arrays, self.finish, self.start + int(count), self.shapes,
-                       self.rows)
+                       self.rows, self.weightless)
 
     def for_backend(self):
         """These batches as `Model.fit` reads them best on this backend: on
@@ -1174,4 +1204,5 @@ class Batches(keras.utils.PyDataset):
             if key in self.shapes:  # cut back to this batch's own width
                 value = value[(slice(None),) + tuple(slice(0, int(n)) for n in self.shapes[key][index])]
             parts[key] = value
-        return self.finish(_unflatten(parts))
+        batch = self.finish(_unflatten(parts))
+        return batch if self.weightless is None else self.weightless(batch, index)

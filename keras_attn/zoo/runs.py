@@ -585,7 +585,8 @@ def _announce(recipe, model, parameters, steps, layout, output):
 def _training_data(task, model, prepared, replicas, process):
     """`(train_dataset_fn, validation)` for the trainer: the task's pipeline
     with every batch checked (`check_batches`), or the prepared batches
-    checked now, before the first step; evened for the replicas and cut to
+    checked now, before the first step; evened for the replicas (the
+    filler rows weightless: `task.weightless_rows`) and cut to
     this process's rows (`process` = (index, count); (0, 1) for one process
     or model parallel, where every process reads the whole batch)."""
     from keras_attn.data.checks import check_batches
@@ -596,10 +597,11 @@ def _training_data(task, model, prepared, replicas, process):
         # first step: evened for the replicas, cut to this process's rows
         # (`prepared.process`), and read so.
         prepared.check(model, task, replicas)
-        finish = task.finish_prepared
+        finish, weightless = task.finish_prepared, task.weightless_rows
         train_dataset_fn = lambda epoch: prepared.batches(  # noqa: E731
-            "train", epoch, finish, replicas).for_backend()
-        validation = prepared.batches("validation", finish=finish, replicas=replicas)
+            "train", epoch, finish, replicas, weightless).for_backend()
+        validation = prepared.batches("validation", finish=finish, replicas=replicas,
+                                      weightless=weightless)
         return train_dataset_fn, validation and validation.for_backend()
     # Every batch checked in the pipeline (ids, labels, lengths), before a
     # compiled step could see it.
@@ -607,9 +609,11 @@ def _training_data(task, model, prepared, replicas, process):
     validation = task.validation_data()
     validation = validation and check_batches(validation, model)
     if replicas > 1:  # JAX shards a batch only when the replicas divide it
+        # Filler rows then count for nothing (`task.weightless_rows`).
         checked_fn = train_dataset_fn
-        train_dataset_fn = lambda epoch: even_batches(checked_fn(epoch), replicas)  # noqa: E731
-        validation = validation and even_batches(validation, replicas)
+        train_dataset_fn = lambda epoch: even_batches(  # noqa: E731
+            checked_fn(epoch), replicas, task)
+        validation = validation and even_batches(validation, replicas, task)
     if process[1] > 1:
         from keras_attn.training.distribute import process_rows
 

@@ -51,6 +51,13 @@ def prepared(tmp_path_factory):
     return get
 
 
+def _prepared_task(name, data):
+    """The task of `name` as a run from the prepared `data` has it."""
+    task = make_task(_recipe(name))
+    task.use_prepared(data.state)
+    return task
+
+
 def _flat(batch):
     return [np.asarray(leaf) for leaf in keras.tree.flatten(batch)]
 
@@ -60,13 +67,15 @@ def _passes(data):
     return [("train", epoch) for epoch in range(epochs)] + [("validation", None)]
 
 
-def _assert_shards_are_the_batch(one, shards, replicas):
-    """Each batch of the one-process read, evened for `replicas`, is the
+def _assert_shards_are_the_batch(one, shards, replicas, task=None):
+    """Each batch of the one-process read, evened for `replicas` (as
+    `task` finishes it, its fillers made weightless, when given), is the
     shards' batches end to end, bit for bit."""
     count = len(shards)
+    finish, weightless = (task.finish_prepared, task.weightless_rows) if task else (None, None)
     for split, epoch in _passes(one):
-        whole = one.batches(split, epoch, replicas=replicas)
-        parts = [shard.batches(split, epoch, replicas=replicas) for shard in shards]
+        whole = one.batches(split, epoch, finish, replicas, weightless)
+        parts = [shard.batches(split, epoch, finish, replicas, weightless) for shard in shards]
         assert all(len(part) == len(whole) for part in parts)
         for index in range(len(whole)):
             expected = _flat(whole[index])
@@ -110,6 +119,33 @@ def test_each_process_reads_exactly_its_rows_of_every_batch(prepared, name):
             assert shard.bytes_read == expected, (processes, replicas, k)
             if name == "vit_tiny_digits":  # 16 rows a batch: 2 blocks of 8
                 assert expected < total  # its blocks, not every block
+        # So are the batches as a run reads them: finished, fillers weightless.
+        _assert_shards_are_the_batch(one, shards, replicas, _prepared_task(name, one))
+
+
+@pytest.mark.parametrize("name", sorted(SETTINGS))
+def test_the_filler_rows_of_prepared_batches_weigh_nothing(prepared, name):
+    """A batch the replicas do not divide is filled up with its own first
+    rows, which the task makes weightless (`Task.weightless_rows`), on
+    every process that feeds one: a weight of 0 exactly where
+    `batch_kept` says filler, 1 elsewhere."""
+    directory, recipe = prepared(name), _recipe(name)
+    task = _prepared_task(name, prepared_module.PreparedData(directory, recipe))
+    fillers = 0
+    for processes, replicas in ((1, 3), (2, 6)):
+        for k in range(processes):
+            shard = prepared_module.PreparedData(directory, recipe, (k, processes))
+            for split, epoch in _passes(shard):
+                batches = shard.batches(split, epoch, task.finish_prepared, replicas,
+                                        task.weightless_rows)
+                sizes = shard._arrays(f"train-{epoch:04d}" if split == "train" else split,
+                                      replicas)[0]
+                kept = prepared_module.batch_kept(sizes, replicas, k, processes)
+                for index in range(len(batches)):
+                    weights = batches[index][2]
+                    np.testing.assert_array_equal(weights, kept[index].astype("float32"))
+                    fillers += int(np.sum(~kept[index]))
+    assert fillers  # some batches were filled up
 
 
 def _flip(file, key, byte):

@@ -56,8 +56,10 @@ def test_even_batches_fill_short_batches_with_their_own_examples():
     batches = _batches(even_batches(dataset, 2))  # batches of 3, 3, 1 -> 4, 4, 2
     assert [b[1].tolist() for b in batches] == [[0, 1, 2, 0], [3, 4, 5, 3], [6, 6]]
     np.testing.assert_array_equal(batches[0][0], x[[0, 1, 2, 0]])
-    single = _batches(even_batches(tf.data.Dataset.range(5).batch(5), 4))
+    single = _batches(even_batches(tf.data.Dataset.range(5).map(lambda i: (i, i)).batch(5), 4))
     assert single[0][0].tolist() == [0, 1, 2, 3, 4, 0, 1, 2]
+    # The fillers weigh nothing (tests/zoo/test_filler_rows.py).
+    assert single[0][2].tolist() == [1, 1, 1, 1, 1, 0, 0, 0]
 
 
 def test_image_epochs_differ_in_augmentation_not_only_order():

@@ -16,6 +16,8 @@ task.export(model, path)              # the serving SavedModel
 import math
 import warnings
 
+import numpy as np
+
 from keras_attn.zoo import schema
 from keras_attn_base.quiet_tensorflow import traced_as_written
 
@@ -191,6 +193,18 @@ class Task:
     def validation_data(self):
         """Batches for `fit`'s validation (the same at every pass), or None."""
         raise NotImplementedError
+
+    def weightless_rows(self, batch, keep):
+        """A batch (of `train_dataset_fn`, `validation_data`, or a prepared
+        one from `finish_prepared`) in which the rows where `keep` `(B,)` is
+        False count for nothing in the loss, its gradient and the metrics:
+        the filler rows that make a batch divide by the replicas
+        (`even_batches`, `keras_attn.zoo.prepared.batch_rows`). TensorFlow
+        tensors or NumPy arrays, as `keep` is; every batch of a pass gets
+        the same structure. By default their `sample_weight` is 0
+        (`weightless_rows`); a task whose loss weighs rows otherwise (by
+        their tokens) overrides it."""
+        return weightless_rows(batch, keep)
 
     # === Prepared data (keras_attn.zoo.prepared) ===
 
@@ -423,21 +437,82 @@ def _jit_compile(value):
     return False
 
 
-def even_batches(dataset, replicas):
+def even_batches(dataset, replicas, task=None):
     """`dataset` with every batch's size made a multiple of `replicas` (JAX's
     data parallelism shards the batch axis evenly): a short batch (the last
     of an epoch or of a length bucket) is filled up with its own first
-    examples again. A pure function of the batch, so the epoch stays a pure
-    function of (recipe, epoch)."""
+    examples again, and those filler rows are made to count for nothing
+    (`task.weightless_rows`; with `task` None, `weightless_rows`, for
+    `(x, y[, sample_weight])` batches), so that the step's loss and
+    gradient are those of the real rows alone. A pure function of the
+    batch, so the epoch stays a pure function of (recipe, epoch)."""
     import tensorflow as tf
+
+    weightless = weightless_rows if task is None else task.weightless_rows
 
     def fill(*batch):
         structure = batch[0] if len(batch) == 1 else batch
         size = tf.shape(tf.nest.flatten(structure)[0])[0]
-        index = tf.range((size + replicas - 1) // replicas * replicas) % size
-        return tf.nest.map_structure(lambda tensor: tf.gather(tensor, index), structure)
+        positions = tf.range((size + replicas - 1) // replicas * replicas)
+        index = positions % size
+        filled = tf.nest.map_structure(lambda tensor: tf.gather(tensor, index), structure)
+        return weightless(filled, positions < size)
 
     return dataset.map(traced_as_written(fill))
+
+
+def weightless_rows(batch, keep):
+    """An `(x, y[, sample_weight])` batch with the rows where `keep` (a
+    `(B,)` boolean vector) is False weighing nothing: `sample_weight`
+    (each of its arrays, of any rank) zero on those rows, or, without one,
+    a `(B,)` float32 weight of 1 and 0. TensorFlow tensors (in a `tf.data`
+    map) or NumPy arrays (prepared batches), as `keep` is.
+
+    The losses then must divide by the sum of the weights (Keras's
+    `reduction="mean_with_sample_weight"`, as the task adapters compile
+    theirs), and metrics read the weights as `weighted_metrics`."""
+    if not isinstance(batch, (tuple, list)) or len(batch) not in (2, 3):
+        raise ValueError("Filler rows can be made weightless only in batches of "
+                         f"(x, y[, sample_weight]). Received: a batch of {type(batch).__name__}"
+                         + (f" of {len(batch)} parts" if isinstance(batch, (tuple, list))
+                            else ""))
+    x, y = batch[0], batch[1]
+    if len(batch) == 3 and batch[2] is not None:
+        weights = _map_structure(lambda weight: rows_replaced(weight, keep, 0), batch[2])
+    else:
+        weights = _as_float32(keep)
+    return x, y, weights
+
+
+def rows_replaced(values, keep, fill):
+    """`values` `(B, ...)` with every row where `keep` `(B,)` is False set
+    to `fill`, in `values`' dtype; TensorFlow or NumPy, as `keep` is."""
+    if isinstance(keep, np.ndarray):
+        values = np.asarray(values)
+        mask = keep.reshape((-1,) + (1,) * (values.ndim - 1))
+        return np.where(mask, values, np.asarray(fill, values.dtype))
+    import tensorflow as tf
+
+    mask = tf.reshape(keep, [-1] + [1] * (values.shape.rank - 1))
+    return tf.where(mask, values, tf.cast(fill, values.dtype))
+
+
+def _as_float32(keep):
+    if isinstance(keep, np.ndarray):
+        return keep.astype("float32")
+    import tensorflow as tf
+
+    return tf.cast(keep, tf.float32)
+
+
+def _map_structure(function, structure):
+    """`keras.tree.map_structure` without importing Keras in a `tf.data`
+    map: over dicts, tuples and lists."""
+    if isinstance(structure, dict):
+        return {key: _map_structure(function, value) for key, value in structure.items()}
+    if isinstance(structure, (tuple, list)):
+        return type(structure)(_map_structure(function, value) for value in structure)
+    return function(structure)
 
 
 def batch_count(examples, batch_size):

@@ -287,9 +287,13 @@ class ImageClassification(Task):
     def compile_arguments(self, model):
         import keras
 
+        # Means over the rows' weights: a filler row of weight 0 (several
+        # replicas, `even_batches`) counts in neither; without weights, the
+        # plain means.
         return {
-            "loss": keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-            "metrics": ["accuracy"],
+            "loss": keras.losses.SparseCategoricalCrossentropy(
+                from_logits=True, reduction="mean_with_sample_weight"),
+            "weighted_metrics": ["accuracy"],
         }
 
     def evaluate(self, model):

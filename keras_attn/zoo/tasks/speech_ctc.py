@@ -311,6 +311,21 @@ class SpeechCTC(Task):
             return self._features_dataset(waveforms, transcripts) if waveforms else None
         return self._dataset("validation")
 
+    def weightless_rows(self, batch, keep):
+        """Filler rows made utterances of no frames with empty transcripts
+        (a packed row: of no utterance), and weight 0: their frames join no
+        BatchNorm statistics (the convolution module normalises over the
+        batch's valid frames), their CTC loss is 0 on every backend, and
+        ConformerCTC's weighted mean over utterances leaves them out."""
+        from keras_attn.zoo.tasks.base import rows_replaced
+        from keras_attn.zoo.tasks.base import weightless_rows
+
+        x, labels = dict(batch[0]), batch[1]
+        for name in ("waveform_length", "feature_length", "segment_ids", "positions"):
+            if name in x:
+                x[name] = rows_replaced(x[name], keep, 0)
+        return weightless_rows((x, rows_replaced(labels, keep, 0)) + tuple(batch[2:]), keep)
+
     def make_model(self, preset, overrides):
         if self.data.get("packing"):  # the twin that trains; `served_model` the one kept
             overrides = dict(overrides, input_type="features")

@@ -123,6 +123,19 @@ class TextClassification(BertTextTask):
         return text.classification_dataset(texts, labels, self.tokenizer,
                                            self.data["sequence_length"], batch_size)
 
+    def compile_arguments(self, model):
+        import keras
+
+        # BertSequenceClassifier's "auto" loss and accuracy, as means over
+        # the rows' weights: a filler row of weight 0 (several replicas,
+        # `even_batches`) counts in neither; without weights, the same.
+        return {
+            "loss": keras.losses.SparseCategoricalCrossentropy(
+                from_logits=True, reduction="mean_with_sample_weight"),
+            "metrics": None,
+            "weighted_metrics": [keras.metrics.SparseCategoricalAccuracy(name="accuracy")],
+        }
+
     def assume_data_sizes(self):
         self.vocabulary = [None] * self.data["vocabulary_size"]  # the size asked for
         self.pretrained = self.training.get("pretrained")

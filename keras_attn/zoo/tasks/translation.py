@@ -316,6 +316,16 @@ class Translation(Task):
             bucket_boundaries=self.data["bucket_boundaries"],
         )
 
+    def weightless_rows(self, batch, keep):
+        """Filler rows' labels all padding: LabelSmoothedCrossEntropy and
+        MaskedTokenAccuracy then count none of their tokens (each divides
+        by the real tokens it sees), so no sample weight is added."""
+        from keras_attn.data.scoring import PAD_ID
+        from keras_attn.zoo.tasks.base import rows_replaced
+
+        x, labels = batch[0], batch[1]
+        return (x, rows_replaced(labels, keep, PAD_ID)) + tuple(batch[2:])
+
     def make_model(self, preset, overrides):
         from keras_attn.data.scoring import PAD_ID
         from keras_attn.models.transformer import build_transformer
