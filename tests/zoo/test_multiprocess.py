@@ -242,8 +242,9 @@ def test_a_worker_started_with_another_seed_is_refused_by_name(tmp_path):
 # bucket's batch of 3 utterances, filled up to 4 with its first again
 # (`even_batches`), a filler that must count for nothing: an utterance of
 # no frames (in no BatchNorm statistics) with an empty transcript and
-# weight 0 (`Task.weightless_rows`; it counted twice before: weights 3e-4
-# to 8e-4 apart).
+# weight 0 (`Task.weightless_rows`). Fed as a plain row it counted twice:
+# measured, weights up to 1.3e-4 apart (a convolution's bias; 1.5e-4 for a
+# BatchNorm moving mean), against the 1e-6 compared.
 FAMILIES = {"bert_tiny_pydoc": 3, "transformer_numbers": 3, "conformer_tiny_digits": 3}
 # Adam with epsilon 1 and a large rate: a step moves each weight by about
 # rate x gradient. With the recipes' epsilon (1e-6 to 1e-9) a weight whose
