@@ -619,6 +619,10 @@ def _training_data(task, model, prepared, replicas, process):
 
         evened_fn = train_dataset_fn
         train_dataset_fn = lambda epoch: process_rows(evened_fn(epoch), *process)  # noqa: E731
+        # A task that makes its rows one by one makes only this process's.
+        own_rows = task.process_train_dataset_fn(replicas, *process)
+        if own_rows is not None:
+            train_dataset_fn = lambda epoch: check_batches(own_rows(epoch), model)  # noqa: E731
         validation = validation and process_rows(validation, *process)
     return train_dataset_fn, validation
 

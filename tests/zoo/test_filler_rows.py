@@ -116,3 +116,51 @@ def test_weightless_rows_refuses_a_batch_without_labels():
     with pytest.raises(ValueError, match=r"only in batches of \(x, y\[, sample_weight\]\)\. "
                                          r"Received: a batch of tuple of 1 parts"):
         weightless_rows((np.zeros(3),), np.ones(3, bool))
+
+
+@pytest.mark.parametrize("replicas, processes", [(2, 2), (4, 2), (3, 3)])
+def test_each_process_makes_only_its_rows_and_they_are_its_slice(replicas, processes):
+    """The embedded images (augmented): each process gathers and augments
+    only its rows of every filled batch (`process_train_dataset_fn`), and
+    they are bit for bit its slice of the whole batch filled up with
+    weightless rows (`process_rows(even_batches(...))`)."""
+    from keras_attn.training.distribute import process_rows
+
+    # 1,293 training images in batches of 32: the last of 13, filled up.
+    task = _task("vit")
+    task.batch_size = 32
+    evened = even_batches(task.train_dataset_fn(1), replicas, task)
+    sliced = [list(process_rows(evened, k, processes).as_numpy_iterator())
+              for k in range(processes)]
+    assert 0 in sliced[-1][-1][2]  # the last batch's filler, on the last process
+    for k in range(processes):
+        found = list(task.process_train_dataset_fn(replicas, k, processes)(1)
+                     .as_numpy_iterator())
+        assert len(found) == len(sliced[k]) == 41
+        for index, (got, want) in enumerate(zip(found, sliced[k])):
+            tf.nest.map_structure(
+                lambda a, b: np.testing.assert_array_equal(a, b, err_msg=f"{k}: {index}"),
+                got, want)
+
+
+def test_a_run_of_several_processes_takes_the_tasks_own_rows():
+    """`keras-attn train --distribute` as process 1 of 2: the training data
+    of `runs._training_data` is the task's own rows, checked
+    (`check_batches`), not the whole batch cut."""
+    from keras_attn.zoo import runs
+
+    task = _task("vit")
+    model = task.compile(task.build_model())
+    asked = []
+    own_rows = task.process_train_dataset_fn
+
+    def spy(*args):
+        asked.append(args)
+        return own_rows(*args)
+
+    task.process_train_dataset_fn = spy
+    train_dataset_fn, _ = runs._training_data(task, model, None, 2, (1, 2))
+    assert asked == [(2, 1, 2)]
+    found = next(iter(train_dataset_fn(0)))
+    expected = next(iter(own_rows(2, 1, 2)(0)))
+    tf.nest.map_structure(np.testing.assert_array_equal, _numpy(found), _numpy(expected))

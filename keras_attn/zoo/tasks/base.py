@@ -194,6 +194,16 @@ class Task:
         """Batches for `fit`'s validation (the same at every pass), or None."""
         raise NotImplementedError
 
+    def process_train_dataset_fn(self, replicas, process, processes):
+        """For a task that can make a batch's rows one by one: `epoch ->`
+        the rows of each training batch that process `process` of
+        `processes` feeds, made without the others' (their images neither
+        read nor augmented), equal to those rows of
+        `process_rows(even_batches(train_dataset_fn(epoch), replicas, self),
+        process, processes)`. None (the default): each process makes the
+        whole batch and keeps its rows."""
+        return None
+
     def weightless_rows(self, batch, keep):
         """A batch (of `train_dataset_fn`, `validation_data`, or a prepared
         one from `finish_prepared`) in which the rows where `keep` `(B,)` is

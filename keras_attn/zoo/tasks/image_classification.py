@@ -242,6 +242,36 @@ class ImageClassification(Task):
 
         return dataset.enumerate().map(traced_as_written(with_transforms))
 
+    def process_train_dataset_fn(self, replicas, process, processes):
+        if not (self.embedded and self.augmentation):
+            return None
+        import tensorflow as tf
+
+        self.prepare()
+        images = self.train_arrays[0]
+        height, width = images.shape[1:3]
+
+        def own_rows(batch):
+            # The batch filled up to a multiple of the replicas (row p is row
+            # p % size), this process's slice of it, as process_rows cuts it.
+            size = tf.shape(batch["y"])[0]
+            share = (size + replicas - 1) // replicas * replicas // processes
+            positions = tf.range(process * share, (process + 1) * share)
+            rows = positions % size
+            pixels = tf.cast(tf.gather(table, tf.gather(batch["index"], rows)), "float32")
+            # Each image's own transform, drawn for the whole batch
+            # (prepared_batches): images.StatelessAugmentation's op.
+            x = tf.raw_ops.ImageProjectiveTransformV3(
+                images=pixels, transforms=tf.gather(batch["transforms"], rows),
+                output_shape=[height, width], fill_value=0.0, interpolation="BILINEAR",
+                fill_mode="CONSTANT")
+            return self.weightless_rows((x, tf.gather(batch["y"], rows)), positions < size)
+
+        table = tf.constant(images)
+        return lambda epoch: self.prepared_batches("train", epoch).map(
+            traced_as_written(own_rows), num_parallel_calls=tf.data.AUTOTUNE).prefetch(
+            tf.data.AUTOTUNE)
+
     def finish_prepared(self, parts, tables):
         if "transforms" not in parts:
             return super().finish_prepared(parts, tables)
