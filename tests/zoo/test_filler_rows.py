@@ -164,3 +164,20 @@ def test_a_run_of_several_processes_takes_the_tasks_own_rows():
     found = next(iter(train_dataset_fn(0)))
     expected = next(iter(own_rows(2, 1, 2)(0)))
     tf.nest.map_structure(np.testing.assert_array_equal, _numpy(found), _numpy(expected))
+
+
+@pytest.mark.parametrize("case", ["vit", "text_classification"])
+def test_the_weighted_accuracy_is_the_only_accuracy(case):
+    """The classification tasks compile their accuracy as a weighted metric
+    (fillers of weight 0 count in neither it nor the loss), instead of the
+    model's own: one `accuracy`, no `weighted_accuracy` beside it, and on a
+    filled batch the accuracy of the real rows."""
+    task = _task(case)
+    model = task.compile(task.build_model())
+    real = tf.nest.map_structure(lambda tensor: tensor[:3], next(iter(task.train_dataset_fn(0))))
+    filled = even_batches(tf.data.Dataset.from_tensors(real), 2, task)
+    expected = model.evaluate(tf.data.Dataset.from_tensors(real), verbose=0, return_dict=True)
+    found = model.evaluate(filled, verbose=0, return_dict=True)
+    assert sorted(found) == sorted(expected) == ["accuracy", "loss"]
+    np.testing.assert_allclose(found["accuracy"], expected["accuracy"], rtol=1e-6)
+    np.testing.assert_allclose(found["loss"], expected["loss"], rtol=1e-5)

@@ -323,7 +323,8 @@ class ImageClassification(Task):
         return {
             "loss": keras.losses.SparseCategoricalCrossentropy(
                 from_logits=True, reduction="mean_with_sample_weight"),
-            "weighted_metrics": ["accuracy"],
+            "metrics": None,  # not the model's "auto" accuracy beside the weighted one
+            "weighted_metrics": [keras.metrics.SparseCategoricalAccuracy(name="accuracy")],
         }
 
     def evaluate(self, model):
