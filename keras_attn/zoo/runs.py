@@ -478,10 +478,14 @@ def _train_locked(recipe, output, distribute, export, verbose, prepared=None):
 
     from keras_attn.training.distribute import end_processes
     from keras_attn.training.distribute import initialize_processes
+    from keras_attn.training.distribute import naming_lost_processes
 
     process = initialize_processes() if distribute else (0, 1)
     writer = process[0] == 0
-    finished = _agree_on_start(recipe, output, distribute, prepared)
+    # The start-of-run checks are collectives too: a process lost there is
+    # named as during training.
+    with naming_lost_processes():
+        finished = _agree_on_start(recipe, output, distribute, prepared)
     if finished is not None:
         print(f"{output}: this run is already complete; nothing to train. "
               "`evaluate(output)` / `export(output)` evaluate or export it again.")
@@ -494,7 +498,6 @@ def _train_locked(recipe, output, distribute, export, verbose, prepared=None):
     from keras_attn.training.distribute import data_parallel
     from keras_attn.training.distribute import describe_replicas
     from keras_attn.training.distribute import model_parallel
-    from keras_attn.training.distribute import naming_lost_processes
     from keras_attn.training.resumable import ResumableTrainer
     from keras_attn.data.checks import data_check_errors
     from keras_attn.zoo.tasks import make_task

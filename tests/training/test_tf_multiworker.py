@@ -405,6 +405,36 @@ def test_a_collective_aborted_by_a_lost_worker_names_it(monkeypatch, message, lo
             raise tf.errors.UnavailableError(None, None, message)
 
 
+def test_a_worker_lost_during_the_start_of_run_checks_is_named(monkeypatch, tmp_path):
+    # The checks before any step (every process's recipe, seed, data,
+    # versions) are collectives: a worker lost there is named as in `fit`,
+    # before anything is written.
+    import tensorflow as tf
+
+    from keras_attn.training import distribute
+    from keras_attn.zoo import runs
+
+    resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(
+        tf.train.ClusterSpec({"worker": ["w0:1", "w1:2"]}), task_type="worker", task_id=0)
+    monkeypatch.setattr(distribute, "_TF_STRATEGIES", {
+        "multi_worker": type("Strategy", (), {"cluster_resolver": resolver})()})
+    monkeypatch.setattr(distribute, "initialize_processes", lambda: (0, 2))
+
+    def lost(values):
+        raise tf.errors.UnavailableError(
+            None, None, "Collective ops is aborted by: Error reported from /job:worker/task:1: "
+            "The following tasks are unhealthy (stopped sending heartbeats):\n"
+            "/job:worker/replica:0/task:1")
+
+    monkeypatch.setattr(distribute, "check_processes_agree", lost)
+    with pytest.raises(RuntimeError, match=r"^Process 0 of 2 \(TF_CONFIG's worker 0\): a "
+                                           r"collective of this job failed: process 1 "
+                                           r"\(TF_CONFIG's worker 1, w1:2\) was lost"):
+        runs.train(RECIPE, OVERRIDES, output=str(tmp_path / "run"), distribute=True,
+                   export=False, verbose=0)
+    assert not os.path.exists(tmp_path / "run" / "checkpoints")
+
+
 @pytest.mark.large
 def test_a_lost_tensorflow_worker_is_named_and_the_job_resumes(trained, tmp_path):
     # Worker 1 dies after the chief's first checkpoint; the chief, which
