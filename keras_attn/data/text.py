@@ -214,10 +214,17 @@ def dynamic_masking(tokenizer, mask_rate=0.15, max_predictions=20, seed=None):
     every new iterator once a global seed is set, which would make "dynamic"
     masking static.)
 
+    A process of a data-parallel job that feeds only some rows of a batch
+    masks only those: `mask(token_ids, seed, rows=rows, batch_size=size)`
+    with `token_ids` the rows `rows` `(R,)` of a batch of `size` rows draws
+    for the whole batch (every draw is one per token or per slot, all from
+    the batch's seed) and keeps those rows' draws, so each row is masked
+    exactly as in `mask(whole_batch, seed)`.
+
     Returns:
-        `mask(token_ids, seed=None) -> dict(token_ids, mask_positions,
-        mask_ids, mask_weights)`; positions `(B, max_predictions)` in
-        increasing order, padded with 0 (weight 0).
+        `mask(token_ids, seed=None, rows=None, batch_size=None) ->
+        dict(token_ids, mask_positions, mask_ids, mask_weights)`; positions
+        `(B, max_predictions)` in increasing order, padded with 0 (weight 0).
     """
     rng = (
         tf.random.Generator.from_seed(seed)
@@ -229,17 +236,27 @@ def dynamic_masking(tokenizer, mask_rate=0.15, max_predictions=20, seed=None):
     vocabulary_size = int(tokenizer.vocabulary_size())
     special = tf.constant([pad] + [_token_id(tokenizer, t) for t in ("[CLS]", "[SEP]")])
 
-    def mask(token_ids, seed=None):
+    def mask(token_ids, seed=None, rows=None, batch_size=None):
+        if (rows is None) != (batch_size is None):
+            raise ValueError("Masking some rows of a batch needs both `rows` and `batch_size`. "
+                             f"Received: rows={rows!r}, batch_size={batch_size!r}")
         token_ids = tf.convert_to_tensor(token_ids)
         if seed is None:
             seed = rng.make_seeds(1)[:, 0]
         seeds = tf.random.experimental.stateless_split(tf.cast(seed, tf.int64), 4)
+
+        def uniform(shape, seed, **kwargs):
+            if rows is None:
+                return tf.random.stateless_uniform(shape, seed, **kwargs)
+            whole = tf.concat([tf.reshape(tf.cast(batch_size, shape.dtype), [1]), shape[1:]], 0)
+            return tf.gather(tf.random.stateless_uniform(whole, seed, **kwargs), rows)
+
         shape = tf.shape(token_ids)
         length = shape[1]
         candidate = tf.reduce_all(token_ids[..., None] != special, axis=-1)  # (B, T)
-        chosen = candidate & (tf.random.stateless_uniform(shape, seeds[0]) < mask_rate)
+        chosen = candidate & (uniform(shape, seeds[0]) < mask_rate)
         # Keep a random max_predictions of the chosen: the highest priorities.
-        priority = tf.where(chosen, tf.random.stateless_uniform(shape, seeds[1]), -1.0)
+        priority = tf.where(chosen, uniform(shape, seeds[1]), -1.0)
         top, index = tf.math.top_k(priority, tf.minimum(max_predictions, length))
         index = tf.sort(tf.where(top >= 0.0, index, length), axis=-1)  # unused slots last
         index = tf.pad(index, [[0, 0], [0, max_predictions - tf.shape(index)[1]]],
@@ -247,10 +264,9 @@ def dynamic_masking(tokenizer, mask_rate=0.15, max_predictions=20, seed=None):
         weights = index < length
         positions = tf.where(weights, index, 0)
         original = tf.gather(token_ids, positions, batch_dims=1)  # (B, P)
-        choice = tf.random.stateless_uniform(tf.shape(positions), seeds[2])
-        random_ids = tf.random.stateless_uniform(
-            tf.shape(positions), seeds[3], 0, vocabulary_size, dtype=tf.int32
-        )
+        choice = uniform(tf.shape(positions), seeds[2])
+        random_ids = uniform(tf.shape(positions), seeds[3], minval=0, maxval=vocabulary_size,
+                             dtype=tf.int32)
         replaced = tf.where(
             choice < 0.8,
             tf.cast(mask_id, token_ids.dtype),
@@ -281,6 +297,8 @@ def pretraining_dataset(
     shuffle=True,
     seed=None,
     epoch=None,
+    rows=None,
+    weightless=None,
 ):
     """A `tf.data.Dataset` of `(x, y, sample_weight)` for `BertPretrainer`.
 
@@ -295,6 +313,15 @@ def pretraining_dataset(
     and each batch's masks are keyed by both and the batch index, so every
     pass gives the same batches (`seed` None counts as 0).
 
+    With `rows` (and `epoch`): only some rows of every batch, as one process
+    of a data-parallel job feeds them, the others neither tokenized nor
+    masked. `rows(size)` gives the positions `(R,)` of the rows to make in
+    the batch filled up to `positions`' extent (position p is example
+    p % size of the batch, as `even_batches` fills it); each row is made as
+    in the whole batch (`dynamic_masking`'s draws are the whole batch's),
+    and `weightless(batch, positions < size)` makes the filler rows count
+    for nothing.
+
     Returns:
         A dataset of batches: `x` = token_ids (masked), segment_ids,
         padding_mask, mask_positions `(B, max_predictions)`;
@@ -304,9 +331,9 @@ def pretraining_dataset(
     pack = pack_pairs(tokenizer, sequence_length)
     mask_tokens = dynamic_masking(tokenizer, mask_rate, max_predictions, seed=seed)
 
-    def to_example(first, second, label, mask_seed=None):
+    def to_example(first, second, label, mask_seed=None, kept=None, size=None):
         token_ids, segment_ids, padding_mask = pack(first, second)
-        masked = mask_tokens(token_ids, mask_seed)
+        masked = mask_tokens(token_ids, mask_seed, rows=kept, batch_size=size)
         x = {
             "token_ids": tf.cast(masked["token_ids"], "int32"),
             "segment_ids": segment_ids,
@@ -320,6 +347,19 @@ def pretraining_dataset(
         }
         return x, y, weight
 
+    if rows is not None and (epoch is None or weightless is None):
+        raise ValueError("Making some rows of each batch needs `epoch` (the draws keyed by "
+                         "it) and `weightless`. Received: "
+                         f"epoch={epoch!r}, weightless={weightless!r}")
+
+    def some_rows(i, first, second, label):
+        size = tf.shape(label)[0]
+        positions = rows(size)
+        kept = positions % size
+        batch = to_example(tf.gather(first, kept), tf.gather(second, kept),
+                           tf.gather(label, kept), batch_seed(i), kept, size)
+        return weightless(batch, positions < size)
+
     columns = (list(first), list(second), np.asarray(labels, "int32"))
     if epoch is not None:
         seed = seed or 0
@@ -327,10 +367,14 @@ def pretraining_dataset(
             order = epoch_permutation(len(columns[2]), seed, epoch)
             columns = tuple(np.asarray(column)[order] for column in columns)
         key = tf.constant([seed, epoch], tf.int64)
+
+        def batch_seed(i):
+            return tf.random.experimental.stateless_fold_in(key, i)
+
         dataset = tf.data.Dataset.from_tensor_slices(columns).batch(batch_size).enumerate()
         dataset = dataset.map(
-            traced_as_written(lambda i, batch: to_example(
-                *batch, tf.random.experimental.stateless_fold_in(key, i))),
+            traced_as_written(lambda i, batch: to_example(*batch, batch_seed(i)))
+            if rows is None else traced_as_written(lambda i, batch: some_rows(i, *batch)),
             num_parallel_calls=AUTOTUNE,  # stateless draws: the call order is free
         )
         return dataset.prefetch(AUTOTUNE)

@@ -206,10 +206,13 @@ class MaskedLM(Task):
             "example_ids": example_ids,
         }
 
-    def _packed_dataset(self, epoch):
+    def _packed_dataset(self, epoch, positions=None):
         """Epoch `epoch`'s packed batches `(x, y, sample_weight)`, masked
         as the padded pipeline masks (the stateless draws keyed by seed,
-        epoch and batch; `[CLS]` / `[SEP]` of every example left alone)."""
+        epoch and batch; `[CLS]` / `[SEP]` of every example left alone).
+        With `positions` (`size -> (R,)`, see `process_train_dataset_fn`):
+        only those rows of each batch filled up, masked as in the whole
+        batch, the fillers weightless."""
         import tensorflow as tf
 
         from keras_attn.data import text
@@ -219,9 +222,16 @@ class MaskedLM(Task):
                                            self.max_predictions, seed=self.seed)
         key = tf.constant([self.seed, epoch], tf.int64)
 
-        def to_batch(index, batch):
+        def some_rows(index, batch):
+            size = tf.shape(batch["nsp"])[0]
+            kept = positions(size)
+            batch = {name: tf.gather(value, kept % size) for name, value in batch.items()}
+            return self.weightless_rows(to_batch(index, batch, kept % size, size), kept < size)
+
+        def to_batch(index, batch, kept=None, size=None):
             masked = mask_tokens(batch["token_ids"],
-                                 tf.random.experimental.stateless_fold_in(key, index))
+                                 tf.random.experimental.stateless_fold_in(key, index),
+                                 rows=kept, batch_size=size)
             x = {
                 "token_ids": tf.cast(masked["token_ids"], "int32"),
                 "segment_ids": batch["segment_ids"],
@@ -237,16 +247,17 @@ class MaskedLM(Task):
 
         rows.pop("example_ids")
         dataset = tf.data.Dataset.from_tensor_slices(rows).batch(self.batch_size).enumerate()
-        return dataset.map(traced_as_written(to_batch),
+        return dataset.map(traced_as_written(to_batch if positions is None else some_rows),
                            num_parallel_calls=tf.data.AUTOTUNE).prefetch(tf.data.AUTOTUNE)
 
-    def _dataset(self, pairs, epoch, shuffle):
+    def _dataset(self, pairs, epoch, shuffle, positions=None):
         from keras_attn.data import text
 
         return text.pretraining_dataset(
             *pairs, self.tokenizer, sequence_length=self.data["sequence_length"],
             batch_size=self.batch_size, mask_rate=self.data["mask_rate"],
             max_predictions=self.max_predictions, shuffle=shuffle, seed=self.seed, epoch=epoch,
+            rows=positions, weightless=self.weightless_rows if positions else None,
         )
 
     def train_dataset_fn(self, epoch):
@@ -254,6 +265,25 @@ class MaskedLM(Task):
         if self.data.get("packing"):
             return self._packed_dataset(epoch)
         return self._dataset(self.train_pairs, epoch, shuffle=True)
+
+    def process_train_dataset_fn(self, replicas, process, processes):
+        # Each process tokenizes (padded) and masks only its rows; the masks'
+        # draws are the whole batch's (dynamic_masking), the packing of an
+        # epoch (NumPy, in memory) every process's.
+        import tensorflow as tf
+
+        self.prepare()
+
+        def positions(size):
+            # The batch filled up to a multiple of the replicas, this
+            # process's slice of it, as process_rows cuts it.
+            share = (size + replicas - 1) // replicas * replicas // processes
+            return tf.range(process * share, (process + 1) * share)
+
+        if self.data.get("packing"):
+            return lambda epoch: self._packed_dataset(epoch, positions)
+        return lambda epoch: self._dataset(self.train_pairs, epoch, shuffle=True,
+                                           positions=positions)
 
     def validation_data(self):
         self.prepare()

@@ -1,0 +1,81 @@
+"""Each process of a data-parallel job makes only its rows of every
+training batch where the task can (`Task.process_train_dataset_fn`, issue
+45), and they are bit for bit its slice of the whole batch filled up with
+weightless rows: `process_rows(even_batches(train_dataset_fn(epoch),
+replicas, task), process, processes)`, what one process would feed."""
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from _tiny import recipe_path
+from _tiny import tiny_overrides
+from keras_attn.training.distribute import process_rows
+from keras_attn.zoo.recipe import load_recipe
+from keras_attn.zoo.tasks import make_task
+from keras_attn.zoo.tasks.base import even_batches
+
+pytestmark = pytest.mark.tf_only
+
+
+def _task(name, *overrides):
+    return make_task(load_recipe(recipe_path(name), tiny_overrides(name) + list(overrides)))
+
+
+def _assert_own_rows_are_the_slices(task, replicas, processes, epoch=1):
+    """Every process's own rows == its slice of the filled batches; returns
+    the slices (for the caller's checks of what they hold)."""
+    evened = even_batches(task.train_dataset_fn(epoch), replicas, task)
+    sliced = [list(process_rows(evened, k, processes).as_numpy_iterator())
+              for k in range(processes)]
+    for k in range(processes):
+        found = list(task.process_train_dataset_fn(replicas, k, processes)(epoch)
+                     .as_numpy_iterator())
+        assert len(found) == len(sliced[k]) == task.batches_per_epoch
+        for index, (got, want) in enumerate(zip(found, sliced[k])):
+            tf.nest.map_structure(
+                lambda a, b: np.testing.assert_array_equal(a, b, err_msg=f"{k}: {index}"),
+                got, want)
+    return sliced
+
+
+@pytest.mark.parametrize("packing", [False, True])
+# 102 training pairs (and packed rows): batches of 9 end with 3 rows, of 10
+# with 2, so the last process's last rows are fillers.
+@pytest.mark.parametrize("replicas, processes, batch_size", [(2, 2, 9), (4, 2, 9), (3, 3, 10)])
+def test_masked_lm_each_process_tokenizes_and_masks_only_its_rows(packing, replicas,
+                                                                  processes, batch_size):
+    """BERT pretraining (padded pairs, or packed rows): a process's rows are
+    masked with the whole batch's draws, so they are those of the whole
+    batch, the last batch's fillers weightless."""
+    task = _task("bert_tiny_pydoc", f"training.batch_size={batch_size}",
+                 *(["data.packing=true"] if packing else []))
+    task.prepare()
+    sliced = _assert_own_rows_are_the_slices(task, replicas, processes)
+    last = sliced[-1][-1]
+    # A filler row (weight 0) on the last process, and masks drawn at all.
+    assert 0 in last[2]["nsp"]
+    assert sum(batch[2]["mlm"].sum() for k in sliced for batch in k) > 0
+
+
+def test_masked_lm_rows_keep_the_one_process_masks():
+    """The masks of one process are unchanged by the per-row draw: the
+    rows `0..B` of a batch masked alone are those of the batch masked
+    whole, and every row of it is masked by the batch's draws (a row cut
+    and masked on its own, with another seed, differs)."""
+    from keras_attn.data import text
+
+    task = _task("bert_tiny_pydoc")
+    task.prepare()
+    mask = text.dynamic_masking(task.tokenizer, 0.5, 6, seed=0)
+    batch = next(iter(task.train_dataset_fn(0)))[0]["token_ids"]
+    seed = tf.constant([3, 4], tf.int64)
+    whole = mask(batch, seed)
+    rows = tf.constant([5, 0, 2, 5])
+    some = mask(tf.gather(batch, rows), seed, rows=rows, batch_size=tf.shape(batch)[0])
+    for name in whole:
+        np.testing.assert_array_equal(tf.gather(whole[name], rows), some[name], err_msg=name)
+    alone = mask(tf.gather(batch, rows), seed)
+    assert not np.array_equal(alone["mask_positions"], some["mask_positions"])
+    with pytest.raises(ValueError, match="batch_size"):
+        mask(batch, seed, rows=rows)
