@@ -193,6 +193,93 @@ def make_translation_dataset(
 
 
 
+def process_positions(replicas, process, processes):
+    """`size -> positions` (NumPy) of the rows that process `process` of
+    `processes` feeds of a batch of `size` rows filled up to a multiple of
+    `replicas` (position p is row p % size): its slice, as `process_rows`
+    cuts `even_batches`."""
+
+    def positions(size):
+        share = (size + replicas - 1) // replicas * replicas // processes
+        return np.arange(process * share, (process + 1) * share)
+
+    return positions
+
+
+def bucket_batches(lengths, boundaries, batch_size):
+    """The batches that `Dataset.bucket_by_sequence_length` makes of
+    elements of these lengths, read in this order: index arrays into
+    `lengths`, in the order it gives them. An element joins its bucket
+    (`boundaries[i-1] <= length < boundaries[i]`); a bucket that reaches
+    `batch_size` elements is a batch; at the end of the input the partial
+    buckets follow, the lowest bucket first (`group_by_window` flushes its
+    groups in the order of their keys)."""
+    buckets = np.searchsorted(np.asarray(boundaries), np.asarray(lengths), side="right")
+    open_buckets, batches = {}, []
+    for index, bucket in enumerate(buckets.tolist()):
+        group = open_buckets.setdefault(bucket, [])
+        group.append(index)
+        if len(group) == batch_size:
+            batches.append(np.asarray(open_buckets.pop(bucket), np.int64))
+    batches.extend(np.asarray(open_buckets[bucket], np.int64) for bucket in sorted(open_buckets))
+    return batches
+
+
+def translation_rows_dataset(sources, targets, token_lengths, tokenizer, rows, weightless,
+                             batch_size=64, seed=0, bucket_boundaries=None, epoch=0):
+    """Some rows of every batch of `make_translation_dataset(sources,
+    targets, tokenizer, batch_size, shuffle=True, seed=seed,
+    bucket_boundaries=..., epoch=epoch)`, as one process of a data-parallel
+    job feeds them, the other examples not encoded: the batches are found
+    from the token lengths alone (`bucket_batches` over the epoch's order),
+    then each batch's rows are encoded and padded to the whole batch's
+    longest source and target.
+
+    Args:
+        token_lengths: `(source_lengths, target_lengths)`, each example's
+            tokens (without `[END]` / `[START]`), as `tokenizer` gives them.
+        rows: `size -> positions` (NumPy ints) of the rows to make in the
+            batch filled up to `positions`' extent (position p is row
+            p % size, as `even_batches` fills it).
+        weightless: `(batch, keep) -> batch` for the filler rows (p >= size).
+    """
+    source_lengths, target_lengths = (np.asarray(side, np.int64) + 1 for side in token_lengths)
+    order = epoch_permutation(len(sources), seed, epoch)
+    lengths = np.maximum(source_lengths, target_lengths)[order]
+    indices, keeps, source_widths, target_widths = [], [], [], []
+    for batch in bucket_batches(lengths, list(bucket_boundaries or [8, 16, 32, 64]),
+                                batch_size):
+        batch = order[batch]
+        positions = np.asarray(rows(len(batch)))
+        indices.append(batch[positions % len(batch)])
+        keeps.append(positions < len(batch))
+        source_widths.append(source_lengths[batch].max())
+        target_widths.append(target_lengths[batch].max())
+    columns = (tf.ragged.constant(indices, tf.int64), tf.ragged.constant(keeps, tf.bool),
+               np.asarray(source_widths, np.int64), np.asarray(target_widths, np.int64))
+    sources, targets = tf.constant(list(sources)), tf.constant(list(targets))
+    end, start = tf.constant([[END_ID]], tf.int32), tf.constant([[START_ID]], tf.int32)
+
+    def encode(index, keep, source_width, target_width):
+        count = tf.shape(index, out_type=tf.int64)[:1]
+        source_ids = tf.cast(tokenizer(tf.gather(sources, index)), tf.int32)
+        target_ids = tf.cast(tokenizer(tf.gather(targets, index)), tf.int32)
+
+        def padded(ragged, width):
+            return ragged.to_tensor(PAD_ID, shape=tf.concat([count, [width]], 0))
+
+        ends, starts = (tf.RaggedTensor.from_tensor(tf.tile(token, [count[0], 1]))
+                        for token in (end, start))
+        batch = ((padded(tf.concat([source_ids, ends], 1), source_width),
+                  padded(tf.concat([starts, target_ids], 1), target_width)),
+                 padded(tf.concat([target_ids, ends], 1), target_width))
+        return weightless(batch, keep)
+
+    dataset = tf.data.Dataset.from_tensor_slices(columns)
+    return dataset.map(traced_as_written(encode), num_parallel_calls=tf.data.AUTOTUNE).prefetch(
+        tf.data.AUTOTUNE)
+
+
 @dataclasses.dataclass
 class TranslationData:
     """What `load_number_translation` returns."""

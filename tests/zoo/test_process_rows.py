@@ -79,3 +79,36 @@ def test_masked_lm_rows_keep_the_one_process_masks():
     assert not np.array_equal(alone["mask_positions"], some["mask_positions"])
     with pytest.raises(ValueError, match="batch_size"):
         mask(batch, seed, rows=rows)
+
+
+# 200 training pairs in length buckets: batches of 16 end each bucket with a
+# partial batch, which 3 replicas and (for most) 2 do not divide.
+@pytest.mark.parametrize("replicas, processes", [(2, 2), (4, 2), (3, 3)])
+def test_translation_each_process_encodes_only_its_rows(replicas, processes):
+    """The Transformer's bucketed batches: found from the token lengths,
+    then each process encodes its rows only, padded to the whole batch's
+    longest source and target; the filler rows' labels all padding."""
+    task = _task("transformer_numbers")
+    task.prepare()
+    sliced = _assert_own_rows_are_the_slices(task, replicas, processes)
+    # Filler rows (labels all padding) on the last process.
+    assert any(np.all(batch[1] == 0, axis=1).any() for batch in sliced[-1])
+
+
+def test_bucket_batches_are_those_of_tf_data():
+    """The batches `bucket_by_sequence_length` makes, the partial buckets
+    at the end lowest first, found from the lengths alone."""
+    from keras_attn.data.translation import bucket_batches
+
+    lengths = np.random.default_rng(0).integers(1, 40, 101)
+    dataset = tf.data.Dataset.from_tensor_slices((np.arange(101), lengths))
+    dataset = dataset.bucket_by_sequence_length(
+        lambda index, length: tf.cast(length, tf.int32), [8, 16, 32], [6, 6, 6, 6])
+    expected = [index for index, _ in dataset.as_numpy_iterator()]
+    found = bucket_batches(lengths, [8, 16, 32], 6)
+    assert len(found) == len(expected) == 18
+    # The partial buckets last, lowest first (bucket 0 has 18, none partial).
+    assert [len(batch) for batch in found[-3:]] == [5, 4, 2]
+    for got, want in zip(found, expected):
+        np.testing.assert_array_equal(got, want)
+

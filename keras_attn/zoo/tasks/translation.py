@@ -135,10 +135,11 @@ class Translation(Task):
             self._load_tfds()
         self.tokenizer = translation.make_tokenizer(self.vocabulary)
         if not self.tfds_name:
+            self.train_token_lengths = (self._token_lengths(self.train_sources),
+                                        self._token_lengths(self.train_targets))
             lengths = [
                 max(a, b) + 1  # + [END] / [START]
-                for a, b in zip(self._token_lengths(self.train_sources),
-                                self._token_lengths(self.train_targets))
+                for a, b in zip(*self.train_token_lengths)
             ]
             self.batches_per_epoch = bucket_batch_count(
                 lengths, self.data["bucket_boundaries"], self.batch_size
@@ -293,6 +294,23 @@ class Translation(Task):
             seed=self.seed, epoch=epoch,
         )
         return dataset
+
+    def process_train_dataset_fn(self, replicas, process, processes):
+        # The pairs in memory (embedded or files), bucketed: the batches are
+        # found from the token lengths (load_data's), then each process
+        # encodes only its rows. Packed rows are made once, in memory, and a
+        # tfds stream's lengths are not known before it is read: whole
+        # batches cut there.
+        if self.data.get("packing") or self.tfds_name:
+            return None
+        from keras_attn.data import translation
+
+        self.prepare()
+        positions = translation.process_positions(replicas, process, processes)
+        return lambda epoch: translation.translation_rows_dataset(
+            self.train_sources, self.train_targets, self.train_token_lengths, self.tokenizer,
+            positions, self.weightless_rows, self.batch_size, seed=self.seed,
+            bucket_boundaries=self.data["bucket_boundaries"], epoch=epoch)
 
     def validation_data(self):
         from keras_attn.data import translation
