@@ -237,15 +237,7 @@ def speech_dataset(waveforms, transcripts, batch_size=16, vocabulary=DIGIT_VOCAB
     if shuffle:
         dataset = dataset.shuffle(len(waveforms), seed=seed, reshuffle_each_iteration=True)
     lengths = np.array([len(w) for w in waveforms])
-    if bucket_boundaries is None:
-        # 0.5 s buckets up to the longest utterance.
-        bucket_boundaries = list(range(8000, int(lengths.max()) + 8001, 8000))
-    boundaries = sorted(bucket_boundaries)
-    if lengths.max() >= boundaries[-1]:
-        raise ValueError(
-            "The last bucket boundary must exceed the longest utterance. Received: "
-            f"bucket_boundaries[-1]={boundaries[-1]}, longest={int(lengths.max())}"
-        )
+    boundaries = _boundaries(lengths, bucket_boundaries)
     # Padding the audio (not the labels) to its bucket's boundary keeps the
     # number of batch shapes, and so of XLA compilations, to the bucket count.
     edges = tf.constant(boundaries, tf.int32)
@@ -267,6 +259,66 @@ def speech_dataset(waveforms, transcripts, batch_size=16, vocabulary=DIGIT_VOCAB
         traced_as_written(lambda audio, length, label: (
             {"waveform": audio, "waveform_length": length}, label))
     )
+    return dataset.prefetch(tf.data.AUTOTUNE)
+
+
+def _boundaries(lengths, bucket_boundaries):
+    """The bucket boundaries (samples) for utterances of these lengths:
+    `bucket_boundaries` sorted, or 0.5 s steps past the longest."""
+    if bucket_boundaries is None:
+        bucket_boundaries = list(range(8000, int(lengths.max()) + 8001, 8000))
+    boundaries = sorted(bucket_boundaries)
+    if lengths.max() >= boundaries[-1]:
+        raise ValueError(
+            "The last bucket boundary must exceed the longest utterance. Received: "
+            f"bucket_boundaries[-1]={boundaries[-1]}, longest={int(lengths.max())}"
+        )
+    return boundaries
+
+
+def speech_rows_dataset(waveforms, transcripts, rows, weightless, batch_size=16,
+                        vocabulary=DIGIT_VOCABULARY, seed=0, bucket_boundaries=None, epoch=0):
+    """Some rows of every batch of `speech_dataset(waveforms, transcripts,
+    batch_size, vocabulary, shuffle=True, seed=seed, bucket_boundaries=...,
+    epoch=epoch)`, as one process of a data-parallel job feeds them, the
+    other utterances neither read nor padded: the batches are found from the
+    lengths alone (`bucket_batches` over the epoch's order), then each
+    batch's rows are padded to its bucket's boundary (the audio) and to the
+    whole batch's longest transcript (the labels).
+
+    Args:
+        rows: `size -> positions` (NumPy ints) of the rows to make in the
+            batch filled up to `positions`' extent (position p is row
+            p % size, as `even_batches` fills it).
+        weightless: `(batch, keep) -> batch` for the filler rows (p >= size).
+    """
+    from keras_attn.data.translation import bucket_batches
+
+    tf = tensorflow_module()
+    lengths = np.array([len(w) for w in waveforms])
+    boundaries = _boundaries(lengths, bucket_boundaries)
+    labels = [np.asarray(encode_transcript(t, vocabulary), "int32") for t in transcripts]
+    order = epoch_permutation(len(waveforms), seed, epoch)
+    batches = [order[batch] for batch in bucket_batches(lengths[order], boundaries, batch_size)]
+
+    def generate():
+        for batch in batches:
+            positions = np.asarray(rows(len(batch)))
+            kept = batch[positions % len(batch)]
+            width = boundaries[int(np.searchsorted(boundaries, lengths[batch[0]], side="right"))]
+            audio = np.zeros((len(kept), width), "float32")
+            label = np.zeros((len(kept), max(len(labels[i]) for i in batch)), "int32")
+            for row, index in enumerate(kept):
+                audio[row, :lengths[index]] = waveforms[index]
+                label[row, :len(labels[index])] = labels[index]
+            yield audio, lengths[kept].astype("int32"), label, positions < len(batch)
+
+    dataset = tf.data.Dataset.from_generator(generate, output_signature=(
+        tf.TensorSpec((None, None), tf.float32), tf.TensorSpec((None,), tf.int32),
+        tf.TensorSpec((None, None), tf.int32), tf.TensorSpec((None,), tf.bool)))
+    dataset = dataset.apply(tf.data.experimental.assert_cardinality(len(batches)))
+    dataset = dataset.map(traced_as_written(lambda audio, length, label, keep: weightless(
+        ({"waveform": audio, "waveform_length": length}, label), keep)))
     return dataset.prefetch(tf.data.AUTOTUNE)
 
 

@@ -112,3 +112,15 @@ def test_bucket_batches_are_those_of_tf_data():
     for got, want in zip(found, expected):
         np.testing.assert_array_equal(got, want)
 
+
+# 16 training utterances in batches of 5, bucketed by duration: each
+# bucket's last batch partial, so the replicas leave fillers.
+@pytest.mark.parametrize("replicas, processes", [(2, 2), (4, 2), (3, 3)])
+def test_speech_each_process_pads_only_its_rows(replicas, processes):
+    """The Conformer's bucketed batches: found from the lengths, then each
+    process pads its utterances only, to the bucket's boundary and the whole
+    batch's longest transcript; the fillers of no frames and weight 0."""
+    task = _task("conformer_tiny_digits", "training.batch_size=5")
+    task.prepare()
+    sliced = _assert_own_rows_are_the_slices(task, replicas, processes)
+    assert any(0 in batch[2] for batch in sliced[-1])

@@ -304,6 +304,22 @@ class SpeechCTC(Task):
             return self._packed_dataset(epoch)
         return self._dataset("train", epoch)
 
+    def process_train_dataset_fn(self, replicas, process, processes):
+        # The utterances in memory (embedded or files), bucketed: the batches
+        # are found from the lengths, then each process pads only its rows.
+        # Packed rows are made once, in memory, and a tfds stream's lengths
+        # are not known before it is read: whole batches cut there.
+        if self.data.get("packing") or self.tfds_name:
+            return None
+        from keras_attn.data import speech
+        from keras_attn.data import translation
+
+        self.prepare()
+        positions = translation.process_positions(replicas, process, processes)
+        return lambda epoch: speech.speech_rows_dataset(
+            *self.train_split, positions, self.weightless_rows, self.batch_size,
+            vocabulary=self.vocabulary, seed=self.seed, epoch=epoch)
+
     def validation_data(self):
         self.prepare()
         if self.data.get("packing"):  # for the features-input twin
