@@ -55,15 +55,21 @@ def keras_tokens(model, wave, chunk_size):
 
 def _emit_tokens(model, wave):
     """Three steps teach a CTC model to say blank everywhere: a comparison of
-    tokens needs tokens. The blank's bias is lowered by the median of its
-    margin over the best token on `wave`'s frames, so that about half the
-    frames emit one."""
+    tokens needs tokens. The blank's bias is lowered so that about half of
+    `wave`'s frames emit one: by the midpoint of the widest gap between two
+    neighbouring margins (blank over the best token) in the middle half of
+    the frames. Not by the median itself: that frame would then be a tie,
+    which float rounding in either runtime decides (seen: LiteRT emitting
+    one token more than Keras on one machine and not on another)."""
     outputs = model({"waveform": wave[None], "waveform_length": np.array([len(wave)])})
     logits = to_numpy(outputs["logits"])[0]
-    margin = logits[:, 0] - logits[:, 1:].max(axis=-1)
+    margin = np.sort(logits[:, 0] - logits[:, 1:].max(axis=-1))
+    quarter = len(margin) // 4
+    middle = margin[quarter:len(margin) - quarter]
+    widest = int(np.argmax(np.diff(middle)))
     head = model.get_layer("ctc_logits")
     kernel, bias = head.get_weights()
-    bias[0] -= np.median(margin)
+    bias[0] -= (middle[widest] + middle[widest + 1]) / 2
     head.set_weights([kernel, bias])
 
 
