@@ -1,5 +1,7 @@
 """Multi-head attention with masks, a fused route and a key/value cache."""
 
+import numbers
+
 import keras
 from keras import ops
 
@@ -41,6 +43,12 @@ def _check_rank(name, shape):
         )
 
 
+def _check_shapes(query_shape, value_shape, key_shape):
+    _check_key_value(key_shape, value_shape)
+    for name, shape in (("query", query_shape), ("value", value_shape), ("key", key_shape)):
+        _check_rank(name, shape)
+
+
 def _output_dim_from_keras(output_dim, output_shape):
     """`output_dim` given Keras's `output_shape` (an int or a 1-tuple)."""
     if output_shape is None:
@@ -58,14 +66,29 @@ def _output_dim_from_keras(output_dim, output_shape):
                 f"output_shape={output_shape!r}"
             )
         (output_shape,) = output_shape
+    if isinstance(output_shape, bool) or not isinstance(output_shape, numbers.Integral):
+        # Keras's own words first, so code matching Keras's error still matches.
+        raise ValueError(
+            f"Invalid `output_shape`: {output_shape!r}. keras_attn projects the "
+            "attention output to one axis: `output_shape` must be a positive int "
+            f"or a 1-tuple of one. Received: output_shape={output_shape!r}"
+        )
     return check_positive_int("output_shape", output_shape)
 
 
-def _check_lengths(key_shape, value_shape):
-    key_length, value_length = static_dim(key_shape[1]), static_dim(value_shape[1])
-    if key_length is not None and value_length is not None and key_length != value_length:
+def _check_key_value(key_shape, value_shape):
+    """`key` and `value` agree on every axis but the width, as Keras asks
+    (checked before their ranks, so that a mismatch is named as Keras
+    names it whatever the ranks)."""
+    key_dims = [static_dim(dim) for dim in tuple(key_shape)[:-1]]
+    value_dims = [static_dim(dim) for dim in tuple(value_shape)[:-1]]
+    if len(key_dims) != len(value_dims) or any(
+        k is not None and v is not None and k != v for k, v in zip(key_dims, value_dims)
+    ):
+        # Keras's sentence first, so code matching Keras's error still matches.
         raise ValueError(
-            "The lengths S of `key` and `value` must be equal. Received: "
+            "All dimensions of `value` and `key`, except the last one, must be equal: "
+            "the batch B and the lengths S of `key` and `value` must be equal. Received: "
             f"key.shape={tuple(key_shape)}, value.shape={tuple(value_shape)}"
         )
 
@@ -225,8 +248,10 @@ class MultiHeadAttention(SpecFromCall, keras.layers.Layer):
         self.bias_constraint = keras.constraints.get(bias_constraint)
         if self.flash_attention and self.dropout > 0:
             raise ValueError(
-                "Attention dropout has no fused kernel: `flash_attention=True` "
-                "needs `dropout=0` (None lets the layer choose). Received: "
+                # Keras's sentence first, so code matching Keras's error still matches.
+                "Dropout is not supported when flash attention is enabled. Attention "
+                "dropout has no fused kernel: `flash_attention=True` needs `dropout=0` "
+                "(None lets the layer choose). Received: "
                 f"flash_attention=True, dropout={self.dropout}"
             )
         self.seed = seed
@@ -243,8 +268,7 @@ class MultiHeadAttention(SpecFromCall, keras.layers.Layer):
     def build(self, query_shape, value_shape=None, key_shape=None):
         value_shape = query_shape if value_shape is None else value_shape
         key_shape = value_shape if key_shape is None else key_shape
-        for name, shape in (("query", query_shape), ("value", value_shape), ("key", key_shape)):
-            _check_rank(name, shape)
+        _check_shapes(query_shape, value_shape, key_shape)
         width = query_shape[-1]
         if self.key_dim is None and width % self.num_heads != 0:
             raise ValueError(
@@ -283,9 +307,7 @@ class MultiHeadAttention(SpecFromCall, keras.layers.Layer):
         when asked for, come from `compute_output_spec`)."""
         value_shape = query_shape if value_shape is None else value_shape
         key_shape = value_shape if key_shape is None else key_shape
-        for name, shape in (("query", query_shape), ("value", value_shape), ("key", key_shape)):
-            _check_rank(name, shape)
-        _check_lengths(key_shape, value_shape)
+        _check_shapes(query_shape, value_shape, key_shape)
         return tuple(query_shape[:-1]) + (self.output_dim or query_shape[-1],)
 
     # === Cache helpers ===
@@ -408,9 +430,7 @@ class MultiHeadAttention(SpecFromCall, keras.layers.Layer):
                 "`return_attention_scores=True` needs `flash_attention` None "
                 "or False. Received: flash_attention=True"
             )
-        for name, tensor in (("query", query), ("value", value), ("key", key)):
-            _check_rank(name, tensor.shape)
-        _check_lengths(key.shape, value.shape)
+        _check_shapes(query.shape, value.shape, key.shape)
 
         masks, invalid = self._checked_masks(
             query, value, query_mask, value_mask, key_mask, attention_mask,

@@ -7,6 +7,8 @@ Keras accepts, and the cache calls of keras-hub's decoder work unchanged;
 what Keras refuses we refuse (docs/compatibility.md lists every argument).
 """
 
+import re
+
 import keras
 import keras_hub
 import numpy as np
@@ -116,6 +118,31 @@ def test_mha_key_value_length_mismatch_like_keras():
         ours.compute_output_shape((2, 4, 8), (2, 2, 8), (2, 1, 8))
     with pytest.raises(ValueError, match="must be equal"):
         ours(np.ones((2, 4, 8)), np.ones((2, 2, 8)), np.ones((2, 1, 8)))
+
+
+# Keras's own MultiHeadAttention tests (keras/src/layers/attention/
+# multi_head_attention_test.py: test_flash_attention_with_errors,
+# test_multi_head_attention_output_shape_error, test_shape_mismatch_error),
+# their inputs and the words they match: ours keeps its sentence after them.
+def test_mha_refusals_carry_the_words_keras_tests_match():
+    with pytest.raises(ValueError, match="Dropout is not supported when flash attention is "
+                                         r"enabled.*Received: flash_attention=True, dropout=0.1"):
+        MultiHeadAttention(num_heads=2, key_dim=2, flash_attention=True, dropout=0.1)
+    with pytest.raises(ValueError, match=r"Invalid `output_shape`.*Received: output_shape=8.0"):
+        MultiHeadAttention(num_heads=2, key_dim=16, output_shape=8.0)
+    for query, value, key in (((2, 4, 8), (2, 2, 7), (2,)),
+                              ((2, 4, 8), (2, 2, 8), (2, 1, 7)),
+                              ((2, 4, 2, 3, 8), (2, 1, 1, 5, 8), (2, 1, 15, 5, 2))):
+        layer = MultiHeadAttention(num_heads=4, key_dim=2, value_dim=2)
+        received = rf"Received: key.shape={re.escape(str(key))}, value.shape="
+        with pytest.raises(ValueError, match=f"must be equal.*{received}"):
+            layer.compute_output_shape(query, value, key)
+        with pytest.raises(ValueError, match=f"must be equal.*{received}"):
+            layer(np.ones(query), np.ones(value), np.ones(key))
+        # Keras's layer says the same of these inputs.
+        with pytest.raises(ValueError, match="must be equal"):
+            keras.layers.MultiHeadAttention(num_heads=4, key_dim=2, value_dim=2)(
+                np.ones(query), np.ones(value), np.ones(key))
 
 
 def test_mha_constraints_and_regularizers_reach_every_projection():
