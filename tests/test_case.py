@@ -4,7 +4,9 @@
 arguments: config round trip and JSON serialization, that every constructor
 argument is kept in the config, symbolic == eager output shapes, the exact
 trainable-weight count, one `fit` step with a finite loss (under XLA on
-TensorFlow and JAX; eager on PyTorch, Keras's own default there),
+TensorFlow and JAX, `jit_compile=True`: what Keras's "auto" gives on JAX and
+on a TensorFlow GPU, not on a CPU-only TensorFlow, where "auto" runs plain
+graphs; eager on PyTorch, Keras's "auto" there),
 mixed_float16 / mixed_bfloat16 (compute dtype outputs, float32 variables on
 every sublayer), that every randomly initialised weight is its own draw (no
 two projections start equal: `assert_distinct_draws`), and `.keras` save /
@@ -222,9 +224,11 @@ def run_layer_test(
     symbolic = _as_tuple(model.outputs)
     assert tuple(tuple(o.shape) for o in symbolic) == expected_output_shape
 
-    # One fit step gives a finite loss: under XLA on TensorFlow and JAX, eager
-    # on PyTorch (what Keras's "auto" gives there). jit_compile=True on PyTorch
-    # is torch.compile: 10-83 s a layer here, and not claimed by the README.
+    # One fit step gives a finite loss: under XLA on TensorFlow and JAX (asked
+    # for: Keras's "auto" turns XLA off on a CPU-only TensorFlow and under
+    # tf.distribute, but one GPU gets it), eager on PyTorch (Keras's "auto"
+    # there). jit_compile=True on PyTorch is torch.compile: 10-83 s a layer
+    # here, and not claimed by the README.
     model, _ = _build_model(layer_cls(**init_kwargs), input_data, call_kwargs)
     first = _as_tuple(model.outputs)[0]
     train_model = keras.Model(model.inputs, first)
