@@ -54,6 +54,8 @@ def _ctc_frames_needed(tf, labels):
 def check_batches(dataset, model):
     """`dataset` (of `(x, y)` or `(x, y, sample_weight)` batches for
     `model`) with every batch checked against what `model` accepts."""
+    from keras_attn.layers.conv_subsampling import subsampled_length
+
     tf = tensorflow_module()
 
     specs = model.input_specs()
@@ -98,9 +100,7 @@ def check_batches(dataset, model):
                     lengths, tf.cast(tf.shape(named["waveform"])[1], tf.int64),
                     message=f"{DATA_CHECK} `waveform_length` must be at most the padded length"),
             ]
-            frames = 1 + lengths // config.frame_step
-            for _ in range(2):  # the 4x convolutional subsampling
-                frames = tf.maximum((frames - 3) // 2 + 1, 0)
+            frames = subsampled_length(1 + lengths // config.frame_step, maximum=tf.maximum)
             real = tf.cast(y, tf.int64) > 0
             gaps = tf.logical_and(tf.logical_not(real[:, :-1]), real[:, 1:])
             assertions.append(tf.debugging.assert_equal(

@@ -193,19 +193,6 @@ def make_translation_dataset(
 
 
 
-def process_positions(replicas, process, processes):
-    """`size -> positions` (NumPy) of the rows that process `process` of
-    `processes` feeds of a batch of `size` rows filled up to a multiple of
-    `replicas` (position p is row p % size): its slice, as `process_rows`
-    cuts `even_batches`."""
-
-    def positions(size):
-        share = (size + replicas - 1) // replicas * replicas // processes
-        return np.arange(process * share, (process + 1) * share)
-
-    return positions
-
-
 def bucket_batches(lengths, boundaries, batch_size):
     """The batches that `Dataset.bucket_by_sequence_length` makes of
     elements of these lengths, read in this order: index arrays into

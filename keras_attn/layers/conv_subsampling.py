@@ -3,6 +3,7 @@
 import numbers
 
 import keras
+import numpy as np
 from keras import ops
 
 from keras_attn._keras_compat import SpecFromCall
@@ -16,22 +17,28 @@ from keras_attn.layers.streaming import check_built
 from keras_attn.layers.streaming import check_state_tensor
 
 
-def _conv_length(length):
-    # kernel 3, stride 2, no padding: floor((L - 3) / 2) + 1, and 0 if L < 3
-    return ops.maximum((length - 3) // 2 + 1, 0)
-
-
-def subsampled_length(length):
-    """Frames left after `ConvSubsampling` from `length` frames (int or tensor).
+def subsampled_length(length, maximum=None):
+    """Frames left after `ConvSubsampling` from `length` frames: an int, a
+    NumPy array (the data checks), or a tensor of the Keras backend.
+    `maximum`: the elementwise maximum for a tensor of another framework
+    (`tf.maximum` inside a `tf.data` map on any backend).
 
     >>> [int(subsampled_length(n)) for n in (6, 7, 10, 100)]
     [0, 1, 1, 24]
+    >>> subsampled_length(np.array([0, 6, 7, 100])).tolist()
+    [0, 0, 1, 24]
     """
-    if isinstance(length, numbers.Integral):
-        for _ in range(2):
-            length = max((length - 3) // 2 + 1, 0)
-        return length
-    return _conv_length(_conv_length(length))
+    if maximum is None:
+        if isinstance(length, numbers.Integral):
+            maximum = max
+        elif isinstance(length, (np.ndarray, np.generic)):
+            maximum = np.maximum
+        else:
+            maximum = ops.maximum
+    for _ in range(2):
+        # kernel 3, stride 2, no padding: floor((L - 3) / 2) + 1, and 0 if L < 3
+        length = maximum((length - 3) // 2 + 1, 0)
+    return length
 
 
 # Output frame t reads input frames 4t .. 4t + 6 (two unpadded 3-tap,

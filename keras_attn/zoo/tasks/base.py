@@ -471,6 +471,35 @@ def even_batches(dataset, replicas, task=None):
     return dataset.map(traced_as_written(fill))
 
 
+def process_positions(replicas, process, processes, arange=np.arange):
+    """`size -> positions` of the rows that process `process` of `processes`
+    feeds of a batch of `size` rows filled up to a multiple of `replicas` by
+    `even_batches` (position p is row p % size; p >= size a filler): its
+    slice of the filled batch, as `process_rows` cuts it. `arange`:
+    `np.arange` for a NumPy size, `tf.range` for a size inside a `tf.data`
+    map."""
+
+    def positions(size):
+        share = (size + replicas - 1) // replicas * replicas // processes
+        return arange(process * share, (process + 1) * share)
+
+    return positions
+
+
+def in_memory_rows_fn(task, replicas, process, processes, rows_dataset):
+    """`Task.process_train_dataset_fn` for a task whose training examples
+    are in memory (embedded or the user's files) and bucketed by length:
+    `epoch -> rows_dataset(positions, epoch)`, each process making only its
+    rows (`process_positions`) of every batch. None for packed rows (made
+    once, in memory: nothing per row to save) and tfds streams (lengths not
+    known before they are read): there each process cuts the whole batch."""
+    if task.data.get("packing") or task.tfds_name:
+        return None
+    task.prepare()
+    positions = process_positions(replicas, process, processes)
+    return lambda epoch: rows_dataset(positions, epoch)
+
+
 def weightless_rows(batch, keep):
     """An `(x, y[, sample_weight])` batch with the rows where `keep` (a
     `(B,)` boolean vector) is False weighing nothing: `sample_weight`

@@ -18,6 +18,7 @@ from keras_attn.zoo import schema
 from keras_attn.zoo.schema import field
 from keras_attn.zoo.tasks.base import Task
 from keras_attn.zoo.tasks.base import batch_count
+from keras_attn.zoo.tasks.base import process_positions
 from keras_attn_base.quiet_tensorflow import traced_as_written
 
 _SHARE = dict(ge=0, le=0.99)
@@ -119,7 +120,8 @@ class ImageClassification(Task):
         from keras_attn.data import files
 
         self.file_splits, class_names = files.image_files(
-            self.files, self.data["validation_fraction"], self.seed)
+            self.files, self.data["validation_fraction"], self.seed,
+            num_channels=config.num_channels)  # every image decoded once, refused by name
         self.num_classes = len(class_names)
         # The split names stand where tfds split strings do.
         self.splits = tuple(s if self.file_splits[s] else None for s in files.SPLITS)
@@ -252,11 +254,8 @@ class ImageClassification(Task):
         height, width = images.shape[1:3]
 
         def own_rows(batch):
-            # The batch filled up to a multiple of the replicas (row p is row
-            # p % size), this process's slice of it, as process_rows cuts it.
             size = tf.shape(batch["y"])[0]
-            share = (size + replicas - 1) // replicas * replicas // processes
-            positions = tf.range(process * share, (process + 1) * share)
+            positions = own_positions(size)
             rows = positions % size
             pixels = tf.cast(tf.gather(table, tf.gather(batch["index"], rows)), "float32")
             # Each image's own transform, drawn for the whole batch
@@ -267,6 +266,7 @@ class ImageClassification(Task):
                 fill_mode="CONSTANT")
             return self.weightless_rows((x, tf.gather(batch["y"], rows)), positions < size)
 
+        own_positions = process_positions(replicas, process, processes, arange=tf.range)
         table = tf.constant(images)
         return lambda epoch: self.prepared_batches("train", epoch).map(
             traced_as_written(own_rows), num_parallel_calls=tf.data.AUTOTUNE).prefetch(

@@ -29,6 +29,7 @@ from keras_attn.zoo import schema
 from keras_attn.zoo.schema import field
 from keras_attn.zoo.tasks.base import Task
 from keras_attn.zoo.tasks.base import batch_count
+from keras_attn.zoo.tasks.base import process_positions
 from keras_attn_base.quiet_tensorflow import traced_as_written
 
 INPUTS = ("token_ids", "segment_ids", "padding_mask", "mask_positions")
@@ -273,13 +274,7 @@ class MaskedLM(Task):
         import tensorflow as tf
 
         self.prepare()
-
-        def positions(size):
-            # The batch filled up to a multiple of the replicas, this
-            # process's slice of it, as process_rows cuts it.
-            share = (size + replicas - 1) // replicas * replicas // processes
-            return tf.range(process * share, (process + 1) * share)
-
+        positions = process_positions(replicas, process, processes, arange=tf.range)
         if self.data.get("packing"):
             return lambda epoch: self._packed_dataset(epoch, positions)
         return lambda epoch: self._dataset(self.train_pairs, epoch, shuffle=True,

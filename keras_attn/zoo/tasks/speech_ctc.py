@@ -31,6 +31,7 @@ from keras_attn.zoo import schema
 from keras_attn.zoo.schema import field
 from keras_attn.zoo.tasks.base import Task
 from keras_attn.zoo.tasks.base import batch_count
+from keras_attn.zoo.tasks.base import in_memory_rows_fn
 
 LETTERS = tuple("abcdefghijklmnopqrstuvwxyz' ")
 
@@ -305,20 +306,14 @@ class SpeechCTC(Task):
         return self._dataset("train", epoch)
 
     def process_train_dataset_fn(self, replicas, process, processes):
-        # The utterances in memory (embedded or files), bucketed: the batches
-        # are found from the lengths, then each process pads only its rows.
-        # Packed rows are made once, in memory, and a tfds stream's lengths
-        # are not known before it is read: whole batches cut there.
-        if self.data.get("packing") or self.tfds_name:
-            return None
+        # The batches are found from the waveform lengths, then each process
+        # pads only its utterances.
         from keras_attn.data import speech
-        from keras_attn.data import translation
 
-        self.prepare()
-        positions = translation.process_positions(replicas, process, processes)
-        return lambda epoch: speech.speech_rows_dataset(
-            *self.train_split, positions, self.weightless_rows, self.batch_size,
-            vocabulary=self.vocabulary, seed=self.seed, epoch=epoch)
+        return in_memory_rows_fn(
+            self, replicas, process, processes, lambda positions, epoch: speech.speech_rows_dataset(
+                *self.train_split, positions, self.weightless_rows, self.batch_size,
+                vocabulary=self.vocabulary, seed=self.seed, epoch=epoch))
 
     def validation_data(self):
         self.prepare()
@@ -675,6 +670,7 @@ def _check_label_frames(labels, frames, where):
     labels `(N, L)` and their utterances' feature frames `(N,)`: each
     transcript's ids followed by 0s, no longer than the utterance can emit
     after the 4x subsampling. `where(i)` names row i."""
+    from keras_attn.layers.conv_subsampling import subsampled_length
     from keras_attn.models.conformer.conformer_model import ctc_frames_needed
 
     real = labels > 0
@@ -683,9 +679,7 @@ def _check_label_frames(labels, frames, where):
         raise ValueError(
             "`labels` must be each transcript's ids followed by 0s (the padding). "
             f"Received: {labels[gaps[0]].tolist()} for {where(int(gaps[0]))}")
-    emitted = frames
-    for _ in range(2):  # keras_attn.layers.subsampled_length, in NumPy
-        emitted = np.maximum((emitted - 3) // 2 + 1, 0)
+    emitted = subsampled_length(frames)
     needed = ctc_frames_needed(labels)
     if np.any(needed > emitted):
         bad = int(np.flatnonzero(needed > emitted)[0])

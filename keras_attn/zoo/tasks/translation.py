@@ -23,6 +23,7 @@ from keras_attn.zoo import schema
 from keras_attn.zoo.schema import field
 from keras_attn.zoo.tasks.base import Task
 from keras_attn.zoo.tasks.base import batch_count
+from keras_attn.zoo.tasks.base import in_memory_rows_fn
 from keras_attn_base.quiet_tensorflow import traced_as_written
 
 
@@ -296,21 +297,16 @@ class Translation(Task):
         return dataset
 
     def process_train_dataset_fn(self, replicas, process, processes):
-        # The pairs in memory (embedded or files), bucketed: the batches are
-        # found from the token lengths (load_data's), then each process
-        # encodes only its rows. Packed rows are made once, in memory, and a
-        # tfds stream's lengths are not known before it is read: whole
-        # batches cut there.
-        if self.data.get("packing") or self.tfds_name:
-            return None
+        # The batches are found from the token lengths (load_data's), then
+        # each process encodes only its rows.
         from keras_attn.data import translation
 
-        self.prepare()
-        positions = translation.process_positions(replicas, process, processes)
-        return lambda epoch: translation.translation_rows_dataset(
-            self.train_sources, self.train_targets, self.train_token_lengths, self.tokenizer,
-            positions, self.weightless_rows, self.batch_size, seed=self.seed,
-            bucket_boundaries=self.data["bucket_boundaries"], epoch=epoch)
+        return in_memory_rows_fn(
+            self, replicas, process, processes,
+            lambda positions, epoch: translation.translation_rows_dataset(
+                self.train_sources, self.train_targets, self.train_token_lengths,
+                self.tokenizer, positions, self.weightless_rows, self.batch_size,
+                seed=self.seed, bucket_boundaries=self.data["bucket_boundaries"], epoch=epoch))
 
     def validation_data(self):
         from keras_attn.data import translation
