@@ -58,7 +58,12 @@ The Keras seams the guard stands on, each public, and why each is needed:
   defines (BERT's packed inputs take a path of their own); the inputs are
   found as Keras's `Layer.__call__` finds them (the first argument of
   `call`). JAX's steps run `call` traced through `stateless_call`, where
-  nothing could be checked anyway.
+  no value could be checked anyway.
+- `call`: the keys of a dict of inputs are structure, known while a step is
+  traced, so `call` itself refuses a key the model does not read or a
+  missing one (`check_input_keys`), on every backend (JAX's steps never pass
+  through `__call__`); the family models whose `call` is their own (packed
+  rows) do the same first.
 
 The Keras internals the guard needs (telling a traced tensor from a concrete
 one, the detached values of the JAX trainer, `LossScaleOptimizer`'s step
@@ -441,10 +446,11 @@ class GuardedModel:
 
     A subclass lists what it accepts in `input_specs()` (`{input name:
     IdSpec | MaskSpec}`), `max_length()` (`{input name: max length}`) and
-    `label_specs()` (`{output name or None: IdSpec}`), and may add checks
-    that relate inputs in `check_arrays(named)`. A model whose outputs are
-    logits says so in `outputs_are_logits()`; its `compile` then refuses a
-    loss that reads probabilities. Mix it in first:
+    `label_specs()` (`{output name or None: IdSpec}`), the inputs a dict
+    may hold beside the functional graph's in `optional_input_names()`, and
+    may add checks that relate inputs in `check_arrays(named)`. A model
+    whose outputs are logits says so in `outputs_are_logits()`; its
+    `compile` then refuses a loss that reads probabilities. Mix it in first:
     `class ViT(GuardedModel, ConfigModel, keras.Model)`.
     """
 
@@ -465,6 +471,12 @@ class GuardedModel:
         token head): `compile` then refuses a loss that expects
         probabilities. False for the backbones, whose outputs are features."""
         return False
+
+    def optional_input_names(self):
+        """The inputs a dict may hold beside the functional graph's, which
+        the model reads by name itself (the packed rows' inputs,
+        docs/packing.md); `check_input_keys` refuses any other key."""
+        return ()
 
     def describe_inputs(self):
         parts = [spec.describe(name) for name, spec in self.input_specs().items()]
@@ -496,8 +508,45 @@ class GuardedModel:
                 named[name] = array
         return named
 
+    def check_input_keys(self, inputs):
+        """`ValueError` naming the keys when a dict of inputs holds a key the
+        model does not read, or lacks one it needs.
+
+        Keras's `Functional` reads a dict by its sorted keys, not by name: an
+        extra key (an `attention_mask` beside `padding_mask`, a `labels`)
+        would move the inputs after it into other inputs' places, a wrong
+        answer with only a warning. An unknown key is refused, not ignored:
+        a caller who sends `attention_mask` meaning the padding mask must
+        learn that it is not read. The keys are structure, known while a
+        step is traced, so this raises alike in an eager call and in a
+        compiled `fit`, `evaluate` or `predict`.
+        """
+        if not isinstance(inputs, dict):
+            return
+        required = self._input_names()
+        optional = [name for name in self.optional_input_names() if name not in required]
+        unknown = sorted(str(key) for key in inputs if key not in required + optional)
+        missing = [name for name in required if name not in inputs]
+        if not unknown and not missing:
+            return
+        problems = []
+        if unknown:
+            problems.append(f"it does not read {unknown}")
+        if missing:
+            problems.append(f"{missing} missing")
+        takes = f"{required}" + (f" and optionally {optional}" if optional else "")
+        raise ValueError(
+            f"Invalid value for argument `inputs`: model {self.name!r} takes the keys "
+            f"{takes}; {' and '.join(problems)} (a key the model does not read is "
+            "refused, never ignored or read as another input). Received: inputs with "
+            f"keys {sorted(str(key) for key in inputs)}"
+        )
+
     def check_inputs(self, x):
-        """Raises `ValueError` for concrete inputs the model cannot read."""
+        """Raises `ValueError` for concrete inputs the model cannot read
+        (and for a dict of inputs with keys it does not take, concrete or
+        not: `check_input_keys`)."""
+        self.check_input_keys(x)
         named = self._named(x)
         if not named:
             return
@@ -619,6 +668,13 @@ class GuardedModel:
         return loss * ops.cast(guard * self.guard_inputs(x), loss.dtype)
 
     # --- Keras entry points (see the module docstring for why each) ---
+
+    def call(self, inputs, training=None, mask=None):
+        """The functional graph (`keras.Model.call`) after `check_input_keys`:
+        JAX's compiled steps run `call` (through `stateless_call`), never
+        `__call__`. A family whose `call` is its own checks there."""
+        self.check_input_keys(inputs)
+        return super().call(inputs, training=training, mask=mask)
 
     def __call__(self, *args, **kwargs):
         inputs = _first_argument(self.call, args, kwargs)

@@ -17,7 +17,7 @@ positions 0..T-1    -> PositionEmbedding          "position_embedding"  (B, T, D
 import dataclasses
 
 import keras
-import numpy as np
+import numpy as np  # noqa: F401  (the doctests use it)
 from keras import ops
 
 from keras_attn._guard import GuardedModel
@@ -259,6 +259,7 @@ class BertBackbone(GuardedModel, ConfigModel, keras.Model):
         self.token_embedding = token_embedding
 
     def call(self, inputs, training=None, mask=None):
+        self.check_input_keys(inputs)  # a dict is read by name, never by position
         packed = packed_inputs(inputs)
         if packed is None:  # the functional graph, as without packing
             return super().call(inputs, training=training, mask=mask)
@@ -293,6 +294,9 @@ class BertBackbone(GuardedModel, ConfigModel, keras.Model):
 
     def max_length(self):
         return {"token_ids": self.bert_config.max_sequence_length}
+
+    def optional_input_names(self):
+        return PACKED_INPUT_NAMES
 
 
 def build_bert(config=DEFAULT_PRESET, **overrides):

@@ -167,6 +167,7 @@ class BertPretrainer(_BertTask):
         self.max_segments = max_segments
 
     def call(self, inputs, training=None, mask=None):
+        self.check_input_keys(inputs)  # a dict is read by name, never by position
         packed = packed_inputs(inputs)
         if packed is None:  # the functional graph, as without packing
             return super().call(inputs, training=training, mask=mask)
@@ -199,6 +200,9 @@ class BertPretrainer(_BertTask):
                                      + (self.backbone.bert_config.vocabulary_size,), dtype),
             "nsp": keras.KerasTensor((batch, self.max_segments, 2), dtype),
         }
+
+    def optional_input_names(self):
+        return PACKED_INPUT_NAMES  # the classifiers read the functional graph only
 
     def label_specs(self):
         return {

@@ -180,12 +180,13 @@ class ConformerCTC(GuardedModel, ConfigModel, keras.Model):
     utterance, `(B,)`), their weighted mean `sum(w * loss) / sum(w)`.
 
     Packed utterances (docs/packing.md; `input_type="features"`): a dict of
-    `features` `(B, T, num_mel_bins)` and the optional inputs `segment_ids`
-    and `positions` `(B, T)` int, as `keras_attn.data.packing.pack_utterances`
-    gives them (each utterance starting at a multiple of 4 frames;
-    `feature_length` may be left out). The attention is block-diagonal by
-    utterance and the convolutions read each utterance's own frames, so each
-    utterance gets at inference the logits it gets alone. The outputs add
+    `features` `(B, T, num_mel_bins)`, `feature_length` (the rows' length
+    `T` will do) and the optional inputs `segment_ids` and `positions`
+    `(B, T)` int, as `keras_attn.data.packing.pack_utterances` gives them
+    (each utterance starting at a multiple of 4 frames). The attention is
+    block-diagonal by utterance and the convolutions read each utterance's
+    own frames, so each utterance gets at inference the logits it gets
+    alone. The outputs add
     `logit_segment_ids` `(B, T')`, the utterance of each logit frame (0
     between utterances); `unpack_utterances` gives each utterance's logits.
     Labels are `(B, K, L)`, one transcript per utterance of a row (0 past
@@ -270,9 +271,14 @@ class ConformerCTC(GuardedModel, ConfigModel, keras.Model):
     def label_specs(self):
         return {None: IdSpec(0, self.vocabulary_size + 1, "1..V, 0 pads")}
 
+    def optional_input_names(self):
+        # Refused for a waveform model by `call`, naming why.
+        return PACKED_INPUT_NAMES
+
     # === Packed utterances ===
 
     def call(self, inputs, training=None, mask=None):
+        self.check_input_keys(inputs)  # a dict is read by name, never by position
         packed = packed_inputs(inputs, PACKED_INPUT_NAMES)
         if packed is None:  # the functional graph, as without packing
             return super().call(inputs, training=training, mask=mask)
@@ -482,9 +488,7 @@ class ConformerCTC(GuardedModel, ConfigModel, keras.Model):
         if labels is None or frames is None or labels.ndim != 2:
             return
         needed = ctc_frames_needed(labels)
-        emitted = frames
-        for _ in range(2):  # subsampled_length, in NumPy
-            emitted = np.maximum((emitted - 3) // 2 + 1, 0)
+        emitted = subsampled_length(np.asarray(frames))
         short = int(np.sum(needed > emitted))
         if short:
             warnings.warn(

@@ -349,6 +349,7 @@ class Transformer(GuardedModel, ConfigModel, keras.Model):
         self.transformer_config = config
 
     def call(self, inputs, training=None, mask=None):
+        self.check_input_keys(inputs)  # a dict is read by name, never by position
         packed = packed_inputs(inputs, PACKED_INPUT_NAMES)
         if packed is None:  # the functional graph, as without packing
             return super().call(inputs, training=training, mask=mask)
@@ -379,6 +380,9 @@ class Transformer(GuardedModel, ConfigModel, keras.Model):
             "source_ids": IdSpec(0, config.vocabulary_size, "the source vocabulary"),
             "target_ids": IdSpec(0, self._target_vocabulary_size(), "the target vocabulary"),
         }
+
+    def optional_input_names(self):
+        return PACKED_INPUT_NAMES
 
     def max_length(self):
         config = self.transformer_config
