@@ -110,6 +110,10 @@ def _fresh_keras_state():
     keras.backend.clear_session(free_memory=False)
 
 
+# An `exclusive` test runs with no other test beside it (_machine_share.py).
+from _machine_share import pytest_runtest_protocol  # noqa: E402,F401
+
+
 # Not test modules: run by the tests in subprocesses (a sitecustomize that
 # blocks TensorFlow when a variable says so).
 collect_ignore_glob = ["zoo/no_tensorflow/*"]

@@ -320,6 +320,7 @@ def trained(tmp_path_factory):
 
 
 @pytest.mark.large
+@pytest.mark.exclusive
 def test_one_and_two_tensorflow_workers_fit_like_one_process(trained):
     reference_run, shared_run, one, both = trained
     single = one["reference"]
@@ -436,6 +437,7 @@ def test_a_worker_lost_during_the_start_of_run_checks_is_named(monkeypatch, tmp_
 
 
 @pytest.mark.large
+@pytest.mark.exclusive
 def test_a_lost_tensorflow_worker_is_named_and_the_job_resumes(trained, tmp_path):
     # Worker 1 dies after the chief's first checkpoint; the chief, which
     # writes the run, must stop on its own naming it. (The chief lost

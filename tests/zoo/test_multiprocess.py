@@ -27,7 +27,7 @@ from _tiny import TINY
 from test_case import jax_cpu_devices_flags
 
 pytestmark = [pytest.mark.backend_independent, pytest.mark.slow,
-              pytest.mark.xdist_group("distribute")]
+              pytest.mark.xdist_group("distribute"), pytest.mark.exclusive]
 RECIPE = "vit_tiny_digits"
 # Compiled steps (as on a GPU); checkpoints every 2 of 6 steps of a global
 # batch of 32, an epoch that reads the data's short last batch too.

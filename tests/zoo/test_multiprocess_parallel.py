@@ -32,7 +32,7 @@ from test_multiprocess import _weights
 
 # The tiny ViT's 2 heads and inner width 32 split over the 2 processes.
 pytestmark = [pytest.mark.backend_independent, pytest.mark.slow,
-              pytest.mark.xdist_group("distribute")]
+              pytest.mark.xdist_group("distribute"), pytest.mark.exclusive]
 
 
 def _start(tmp_path, outputs, tag):

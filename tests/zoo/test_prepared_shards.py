@@ -310,6 +310,7 @@ def _run_jobs(tmp_path, jobs):
 @pytest.mark.slow
 @pytest.mark.backend_independent
 @pytest.mark.xdist_group("distribute")
+@pytest.mark.exclusive
 def test_two_processes_from_prepared_files_train_as_one(tmp_path):
     """`keras-attn train --data DIR --distribute` as two JAX processes, each
     reading its rows, and as one process of two devices (the prepared
@@ -346,6 +347,7 @@ def test_two_processes_from_prepared_files_train_as_one(tmp_path):
 @pytest.mark.slow
 @pytest.mark.backend_independent
 @pytest.mark.xdist_group("distribute")
+@pytest.mark.exclusive
 def test_a_process_that_refuses_its_rows_stops_the_job(tmp_path):
     """Each host with its own copy of the prepared files, process 1's
     damaged: process 1 refuses it, naming the file and the rows, and
@@ -375,6 +377,7 @@ def test_a_process_that_refuses_its_rows_stops_the_job(tmp_path):
 @pytest.mark.slow
 @pytest.mark.backend_independent
 @pytest.mark.xdist_group("distribute")
+@pytest.mark.exclusive
 def test_hosts_with_different_prepared_copies_are_refused_by_name(tmp_path):
     """Each host with its own copy, both sound and both for this recipe, but
     not the same files (process 1's an earlier format of the same batches,
