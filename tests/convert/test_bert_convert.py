@@ -62,6 +62,7 @@ def test_outputs_equal_transformers(hf_dir):
         5, 6, 11, 7, 16, 13, 14, 15]
 
 
+@pytest.mark.backend_independent
 def test_tokenizer_equals_transformers(hf_dir):
     import transformers
 
@@ -73,6 +74,7 @@ def test_tokenizer_equals_transformers(hf_dir):
         assert to_numpy(ours(text)).tolist() == expected, text
 
 
+@pytest.mark.backend_independent
 def test_tokenizer_case_from_vocabulary(hf_dir, tmp_path):
     path, _ = hf_dir
     tokenizer = load_hf_bert_tokenizer(path, sequence_length=6)
@@ -101,6 +103,7 @@ def _copy(path, dst, edit_tensors=None, edit_config=None):
     return str(dst)
 
 
+@pytest.mark.backend_independent
 def test_mismatched_tensor_is_named_and_nothing_loads(hf_dir, tmp_path, monkeypatch):
     path, _ = hf_dir
     name = "encoder.layer.1.intermediate.dense.weight"
@@ -124,6 +127,7 @@ def test_mismatched_tensor_is_named_and_nothing_loads(hf_dir, tmp_path, monkeypa
     assert assigned == []
 
 
+@pytest.mark.backend_independent
 def test_config_that_does_not_match_the_tensors(hf_dir, tmp_path):
     path, _ = hf_dir
 
@@ -135,6 +139,7 @@ def test_config_that_does_not_match_the_tensors(hf_dir, tmp_path):
         load_hf_bert_backbone(bad)
 
 
+@pytest.mark.backend_independent
 def test_missing_tensor_and_unsupported_activation(hf_dir, tmp_path):
     path, _ = hf_dir
     bad = _copy(path, tmp_path, edit_tensors=lambda t: t.pop("pooler.dense.bias"))

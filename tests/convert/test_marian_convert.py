@@ -179,6 +179,7 @@ def test_greedy_and_beam_search_equal_generate(marian_dir):
             assert (tokens != greedy).any(axis=1).sum() >= 2
 
 
+@pytest.mark.backend_independent
 def test_tokenizer_gives_the_ids_and_texts_of_transformers(marian_dir):
     import transformers
 
@@ -192,6 +193,7 @@ def test_tokenizer_gives_the_ids_and_texts_of_transformers(marian_dir):
         assert tokenizer.decode(ids) == theirs.decode(ids, skip_special_tokens=True), text
 
 
+@pytest.mark.backend_independent
 def test_a_checkpoint_that_does_not_fit_is_refused(marian0, tmp_path):
     import shutil
 
@@ -311,6 +313,7 @@ def test_exported_translate_fails_on_an_id_that_is_no_piece(exported_marian):
                 decode(ids)
 
 
+@pytest.mark.backend_independent
 def test_settings_and_files_the_loader_cannot_use_are_refused(marian0, tmp_path):
     import shutil
 
@@ -341,6 +344,7 @@ def _copy_dir(path, tmp_path):
     return str(tmp_path)
 
 
+@pytest.mark.backend_independent
 def test_a_tensor_that_is_not_finite_is_refused_by_name(marian0, tmp_path):
     import re
 
@@ -383,6 +387,7 @@ def _vocab_edit(marian_dir, tmp_path, edit):
     return path
 
 
+@pytest.mark.backend_independent
 def test_a_vocab_json_that_does_not_fit_the_model_is_refused(marian0, tmp_path):
     import re
 
@@ -412,6 +417,7 @@ def test_a_vocab_json_that_does_not_fit_the_model_is_refused(marian0, tmp_path):
             load_hf_marian(path)
 
 
+@pytest.mark.backend_independent
 def test_ids_outside_the_vocabulary_are_an_error_not_unknown_text(marian0):
     import re
 
@@ -447,6 +453,7 @@ def test_ids_outside_the_vocabulary_are_an_error_not_unknown_text(marian0):
     assert len(tokenizer.translate(model, texts[1:], max_length=6)) == 1
 
 
+@pytest.mark.backend_independent
 def test_a_file_that_is_no_sentencepiece_model_is_refused_by_name(marian0, tmp_path):
     import re
 

@@ -14,6 +14,10 @@ from safetensors.numpy import save_file
 from keras_attn.convert.bert import load_hf_bert_backbone
 from keras_attn.convert.vit import load_hf_vit
 
+# What a loader refuses or warns of in a file is Python and NumPy: tested
+# once, in the TensorFlow pass (docs/backends.md).
+pytestmark = pytest.mark.backend_independent
+
 
 def _save(model, path):
     model.save_pretrained(str(path), safe_serialization=True)

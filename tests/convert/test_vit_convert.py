@@ -71,11 +71,13 @@ def test_backbone_cls_output_matches(tmp_path):
     np.testing.assert_allclose(to_numpy(model(images)), expected, atol=1e-4)
 
 
+@pytest.mark.backend_independent
 def test_unsupported_activation_is_rejected():
     with pytest.raises(ValueError, match=r"Received: hidden_act='relu'"):
         vit_config_from_hf(hf_config(hidden_act="relu").to_dict())
 
 
+@pytest.mark.backend_independent
 def test_checkpoint_that_does_not_match_its_config(tmp_path):
     """A config.json that disagrees with the tensors fails naming a tensor."""
     import json
@@ -92,6 +94,7 @@ def test_checkpoint_that_does_not_match_its_config(tmp_path):
         load_hf_vit(str(tmp_path))
 
 
+@pytest.mark.backend_independent
 def test_checkpoint_missing_a_tensor(tmp_path):
     import transformers
     from safetensors.numpy import load_file

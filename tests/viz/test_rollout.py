@@ -7,6 +7,7 @@ from keras_attn.models.vit import build_vit
 from test_case import to_numpy
 
 
+@pytest.mark.backend_independent
 def test_rollout_of_known_maps():
     # Two blocks, one head, 2 tokens. With w = 0 the rollout is A2 @ A1.
     a1 = np.array([[[[1.0, 0.0], [0.5, 0.5]]]])
@@ -17,6 +18,7 @@ def test_rollout_of_known_maps():
     np.testing.assert_allclose(viz.attention_rollout([a1, a2])[0], mixed(a2) @ mixed(a1))
 
 
+@pytest.mark.backend_independent
 def test_rollout_averages_heads():
     heads = np.array([[[[1.0, 0.0], [0.0, 1.0]], [[0.0, 1.0], [1.0, 0.0]]]])  # (1, 2, 2, 2)
     np.testing.assert_allclose(viz.attention_rollout([heads], residual_weight=0.0)[0], np.full((2, 2), 0.5))
@@ -40,11 +42,13 @@ def test_vit_rollout_maps_and_plot(tmp_path):
         assert handle.read(8) == b"\x89PNG\r\n\x1a\n"
 
 
+@pytest.mark.backend_independent
 def test_rollout_rejects_cross_attention_shapes():
     with pytest.raises(ValueError, match=r"Received: shape=\(1, 2, 3, 4\)"):
         viz.attention_rollout([np.ones((1, 2, 3, 4))])
 
 
+@pytest.mark.backend_independent
 def test_rollout_plot_rejects_mismatched_batches():
     with pytest.raises(ValueError, match=r"Received: images.shape=\(2, 8, 8, 1\), maps.shape=\(3, 2, 2\)"):
         viz.plot_attention_rollout(np.zeros((2, 8, 8, 1)), np.ones((3, 2, 2)))

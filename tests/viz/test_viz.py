@@ -12,6 +12,7 @@ def _png_size(path):
     return int.from_bytes(header[16:20], "big"), int.from_bytes(header[20:24], "big")
 
 
+@pytest.mark.backend_independent
 def test_positional_encoding_plot(tmp_path):
     path = tmp_path / "pe.png"
     figure = viz.plot_positional_encoding(layers.sinusoidal_positional_encoding(50, 32), path=path)
@@ -26,6 +27,7 @@ def test_positional_encoding_plot(tmp_path):
     assert legend.x0 >= box.x1 and len(curves.get_legend().get_texts()) == 4
 
 
+@pytest.mark.backend_independent
 def test_attention_heads_plot(tmp_path):
     block = layers.TransformerBlock(num_heads=3, intermediate_dim=8)
     _, scores = block(np.random.rand(1, 4, 6).astype("float32"), return_attention_scores=True)
@@ -48,16 +50,19 @@ def test_attention_heads_plot(tmp_path):
     assert {axis.images[0].get_clim() for axis in heads} == {(0, float(np.max(scores[0])))}
 
 
+@pytest.mark.backend_independent
 def test_attention_plot_rejects_mismatched_tokens():
     with pytest.raises(ValueError, match=r"Received: len\(query_tokens\)=2"):
         viz.plot_attention_heads(np.ones((2, 3, 3)) / 3, ["a", "b"])
 
 
+@pytest.mark.backend_independent
 def test_attention_plot_rejects_a_batch():
     with pytest.raises(ValueError, match=r"Received: scores.shape=\(1, 2, 3, 3\)"):
         viz.plot_attention_heads(np.ones((1, 2, 3, 3)) / 3, ["a", "b", "c"])
 
 
+@pytest.mark.backend_independent
 def test_learning_curves_plot_train_and_validation(tmp_path):
     history = {"accuracy": [0.2, 0.5, 0.7], "loss": [2.0, 1.5, 1.0],
                "val_loss": [2.1, 1.7, 1.4], "val_accuracy": [0.1, 0.4, 0.6]}

@@ -37,6 +37,12 @@ SETTINGS = {
 }
 
 
+# What the JAX pass runs here: the prepared batches read back on JAX (its
+# own augmentation arithmetic). The rest is the files' format and refusals
+# (NumPy and Python) or subprocesses that choose their backend: collected
+# once, on TensorFlow (`backend_independent`, docs/backends.md).
+
+
 def _recipe(name, extra=()):
     return load_recipe(runs.locate_recipe(name), SETTINGS[name] + list(extra))
 
@@ -108,6 +114,7 @@ def test_prepared_batches_are_the_pipelines_batches(prepared, name):
     assert len(epoch_1.skip(3)) == 1
 
 
+@pytest.mark.backend_independent
 def test_translation_is_scored_from_prepared_data_as_from_the_tokenizer(prepared):
     """The test sources stored for the BLEU are the ones the task decodes,
     and the TensorFlow-free detokenizer gives keras-hub's texts: the same
@@ -146,6 +153,7 @@ def test_the_digits_recipe_prepares_into_a_few_mib(tmp_path):
     assert total < 4 * 2**20, total
 
 
+@pytest.mark.backend_independent
 def test_the_error_rates_without_tensorflow_are_keras_hubs():
     """`edit_distance_rate` (the WER and CER of prepared runs) equals
     keras-hub's EditDistance, which the tf.data runs use."""
@@ -324,6 +332,7 @@ def test_trains_and_resumes_bit_identically_where_tensorflow_is_not_installed(
 # === Bad prepared data: refused, naming what is wrong, before the first step ===
 
 
+@pytest.mark.backend_independent
 def test_a_directory_without_prepared_data_is_refused(tmp_path):
     with pytest.raises(ValueError, match="written by `keras-attn prepare`.*has no prepared.json"):
         prepared_module.PreparedData(str(tmp_path), _recipe("vit_tiny_digits"))
@@ -334,11 +343,13 @@ def test_a_directory_without_prepared_data_is_refused(tmp_path):
     ("vit_tiny_digits", ["data.augmentation.zoom=0.3"], "`data`"),
     ("vit_tiny_digits", ["training.epochs=3"], "`training.epochs` is 2 there and 3 here"),
 ])
+@pytest.mark.backend_independent
 def test_data_prepared_for_another_recipe_is_refused(prepared, name, extra, key):
     with pytest.raises(ValueError, match="prepared for another recipe: " + key):
         prepared_module.PreparedData(prepared[name], _recipe(name, extra))
 
 
+@pytest.mark.backend_independent
 def test_another_recipes_data_and_run_neutral_changes(prepared):
     with pytest.raises(ValueError, match="`family` is 'bert' there and 'vit' here"):
         prepared_module.PreparedData(prepared["bert_tiny_pydoc"], _recipe("vit_tiny_digits"))
@@ -348,6 +359,7 @@ def test_another_recipes_data_and_run_neutral_changes(prepared):
     prepared_module.PreparedData(prepared["vit_tiny_digits"], recipe)
 
 
+@pytest.mark.backend_independent
 def test_missing_truncated_or_edited_files_are_refused(prepared, tmp_path):
     recipe = _recipe("vit_tiny_digits")
     directory = _copy(prepared, "vit_tiny_digits", tmp_path)
@@ -420,6 +432,7 @@ def _rewrite(directory, name, change, seal=True):
     return _edit_manifest(directory, update, seal=seal)
 
 
+@pytest.mark.backend_independent
 def test_ids_out_of_range_are_refused_before_the_first_step(prepared, tmp_path):
     name = "bert_tiny_pydoc"
     directory = _copy(prepared, name, tmp_path)
@@ -450,12 +463,14 @@ def test_ids_out_of_range_are_refused_before_the_first_step(prepared, tmp_path):
 
 
 # (What distribution cannot take: tests/zoo/test_prepared_shards.py.)
+@pytest.mark.backend_independent
 def test_what_cannot_be_prepared_yet_is_refused(tmp_path):
     with pytest.raises(ValueError, match="embedded spoken digits only.*tfds:librispeech"):
         prepared_module.prepare("conformer_small", output=str(tmp_path / "t"), verbose=False)
     assert not os.path.exists(tmp_path / "t")
 
 
+@pytest.mark.backend_independent
 def test_speech_made_again_elsewhere_must_be_the_prepared_speech(prepared, tmp_path):
     """The spoken digits are synthesised again where the data is used: a
     different synthesis (another eSpeak NG or SciPy) is refused, and so is a
@@ -522,6 +537,7 @@ def _folder_for_a_file(directory):
     ("prepared", _folder_for_a_file, "'test.npz' is not a plain file"),
 ], ids=["a file of the user's", "a prepared directory the user added to",
         "a prepared.json of no format", "a folder named as a prepared file"])
+@pytest.mark.backend_independent
 def test_prepare_refuses_a_directory_it_did_not_write(prepared, tmp_path, start, make, named):
     """`prepare` replaced whatever `--out` named (issue 44, item 1): a
     non-empty directory that is not an earlier prepared one is refused,
@@ -542,6 +558,7 @@ def test_prepare_refuses_a_directory_it_did_not_write(prepared, tmp_path, start,
     assert os.listdir(tmp_path) == ["out"]  # nothing made beside it
 
 
+@pytest.mark.backend_independent
 def test_prepare_refuses_it_when_it_changed_while_the_batches_were_made(tmp_path):
     """The directory is checked again just before it is replaced."""
     staging = tmp_path / ".prepare-out-x"
@@ -577,6 +594,7 @@ def test_the_command_line_refuses_it_with_status_2(tmp_path, capsys):
     assert os.listdir(tmp_path) == ["d"]
 
 
+@pytest.mark.backend_independent
 def test_prepare_takes_a_new_an_empty_or_an_earlier_prepared_directory(tmp_path):
     name, recipe = "vit_tiny_digits", _recipe("vit_tiny_digits")
 
@@ -621,6 +639,7 @@ def test_prepare_takes_a_new_an_empty_or_an_earlier_prepared_directory(tmp_path)
     lambda manifest: manifest["files"]["test"].update(sha256="0" * 64),
     lambda manifest: manifest.pop("manifest_sha256"),
 ], ids=["num_classes", "dtype", "epochs", "a file's sha256", "no digest"])
+@pytest.mark.backend_independent
 def test_an_edited_manifest_is_refused_naming_it(prepared, tmp_path, change):
     """The tester edited `num_classes` and a 12-class ViT trained, edited
     a dtype and the weights changed: an edit the digest was not computed
@@ -637,6 +656,7 @@ def test_an_edited_manifest_is_refused_naming_it(prepared, tmp_path, change):
     assert not os.path.exists(output)
 
 
+@pytest.mark.backend_independent
 def test_the_manifest_digest_is_of_its_content_and_a_damaged_one_is_refused(prepared, tmp_path):
     recipe = _recipe("vit_tiny_digits")
     directory = _copy(prepared, "vit_tiny_digits", tmp_path)
@@ -650,6 +670,7 @@ def test_the_manifest_digest_is_of_its_content_and_a_damaged_one_is_refused(prep
         prepared_module.PreparedData(directory, recipe)
 
 
+@pytest.mark.backend_independent
 def test_a_crafted_file_and_manifest_are_refused(prepared, tmp_path):
     """The tester's crafted npz with its manifest entry to match is refused
     by the manifest digest. A forger who computes that digest again too
@@ -698,6 +719,7 @@ def test_a_crafted_file_and_manifest_are_refused(prepared, tmp_path):
             prepared_module.PreparedData(directory, recipe)
 
 
+@pytest.mark.backend_independent
 def test_the_recipe_given_to_train_is_the_one_checked(prepared, tmp_path):
     """`train --data` checks the data against the recipe and the overrides
     it is given, not against what the manifest says."""
