@@ -8,6 +8,10 @@ Every class derives from `KerasAttnError`. The ones for bad input are also
 - `RecipeError`: a recipe key is missing, unknown or out of range.
 - `DataCheckError`: a batch of training data was refused by the check inside
   the `tf.data` pipeline (an id, mask or length out of range).
+- `DataFileError`: a file of your own data (`keras_attn.data.load_*_files`,
+  a recipe's `files:` dataset, `keras-attn transcribe`) was refused: a
+  value the task cannot read, naming the file, the line (or row), the field
+  and the value.
 - `RunDirectoryError`: a run's output directory cannot be used (a file, not
   writable, or being trained by another process).
 - `CorruptCheckpointError`: a checkpoint file is not intact.
@@ -18,10 +22,12 @@ Every class derives from `KerasAttnError`. The ones for bad input are also
 True
 """
 
-from keras_attn_base.errors import CorruptCheckpointError
-from keras_attn_base.errors import DataCheckError
-from keras_attn_base.errors import KerasAttnError
-from keras_attn_base.errors import NonFiniteLossError
-from keras_attn_base.errors import RecipeError
-from keras_attn_base.errors import RunDirectoryError
+# `X as X`: re-exported (the names are those of keras_attn_base.errors.__all__).
+from keras_attn_base.errors import CorruptCheckpointError as CorruptCheckpointError
+from keras_attn_base.errors import DataCheckError as DataCheckError
+from keras_attn_base.errors import DataFileError as DataFileError
+from keras_attn_base.errors import KerasAttnError as KerasAttnError
+from keras_attn_base.errors import NonFiniteLossError as NonFiniteLossError
+from keras_attn_base.errors import RecipeError as RecipeError
+from keras_attn_base.errors import RunDirectoryError as RunDirectoryError
 from keras_attn_base.errors import __all__  # noqa: F401  (the same names)

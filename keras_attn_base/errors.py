@@ -20,6 +20,11 @@ class RunDirectoryError(KerasAttnError, ValueError):
     """A run directory that cannot be written or is in use."""
 
 
+class DataFileError(KerasAttnError, ValueError):
+    """A file of the user's own data (a table, an image, a WAV file) that
+    cannot be read as it stands: named with its line (or row) and value."""
+
+
 class CorruptCheckpointError(KerasAttnError, ValueError):
     """A checkpoint that is truncated, edited or otherwise not intact."""
 
@@ -31,6 +36,7 @@ class NonFiniteLossError(KerasAttnError, ValueError):
 __all__ = [
     "CorruptCheckpointError",
     "DataCheckError",
+    "DataFileError",
     "KerasAttnError",
     "NonFiniteLossError",
     "RecipeError",

@@ -18,26 +18,43 @@ and optionally `validation.*` and `test.*` gives the three; with
 for validation when there is no validation file.
 
 Reading and checking need no TensorFlow (the recipe check uses them before
-anything loads); the pipelines import it when they are built.
+anything loads); the pipelines import it when they are built, and images are
+decoded with it once when the data loads.
+
+No silent wrong answer: what a file holds is used as it is or refused with a
+`keras_attn.errors.DataFileError` (a `ValueError`) that names the file, the
+line (or row), the field and the value. A table is UTF-8; a CSV row has one
+value per column; a JSON value is of its field's kind (a text is a string:
+null, a number or NaN is not one); integer labels are class ids 0, 1, ...
+and a validation or test label the training set lacks is refused (a model
+cannot learn a class it never sees); every class folder holds an image and
+every image decodes; a WAV file is mono, whole and not empty.
 """
 
 import csv
 import dataclasses
 import json
+import math
 import os
+import re
 from typing import Optional
 
 import numpy as np
-from keras_attn_base.quiet_tensorflow import tensorflow_module
+from keras_attn_base.errors import DataFileError
 
 SPLITS = ("train", "validation", "test")
 TABLE_SUFFIXES = (".csv", ".jsonl")
 # What keras.utils.image_dataset_from_directory reads.
 IMAGE_SUFFIXES = (".bmp", ".gif", ".jpeg", ".jpg", ".png")
+# The kinds of value of a table's field (as a JSON value; a CSV value is a
+# string, which each kind takes): a text is a string; a label is a class id
+# (an integer) or a class name (a string); words are a list of strings or
+# one string split at white space; tags a list of labels or such a string.
+TEXT, LABEL, WORDS, TAGS = "text", "label", "words", "tags"
 
 
 def _error(problem, argument, value):
-    return ValueError(f"{problem}. Received: {argument}={value!r}")
+    return DataFileError(f"{problem}. Received: {argument}={value!r}")
 
 
 @dataclasses.dataclass
@@ -94,43 +111,138 @@ def table_splits(path, argument="path"):
     return splits
 
 
+class Row(dict):
+    """A table row, `{field: value}`, that knows where it was read: `place`
+    ("reviews/test.csv, line 7"), for the errors that name it."""
+
+    place = None
+
+
+def _kinds(fields):
+    """`{field: kind}`: `fields` is such a dict, or names (each a TEXT)."""
+    return dict(fields) if isinstance(fields, dict) else {name: TEXT for name in fields}
+
+
+def _problem(value, kind):
+    """What makes `value` (a JSON value) no value of `kind`; None if none."""
+    if value is None:
+        return "is null"
+    if isinstance(value, float) and math.isnan(value):
+        return "is NaN"
+    if isinstance(value, float) and math.isinf(value):
+        return "is infinite"
+    if isinstance(value, str):
+        return None
+    if kind == LABEL:
+        if isinstance(value, bool):
+            return (f"is {json.dumps(value)}, a boolean; a label is a class id (an integer) "
+                    "or a class name (a string)")
+        if isinstance(value, int) or (isinstance(value, float) and value.is_integer()):
+            return None
+        return f"is {value!r}; a label is a class id (a whole number) or a class name (a string)"
+    if kind in (WORDS, TAGS) and isinstance(value, list):
+        return None
+    return {TEXT: "must be a string (a text)", WORDS: "must be a list of words or a string",
+            TAGS: "must be a list of tags or a string"}[kind] + f"; it is {value!r}"
+
+
+def _row(values, kinds, place):
+    """`values` as a `Row` read at `place`, each of its field's kind (a
+    `DataFileError` naming the place, the field and the value otherwise);
+    a whole float label (3.0) becomes the int it is."""
+    row = Row()
+    row.place = place
+    for name, kind in kinds.items():
+        value = values[name]
+        problem = _problem(value, kind)
+        if problem is None and isinstance(value, list):  # words or tags: each a text or a label
+            item_kind = TEXT if kind == WORDS else LABEL
+            for i, item in enumerate(value):
+                problem = _problem(item, item_kind)
+                if problem is not None:
+                    problem = f"item {i} {problem}"
+                    break
+            value = [int(v) if isinstance(v, float) else v for v in value]
+        if problem is not None:
+            raise _error(f"{place}: field `{name}` {problem}", name, value)
+        row[name] = int(value) if isinstance(value, float) else value
+    return row
+
+
+def _not_utf8(path, argument):
+    """The `DataFileError` of a table that is not UTF-8, naming the line of
+    its first such byte."""
+    with open(path, "rb") as handle:
+        data = handle.read()
+    try:
+        data.decode("utf-8")
+        start = len(data)
+    except UnicodeDecodeError as error:
+        start = error.start
+    line = data.count(b"\n", 0, start) + 1
+    return _error(f"{path}, line {line}: the byte {data[start:start + 1]!r} is not UTF-8; a "
+                  "data file must be UTF-8 text (re-save it as UTF-8, e.g. `iconv -f latin1 "
+                  "-t utf-8`, if it is Latin-1)", argument, path)
+
+
 def _csv_rows(path, fields, argument):
-    with open(path, newline="", encoding="utf-8") as handle:
-        reader = csv.DictReader(handle)
-        columns = reader.fieldnames or []
-        missing = [name for name in fields if name not in columns]
-        if missing:
-            raise _error(f"{path} has no column {missing} (its header row: {columns})",
-                         argument, path)
-        for line, row in enumerate(reader, start=2):
-            if any(row[name] is None for name in fields):
-                raise _error(f"{path}, line {line}: fewer values than columns", argument, path)
-            yield {name: row[name] for name in fields}
+    kinds = _kinds(fields)
+    # utf-8-sig: UTF-8, a byte-order mark first skipped (Excel's "CSV UTF-8").
+    with open(path, newline="", encoding="utf-8-sig") as handle:
+        try:
+            reader = csv.reader(handle)
+            columns = next(reader, [])
+            missing = [name for name in kinds if name not in columns]
+            if missing:
+                raise _error(f"{path} has no column {missing} (its header row: {columns})",
+                             argument, path)
+            for values in reader:
+                if not values:  # a blank line
+                    continue
+                place = f"{path}, line {reader.line_num}"
+                if len(values) != len(columns):
+                    # csv.DictReader would put extra values under None and
+                    # fill missing ones with None: a comma inside a text that
+                    # is not quoted moves the label.
+                    raise _error(f"{place}: {len(values)} values; the header has "
+                                 f"{len(columns)} columns {columns} (a value holding a comma "
+                                 "must be in double quotes)", "values", values)
+                yield _row(dict(zip(columns, values)), kinds, place)
+        except UnicodeDecodeError:
+            raise _not_utf8(path, argument) from None
 
 
 def _jsonl_rows(path, fields, argument):
-    with open(path, encoding="utf-8") as handle:
-        for line, text in enumerate(handle, start=1):
-            if not text.strip():
-                continue
-            try:
-                row = json.loads(text)
-            except json.JSONDecodeError as error:
-                raise _error(f"{path}, line {line}: not JSON ({error.msg})",
-                             argument, path) from None
-            if not isinstance(row, dict):
-                raise _error(f"{path}, line {line}: not a JSON object", argument, path)
-            missing = [name for name in fields if name not in row]
-            if missing:
-                raise _error(f"{path}, line {line} has no field {missing} (its fields: "
-                             f"{sorted(row)})", argument, path)
-            yield {name: row[name] for name in fields}
+    kinds = _kinds(fields)
+    with open(path, encoding="utf-8-sig") as handle:
+        try:
+            for line, text in enumerate(handle, start=1):
+                if not text.strip():
+                    continue
+                try:
+                    row = json.loads(text)
+                except json.JSONDecodeError as error:
+                    raise _error(f"{path}, line {line}: not JSON ({error.msg})",
+                                 argument, path) from None
+                if not isinstance(row, dict):
+                    raise _error(f"{path}, line {line}: not a JSON object", argument, path)
+                missing = [name for name in kinds if name not in row]
+                if missing:
+                    raise _error(f"{path}, line {line} has no field {missing} (its fields: "
+                                 f"{sorted(row)})", argument, path)
+                yield _row(row, kinds, f"{path}, line {line}")
+        except UnicodeDecodeError:
+            raise _not_utf8(path, argument) from None
 
 
 def read_table(path, fields, argument="path", limit=None):
-    """The rows of a CSV or JSONL file as dicts of `fields` (each required),
-    at most `limit`; a `ValueError` naming `argument` for a missing column
-    or field, a line that is not JSON, or a file without rows."""
+    """The rows of a CSV or JSONL file as `Row`s of `fields` (each
+    required), at most `limit`. `fields` is `{name: kind}` (`TEXT`,
+    `LABEL`, `WORDS`, `TAGS`), or names, each a `TEXT`. A
+    `DataFileError` naming `argument` for a missing column or field, a
+    file that is not UTF-8, a CSV row with more or fewer values than the
+    header, a line that is not JSON, a value not of its field's kind (named
+    with its line), or a file without rows."""
     reader = _csv_rows if path.endswith(".csv") else _jsonl_rows
     rows = []
     for row in reader(path, fields, argument):
@@ -182,43 +294,86 @@ def table_rows(path, fields, validation_fraction=0.0, seed=0, argument="path"):
         kept, held = hold_out(len(rows["train"]), validation_fraction, seed)
         train = rows["train"]
         rows["train"], rows["validation"] = [train[i] for i in kept], [train[i] for i in held]
+        for i, row in enumerate(rows["validation"]):
+            rows["validation"][i] = Row(row)
+            rows["validation"][i].place = f"{row.place}, held out by `validation_fraction`"
     return rows
 
 
-def _is_integer(value):
+def _integer(value):
+    """`value` as an int when it is one (an int, or a string of ASCII digits
+    with an optional sign), else None."""
     if isinstance(value, bool):
-        return False
-    return isinstance(value, int) or (isinstance(value, str) and value.strip().isdigit())
+        return None
+    if isinstance(value, int):
+        return value
+    if isinstance(value, str) and re.fullmatch(r"\s*[+-]?[0-9]+\s*", value):
+        return int(value)
+    return None
 
 
-def label_ids(values_by_split, path, argument="path"):
+def label_ids(values_by_split, path, argument="path", places=None, field="label"):
     """Class ids and names for labels given as integers (ids as they are) or
     as names (sorted names of the training set: ids 0, 1, ...).
 
+    A negative integer is refused (ids are 0, 1, ...), and so is a label of
+    another split that the training set lacks (a class the model never
+    learns, or a head wider than the classes it is taught).
+
     Args:
         values_by_split: `{split: list of labels or None}`.
+        path, argument: named by the errors about the whole set.
+        places: `{split: where each label was read}` (e.g. "test.csv, line
+            3"), named by the errors; None: "test example 3".
+        field: the labels' column or field, named by the errors.
 
     Returns:
         `({split: int32 ids or None}, class_names)`.
     """
-    every = [v for values in values_by_split.values() if values for v in values]
-    if all(_is_integer(v) for v in every):
-        ids = {split: None if values is None else np.array([int(v) for v in values], "int32")
-               for split, values in values_by_split.items()}
-        return ids, [str(i) for i in range(max(int(v) for v in every) + 1)]
-    names = sorted({str(v) for v in values_by_split["train"]})
-    index = {name: i for i, name in enumerate(names)}
-    ids = {}
-    for split, values in values_by_split.items():
-        if values is None:
-            ids[split] = None
-            continue
-        unknown = sorted({str(v) for v in values} - set(index))
+    def place(split, i):
+        where = (places or {}).get(split)
+        return where[i] if where and where[i] else f"{split} example {i + 1}"
+
+    integers = {split: None if values is None else [_integer(v) for v in values]
+                for split, values in values_by_split.items()}
+    if all(i is not None for values in integers.values() for i in values or []):
+        for split, values in integers.items():
+            negative = [i for i, value in enumerate(values or []) if value < 0]
+            if negative:
+                value = values[negative[0]]
+                raise _error(f"{place(split, negative[0])}: the {field} {value} is negative; "
+                             "integer labels are class ids 0, 1, ... (renumber them from 0, or "
+                             "name the classes)", field, value)
+        keys, names = integers, None
+    else:
+        keys = {split: None if values is None else [str(v) for v in values]
+                for split, values in values_by_split.items()}
+        names = sorted(set(keys["train"]))
+    known = set(keys["train"])
+    for split, values in keys.items():
+        unknown = sorted(set(values or []) - known)
         if unknown:
+            first = next(i for i, value in enumerate(values) if value not in known)
             raise _error(f"The {split} set has labels the training set does not have: "
-                         f"{unknown[:10]}", argument, path)
-        ids[split] = np.array([index[str(v)] for v in values], "int32")
-    return ids, names
+                         f"{unknown[:10]} (first: {place(split, first)}); a model cannot learn "
+                         "a class it is never shown", argument, path)
+    if names is None:  # integer ids: as they are
+        return ({split: None if values is None else np.array(values, "int32")
+                 for split, values in keys.items()},
+                [str(i) for i in range(max(known) + 1)])
+    index = {name: i for i, name in enumerate(names)}
+    return ({split: None if values is None else np.array([index[v] for v in values], "int32")
+             for split, values in keys.items()}, names)
+
+
+def row_labels(rows, field, path, argument="path"):
+    """`label_ids` of the `field` of each row of `{split: rows or None}`
+    (`table_rows`), its errors naming each row's file and line."""
+    return label_ids({split: None if r is None else [row[field] for row in r]
+                      for split, r in rows.items()}, path, argument,
+                     places={split: None if r is None else [getattr(row, "place", None)
+                                                             for row in r]
+                             for split, r in rows.items()}, field=field)
 
 
 def _words(value):
@@ -269,10 +424,9 @@ def load_text_classification_files(path, tokenizer=None, vocabulary_size=1000,
     from keras_attn.data import text
 
     fields = [text_field, label_field] + ([second_text_field] if second_text_field else [])
-    rows = table_rows(path, fields, validation_fraction, seed)
-    labels, class_names = label_ids(
-        {split: None if r is None else [row[label_field] for row in r]
-         for split, r in rows.items()}, path)
+    rows = table_rows(path, {name: LABEL if name == label_field else TEXT for name in fields},
+                      validation_fraction, seed)
+    labels, class_names = row_labels(rows, label_field, path)
     train_texts = [str(row[f]) for row in rows["train"] for f in fields if f != label_field]
     tokenizer, vocabulary = _wordpiece(tokenizer, vocabulary_size, train_texts,
                                        text.train_wordpiece_vocabulary, text.make_tokenizer)
@@ -301,19 +455,24 @@ def tagged_rows(path, validation_fraction=0.0, seed=0, tokens_field="tokens",
     or None}`, `{split: [int32 tag ids of each example] or None}` and the
     tag of each id; a `ValueError` for an example whose tags are not one
     per word."""
-    rows = table_rows(path, [tokens_field, tags_field], validation_fraction, seed, argument)
+    rows = table_rows(path, {tokens_field: WORDS, tags_field: TAGS}, validation_fraction, seed,
+                      argument)
     words = {split: None if r is None else [_words(row[tokens_field]) for row in r]
              for split, r in rows.items()}
     tags = {split: None if r is None else [_words(row[tags_field]) for row in r]
             for split, r in rows.items()}
     for split, examples in words.items():
-        for line, (example_words, example_tags) in enumerate(zip(examples or [],
-                                                                 tags[split] or [])):
+        for row, example_words, example_tags in zip(rows[split] or [], examples or [],
+                                                    tags[split] or []):
             if len(example_words) != len(example_tags):
-                raise _error(f"{split} example {line + 1} has {len(example_words)} words and "
+                raise _error(f"{row.place}: {len(example_words)} words and "
                              f"{len(example_tags)} tags (one tag per word)", argument, path)
-    flat, class_names = label_ids({split: None if t is None else [v for row in t for v in row]
-                                   for split, t in tags.items()}, path, argument)
+    flat, class_names = label_ids(
+        {split: None if t is None else [v for row in t for v in row] for split, t in tags.items()},
+        path, argument, field=tags_field,
+        places={split: None if t is None else [row.place for row, row_tags in zip(rows[split], t)
+                                               for _ in row_tags]
+                for split, t in tags.items()})
     tag_ids = {split: None for split in tags}
     for split, t in tags.items():
         if t is not None:
@@ -395,10 +554,19 @@ def image_folder_splits(path, argument="path"):
     return {"train": path, "validation": None, "test": None}
 
 
+def _is_image(name):
+    # `._x.png` is the AppleDouble file macOS writes beside `x.png` on a disk
+    # that is not a Mac's (its metadata, not an image): skipped, as macOS
+    # itself hides it.
+    return name.lower().endswith(IMAGE_SUFFIXES) and not name.startswith("._")
+
+
 def list_images(folder, class_names=None, argument="path"):
     """`(paths, labels, class_names)` of a folder with one sub-folder per
     class (sorted names: ids 0, 1, ...). With `class_names` (the training
-    set's), the folder's classes must be among them."""
+    set's), the folder's classes must be among them. Files named `._*`
+    (macOS's AppleDouble metadata) are skipped; a class folder without an
+    image is refused by name."""
     classes = _class_folders(folder)
     if not classes:
         raise _error(f"{folder} has no class sub-folder (one sub-folder of images per class)",
@@ -409,16 +577,23 @@ def list_images(folder, class_names=None, argument="path"):
     if unknown:
         raise _error(f"{folder} has classes the training set does not have: {unknown}",
                      argument, folder)
-    paths, labels = [], []
+    paths, labels, empty = [], [], []
     for name in classes:
+        count = len(paths)
         for root, _, names in sorted(os.walk(os.path.join(folder, name))):
             for file in sorted(names):
-                if file.lower().endswith(IMAGE_SUFFIXES):
+                if _is_image(file):
                     paths.append(os.path.join(root, file))
                     labels.append(class_names.index(name))
+        if len(paths) == count:
+            empty.append(os.path.join(folder, name))
     if not paths:
         raise _error(f"{folder}'s class folders hold no image ({', '.join(IMAGE_SUFFIXES)})",
                      argument, folder)
+    if empty:
+        raise _error(f"{', '.join(empty)} {'holds' if len(empty) == 1 else 'hold'} no image "
+                     f"({', '.join(IMAGE_SUFFIXES)}): a class without examples is a class the "
+                     "model is never shown (remove the folder, or fill it)", argument, folder)
     return paths, np.array(labels, "int32"), list(class_names)
 
 
@@ -434,16 +609,24 @@ def check_image_folder(path, argument="path", require=("train",)):
     return folders
 
 
-def image_files(path, validation_fraction=0.0, seed=0, argument="path"):
+def image_files(path, validation_fraction=0.0, seed=0, argument="path", num_channels=None):
     """`({split: (paths, labels) or None}, class_names)` of an image folder
     (`image_folder_splits`), validation held out from train when there is
-    no validation folder."""
+    no validation folder. With `num_channels`, every image is decoded once
+    as the pipeline will decode it (`keras_attn.data.images.
+    check_image_files`), so that a file that does not decode is refused
+    by name now, not deep inside `fit`."""
     folders = image_folder_splits(path, argument)
     paths, labels, class_names = list_images(folders["train"], argument=argument)
     splits = {"train": (paths, labels), "validation": None, "test": None}
     for split in ("validation", "test"):
         if folders[split] is not None:
             splits[split] = list_images(folders[split], class_names, argument)[:2]
+    if num_channels is not None:
+        from keras_attn.data import images
+
+        images.check_image_files([p for split in splits.values() if split for p in split[0]],
+                                 num_channels, argument)
     if splits["validation"] is None and validation_fraction:
         kept, held = hold_out(len(paths), validation_fraction, seed)
         splits["train"] = ([paths[i] for i in kept], labels[kept])
@@ -460,7 +643,10 @@ def load_image_files(path, image_size, num_channels=3, batch_size=32, validation
     `test/`, each of class sub-folders. Images (PNG, JPEG, GIF, BMP) are
     decoded with TensorFlow, resized to `image_size` and given
     `num_channels`, batch by batch as training reads them
-    (`keras_attn.data.images.image_files_pipeline`).
+    (`keras_attn.data.images.image_files_pipeline`); each is decoded once
+    here first, so that a damaged file is refused by name. `._*` files
+    (macOS's AppleDouble metadata) are skipped; an empty class folder is
+    refused.
 
     Args:
         path: the folder.
@@ -478,7 +664,7 @@ def load_image_files(path, image_size, num_channels=3, batch_size=32, validation
     """
     from keras_attn.data import images
 
-    splits, class_names = image_files(path, validation_fraction, seed)
+    splits, class_names = image_files(path, validation_fraction, seed, num_channels=num_channels)
 
     def batches(split):
         if splits[split] is None:
@@ -495,24 +681,101 @@ def load_image_files(path, image_size, num_channels=3, batch_size=32, validation
 # === Speech ===
 
 
-def read_wav(path, sampling_rate=16000, argument="path"):
-    """A WAV file as float32 mono samples in [-1, 1] at `sampling_rate`
-    (TensorFlow's decoder; channels averaged; other rates resampled with
-    SciPy's polyphase filter)."""
-    tf = tensorflow_module()
+# The sample rates read: 8 kHz (telephone speech) to 192 kHz (the most a
+# recorder writes). A header outside them is a damaged file or not audio,
+# refused before resampling: 1 Hz to 16 kHz is a 16,000-fold polyphase
+# filter that runs for minutes and then out of memory.
+SAMPLE_RATES = (8000, 192000)
+_SAMPLE_WIDTHS = {2: "<i2", 4: "<i4"}  # 3 bytes (24-bit) is unpacked by hand
+# A data chunk of this size is one whose writer did not know its length (a
+# stream): its samples are what the file holds.
+_UNKNOWN_SIZE = 0xFFFFFFFF
+
+
+def _wav_error(audio, problem, argument, received=""):
+    return DataFileError(f"Invalid value for argument `{argument}`: {audio} {problem}. "
+                         f"Received: {argument}={os.fspath(audio)!r}{received}")
+
+
+def wav_samples(audio, argument="audio"):
+    """`(samples, sampling_rate)` of the WAV file `audio`: float32 samples
+    in [-1, 1), as written (no resampling).
+
+    The one WAV reader of the package (training files and `keras-attn
+    transcribe`), with the standard library's `wave`: integer PCM of 16, 24
+    or 32 bits, one channel. A `DataFileError` naming the file and
+    `argument` for a file that is not PCM WAV, has several channels (a mix
+    of channels out of phase is silence: not done silently), holds 8-bit
+    samples (their quantisation noise, -48 dB, sits far above the silence
+    of the 16-bit audio the models learn from), has a sample rate outside
+    `SAMPLE_RATES`, holds fewer samples than its header says (cut short),
+    or none; a missing file is a `FileNotFoundError`.
+    """
+    import wave
 
     try:
-        audio, rate = tf.audio.decode_wav(tf.io.read_file(path))
-    except (tf.errors.OpError, ValueError) as error:
-        raise _error(f"{path} is not a readable WAV file ({type(error).__name__})",
-                     argument, path) from None
-    audio, rate = np.mean(audio.numpy(), axis=-1), int(rate)
-    if rate != sampling_rate:
-        from scipy.signal import resample_poly
+        with wave.open(os.fspath(audio), "rb") as reader:
+            channels, width = reader.getnchannels(), reader.getsampwidth()
+            rate, count = reader.getframerate(), reader.getnframes()
+            data = reader.readframes(count)
+    except (wave.Error, EOFError) as error:
+        # wave.Error: no RIFF/WAVE header, a compressed format (format tag
+        # other than PCM); EOFError: an empty or cut header.
+        raise _wav_error(audio, "is not a readable PCM WAV file "
+                         f"({type(error).__name__}: {error or 'the file ends inside its header'})",
+                         argument) from None
+    if channels != 1:
+        raise _wav_error(
+            audio, f"has {channels} channels; the model hears one (mix it down to mono first, "
+            "e.g. `sox in.wav -c 1 out.wav`: a mix of channels out of phase cancels, so it is "
+            "not done silently)", argument, f" with {channels} channels")
+    if width not in (2, 3, 4):
+        raise _wav_error(
+            audio, f"holds {8 * width}-bit samples; 16-, 24- or 32-bit PCM is read (8-bit "
+            "quantisation noise, -48 dB, is far above the silence the models were trained on: "
+            "convert with `sox in.wav -b 16 out.wav`)", argument,
+            f" with sample width {width} bytes")
+    if not SAMPLE_RATES[0] <= rate <= SAMPLE_RATES[1]:
+        raise _wav_error(audio, f"has a sample rate of {rate} Hz; WAV files of "
+                         f"{SAMPLE_RATES[0]} to {SAMPLE_RATES[1]} Hz are read (a header "
+                         "outside says the file is damaged, or not audio)", argument)
+    held = len(data) // width
+    if held < count and count != _UNKNOWN_SIZE // width:
+        raise _wav_error(audio, f"is cut short: its header says {count} samples, it holds "
+                         f"{held} (a copy or a download that stopped: fetch it again)",
+                         argument)
+    if not held:
+        raise _wav_error(audio, "holds no samples", argument)
+    data = data[:held * width]
+    if width == 3:  # 24-bit little-endian: put each sample in the top of an int32
+        raw = np.frombuffer(data, np.uint8).reshape(-1, 3)
+        padded = np.zeros((len(raw), 4), np.uint8)
+        padded[:, 1:] = raw
+        samples = padded.view("<i4")[:, 0]
+        width = 4
+    else:
+        samples = np.frombuffer(data, _SAMPLE_WIDTHS[width])
+    scale = float(2 ** (8 * width - 1))
+    return (samples.astype("float64") / scale).astype("float32"), rate
 
-        divisor = np.gcd(sampling_rate, rate)
-        audio = resample_poly(audio, sampling_rate // divisor, rate // divisor)
-    return audio.astype("float32")
+
+def resample(samples, rate, target_rate):
+    """`samples` at `rate` Hz resampled to `target_rate` Hz (SciPy's
+    polyphase filter, `scipy.signal.resample_poly`); the same array when
+    they agree."""
+    if rate == target_rate:
+        return samples
+    from scipy.signal import resample_poly
+
+    divisor = math.gcd(int(rate), int(target_rate))
+    return resample_poly(samples, target_rate // divisor, rate // divisor).astype("float32")
+
+
+def read_wav(path, sampling_rate=16000, argument="path"):
+    """A mono WAV file as float32 samples in [-1, 1] at `sampling_rate`
+    (`wav_samples`, then `resample`)."""
+    samples, rate = wav_samples(path, argument)
+    return resample(samples, rate, sampling_rate)
 
 
 def speech_files(path, validation_fraction=0.0, seed=0, audio_field="audio",
@@ -530,11 +793,13 @@ def speech_files(path, validation_fraction=0.0, seed=0, audio_field="audio",
         folder = os.path.dirname(files[split] or files["train"])
         waveforms = []
         for row in split_rows:
-            audio = os.path.join(folder, str(row[audio_field]))
+            audio = os.path.join(folder, row[audio_field])
             if not os.path.isfile(audio):
-                raise _error(f"{split} row {len(waveforms) + 1}: no audio file {audio}",
-                             argument, path)
-            waveforms.append(read_wav(audio, sampling_rate, argument))
+                raise _error(f"{row.place}: no audio file {audio}", argument, path)
+            try:
+                waveforms.append(read_wav(audio, sampling_rate, argument))
+            except DataFileError as error:
+                raise DataFileError(f"{row.place}: {error}") from None
         splits[split] = (waveforms, [str(row[text_field]) for row in split_rows])
     return splits
 
@@ -544,10 +809,11 @@ def load_speech_files(path, batch_size=16, vocabulary=None, validation_fraction=
     """Speech recognition (CTC) from your WAV files and transcripts.
 
     A CSV / JSONL table (or a folder of `train.*`, `validation.*`,
-    `test.*` tables) whose rows name an audio file (`audio_field`: a WAV
-    path relative to the table's folder, or absolute) and its transcript
-    (`text_field`). The audio is read into memory at `sampling_rate` (the
-    Conformer's log-mel front end expects 16 kHz) and batched by duration
+    `test.*` tables) whose rows name an audio file (`audio_field`: a mono
+    PCM WAV path relative to the table's folder, or absolute; see
+    `wav_samples` for what is refused) and its transcript (`text_field`).
+    The audio is read into memory at `sampling_rate` (the Conformer's
+    log-mel front end expects 16 kHz) and batched by duration
     (`keras_attn.data.speech.speech_dataset`).
 
     Args:

@@ -194,6 +194,54 @@ def make_image_pipeline(
                   shuffled=epoch is not None)
 
 
+def decode_image_file(contents, num_channels):
+    """The `(H, W, num_channels)` uint8 pixels of an image file's bytes
+    (PNG, JPEG, GIF's first frame, BMP, whatever its name says).
+
+    TensorFlow's GIF decoder gives RGB only: a GIF for a grey model is
+    decoded in RGB and made grey (`tf.image.rgb_to_grayscale`).
+    """
+    def decode(channels):
+        return tf.io.decode_image(contents, channels=channels, expand_animations=False)
+
+    if num_channels != 1:
+        return decode(num_channels)
+    is_gif = tf.equal(tf.strings.substr(contents, 0, 3), b"GIF")
+    return tf.cond(is_gif, lambda: tf.image.rgb_to_grayscale(decode(3)), lambda: decode(1))
+
+
+def check_image_files(paths, num_channels, argument="path"):
+    """Decodes each image file once, as `image_files_pipeline` will (in
+    parallel, in `tf.data`); a `keras_attn.errors.DataFileError` naming the
+    first file that does not decode (a truncated PNG or JPEG, a file that is
+    no image), and how many do not."""
+    from keras_attn.errors import DataFileError
+
+    files = tf.constant(list(paths), tf.string)
+
+    def decoded(index):
+        # The shape depends on the pixels: the decoding cannot be pruned.
+        return index, tf.shape(decode_image_file(tf.io.read_file(files[index]), num_channels))
+
+    good = tf.data.Dataset.range(len(paths)).map(
+        traced_as_written(decoded), num_parallel_calls=AUTOTUNE, deterministic=False
+    ).ignore_errors()
+    bad = sorted(set(range(len(paths))) - {int(i) for i, _ in good.as_numpy_iterator()})
+    if not bad:
+        return
+    try:
+        decode_image_file(tf.io.read_file(paths[bad[0]]), num_channels)
+        reason = "it did not decode in tf.data"
+    except tf.errors.OpError as error:
+        # TensorFlow's message, without the op's "{{function_node ...}}" and "[Op:...]".
+        reason = error.message.split("}}")[-1].split(" [Op:")[0].strip().rstrip(".")
+    others = f" ({len(bad) - 1} other file{'s' if len(bad) > 2 else ''} too)" if bad[1:] else ""
+    raise DataFileError(
+        f"{paths[bad[0]]} does not decode as an image ({reason}){others}: a truncated or "
+        f"damaged file, or one that is no image (PNG, JPEG, GIF, BMP): remove or replace it. "
+        f"Received: {argument}={paths[bad[0]]!r}")
+
+
 def image_files_pipeline(paths, labels, image_size, num_channels=3, batch_size=32,
                          training=False, augmentation=None, seed=0, epoch=None):
     """A batched `tf.data.Dataset` of `(pixels, label)` from image files.
@@ -217,8 +265,7 @@ def image_files_pipeline(paths, labels, image_size, num_channels=3, batch_size=3
         paths, labels = [paths[i] for i in order], labels[order]
 
     def load(path, label):
-        image = tf.io.decode_image(tf.io.read_file(path), channels=num_channels,
-                                   expand_animations=False)
+        image = decode_image_file(tf.io.read_file(path), num_channels)
         image = tf.image.resize(image, (image_size, image_size), "bilinear")
         return tf.ensure_shape(image, (image_size, image_size, num_channels)), label
 

@@ -78,6 +78,22 @@ def _check_lengths(name, lengths, row_length):
     return lengths.astype("int64")
 
 
+def _check_shapes(name, examples):
+    """Every example an array of at least one axis (time), all of the same
+    shape past it (`(L,)` tokens, or `(L, F)` frames of one F): a packed row
+    holds one shape, and NumPy's "could not broadcast" names no example."""
+    shapes = [np.shape(example) for example in examples]
+    for index, shape in enumerate(shapes):
+        if len(shape) < 1 or shape[1:] != shapes[0][1:]:
+            past = "".join(f", {size}" for size in shapes[0][1:])
+            want = f"(L{past})" if past else "(L,)"
+            raise ValueError(
+                f"Invalid value for argument `{name}`: every example must have the shape "
+                f"{want} of example 0 (a first axis of steps, the same axes past it). "
+                f"Received: {name}[{index}] of shape {shape}"
+            )
+
+
 def _best_fit_decreasing(sizes, capacity, max_segments):
     """Rows (lists of indices into `sizes` `(n, d)`) packing every item into
     bins of `capacity` `(d,)`, at most `max_segments` items each.
@@ -234,6 +250,9 @@ def pack_sequences(sequences, row_length, targets=None, target_row_length=None,
     >>> packed["example_ids"].tolist()
     [[0, 1], [2, -1]]
     """
+    _check_shapes("sequences", sequences)
+    if targets is not None:
+        _check_shapes("targets", targets)
     lengths = [len(s) for s in sequences]
     target_lengths = None if targets is None else [len(t) for t in targets]
     rows = pack_rows(lengths, row_length, target_lengths, target_row_length,
@@ -298,6 +317,7 @@ def pack_utterances(features, row_length, labels=None, alignment=4, buffer_size=
             "Invalid value for argument `row_length`: it must be a multiple of "
             f"alignment={alignment}. Received: row_length={row_length}"
         )
+    _check_shapes("features", features)
     lengths = np.array([len(f) for f in features], "int64")
     aligned = _check_lengths(
         "features", _aligned(lengths, alignment) if len(lengths) else lengths, row_length)

@@ -9,13 +9,18 @@ for partial in recognizer.stream("audio.wav", chunk_ms=320):
     print(partial.seconds, partial.text, partial.final)    # 0.32 '4' False ...
 ```
 
-The WAV file is read with the standard library's `wave`: integer PCM of
-16, 24 or 32 bits, one channel. A stereo file is refused rather than mixed
-down (two channels out of phase cancel in a mix; `sox in.wav -c 1 out.wav`
-says what the user wants); 8-bit PCM is refused because its quantisation
-noise (-48 dB) sits far above the silence of the 16-bit audio the models
-learn from, which a model on raw decibels (the streaming recipe) reads as
-sound. A file at another sample rate is resampled to the model's with
+The WAV file is read by the package's one WAV reader, the one training
+files go through (`keras_attn.data.files.wav_samples`, the standard
+library's `wave`): integer PCM of 16, 24 or 32 bits, one channel. A stereo
+file is refused rather than mixed down (two channels out of phase cancel in
+a mix; `sox in.wav -c 1 out.wav` says what the user wants); 8-bit PCM is
+refused because its quantisation noise (-48 dB) sits far above the silence
+of the 16-bit audio the models learn from, which a model on raw decibels
+(the streaming recipe) reads as sound; so are a file cut short (fewer
+samples than its header says), an empty one and a sample rate outside 8 to
+192 kHz (checked before resampling). A file shorter than the model's
+subsampling reads (7 feature frames: 60 ms at 16 kHz) is refused with that
+minimum. A file at another sample rate is resampled to the model's with
 `scipy.signal.resample_poly` (a polyphase filter, as the embedded data's
 synthesis does). The file is read whole, then fed to the model chunk by
 chunk as a live source would deliver it.
@@ -30,70 +35,27 @@ offline text of the same model, exactly.
 """
 
 import dataclasses
-import math
 import os
-import wave
 
 import numpy as np
 
+from keras_attn.data.files import resample
+from keras_attn.data.files import wav_samples
+from keras_attn_base.errors import DataFileError
 from keras_attn_base.zoo_files import MODEL
 from keras_attn_base.zoo_files import RECIPE
 
-_SAMPLE_WIDTHS = {2: "<i2", 4: "<i4"}  # 3 bytes (24-bit) is unpacked by hand
+# ConvSubsampling's first output frame reads 7 feature frames.
+_MIN_FRAMES = 7
 
 
 def read_wav(audio):
     """`(samples, sampling_rate)` of the mono integer-PCM WAV file `audio`:
-    float32 samples in [-1, 1). ValueErrors name the file and what it holds
-    (not a WAV file, stereo, 8-bit, compressed)."""
-    try:
-        with wave.open(os.fspath(audio), "rb") as reader:
-            channels, width = reader.getnchannels(), reader.getsampwidth()
-            rate, count = reader.getframerate(), reader.getnframes()
-            data = reader.readframes(count)
-    except (wave.Error, EOFError) as error:
-        # wave.Error: no RIFF/WAVE header, a compressed format (format tag
-        # other than PCM); EOFError: an empty or cut header.
-        raise ValueError(
-            f"Invalid value for argument `audio`: {audio} is not a readable PCM WAV file "
-            f"({type(error).__name__}: {error or 'the file ends inside its header'}). "
-            f"Received: audio={os.fspath(audio)!r}"
-        ) from None
-    if channels != 1:
-        raise ValueError(
-            f"Invalid value for argument `audio`: {audio} has {channels} channels; the model "
-            "hears one (mix it down to mono first, e.g. `sox in.wav -c 1 out.wav`: a mix of "
-            "channels out of phase cancels, so it is not done silently). "
-            f"Received: audio={os.fspath(audio)!r} with {channels} channels"
-        )
-    if width not in (2, 3, 4):
-        raise ValueError(
-            f"Invalid value for argument `audio`: {audio} holds {8 * width}-bit samples; "
-            "16-, 24- or 32-bit PCM is read (8-bit quantisation noise, -48 dB, is far above "
-            "the silence the models were trained on: convert with `sox in.wav -b 16 out.wav`). "
-            f"Received: audio={os.fspath(audio)!r} with sample width {width} bytes"
-        )
-    if width == 3:  # 24-bit little-endian: put each sample in the top of an int32
-        raw = np.frombuffer(data, np.uint8).reshape(-1, 3)
-        padded = np.zeros((len(raw), 4), np.uint8)
-        padded[:, 1:] = raw
-        samples = padded.view("<i4")[:, 0]
-        width = 4
-    else:
-        samples = np.frombuffer(data, _SAMPLE_WIDTHS[width])
-    scale = float(2 ** (8 * width - 1))
-    return (samples.astype("float64") / scale).astype("float32"), rate
-
-
-def resample(samples, rate, target_rate):
-    """`samples` at `rate` Hz resampled to `target_rate` Hz (polyphase
-    filter, `scipy.signal.resample_poly`); the same array when they agree."""
-    if rate == target_rate:
-        return samples
-    from scipy.signal import resample_poly
-
-    divisor = math.gcd(int(rate), int(target_rate))
-    return resample_poly(samples, target_rate // divisor, rate // divisor).astype("float32")
+    float32 samples in [-1, 1). `DataFileError`s (`ValueError`s) name the
+    file and what it holds (not a WAV file, stereo, 8-bit, compressed, cut
+    short, empty, a sample rate outside 8 to 192 kHz):
+    `keras_attn.data.files.wav_samples`, the reader of training files."""
+    return wav_samples(audio, "audio")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -161,12 +123,21 @@ class Transcriber:
         return 1000.0 * 4 * self.config.frame_step / self.sampling_rate
 
     def load(self, audio):
-        """The samples of the WAV file `audio` at the model's rate."""
+        """The samples of the WAV file `audio` at the model's rate; a
+        `DataFileError` naming the minimum for a file too short for the
+        model's subsampling (7 feature frames, `1 + n // frame_step` of
+        `n` samples)."""
         samples, rate = read_wav(audio)
-        if not len(samples):
-            raise ValueError(f"Invalid value for argument `audio`: {audio} holds no samples. "
-                             f"Received: audio={os.fspath(audio)!r}")
-        return resample(samples, rate, self.sampling_rate)
+        resampled = resample(samples, rate, self.sampling_rate)
+        needed = (_MIN_FRAMES - 1) * self.config.frame_step
+        if len(resampled) < needed:
+            raise DataFileError(
+                f"Invalid value for argument `audio`: {audio} holds {len(samples)} samples "
+                f"({len(samples) / rate:g} s); the model needs at least {needed} samples "
+                f"({needed / self.sampling_rate:g} s) at {self.sampling_rate} Hz, the "
+                f"{_MIN_FRAMES} feature frames its subsampling reads. "
+                f"Received: audio={os.fspath(audio)!r}")
+        return resampled
 
     def text(self, ids):
         from keras_attn.data.speech import decode_ids

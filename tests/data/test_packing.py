@@ -141,3 +141,17 @@ def test_bad_arguments_are_refused_by_name(kwargs, match):
     arguments = {"lengths": [3, 4, 2], "row_length": 8, **kwargs}
     with pytest.raises(ValueError, match=match):
         pack_rows(**arguments)
+
+
+def test_examples_of_different_widths_are_refused_naming_the_example():
+    frames = [np.zeros((4, 3)), np.zeros((2, 3)), np.zeros((5, 2))]
+    with pytest.raises(ValueError, match=r"`sequences`: every example must have the shape "
+                                         r"\(L, 3\) of example 0.*sequences\[2\] of shape "
+                                         r"\(5, 2\)"):
+        pack_sequences(frames, row_length=8)
+    with pytest.raises(ValueError, match=r"`targets`: .*targets\[1\] of shape \(2, 4\)"):
+        pack_sequences([[1, 2], [3]], row_length=4, targets=[[1], np.zeros((2, 4))])
+    from keras_attn.data.packing import pack_utterances
+
+    with pytest.raises(ValueError, match=r"`features`: .*features\[1\] of shape \(4, 2\)"):
+        pack_utterances([np.zeros((4, 3)), np.zeros((4, 2))], row_length=8)

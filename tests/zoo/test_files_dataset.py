@@ -133,3 +133,23 @@ def test_bad_files_are_recipe_errors_naming_the_key_and_the_value(tmp_path, name
     assert f"Recipe key `{key}`" in str(error.value)
     if key == DATASET:
         assert str(error.value).endswith(f"Received: data.dataset={data['dataset']!r}")
+
+
+def test_a_files_recipe_refuses_a_test_label_the_training_set_lacks(tmp_path):
+    from _tiny import ROOT
+    from keras_attn.errors import DataFileError
+
+    with open(os.path.join(ROOT, "models", "bert", "bert_tiny_topics.json"),
+              encoding="utf-8") as handle:
+        recipe = json.load(handle)
+    recipe.pop("$schema")
+    recipe.update(name="my_reviews", data={"dataset": f"files:{tmp_path / 'reviews'}",
+                                           "sequence_length": 16, "validation_fraction": 0})
+    (tmp_path / "my_reviews.json").write_text(json.dumps(recipe))
+    os.makedirs(tmp_path / "reviews")
+    (tmp_path / "reviews" / "train.csv").write_text("text,label\na,0\nb,1\nc,2\n")
+    (tmp_path / "reviews" / "test.csv").write_text("text,label\nd,1\ne,5\n")
+    task = make_task(load_recipe(str(tmp_path / "my_reviews.json")))
+    with pytest.raises(DataFileError, match=r"test set has labels the training set does not "
+                                            r"have: \[5\] \(first: .*test\.csv, line 3\)"):
+        task.prepare()

@@ -190,3 +190,31 @@ def test_read_wav_refuses_what_it_cannot_read(tmp_path):
         read_wav(tmp_path / "stereo.wav")
     with pytest.raises(FileNotFoundError):
         read_wav(tmp_path / "missing.wav")
+
+
+def test_read_wav_refuses_a_file_cut_short_and_a_rate_out_of_range(tmp_path):
+    _write_wav(tmp_path / "whole.wav", np.full(1000, 0.25))
+    whole = (tmp_path / "whole.wav").read_bytes()
+    (tmp_path / "cut.wav").write_bytes(whole[:-500])
+    with pytest.raises(ValueError, match=r"cut\.wav is cut short: its header says 1000 "
+                                         r"samples, it holds 750"):
+        read_wav(tmp_path / "cut.wav")
+    # 1 Hz would be resampled 16,000-fold (minutes, then out of memory): refused first.
+    _write_wav(tmp_path / "1hz.wav", np.zeros(100), rate=1)
+    with pytest.raises(ValueError, match=r"1hz\.wav has a sample rate of 1 Hz.*8000 to "
+                                         r"192000 Hz.*Received: audio="):
+        read_wav(tmp_path / "1hz.wav")
+
+
+def test_a_file_too_short_for_the_model_is_refused_with_the_minimum(tmp_path):
+    from types import SimpleNamespace
+
+    # The model's settings alone (no weights): 160-sample steps at 16 kHz.
+    recognizer = Transcriber.__new__(Transcriber)
+    recognizer.config, recognizer.sampling_rate = SimpleNamespace(frame_step=160), RATE
+    _write_wav(tmp_path / "short.wav", np.full(100, 0.1))
+    with pytest.raises(ValueError, match=r"short\.wav holds 100 samples \(0\.00625 s\); the "
+                                         r"model needs at least 960 samples \(0\.06 s\)"):
+        recognizer.load(tmp_path / "short.wav")
+    _write_wav(tmp_path / "long_enough.wav", np.full(960, 0.1))
+    assert len(recognizer.load(tmp_path / "long_enough.wav")) == 960

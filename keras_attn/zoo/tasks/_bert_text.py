@@ -50,7 +50,8 @@ class BertTextData(schema.TfdsSplits):
                                             description="The validation split (null: none).")
 
     def table_fields(self):
-        """The columns (fields) a files: dataset's rows need."""
+        """The columns (fields) a files: dataset's rows need: `{name: kind}`
+        (`keras_attn.data.files.TEXT`, `LABEL`, `WORDS`, `TAGS`)."""
         raise NotImplementedError
 
     @pydantic.model_validator(mode="after")

@@ -46,7 +46,9 @@ class TextClassificationData(BertTextData):
                            description="The feature (files: the column or field) with the label.")
 
     def table_fields(self):
-        return [self.text_key, self.label_key]
+        from keras_attn.data import files
+
+        return {self.text_key: files.TEXT, self.label_key: files.LABEL}
 
 
 class TextClassificationEvaluation(schema.Evaluation):
@@ -95,10 +97,9 @@ class TextClassification(BertTextTask):
         from keras_attn.data import files
 
         keys = [self.data["text_key"], self.data["label_key"]]
-        rows = files.table_rows(self.files, keys, self.data["validation_fraction"], self.seed)
-        labels, class_names = files.label_ids(
-            {split: None if r is None else [row[keys[1]] for row in r]
-             for split, r in rows.items()}, self.files)
+        rows = files.table_rows(self.files, {keys[0]: files.TEXT, keys[1]: files.LABEL},
+                                self.data["validation_fraction"], self.seed)
+        labels, class_names = files.row_labels(rows, keys[1], self.files)
         self._set_classes(class_names)
         return {split: None if r is None else ([str(row[keys[0]]) for row in r], labels[split])
                 for split, r in rows.items()}

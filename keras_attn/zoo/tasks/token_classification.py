@@ -52,7 +52,9 @@ class TokenClassificationData(BertTextData):
                                                 'files).')
 
     def table_fields(self):
-        return [self.tokens_key, tag_field(self.tags_key, self.dataset)]
+        from keras_attn.data import files
+
+        return {self.tokens_key: files.WORDS, tag_field(self.tags_key, self.dataset): files.TAGS}
 
     @pydantic.model_validator(mode="after")
     def _no_embedded_data(self):
