@@ -1,6 +1,10 @@
-"""The one table of tiny models per family, for every test that runs the
-same check on each family: the model harness (`run_model_test`), LoRA,
-int8, remat, bad input, model parallel, the template's checks.
+"""The one table of tiny models per family, for every test in tests/ (the
+directories import it as `from _families import FAMILIES`: tests/conftest.py
+puts tests/ on `sys.path`; a subprocess script inserts it itself). A test
+that needs a tiny model takes it from here rather than writing its own sizes:
+the checks run on each family (the model harness `run_model_test`, LoRA,
+int8, remat, bad input, model parallel, the template's checks) and every
+other test of a tiny model (saving, export, conversion, data checks, tasks).
 
 A family's tiny model is its preset shrunk by `Family.tiny`, then by the
 test's own overrides (a vocabulary whose size an error message names,

@@ -8,11 +8,17 @@ import os
 import numpy as np
 import pytest
 
+from _families import FAMILIES
 from keras_attn.convert import load_hf_bert_task
 from keras_attn.convert import load_hf_vit
 from keras_attn.convert import save_hf_bert
 from keras_attn.convert import save_hf_vit
 from test_case import to_numpy
+
+# Writing and reading the files is NumPy and Python, the same on every backend;
+# the models' outputs on JAX are held against transformers' in
+# test_bert_convert.py and test_vit_convert.py: tested once, on TensorFlow.
+pytestmark = pytest.mark.backend_independent
 
 # Two non-default BERTs: heads of width 8 and 5, three segments, another epsilon.
 BERT_CONFIGS = [
@@ -36,7 +42,7 @@ def _bert(kind, config, seed=0):
     from keras_attn.models import bert
 
     keras.utils.set_random_seed(seed)
-    backbone = bert.build_bert(config)
+    backbone = FAMILIES["bert"].backbone(**config)  # every size the config's
     if kind == "BertBackbone":
         model = backbone
     elif kind == "BertPretrainer":
@@ -169,10 +175,8 @@ VIT_CONFIGS = [
 def _vit(config, seed=0):
     import keras
 
-    from keras_attn.models.vit import build_vit
-
     keras.utils.set_random_seed(seed)
-    model = build_vit("vit_tiny_16", **config)
+    model = FAMILIES["vit"].build(**config)  # every size the config's
     rng = np.random.default_rng(seed)
     for variable in model.weights:
         variable.assign(rng.normal(0, 0.3, variable.shape).astype("float32"))

@@ -5,9 +5,15 @@ the other package cannot express are refused by name."""
 import numpy as np
 import pytest
 
+from _families import FAMILIES
 from keras_attn.convert import from_keras_hub
 from keras_attn.convert import to_keras_hub
 from test_case import to_numpy
+
+# Copying weights between the two packages is NumPy, the same on every
+# backend (the models' outputs on JAX are tested in tests/models): tested
+# once, on TensorFlow.
+pytestmark = pytest.mark.backend_independent
 
 BERT_CONFIGS = [
     dict(vocabulary_size=57, num_layers=2, num_heads=3, hidden_dim=24, intermediate_dim=40,
@@ -75,11 +81,10 @@ def test_bert_classifier_both_ways(index):
     import keras_hub
 
     from keras_attn.models.bert import BertSequenceClassifier
-    from keras_attn.models.bert import build_bert
 
     config = BERT_CONFIGS[index]
-    backbone = build_bert("bert_tiny", activation="gelu_approximate",
-                          attention_dropout=config["dropout"], **config)
+    backbone = FAMILIES["bert"].backbone(activation="gelu_approximate",
+                                         attention_dropout=config["dropout"], **config)
     ours = _randomized(BertSequenceClassifier(backbone, num_classes=3 + index, dropout=0.3), index)
     hub = to_keras_hub(ours)
     assert isinstance(hub, keras_hub.models.BertTextClassifier) and hub.dropout == 0.3
@@ -132,17 +137,17 @@ def test_what_keras_hub_cannot_express_is_refused_by_name():
 
     from keras_attn.models import enable_lora
     from keras_attn.models.bert import BertTokenClassifier
-    from keras_attn.models.bert import build_bert
 
-    exact = build_bert("bert_tiny", **dict(BERT_CONFIGS[1], dropout=0.1))
+    bert = FAMILIES["bert"]
+    exact = bert.backbone(**dict(BERT_CONFIGS[1], dropout=0.1))
     with pytest.raises(ValueError, match="activation='gelu'.*Received: activation='gelu'"):
         to_keras_hub(exact)
-    approximate = build_bert("bert_tiny", activation="gelu_approximate",
-                           **dict(BERT_CONFIGS[1], dropout=0.1))  # attention_dropout 0.1 too
+    approximate = bert.backbone(activation="gelu_approximate",
+                                **dict(BERT_CONFIGS[1], dropout=0.1))  # attention_dropout 0.1 too
     to_keras_hub(approximate)
     with pytest.raises(ValueError, match="attention_dropout=0.3"):
-        to_keras_hub(build_bert("bert_tiny", activation="gelu_approximate",
-                                attention_dropout=0.3, **dict(BERT_CONFIGS[1], dropout=0.1)))
+        to_keras_hub(bert.backbone(activation="gelu_approximate", attention_dropout=0.3,
+                                   **dict(BERT_CONFIGS[1], dropout=0.1)))
     pre_logits = keras_hub.models.ViTImageClassifier(
         keras_hub.models.ViTBackbone(**VIT_CONFIGS[0]), num_classes=3, preprocessor=None,
         intermediate_dim=8)

@@ -6,11 +6,10 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from _families import FAMILIES
 from keras_attn.data.checks import check_batches
 from keras_attn.data.checks import data_check_message
 from keras_attn.models.bert import BertSequenceClassifier
-from keras_attn.models.bert import build_bert
-from keras_attn.models.conformer import build_conformer
 
 # The checks run inside tf.data whatever the Keras backend (the model is read
 # for its input specs only): the JAX pass would repeat the TensorFlow pass.
@@ -18,8 +17,8 @@ pytestmark = pytest.mark.backend_independent
 
 
 def _bert():
-    backbone = build_bert("bert_tiny", vocabulary_size=30, num_layers=1, hidden_dim=8,
-                          num_heads=2, intermediate_dim=16, max_sequence_length=10)
+    # the table's; the vocabulary and length the messages below name
+    backbone = FAMILIES["bert"].backbone(vocabulary_size=30, max_sequence_length=10)
     return BertSequenceClassifier(backbone, num_classes=2)
 
 
@@ -67,7 +66,7 @@ def test_too_long_sequences_stop_the_pipeline():
 
 
 def test_ctc_labels_the_utterance_cannot_emit_stop_the_pipeline():
-    model = build_conformer("conformer_tiny", vocabulary_size=5, num_layers=1)
+    model = FAMILIES["conformer"].build()
     x = {"waveform": np.zeros((2, 2000), "float32"),  # 13 frames -> 2 logits
          "waveform_length": np.array([2000, 2000], "int32")}
     labels = np.array([[1, 2, 0], [3, 3, 0]], "int32")  # need 2 and 3 frames
@@ -77,7 +76,7 @@ def test_ctc_labels_the_utterance_cannot_emit_stop_the_pipeline():
 
 
 def test_ctc_labels_with_a_zero_inside_stop_the_pipeline():
-    model = build_conformer("conformer_tiny", vocabulary_size=5, num_layers=1)
+    model = FAMILIES["conformer"].build()
     x = {"waveform": np.zeros((2, 8000), "float32"),
          "waveform_length": np.array([8000, 8000], "int32")}
     labels = np.array([[1, 0, 2], [3, 4, 0]], "int32")

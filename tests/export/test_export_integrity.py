@@ -16,13 +16,12 @@ import numpy as np
 import pytest
 
 import keras_attn_cli as cli
+from _families import FAMILIES
 from keras_attn.data import text
 from keras_attn.export import export_image_classifier
 from keras_attn.export import export_text_classifier
 from keras_attn.export.portable import Artifact
 from keras_attn.models.bert import BertSequenceClassifier
-from keras_attn.models.bert import build_bert
-from keras_attn.models.vit import build_vit
 from keras_attn.zoo import runs
 from test_case import to_numpy
 
@@ -42,6 +41,17 @@ def _randomize(model, seed=0):
     return model
 
 
+def _tiny_vit():
+    """The table's ViT on 8x8x3 images (the requests below name that shape),
+    one block 8 wide: each block is converted to ONNX and LiteRT."""
+    return FAMILIES["vit"].build(image_size=8, num_layers=1, hidden_dim=8)
+
+
+def _tiny_bert():
+    """The table's BERT on `VOCAB`, one block 8 wide, as `_tiny_vit`."""
+    return FAMILIES["bert"].backbone(vocabulary_size=len(VOCAB), num_layers=1, hidden_dim=8)
+
+
 def _softmax(logits):
     e = np.exp(logits - logits.max(-1, keepdims=True))
     return e / e.sum(-1, keepdims=True)
@@ -52,11 +62,8 @@ def exports(tmp_path_factory):
     """A tiny ViT (8x8x3 images) and a tiny BERT classifier, each in ONNX
     and LiteRT, with a valid batch and the Keras model's answer to it."""
     root = tmp_path_factory.mktemp("exports")
-    vit = _randomize(build_vit("vit_tiny_16", image_size=8, patch_size=4, num_channels=3,
-                               num_layers=1, hidden_dim=8, num_heads=2, intermediate_dim=16,
-                               num_classes=3))
-    backbone = build_bert("bert_tiny", vocabulary_size=len(VOCAB), hidden_dim=8,
-                          intermediate_dim=16, num_layers=1, max_sequence_length=8)
+    vit = _randomize(_tiny_vit())
+    backbone = _tiny_bert()
     bert = _randomize(BertSequenceClassifier(backbone, num_classes=3), seed=1)
     tokenizer = text.make_tokenizer(VOCAB)
     rng = np.random.default_rng(0)
@@ -280,8 +287,7 @@ def test_bad_litert_requests_are_value_errors_and_the_interpreter_survives(
 def test_an_int8_quantized_vit_is_refused_by_name_before_the_litert_converter(tmp_path):
     import warnings
 
-    vit = build_vit("vit_tiny_16", image_size=8, patch_size=4, num_channels=3, num_layers=1,
-                    hidden_dim=8, num_heads=2, intermediate_dim=16, num_classes=3)
+    vit = _tiny_vit()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the layers without a quantized form, named by Keras
         vit.quantize("int8")
@@ -297,8 +303,7 @@ def test_an_int8_quantized_vit_is_refused_by_name_before_the_litert_converter(tm
 def test_serve_ids_refuses_inputs_of_different_lengths_by_name(tmp_path):
     import tensorflow as tf  # alone: the SavedModel's tokenizer is core TensorFlow ops
 
-    backbone = build_bert("bert_tiny", vocabulary_size=len(VOCAB), hidden_dim=8,
-                          intermediate_dim=16, num_layers=1, max_sequence_length=8)
+    backbone = _tiny_bert()
     model = _randomize(BertSequenceClassifier(backbone, num_classes=3))
     path = export_text_classifier(model, text.make_tokenizer(VOCAB), str(tmp_path / "sm"),
                                   sequence_length=8)

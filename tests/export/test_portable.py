@@ -11,6 +11,7 @@ import keras
 import numpy as np
 import pytest
 
+from _families import FAMILIES
 from keras_attn.data import text
 from keras_attn.export import export_image_classifier
 from keras_attn.export import export_speech_recognizer
@@ -19,7 +20,6 @@ from keras_attn.export import export_translator
 from keras_attn.export.portable import Artifact
 from keras_attn.export.portable import export_portable
 from keras_attn.models.bert import BertSequenceClassifier
-from keras_attn.models.bert import build_bert
 from keras_attn.models.conformer import build_conformer
 from keras_attn.models.transformer import build_transformer
 from keras_attn.models.transformer.decoding import transformer_beam_search
@@ -145,9 +145,11 @@ def test_text_classifier_follows_its_contract_in_onnx_runtime_and_litert(tmp_pat
     import keras_hub
     import tensorflow as tf
 
-    backbone = build_bert("bert_tiny", vocabulary_size=len(VOCAB), hidden_dim=16,
-                          intermediate_dim=32, num_layers=1, max_sequence_length=16)  # one block:
-    model = randomize(BertSequenceClassifier(backbone, num_classes=3))  # see the ViT's
+    # The table's, on VOCAB, 16 positions (the contract's maximum, below); one
+    # block: see the ViT's.
+    backbone = FAMILIES["bert"].backbone(vocabulary_size=len(VOCAB), num_layers=1,
+                                         max_sequence_length=16)
+    model = randomize(BertSequenceClassifier(backbone, num_classes=3))
     tokenizer = text.make_tokenizer(VOCAB)
     paths = {format: export_text_classifier(model, tokenizer, tmp_path / format,
                                             sequence_length=12, format=format)
@@ -313,8 +315,7 @@ def test_translator_searches_the_same_beams_in_onnx_runtime_and_litert(tmp_path)
 
 
 def test_refusals_name_the_argument(tmp_path):
-    vit = build_vit("vit_tiny_16", image_size=8, patch_size=4, num_channels=1, num_layers=1,
-                    hidden_dim=8, num_heads=2, intermediate_dim=16, num_classes=2)
+    vit = FAMILIES["vit"].build()
     with pytest.raises(ValueError, match="format='tflite'"):
         export_image_classifier(vit, tmp_path / "a", format="tflite")
     with pytest.raises(ValueError, match="precision='int8'"):  # LiteRT's converter alone

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 from keras import ops
 
+from _families import FAMILIES
 from keras_attn import layers
 from keras_attn.export import export_saved_model
 
@@ -135,11 +136,10 @@ def _tiny_bert(kind):
     the same code in the traced graph, which tracing and saving take time
     with."""
     from keras_attn.models import BertSequenceClassifier
-    from keras_attn.models import build_bert
 
     keras.utils.set_random_seed(3)
-    backbone = build_bert("bert_tiny", vocabulary_size=40, num_layers=1, hidden_dim=16,
-                          intermediate_dim=32, max_sequence_length=16)
+    # the table's, one block; the 40-word vocabulary `_bert_inputs` draws from
+    backbone = FAMILIES["bert"].backbone(vocabulary_size=40, num_layers=1)
     if kind == "backbone":
         return backbone
     classifier = BertSequenceClassifier(backbone, num_classes=3)
@@ -190,10 +190,7 @@ def test_models_that_take_a_dict_export_and_serve_the_same_outputs(kind, atol, t
 def test_the_conformer_takes_its_dict_too(tmp_path):
     import tensorflow as tf
 
-    from keras_attn.models import build_conformer
-
-    model = build_conformer("conformer_tiny", vocabulary_size=6, num_layers=1, hidden_dim=16,
-                            num_mel_bins=20, freq_mask_width=8)
+    model = FAMILIES["conformer"].build(num_layers=1)
     inputs = {"waveform": np.random.default_rng(0).normal(0, 0.1, (2, 4000)).astype("float32"),
               "waveform_length": np.array([4000, 3000], "int32")}
     loaded = tf.saved_model.load(str(export_saved_model(model, tmp_path / "saved")))

@@ -6,10 +6,10 @@ import sys
 import numpy as np
 import pytest
 
+from _families import FAMILIES
 from keras_attn.data import text
 from keras_attn.export import export_text_classifier
 from keras_attn.models.bert import BertSequenceClassifier
-from keras_attn.models.bert import build_bert
 from test_case import to_numpy
 
 VOCAB = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "the", "cat", "sat", "on", "mat",
@@ -50,10 +50,16 @@ print("RESULT" + json.dumps(out))
 """
 
 
+def _tiny_bert():
+    """The table's BERT on `VOCAB`, one block; 16 positions: the longest
+    ids served below, and fewer than the 32 refused."""
+    return FAMILIES["bert"].backbone(vocabulary_size=len(VOCAB), num_layers=1,
+                                     max_sequence_length=16)
+
+
 @pytest.mark.large
 def test_two_signatures_reload_in_a_fresh_process(tmp_path):
-    backbone = build_bert("bert_tiny", vocabulary_size=len(VOCAB), hidden_dim=16,
-                          intermediate_dim=32, num_layers=1, max_sequence_length=16)
+    backbone = _tiny_bert()
     model = BertSequenceClassifier(backbone, num_classes=3)
     tokenizer = text.make_tokenizer(VOCAB)
     path = export_text_classifier(model, tokenizer, str(tmp_path / "classifier"),
@@ -103,8 +109,7 @@ def test_rejects_a_model_without_bert_inputs(tmp_path):
     model = keras.Model(inputs, keras.layers.Dense(2)(inputs))
     with pytest.raises(ValueError, match="token_ids, segment_ids and padding_mask"):
         export_text_classifier(model, text.make_tokenizer(VOCAB), str(tmp_path / "x"))
-    backbone = build_bert("bert_tiny", vocabulary_size=len(VOCAB), hidden_dim=16,
-                          intermediate_dim=32, num_layers=1, max_sequence_length=16)
+    backbone = _tiny_bert()
     with pytest.raises(ValueError, match="Received: sequence_length=32"):
         export_text_classifier(BertSequenceClassifier(backbone, 2),
                                text.make_tokenizer(VOCAB), str(tmp_path / "x"), 32)

@@ -8,8 +8,7 @@ import numpy as np
 import pytest
 from keras import ops
 
-from keras_attn.models.bert import build_bert
-from keras_attn.models.conformer import build_conformer
+from _families import FAMILIES
 
 ATOL = 1e-5
 MODES = [False, True]  # training
@@ -22,9 +21,8 @@ def _np(x):
 @pytest.mark.parametrize("training", MODES)
 @pytest.mark.parametrize("fill", ["zeros", "noise"])
 def test_bert_outputs_ignore_padding_and_batch_mates(training, fill):
-    model = build_bert("bert_tiny", vocabulary_size=50, num_layers=2, hidden_dim=16,
-                       num_heads=2, intermediate_dim=32, max_sequence_length=16,
-                       dropout=0.0, attention_dropout=0.0)
+    # the table's, on the 50 ids drawn below; dropout off
+    model = FAMILIES["bert"].backbone(vocabulary_size=50, dropout=0.0, attention_dropout=0.0)
     rng = np.random.default_rng(0)
     ids = rng.integers(1, 50, (1, 5)).astype("int32")
     alone = model({"token_ids": ids, "segment_ids": np.zeros_like(ids),
@@ -45,9 +43,8 @@ def test_bert_outputs_ignore_padding_and_batch_mates(training, fill):
 
 
 def _conformer():
-    return build_conformer("conformer_tiny", vocabulary_size=6, num_layers=2,
-                           hidden_dim=16, num_heads=2, intermediate_dim=32, kernel_size=5,
-                           dropout=0.0, freq_mask_count=0, time_mask_count=0)
+    return FAMILIES["conformer"].build(kernel_size=5, dropout=0.0, freq_mask_count=0,
+                                       time_mask_count=0)
 
 
 def test_conformer_training_outputs_ignore_padding():

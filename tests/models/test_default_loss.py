@@ -11,8 +11,6 @@ import pytest
 from _families import FAMILIES
 from _families import NAMES
 from keras_attn.models import BertPretrainer
-from keras_attn.models import build_bert
-from keras_attn.models import build_vit
 from keras_attn.training import LabelSmoothedCrossEntropy
 
 PROBABILITY_LOSSES = {
@@ -41,8 +39,7 @@ def models():
 
 
 def _vit_classifier(num_classes=3):
-    return build_vit("vit_tiny_16", image_size=16, patch_size=4, num_layers=1, hidden_dim=16,
-                     num_heads=2, intermediate_dim=32, num_classes=num_classes)
+    return FAMILIES["vit"].build(num_layers=1, num_classes=num_classes)
 
 
 def test_vit_default_loss_trains():
@@ -99,8 +96,7 @@ def test_logits_losses_are_accepted(family):
 
 
 def test_per_output_losses_are_each_checked():
-    backbone = build_bert("bert_tiny", vocabulary_size=40, num_layers=1, hidden_dim=16,
-                          intermediate_dim=32, max_sequence_length=16)
+    backbone = FAMILIES["bert"].backbone()
     pretrainer = BertPretrainer(backbone)
     logits_loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
     with pytest.raises(ValueError, match="`loss='sparse_categorical_crossentropy'`"):

@@ -7,7 +7,6 @@ import pytest
 from _families import FAMILIES
 from _families import NAMES
 from keras_attn.models import build_bert
-from keras_attn.models import build_transformer
 from test_case import assert_distinct_draws
 
 
@@ -22,7 +21,5 @@ def test_bert_tiny_preset_weights_are_distinct_draws():
 
 
 def test_transformer_with_separate_embeddings_distinct():
-    model = build_transformer("transformer_base", vocabulary_size=30, hidden_dim=16,
-                              intermediate_dim=32, num_heads=2, num_encoder_layers=1,
-                              num_decoder_layers=1, target_vocabulary_size=24)
+    model = FAMILIES["transformer"].build(target_vocabulary_size=24)
     assert_distinct_draws(model.weights)

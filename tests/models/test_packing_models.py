@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 from keras import ops
 
+from _families import FAMILIES
 from keras_attn.data import pack_sequences
 from keras_attn.models.bert import BertPretrainer
-from keras_attn.models.bert import build_bert
 from test_case import assert_all_close
 from test_case import to_numpy
 from test_case import training_step_results
@@ -25,9 +25,9 @@ MASKED = 2  # masked-LM predictions per example
 
 def _backbone():
     keras.utils.set_random_seed(1)
-    return build_bert("bert_tiny", vocabulary_size=VOCAB, num_layers=2, hidden_dim=16,
-                      num_heads=2, intermediate_dim=32, max_sequence_length=ROW,
-                      dropout=0.0, attention_dropout=0.0)
+    # the table's, on the ids below and rows of ROW positions; dropout off
+    return FAMILIES["bert"].backbone(vocabulary_size=VOCAB, max_sequence_length=ROW,
+                                     dropout=0.0, attention_dropout=0.0)
 
 
 def _examples(seed=0):

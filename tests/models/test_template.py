@@ -10,7 +10,7 @@ from _families import FAMILIES as TABLE
 from keras_attn import models
 
 # family: (config class, presets, a tiny override set that builds fast), from
-# the one table of tiny models (tests/models/_families.py).
+# the one table of tiny models (tests/_families.py).
 FAMILIES = {
     name: (type(family.config()), getattr(models, f"{name.upper()}_PRESETS"), family.tiny)
     for name, family in TABLE.items()

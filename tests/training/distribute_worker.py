@@ -21,8 +21,13 @@ KERAS_DISTRIBUTION_* set by the caller) and trains the distributed run only.
 import argparse
 import json
 import os
+import sys
 
 import numpy as np
+
+# tests/, for the one table of tiny models (`_families`): run as a script,
+# only this file's directory is on the path.
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 STEPS = 4
 GLOBAL_BATCH = 8
@@ -67,12 +72,12 @@ def _vit(rng):
 
 
 def _bert_pretrainer(rng):
+    from _families import FAMILIES
     from keras_attn.models.bert import BertPretrainer
-    from keras_attn.models.bert import build_bert
 
-    backbone = build_bert(
-        "bert_tiny", vocabulary_size=40, num_layers=1, num_heads=2, hidden_dim=16,
-        intermediate_dim=32, max_sequence_length=10, dropout=0.0,
+    # the 40-word vocabulary and the length 10 of the data below; dropout off
+    backbone = FAMILIES["bert"].backbone(
+        vocabulary_size=40, num_layers=1, max_sequence_length=10, dropout=0.0,
         attention_dropout=0.0,
     )
     model = BertPretrainer(backbone)

@@ -9,10 +9,10 @@ import csv
 import json
 import os
 
-import keras
 import numpy as np
 import pytest
 
+from _families import FAMILIES
 from keras_attn.errors import RecipeError
 from keras_attn.zoo.recipe import load_recipe
 from keras_attn.zoo.tasks import make_task
@@ -145,16 +145,20 @@ def _fake_masked_lm_run(folder, task="masked_lm"):
     model.keras (a BertPretrainer) and vocab.txt."""
     from keras_attn.data import text
     from keras_attn.models.bert import BertPretrainer
-    from keras_attn.models.bert import build_bert
 
     folder.mkdir()
     vocabulary = text.train_wordpiece_vocabulary([t for t, _ in REVIEWS], 80)
-    overrides = {"num_layers": 1, "hidden_dim": 16, "num_heads": 2, "intermediate_dim": 32}
-    backbone = build_bert("bert_tiny", vocabulary_size=len(vocabulary), **overrides)
+    # The table's BERT, one block 16 wide (the classifier's 2 * 16 + 2
+    # weights, below), recorded as the run's preset and overrides; the
+    # vocabulary is vocab.txt's, which the task reads.
+    bert = FAMILIES["bert"]
+    overrides = {k: v for k, v in bert.tiny.items() if k != "vocabulary_size"}
+    overrides.update(num_layers=1, hidden_dim=16)
+    backbone = bert.backbone(vocabulary_size=len(vocabulary), **overrides)
     BertPretrainer(backbone).save(str(folder / "model.keras"))
     (folder / "vocab.txt").write_text("\n".join(vocabulary) + "\n")
     (folder / "recipe.json").write_text(json.dumps(
-        {"task": task, "model": {"preset": "bert_tiny", "overrides": overrides}}))
+        {"task": task, "model": {"preset": bert.preset, "overrides": overrides}}))
     return backbone, vocabulary
 
 
