@@ -5,6 +5,7 @@ early check (`keras_attn_base.recipe_check`, before Keras is imported)."""
 
 import copy
 import json
+import math
 import os
 
 from keras_attn_base.errors import RecipeError
@@ -24,10 +25,30 @@ def parse_override(text):
     if not sep or not key or any(not part for part in key.split(".")):
         raise RecipeError(f"An override is dotted.key=value. Received: --set {text!r}")
     try:
-        value = json.loads(raw)
+        value = json.loads(raw, parse_constant=_not_a_number, parse_float=_finite)
     except json.JSONDecodeError:
         value = raw
+    except _NotFinite:
+        raise key_error(key, "must be a finite number (JSON has no infinity or NaN)",
+                        raw) from None
+    except RecursionError:
+        raise key_error(key, "is nested too deeply", raw[:40] + "...") from None
     return key, value
+
+
+class _NotFinite(Exception):
+    """A number JSON cannot hold (NaN, Infinity, 1e309), raised by the parser."""
+
+
+def _not_a_number(text):
+    raise _NotFinite(text)
+
+
+def _finite(text):
+    value = float(text)
+    if not math.isfinite(value):
+        raise _NotFinite(text)
+    return value
 
 
 def apply_overrides(recipe, overrides):
@@ -35,6 +56,8 @@ def apply_overrides(recipe, overrides):
     `(key, value)` pairs) applied. Missing objects on the way are created
     (`training.schedule.alpha=0.1`); replacing a non-object is an error."""
     recipe = copy.deepcopy(recipe)
+    if overrides and not isinstance(recipe, dict):
+        raise key_error("recipe", "must be a JSON object", recipe)
     for item in overrides:
         key, value = parse_override(item) if isinstance(item, str) else item
         parts = key.split(".")
@@ -56,7 +79,13 @@ def read_recipe_file(path):
     the position for bad JSON."""
     try:
         with open(path, encoding="utf-8") as handle:
-            return json.load(handle)
-    except json.JSONDecodeError as error:
+            return json.load(handle, parse_constant=_not_a_number, parse_float=_finite)
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
         raise RecipeError(f"Recipe {path} is not valid JSON: {error}. "
+                         f"Received: {os.fspath(path)}") from None
+    except _NotFinite as error:
+        raise RecipeError(f"Recipe {path} holds the number {error}, which is not finite "
+                         f"(JSON has no infinity or NaN). Received: {os.fspath(path)}") from None
+    except RecursionError:
+        raise RecipeError(f"Recipe {path} is nested too deeply to read. "
                          f"Received: {os.fspath(path)}") from None

@@ -61,7 +61,7 @@ import keras
 import numpy as np
 
 from keras_attn._version import __version__
-from keras_attn.errors import CorruptCheckpointError  # noqa: F401  (raised here; its old home)
+from keras_attn.errors import CorruptCheckpointError  # raised here (and its old home)
 
 FORMAT = "keras_attn.checkpoint/1"
 FORMAT_SHARDED = "keras_attn.checkpoint.orbax/1"
@@ -424,7 +424,8 @@ class CheckpointManager:
         """The newest checkpoint that reads back intact, or None.
 
         Every newer one that does not is skipped with a warning naming its
-        file. Raises `ValueError` when manifests exist but none is intact
+        file. Raises `CorruptCheckpointError` (a `ValueError`) when
+        manifests exist but none is intact
         (see `ResumableTrainer` for why that is not a silent fresh start).
         """
         manifests, arrays = self._listing()
@@ -438,7 +439,7 @@ class CheckpointManager:
                 problems.append(str(error))
                 warnings.warn(f"{error} Skipping it.", stacklevel=2)
         if manifests and newest_valid is None:
-            raise ValueError(
+            raise CorruptCheckpointError(
                 f"No intact checkpoint in `directory`={self.directory!r}: "
                 + " ".join(problems)
                 + " Move the files away (or delete them) to start afresh."

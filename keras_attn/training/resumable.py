@@ -62,7 +62,7 @@ as before.
 
 Checkpoints with a corrupt file are skipped with a warning (the previous one
 is used). When checkpoints exist but none is intact, `fit` raises
-`ValueError` instead of training from scratch: atomic writes mean a kill
+`CorruptCheckpointError` (a `ValueError`) instead of training from scratch: atomic writes mean a kill
 cannot cause that, so the disk or a person did, and a silent restart would
 spend the whole run again and then prune the evidence.
 """
@@ -164,8 +164,9 @@ def restore_latest(model, directory, fingerprint=None):
 
     Raises:
         ValueError: the checkpoint's variables (count, shapes) or fingerprint
-            differ from `model`'s (nothing is assigned), or checkpoints exist
-            and none is intact.
+            differ from `model`'s (nothing is assigned).
+        CorruptCheckpointError: checkpoints exist and none is intact (a
+            `ValueError` too).
     """
     fingerprint = None if fingerprint is None else _as_json(fingerprint)
     checkpoint = checkpoints.CheckpointManager(directory).latest()

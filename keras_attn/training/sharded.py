@@ -42,6 +42,8 @@ import secrets
 import keras
 import numpy as np
 
+from keras_attn.errors import CorruptCheckpointError
+
 # Written by process 0 in a directory, read by the others (`check_shared_directory`).
 TOKEN_FILE = ".shared-directory-check"
 
@@ -117,8 +119,8 @@ def restore(path, targets, specs):
     process count), a group with None (or on another backend) as whole NumPy
     arrays. Returns `{group: [array, ...]}`. `specs[group]` is the manifest's
     list: each array read must have its shape and dtype (as stored, no cast
-    by orbax), else a `ValueError` names `path` and the array; so is an
-    array orbax cannot read."""
+    by orbax), else a `CorruptCheckpointError` (a `ValueError`) names `path`
+    and the array; so is an array orbax cannot read."""
     ocp = _orbax()
     restore_args, item = {}, {}
     for group, variables in targets.items():
@@ -148,12 +150,13 @@ def restore(path, targets, specs):
         arrays = {group: [restored[group][_key(i)] for i in range(len(specs[group]))]
                   if specs[group] else [] for group in targets}
     except (OSError, ValueError, KeyError, TypeError) as error:
-        raise ValueError(f"Checkpoint {path} could not be read by orbax ({error}).") from error
+        raise CorruptCheckpointError(
+            f"Checkpoint {path} could not be read by orbax ({error}).") from error
     for group, values in arrays.items():
         for index, (spec, value) in enumerate(zip(specs[group], values)):
             found = (tuple(value.shape), str(np.dtype(value.dtype)))
             if found != (tuple(spec["shape"]), spec["dtype"]):
-                raise ValueError(
+                raise CorruptCheckpointError(
                     f"Checkpoint {path} does not hold what its manifest says: {group} "
                     f"array {index} ('{spec['path']}') is {found[0]} {found[1]}, the "
                     f"manifest says {tuple(spec['shape'])} {spec['dtype']}.")

@@ -769,6 +769,13 @@ def evaluate(run_dir, exported=None):
     if not portable and not os.path.isfile(os.path.join(exported, "saved_model.pb")):
         raise ValueError(f"{exported} holds neither {CONTRACT} (ONNX, LiteRT) nor a SavedModel. "
                          f"Received: exported={exported!r}")
+    if portable and _is_streaming_export(exported):
+        raise ValueError(
+            f"{exported} is an export of the streaming step (its {CONTRACT} records "
+            f"\"streaming\"): it reads audio chunk by chunk with its state, not the test set "
+            f"in one call. Score the run with `evaluate` without an export, and hear it "
+            f"stream with `transcribe RUN_DIR AUDIO.wav --stream`. Received: "
+            f"exported={exported!r}")
     check_export_origin(run_dir, exported)
     recipe = read_json(os.path.join(run_dir, RECIPE))
     task = make_task(recipe)
@@ -789,6 +796,19 @@ def evaluate(run_dir, exported=None):
         def serve(inputs):
             return task.served_outputs(loaded, inputs)
     return recipe, task.evaluate_served(serve), exported
+
+
+def _is_streaming_export(exported):
+    """Whether the portable export `exported` is a streaming step (its
+    serving.json has "streaming"; a file that does not read is reported by
+    the checks after)."""
+    from keras_attn.export.portable import CONTRACT
+
+    try:
+        contract = read_json(os.path.join(exported, CONTRACT))
+    except (ValueError, OSError, RecursionError):
+        return False
+    return isinstance(contract, dict) and "streaming" in contract
 
 
 def _export_hf(run_dir, path):

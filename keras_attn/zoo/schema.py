@@ -44,12 +44,25 @@ SCHEMA_FILE = "recipe.schema.json"
 # What every zoo recipe's "$schema" says (the recipes are models/<family>/).
 SCHEMA_REFERENCE = f"../{SCHEMA_FILE}"
 
+# Generous ceilings, far above any model or run this package trains, so that
+# a typo (a width of 2**40, 10**6 layers, a batch of 1e20) is refused by name
+# before anything is built, written or locked.
+MAX_BATCH = 2**20
+MAX_EPOCHS = 10**6
+MAX_STEPS = 10**9  # steps per epoch, between checkpoints, of warmup
+MAX_LAYERS = 1000  # a model config's `num_layers`, `num_*_layers`
+MAX_WIDTH = 65536  # a model config's `*_dim`, `num_heads`; LoRA's rank
+MAX_SIZE = 2**20  # every other integer of a model config: vocabularies, lengths, rates
+# NumPy and scikit-learn take seeds in [0, 2**32 - 1] only.
+MAX_SEED = 2**32 - 1
+
 
 class Section(pydantic.BaseModel):
     """An object of the recipe: unknown keys refused, no type coercion
-    (a "64" is not a batch size; integers are accepted where floats are)."""
+    (a "64" is not a batch size; integers are accepted where floats are;
+    no number is infinite or NaN, which JSON cannot hold either)."""
 
-    model_config = ConfigDict(extra="forbid", strict=True)
+    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
 
 
 def field(default=..., *, description, only=None, **limits):
@@ -305,7 +318,7 @@ class CosineSchedule(_Warmup):
     """Linear warmup, then cosine decay to `alpha * learning_rate` at the last step."""
 
     name: Literal["cosine"] = field(description="The schedule.")
-    warmup_steps: Number = field(0, ge=0, description=_WARMUP)
+    warmup_steps: Number = field(0, ge=0, le=MAX_STEPS, description=_WARMUP)
     alpha: float = field(0.0, ge=0, le=1, description="The final rate's share of the peak.")
 
 
@@ -313,14 +326,14 @@ class LinearSchedule(_Warmup):
     """Linear warmup, then linear decay to 0."""
 
     name: Literal["linear"] = field(description="The schedule.")
-    warmup_steps: Number = field(0, ge=0, description=_WARMUP)
+    warmup_steps: Number = field(0, ge=0, le=MAX_STEPS, description=_WARMUP)
 
 
 class TransformerSchedule(_Warmup):
     """The paper's `scale * d_model^-0.5 * min(step^-0.5, step * warmup^-1.5)`."""
 
     name: Literal["transformer"] = field(description="The schedule.")
-    warmup_steps: Number = field(4000, ge=0, description=_WARMUP)
+    warmup_steps: Number = field(4000, ge=0, le=MAX_STEPS, description=_WARMUP)
     scale: float = field(1.0, gt=0, description="A factor on the whole schedule.")
 
 
@@ -334,7 +347,7 @@ class Lora(Section):
     base: str = field(description="The trained model to adapt: a run directory (its "
                                   "model.keras; its recipe must build the same model) or a "
                                   ".keras file.")
-    rank: int = field(ge=1, description="The adapters' rank r.")
+    rank: int = field(ge=1, le=MAX_WIDTH, description="The adapters' rank r.")
     alpha: Optional[float] = field(None, gt=0, description="The adapters' scale is alpha / r "
                                                           "(null: alpha = r, scale 1).")
     targets: list[str] = field(["query", "value"], description="Projections to adapt: layer "
@@ -354,11 +367,14 @@ class Lora(Section):
 class Training(Section):
     """The keys of every task's `training`."""
 
-    batch_size: int = field(ge=1, description="The global batch (all replicas).")
-    epochs: int = field(ge=1, description="Passes over `steps_per_epoch` batches.")
+    batch_size: int = field(ge=1, le=MAX_BATCH,
+                            description="The global batch (all replicas; at most 2**20).")
+    epochs: int = field(ge=1, le=MAX_EPOCHS,
+                        description="Passes over `steps_per_epoch` batches (at most 10**6).")
     steps_per_epoch: Optional[int] = field(
-        None, ge=1, description="null: one pass over the training data (for tfds streams: "
-                                "examples // batch_size).")
+        None, ge=1, le=MAX_STEPS,
+        description="null: one pass over the training data (for tfds streams: "
+                    "examples // batch_size).")
     optimizer: Optimizer = field(description="The optimizer and its settings.")
     schedule: Schedule = field(
         ConstantSchedule(name="constant"),
@@ -366,8 +382,10 @@ class Training(Section):
                     'below; default: {"name": "constant"}).')
     precision: Literal["float32", "mixed_float16", "mixed_bfloat16"] = field(
         "float32", description="The Keras dtype policy.")
-    seed: int = field(0, description="Weights, data order, augmentation and masking.")
-    checkpoint_every: int = field(100, ge=1, description="Optimizer steps between checkpoints "
+    seed: int = field(0, ge=0, le=MAX_SEED,
+                      description="Weights, data order, augmentation and masking (0 to "
+                                  "2**32 - 1, the seeds NumPy and scikit-learn take).")
+    checkpoint_every: int = field(100, ge=1, le=MAX_STEPS, description="Optimizer steps between checkpoints "
                                                          "(there is one at each epoch's end too).")
     jit_compile: Union[bool, Literal["auto"]] = field(
         "auto", description="Passed to `Model.compile`.")
@@ -480,6 +498,18 @@ def _wrong_override(get_config, config, overrides, error):
     return None, error
 
 
+def _ceiling(name, annotation):
+    """The largest value a model config's integer field `name` may be
+    overridden with (None: not an integer)."""
+    if annotation not in (int, "int"):
+        return None
+    if name == "num_layers" or name.endswith("_layers"):
+        return MAX_LAYERS
+    if name.endswith("_dim") or name == "num_heads":
+        return MAX_WIDTH
+    return MAX_SIZE
+
+
 class Overrides(Section):
     """Config fields to change; only the fields given are kept."""
 
@@ -503,7 +533,8 @@ def model_section(family, set_fields):
             continue
         default = config_field.default
         annotation = config_field.type if default is not None else Optional[config_field.type]
-        fields[name] = (annotation, Field(default, description=docs.get(name)))
+        fields[name] = (annotation, Field(default, description=docs.get(name),
+                                          le=_ceiling(name, config_field.type)))
     overrides_model = pydantic.create_model(
         f"{config_class.__name__}Overrides", __base__=Overrides,
         __doc__=f"Fields of `{config_class.__name__}`.", **fields)
@@ -543,7 +574,10 @@ def model_section(family, set_fields):
         overrides=(overrides_model, Field(
             default_factory=overrides_model,
             description=f"Fields of `{config_class.__name__}` (the task sets "
-                        f"{', '.join(set_fields)} from its data).")),
+                        f"{', '.join(set_fields)} from its data). Integers have generous "
+                        f"ceilings that catch typos before anything is built: layers "
+                        f"{MAX_LAYERS}, widths (`*_dim`, `num_heads`) {MAX_WIDTH}, any other "
+                        f"2**20.")),
     )
 
 

@@ -17,6 +17,7 @@ import pytest
 import tensorflow as tf
 from keras_attn._keras_compat import global_state
 
+from keras_attn.errors import CorruptCheckpointError
 from keras_attn.training import ResumableTrainer
 from keras_attn.training import checkpoints
 from keras_attn.training import restore_latest
@@ -284,12 +285,12 @@ def test_no_intact_checkpoint_is_an_error_not_a_fresh_start(tmp_path):
     model = _model(seed=1)
     before = _values(model.variables)
     with pytest.warns(UserWarning) as caught:
-        with pytest.raises(ValueError, match="No intact checkpoint in `directory`="):
+        with pytest.raises(CorruptCheckpointError, match="No intact checkpoint in `directory`="):
             restore_latest(model, directory)
     assert [re.search(r"ckpt-\d+\.npz", str(w.message)).group() for w in caught] == [
         "ckpt-00000006.npz", "ckpt-00000004.npz", "ckpt-00000002.npz"
     ]
-    with pytest.warns(UserWarning), pytest.raises(ValueError, match="No intact checkpoint"):
+    with pytest.warns(UserWarning), pytest.raises(CorruptCheckpointError, match="No intact checkpoint"):
         _train(directory, model=model)
     _assert_all_equal(_values(model.variables), before)
 

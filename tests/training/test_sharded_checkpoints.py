@@ -16,6 +16,7 @@ import keras
 import numpy as np
 import pytest
 
+from keras_attn.errors import CorruptCheckpointError
 from keras_attn.training.checkpoints import CheckpointManager
 from keras_attn.training.checkpoints import ShardedCheckpoint
 from keras_attn.training.checkpoints import _canonical_checksum
@@ -216,7 +217,7 @@ def test_a_manifest_of_wrong_field_types_is_corrupt_by_name(tmp_path, fmt, edit)
     _edit_manifest(tmp_path / "ckpt-00000003.json", change)
     before = _values(model)
     with pytest.warns(UserWarning, match=r"Skipping it"):
-        with pytest.raises(ValueError, match=r"No intact checkpoint in `directory`=.*"
+        with pytest.raises(CorruptCheckpointError, match=r"No intact checkpoint in `directory`=.*"
                            r"ckpt-00000003\.json is corrupt \(" + reason):
             restore_latest(model, tmp_path)
     for value, after in zip(before, _values(model)):
@@ -240,7 +241,7 @@ def test_arrays_of_another_dtype_than_the_manifest_are_refused_not_cast(tmp_path
     _swap_arrays(tmp_path, _model(seed=1, dtype="float16"))
     model = _model(seed=2)
     before = _values(model)
-    with pytest.raises(ValueError, match=r"ckpt-00000003\.orbax does not hold what its "
+    with pytest.raises(CorruptCheckpointError, match=r"ckpt-00000003\.orbax does not hold what its "
                        r"manifest says: model array 0 \('.*dense/kernel'\) is \(3, 4\) "
                        r"float16, the manifest says \(3, 4\) float32"):
         restore_latest(model, tmp_path)
@@ -251,7 +252,7 @@ def test_arrays_of_another_dtype_than_the_manifest_are_refused_not_cast(tmp_path
 def test_arrays_of_another_shape_than_the_manifest_are_refused_by_file(tmp_path):
     _save(CheckpointManager(tmp_path), _model(), 3)
     _swap_arrays(tmp_path, _model(units=5, seed=1))
-    with pytest.raises(ValueError, match=r"Checkpoint .*ckpt-00000003\.orbax could not be "
+    with pytest.raises(CorruptCheckpointError, match=r"Checkpoint .*ckpt-00000003\.orbax could not be "
                        r"read by orbax \(.*stored shape"):
         restore_latest(_model(seed=2), tmp_path)
 

@@ -282,6 +282,28 @@ def test_errors_exit_with_status_2_and_no_traceback(tmp_path):
     assert not (tmp_path / "runs").exists()  # validation comes before anything is written
 
 
+@pytest.mark.parametrize("override, message", [
+    ("training.batch_size=100000000000000000000", "greater than the maximum of 1048576"),
+    ("training.optimizer.learning_rate=1e309", "must be a finite number"),
+    ("training.seed=-1", "less than the minimum of 0"),
+])
+def test_numbers_of_any_magnitude_are_refused_before_the_run_directory(
+        override, message, tmp_path, capsys):
+    run = tmp_path / "run"
+    assert cli.main(["train", "vit_tiny_digits", "--output", str(run), "--set", override]) == 2
+    error = capsys.readouterr().err
+    key = override.partition("=")[0]
+    assert f"`{key}`" in error and message in error and "Traceback" not in error, error
+    assert not run.exists()
+
+
+def test_evaluate_refuses_a_streaming_export_by_name(tmp_path):
+    (tmp_path / "serving.json").write_text(json.dumps({"format": "onnx", "streaming": {}}))
+    with pytest.raises(ValueError, match=r"is an export of the streaming step .*`transcribe "
+                                         r"RUN_DIR AUDIO\.wav --stream`\. Received: exported="):
+        runs.evaluate("/no/such/run", exported=str(tmp_path))
+
+
 @pytest.mark.parametrize(
     "argv, message",
     [

@@ -7,6 +7,7 @@ import textwrap
 
 import pytest
 
+from keras_attn.errors import RecipeError
 from keras_attn.training.checkpoints import differences
 from keras_attn.zoo import recipe as recipes
 from keras_attn.zoo import reference
@@ -101,6 +102,17 @@ BAD = [
     ([("expected", {"metric": "loss", "value": 0.9, "hardware": "cpu",
                     "train_seconds": 1, "date": "today"})], "`expected.metric`", "'loss'"),
     ([("name", "other_name")], "`name`", "'other_name'"),
+    # Numbers of any magnitude: refused by name before anything is built.
+    ([("training.batch_size", 10**20)], "`training.batch_size`", "100000000000000000000"),
+    ([("training.epochs", 10**23)], "`training.epochs`", str(10**23)),
+    ([("training.seed", -1)], "`training.seed`", "-1"),
+    ([("training.seed", 2**70)], "`training.seed`", str(2**70)),
+    ([("model.overrides.num_layers", 10**6)], "`model.overrides.num_layers`", "1000000"),
+    ([("model.overrides.hidden_dim", 2**40)], "`model.overrides.hidden_dim`", str(2**40)),
+    ([("training.optimizer.learning_rate", float("inf"))],
+     "`training.optimizer.learning_rate`", "inf"),
+    ([("model.overrides.layer_norm_epsilon", float("nan"))],
+     "`model.overrides.layer_norm_epsilon`", "nan"),
 ]
 
 
@@ -218,6 +230,26 @@ def test_set_parsing(text, expected):
     assert recipes.parse_override(text) == expected
 
 
+@pytest.mark.parametrize("text", ["1e309", "-1e309", "NaN", "Infinity", "[1, -Infinity]"])
+def test_set_refuses_numbers_json_cannot_hold(text):
+    with pytest.raises(RecipeError, match=r"`training\.optimizer\.learning_rate` must be a "
+                                          r"finite number"):
+        recipes.parse_override(f"training.optimizer.learning_rate={text}")
+
+
+def test_a_recipe_file_with_a_number_json_cannot_hold_is_refused(tmp_path):
+    path = tmp_path / "vit_tiny_digits.json"
+    recipe = recipes.apply_overrides(_vit(), [("training.optimizer.learning_rate", 0.5)])
+    path.write_text(json.dumps(recipe).replace("0.5", "1e999"))
+    with pytest.raises(RecipeError, match=r"holds the number 1e999, which is not finite"):
+        recipes.load_recipe(path)
+    path.write_bytes(b"\xff\xfe{")
+    with pytest.raises(RecipeError, match=r"is not valid JSON"):
+        recipes.load_recipe(path)
+    with pytest.raises(RecipeError, match=r"Recipe key `recipe` must be a JSON object"):
+        recipes.apply_overrides([], ["training.epochs=1"])
+
+
 @pytest.mark.parametrize("text", ["training.epochs", "=3", "training..epochs=3", ".a=1"])
 def test_set_parsing_errors(text):
     with pytest.raises(ValueError, match=r"Received: --set"):
@@ -304,6 +336,11 @@ EDITOR_CATCHES = [
     [("model.overrides.num_classes", 5)],
     [("model.preset", "vit_gigantic_16")],
     [("task", "masked_lm")],
+    [("training.batch_size", 10**20)],
+    [("training.seed", -1)],
+    [("training.seed", 2**70)],
+    [("model.overrides.num_layers", 10**6)],
+    [("model.overrides.hidden_dim", 2**40)],
 ]
 
 
