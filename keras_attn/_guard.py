@@ -152,6 +152,14 @@ def _sample(values, limit=8):
     return text + (", ..." if len(values) > limit else "")
 
 
+def _comparable(ids):
+    """`ids` as a tensor that compares with a range in its own dtype (a
+    cast to int32 first would wrap an int64 2**32 + 2 to a valid 2);
+    booleans, which do not compare, as int32."""
+    ids = ops.convert_to_tensor(ids)
+    return ops.cast(ids, "int32") if keras.backend.standardize_dtype(ids.dtype) == "bool" else ids
+
+
 def check_ids(name, values, spec):
     """`ValueError` unless every value of the NumPy array `values` is an
     integer in `[spec.low, spec.high)`."""
@@ -608,8 +616,11 @@ class GuardedModel:
         clean = dict(y) if isinstance(y, dict) else y
         for name in names:
             spec = specs[name]
-            value = ops.cast(y[name] if isinstance(y, dict) else y, "int32")
-            valid = ops.logical_and(value >= spec.low, value < spec.high)
+            raw = _comparable(y[name] if isinstance(y, dict) else y)
+            # The range in the labels' own dtype: an int64 2**32 + 2 cast
+            # first would wrap to a valid 2.
+            valid = ops.logical_and(raw >= spec.low, raw < spec.high)
+            value = ops.cast(raw, "int32")
             ok = ops.all(valid) if len(value.shape) else valid
             guard = guard * ops.where(ok, 1.0, float("nan"))
             value = ops.where(valid, value, spec.low)
@@ -632,7 +643,7 @@ class GuardedModel:
         guard = 1.0
         for name, spec in self.input_specs().items():
             if isinstance(spec, IdSpec) and name in named:
-                value = ops.cast(named[name], "int32")
+                value = _comparable(named[name])  # before any cast: an int64 would wrap
                 ok = ops.all(ops.logical_and(value >= spec.low, value < spec.high))
                 guard = guard * ops.where(ok, 1.0, float("nan"))
             elif isinstance(spec, MaskSpec) and name in named and named[name].dtype != "bool":

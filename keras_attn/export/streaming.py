@@ -27,6 +27,14 @@ lengths from the start, the first chunk's missing part as masked frames:
 - `log_mel_length` (samples so far), `log_mel_next_frame`, `ended`,
   `logit_length` (real encoder frames so far), `decoder_last` (the last
   frame's greedy token, so a token repeated across chunks is emitted once).
+  The first two count from an origin moved forward by whole frames once
+  `log_mel_next_frame` passes `REBASE_FRAMES` (as `LogMelFeatures` does), so
+  that no counter nears int32's limit however long a stream runs
+  (`logit_length` counts 40 ms frames: 2**31 of them are 2.7 years).
+
+Nothing raises inside the step: a row whose given samples lie outside
+[-1, 1] or are not finite, or whose counters are negative, gets NaN logits
+(the runtime's Python wrapper refuses them by name before the step).
 
 So the exported step's `k`-th output is the `k`-th non-empty output of
 Keras's `stream_step` (the first call's output is one chunk of masked
@@ -49,6 +57,8 @@ from keras import ops
 
 from keras_attn.export.portable import PORTABLE_FORMATS
 from keras_attn.export.portable import check_format
+from keras_attn.layers.log_mel_features import REBASE_FRAMES
+from keras_attn.layers.masking import nan_where
 from keras_attn.models.conformer.conformer_model import greedy_chunk_tokens
 
 # Feature frames per encoder frame (ConvSubsampling's two stride-2 convolutions).
@@ -189,7 +199,8 @@ class _StreamingStep(keras.layers.Layer):
         keras_state = self.model.initial_state(1, self.streamer.chunk_size)
         # `received` counts samples: `next_frame` says the same with chunks of one length.
         for name in [*self.streamer.state_names(), "decoder/last"]:
-            if name == "log_mel/received":
+            # The chunk size is the step's shapes': nothing to carry.
+            if name in ("log_mel/received", "chunk_size"):
                 continue
             shape = [g["batch_size"], *(int(dim) for dim in keras_state[name].shape[1:])]
             if name in steady:
@@ -212,6 +223,13 @@ class _StreamingStep(keras.layers.Layer):
         ended = state["log_mel/ended"]
         given = ops.where(ended, 0, ops.clip(inputs["chunk_length"], 0, width))  # (B,)
         inside = ops.less(ops.expand_dims(ops.arange(width), 0), ops.expand_dims(given, 1))
+        # Nothing can raise here: a row given samples outside [-1, 1] (int16
+        # audio as floats) or not finite, or a state whose counters cannot
+        # be (a negative count), gets NaN logits, never another transcript.
+        outside = ops.logical_and(inside, ops.logical_not(ops.less_equal(ops.abs(chunk), 1.0)))
+        invalid = ops.any(outside, axis=1)  # (B,): NaN fails the comparison too
+        for name, low in (("log_mel/length", 0), ("logit_length", 0), ("decoder/last", -1)):
+            invalid = ops.logical_or(invalid, ops.less(state[name], low))
         samples = ops.where(inside, chunk, 0.0)  # (B, n), zeros past each end
         length = state["log_mel/length"] + given
         first = ops.less(state["log_mel/next_frame"], 0)  # (B,): before the first chunk
@@ -231,9 +249,14 @@ class _StreamingStep(keras.layers.Layer):
         valid = ops.logical_and(ops.greater_equal(frames, 0), ops.less_equal(
             frames * hop, ops.expand_dims(length, 1)))
         features = features * ops.expand_dims(ops.cast(valid, "float32"), -1)
+        # The counters from an origin moved forward by whole frames past
+        # REBASE_FRAMES (as LogMelFeatures.stream_step does): samples in
+        # int32 would wrap after 2**31 (37 h at 16 kHz).
+        next_frame = state["log_mel/next_frame"] + frames_count  # (B,)
+        moved = ops.where(next_frame > REBASE_FRAMES, next_frame - 2, 0)  # (B,) frames
         new = {"log_mel/samples": buffer[:, frames_count * hop:],
-               "log_mel/next_frame": state["log_mel/next_frame"] + frames_count,
-               "log_mel/length": length,
+               "log_mel/next_frame": next_frame - moved,
+               "log_mel/length": ops.maximum(length - moved * hop, 0),
                "log_mel/ended": ops.logical_or(ended, ops.less(inputs["chunk_length"], width))}
         # ConvSubsampling: output t reads frames 4t .. 4t + 6; real when
         # its first (not a masked start) and last frames are.
@@ -258,7 +281,7 @@ class _StreamingStep(keras.layers.Layer):
                 x, {entry: state[prefix + entry] for entry in ("key", "value", "mask", "conv")},
                 padding_mask=mask)
             new.update({prefix + entry: value for entry, value in cache.items()})
-        logits = ops.cast(streamer.head(x), "float32")  # (B, C, V + 1)
+        logits = nan_where(invalid, ops.cast(streamer.head(x), "float32"))  # (B, C, V + 1)
         real = ops.sum(ops.cast(pending_mask[:, :size], "int32"), axis=1)
         new["logit_length"] = state["logit_length"] + real
         token_ids, new["decoder/last"] = greedy_chunk_tokens(logits, real, state["decoder/last"])

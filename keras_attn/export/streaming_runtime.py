@@ -112,6 +112,13 @@ class StreamingRecognizer:
             raise ValueError(
                 "Invalid value for argument `state`: its stream has ended (`finish` ran); "
                 "start the next one from `initial_state()`. Received: state.ended=True")
+        # Counters that cannot be (the step would give that row NaN logits).
+        for name, low in (("log_mel_length", 0), ("logit_length", 0), ("decoder_last", -1)):
+            value = state.tensors.get(name)
+            if value is not None and (np.asarray(value) < low).any():
+                raise ValueError(
+                    f"Invalid value for argument `state`: entry {name!r} cannot be below "
+                    f"{low}. Received: state.tensors[{name!r}]={np.asarray(value).tolist()}")
 
     # === Steps ===
 
@@ -134,7 +141,8 @@ class StreamingRecognizer:
         Raises:
             ValueError: a state from another export or an ended stream, a
                 chunk of another rank, length or batch, a non-finite or
-                non-float sample, another sampling rate. `state` is
+                non-float sample or one outside [-1, 1], another sampling
+                rate, a state counter below its range. `state` is
                 unchanged.
         """
         self._check_state(state)
@@ -214,6 +222,13 @@ class StreamingRecognizer:
             raise ValueError(
                 f"Invalid value for argument `{name}`: audio samples must be finite. "
                 f"Received: {name} with NaN or inf in row(s) {rows}")
+        outside = np.abs(array) > 1.0
+        if outside.any():
+            row, column = (int(i) for i in np.argwhere(outside)[0])
+            raise ValueError(
+                f"Invalid value for argument `{name}`: audio samples must lie in [-1, 1] "
+                f"(16-bit PCM: divide by 32768). Received: {name}[{row}, {column}]="
+                f"{float(array[row, column])!r}")
         return array.astype("float32")
 
     # === Decoding ===

@@ -8,7 +8,9 @@ from keras_attn._checks import check_choice
 from keras_attn._checks import check_positive_float
 from keras_attn._checks import check_positive_int
 from keras_attn._checks import check_static_shape
+from keras_attn.layers.streaming import check_audio_range
 from keras_attn.layers.streaming import check_built
+from keras_attn.layers.streaming import check_counter
 from keras_attn.layers.streaming import check_state_tensor
 
 # How the power spectrum is computed: the backend's FFT (Keras's
@@ -18,6 +20,11 @@ STFT_MODES = ("fft", "convolution")
 # normalisation (reads the whole utterance), or none (each frame on its
 # own, so the features can be computed as the audio arrives).
 NORMALIZATIONS = ("utterance", "none")
+# A stream's sample and frame counters count from an origin that moves
+# forward (by whole frames) once `next_frame` passes this many frames
+# (about 3 h at 16 kHz and 10 ms frames): int32 counters of samples would
+# wrap after 2**31 samples (37 h), and a stream may run for days.
+REBASE_FRAMES = 2 ** 20
 
 
 @keras.saving.register_keras_serializable(package="keras_attn")
@@ -266,6 +273,10 @@ class LogMelFeatures(keras.layers.Layer):
         `received` `()`: samples fed so far; `next_frame` `()`: frames given
         so far; `length` `(B,)`: each utterance's valid samples; `ended`
         `(B,)`: whether it has ended (a chunk shorter than the others).
+        The three counters count from the stream's start until `next_frame`
+        passes `REBASE_FRAMES`, then from an origin moved forward by whole
+        frames (an ended utterance's `length` held at 0), so that they stay
+        far below int32's limit however long the stream runs.
         """
         self._check_streamable()
         check_built(self)
@@ -290,6 +301,9 @@ class LogMelFeatures(keras.layers.Layer):
             )
         for name, (shape, dtype) in shapes.items():
             check_state_tensor(prefix + name, state[name], shape, dtype)
+        for name, unit in (("received", "samples"), ("next_frame", "frames"),
+                           ("length", "samples")):
+            check_counter(prefix + name, state[name], unit)
 
     def stream_step(self, samples, state, chunk_length=None):
         """The frames that the samples received so far complete.
@@ -334,11 +348,13 @@ class LogMelFeatures(keras.layers.Layer):
                 "Invalid value for argument `samples`: audio samples must be "
                 f"finite. Received: samples with NaN or inf in row(s) {rows.tolist()}"
             )
+        check_audio_range("samples", values)
         if chunk_length is None:
             chunk_length = ops.full((batch,), width, "int32")
-        chunk_length = ops.cast(chunk_length, "int32")
+        # Read before the int32 cast, which would wrap an int64 2**32 + 5 to 5.
+        lengths = np.asarray(ops.convert_to_numpy(chunk_length)).astype("int64")
+        chunk_length = ops.convert_to_tensor(np.clip(lengths, -1, width + 1).astype("int32"))
         check_static_shape("chunk_length", chunk_length, (batch,), "(B,)")
-        lengths = ops.convert_to_numpy(chunk_length)
         ended = ops.convert_to_numpy(state["ended"])
         if (lengths < 0).any() or (lengths > width).any() or (ended & (lengths > 0)).any():
             raise ValueError(
@@ -349,7 +365,9 @@ class LogMelFeatures(keras.layers.Layer):
             )
         inside = ops.less(ops.expand_dims(ops.arange(width), 0), ops.expand_dims(chunk_length, 1))
         samples = ops.where(inside, samples, 0.0)  # (B, n), zeros past each end
-        length = state["length"] + chunk_length  # (B,)
+        # The counters in Python ints and int64 (an int32 sum could wrap);
+        # moved back to small int32 values below.
+        length = ops.convert_to_numpy(state["length"]).astype("int64") + lengths  # (B,)
         half, hop = self.fft_length // 2, self.frame_step
         before = int(ops.convert_to_numpy(state["received"]))
         received = before + width
@@ -365,11 +383,23 @@ class LogMelFeatures(keras.layers.Layer):
             started = True
         last = received // hop if final else (received - half) // hop
         count = max(last - first + 1, 0) if started else 0
+        # The frames' centres against the lengths, in int64 (frame x hop can
+        # pass int32's limit before the counters are moved back).
+        frames = (first + np.arange(count, dtype="int64")) * hop  # (f,)
+        valid = ops.convert_to_tensor(frames[None, :] <= length[:, None])  # (B, f)
+        moved, next_frame = 0, first + count
+        if next_frame > REBASE_FRAMES and not final:
+            # Keep 2 frames: the samples still held then cover the centring
+            # (received stays > half), so `started` reads the same.
+            moved = (next_frame - 2) * hop
+            next_frame = 2
         new_state = {
             "samples": buffer[:, count * hop:],
-            "received": ops.convert_to_tensor(received, "int32"),
-            "next_frame": ops.convert_to_tensor(first + count, "int32"),
-            "length": length,
+            "received": ops.convert_to_tensor(received - moved, "int32"),
+            "next_frame": ops.convert_to_tensor(next_frame, "int32"),
+            # An utterance that ended before the new origin: 0 (every later
+            # frame's centre lies past it, as before).
+            "length": ops.convert_to_tensor(np.maximum(length - moved, 0).astype("int32")),
             # After the flush every utterance has ended: more samples are refused.
             "ended": (ops.ones_like(state["ended"]) if final else
                       ops.logical_or(state["ended"], ops.less(chunk_length, width))),
@@ -384,8 +414,6 @@ class LogMelFeatures(keras.layers.Layer):
         else:
             power = self._power_by_convolution(window, mel_matrix)
         features = ops.maximum(10.0 * ops.log10(ops.cast(power, "float32")), -100.0)
-        frames = ops.arange(first, first + count) * hop  # each frame's centre sample
-        valid = ops.less_equal(ops.expand_dims(frames, 0), ops.expand_dims(length, 1))  # (B, f)
         features = features * ops.expand_dims(ops.cast(valid, "float32"), -1)
         return ops.cast(features, self.compute_dtype), valid, new_state
 

@@ -116,11 +116,23 @@ SEGMENT_RULE = (
 POSITION_RULE = "positions restart at 0 at each segment's first token and count up by 1"
 
 
+INT32_MIN, INT32_MAX = -2 ** 31, 2 ** 31 - 1
+
+
 def integer_ids(name, ids, what):
     """`ids` as an int32 `(B, T)` tensor; a `ValueError` for another dtype or
-    rank (both are known while tracing, so this raises in a graph too)."""
-    ids = ops.convert_to_tensor(ids)
-    dtype = keras.backend.standardize_dtype(ids.dtype)
+    rank (both are known while tracing, so this raises in a graph too).
+
+    Wider ids are checked before the cast, which would wrap them (2**32 + 2
+    becomes 2, a valid id): outside int32, a `ValueError` naming the first
+    such id where the values exist now (read before `convert_to_tensor`:
+    JAX without x64 casts an int64 array to int32 itself); in a graph, -1,
+    which every rule of this module (`SEGMENT_RULE`, `POSITION_RULE`, the
+    Conformer's utterance ids) refuses, so the caller's check makes the
+    example NaN."""
+    values = concrete_value(ids)
+    ids = ops.convert_to_tensor(ids if values is None else values)
+    dtype = keras.backend.standardize_dtype(ids.dtype if values is None else values.dtype)
     if "int" not in dtype:
         raise ValueError(
             f"Invalid value for argument `{name}`: it must hold integer ids "
@@ -131,6 +143,19 @@ def integer_ids(name, ids, what):
             f"Invalid value for argument `{name}`: it must have rank 2, (B, T). "
             f"Received: {name}.shape={tuple(ids.shape)}"
         )
+    if dtype in ("int64", "uint32", "uint64"):
+        if values is not None:
+            outside = (values < INT32_MIN) | (values > INT32_MAX)
+            if outside.any():
+                row, step = (int(i) for i in np.argwhere(outside)[0])
+                raise ValueError(
+                    f"Invalid value for argument `{name}`: ids must fit in int32 "
+                    f"({INT32_MIN} to {INT32_MAX}; {what}). Received: "
+                    f"{name}[{row}, {step}]={int(values[row, step])}"
+                )
+        elif keras.backend.standardize_dtype(ids.dtype) == dtype:  # still wide in the graph
+            outside = ops.logical_or(ids < INT32_MIN, ids > INT32_MAX)
+            ids = ops.where(outside, ops.cast(-1, dtype), ids)
     return ops.cast(ids, "int32")
 
 

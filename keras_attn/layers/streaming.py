@@ -13,9 +13,11 @@ Recognition", 2023).
 import numbers
 
 import keras
+import numpy as np
 from keras import ops
 
 from keras_attn._checks import check_positive_int
+from keras_attn._guard import concrete_value
 
 
 def check_left_context(left_context):
@@ -70,6 +72,33 @@ def check_state_tensor(name, value, shape, dtype):
             f"Invalid value for argument `state`: entry {name!r} must be {dtype} of "
             f"shape {tuple(shape)} (None = any). Received: state[{name!r}] of "
             f"shape {got_shape} and dtype {got_dtype}"
+        )
+
+
+def check_counter(name, value, unit, low=0):
+    """A state counter `value` (a count of `unit`) at least `low`, else a
+    ValueError naming the entry and its values; nothing where the values do
+    not exist now (a traced graph)."""
+    values = concrete_value(value)
+    if values is not None and (np.asarray(values) < low).any():
+        what = "negative" if low == 0 else f"below {low}"
+        raise ValueError(
+            f"Invalid value for argument `state`: entry {name!r} counts {unit}: it "
+            f"cannot be {what}. Received: state[{name!r}]={np.asarray(values).tolist()}"
+        )
+
+
+def check_audio_range(name, values):
+    """A ValueError naming `name` and its first sample outside [-1, 1]:
+    int16-range audio given as floats (x 32768) would stream other features
+    silently. `values` a NumPy array, finite."""
+    outside = np.abs(values) > 1.0
+    if outside.any():
+        index = tuple(int(i) for i in np.argwhere(outside)[0])
+        raise ValueError(
+            f"Invalid value for argument `{name}`: audio samples must lie in [-1, 1] "
+            "(16-bit PCM: divide by 32768). Received: "
+            f"{name}[{', '.join(map(str, index))}]={float(values[index])!r}"
         )
 
 

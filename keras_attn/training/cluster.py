@@ -20,8 +20,11 @@ scheduler's (the first of the table whose variables are present):
 
 A scheduler's job of one process (`SLURM_NTASKS=1`, `WORLD_SIZE=1`) is not a
 multi-process job: None. Values that cannot be one job (a process id not
-below the number of processes, a number that is not a positive integer, no
-coordinator) are refused by name before anything connects.
+below the number of processes, one of a job of one task included, a number
+that is not a positive integer, a process id without the number of processes
+or the reverse (`RANK` without `WORLD_SIZE`), a port outside 1 to 65535, a
+list of addresses that is not one per process, no coordinator) are refused
+by name before anything connects.
 """
 
 import collections
@@ -44,6 +47,10 @@ process's address); `num_processes`, `process_id`: ints; `source`: where the
 values came from, e.g. `"SLURM"`, `"KERAS_DISTRIBUTION_*"`."""
 
 
+# A TCP port is 16 bits; 0 is no port.
+MAX_PORT = 65535
+
+
 def env_integer(environ, name, minimum):
     """`environ[name]` as an int >= minimum; a ValueError naming it."""
     text = environ[name]
@@ -52,6 +59,14 @@ def env_integer(environ, name, minimum):
         raise ValueError(f"Invalid value for the environment variable `{name}`: it must be "
                          f"{kind}. Received: {name}={text!r}")
     return int(text)
+
+
+def _check_port(port, name, received):
+    """A ValueError naming `name` (`received` its text) when `port` is not a
+    TCP port: one above 65535 would fail only when something connects."""
+    if not 1 <= port <= MAX_PORT:
+        raise ValueError(f"Invalid value for the environment variable `{name}`: a "
+                         f"coordinator port must be 1 to {MAX_PORT}. Received: {received}")
 
 
 def _first_host(nodelist):
@@ -76,8 +91,12 @@ def _launcher(environ):
     found = {"processes": ("WORLD_SIZE", None), "process_id": ("RANK", None)}
     if environ.get("MASTER_ADDR", "").strip() and "MASTER_PORT" in environ:
         port = env_integer(environ, "MASTER_PORT", 1)
+        _check_port(port, "MASTER_PORT", f"MASTER_PORT={port}")
         # torchrun's agent serves its store on MASTER_PORT itself.
-        port += 1 if "TORCHELASTIC_RUN_ID" in environ else 0
+        if "TORCHELASTIC_RUN_ID" in environ:
+            port += 1
+            _check_port(port, "MASTER_PORT",
+                        f"MASTER_PORT={port - 1} (+ 1 under torchrun: {port})")
         found["coordinator"] = ("MASTER_ADDR", f"{environ['MASTER_ADDR'].strip()}:{port}")
     return found
 
@@ -120,6 +139,29 @@ def _jobset_process_id(environ, processes):
         f"{index_name} x {pods} + JOB_COMPLETION_INDEX")
 
 
+# (process id, number of processes) of a scheduler: the one without the
+# other is a broken launch, not a job of one process, except SLURM_PROCID=0
+# alone (an `sbatch` script without `-n`) and a count of 1 alone.
+PAIRS = (("SLURM_PROCID", "SLURM_NTASKS"), ("RANK", "WORLD_SIZE"))
+
+
+def _check_pairs(environ):
+    for id_name, count_name in PAIRS:
+        if id_name in environ and count_name not in environ:
+            if id_name == "SLURM_PROCID" and env_integer(environ, id_name, 0) == 0:
+                continue
+            raise ValueError(
+                f"{id_name} is set without {count_name}: a process id needs the number "
+                f"of processes (set {count_name} or {KERAS_PROCESSES}). Received: "
+                f"{id_name}={environ[id_name]!r}, {count_name} unset")
+        if count_name in environ and id_name not in environ and id_name != "SLURM_PROCID":
+            if env_integer(environ, count_name, 1) > 1:
+                raise ValueError(
+                    f"{count_name} is set without {id_name}: a job of several processes "
+                    f"needs each one's id (set {id_name} or {KERAS_PROCESS_ID}). Received: "
+                    f"{count_name}={environ[count_name]!r}, {id_name} unset")
+
+
 def process_environment(environ=None):
     """This process's place in a multi-process job, or None for one process.
 
@@ -143,13 +185,15 @@ def process_environment(environ=None):
     ProcessEnvironment(coordinator='gpu07:61586', num_processes=4, process_id=1, source='SLURM')
     """
     environ = os.environ if environ is None else environ
+    keras_set = [name for name in (KERAS_ADDRESSES, KERAS_PROCESSES, KERAS_PROCESS_ID)
+                 if name in environ]
+    if KERAS_PROCESSES not in environ or KERAS_PROCESS_ID not in environ:
+        _check_pairs(environ)
     source, found = "KERAS_DISTRIBUTION_*", {}
     for name, present, reader in SCHEDULERS:
         if all(variable in environ for variable in present):
             source, found = name, reader(environ)
             break
-    keras_set = [name for name in (KERAS_ADDRESSES, KERAS_PROCESSES, KERAS_PROCESS_ID)
-                 if name in environ]
     if not found and not keras_set:
         return None
     if keras_set and found:
@@ -161,7 +205,14 @@ def process_environment(environ=None):
         processes_name = found["processes"][0]
         processes = env_integer(environ, processes_name, 1)
         if processes == 1 and not keras_set:
-            return None  # a scheduler's job of one task
+            # A scheduler's job of one task, whose process id must then be 0.
+            id_name = found.get("process_id", (None,))[0]
+            if id_name in environ and env_integer(environ, id_name, 0) != 0:
+                raise ValueError(
+                    "The process id must be below the number of processes (1: id 0). "
+                    f"Received: {id_name}={env_integer(environ, id_name, 0)}, "
+                    f"{processes_name}=1")
+            return None
     else:
         raise ValueError(
             f"The number of processes is not set: {source} does not give it; set "
@@ -205,4 +256,14 @@ def process_environment(environ=None):
             f"every process's host:port, process 0's first). Received: "
             f"{KERAS_ADDRESSES if KERAS_ADDRESSES in environ else 'coordinator'}="
             f"{coordinator!r}")
+    name = KERAS_ADDRESSES if KERAS_ADDRESSES in environ else "coordinator"
+    addresses = coordinator.split(",")
+    for entry in addresses:
+        _check_port(int(entry.rsplit(":", 1)[1]), name, f"{name}={coordinator!r}")
+    if len(addresses) not in (1, processes):
+        raise ValueError(
+            f"Invalid value for the environment variable `{name}`: process 0's host:port, "
+            f"or one address per process ({processes}), process 0's first. Received: "
+            f"{name}={coordinator!r} ({len(addresses)} addresses), "
+            f"{processes_name}={processes}")
     return ProcessEnvironment(coordinator, processes, process_id, source)

@@ -72,6 +72,9 @@ def refusals(recognizer, other, wave, rate):
         "sampling rate": lambda: recognizer.step(good, state, sampling_rate=rate // 2),
         "not a state": lambda: recognizer.step(good, dict(state.tensors)),
         "long last samples": lambda: recognizer.finish(state, wave[None, :n + 1]),
+        "int16 range": lambda: recognizer.step(good * 32768, state),
+        "negative counter": lambda: recognizer.step(good, type(state)(
+            dict(state.tensors, logit_length=np.array([-5], "int32")), state.export)),
     }
     messages = {}
     for name, call in calls.items():
@@ -98,7 +101,36 @@ def refusals(recognizer, other, wave, rate):
     except ValueError as error:
         messages["ended"] = str(error)
     return {"messages": messages, "unchanged": unchanged, "writable": writable,
-            "tokens": [t for t in ids if t >= 0]}
+            "tokens": [t for t in ids if t >= 0], "graph": in_the_graph(recognizer, wave)}
+
+
+def in_the_graph(recognizer, wave):
+    """The step itself, where nothing raises: int16-range samples make the
+    row's logits NaN; counters just below int32's limit (a stream of days)
+    step as the same state counted from 0, and come out small."""
+    n = recognizer.chunk_samples
+    hop = n // (4 * int(recognizer.streaming["chunk_size"]))
+
+    def run(tensors, chunk):
+        inputs = dict(tensors, chunk=chunk.astype("float32"),
+                      chunk_length=np.full((1,), n, "int32"))
+        outputs = recognizer.artifact(**inputs)
+        return outputs["logits"].copy(), {spec["input"]: outputs[spec["output"]].copy()
+                                          for spec in recognizer.streaming["state"]}
+
+    _, near = run(recognizer.initial_state().tensors, wave[None, :n])
+    loud, _ = run(near, wave[None, n:2 * n] * 32768)
+    frames = (2 ** 31 - 4 * n) // hop - int(near["log_mel_next_frame"][0])
+    far = dict(near, log_mel_next_frame=near["log_mel_next_frame"] + frames,
+               log_mel_length=near["log_mel_length"] + frames * hop)
+    differences, counters = [], []
+    for start in (n, 2 * n):
+        expected, near = run(near, wave[None, start:start + n])
+        got, far = run(far, wave[None, start:start + n])
+        differences.append(float(np.abs(got - expected).max()))
+        counters.append(int(far["log_mel_length"][0]))
+    return {"loud_logits_nan": bool(np.isnan(loud).all()), "far_differences": differences,
+            "far_lengths": counters}
 
 
 def main(job):

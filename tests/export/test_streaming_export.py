@@ -175,6 +175,9 @@ REFUSED = {
     "long last samples": r"`last_samples`: .*\(1, 1..5120\).*Received: last_samples.shape="
                          r"\(1, 5121\)",
     "ended": r"`state`: its stream has ended.*Received: state.ended=True",
+    "int16 range": r"`chunk`: audio samples must lie in \[-1, 1\].*Received: chunk\[0, \d+\]=",
+    "negative counter": r"`state`: entry 'logit_length' cannot be below 0. Received: "
+                        r"state.tensors\['logit_length'\]=\[-5\]",
 }
 
 
@@ -191,6 +194,13 @@ def test_bad_input_is_refused_by_name_and_the_held_state_is_untouched(exported):
     # The stream goes on from the held state as if nothing had been refused.
     expected = exported["report"]["exports"][exported["paths"]["litert", "float32", 8]][0][0]
     assert report["tokens"] == expected
+    # In the step itself, where nothing raises: int16-range samples give
+    # NaN logits; counters just below int32's limit step as from 0 and
+    # come out small (they wrapped: a stream of 37 h lost its frames).
+    graph = report["graph"]
+    assert graph["loud_logits_nan"]
+    assert max(graph["far_differences"]) < 1e-4, graph
+    assert all(0 <= length < 2 ** 30 for length in graph["far_lengths"]), graph
 
 
 def test_a_model_that_cannot_stream_or_a_format_without_state_is_refused(tmp_path):

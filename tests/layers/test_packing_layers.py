@@ -15,6 +15,8 @@ from keras_attn.layers import PositionEmbedding
 from keras_attn.layers import SinusoidalPositionalEncoding
 from keras_attn.layers import TransformerBlock
 from keras_attn.layers import TransformerDecoderBlock
+from keras_attn.layers.masking import checked_positions
+from keras_attn.layers.masking import checked_segment_ids
 from keras_attn.layers.masking import segment_mask
 from test_case import assert_all_close
 from test_case import call_at_once
@@ -255,6 +257,36 @@ def test_segment_ids_of_another_dtype_are_refused(dtype):
     with pytest.raises(ValueError, match=rf"`positions`: it must hold integer ids .*"
                                          rf"Received: positions.dtype={dtype}"):
         PositionEmbedding(max_sequence_length=8)(X, positions=POSITIONS.astype(dtype))
+
+
+@pytest.mark.parametrize("offset", [2 ** 32, -2 ** 32, 2 ** 31])
+def test_int64_ids_outside_int32_are_refused_before_the_cast(offset):
+    # 2**32 + 2 would wrap to 2 in int32 (and JAX without x64 converts an
+    # int64 array to int32): a packing that is not one.
+    # Keras's Layer.__call__ converts a NumPy argument first, and on JAX
+    # without x64 that conversion itself wraps int64 to int32: there the
+    # check can only run where the helpers get the NumPy array.
+    through_layers = keras.backend.backend() != "jax"
+    segments = SEGMENTS.astype("int64")
+    segments[0, 2:5] += offset
+    for call in [lambda: checked_segment_ids(segments)] + (
+            [lambda: MultiHeadAttention(num_heads=2)(X, segment_ids=segments)]
+            if through_layers else []):
+        with pytest.raises(ValueError, match=rf"`segment_ids`: ids must fit in int32 .*"
+                                             rf"Received: segment_ids\[0, 2\]={segments[0, 2]}"):
+            call()
+    positions = POSITIONS.astype("int64")
+    positions[1, 3] += offset
+    for call in [lambda: checked_positions(positions)] + (
+            [lambda: PositionEmbedding(max_sequence_length=8)(X, positions=positions)]
+            if through_layers else []):
+        with pytest.raises(ValueError, match=rf"`positions`: ids must fit in int32 .*"
+                                             rf"Received: positions\[1, 3\]={positions[1, 3]}"):
+            call()
+    # In range, int64 ids are the int32 ones.
+    layer = MultiHeadAttention(num_heads=2)
+    np.testing.assert_array_equal(to_numpy(layer(X, segment_ids=SEGMENTS.astype("int64"))),
+                                  to_numpy(layer(X, segment_ids=SEGMENTS)))
 
 
 @pytest.mark.parametrize("call, argument", [

@@ -288,12 +288,45 @@ def test_log_mel_stream_refuses_bad_input():
     layer = LogMelFeatures(normalization="none", **SETTINGS)
     layer.build((None, None))
     state = layer.initial_state(2)
-    bad = rand(2, 160)
+    bad = rand(2, 160) * 0.1
     bad[1, 3] = np.nan
     with pytest.raises(ValueError, match=r"NaN or inf in row\(s\) \[1\]"):
         layer.stream_step(bad, state)
-    _, _, ended = layer.stream_step(rand(2, 160), state, np.array([160, 50], "int32"))
+    # int16-range samples as floats (x 32768): other features, silently.
+    loud = rand(2, 160) * 0.1
+    loud[1, 7] = 3276.5
+    with pytest.raises(ValueError, match=r"`samples`: audio samples must lie in \[-1, 1\].*"
+                                         r"Received: samples\[1, 7\]=3276.5"):
+        layer.stream_step(loud, state)
+    _, _, ended = layer.stream_step(rand(2, 160) * 0.1, state, np.array([160, 50], "int32"))
     with pytest.raises(ValueError, match=r"Received: chunk_length=\[160, 10\]"):
-        layer.stream_step(rand(2, 160), ended, np.array([160, 10], "int32"))
+        layer.stream_step(rand(2, 160) * 0.1, ended, np.array([160, 10], "int32"))
+    with pytest.raises(ValueError, match=r"Received: chunk_length=\[160, 4294967301\]"):
+        layer.stream_step(rand(2, 160) * 0.1, state, np.array([160, 2 ** 32 + 5], "int64"))
+    with pytest.raises(ValueError, match=r"`state`: entry 'length' counts samples: it cannot be "
+                                         r"negative. Received: state\['length'\]=\[160, -5\]"):
+        layer.stream_step(rand(2, 160) * 0.1, dict(state, length=np.array([160, -5], "int32")))
+
+
+def test_log_mel_counters_do_not_wrap_past_int32():
+    """A stream of days passes 2**31 samples (37 h at 16 kHz): the state's
+    counters stay far below int32's limit, so a state whose counters are
+    just below it steps as the same state counted from 0 does."""
+    layer = LogMelFeatures(normalization="none", **SETTINGS)
+    layer.build((None, None))
+    wave = rand(2, 800) * 0.1
+    _, _, state = layer.stream_step(wave[:, :400], layer.initial_state(2))
+    # Shifted by whole frames to just below 2**31 samples: the next 400 cross it.
+    frames = (2 ** 31 - 600) // 80
+    far = dict(state, received=to_numpy(state["received"]) + frames * 80,
+               next_frame=to_numpy(state["next_frame"]) + frames,
+               length=to_numpy(state["length"]) + frames * 80)
+    far = {name: keras.ops.convert_to_tensor(value) for name, value in far.items()}
+    for _ in range(2):  # the first step leaves the counters small: the next runs from there
+        expected, expected_mask, state = layer.stream_step(wave[:, 400:], state)
+        got, mask, far = layer.stream_step(wave[:, 400:], far)
+        np.testing.assert_array_equal(to_numpy(mask), to_numpy(expected_mask))
+        np.testing.assert_allclose(to_numpy(got), to_numpy(expected), atol=1e-5)
+        assert int(to_numpy(far["received"])) < 2 ** 30
     with pytest.raises(ValueError, match=r"Received: samples.shape=\(2, 160, 1\)"):
         layer.stream_step(rand(2, 160, 1), state)

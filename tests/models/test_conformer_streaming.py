@@ -321,6 +321,40 @@ def test_the_models_api_refuses_bad_states_whole(peaky):
         np.testing.assert_array_equal(to_numpy(stepped[name]), value)
 
 
+def test_audio_outside_minus_one_one_is_refused(peaky):
+    """int16-range samples given as floats (x 32768) change the transcript
+    silently: the docstrings' float audio in [-1, 1] is checked."""
+    loud = audio(1, 2 * STEP) * 32768
+    state = peaky.initial_state(1)
+    with pytest.raises(ValueError, match=r"`chunk`: audio samples must lie in \[-1, 1\] "
+                                         r".*Received: chunk\[0, \d+\]=-?\d+"):
+        peaky.stream_step(loud, state)
+    with pytest.raises(ValueError, match=r"`chunk`: audio samples must lie in \[-1, 1\]"):
+        ConformerStreamer(peaky, 2, 4).stream_step(loud, state)
+
+
+def test_the_state_records_its_chunk_size_and_counts_up_from_0(peaky):
+    # A state started at 4 frames, stepped at the model's 2, then at 4
+    # again gave logits of neither chunk mask.
+    state = peaky.initial_state(1, chunk_size=4)
+    chunk = audio(1, 4 * STEP)
+    _, stepped = peaky.stream_step(chunk, state, chunk_size=4)
+    with pytest.raises(ValueError, match=r"`chunk_size`: this state streams chunks of 4 encoder "
+                                         r"frames.*Received: chunk_size=2, state\['chunk_size'\]=4"):
+        peaky.stream_step(chunk, stepped)  # the model's chunk size, 2
+    with pytest.raises(ValueError, match=r"Received: chunk_size=2, state\['chunk_size'\]=4"):
+        peaky.flush(stepped)
+    stepped = peaky.stream_step(chunk, peaky.initial_state(1), chunk_size=2)[1]
+    negative = dict(stepped, logit_length=ops.convert_to_tensor(np.array([-5], "int32")))
+    with pytest.raises(ValueError, match=r"'logit_length' counts encoder frames: it cannot be "
+                                         r"negative. Received: state\['logit_length'\]=\[-5\]"):
+        peaky.stream_step(chunk, negative, chunk_size=2)
+    with pytest.raises(ValueError, match=r"'log_mel/received' counts samples: it cannot be "
+                                         r"negative. Received: state\['log_mel/received'\]=-1"):
+        peaky.stream_step(chunk, dict(stepped, **{"log_mel/received": ops.convert_to_tensor(
+            np.int32(-1))}), chunk_size=2)
+
+
 # === The config fields (issue 41, phase 2) ===
 
 

@@ -107,3 +107,38 @@ def test_a_scheduler_job_of_one_task_is_one_process():
 def test_inconsistent_values_are_refused_by_name(environ, message):
     with pytest.raises(ValueError, match=message):
         process_environment(environ)
+
+
+@pytest.mark.parametrize("environ, message", [
+    # A port is 16 bits: 70000 would be refused only when something connects.
+    (dict(LAUNCHER, MASTER_PORT="70000"), "port .* 1 to 65535. Received: MASTER_PORT=70000"),
+    (dict(LAUNCHER, MASTER_PORT="65535", TORCHELASTIC_RUN_ID="none"),
+     "Received: MASTER_PORT=65535 \\(\\+ 1 under torchrun: 65536\\)"),
+    ({"KERAS_DISTRIBUTION_JOB_ADDRESSES": "head:99999", "KERAS_DISTRIBUTION_NUM_PROCESSES": "2",
+      "KERAS_DISTRIBUTION_PROCESS_ID": "0"},
+     "port .* Received: KERAS_DISTRIBUTION_JOB_ADDRESSES='head:99999'"),
+    # A list of addresses names every process's: 2 cannot serve 3 processes.
+    ({"KERAS_DISTRIBUTION_JOB_ADDRESSES": "a:1,b:1", "KERAS_DISTRIBUTION_NUM_PROCESSES": "3",
+      "KERAS_DISTRIBUTION_PROCESS_ID": "0"},
+     "one address per process .3.* Received: KERAS_DISTRIBUTION_JOB_ADDRESSES='a:1,b:1' "
+     "\\(2 addresses\\), KERAS_DISTRIBUTION_NUM_PROCESSES=3"),
+    # A process id past a job of one task is not process 0 of one process.
+    (dict(LAUNCHER, RANK="3", WORLD_SIZE="1"), "Received: RANK=3, WORLD_SIZE=1"),
+    (dict(SLURM, SLURM_PROCID="1", SLURM_NTASKS="1"), "Received: SLURM_PROCID=1, SLURM_NTASKS=1"),
+    # A launcher sets both: one of them alone is a broken launch, not one process.
+    ({"RANK": "2", "MASTER_ADDR": "h", "MASTER_PORT": "1"},
+     "RANK is set without WORLD_SIZE.* Received: RANK='2', WORLD_SIZE unset"),
+    ({"WORLD_SIZE": "4"}, "WORLD_SIZE is set without RANK.* Received: WORLD_SIZE='4', RANK unset"),
+    ({"SLURM_PROCID": "3"},
+     "SLURM_PROCID is set without SLURM_NTASKS.* Received: SLURM_PROCID='3', SLURM_NTASKS unset"),
+])
+def test_impossible_jobs_are_refused_not_run_as_one_process(environ, message):
+    with pytest.raises(ValueError, match=message):
+        process_environment(environ)
+
+
+def test_one_task_alone_is_still_one_process():
+    # sbatch sets SLURM_PROCID=0 without SLURM_NTASKS (no -n): one process.
+    assert process_environment({"SLURM_PROCID": "0"}) is None
+    assert process_environment({"WORLD_SIZE": "1"}) is None
+    assert process_environment(dict(LAUNCHER, MASTER_PORT="65535")).coordinator == "10.0.0.1:65535"

@@ -401,6 +401,7 @@ class ConformerCTC(GuardedModel, ConfigModel, keras.Model):
         return self._greedy(logits, state, new_state, last)
 
     def _split_state(self, state, chunk_size):
+        from keras_attn.layers.streaming import check_counter
         from keras_attn.layers.streaming import check_state_tensor
 
         streamer = self.streamer(chunk_size)
@@ -413,6 +414,7 @@ class ConformerCTC(GuardedModel, ConfigModel, keras.Model):
             )
         last = state["decoder/last"]
         check_state_tensor("decoder/last", last, (None,), "int32")
+        check_counter("decoder/last", last, "the last token id (-1: none)", low=-1)
         rest = {name: value for name, value in state.items() if name != "decoder/last"}
         held = rest.get("logit_length")
         if held is not None and tuple(held.shape) != tuple(last.shape):

@@ -25,6 +25,9 @@ from keras import ops
 from keras_attn._checks import check_positive_int
 from keras_attn.layers.conformer_block import ConformerBlock
 from keras_attn.layers.conv_subsampling import subsampled_length
+from keras_attn._guard import concrete_value
+from keras_attn.layers.streaming import check_audio_range
+from keras_attn.layers.streaming import check_counter
 from keras_attn.layers.streaming import check_left_context
 from keras_attn.layers.streaming import check_state_tensor
 from keras_attn.layers.streaming import chunk_attention_mask
@@ -120,6 +123,9 @@ class ConformerStreamer:
         state["encoder/frames"] = ops.zeros((batch_size, 0, width), self.subsampling.compute_dtype)
         state["encoder/mask"] = ops.zeros((batch_size, 0), "bool")
         state["logit_length"] = ops.zeros((batch_size,), "int32")
+        # The chunk size the stream started with: the blocks' caches hold
+        # that chunk mask's keys, so a step at another size would mix two.
+        state["chunk_size"] = ops.convert_to_tensor(self.chunk_size, "int32")
         for i, block in enumerate(self.blocks):
             state.update(_prefixed(f"block_{i}", block.initial_state(batch_size, self.left_context)))
         return state
@@ -143,6 +149,17 @@ class ConformerStreamer:
             )
         held = state["logit_length"]
         check_state_tensor("logit_length", held, (None,), "int32")
+        # 2**31 encoder frames of 40 ms are 2.7 years: int32 does not wrap.
+        check_counter("logit_length", held, "encoder frames")
+        check_state_tensor("chunk_size", state["chunk_size"], (), "int32")
+        started = concrete_value(state["chunk_size"])
+        if started is not None and int(started) != self.chunk_size:
+            raise ValueError(
+                f"Invalid value for argument `chunk_size`: this state streams chunks of "
+                f"{int(started)} encoder frames (its caches hold that chunk mask's keys); "
+                "start a new stream from `initial_state` for another size. Received: "
+                f"chunk_size={self.chunk_size}, state['chunk_size']={int(started)}"
+            )
         if batch_size is not None and held.shape[0] != batch_size:
             raise ValueError(
                 f"Invalid value for argument `state`: it holds a batch of "
@@ -175,7 +192,7 @@ class ConformerStreamer:
             names += [f"log_mel/{n}" for n in ("samples", "received", "next_frame",
                                                "length", "ended")]
         names += ["subsampling/frames", "subsampling/mask", "encoder/frames", "encoder/mask",
-                  "logit_length"]
+                  "logit_length", "chunk_size"]
         for i in range(len(self.blocks)):
             names += [f"block_{i}/{n}" for n in ("key", "value", "mask", "conv")]
         return names
@@ -186,9 +203,9 @@ class ConformerStreamer:
         """Feed the next chunk of every utterance of the batch.
 
         Args:
-            chunk: `(B, n)` samples (`input_type="waveform"`, `n` a multiple
-                of `4 * frame_step`) or `(B, n, num_mel_bins)` features (`n`
-                a multiple of 4), finite.
+            chunk: `(B, n)` float samples in [-1, 1] (`input_type="waveform"`,
+                `n` a multiple of `4 * frame_step`) or `(B, n, num_mel_bins)`
+                features (`n` a multiple of 4), finite.
             state: the previous step's state (`initial_state` at the start).
             chunk_length: `(B,)` valid samples (frames) of each row; a row
                 given fewer than `n` has ended (a final partial chunk) and
@@ -237,6 +254,8 @@ class ConformerStreamer:
                 f"chunk of dtype {values.dtype}"
                 + ("" if not np.issubdtype(values.dtype, np.floating) else " with NaN or inf")
             )
+        if rank == 2:  # waveforms (features are decibels, of any scale)
+            check_audio_range("chunk", values)
         return shape[0]
 
     def _advance(self, chunk, state, chunk_length, final):
@@ -273,6 +292,7 @@ class ConformerStreamer:
         new_state["encoder/mask"] = pending_mask[:, ready:]
         real = ops.sum(ops.cast(pending_mask[:, :ready], "int32"), axis=1)
         new_state["logit_length"] = state["logit_length"] + real
+        new_state["chunk_size"] = state["chunk_size"]
         if logits:
             logits = ops.concatenate(logits, axis=1)
         else:
