@@ -93,7 +93,9 @@ def pytest_collection_modifyitems(config, items):
         if item.get_closest_marker("large") and not item.get_closest_marker("slow"):
             item.add_marker(pytest.mark.slow)
         wanted = {ONLY_ON[m.name] for m in item.iter_markers() if m.name in ONLY_ON}
-        (keep if not wanted or wanted == {BACKEND} else drop).append(item)
+        for marker in item.iter_markers("backends"):  # @pytest.mark.backends("tensorflow", ...)
+            wanted.update(marker.args)
+        (keep if not wanted or BACKEND in wanted else drop).append(item)
     if drop:
         config.hook.pytest_deselected(items=drop)
         items[:] = keep

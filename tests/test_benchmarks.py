@@ -410,8 +410,11 @@ def test_packing_smoke_run_writes_every_row_and_packs_more_real_tokens(tmp_path,
     assert "| 32 | 4 |" in stdout
 
 
+# Not `exclusive`: the benchmark alternates its one-process and two-process
+# rounds, so its processes wait on each other most of the time (measured:
+# 22% of the machine busy over its 40 s when it ran alone); the smoke run's
+# timings are not looked at.
 @pytest.mark.slow
-@pytest.mark.exclusive
 def test_multiprocess_smoke_run_joins_two_processes_and_writes_every_ratio(tmp_path):
     # --smoke: a one-block 16-wide ViT, one process beside a two-process JAX
     # job, 1 round of 2 steps (each round adds one value to every list and
