@@ -356,30 +356,47 @@ def test_cached_decoding_with_learned_positions_pre_norm_and_separate_vocabulari
 
 
 def test_a_source_the_model_cannot_read_gets_minus_two_and_nan_alone():
-    """An id outside the vocabulary cannot raise inside a compiled search
-    (nor past a learned position table in a graph of free length): that
-    sentence's tokens are
-    -2 and its score NaN (never a plausible translation), and its batch
-    mates get what they get alone."""
+    """Where Python runs, an id outside the vocabulary is a ValueError naming
+    `source_ids` (docs/bad_input.md). Inside a compiled search nothing can
+    raise: the model makes such a row's encoder output NaN (as it does past a
+    learned position table in a graph of free length), and the search gives
+    that sentence tokens of -2 and a NaN score (never a plausible
+    translation), its batch mates what they get alone: held here with a
+    NaN in the embedding row of one id (the exports' graphs:
+    tests/export/test_portable.py)."""
     import dataclasses
 
     keras.utils.set_random_seed(5)
+    # Source and target vocabularies apart: a NaN source embedding row below
+    # touches the encoder alone.
     learned = build_transformer(dataclasses.replace(
-        TINY, position_embedding="learned", max_sequence_length=8))
+        TINY, position_embedding="learned", max_sequence_length=8, target_vocabulary_size=13))
     kwargs = dict(start_id=START, end_id=EOS, max_length=5)
     good = sources()[:1]
+    for bad, value in ((np.array([[5, 13, 3, 4, 5, 6]], "int32"), 13),
+                       (np.array([[-1, 3, 0, 0, 0, 0]], "int32"), -1),
+                       (np.array([[5, 2**32 + 3, 3, 0, 0, 0]], "int64"), 2**32 + 3)):
+        batch = np.concatenate([good.astype(bad.dtype), bad])
+        for search in (transformer_beam_search, transformer_greedy_search):
+            with pytest.raises(ValueError, match=rf"`source_ids` must lie in \[0, 13\) "
+                                                 rf"\(the source vocabulary\).*{value}"):
+                search(learned, batch, **kwargs)
     alone = [to_numpy(x) for x in transformer_beam_search(learned, good, **kwargs)]
     alone_greedy = to_numpy(transformer_greedy_search(learned, good, **kwargs))
     too_long = np.full((2, 9), 5, "int32")
     too_long[0, 6:] = PAD  # the padded width is past the table: both rows
-    for bad in (np.array([[5, 13, 3, 4, 5, 6]], "int32"), np.array([[-1, 3, 0, 0, 0, 0]], "int32")):
-        batch = np.concatenate([good, bad])
-        tokens, scores = (to_numpy(x) for x in transformer_beam_search(learned, batch, **kwargs))
-        greedy = to_numpy(transformer_greedy_search(learned, batch, **kwargs))
-        assert (tokens[1] == -2).all() and np.isnan(scores[1]) and (greedy[1] == -2).all()
-        np.testing.assert_array_equal(tokens[:1], alone[0])
-        np.testing.assert_allclose(scores[:1], alone[1], atol=1e-5)
-        np.testing.assert_array_equal(greedy[:1], alone_greedy)
+    broken = 12
+    assert broken not in good
+    table = to_numpy(learned.get_layer("source_token_embedding").embeddings).copy()
+    table[broken] = float("nan")
+    learned.get_layer("source_token_embedding").embeddings.assign(table)
+    batch = np.concatenate([good, np.array([[5, broken, 3, 4, 5, 6]], "int32")])
+    tokens, scores = (to_numpy(x) for x in transformer_beam_search(learned, batch, **kwargs))
+    greedy = to_numpy(transformer_greedy_search(learned, batch, **kwargs))
+    assert (tokens[1] == -2).all() and np.isnan(scores[1]) and (greedy[1] == -2).all()
+    np.testing.assert_array_equal(tokens[:1], alone[0])
+    np.testing.assert_allclose(scores[:1], alone[1], atol=1e-5)
+    np.testing.assert_array_equal(greedy[:1], alone_greedy)
     # A static width past the table is refused here; a graph with a free
     # length (an export) gets -2 rows (tests/export/test_portable.py).
     with pytest.raises(ValueError, match="Received: sequence length=9"):

@@ -25,6 +25,8 @@ import keras
 from keras import ops
 
 from keras_attn._checks import check_positive_int
+from keras_attn._guard import check_ids
+from keras_attn._guard import concrete_value
 
 NEG_INF = -1e9  # finite, so that `-inf - -inf` never makes a NaN
 
@@ -341,6 +343,15 @@ def make_transformer_step_fn(model, encoder_output, source_mask, max_length, use
 
 
 def _prepare(model, source_ids, max_length, start_id):
+    # Where Python runs (concrete ids), an id the model cannot read is an
+    # error naming it, checked before the int32 cast (which would wrap an
+    # int64 id); inside a compiled search such a row is marked -2 / NaN
+    # (`_mark_invalid`).
+    concrete = concrete_value(source_ids)
+    if concrete is not None and hasattr(model, "input_specs"):
+        spec = model.input_specs().get("source_ids")
+        if spec is not None:
+            check_ids("source_ids", concrete, spec)
     source_ids = ops.convert_to_tensor(source_ids, "int32")
     if max_length is None:
         max_length = default_max_length(model, source_ids)
