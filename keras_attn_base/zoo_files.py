@@ -60,8 +60,18 @@ def locate_recipe(recipe):
 
 
 def read_json(path):
-    with open(path, encoding="utf-8") as stream:
-        return json.load(stream)
+    """The JSON file at `path` (a recipe, a run's recipe.json or results,
+    the zoo's tables); one that is not UTF-8 JSON (edited by hand, cut
+    short) is a ValueError naming the file and where it stops reading."""
+    try:
+        with open(path, encoding="utf-8") as stream:
+            return json.load(stream)
+    except json.JSONDecodeError as error:
+        raise ValueError(f"{path} is not valid JSON: {error.msg} at line {error.lineno}, "
+                         f"column {error.colno}. Received: {path!r}") from None
+    except UnicodeDecodeError as error:
+        raise ValueError(f"{path} is not UTF-8 JSON: the byte {error.object[error.start:error.start + 1]!r} "
+                         f"at offset {error.start}. Received: {path!r}") from None
 
 
 def list_recipes(family=None, directory=None):

@@ -556,3 +556,17 @@ def test_export_refuses_an_output_it_did_not_write_and_keeps_it(tmp_path):
     assert message in result.stderr and "Traceback" not in result.stderr, result.stderr[-2000:]
     assert {p.name: p.read_text() for p in output.iterdir()} == before
     assert sorted(p.name for p in tmp_path.iterdir()) == ["my_project", "run"]
+
+
+def test_a_run_whose_recipe_json_is_damaged_is_named(tmp_path, capsys):
+    # A run's recipe.json cut short or not UTF-8 (edited by hand): exit 2
+    # naming the file, not a JSONDecodeError that names nothing.
+    run = tmp_path / "run"
+    run.mkdir()
+    for content, said in ((b'{"family": "vit", "task"', "is not valid JSON: "),
+                          (b'{"name": "caf\xe9"}', "is not UTF-8 JSON: the byte b'\\xe9'")):
+        (run / "recipe.json").write_bytes(content)
+        assert cli.main(["evaluate", str(run)]) == 2
+        err = capsys.readouterr().err
+        assert f"{run / 'recipe.json'} {said}" in err, err
+        assert "Traceback" not in err
