@@ -269,20 +269,17 @@ def test_int64_ids_outside_int32_are_refused_before_the_cast(offset):
     through_layers = keras.backend.backend() != "jax"
     segments = SEGMENTS.astype("int64")
     segments[0, 2:5] += offset
-    for call in [lambda: checked_segment_ids(segments)] + (
-            [lambda: MultiHeadAttention(num_heads=2)(X, segment_ids=segments)]
-            if through_layers else []):
-        with pytest.raises(ValueError, match=rf"`segment_ids`: ids must fit in int32 .*"
-                                             rf"Received: segment_ids\[0, 2\]={segments[0, 2]}"):
-            call()
     positions = POSITIONS.astype("int64")
     positions[1, 3] += offset
-    for call in [lambda: checked_positions(positions)] + (
-            [lambda: PositionEmbedding(max_sequence_length=8)(X, positions=positions)]
-            if through_layers else []):
-        with pytest.raises(ValueError, match=rf"`positions`: ids must fit in int32 .*"
-                                             rf"Received: positions\[1, 3\]={positions[1, 3]}"):
-            call()
+    cases = [("segment_ids", segments, (0, 2), checked_segment_ids,
+              lambda ids: MultiHeadAttention(num_heads=2)(X, segment_ids=ids)),
+             ("positions", positions, (1, 3), checked_positions,
+              lambda ids: PositionEmbedding(max_sequence_length=8)(X, positions=ids))]
+    for name, ids, (row, column), check, layer_call in cases:
+        for call in [check] + ([layer_call] if through_layers else []):
+            with pytest.raises(ValueError, match=rf"`{name}`: ids must fit in int32 .*Received: "
+                                                 rf"{name}\[{row}, {column}\]={ids[row, column]}"):
+                call(ids)
     # In range, int64 ids are the int32 ones.
     layer = MultiHeadAttention(num_heads=2)
     np.testing.assert_array_equal(to_numpy(layer(X, segment_ids=SEGMENTS.astype("int64"))),
