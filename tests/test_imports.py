@@ -272,3 +272,48 @@ def test_keras_internals_are_used_in_keras_compat_only():
                   for node in ast.walk(tree)
                   if isinstance(node, ast.Attribute) and node.attr in private]
     assert not found, found
+
+
+# A deployment machine: NumPy and a runtime, no Keras nor any backend.
+DEPLOYMENT = """
+import importlib.abc, importlib.util, sys
+ABSENT = {"keras", "tensorflow", "jax", "jaxlib", "torch", "keras_hub", "tensorflow_text"}
+
+class NotInstalled(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in ABSENT:
+            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+
+sys.meta_path.insert(0, NotInstalled())
+_find_spec = importlib.util.find_spec
+importlib.util.find_spec = lambda name, package=None: (
+    None if name.split(".")[0] in ABSENT else _find_spec(name, package))
+
+import numpy as np
+from keras_attn.export import Artifact
+from keras_attn.export.portable import Artifact as Same
+from keras_attn.export.streaming_runtime import StreamingRecognizer
+from keras_attn.data import pack_sequences
+import keras_attn
+
+assert Artifact is Same
+packed = pack_sequences([np.arange(1, 4), np.arange(1, 3)], row_length=8)
+assert packed["segment_ids"].tolist() == [[1, 1, 1, 2, 2, 0, 0, 0]], packed["segment_ids"]
+try:
+    keras_attn.layers
+except ModuleNotFoundError as error:
+    assert error.name == "keras", error
+else:
+    raise AssertionError("keras_attn.layers loaded without Keras")
+print(sorted(m for m in sys.modules if m.split(".")[0] in ABSENT))
+"""
+
+
+def test_the_runtime_modules_import_where_keras_is_not_installed():
+    # Artifact (ONNX/LiteRT), the streaming runtime and the packing helpers
+    # promise NumPy and a runtime only (docs/export.md, docs/packing.md).
+    result = subprocess.run([sys.executable, "-c", DEPLOYMENT], capture_output=True, text=True,
+                            timeout=600, cwd=ROOT,
+                            env=dict(os.environ, PYTHONPATH=ROOT))
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.strip().splitlines()[-1] == "[]", result.stdout

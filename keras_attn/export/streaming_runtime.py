@@ -2,9 +2,11 @@
 `keras_attn.export.streaming` exported (ONNX or LiteRT), driven chunk by
 chunk with NumPy and its runtime (onnxruntime, ai_edge_litert), decoded
 greedily. Neither TensorFlow nor Keras is imported, here or in
-`portable.py`, the only module of the package this one uses: on a machine
-without them, copy the two files and load this one by its path (it then
-loads `portable.py` beside it).
+`portable.py`, the only module of the package this one uses. On a machine
+without them, install the package without its dependencies (`pip install
+--no-deps keras-attn`: `import keras_attn` then loads no Keras), or copy the
+two files and load this one by its path (it then loads `portable.py`
+beside it).
 
     recognizer = StreamingRecognizer("exported/streaming_litert")
     state = recognizer.initial_state()
