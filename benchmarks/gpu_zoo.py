@@ -72,8 +72,23 @@ def _cpu_result(name):
             "backend": found.get("backend"), "date": found.get("date")}
 
 
-def launch(name, data, precision, remat, extra, timeout):
-    """One run in a fresh Python; its record, or its error."""
+def _text(stream):
+    if stream is None:
+        return ""
+    return stream.decode("utf-8", "replace") if isinstance(stream, bytes) else stream
+
+
+def _last_progress(text):
+    """The run's last epoch line (Keras's verbose=2 progress), or ''."""
+    lines = [line.strip() for line in text.replace("\r", "\n").splitlines()
+             if line.strip().startswith("epoch ")]
+    return lines[-1] if lines else ""
+
+
+def launch(name, data, precision, remat, extra, timeout, log_path=None):
+    """One run in a fresh Python; its record, or its error. The run's whole
+    output goes to `log_path`, so a run cut off by `timeout` still shows how
+    far it got (its last epoch line is in the error)."""
     command = [sys.executable, os.path.abspath(__file__), "--run", name, "--data", data,
                "--precision", precision] + (["--remat"] if remat else [])
     for item in extra:
@@ -83,8 +98,17 @@ def launch(name, data, precision, remat, extra, timeout):
     start = time.perf_counter()
     try:
         done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=timeout)
-    except subprocess.TimeoutExpired:
-        return {"recipe": name, "remat": remat, "error": f"timed out after {timeout} s"}
+    except subprocess.TimeoutExpired as expired:
+        output = _text(expired.stdout) + _text(expired.stderr)
+        if log_path:
+            with open(log_path, "w", encoding="utf-8") as handle:
+                handle.write(output)
+        reached = _last_progress(output)
+        return {"recipe": name, "remat": remat, "error": f"timed out after {timeout} s"
+                + (f" (last: {reached})" if reached else " (before its first epoch ended)")}
+    if log_path:
+        with open(log_path, "w", encoding="utf-8") as handle:
+            handle.write(done.stdout + done.stderr)
     marker = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
     if done.returncode != 0 or not marker:
         lines = (done.stderr or done.stdout).strip().splitlines()
@@ -143,7 +167,8 @@ def main(argv=None):
                 record = {"recipe": name, "remat": remat,
                           "error": f"no prepared directory {data}"}
             else:
-                record = launch(name, data, args.precision, remat, args.set, args.timeout)
+                record = launch(name, data, args.precision, remat, args.set, args.timeout,
+                                log_path=os.path.join(out, f"{name}{'_remat' if remat else ''}.log"))
             records.append(record)
             print(f"  {name} remat={remat}: "
                   f"{record.get('value', record.get('error'))}", flush=True)

@@ -150,6 +150,22 @@ def test_gpu_zoo_table_puts_each_run_beside_its_cpu_result_and_names_failures():
                               "The spoken digits made here / are not the ones |")
 
 
+def test_gpu_zoo_run_cut_off_by_its_timeout_says_how_far_it_got(monkeypatch, tmp_path):
+    # On the H200 (2026-11-28) transformer_numbers ran out of its time and the
+    # record said only "timed out": the run's output was thrown away.
+    def cut_off(command, **kwargs):
+        raise gpu_zoo.subprocess.TimeoutExpired(
+            command, kwargs["timeout"], output="RUN starts\nepoch 1/8 (38.0 s): loss 2.3\r"
+            "epoch 2/8 (30.1 s): loss 0.9\n", stderr="a warning\n")
+
+    monkeypatch.setattr(gpu_zoo.subprocess, "run", cut_off)
+    log = tmp_path / "transformer_numbers.log"
+    record = gpu_zoo.launch("transformer_numbers", "data", "float32", False, [], 5,
+                            log_path=str(log))
+    assert record["error"] == "timed out after 5 s (last: epoch 2/8 (30.1 s): loss 0.9)"
+    assert "a warning" in log.read_text() and "epoch 1/8" in log.read_text()
+
+
 class _FakeDevice:
     """A step whose memory is `fixed + per_example * B` bytes by XLA's
     analysis, `true_extra` more per example when it really runs, and a
