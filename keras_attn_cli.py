@@ -7,7 +7,7 @@ keras-attn prepare RECIPE [--set key=value ...] [--out DIR]
 keras-attn evaluate RUN_DIR [--json] [--exported DIR]
 keras-attn export RUN_DIR [--output PATH] [--format saved_model|onnx|litert|hf] [--precision P]
                   [--streaming]
-keras-attn transcribe RUN_DIR AUDIO.wav [--stream [--chunk-ms N]]
+keras-attn transcribe RUN_DIR AUDIO.wav [--streaming [--chunk-ms N]]
 keras-attn list [--family F]
 ```
 
@@ -134,7 +134,9 @@ def transcribe(args):
     from keras_attn.zoo.transcribe import transcribe as transcribe_file
 
     if not args.stream:
-        print(transcribe_file(args.run_dir, args.audio, chunk_ms=args.chunk_ms))
+        text = transcribe_file(args.run_dir, args.audio, chunk_ms=args.chunk_ms)
+        print(text)
+        _say_if_empty(text, args)
         return 0
     # A line per piece that changes the text, or on a terminal one line
     # rewritten in place; the final text alone on the last line either way.
@@ -142,12 +144,22 @@ def transcribe(args):
     for partial in Transcriber(args.run_dir).stream(args.audio, args.chunk_ms):
         if partial.final:
             print(("\r\033[K" if terminal else "") + partial.text)
+            _say_if_empty(partial.text, args)
         elif partial.text != shown:
             line = f"[{partial.seconds:6.2f} s] {partial.text}"
             print("\r\033[K" + line if terminal else line, end="" if terminal else "\n",
                   flush=True)
             shown = partial.text
     return 0
+
+
+def _say_if_empty(text, args):
+    """An empty transcript is an empty last line on stdout (what a script
+    reads), and named on stderr, where a person sees it: the file read, and
+    nothing recognised in it."""
+    if not text:
+        print(f"keras-attn transcribe: the transcript of {args.audio} is empty (the model "
+              f"of {args.run_dir} recognised nothing in it)", file=sys.stderr, flush=True)
 
 
 def list_command(args):

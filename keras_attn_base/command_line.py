@@ -16,6 +16,11 @@ import re
 from keras_attn_base.zoo_files import recipe_families
 
 
+# One flag for the streaming mode of every command (`export`, `transcribe`);
+# --stream, which `transcribe` once took, is its alias.
+STREAMING = ("--streaming", "--stream")
+
+
 def distribute_mode(value):
     # parse_distribute's forms, checked before Keras is imported.
     if value == "data_parallel" or re.fullmatch(r"model_parallel:[1-9][0-9]*x[1-9][0-9]*", value):
@@ -97,20 +102,22 @@ def build_parser(handlers):
         (("--precision",), {"choices": ("float32", "float16", "int8"), "default": "float32",
                             "help": "weights of the export: float32 (default), float16 "
                                     "(onnx, litert) or int8 (litert; dynamic range)"}),
-        (("--streaming",), {"action": "store_true",
-                            "help": "onnx, litert (a streaming Conformer run): the streaming "
-                                    "step, one audio chunk and the state tensors in, tokens and "
-                                    "the next state out (default output RUN_DIR/<format>_"
-                                    "streaming; docs/streaming.md, 'On device')"}))
+        (STREAMING, {"action": "store_true", "dest": "streaming",
+                     "help": "onnx, litert (a streaming Conformer run): the streaming "
+                             "step, one audio chunk and the state tensors in, tokens and "
+                             "the next state out (default output RUN_DIR/<format>_"
+                             "streaming; docs/streaming.md, 'On device')"}))
     add("transcribe", "print the transcript of a WAV file (speech runs)",
         "Transcribe a mono PCM WAV file (16-, 24- or 32-bit; resampled to the model's rate) with "
-        "a speech run's model, greedy CTC, whole or (--stream) fed chunk by chunk with partial "
-        "results as the text grows (a line each when piped, one line rewritten on a terminal); "
-        "the last line is the transcript.", run_dir,
-        (("audio",), {"metavar": "AUDIO", "help": "a WAV file"}),
-        (("--stream",), {"action": "store_true", "help": "stream the file chunk by chunk "
-                         "(a run trained for streaming: a recipe with chunk_size)"}),
-        (("--chunk-ms",), {"type": int, "metavar": "N", "help": "with --stream: milliseconds "
+        "a speech run's model, greedy CTC, whole or (--streaming) fed chunk by chunk with "
+        "partial results as the text grows (a line each when piped, one line rewritten on a "
+        "terminal); the last line is the transcript (an empty one is also named on stderr).",
+        run_dir, (("audio",), {"metavar": "AUDIO", "help": "a WAV file"}),
+        # dest `stream`: the library's argument (`transcribe(..., stream=True)`).
+        (STREAMING, {"action": "store_true", "dest": "stream",
+                     "help": "stream the file chunk by chunk (a run trained for streaming: a "
+                             "recipe with chunk_size)"}),
+        (("--chunk-ms",), {"type": int, "metavar": "N", "help": "with --streaming: milliseconds "
                            "of audio per step, a multiple of the model's 40 ms step (default: "
                            "its attention chunk, 320 ms for conformer_tiny_digits_streaming)"}))
     add("list", "list the zoo's recipes",

@@ -2,7 +2,9 @@
 ONNX or LiteRT.
 
 The SavedModel's signature `serve` takes uint8 images `(B, S, S, C)` of the model's own
-size and returns the class probabilities `(B, K)` (softmax of the logits);
+size and returns the class probabilities `(B, K)` (softmax of the logits); its
+`serving_default` signature (TensorFlow Serving's) answers by name: "logits",
+"probabilities" and, exported with `class_names`, "label" (the top class's name);
 the pixel rescaling is inside the model. Needs the TensorFlow backend (a
 model trained on JAX or PyTorch: save it as `.keras` and export it there).
 
@@ -11,11 +13,13 @@ model trained on JAX or PyTorch: save it as `.keras` and export it there).
 """
 
 from keras_attn.export.saved_model import export_saved_model
+from keras_attn.export.saved_model import named_outputs
 from keras_attn.export.saved_model import require_tensorflow_backend
 from keras_attn_base.quiet_tensorflow import tensorflow_module
 
 
-def export_image_classifier(model, path, format="saved_model", precision="float32"):
+def export_image_classifier(model, path, format="saved_model", precision="float32",
+                            class_names=None):
     """Writes `model` to `path`: uint8 images in, class probabilities out.
 
     Args:
@@ -28,11 +32,16 @@ def export_image_classifier(model, path, format="saved_model", precision="float3
             "probabilities" float32 `(B, K)`); see `keras_attn.export.portable`.
         precision: `"float32"` or `"float16"` (weights); LiteRT also `"int8"`
             (dynamic-range) weights.
+        class_names: the name of each class, in output order (K strings),
+            carried inside the export: `assets/labels.txt` of the SavedModel
+            (line i names probability i), `"labels"` of `serving.json`.
 
     Returns:
         `path`.
     """
+    from keras_attn.export.portable import check_class_names
     from keras_attn.export.portable import check_format
+    from keras_attn.export.portable import labels_text
 
     check_format(format, precision)
     require_tensorflow_backend("export_image_classifier")
@@ -57,19 +66,25 @@ def export_image_classifier(model, path, format="saved_model", precision="float3
             f"Received: num_classes={vit_config.num_classes}"
         )
 
+    class_names = check_class_names(class_names, output_shape[-1])
     if format != "saved_model":
-        return _export_portable(model, path, format, precision, input_shape)
+        return _export_portable(model, path, format, precision, input_shape, class_names)
     tf = tensorflow_module()
 
     def serve(images):
         logits = model(tf.cast(images, "float32"), training=False)
         return tf.nn.softmax(tf.cast(logits, "float32"), axis=-1)
 
+    def named(images):
+        return named_outputs(model(tf.cast(images, "float32"), training=False), class_names)
+
     signature = [tf.TensorSpec((None,) + input_shape[1:], tf.uint8, name="images")]
-    return export_saved_model(model, path, input_signature=signature, serving_fn=serve)
+    return export_saved_model(model, path, input_signature=signature, serving_fn=serve,
+                              extra_endpoints={"serving_default": (named, signature)},
+                              assets=class_names and {"labels.txt": labels_text(class_names)})
 
 
-def _export_portable(model, path, format, precision, input_shape):
+def _export_portable(model, path, format, precision, input_shape, class_names=None):
     import keras
 
     from keras_attn.export.portable import export_portable
@@ -82,4 +97,5 @@ def _export_portable(model, path, format, precision, input_shape):
     return export_portable(
         serving, path, format, precision,
         preprocessing={"images": "uint8 pixels, 0-255, of the model's size; the rescaling "
-                                 "is inside the model"})
+                                 "is inside the model"},
+        extra=class_names and {"labels": class_names})

@@ -9,6 +9,10 @@ accepted), each output's, the precision, and the task's pre-processing
     <path>/serving.json
     <path>/vocab.txt            (text classifiers)
 
+A classifier exported with its `class_names` carries them in `serving.json`
+(`"labels"`: the name of each output index; `Artifact.labels`), so that a
+copy of the directory still names its answers.
+
 The serving model is a Keras model whose call is the whole computation
 from the served inputs (uint8 pixels, token ids) to the served outputs
 (probabilities), in `keras.ops`, so that the converters see one graph. The
@@ -60,6 +64,29 @@ def check_format(format, precision="float32"):
         )
 
 
+def check_class_names(class_names, num_classes):
+    """`class_names` as a list of `num_classes` distinct non-empty strings
+    without a line break (each one line of labels.txt, the name of an output
+    index), or None; `ValueError` naming the argument otherwise."""
+    if class_names is None:
+        return None
+    names = list(class_names) if isinstance(class_names, (list, tuple)) else None
+    if (names is None or len(names) != num_classes
+            or not all(isinstance(n, str) and n and "\n" not in n and "\r" not in n
+                       for n in names)
+            or len(set(names)) != len(names)):
+        raise ValueError(
+            f"`class_names` must be a list of the model's {num_classes} classes: distinct, "
+            f"non-empty strings of one line each, in output order. "
+            f"Received: class_names={class_names!r}")
+    return names
+
+
+def labels_text(class_names):
+    """labels.txt: the name of output index i on line i."""
+    return "".join(name + "\n" for name in class_names)
+
+
 def _require_packages(format):
     import importlib.util
 
@@ -81,6 +108,8 @@ def _rename_onnx_outputs(file, names):
     outputs = list(model.graph.output)
     if len(outputs) != len(names):
         raise RuntimeError(f"Expected {len(names)} ONNX outputs, the graph has {len(outputs)}")
+    if [output.name for output in outputs] == list(names):
+        return  # a dict of outputs: tf2onnx kept its keys
     renames = {output.name: name for output, name in zip(outputs, names)}
     for node in model.graph.node:
         node.output[:] = [renames.get(name, name) for name in node.output]
@@ -88,6 +117,31 @@ def _rename_onnx_outputs(file, names):
     for output in outputs:
         output.name = renames[output.name]
     onnx.save(model, file)
+
+
+def _served_inputs(serving):
+    """`[(name, KerasTensor)]` of the served inputs: a model called with a
+    dict (the BERT backbone) serves each input under its key, in sorted
+    key order as Keras flattens the dict; other models under their inputs'
+    names."""
+    if isinstance(serving.input, dict):
+        return sorted(serving.input.items())
+    return [(x.name, x) for x in serving.inputs]
+
+
+def _input_signature(serving):
+    """The `input_signature` of Keras's `model.export` for `serving`: the
+    structure its call takes (a dict for a dict-input model, whose call
+    refuses a list; a list for several inputs; the spec for one)."""
+    import keras
+
+    specs = {name: keras.InputSpec(shape=x.shape, dtype=x.dtype, name=name)
+             for name, x in _served_inputs(serving)}
+    if isinstance(serving.input, dict):
+        return [specs]
+    if len(specs) == 1:
+        return list(specs.values())
+    return [list(specs.values())]
 
 
 def _describe(tensor, name):
@@ -111,7 +165,7 @@ def _contract(serving, format, precision, preprocessing, axes=None):
     names = sorted(serving.output) if isinstance(serving.output, dict) else ["probabilities"]
     outputs = [serving.output[name] for name in names] if isinstance(serving.output, dict) \
         else serving.outputs
-    inputs = [_describe(x, x.name) for x in serving.inputs]
+    inputs = [_describe(x, name) for name, x in _served_inputs(serving)]
     for spec in inputs:
         named = (axes or {}).get(spec["name"])
         if named is None:
@@ -139,10 +193,11 @@ def export_portable(serving, path, format, precision="float32", preprocessing=No
     the directory `path` with `serving.json` (atomically).
 
     Args:
-        serving: a functional `keras.Model` from named `keras.Input`s to one
-            output (named "probabilities" in the contract) or a dict of
-            outputs (their names); batch and length dims that are None in
-            its inputs stay free in the artifact.
+        serving: a functional `keras.Model` from named `keras.Input`s (a
+            list, or a dict such as the BERT backbone's: each served under
+            its key) to one output (named "probabilities" in the contract)
+            or a dict of outputs (their names); batch and length dims that
+            are None in its inputs stay free in the artifact.
         path: the directory to write.
         format: `"onnx"` or `"litert"`.
         precision: `"float32"`, `"float16"` (weights stored in float16,
@@ -170,8 +225,6 @@ def export_portable(serving, path, format, precision="float32", preprocessing=No
             ONNX or LiteRT export (nothing is written then).
         ImportError: the format's converter is not installed (the extra).
     """
-    import keras
-
     from keras_attn.export.saved_model import PORTABLE_EXPORT
     from keras_attn._directories import check_replaceable
     from keras_attn._directories import replace_directory
@@ -201,10 +254,7 @@ def export_portable(serving, path, format, precision="float32", preprocessing=No
         target = os.path.join(staging, "model")
         os.makedirs(target)
         file = os.path.join(target, FILES[format])
-        signature = [[keras.InputSpec(shape=x.shape, dtype=x.dtype, name=x.name)
-                      for x in serving.inputs]]
-        if len(serving.inputs) == 1:
-            signature = signature[0]
+        signature = _input_signature(serving)
         if format == "onnx":
             with warnings.catch_warnings():
                 # Keras's tf2onnx patch module asks NumPy for the removed
@@ -443,6 +493,12 @@ class Artifact:
                     f"{os.path.join(path, CONTRACT)} describes the {kind} {described}; "
                     f"{file} has {sorted(names)}. Export the model again. "
                     f"Received: path={path!r}")
+
+    @property
+    def labels(self):
+        """The class name of each output index (`serving.json`'s
+        `"labels"`), or None where the export was written without them."""
+        return self.contract.get("labels")
 
     @property
     def input_names(self):

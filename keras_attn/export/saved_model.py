@@ -47,6 +47,20 @@ def _default_serving_fn(model):
     return serving_fn
 
 
+def named_outputs(logits, class_names):
+    """The classifiers' `serving_default` outputs, by name (TensorFlow
+    Serving answers with these keys): "logits" and "probabilities" `(B, K)`
+    float32, and with `class_names` "label" `(B,)`, the most probable
+    class's name."""
+    tf = tensorflow_module()
+
+    logits = tf.cast(logits, "float32")
+    outputs = {"logits": logits, "probabilities": tf.nn.softmax(logits, axis=-1)}
+    if class_names:
+        outputs["label"] = tf.gather(tf.constant(class_names), tf.argmax(logits, axis=-1))
+    return outputs
+
+
 EMPTY_INPUT = "keras_attn: empty input:"
 
 
@@ -180,6 +194,7 @@ def export_saved_model(
     serving_fn=None,
     extra_endpoints=None,
     track=(),
+    assets=None,
 ):
     """Writes `model` as a TensorFlow SavedModel at `path`, atomically.
 
@@ -208,6 +223,9 @@ def export_saved_model(
         extra_endpoints: more endpoints, `{name: (fn, input_signature)}`.
         track: more objects whose resources the endpoints use (a
             tokenizer's vocabulary tables).
+        assets: `{file name: text}` written into the SavedModel's `assets/`
+            (the classifiers' labels.txt), so that a copy of the directory
+            carries them.
 
     Every endpoint refuses an empty batch and a sequence of length 0 with
     `InvalidArgumentError` naming the input (`EMPTY_INPUT`).
@@ -246,6 +264,10 @@ def export_saved_model(
             archive.add_endpoint(name, _refuse_empty(fn, signature), input_signature=signature)
         target = os.path.join(staging, "model")
         archive.write_out(target, verbose=False)
+        for name, content in (assets or {}).items():
+            os.makedirs(os.path.join(target, "assets"), exist_ok=True)
+            with open(os.path.join(target, "assets", name), "w", encoding="utf-8") as stream:
+                stream.write(content)
         replace_directory(target, path, SAVED_MODEL)
     finally:
         shutil.rmtree(staging, ignore_errors=True)

@@ -1,8 +1,10 @@
-"""Export a BERT text classifier as a SavedModel with two signatures.
+"""Export a BERT text classifier as a SavedModel with two entry points.
 
 - `serve(text)`: a `(B,)` string tensor in; WordPiece tokenization and
   `[CLS] text [SEP]` packing run inside the graph; class probabilities
-  `(B, K)` out.
+  `(B, K)` out. `serving_default` (TensorFlow Serving's) takes the same
+  strings and answers by name: "logits", "probabilities" and, exported with
+  `class_names`, "label" (the top class's name).
 - `serve_ids(token_ids, segment_ids, padding_mask)`: `(B, T)` int32 each,
   any `T` up to the model's `max_sequence_length`; probabilities out. Three
   inputs of different shapes stop the call with `InvalidArgumentError`
@@ -17,12 +19,13 @@ export refuses a graph that would need any other op. TensorFlow backend only
 """
 
 from keras_attn.export.saved_model import export_saved_model
+from keras_attn.export.saved_model import named_outputs
 from keras_attn.export.saved_model import require_tensorflow_backend
 from keras_attn_base.quiet_tensorflow import tensorflow_module
 
 
 def export_text_classifier(model, tokenizer, path, sequence_length=128, format="saved_model",
-                           precision="float32"):
+                           precision="float32", class_names=None):
     """Writes `model` with its tokenizer to `path` (atomically).
 
     ONNX and LiteRT cannot hold the tokenizer's string ops: with
@@ -44,11 +47,16 @@ def export_text_classifier(model, tokenizer, path, sequence_length=128, format="
         sequence_length: length strings are packed (padded or truncated) to.
         format: `"saved_model"`, `"onnx"` or `"litert"`.
         precision: `"float32"` or `"float16"` (weights); LiteRT also `"int8"`.
+        class_names: the name of each class, in output order (K strings),
+            carried inside the export: `assets/labels.txt` of the SavedModel
+            (line i names probability i), `"labels"` of `serving.json`.
 
     Returns:
         `path`.
     """
+    from keras_attn.export.portable import check_class_names
     from keras_attn.export.portable import check_format
+    from keras_attn.export.portable import labels_text
 
     check_format(format, precision)
     require_tensorflow_backend("export_text_classifier")
@@ -71,8 +79,10 @@ def export_text_classifier(model, tokenizer, path, sequence_length=128, format="
             f"`sequence_length` must be at most the model's max_sequence_length="
             f"{max_length}. Received: sequence_length={sequence_length}"
         )
+    class_names = check_class_names(class_names, model.output_shape[-1])
     if format != "saved_model":
-        return _export_portable(model, tokenizer, path, sequence_length, format, precision)
+        return _export_portable(model, tokenizer, path, sequence_length, format, precision,
+                                class_names)
     wordpiece = WordPieceGraph(tokenizer)
     text_spec = tf.TensorSpec((None,), tf.string, name="text")
     # Traced once here, checked, and called as this one function by every
@@ -92,6 +102,12 @@ def export_text_classifier(model, tokenizer, path, sequence_length=128, format="
     def serve_text(text):
         return probabilities(*pack(text))
 
+    def named(text):
+        token_ids, segment_ids, padding_mask = pack(text)
+        logits = model({"token_ids": token_ids, "segment_ids": segment_ids,
+                        "padding_mask": padding_mask}, training=False)
+        return named_outputs(logits, class_names)
+
     def serve_ids(token_ids, segment_ids, padding_mask):
         # Checked here, not inside the model: there the mismatch is an
         # "Incompatible shapes" of an Add deep in the embeddings.
@@ -108,8 +124,10 @@ def export_text_classifier(model, tokenizer, path, sequence_length=128, format="
         path,
         input_signature=[text_spec],
         serving_fn=serve_text,
-        extra_endpoints={"serve_ids": (serve_ids, ids_spec)},
+        extra_endpoints={"serve_ids": (serve_ids, ids_spec),
+                         "serving_default": (named, [text_spec])},
         track=[wordpiece],
+        assets=class_names and {"labels.txt": labels_text(class_names)},
     )
 
 
@@ -161,7 +179,8 @@ def _graph_functions(graph_def):
     return {function.signature.name for function in graph_def.library.function}
 
 
-def _export_portable(model, tokenizer, path, sequence_length, format, precision):
+def _export_portable(model, tokenizer, path, sequence_length, format, precision,
+                     class_names=None):
     import keras
 
     from keras_attn.export.portable import export_portable
@@ -191,7 +210,8 @@ def _export_portable(model, tokenizer, path, sequence_length, format, precision)
     }
     return export_portable(serving, path, format, precision, preprocessing=preprocessing,
                            files={"vocab.txt": "".join(token + "\n" for token in vocabulary)},
-                           axes={name: ["batch", "length"] for name in names})
+                           axes={name: ["batch", "length"] for name in names},
+                           extra=class_names and {"labels": class_names})
 
 
 def _max_length(model):

@@ -11,7 +11,7 @@ functions; they know nothing of it:
     zoo.train("vit_tiny_digits", data="prepared/vit")             # without it
 
 `keras_attn.zoo.transcribe` reads a WAV file through a speech run's model
-(`keras-attn transcribe RUN_DIR AUDIO [--stream]`).
+(`keras-attn transcribe RUN_DIR AUDIO [--streaming]`).
 """
 
 from keras_attn.zoo.runs import evaluate

@@ -552,6 +552,8 @@ def _train_locked(recipe, output, distribute, export, verbose, prepared=None):
             keras.distribution.distribution().auto_shard_dataset = False
             rows = batch_rows(distribute, *process)
         train_dataset_fn, validation = _training_data(task, model, prepared, replicas, rows)
+        if validation is None and writer:
+            print(task.no_validation_note(), flush=True)
         with data_check_errors(), naming_lost_processes():  # DataCheckError; a lost process
             history = trainer.fit(model, train_dataset_fn, training["epochs"], steps,
                                   validation_data=validation, callbacks=callbacks,
@@ -774,7 +776,7 @@ def evaluate(run_dir, exported=None):
             f"{exported} is an export of the streaming step (its {CONTRACT} records "
             f"\"streaming\"): it reads audio chunk by chunk with its state, not the test set "
             f"in one call. Score the run with `evaluate` without an export, and hear it "
-            f"stream with `transcribe RUN_DIR AUDIO.wav --stream`. Received: "
+            f"stream with `transcribe RUN_DIR AUDIO.wav --streaming`. Received: "
             f"exported={exported!r}")
     check_export_origin(run_dir, exported)
     recipe = read_json(os.path.join(run_dir, RECIPE))

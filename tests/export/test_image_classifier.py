@@ -62,3 +62,44 @@ def test_model_returning_a_sequence_is_rejected(tmp_path):
     model = keras.Model(inputs, keras.layers.Reshape((16, 1))(inputs))
     with pytest.raises(ValueError, match=r"Received: model.output_shape=\(None, 16, 1\)"):
         export_image_classifier(model, tmp_path / "x")
+
+
+def test_the_class_names_travel_inside_every_export(tmp_path):
+    # A copy of the export folder names its answers (labels.txt lived only in
+    # the run directory): assets/labels.txt of the SavedModel, "labels" of
+    # serving.json, line / entry i naming probability i.
+    import shutil
+
+    import tensorflow as tf
+
+    from keras_attn.export.portable import Artifact
+
+    model = build_vit(dataclasses.replace(TINY, num_layers=1))
+    head = model.get_layer("classifier")  # not the zero head's uniform answer
+    head.kernel.assign(np.random.default_rng(1).normal(size=head.kernel.shape))
+    names = ["cat", "dog", "fox", "owl", "yak"]
+    export_image_classifier(model, tmp_path / "saved", class_names=names)
+    assert (tmp_path / "saved" / "assets" / "labels.txt").read_text() == "cat\ndog\nfox\nowl\nyak\n"
+    # TensorFlow Serving's signature answers by name ({'output_0': ...} before);
+    # `serve` still returns the probabilities alone.
+    images = np.random.default_rng(0).integers(0, 256, (3, 24, 24, 2)).astype("uint8")
+    logits = ops.convert_to_numpy(model(images))
+    loaded = tf.saved_model.load(str(tmp_path / "saved"))
+    answer = loaded.signatures["serving_default"](images=tf.constant(images))
+    assert sorted(answer) == ["label", "logits", "probabilities"]
+    np.testing.assert_allclose(answer["logits"].numpy(), logits, atol=1e-5)
+    np.testing.assert_allclose(answer["probabilities"].numpy(), loaded.serve(images).numpy(),
+                               atol=1e-6)
+    assert [x.decode() for x in answer["label"].numpy()] == [names[i] for i in
+                                                               logits.argmax(-1)]
+    export_image_classifier(model, tmp_path / "onnx", format="onnx", class_names=tuple(names))
+    shutil.copytree(tmp_path / "onnx", tmp_path / "copy")
+    assert Artifact(tmp_path / "copy").labels == names
+    export_image_classifier(model, tmp_path / "plain", format="onnx")  # none given: none kept
+    assert Artifact(tmp_path / "plain").labels is None
+
+    for bad in (names[:4], names[:4] + ["cat"], names[:4] + [""], names[:4] + ["a\nb"], "cat"):
+        with pytest.raises(ValueError, match=r"`class_names` must be a list of the model's 5 "
+                                             r"classes.*Received: class_names="):
+            export_image_classifier(model, tmp_path / "bad", class_names=bad)
+    assert not (tmp_path / "bad").exists()

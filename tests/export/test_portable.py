@@ -152,7 +152,8 @@ def test_text_classifier_follows_its_contract_in_onnx_runtime_and_litert(tmp_pat
     model = randomize(BertSequenceClassifier(backbone, num_classes=3))
     tokenizer = text.make_tokenizer(VOCAB)
     paths = {format: export_text_classifier(model, tokenizer, tmp_path / format,
-                                            sequence_length=12, format=format)
+                                            sequence_length=12, format=format,
+                                            class_names=["news", "sport", "weather"])
              for format in ("onnx", "litert")}
     assert sorted(os.listdir(paths["onnx"])) == ["model.onnx", "serving.json", "vocab.txt"]
 
@@ -160,6 +161,7 @@ def test_text_classifier_follows_its_contract_in_onnx_runtime_and_litert(tmp_pat
     # serving.json, [CLS] text [SEP] padded to sequence_length.
     with open(os.path.join(paths["litert"], "serving.json")) as stream:
         contract = json.load(stream)
+    assert contract["labels"] == ["news", "sport", "weather"]  # probability i's class
     pre = contract["preprocessing"]
     assert (pre["sequence_length"], pre["max_sequence_length"]) == (12, 16)
     served = keras_hub.tokenizers.WordPieceTokenizer(
@@ -339,3 +341,22 @@ def test_a_missing_converter_names_the_extra(tmp_path, monkeypatch):
     with pytest.raises(ImportError, match=r"keras-attn\[onnx\]"):
         export_portable(serving, tmp_path / "m", "onnx")
     assert os.listdir(tmp_path) == []
+
+
+@pytest.mark.parametrize("format", ["onnx", "litert"])
+def test_a_dict_input_model_exports_and_scores_as_in_keras(tmp_path, format):
+    # The BERT backbone is called with a dict (its call refuses a list, which
+    # the exporter once passed): each input is served under its key.
+    bert = FAMILIES["bert"]
+    backbone = bert.backbone(num_layers=1)
+    x = bert.inputs(size=2)
+    expected = {name: to_numpy(value) for name, value in backbone(x).items()}
+    path = export_portable(backbone, tmp_path / format, format)
+    artifact = Artifact(path)
+    assert sorted(artifact.input_names) == ["padding_mask", "segment_ids", "token_ids"]
+    assert [o["name"] for o in artifact.contract["outputs"]] == ["pooled_output",
+                                                                "sequence_output"]
+    got = artifact(**x)
+    assert sorted(got) == sorted(expected)
+    for name in expected:
+        np.testing.assert_allclose(got[name], expected[name], atol=1e-5, err_msg=name)

@@ -300,8 +300,45 @@ def test_numbers_of_any_magnitude_are_refused_before_the_run_directory(
 def test_evaluate_refuses_a_streaming_export_by_name(tmp_path):
     (tmp_path / "serving.json").write_text(json.dumps({"format": "onnx", "streaming": {}}))
     with pytest.raises(ValueError, match=r"is an export of the streaming step .*`transcribe "
-                                         r"RUN_DIR AUDIO\.wav --stream`\. Received: exported="):
+                                         r"RUN_DIR AUDIO\.wav --streaming`\. Received: exported="):
         runs.evaluate("/no/such/run", exported=str(tmp_path))
+
+
+@pytest.mark.parametrize("flag", ["--streaming", "--stream"])
+def test_streaming_is_one_flag_in_every_command(flag):
+    # `transcribe --streaming` was refused ("unrecognized arguments") while
+    # `export` took it: --streaming everywhere, --stream its alias.
+    parser = cli.build_parser()
+    exported = parser.parse_args(["export", "RUN", "--format", "onnx", flag])
+    transcribed = parser.parse_args(["transcribe", "RUN", "a.wav", flag, "--chunk-ms", "80"])
+    assert exported.streaming and transcribed.stream and transcribed.chunk_ms == 80
+    # A library error about the argument names the flag by its one name.
+    assert exported.flags["streaming"] == transcribed.flags["stream"] == "--streaming"
+    assert not parser.parse_args(["transcribe", "RUN", "a.wav"]).stream
+
+
+@pytest.mark.parametrize("streaming", [False, True])
+def test_an_empty_transcript_is_named(streaming, monkeypatch, capsys):
+    # The model recognised nothing: the last line (the transcript) is empty,
+    # and stderr names the file, in both modes.
+    from keras_attn.zoo import transcribe
+    from keras_attn.zoo.transcribe import Partial
+
+    class Silent:
+        def __init__(self, run_dir):
+            pass
+
+        def stream(self, audio, chunk_ms):
+            return iter([Partial(0.32, ""), Partial(0.64, "", final=True)])
+
+    monkeypatch.setattr(transcribe, "transcribe", lambda run_dir, audio, chunk_ms: "")
+    monkeypatch.setattr(transcribe, "Transcriber", Silent)
+    argv = ["transcribe", "RUN", "quiet.wav"] + (["--streaming"] if streaming else [])
+    assert cli.main(argv) == 0
+    out, err = capsys.readouterr()
+    assert out.splitlines()[-1:] == [""]
+    assert err == ("keras-attn transcribe: the transcript of quiet.wav is empty (the model of "
+                   "RUN recognised nothing in it)\n")
 
 
 @pytest.mark.parametrize(

@@ -93,14 +93,27 @@ def train_and_serve(recipe, run):
 
 @pytest.mark.slow
 def test_text_classification_from_a_csv_folder_trains_evaluates_and_serves_raw_strings(
-        tmp_path):
+        tmp_path, capsys):
     recipe = write_recipe(tmp_path, "text_classification", {
         "dataset": f"files:{review_folder(tmp_path)}", "text_key": "review",
         "validation_fraction": 0.0})
     run = tmp_path / "run"
     task, inputs, served = train_and_serve(recipe, run)
+    assert task.no_validation_note() in capsys.readouterr().out  # said before training
     assert task.class_names == ["bad", "good"]  # names sorted: ids 0, 1
     assert (run / "labels.txt").read_text() == "bad\ngood\n"
+    # ... and inside the export, which a deployment copies without the run;
+    # TensorFlow Serving's signature answers by name, the label as text.
+    import tensorflow as tf
+
+    assert (run / "saved_model" / "assets" / "labels.txt").read_text() == "bad\ngood\n"
+    loaded = tf.saved_model.load(str(run / "saved_model"))
+    answer = loaded.signatures["serving_default"](text=tf.constant(["a great film", "dull"]))
+    assert sorted(answer) == ["label", "logits", "probabilities"]
+    np.testing.assert_allclose(answer["probabilities"].numpy(),
+                               loaded.serve(tf.constant(["a great film", "dull"])).numpy())
+    assert [x.decode() for x in answer["label"].numpy()] == [
+        task.class_names[i] for i in answer["logits"].numpy().argmax(-1)]
     assert len(task.splits["train"][0]) == 24 and task.splits["validation"] is None
     assert list(inputs) == ["text"] and served.shape == (6, 2)  # raw strings in
 
@@ -138,6 +151,21 @@ def test_without_a_validation_file_a_seeded_share_of_train_is_held_out(tmp_path)
         other = make_task(load_recipe(write_recipe(tmp_path, task_name, section),
                                       ["training.seed=1"]))._files_splits()
         assert other["validation"][0] != splits["validation"][0], task_name
+
+
+def test_a_run_without_validation_says_so_and_how_to_get_one(tmp_path):
+    # The loaders hold out nothing by default (validation_fraction=0.0):
+    # `fit` then runs without validation, which the run's log says.
+    folder = review_folder(tmp_path)
+    recipe = load_recipe(write_recipe(tmp_path, "text_classification", {
+        "dataset": f"files:{folder}", "text_key": "review", "validation_fraction": 0.0}))
+    assert make_task(recipe).no_validation_note() == (
+        "No validation set: the epoch lines show training metrics only (for one, set "
+        "data.validation_fraction (now 0.0), or put validation.csv or validation.jsonl "
+        f"beside the training data in {folder}).")
+    recipe = load_recipe(TOPICS, ["data.validation_fraction=0"])  # embedded: no file
+    assert make_task(recipe).no_validation_note().endswith(
+        "(for one, set data.validation_fraction (now 0.0)).")
 
 
 def _fake_masked_lm_run(folder, task="masked_lm"):

@@ -116,7 +116,7 @@ def test_an_offline_run_transcribes_whole_and_refuses_stream_by_name(speech, cap
 
     assert cli.main(["transcribe", speech["offline"], speech["wav"], "--stream"]) == 2
     error = capsys.readouterr().err
-    assert "`stream` (--stream)" in error and "not trained for streaming" in error
+    assert "`stream` (--streaming)" in error and "not trained for streaming" in error
 
 
 @pytest.mark.slow

@@ -194,6 +194,26 @@ class Task:
         """Batches for `fit`'s validation (the same at every pass), or None."""
         raise NotImplementedError
 
+    # What holds a validation set in a `files:` folder (the loaders' layout).
+    validation_file = "validation.csv or validation.jsonl"
+
+    def no_validation_note(self):
+        """The line a run prints when it has no validation set (`fit`
+        would otherwise run without one and say nothing): the epoch lines
+        then show training metrics only, and the recipe keys (their values
+        now) or, for files, the file that give one."""
+        import json
+
+        kind = schema.dataset_kind(self.data["dataset"])
+        ways = [f"data.{name} (now {json.dumps(self.data.get(name))})"
+                for name, info in self.Data.model_fields.items()
+                if "validation" in name and schema.for_kind(info, kind)]
+        ways = [f"set {' or '.join(ways)}"] if ways else []
+        if kind == "files":
+            ways.append(f"put {self.validation_file} beside the training data in {self.files}")
+        return ("No validation set: the epoch lines show training metrics only"
+                + (f" (for one, {', or '.join(ways)})." if ways else "."))
+
     def process_train_dataset_fn(self, replicas, process, processes):
         """For a task that can make a batch's rows one by one: `epoch ->`
         the rows of each training batch that process `process` of

@@ -80,6 +80,7 @@ class ImageClassification(Task):
     set_fields = ("num_classes",)
     embedded_data = "scikit-learn digits"
     metric_names = {"accuracy": "accuracy"}
+    validation_file = "a validation/ folder (one sub-folder of images per class)"
 
     def load_data(self):
         from keras_attn.data import images

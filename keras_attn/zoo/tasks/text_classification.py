@@ -165,7 +165,8 @@ class TextClassification(BertTextTask):
         self.prepare()
         return export_text_classifier(model, self.tokenizer, path,
                                       sequence_length=self.data["sequence_length"],
-                                      format=format, precision=precision)
+                                      format=format, precision=precision,
+                                      class_names=self.class_names)
 
     def evaluate_served(self, serve):
         """Accuracy of an export fed the test set's token ids (the inputs
