@@ -50,6 +50,20 @@ def causal_mask(query_length, key_length, offset=0):
     return cols <= rows
 
 
+def local_mask(query_length, key_length, window, offset=0):
+    """Banded `(T, S)` mask of local (sliding-window) attention: query `i`
+    (at position `i + offset`) sees keys `j` with `|i + offset - j| <=
+    window // 2`, as ModernBERT's `local_attention` window (128: 64 tokens on
+    each side).
+
+    >>> ops.convert_to_numpy(local_mask(4, 4, 2)).astype(int).tolist()
+    [[1, 1, 0, 0], [1, 1, 1, 0], [0, 1, 1, 1], [0, 0, 1, 1]]
+    """
+    rows = ops.expand_dims(ops.arange(query_length), 1) + offset  # (T, 1)
+    cols = ops.expand_dims(ops.arange(key_length), 0)  # (1, S)
+    return ops.abs(rows - cols) <= window // 2
+
+
 def checked_mask(mask, name):
     """`mask` as booleans, and the examples for which it is invalid.
 

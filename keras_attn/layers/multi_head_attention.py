@@ -12,11 +12,17 @@ from keras_attn._checks import check_rate
 from keras_attn._checks import check_static_shape
 from keras_attn._checks import static_dim
 from keras_attn.layers._projection import einsum_projection
+from keras_attn.layers._rotary import apply_rotary
+from keras_attn.layers._rotary import check_rotary_head_dim
+from keras_attn.layers._rotary import check_rotary_theta
+from keras_attn.layers._rotary import segment_positions
 from keras_attn.layers.masking import causal_mask
 from keras_attn.layers.masking import checked_agreement
 from keras_attn.layers.masking import checked_mask
+from keras_attn.layers.masking import checked_positions
 from keras_attn.layers.masking import checked_segment_ids
 from keras_attn.layers.masking import get_keras_mask
+from keras_attn.layers.masking import local_mask
 from keras_attn.layers.masking import merge_masks
 from keras_attn.layers.masking import nan_where
 from keras_attn.layers.masking import segment_mask
@@ -93,6 +99,11 @@ def _check_key_value(key_shape, value_shape):
         )
 
 
+def _arange_positions(length):
+    """`(1, length)` positions `0 .. length - 1`, int32."""
+    return ops.expand_dims(ops.arange(length, dtype="int32"), 0)
+
+
 def _update_rows(cache, new, index):
     """`cache` (B, S, N, H) with rows `index .. index + T - 1` replaced by
     `new` (B, T, N, H): a dynamic update slice (in place inside a compiled
@@ -145,6 +156,20 @@ class MultiHeadAttention(SpecFromCall, keras.layers.Layer):
         kernel_constraint: optional constraint of the projection kernels.
         bias_constraint: optional constraint of the projection biases.
         seed: seed of the attention dropout.
+        rotary_theta: None (default) or the base `theta` of a rotary position
+            embedding (RoPE; Su et al. 2021): after their projections, each
+            query and key head is turned feature pair by feature pair, pair
+            `(i, i + H/2)` by the angle `position * theta^(-2i/H)`, so that a
+            score depends on the two tokens' distance only. The "rotate half"
+            pairing of GPT-NeoX, Llama and ModernBERT (10000.0 in most
+            models; ModernBERT 160000.0 on its global layers and 10000.0 on
+            its local ones). Needs an even `key_dim`.
+        window: None (default, global attention) or the span in tokens of
+            local (sliding-window) attention: query `t` attends only to keys
+            `s` with `|t - s| <= window // 2` (ModernBERT's
+            `local_attention=128`: 64 tokens on each side; with a cache, `t`
+            counts from `cache_update_index`). Merged (AND) with every other
+            mask: padding, packing, causal.
         output_shape: Keras's name for `output_dim`: an int or a 1-tuple
             (keras_attn projects to one axis; a longer tuple is refused).
             Not kept in the config (`output_dim` is).
@@ -179,6 +204,16 @@ class MultiHeadAttention(SpecFromCall, keras.layers.Layer):
             cross-attention (query example `i` attends to key example `i`);
             defaults to `segment_ids` in self-attention, needed with
             `segment_ids` in cross-attention.
+        positions: with `rotary_theta`, optional `(B, T)` integer positions
+            of the queries (and of the keys in self-attention), restarting
+            at 0 with each example of a packed row (checked as
+            `PositionEmbedding` checks them, against `segment_ids` when
+            given). Defaults to the positions `segment_ids` imply (0, 1, ...
+            in each example), else to `0 .. T-1`. With a cache the tokens
+            are at `cache_update_index + 0 .. T-1` and `positions` is
+            refused. In cross-attention the keys are at `0 .. S-1`, or at
+            the positions `value_segment_ids` imply. Refused without
+            `rotary_theta` (nothing would use them).
         return_attention_scores: also return the probabilities `(B, N, T, S)`.
         training: whether attention dropout is active.
         cache: optional `(B, 2, S_max, N, H)` projected keys and values (see
@@ -224,6 +259,8 @@ class MultiHeadAttention(SpecFromCall, keras.layers.Layer):
         kernel_constraint=None,
         bias_constraint=None,
         seed=None,
+        rotary_theta=None,
+        window=None,
         output_shape=None,
         **kwargs,
     ):
@@ -255,6 +292,9 @@ class MultiHeadAttention(SpecFromCall, keras.layers.Layer):
                 f"flash_attention=True, dropout={self.dropout}"
             )
         self.seed = seed
+        self.rotary_theta = check_rotary_theta(rotary_theta)
+        check_rotary_head_dim(self.rotary_theta, self.key_dim)
+        self.window = check_positive_int("window", window, allow_none=True)
         self.supports_masking = True
         self.seed_generator = (
             keras.random.SeedGenerator(seed) if self.dropout > 0 else None
@@ -280,6 +320,7 @@ class MultiHeadAttention(SpecFromCall, keras.layers.Layer):
         self._key_dim = self.key_dim or width // n
         self._value_dim = self.value_dim or self._key_dim
         self._output_dim = self.output_dim or width
+        check_rotary_head_dim(self.rotary_theta, self._key_dim)
         if self.flash_attention and self._key_dim != self._value_dim:
             raise ValueError(
                 "The fused kernel needs equal key and value head sizes: "
@@ -330,7 +371,10 @@ class MultiHeadAttention(SpecFromCall, keras.layers.Layer):
         (the encoder output in cross-attention), computed once."""
         self._check_cacheable()
         key = value if key is None else key
-        k, v = self._pad_to_cache(self.key_dense(key), self.value_dense(value))
+        k = self.key_dense(key)  # (B, S, N, H)
+        if self.rotary_theta is not None:  # cached rotated, at 0 .. S-1
+            k = apply_rotary(k, _arange_positions(ops.shape(k)[1]), self.rotary_theta)
+        k, v = self._pad_to_cache(k, self.value_dense(value))
         return ops.stack([k, v], axis=1)
 
     def _cache_dim(self):
@@ -404,11 +448,13 @@ class MultiHeadAttention(SpecFromCall, keras.layers.Layer):
         cache_update_index=None,
         segment_ids=None,
         value_segment_ids=None,
+        positions=None,
     ):
         if query_mask is None:
             query_mask = get_keras_mask(query)
+        self_attention = value is None
         segment_ids, value_segment_ids, bad_ids = self._segment_ids(
-            segment_ids, value_segment_ids, value is None, cache)
+            segment_ids, value_segment_ids, self_attention, cache)
         if value is None:  # self-attention
             value = query
             if value_mask is None:
@@ -447,7 +493,12 @@ class MultiHeadAttention(SpecFromCall, keras.layers.Layer):
                 value = ops.where(seen, value, ops.zeros_like(value))
                 key = ops.where(seen, key, ops.zeros_like(key))
 
-        q, k, v, cache = self._project(query, value, key, cache, cache_update_index)
+        rotary = self._rotary_positions(
+            query, key, positions, segment_ids, value_segment_ids, self_attention,
+            cache, cache_update_index)
+        invalid += rotary[2:]
+        q, k, v, cache = self._project(
+            query, value, key, cache, cache_update_index, rotary[:2])
         mask, is_causal = self._compute_attention_mask(
             q, k, masks, segment_ids, value_segment_ids, use_causal_mask,
             cache_update_index)
@@ -494,9 +545,50 @@ class MultiHeadAttention(SpecFromCall, keras.layers.Layer):
                  "attention_mask": attention_mask}
         return masks, invalid
 
-    def _project(self, query, value, key, cache, cache_update_index):
+    def _rotary_positions(self, query, key, positions, segment_ids, value_segment_ids,
+                          self_attention, cache, cache_update_index):
+        """`(query positions, key positions, invalid)` for the rotary
+        embedding: `(B|1, T)` and `(B|1, S)` integers (None for keys read
+        from a cache, rotated when written), and the examples whose given
+        `positions` break the packing rule (None when checked here); both
+        positions None without `rotary_theta`."""
+        if self.rotary_theta is None:
+            if positions is not None:
+                raise ValueError(
+                    "Invalid value for argument `positions`: they place the "
+                    "rotary position embedding, which this layer does not have. "
+                    "Received: positions with rotary_theta=None"
+                )
+            return None, None, None
+        if positions is not None and cache is not None:
+            raise ValueError(
+                "Invalid value for argument `positions`: cached decoding places "
+                "its tokens at `cache_update_index`. Received: positions with a cache"
+            )
+        if cache is not None:
+            start = 0 if cache_update_index is None else cache_update_index
+            query_positions = _arange_positions(ops.shape(query)[1]) + start
+            keys = None if cache_update_index is None else query_positions
+            return query_positions, keys, None
+        bad = None
+        if positions is not None:
+            positions, bad = checked_positions(positions, segment_ids)
+            check_static_shape("positions", positions, tuple(query.shape[:2]), "(B, T)")
+        elif segment_ids is not None:
+            positions = segment_positions(segment_ids)
+        else:
+            positions = _arange_positions(ops.shape(query)[1])
+        if self_attention:
+            return positions, positions, bad
+        if value_segment_ids is not None:
+            return positions, segment_positions(value_segment_ids), bad
+        return positions, _arange_positions(ops.shape(key)[1]), bad
+
+    def _project(self, query, value, key, cache, cache_update_index, rotary=(None, None)):
         """`(q, k, v, cache)`: the heads' projections `(B, T|S, N, H)`, the
-        keys and values read from the cache or written into it."""
+        keys and values read from the cache or written into it; with
+        `rotary_theta`, queries and new keys turned at the `rotary`
+        positions (query, key) before they are used or cached."""
         # The masks were read by `call`. The projections do not support
         # masking, so they get the inputs without them; the masks are put back
         # after, since the caller may use the same tensors again.
@@ -513,6 +605,11 @@ class MultiHeadAttention(SpecFromCall, keras.layers.Layer):
             v = self.value_dense(value)  # (B, S, N, Hv)
         for tensor, mask in held:
             set_keras_mask(tensor, mask)
+        query_positions, key_positions = rotary
+        if query_positions is not None:
+            q = apply_rotary(q, query_positions, self.rotary_theta)
+        if key_positions is not None:
+            k = apply_rotary(k, key_positions, self.rotary_theta)
         if cache is not None and cache_update_index is not None:
             k, v = self._pad_to_cache(k, v)
             write = _select_rows if self.portable_cache_write else _update_rows
@@ -544,6 +641,9 @@ class MultiHeadAttention(SpecFromCall, keras.layers.Layer):
             merged.append(normalize_attention_mask(masks["attention_mask"], q, k,
                                                    name="attention_mask"))
         t, s = ops.shape(q)[1], ops.shape(k)[1]
+        if self.window is not None:
+            offset = 0 if cache_update_index is None else cache_update_index
+            merged.append(ops.expand_dims(local_mask(t, s, self.window, offset), (0, 1)))
         if cache_update_index is not None:
             # Positions after the ones written so far hold no keys yet.
             if use_causal_mask:
@@ -603,6 +703,8 @@ class MultiHeadAttention(SpecFromCall, keras.layers.Layer):
                 ),
                 "bias_constraint": keras.constraints.serialize(self.bias_constraint),
                 "seed": self.seed,
+                "rotary_theta": self.rotary_theta,
+                "window": self.window,
             }
         )
         return config

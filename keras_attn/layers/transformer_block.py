@@ -6,12 +6,15 @@ from keras_attn._keras_compat import SpecFromCall
 from keras_attn._clone import for_sublayer
 
 from keras_attn._remat import RematCall
+from keras_attn._checks import check_bool
 from keras_attn._checks import check_choice
 from keras_attn._checks import check_flash_attention
 from keras_attn._checks import check_positive_float
 from keras_attn._checks import check_positive_int
 from keras_attn._checks import check_rate
 from keras_attn._checks import get_activation
+from keras_attn.layers._rotary import check_rotary_head_dim
+from keras_attn.layers._rotary import check_rotary_theta
 from keras_attn.layers.activations import serialize_activation
 from keras_attn.layers.feed_forward import FeedForward
 from keras_attn.layers.masking import agreeing_padding_mask
@@ -69,7 +72,7 @@ class ResidualSublayers:
         self.bias_initializer = keras.initializers.get(bias_initializer)
         self.supports_masking = True
 
-    def _attention(self, name, query_shape, value_shape=None):
+    def _attention(self, name, query_shape, value_shape=None, **options):
         width = query_shape[-1]
         if self.key_dim is None and width % self.num_heads:
             raise ValueError(
@@ -87,13 +90,14 @@ class ResidualSublayers:
             bias_initializer=for_sublayer(self.bias_initializer, name),
             dtype=self.dtype_policy,
             name=name,
+            **options,
         )
         layer.build(query_shape, value_shape)
         return layer
 
-    def _layer_norm(self, name, shape):
+    def _layer_norm(self, name, shape, **options):
         layer = keras.layers.LayerNormalization(
-            epsilon=self.layer_norm_epsilon, dtype=self.dtype_policy, name=name
+            epsilon=self.layer_norm_epsilon, dtype=self.dtype_policy, name=name, **options
         )
         layer.build(shape)
         return layer
@@ -101,7 +105,7 @@ class ResidualSublayers:
     def _dropout(self, name):
         return keras.layers.Dropout(self.dropout, dtype=self.dtype_policy, name=name)
 
-    def _feed_forward(self, shape):
+    def _feed_forward(self, shape, **options):
         layer = FeedForward(
             self.intermediate_dim,
             activation=self.activation,
@@ -111,6 +115,7 @@ class ResidualSublayers:
             bias_initializer=for_sublayer(self.bias_initializer, "feed_forward"),
             dtype=self.dtype_policy,
             name="feed_forward",
+            **options,
         )
         layer.build(shape)
         return layer
@@ -183,11 +188,24 @@ class TransformerBlock(SpecFromCall, RematCall, ResidualSublayers, keras.layers.
         activation_dropout: rate after the feed-forward activation.
         layer_norm_epsilon: LayerNorm epsilon.
         use_causal_mask: whether each position sees only earlier ones.
-        use_bias: whether the dense layers have biases.
+        use_bias: whether the dense layers (the attention's four
+            projections and the feed-forward's two) have biases. The
+            LayerNorms keep theirs unless `layer_norm_center=False`.
         flash_attention: see `MultiHeadAttention`.
         kernel_initializer: initializer of the dense kernels (cloned for
             each, so that each starts from its own draw).
         bias_initializer: initializer of the dense biases.
+        rotary_theta: None, or the base of a rotary position embedding of
+            the queries and keys (`MultiHeadAttention`'s `rotary_theta`).
+        gated: whether the feed-forward network is a gated linear unit
+            (`FeedForward`'s `gated`: GeGLU with `"gelu"`, SwiGLU with
+            `"silu"`).
+        window: None (global attention), or the span in tokens of local
+            (sliding-window) self-attention (`MultiHeadAttention`'s
+            `window`: `|t - s| <= window // 2`).
+        layer_norm_center: whether the LayerNorms add their learned offset
+            `beta` (Keras's `center`); False with `use_bias=False` gives a
+            block without any bias (ModernBERT's `norm_bias=False`).
         **kwargs: base layer arguments.
 
     Call arguments:
@@ -202,6 +220,10 @@ class TransformerBlock(SpecFromCall, RematCall, ResidualSublayers, keras.layers.
         segment_ids: `(B, T)` integer ids of packed rows (1..k per example,
             0 = padding): each example attends only to itself; see
             `MultiHeadAttention`. A padding mask beside it must agree.
+        positions: with `rotary_theta`, optional `(B, T)` positions of a
+            packed row (restarting at 0 with each example); by default the
+            ones `segment_ids` imply, else `0 .. T-1` (see
+            `MultiHeadAttention`).
 
     Returns:
         `(B, T, D)`, and the scores if asked for.
@@ -236,6 +258,10 @@ class TransformerBlock(SpecFromCall, RematCall, ResidualSublayers, keras.layers.
         flash_attention=None,
         kernel_initializer="glorot_uniform",
         bias_initializer="zeros",
+        rotary_theta=None,
+        gated=False,
+        window=None,
+        layer_norm_center=True,
         **kwargs,
     ):
         super().__init__(**kwargs)
@@ -256,17 +282,24 @@ class TransformerBlock(SpecFromCall, RematCall, ResidualSublayers, keras.layers.
             bias_initializer=bias_initializer,
         )
         self.use_causal_mask = bool(use_causal_mask)
+        self.rotary_theta = check_rotary_theta(rotary_theta)
+        check_rotary_head_dim(self.rotary_theta, self.key_dim)
+        self.gated = check_bool("gated", gated)
+        self.window = check_positive_int("window", window, allow_none=True)
+        self.layer_norm_center = check_bool("layer_norm_center", layer_norm_center)
 
     def build(self, inputs_shape):
         # === Layers ===
-        self.self_attention = self._attention("self_attention", inputs_shape)
+        self.self_attention = self._attention(
+            "self_attention", inputs_shape, rotary_theta=self.rotary_theta,
+            window=self.window)
         self.self_attention_layer_norm = self._layer_norm(
-            "self_attention_layer_norm", inputs_shape
+            "self_attention_layer_norm", inputs_shape, center=self.layer_norm_center
         )
         self.self_attention_dropout = self._dropout("self_attention_dropout")
-        self.feed_forward = self._feed_forward(inputs_shape)
+        self.feed_forward = self._feed_forward(inputs_shape, gated=self.gated)
         self.feed_forward_layer_norm = self._layer_norm(
-            "feed_forward_layer_norm", inputs_shape
+            "feed_forward_layer_norm", inputs_shape, center=self.layer_norm_center
         )
         self.feed_forward_dropout = self._dropout("feed_forward_dropout")
         self.built = True
@@ -282,6 +315,7 @@ class TransformerBlock(SpecFromCall, RematCall, ResidualSublayers, keras.layers.
         training=None,
         return_attention_scores=False,
         segment_ids=None,
+        positions=None,
     ):
         if padding_mask is None and attention_mask is None:
             padding_mask = get_keras_mask(inputs)
@@ -302,6 +336,7 @@ class TransformerBlock(SpecFromCall, RematCall, ResidualSublayers, keras.layers.
                 return_attention_scores=return_attention_scores,
                 training=training,
                 segment_ids=segment_ids,
+                positions=positions,
             )
 
         x, extras = self._residual(
@@ -327,4 +362,8 @@ class TransformerBlock(SpecFromCall, RematCall, ResidualSublayers, keras.layers.
         config = super().get_config()
         config.update(self._common_config())
         config["use_causal_mask"] = self.use_causal_mask
+        config["rotary_theta"] = self.rotary_theta
+        config["gated"] = self.gated
+        config["window"] = self.window
+        config["layer_norm_center"] = self.layer_norm_center
         return config

@@ -261,3 +261,196 @@ def test_callers_tensor_keeps_its_mask():
     x = keras.layers.Embedding(10, 8, mask_zero=True)(np.array([[1, 2, 0]]))
     MultiHeadAttention(num_heads=2)(x)
     np.testing.assert_array_equal(to_numpy(get_keras_mask(x)), [[True, True, False]])
+
+
+# === Rotary position embeddings (rotary_theta) ===
+
+
+def test_layer_with_rotary_positions_and_window(tmp_path):
+    run_layer_test(
+        MultiHeadAttention,
+        init_kwargs={"num_heads": 2, "key_dim": 6, "use_bias": False,
+                     "rotary_theta": 500.0, "window": 2, "flash_attention": False},
+        input_data={"query": rand(2, 5, 8),
+                    "segment_ids": np.array([[1, 1, 2, 2, 2], [1, 1, 1, 1, 0]], "int32")},
+        expected_output_shape=(2, 5, 8),
+        expected_num_trainable_weights=4,
+        tmp_path=tmp_path,
+    )
+
+
+def _rotate_half_reference(x, positions, theta):
+    """`(B, T, N, H)` turned as transformers' Llama / ModernBERT do it,
+    written out in NumPy float64."""
+    h = x.shape[-1]
+    inverse = theta ** (-np.arange(0, h, 2) / h)
+    angles = positions[..., None] * inverse  # (B, T, H/2)
+    angles = np.concatenate([angles, angles], -1)[:, :, None]  # (B, T, 1, H)
+    half = np.concatenate([-x[..., h // 2:], x[..., : h // 2]], -1)
+    return x * np.cos(angles) + half * np.sin(angles)
+
+
+def test_rotary_scores_are_the_rotated_projections():
+    """The scores are softmax(rot(q) . rot(k) / sqrt(H)) with q and k the
+    projections, each turned at its own position (0..T-1)."""
+    layer = MultiHeadAttention(num_heads=2, key_dim=4, rotary_theta=100.0)
+    x = rand(2, 6, 8)
+    _, scores = layer(x, return_attention_scores=True)
+    positions = np.broadcast_to(np.arange(6.0), (2, 6))
+    q = _rotate_half_reference(to_numpy(layer.query_dense(x)).astype("float64"), positions, 100.0)
+    k = _rotate_half_reference(to_numpy(layer.key_dense(x)).astype("float64"), positions, 100.0)
+    logits = np.einsum("btnh,bsnh->bnts", q, k) / 2.0
+    expected = np.exp(logits - logits.max(-1, keepdims=True))
+    expected /= expected.sum(-1, keepdims=True)
+    np.testing.assert_allclose(to_numpy(scores), expected, atol=1e-5)
+
+
+def test_rotary_equals_transformers_modernbert():
+    """Our rotation of random queries and keys equals transformers'
+    ModernBERT rotary embedding + apply_rotary_pos_emb, for its global and
+    local thetas, at float32 round-off."""
+    torch = pytest.importorskip("torch")
+    modernbert = pytest.importorskip("transformers.models.modernbert.modeling_modernbert")
+    from transformers import ModernBertConfig
+
+    from keras_attn.layers._rotary import apply_rotary
+
+    config = ModernBertConfig(hidden_size=32, num_attention_heads=2, num_hidden_layers=3,
+                              global_rope_theta=160000.0, local_rope_theta=10000.0)
+    rotary = modernbert.ModernBertRotaryEmbedding(config)
+    q, k = rand(2, 2, 40, 16), rand(2, 2, 40, 16)  # (B, N, T, H), transformers' layout
+    position_ids = np.stack([np.arange(40), np.arange(100, 140)])
+    for layer_type in ("full_attention", "sliding_attention"):
+        theta = config.rope_parameters[layer_type]["rope_theta"]
+        cos, sin = rotary(torch.from_numpy(q), torch.from_numpy(position_ids), layer_type)
+        expected = modernbert.apply_rotary_pos_emb(torch.from_numpy(q), torch.from_numpy(k),
+                                                   cos, sin)
+        for theirs, x in zip(expected, (q, k)):
+            ours = apply_rotary(np.transpose(x, (0, 2, 1, 3)), position_ids, theta)
+            np.testing.assert_allclose(np.transpose(to_numpy(ours), (0, 2, 1, 3)),
+                                       theirs.numpy(), atol=1e-5, err_msg=layer_type)
+
+
+def test_rotary_packed_row_equals_each_sequence_alone():
+    """Positions restart with each example: from the segment ids, or given."""
+    layer = MultiHeadAttention(num_heads=2, key_dim=4, rotary_theta=50.0)
+    a, b = rand(1, 3, 8), rand(1, 4, 8)
+    row = np.concatenate([a, b, rand(1, 2, 8)], axis=1)
+    ids = np.array([[1, 1, 1, 2, 2, 2, 2, 0, 0]], "int32")
+    positions = np.array([[0, 1, 2, 0, 1, 2, 3, 0, 0]], "int32")
+    alone = [to_numpy(layer(x))[0] for x in (a, b)]
+    for kwargs in ({}, {"positions": positions}):
+        packed = to_numpy(layer(row, segment_ids=ids, **kwargs))[0]
+        np.testing.assert_allclose(packed[:3], alone[0], atol=1e-5)
+        np.testing.assert_allclose(packed[3:7], alone[1], atol=1e-5)
+    # The rotation is there: without it the same weights answer otherwise.
+    unrotated = MultiHeadAttention(num_heads=2, key_dim=4)
+    unrotated(b)
+    unrotated.set_weights(layer.get_weights())
+    assert np.abs(to_numpy(unrotated(b))[0] - alone[1]).max() > 1e-3
+
+
+def test_rotary_scores_depend_on_distance_only():
+    """RoPE's point: the same tokens at positions 32..36 (written into a
+    cache whose first 32 slots are masked) get the scores they get at
+    0..4."""
+    layer = MultiHeadAttention(num_heads=2, key_dim=4, rotary_theta=10000.0)
+    x = rand(1, 5, 8)
+    _, near = layer(x, return_attention_scores=True, use_causal_mask=True)
+    unwritten = np.broadcast_to(np.arange(37) >= 32, (1, 5, 37))
+    _, far, _ = layer(x, cache=layer.empty_cache(1, 37), cache_update_index=32,
+                      attention_mask=unwritten, return_attention_scores=True,
+                      use_causal_mask=True)
+    np.testing.assert_allclose(to_numpy(far)[..., 32:], to_numpy(near), atol=1e-5)
+
+
+@pytest.mark.parametrize("options, portable, length", [
+    ({"rotary_theta": 1000.0}, False, 5),
+    ({"rotary_theta": 1000.0}, True, 5),
+    ({"rotary_theta": 1000.0, "window": 4}, False, 6),
+])
+def test_rotary_and_window_cached_decoding_equals_full_pass(options, portable, length):
+    attention = MultiHeadAttention(num_heads=2, **options)
+    attention.portable_cache_write = portable
+    x = rand(2, length, 8)
+    full = to_numpy(attention(x, use_causal_mask=True))
+    cache = attention.empty_cache(2, length)
+    steps = []
+    for start, stop in ((0, 2), (2, 3), (3, length)):
+        out, cache = attention(x[:, start:stop], cache=cache, cache_update_index=start,
+                               use_causal_mask=True)
+        steps.append(to_numpy(out))
+    np.testing.assert_allclose(np.concatenate(steps, axis=1), full, atol=1e-5)
+
+
+def test_rotary_cross_attention_cache_equals_recomputing():
+    attention = MultiHeadAttention(num_heads=2, rotary_theta=1000.0)
+    q, enc = rand(2, 3, 8), rand(2, 5, 8)
+    expected = to_numpy(attention(q, enc))
+    out, _ = attention(q, q, cache=attention.compute_key_value_cache(enc))
+    np.testing.assert_allclose(to_numpy(out), expected, atol=1e-6)
+
+
+@pytest.mark.parametrize("theta", [0, -1.0, float("inf"), float("nan"), True, "10000"])
+def test_bad_rotary_theta(theta):
+    with pytest.raises(ValueError, match=r"`rotary_theta`.*Received: rotary_theta="):
+        MultiHeadAttention(num_heads=2, rotary_theta=theta)
+
+
+def test_rotary_needs_an_even_head_size():
+    with pytest.raises(ValueError, match=r"even query/key head size.*Received: key_dim=5"):
+        MultiHeadAttention(num_heads=2, key_dim=5, rotary_theta=10000.0)
+    with pytest.raises(ValueError, match=r"even query/key head size.*Received: key_dim=3"):
+        MultiHeadAttention(num_heads=2, rotary_theta=10000.0)(rand(1, 2, 6))
+
+
+def test_positions_are_refused_where_they_mean_nothing():
+    with pytest.raises(ValueError, match=r"`positions`.*rotary_theta=None"):
+        MultiHeadAttention(num_heads=2)(rand(1, 3, 8), positions=np.array([[0, 1, 2]]))
+    layer = MultiHeadAttention(num_heads=2, rotary_theta=100.0)
+    with pytest.raises(ValueError, match=r"`positions`: positions restart at 0"):
+        layer(rand(1, 3, 8), positions=np.array([[0, 2, 3]]))
+    with pytest.raises(ValueError, match=r"`positions`: cached decoding"):
+        layer(rand(1, 1, 8), cache=layer.empty_cache(1, 4), cache_update_index=0,
+              positions=np.array([[0]]))
+
+
+# === Local (sliding-window) attention ===
+
+
+def test_window_is_transformers_sliding_window():
+    """`window=w` sees what transformers' bidirectional sliding window of
+    ModernBERT (`local_attention=w`, `sliding_window = w // 2`) sees."""
+    torch = pytest.importorskip("torch")
+    masking_utils = pytest.importorskip("transformers.masking_utils")
+    from keras_attn.layers.masking import local_mask
+
+    for window in (2, 4, 7):
+        theirs = masking_utils.sliding_window_bidirectional_overlay(window // 2)
+        i, j = torch.meshgrid(torch.arange(9), torch.arange(9), indexing="ij")
+        expected = theirs(0, 0, i, j).numpy()
+        np.testing.assert_array_equal(to_numpy(local_mask(9, 9, window)), expected)
+
+
+def test_window_equals_the_band_as_an_attention_mask():
+    """With padding and packing: a window is one more mask, the band."""
+    layer = MultiHeadAttention(num_heads=2, key_dim=4, rotary_theta=100.0, window=2)
+    x = rand(2, 7, 8)
+    band = np.abs(np.arange(7)[:, None] - np.arange(7)[None]) <= 1
+    ids = np.array([[1, 1, 1, 1, 2, 2, 0], [1, 1, 1, 1, 1, 1, 1]], "int32")
+    got = to_numpy(layer(x, segment_ids=ids))
+    plain = MultiHeadAttention(num_heads=2, key_dim=4, rotary_theta=100.0)
+    plain(x)
+    plain.set_weights(layer.get_weights())
+    expected = to_numpy(plain(x, segment_ids=ids, attention_mask=band))
+    np.testing.assert_allclose(got, expected, atol=1e-6)
+    assert np.abs(to_numpy(plain(x, segment_ids=ids)) - expected).max() > 1e-3
+    # A packed row is each example alone, the window inside each example.
+    np.testing.assert_allclose(got[0, :4], to_numpy(layer(x[:1, :4]))[0], atol=1e-5)
+    np.testing.assert_allclose(got[0, 4:6], to_numpy(layer(x[:1, 4:6]))[0], atol=1e-5)
+
+
+@pytest.mark.parametrize("window", [0, -4, 2.0, True])
+def test_bad_window(window):
+    with pytest.raises(ValueError, match=r"Received: window="):
+        MultiHeadAttention(num_heads=2, window=window)

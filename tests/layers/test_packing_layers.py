@@ -144,6 +144,22 @@ def test_transformer_block_gives_each_example_its_own_output(norm_position, caus
                                         for x in examples], packed)
 
 
+@pytest.mark.parametrize("window", [None, 4], ids=["global", "local"])
+@pytest.mark.parametrize("given", [False, True], ids=["implied", "given"])
+def test_rotary_gated_block_gives_each_example_its_own_output(given, window):
+    """ModernBERT's blocks (pre-norm, rotary positions, GeGLU, no biases,
+    global or local attention): the rotation restarts with each example,
+    from the positions or the segment ids; the window stays inside it."""
+    examples, _, packed = _packed()
+    block = TransformerBlock(num_heads=2, intermediate_dim=16, norm_position="pre",
+                             activation="gelu", use_bias=False, rotary_theta=100.0, gated=True,
+                             window=window)
+    extra = {"positions": packed["positions"]} if given else {}
+    got = to_numpy(block(packed["inputs"], segment_ids=packed["segment_ids"], **extra))
+    _assert_each_example_as_alone(got, [to_numpy(_alone(block, x[None], block))[0]
+                                        for x in examples], packed)
+
+
 @pytest.mark.parametrize("make", [lambda: PositionEmbedding(max_sequence_length=ROW),
                                   SinusoidalPositionalEncoding], ids=["learned", "sinusoidal"])
 def test_position_layers_follow_restarted_positions(make):
@@ -384,7 +400,9 @@ def test_a_disagreeing_padding_mask_in_a_compiled_step_makes_that_example_nan_on
 
 
 @pytest.mark.parametrize("make", [lambda: PositionEmbedding(max_sequence_length=8),
-                                  SinusoidalPositionalEncoding], ids=["learned", "sinusoidal"])
+                                  SinusoidalPositionalEncoding,
+                                  lambda: MultiHeadAttention(num_heads=2, rotary_theta=100.0)],
+                         ids=["learned", "sinusoidal", "rotary"])
 def test_bad_positions_in_a_compiled_step_make_that_example_nan_only(make):
     x = keras.Input((6, D))
     segments = keras.Input((6,), dtype="int32")

@@ -314,3 +314,30 @@ def test_sine_position_encoding_equals_keras_hub():
     x = rand(B, 12, D)
     assert_close(ours(x), theirs(x), atol=1e-5)
     assert_close(ours(x, start_index=4), theirs(x, start_index=4), atol=1e-5)
+
+
+# === Rotary positions and local attention ===
+
+def test_rotary_equals_keras_hub_rotary_embedding():
+    """`MultiHeadAttention(rotary_theta=...)` turns its queries and keys as
+    keras-hub's `RotaryEmbedding(max_wavelength=theta)` turns a tensor, at
+    packed positions too."""
+    from keras_attn.layers._rotary import apply_rotary
+
+    x = rand(B, 7, N, 6)  # (B, T, N, H)
+    positions = np.array([[0, 1, 2, 0, 1, 2, 3], [0, 1, 2, 3, 4, 5, 6]], "int32")
+    theirs = keras_hub.layers.RotaryEmbedding(max_wavelength=500.0)
+    assert_close(apply_rotary(x, positions, 500.0), theirs(x, positions=positions), atol=1e-5)
+
+
+def test_window_equals_keras_sliding_window():
+    """Keras's `sliding_window=w` sees `w - 1` keys on each side: our
+    `window=2 * w - 1` (`window // 2 = w - 1`)."""
+    for w in (1, 3):
+        theirs = keras.layers.MultiHeadAttention(num_heads=N, key_dim=H, sliding_window=w)
+        ours = MultiHeadAttention(num_heads=N, key_dim=H, window=2 * w - 1)
+        theirs.build((B, S, D), (B, S, D))
+        ours.build((B, S, D), (B, S, D))
+        copy_attention(ours, theirs)
+        x = rand(B, S, D)
+        assert_close(ours(x), theirs(x, x))

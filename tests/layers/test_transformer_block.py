@@ -178,3 +178,69 @@ def test_padding_mask_of_wrong_shape():
 def test_bad_flash_attention_flag_at_construction():
     with pytest.raises(ValueError, match=r"Received: flash_attention='auto'"):
         TransformerBlock(num_heads=2, intermediate_dim=8, flash_attention="auto")
+
+
+# === ModernBERT's options: rotary positions, a gated FFN, no biases ===
+
+
+def test_layer_rotary_gated_local_without_biases(tmp_path):
+    run_layer_test(
+        TransformerBlock,
+        init_kwargs={"num_heads": 2, "intermediate_dim": 12, "norm_position": "pre",
+                     "activation": "gelu", "use_bias": False, "rotary_theta": 160000.0,
+                     "gated": True, "window": 2, "layer_norm_center": False},
+        input_data={"inputs": rand(2, 5, 8),
+                    "segment_ids": np.array([[1, 1, 1, 2, 2], [1, 1, 1, 1, 0]], "int32")},
+        expected_output_shape=(2, 5, 8),
+        # 4 attention kernels, 2 FFN kernels (the first 2F wide), 2 LayerNorms' gammas:
+        # not one bias
+        expected_num_trainable_weights=8,
+        tmp_path=tmp_path,
+    )
+
+
+def test_options_reach_the_sublayers():
+    block = TransformerBlock(num_heads=2, intermediate_dim=6, use_bias=False,
+                             rotary_theta=10000.0, gated=True, activation="silu")
+    x = ops.convert_to_tensor(rand(2, 4, 8))
+    block(x)
+    assert block.self_attention.rotary_theta == 10000.0 and not block.self_attention.use_bias
+    assert block.feed_forward.gated and not block.feed_forward.use_bias
+    assert block.self_attention.window is None
+    assert block.self_attention_layer_norm.center and block.feed_forward_layer_norm.center
+    assert to_numpy(block.feed_forward.intermediate_dense.kernel).shape == (8, 12)
+    # The block is the two sublayers wired as post-norm says.
+    ln1, ln2 = block.self_attention_layer_norm, block.feed_forward_layer_norm
+    y = ln1(x + block.self_attention(x))
+    np.testing.assert_allclose(to_numpy(block(x)), to_numpy(ln2(y + block.feed_forward(y))),
+                               atol=1e-5)
+
+
+def test_rotary_block_padding_invariance_and_positions():
+    """Padding at the end changes nothing; a packed row equals each example
+    alone, with positions given or implied by the segment ids."""
+    block = TransformerBlock(num_heads=2, intermediate_dim=12, norm_position="pre",
+                             rotary_theta=100.0, gated=True, activation="gelu")
+    a, b = rand(1, 4, 8), rand(1, 3, 8)
+    alone = [to_numpy(block(x))[0] for x in (a, b)]
+    padded = np.concatenate([a, rand(1, 2, 8)], axis=1)
+    got = to_numpy(block(padded, padding_mask=np.array([[1, 1, 1, 1, 0, 0]], bool)))
+    np.testing.assert_allclose(got[0, :4], alone[0], atol=1e-5)
+    row = np.concatenate([a, b, rand(1, 1, 8)], axis=1)
+    ids = np.array([[1, 1, 1, 1, 2, 2, 2, 0]], "int32")
+    for kwargs in ({}, {"positions": np.array([[0, 1, 2, 3, 0, 1, 2, 0]])}):
+        got = to_numpy(block(row, segment_ids=ids, **kwargs))[0]
+        np.testing.assert_allclose(got[:4], alone[0], atol=1e-5)
+        np.testing.assert_allclose(got[4:7], alone[1], atol=1e-5)
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    ({"rotary_theta": -1.0}, r"Received: rotary_theta=-1.0"),
+    ({"rotary_theta": 1e4, "key_dim": 3}, r"even query/key head size.*Received: key_dim=3"),
+    ({"gated": "yes"}, r"Received: gated='yes'"),
+    ({"window": 0}, r"Received: window=0"),
+    ({"layer_norm_center": 0}, r"Received: layer_norm_center=0"),
+])
+def test_bad_options_are_refused_at_construction(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        TransformerBlock(num_heads=2, intermediate_dim=4, **kwargs)
