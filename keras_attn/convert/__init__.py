@@ -1,6 +1,10 @@
 """Weights in and out: Hugging Face safetensors directories and keras-hub
 models, both ways.
 
+    from keras_attn.convert import load_hf, save_hf
+    model = load_hf("path/to/any-supported-directory")  # reads config.json
+    save_hf(model, "path/to/out")
+
     from keras_attn.convert import load_hf_bert_backbone, save_hf_bert
     backbone = load_hf_bert_backbone("path/to/bert-base-uncased")
     save_hf_bert(classifier, "path/to/out", tokenizer=tokenizer)  # BertForSequenceClassification
@@ -12,7 +16,11 @@ from keras_attn.convert.bert import load_hf_bert
 from keras_attn.convert.bert import load_hf_bert_backbone
 from keras_attn.convert.bert import load_hf_bert_task
 from keras_attn.convert.bert import load_hf_bert_tokenizer
+from keras_attn.convert.bert import load_hf_roberta
+from keras_attn.convert.bert import load_hf_roberta_tokenizer
 from keras_attn.convert.bert import save_hf_bert
+from keras_attn.convert.hf import load_hf
+from keras_attn.convert.hf import save_hf
 from keras_attn.convert.hub import from_keras_hub
 from keras_attn.convert.hub import to_keras_hub
 from keras_attn.convert.marian import MarianTokenizer
@@ -26,12 +34,16 @@ __all__ = [
     "MarianTokenizer",
     "bert_config_from_hf",
     "from_keras_hub",
+    "load_hf",
     "load_hf_bert",
     "load_hf_bert_backbone",
     "load_hf_bert_task",
     "load_hf_bert_tokenizer",
     "load_hf_marian",
+    "load_hf_roberta",
+    "load_hf_roberta_tokenizer",
     "load_hf_vit",
+    "save_hf",
     "save_hf_bert",
     "save_hf_vit",
     "to_keras_hub",

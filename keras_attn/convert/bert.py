@@ -1,5 +1,11 @@
-"""BERT from a Hugging Face `BertModel` / `BertForPreTraining` /
-`BertFor...` directory, with its WordPiece tokenizer.
+"""BERT and RoBERTa / XLM-R from a Hugging Face `BertModel` /
+`BertFor...` / `RobertaModel` / `RobertaFor...` / `XLMRoberta...`
+directory, with BERT's WordPiece tokenizer.
+
+RoBERTa is BERT's encoder with its positions counted past the padding id
+(`BertConfig.padding_id`), so both load into the BERT family's models; the
+RoBERTa classification head's `dense` is the backbone's pooler
+(`pooled_dense`: the same tanh layer on the first token).
 
 The directory holds `config.json`, `model.safetensors` and `vocab.txt`
 (`tokenizer_config.json` optional). The weights are read with NumPy and
@@ -68,6 +74,24 @@ def bert_config_from_hf(hf_config):
             f"Received: position_embedding_type={position!r}"
         )
     file = "config.json"
+    model_type = hf_config.get("model_type", "bert")
+    if model_type not in _MODEL_TYPES:
+        raise ValueError(
+            f"config.json: 'model_type' must be one of {sorted(_MODEL_TYPES)} (the BERT "
+            f"family). Received: model_type={model_type!r}"
+        )
+    positions = config_int(hf_config, "max_position_embeddings", file, 512)
+    padding_id = None
+    if _MODEL_TYPES[model_type] == "roberta.":
+        # RoBERTa's table holds the rows up to the padding id, then one row a token.
+        padding_id = config_int(hf_config, "pad_token_id", file, 1)
+        if padding_id < 0 or positions <= padding_id + 1:
+            raise ValueError(
+                f"config.json: a RoBERTa position table of max_position_embeddings="
+                f"{positions} rows has no row past pad_token_id={padding_id}. "
+                f"Received: pad_token_id={padding_id}, max_position_embeddings={positions}"
+            )
+        positions -= padding_id + 1
     return BertConfig(
         vocabulary_size=config_int(hf_config, "vocab_size", file),
         num_layers=config_int(hf_config, "num_hidden_layers", file),
@@ -76,29 +100,35 @@ def bert_config_from_hf(hf_config):
         intermediate_dim=config_int(hf_config, "intermediate_size", file),
         dropout=config_float(hf_config, "hidden_dropout_prob", file, 0.1),
         attention_dropout=config_float(hf_config, "attention_probs_dropout_prob", file, 0.1),
-        max_sequence_length=config_int(hf_config, "max_position_embeddings", file, 512),
+        max_sequence_length=positions,
         num_segments=config_int(hf_config, "type_vocab_size", file, 2),
         layer_norm_epsilon=config_float(hf_config, "layer_norm_eps", file, 1e-12),
         activation=_FROM_HF_ACTIVATION[act],
+        padding_id=padding_id,
     )
 
 
-# Task heads of BertFor* checkpoints, which a backbone has no place for, and
-# buffers that hold no weight.
-HEADS = ("cls.", "classifier.", "qa_outputs.")
-BUFFERS = ("bert.embeddings.position_ids", "embeddings.position_ids",
-           "bert.embeddings.token_type_ids", "embeddings.token_type_ids")
+# The `model_type`s of the family and the prefix of their backbone inside a
+# task model ("bert.encoder...", "roberta.encoder...").
+_MODEL_TYPES = {"bert": "bert.", "roberta": "roberta.", "xlm-roberta": "roberta."}
+
+# Task heads of BertFor* / RobertaFor* checkpoints, which a backbone has no
+# place for, and buffers that hold no weight.
+HEADS = ("cls.", "classifier.", "qa_outputs.", "lm_head.")
+BUFFERS = tuple(prefix + "embeddings." + name for prefix in ("", "bert.", "roberta.")
+                for name in ("position_ids", "token_type_ids"))
 
 
 class _Checkpoint(Tensors):
-    """`Tensors` of a BERT directory: `prefix` is "bert." for BertFor*
-    models (the layout adds it to the names it asks for), and the names of
-    checkpoints converted from TensorFlow (LayerNorm gamma / beta) are
-    accepted."""
+    """`Tensors` of a BERT or RoBERTa directory: `prefix` is "bert." for
+    BertFor* models and "roberta." for RobertaFor* ones (the layout adds
+    it to the names it asks for), and the names of checkpoints converted
+    from TensorFlow (LayerNorm gamma / beta) are accepted."""
 
-    def __init__(self, tensors, path):
+    def __init__(self, tensors, path, model_type="bert"):
         super().__init__(tensors, path)
-        self.prefix = "bert." if any(k.startswith("bert.") for k in tensors) else ""
+        family = _MODEL_TYPES.get(model_type, "bert.")
+        self.prefix = family if any(k.startswith(family) for k in tensors) else ""
 
     def get(self, name, shape):
         if name not in self.tensors:
@@ -150,7 +180,7 @@ def _backbone_layout(backbone, prefix, pooler=True):
     table(backbone.get_layer("segment_embedding"), p + "token_type_embeddings",
           config.num_segments)
     table(backbone.get_layer("position_embedding"), p + "position_embeddings",
-          config.max_sequence_length)
+          config.position_rows())
     norm(backbone.get_layer("embeddings_layer_norm"), p + "LayerNorm")
     for i in range(config.num_layers):
         hf = f"{prefix}encoder.layer.{i}."
@@ -168,52 +198,103 @@ def _backbone_layout(backbone, prefix, pooler=True):
     return entries, dense, norm
 
 
-# The Hugging Face class of each keras_attn BERT model, and whether its
-# backbone keeps the pooler (BertForTokenClassification has none).
+# The Hugging Face classes of each keras_attn BERT model (BERT's, RoBERTa's;
+# None where transformers has none), and whether the checkpoint holds the
+# backbone's pooler (the token classifiers and masked LMs have none; RoBERTa's
+# sequence classifier holds it as `classifier.dense`). "BertMaskedLM" is a
+# `BertPretrainer(next_sentence=False)`.
 _ARCHITECTURES = {
-    "BertBackbone": ("BertModel", True),
-    "BertSequenceClassifier": ("BertForSequenceClassification", True),
-    "BertTokenClassifier": ("BertForTokenClassification", False),
-    "BertPretrainer": ("BertForPreTraining", True),
+    "BertBackbone": ("BertModel", "RobertaModel", True),
+    "BertSequenceClassifier": ("BertForSequenceClassification",
+                               "RobertaForSequenceClassification", True),
+    "BertTokenClassifier": ("BertForTokenClassification", "RobertaForTokenClassification",
+                            False),
+    "BertPretrainer": ("BertForPreTraining", None, True),
+    "BertMaskedLM": ("BertForMaskedLM", "RobertaForMaskedLM", False),
 }
+# XLM-R's classes have RoBERTa's layout (and model_type "xlm-roberta").
+_XLM = {name: "XLM" + name for _, name, _ in _ARCHITECTURES.values() if name}
 
 
-def _layout(model, prefix="bert."):
-    """`(architecture, entries)` of a keras_attn BERT model: the backbone's
-    entries and its task head's."""
+def _kind(model):
     kind = type(model).__name__
+    if kind == "BertPretrainer" and not model.next_sentence:
+        return "BertMaskedLM"
+    return kind
+
+
+def _layout(model, prefix=None):
+    """`(architecture, entries)` of a keras_attn BERT model: the backbone's
+    entries and its task head's. A backbone with a `padding_id` is laid out
+    as RoBERTa."""
+    kind = _kind(model)
     if kind not in _ARCHITECTURES:
         raise ValueError(
             "`model` must be a BertBackbone (build_bert) or a BertSequenceClassifier, "
             f"BertTokenClassifier or BertPretrainer. Received: model={kind}"
         )
-    architecture, pooler = _ARCHITECTURES[kind]
+    backbone = model if kind == "BertBackbone" else model.backbone
+    config = backbone.bert_config
+    roberta = config.padding_id is not None
+    bert_name, roberta_name, pooler = _ARCHITECTURES[kind]
+    architecture = roberta_name if roberta else bert_name
+    if architecture is None:
+        raise ValueError(
+            "transformers' RoBERTa has no next-sentence head: a BertPretrainer of a "
+            "RoBERTa backbone (padding_id set) is written with next_sentence=False, as "
+            f"RobertaForMaskedLM. Received: padding_id={config.padding_id}, next_sentence=True"
+        )
     if kind == "BertBackbone":
         return architecture, _backbone_layout(model, "", pooler)[0]
-    config = model.backbone.bert_config
+    if prefix is None:
+        prefix = "roberta." if roberta else "bert."
     D = config.hidden_dim
-    entries, dense, norm = _backbone_layout(model.backbone, prefix, pooler)
-    if kind == "BertPretrainer":
+    classifier_dense = roberta and kind == "BertSequenceClassifier"
+    entries, dense, norm = _backbone_layout(backbone, prefix, pooler and not classifier_dense)
+    if kind in ("BertPretrainer", "BertMaskedLM"):
         head = model.get_layer("mlm_head")
-        dense(head.transform_dense, "cls.predictions.transform.dense", D, D)
-        norm(head.transform_layer_norm, "cls.predictions.transform.LayerNorm")
         # The decoder matrix is the token embedding table (tied in both).
-        entries.append(Entry("cls.predictions.bias", (config.vocabulary_size,),
-                             head.output_bias))
-        dense(model.get_layer("nsp_dense"), "cls.seq_relationship", 2, D)
+        if roberta:
+            if config.activation != "gelu":  # RobertaLMHead's is the exact GELU, always
+                raise ValueError(
+                    "transformers' RobertaLMHead applies the exact GELU whatever hidden_act "
+                    "says; keras_attn's masked-LM head applies the backbone's activation. "
+                    f"Received: activation={config.activation!r}"
+                )
+            dense(head.transform_dense, "lm_head.dense", D, D)
+            norm(head.transform_layer_norm, "lm_head.layer_norm")
+            entries.append(Entry("lm_head.bias", (config.vocabulary_size,), head.output_bias))
+        else:
+            dense(head.transform_dense, "cls.predictions.transform.dense", D, D)
+            norm(head.transform_layer_norm, "cls.predictions.transform.LayerNorm")
+            entries.append(Entry("cls.predictions.bias", (config.vocabulary_size,),
+                                 head.output_bias))
+        if kind == "BertPretrainer":
+            dense(model.get_layer("nsp_dense"), "cls.seq_relationship", 2, D)
+    elif classifier_dense:  # dense + tanh on the first token, then out_proj
+        dense(backbone.get_layer("pooled_dense"), "classifier.dense", D, D)
+        dense(model.get_layer("classifier"), "classifier.out_proj", model.num_classes, D)
     else:
         dense(model.get_layer("classifier"), "classifier", model.num_classes, D)
     return architecture, entries
 
 
 def load_hf_bert_backbone(path, drop_heads=True):
-    """A `BertBackbone` with the weights of a Hugging Face BERT directory.
+    """A `BertBackbone` with the weights of a Hugging Face BERT directory
+    (or a RoBERTa / XLM-R one: `model_type` "roberta" or "xlm-roberta").
 
     Args:
         path: directory with `config.json` and `model.safetensors`.
-        drop_heads: skip the task heads of a `BertFor...` checkpoint
-            (`cls.*`, `classifier.*`, `qa_outputs.*`), naming them in a
-            warning; False makes their presence an error.
+        drop_heads: skip the task heads of a `BertFor...` / `RobertaFor...`
+            checkpoint (`cls.*`, `classifier.*`, `qa_outputs.*`,
+            `lm_head.*`), naming them in a warning; False makes their
+            presence an error.
+
+    A checkpoint without a pooler (`BertForMaskedLM`,
+    `BertForTokenClassification`, the RoBERTa task models) loads with the
+    backbone's `pooled_dense` left as initialised, which a warning says:
+    its `pooled_output` is then untrained (`sequence_output` is the
+    checkpoint's).
 
     Returns:
         The `BertBackbone`; its `sequence_output` equals Hugging Face's
@@ -224,17 +305,28 @@ def load_hf_bert_backbone(path, drop_heads=True):
             than `config.json` implies, or a tensor the model has no place
             for (nothing is assigned then).
     """
-    config = bert_config_from_hf(read_config(path))
-    ckpt = _Checkpoint(read_safetensors(path), path)
+    hf_config = read_config(path)
+    config = bert_config_from_hf(hf_config)
+    ckpt = _Checkpoint(read_safetensors(path), path, hf_config.get("model_type", "bert"))
     model = build_bert(config)
-    entries = _backbone_layout(model, ckpt.prefix)[0]
-    plan = read_entries(entries, ckpt, model)  # raises before anything is assigned
+    pooler = ckpt.prefix + "pooler.dense.weight" in ckpt.tensors
+    unread = [] if pooler else model.get_layer("pooled_dense").weights
+    entries = _backbone_layout(model, ckpt.prefix, pooler)[0]
+    plan = read_entries(entries, ckpt, model, unread)  # raises before anything is assigned
     dropped = ckpt.check_all_used(BUFFERS, HEADS if drop_heads else ())
+    file = os.path.join(path, "model.safetensors")
     if dropped:
         heads = sorted({".".join(k.split(".")[:2]) for k in dropped})
         warnings.warn(
-            f"{os.path.join(path, 'model.safetensors')}: {len(dropped)} tensor(s) of "
-            f"task heads not loaded into the backbone: {', '.join(heads)}",
+            f"{file}: {len(dropped)} tensor(s) of task heads not loaded into the backbone: "
+            f"{', '.join(heads)}",
+            stacklevel=2,
+        )
+    if not pooler:
+        warnings.warn(
+            f"{file} has no pooler ({ckpt.prefix}pooler.dense): the backbone's pooled_dense "
+            "stays as initialised, so its pooled_output is untrained (sequence_output is "
+            "the checkpoint's)",
             stacklevel=2,
         )
     for variable, array in plan:
@@ -272,6 +364,50 @@ def load_hf_bert_tokenizer(path, sequence_length=None, lowercase=None):
     )
 
 
+def load_hf_roberta_tokenizer(path, sequence_length=None):
+    """The byte-level BPE tokenizer of a Hugging Face RoBERTa
+    directory that holds `vocab.json` and `merges.txt` (RoBERTa's, GPT-2's
+    format).
+
+    Args:
+        path: the directory (`tokenizer_config.json` optional: its
+            `add_prefix_space` is read, default False as in
+            `RobertaTokenizer`).
+        sequence_length: pad / truncate the token ids to this length; None
+            gives ragged ids.
+
+    Returns:
+        A `keras_hub.tokenizers.BytePairTokenizer` whose ids equal
+        `transformers.RobertaTokenizer(...)(text, add_special_tokens=False)`;
+        the special tokens of the vocabulary (`<s>`, `</s>`, `<pad>`,
+        `<unk>`, `<mask>`) written in a text stay one token each. It adds no
+        `<s>` / `</s>`: a packer does (`keras_hub.layers.StartEndPacker`).
+        XLM-R's SentencePiece model (`sentencepiece.bpe.model`) is not this
+        format: a directory without `vocab.json` and `merges.txt` is a
+        `ValueError`.
+    """
+    import keras_hub
+
+    files = [os.path.join(path, name) for name in ("vocab.json", "merges.txt")]
+    for file in files:
+        if not os.path.exists(file):
+            raise ValueError(
+                f"{file} does not exist: RoBERTa's byte-level BPE tokenizer needs vocab.json "
+                f"and merges.txt. Received: path={path!r}"
+            )
+    vocabulary = _read_json_object(path, "vocab.json")
+    settings = (_read_json_object(path, "tokenizer_config.json")
+                if os.path.exists(os.path.join(path, "tokenizer_config.json")) else {})
+    special = [t for t in ("<s>", "</s>", "<pad>", "<unk>", "<mask>") if t in vocabulary]
+    return keras_hub.tokenizers.BytePairTokenizer(
+        vocabulary=vocabulary,
+        merges=files[1],
+        sequence_length=sequence_length,
+        add_prefix_space=bool(settings.get("add_prefix_space", False)),
+        unsplittable_tokens=special or None,
+    )
+
+
 def _read_lowercase(path, vocabulary):
     for name in ("tokenizer_config.json", "config.json"):
         if os.path.exists(os.path.join(path, name)):
@@ -301,41 +437,55 @@ def load_hf_bert(path, sequence_length=None):
 
 
 def load_hf_bert_task(path):
-    """The keras_attn model of a Hugging Face BERT directory, task head
-    included, chosen by `architectures` in its `config.json`:
+    """The keras_attn model of a Hugging Face BERT, RoBERTa or XLM-R
+    directory, task head included, chosen by `architectures` in its
+    `config.json`:
 
     | `architectures` | keras_attn model |
     |---|---|
-    | `BertModel` | `BertBackbone` |
-    | `BertForSequenceClassification` | `BertSequenceClassifier` |
-    | `BertForTokenClassification` | `BertTokenClassifier` (its pooler stays as initialised: the task does not use it) |
+    | `BertModel`, `RobertaModel` | `BertBackbone` |
+    | `BertForSequenceClassification`, `RobertaForSequenceClassification` | `BertSequenceClassifier` (RoBERTa's `classifier.dense` is the backbone's `pooled_dense`, its `out_proj` the `classifier`) |
+    | `BertForTokenClassification`, `RobertaForTokenClassification` | `BertTokenClassifier` (its pooler stays as initialised: the task does not use it) |
     | `BertForPreTraining` | `BertPretrainer` |
+    | `BertForMaskedLM`, `RobertaForMaskedLM` | `BertPretrainer(next_sentence=False)` (pooler as initialised) |
 
-    Every tensor must be used and have the shape the config implies
-    (`ValueError` otherwise, before any weight is assigned).
-    `save_hf_bert` writes such directories.
+    and the `XLMRoberta...` classes as their `Roberta...` ones. Every tensor
+    must be used and have the shape the config implies (`ValueError`
+    otherwise, before any weight is assigned). `save_hf_bert` writes such
+    directories.
     """
     from keras_attn.models.bert import BertPretrainer
     from keras_attn.models.bert import BertSequenceClassifier
     from keras_attn.models.bert import BertTokenClassifier
 
     hf_config = read_config(path)
-    architectures = hf_config.get("architectures") or ["BertModel"]
+    model_type = hf_config.get("model_type", "bert")
+    default = "RobertaModel" if _MODEL_TYPES.get(model_type) == "roberta." else "BertModel"
+    architectures = hf_config.get("architectures") or [default]
     architecture = architectures[0] if isinstance(architectures, list) else architectures
-    known = {hf: kind for kind, (hf, _) in _ARCHITECTURES.items()}
+    known = {}
+    for kind, (bert_name, roberta_name, _) in _ARCHITECTURES.items():
+        for name in (bert_name, roberta_name, _XLM.get(roberta_name)):
+            if name:
+                known[name] = kind
     if architecture not in known:
         raise ValueError(
             f"{os.path.join(path, 'config.json')}: 'architectures' must be one of "
             f"{sorted(known)}. Received: architectures={architectures!r}"
         )
     config = bert_config_from_hf(hf_config)
-    ckpt = _Checkpoint(read_safetensors(path), path)
+    if (config.padding_id is not None) != architecture.startswith(("Roberta", "XLMRoberta")):
+        raise ValueError(
+            f"{os.path.join(path, 'config.json')}: architecture {architecture!r} does not "
+            f"go with model_type={model_type!r}. Received: architectures={architectures!r}"
+        )
+    ckpt = _Checkpoint(read_safetensors(path), path, model_type)
     backbone = build_bert(config)
     kind = known[architecture]
     if kind == "BertBackbone":
         model = backbone
-    elif kind == "BertPretrainer":
-        model = BertPretrainer(backbone)
+    elif kind in ("BertPretrainer", "BertMaskedLM"):
+        model = BertPretrainer(backbone, next_sentence=kind == "BertPretrainer")
     else:
         labels = hf_config.get("id2label") or {}
         num_classes = config_int(hf_config, "num_labels", "config.json", len(labels) or 2)
@@ -344,13 +494,44 @@ def load_hf_bert_task(path):
             dropout = config.dropout
         task = BertSequenceClassifier if kind == "BertSequenceClassifier" else BertTokenClassifier
         model = task(backbone, num_classes=num_classes, dropout=dropout)
-    # The pooler of a token classifier is not in its checkpoint.
-    unread = [] if _ARCHITECTURES[kind][1] else backbone.get_layer("pooled_dense").weights
+    # The pooler of a token classifier or a masked LM is not in its checkpoint.
+    unread = [] if _ARCHITECTURES[kind][2] else backbone.get_layer("pooled_dense").weights
     plan = read_entries(_layout(model, ckpt.prefix)[1], ckpt, model, unread)
     ckpt.check_all_used(BUFFERS)
     for variable, array in plan:
         variable.assign(array)
     return model
+
+
+def load_hf_roberta(path):
+    """The keras_attn model of a Hugging Face RoBERTa or XLM-R directory
+    (`RobertaModel`, `RobertaForMaskedLM`, `RobertaForSequenceClassification`,
+    `RobertaForTokenClassification`, or the `XLMRoberta...` of each), task
+    head included: `load_hf_bert_task` for the RoBERTa family, which
+    refuses any other `model_type`.
+
+    The backbone is a `BertBackbone` with `padding_id` (RoBERTa's `<pad>`,
+    1): its positions are counted over the tokens that are not padding, as
+    `RobertaEmbeddings` counts them, so `padding_mask` is `token_ids !=
+    padding_id` and `segment_ids` all 0. The outputs equal transformers'
+    (`last_hidden_state`, `pooler_output`, `logits`). One difference is in
+    training only: RoBERTa's classification head also drops out the first
+    token's vector before its `dense`; `BertSequenceClassifier` applies its
+    dropout after the pooler (`dense`) alone.
+
+    Example (`RobertaForSequenceClassification.save_pretrained(path)` before):
+
+        model = load_hf_roberta(path)                      # BertSequenceClassifier
+        logits = model({"token_ids": ids, "segment_ids": 0 * ids,
+                        "padding_mask": ids != 1})
+    """
+    model_type = read_config(path).get("model_type")
+    if _MODEL_TYPES.get(model_type) != "roberta.":
+        raise ValueError(
+            f"{os.path.join(path, 'config.json')} is not a RoBERTa or XLM-R directory "
+            f"(load_hf_bert_task or load_hf reads it). Received: model_type={model_type!r}"
+        )
+    return load_hf_bert_task(path)
 
 
 def save_hf_bert(model, directory, tokenizer=None, overwrite=False):
@@ -368,6 +549,12 @@ def save_hf_bert(model, directory, tokenizer=None, overwrite=False):
     | `BertSequenceClassifier` | `BertForSequenceClassification` |
     | `BertTokenClassifier` | `BertForTokenClassification` (no pooler) |
     | `BertPretrainer` | `BertForPreTraining` (decoder tied to the embeddings) |
+    | `BertPretrainer(next_sentence=False)` | `BertForMaskedLM` |
+
+    A RoBERTa model (its backbone has a `padding_id`) is written as the
+    `Roberta...` class of each (`RobertaModel`, `RobertaForSequenceClassification`,
+    `RobertaForTokenClassification`, `RobertaForMaskedLM`; a
+    `BertPretrainer` only with `next_sentence=False`), without a tokenizer.
 
     Args:
         model: one of the models above, float (not quantized) and without
@@ -395,6 +582,13 @@ def save_hf_bert(model, directory, tokenizer=None, overwrite=False):
     architecture, entries = _layout(model)
     backbone = model if type(model).__name__ == "BertBackbone" else model.backbone
     config = backbone.bert_config
+    roberta = config.padding_id is not None
+    if roberta and tokenizer is not None:
+        raise ValueError(
+            "save_hf_bert writes BERT's WordPiece vocabulary; a RoBERTa model's byte-level "
+            "BPE tokenizer is not written. Received: a tokenizer with padding_id="
+            f"{config.padding_id}"
+        )
     if config.activation not in _TO_HF_ACTIVATION:
         raise ValueError(
             f"transformers' BERT has no activation {config.activation!r}; it takes "
@@ -412,7 +606,7 @@ def save_hf_bert(model, directory, tokenizer=None, overwrite=False):
         "hidden_act": _TO_HF_ACTIVATION[config.activation],
         "hidden_dropout_prob": config.dropout,
         "attention_probs_dropout_prob": config.attention_dropout,
-        "max_position_embeddings": config.max_sequence_length,
+        "max_position_embeddings": config.position_rows(),
         "type_vocab_size": config.num_segments,
         "layer_norm_eps": config.layer_norm_epsilon,
         "initializer_range": 0.02,
@@ -421,6 +615,9 @@ def save_hf_bert(model, directory, tokenizer=None, overwrite=False):
         "tie_word_embeddings": True,
         "dtype": "float32",
     }
+    if roberta:  # positions past the padding id (bos/eos: RoBERTa's <s> and </s>)
+        hf_config.update(model_type="roberta", pad_token_id=config.padding_id,
+                         bos_token_id=0, eos_token_id=2)
     if hasattr(model, "num_classes"):
         hf_config["num_labels"] = model.num_classes
         hf_config["id2label"] = {str(i): f"LABEL_{i}" for i in range(model.num_classes)}
@@ -468,5 +665,7 @@ __all__ = [
     "load_hf_bert_backbone",
     "load_hf_bert_task",
     "load_hf_bert_tokenizer",
+    "load_hf_roberta",
+    "load_hf_roberta_tokenizer",
     "save_hf_bert",
 ]

@@ -294,6 +294,7 @@ def to_keras_hub(model):
         backbone = model if kind == "BertBackbone" else model.backbone
         config = backbone.bert_config
         for name, value, wanted in (
+                ("padding_id", config.padding_id, None),  # RoBERTa's positions
                 ("activation", config.activation, "gelu_approximate"),
                 ("layer_norm_epsilon", config.layer_norm_epsilon, _HUB_BERT_EPSILON),
                 ("attention_dropout", config.attention_dropout, config.dropout)):

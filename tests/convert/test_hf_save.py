@@ -294,10 +294,16 @@ def test_a_task_checkpoint_that_does_not_fit_is_refused(tmp_path):
         json.dump(config, f)
     with pytest.raises(ValueError, match=r"'classifier.weight' has shape \(5, 20\).*\(7, 20\)"):
         load_hf_bert_task(path)
-    config.update(num_labels=5, architectures=["BertForMaskedLM"])
+    config.update(num_labels=5, architectures=["BertForQuestionAnswering"])
     with open(os.path.join(path, "config.json"), "w") as f:
         json.dump(config, f)
-    with pytest.raises(ValueError, match="Received: architectures=\\['BertForMaskedLM'\\]"):
+    with pytest.raises(ValueError, match="Received: architectures=\\['BertForQuestionAnswering'\\]"):
+        load_hf_bert_task(path)
+    # A classifier's tensors under a masked LM's name: its head is missing.
+    config.update(architectures=["BertForMaskedLM"])
+    with open(os.path.join(path, "config.json"), "w") as f:
+        json.dump(config, f)
+    with pytest.raises(ValueError, match="no tensor 'cls.predictions.transform.dense.weight'"):
         load_hf_bert_task(path)
 
 

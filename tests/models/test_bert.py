@@ -73,16 +73,23 @@ def test_presets_follow_the_papers():
     expected = {
         "bert_tiny": (2, 128, 2), "bert_mini": (4, 256, 4), "bert_small": (4, 512, 8),
         "bert_medium": (8, 512, 8), "bert_base": (12, 768, 12), "bert_large": (24, 1024, 16),
+        "roberta_base": (12, 768, 12), "roberta_large": (24, 1024, 16),
     }
     assert set(BERT_PRESETS) == set(expected)
     for name, (layers, hidden, heads) in expected.items():
         config = BERT_PRESETS[name]
         assert (config.num_layers, config.hidden_dim, config.num_heads) == (layers, hidden, heads)
         assert config.intermediate_dim == 4 * hidden
-        assert (config.vocabulary_size, config.max_sequence_length, config.num_segments) == (
-            30522, 512, 2)
-        assert config.layer_norm_epsilon == 1e-12
         assert config.dropout == config.attention_dropout == 0.1
+        assert config.max_sequence_length == 512
+        if name.startswith("roberta"):  # roberta-base's / roberta-large's config.json
+            assert (config.vocabulary_size, config.num_segments, config.padding_id) == (
+                50265, 1, 1)
+            assert (config.layer_norm_epsilon, config.position_rows()) == (1e-5, 514)
+        else:
+            assert (config.vocabulary_size, config.num_segments, config.padding_id) == (
+                30522, 2, None)
+            assert config.layer_norm_epsilon == 1e-12
 
 
 @pytest.mark.presets
@@ -92,7 +99,9 @@ def test_every_preset_shrunk_builds_and_runs(name):
     model = build_bert(name, vocabulary_size=60, hidden_dim=4 * preset.num_heads,
                        intermediate_dim=16 * preset.num_heads, num_layers=1,
                        max_sequence_length=16)
-    out = model(batch())
+    data = batch()
+    data["segment_ids"] %= preset.num_segments  # RoBERTa: one segment
+    out = model(data)
     assert tuple(out["sequence_output"].shape) == (2, 7, 4 * preset.num_heads)
     assert tuple(out["pooled_output"].shape) == (2, 4 * preset.num_heads)
     assert np.all(np.isfinite(to_numpy(out["sequence_output"])))
@@ -127,6 +136,12 @@ def test_full_size_parameter_counts():
     assert unallocated(build_bert, "bert_base").count_params() == 109_482_240
     keras.backend.clear_session()
     assert unallocated(build_bert, "bert_large").count_params() == 335_141_888
+    # transformers' RobertaModel (pooler included) of the released configs
+    # counts the same: 124,645,632 and 355,359,744.
+    keras.backend.clear_session()
+    assert unallocated(build_bert, "roberta_base").count_params() == 124_645_632
+    keras.backend.clear_session()
+    assert unallocated(build_bert, "roberta_large").count_params() == 355_359_744
 
 
 def test_structure_post_norm_exact_gelu_and_names():
@@ -178,6 +193,35 @@ def test_padding_changes_no_real_output_and_any_length_works():
     np.testing.assert_allclose(to_numpy(a), to_numpy(b)[:, :6], atol=1e-5)
     for length in (1, 24):
         assert tuple(model(batch(batch_size=3, length=length))["pooled_output"].shape) == (3, 16)
+
+
+def test_roberta_positions_count_the_real_tokens_past_the_padding_id(tmp_path):
+    model = tiny(num_layers=1, padding_id=1, num_segments=1)
+    assert model.get_layer("position_embedding").weights[0].shape[0] == 24 + 2
+    ids = np.array([[0, 7, 8, 9, 2, 1, 1], [0, 7, 1, 1, 8, 9, 2]], "int32")
+    data = {"token_ids": ids, "segment_ids": np.zeros_like(ids), "padding_mask": ids != 1}
+    embeddings = keras.Model(model.inputs, model.get_layer("embeddings_layer_norm").output)
+    rows = np.array([[2, 3, 4, 5, 6, 1, 1], [2, 3, 1, 1, 4, 5, 6]])  # padding: row 1
+    x = (to_numpy(model.get_layer("token_embedding").embeddings)[ids]
+         + to_numpy(model.get_layer("segment_embedding").embeddings)[0]
+         + to_numpy(model.get_layer("position_embedding").weights[0])[rows])
+    x = (x - x.mean(-1, keepdims=True)) / np.sqrt(x.var(-1, keepdims=True) + 1e-12)
+    np.testing.assert_allclose(to_numpy(embeddings(data)), x, atol=1e-4)
+    # 24 tokens fit the 26 rows; a 25th is refused.
+    full, long = batch(batch_size=1, length=24), batch(length=25)
+    full["segment_ids"][:] = long["segment_ids"][:] = 0
+    assert tuple(model(full)["pooled_output"].shape) == (1, 16)
+    with pytest.raises(ValueError, match="max_sequence_length=24"):
+        model(long)
+    model.save(tmp_path / "roberta.keras")
+    loaded = keras.saving.load_model(tmp_path / "roberta.keras")
+    assert loaded.bert_config.padding_id == 1
+    np.testing.assert_allclose(to_numpy(loaded(data)["sequence_output"]),
+                               to_numpy(model(data)["sequence_output"]), atol=1e-6)
+    with pytest.raises(ValueError, match="Received: padding_id=60"):
+        tiny(padding_id=60)
+    with pytest.raises(ValueError, match="Received: padding_id=-1"):
+        tiny(padding_id=-1)
 
 
 def test_too_long_is_a_value_error():

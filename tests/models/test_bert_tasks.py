@@ -136,6 +136,27 @@ def test_pretrainer_saves_with_the_tie(tmp_path):
     assert [w for w in reloaded.weights if tuple(w.shape) == (V, 16)] == [table]
 
 
+def test_masked_lm_alone_without_next_sentence_fits_and_saves(tmp_path):
+    model = BertPretrainer(backbone(), next_sentence=False)
+    assert all("nsp" not in w.path for w in model.weights)
+    x = features()
+    x["mask_positions"] = np.zeros((B, P), "int32")
+    y = {"mlm": np.ones((B, P), "int32")}
+    model.compile(keras.optimizers.Adam(1e-3))
+    logs = model.train_on_batch(x, y, return_dict=True)
+    # One output: Keras names its metrics without the "mlm_" prefix.
+    assert set(logs) == {"loss", "accuracy", "perplexity"}
+    assert all(np.isfinite(value) for value in logs.values())
+    path = str(tmp_path / "masked_lm.keras")
+    model.save(path)
+    reloaded = keras.saving.load_model(path)
+    assert reloaded.next_sentence is False
+    np.testing.assert_allclose(to_numpy(model(x)["mlm"]), to_numpy(reloaded(x)["mlm"]), atol=1e-6)
+    assert list(reloaded(x)) == ["mlm"]
+    with pytest.raises(ValueError, match="Received: next_sentence=1"):
+        BertPretrainer(backbone(), next_sentence=1)
+
+
 def test_sequence_classifier_fits_and_reports_accuracy(tmp_path):
     model = BertSequenceClassifier(backbone(), num_classes=3, dropout=0.2)
     labels = np.arange(B) % 3

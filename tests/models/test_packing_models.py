@@ -23,11 +23,11 @@ LENGTHS = (5, 9, 4, 7, 3, 6, 11)
 MASKED = 2  # masked-LM predictions per example
 
 
-def _backbone():
+def _backbone(**overrides):
     keras.utils.set_random_seed(1)
     # the table's, on the ids below and rows of ROW positions; dropout off
     return FAMILIES["bert"].backbone(vocabulary_size=VOCAB, max_sequence_length=ROW,
-                                     dropout=0.0, attention_dropout=0.0)
+                                     dropout=0.0, attention_dropout=0.0, **overrides)
 
 
 def _examples(seed=0):
@@ -111,8 +111,10 @@ def _backbone_inputs(inputs):
 # === Outputs ===
 
 
-def test_backbone_gives_each_packed_example_its_own_outputs():
-    backbone, examples = _backbone(), _examples()
+# padding_id 1: RoBERTa's positions, from row 2 (the examples hold no id 1).
+@pytest.mark.parametrize("padding_id", [None, 1])
+def test_backbone_gives_each_packed_example_its_own_outputs(padding_id):
+    backbone, examples = _backbone(padding_id=padding_id), _examples()
     inputs, _, _, where = _pack(examples, max_segments=4)
     got = to_numpy(backbone(_backbone_inputs(inputs))["sequence_output"])
     alone = to_numpy(backbone(_backbone_inputs(_one_per_row(examples)[0]))["sequence_output"])

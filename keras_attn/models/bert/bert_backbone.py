@@ -4,6 +4,8 @@
 token_ids (B, T)    -> ReversibleEmbedding        "token_embedding"     (B, T, D)
 segment_ids (B, T)  -> Embedding                  "segment_embedding"   (B, T, D)
 positions 0..T-1    -> PositionEmbedding          "position_embedding"  (B, T, D)
+  (RoBERTa, padding_id p: positions counted over the non-padding token ids
+   from p + 1, padding at p)
  sum                                              "embeddings_add"
  -> LayerNorm, Dropout                            "embeddings_layer_norm", "embeddings_dropout"
  -> L x post-norm TransformerBlock (exact GELU),  "transformer_block_{i}"
@@ -30,6 +32,7 @@ from keras_attn._remat import remat_scope
 from keras_attn.layers.masking import checked_positions
 from keras_attn.layers.masking import checked_segment_ids
 from keras_attn.layers.position_embedding import PositionEmbedding
+from keras_attn.layers.position_embedding import packed_positions
 from keras_attn.layers.transformer_block import TransformerBlock
 from keras_attn.models.bert.bert_config import DEFAULT_PRESET
 from keras_attn.models.bert.bert_config import BertConfig
@@ -67,11 +70,13 @@ def _encode(layer, config, token_ids, segment_ids, padding_mask,
     token_embedding, segment_embedding = layer("token_embedding"), layer("segment_embedding")
     tokens = _lookup_or_nan(token_embedding, token_ids, config.vocabulary_size)
     segments = _lookup_or_nan(segment_embedding, segment_ids, config.num_segments)
+    # RoBERTa's positions are counted from the token ids.
+    offset = {} if config.padding_id is None else {"token_ids": token_ids}
     if packed_segment_ids is None:
-        position_vectors = layer("position_embedding")(tokens)
+        position_vectors = layer("position_embedding")(tokens, **offset)
     else:
         position_vectors = layer("position_embedding")(
-            tokens, positions=positions, segment_ids=packed_segment_ids)
+            tokens, positions=positions, segment_ids=packed_segment_ids, **offset)
     x = layer("embeddings_add")([tokens, segments, position_vectors])
     x = layer("embeddings_layer_norm")(x)
     x = layer("embeddings_dropout")(x, training=training)
@@ -86,6 +91,77 @@ def _encode(layer, config, token_ids, segment_ids, padding_mask,
             x = block(x, padding_mask=padding_mask, segment_ids=packed_segment_ids,
                       training=training)
     return x, layer("pooled_dense")(x[:, 0, :])  # (B, T, D), (B, D)
+
+
+@keras.saving.register_keras_serializable(package="keras_attn")
+class PaddingOffsetPositionEmbedding(PositionEmbedding):
+    """RoBERTa's learned positions: a `(max_sequence_length, D)` table whose
+    rows are looked up from the token ids.
+
+    ```
+    real = token_ids != padding_id                     (B, T)
+    position = cumsum(real) * real + padding_id        (B, T)
+    ```
+    The first real token takes row `padding_id + 1`, padding tokens take row
+    `padding_id` and do not advance the count (transformers'
+    `RobertaEmbeddings`, after fairseq's `make_positions`), so the longest
+    input is `max_sequence_length - padding_id - 1` tokens. Packed rows'
+    `positions` (restarting at 0, checked as `PositionEmbedding` checks them)
+    take rows `padding_id + 1 + position`.
+
+    Args:
+        max_sequence_length: rows of the table (514 for RoBERTa's 512 tokens).
+        padding_id: the token id of padding.
+        **kwargs: `PositionEmbedding`'s arguments.
+
+    Call arguments:
+        inputs: `(B, T, D)`.
+        token_ids: `(B, T)` int.
+        positions, segment_ids: optional, of packed rows.
+
+    Returns:
+        `(B, T, D)`; a position past the table is NaN where it cannot raise.
+    """
+
+    def __init__(self, max_sequence_length, padding_id=1, **kwargs):
+        super().__init__(max_sequence_length, **kwargs)
+        if isinstance(padding_id, bool) or not isinstance(padding_id, int) or not (
+                0 <= padding_id < self.max_sequence_length - 1):
+            raise ValueError(
+                "Invalid value for argument `padding_id`: it must be an integer in "
+                f"[0, max_sequence_length - 1) = [0, {self.max_sequence_length - 1}). "
+                f"Received: padding_id={padding_id!r}"
+            )
+        self.padding_id = padding_id
+
+    def call(self, inputs, token_ids, positions=None, segment_ids=None):
+        first = self.padding_id + 1
+        longest = self.max_sequence_length - first
+        length = inputs.shape[-2]
+        if isinstance(length, int) and length > longest:
+            raise ValueError(
+                f"Inputs of {length} tokens do not fit: a table of {self.max_sequence_length} "
+                f"rows past padding_id={self.padding_id} holds {longest}. "
+                f"Received: sequence length={length}"
+            )
+        if positions is not None or segment_ids is not None:  # packed rows
+            table = ops.convert_to_tensor(self.position_embeddings)[first:]  # (L - p - 1, D)
+            vectors = packed_positions(table, positions, segment_ids, 0, inputs, limit=longest)
+            return ops.cast(vectors, self.compute_dtype)
+        real = ops.cast(ops.not_equal(token_ids, self.padding_id), "int32")  # (B, T)
+        rows = ops.cumsum(real, axis=1) * real + self.padding_id  # (B, T)
+        valid = rows < self.max_sequence_length
+        vectors = ops.take(self.position_embeddings,
+                           ops.minimum(rows, self.max_sequence_length - 1), axis=0)  # (B, T, D)
+        vectors = ops.where(ops.expand_dims(valid, -1), vectors, float("nan"))
+        return ops.cast(vectors, self.compute_dtype)
+
+    def compute_output_shape(self, inputs_shape, token_ids_shape=None, positions_shape=None,
+                             segment_ids_shape=None):
+        return tuple(inputs_shape)
+
+    def get_config(self):
+        return {**super().get_config(), "padding_id": self.padding_id}
 
 
 def bert_initializer():
@@ -193,12 +269,21 @@ class BertBackbone(GuardedModel, ConfigModel, keras.Model):
             dtype=dtype,
             name="segment_embedding",
         )
-        position_embedding = PositionEmbedding(
-            config.max_sequence_length,
-            initializer=bert_initializer(),
-            dtype=dtype,
-            name="position_embedding",
-        )
+        if config.padding_id is None:
+            position_embedding = PositionEmbedding(
+                config.max_sequence_length,
+                initializer=bert_initializer(),
+                dtype=dtype,
+                name="position_embedding",
+            )
+        else:
+            position_embedding = PaddingOffsetPositionEmbedding(
+                config.position_rows(),
+                padding_id=config.padding_id,
+                initializer=bert_initializer(),
+                dtype=dtype,
+                name="position_embedding",
+            )
         embeddings_add = keras.layers.Add(dtype=dtype, name="embeddings_add")
         embeddings_layer_norm = keras.layers.LayerNormalization(
             epsilon=config.layer_norm_epsilon, dtype=dtype, name="embeddings_layer_norm"

@@ -3,12 +3,16 @@
 `bert_base` and `bert_large` are the two models of Devlin et al. (2019),
 section 3; the four small ones are the compact models of Turc et al. (2019),
 "Well-Read Students Learn Better", Table 6 / the 24 released miniatures (all
-with intermediate width 4 x hidden and 64-wide heads). Parameter counts are
-those of the backbone (`build_bert(name).count_params()`), pooler included,
-task heads excluded.
+with intermediate width 4 x hidden and 64-wide heads). `roberta_base` and
+`roberta_large` are RoBERTa (Liu et al., 2019, section 4 / the released
+`roberta-base` and `roberta-large`): the same encoder with a 50,265-token
+byte-level BPE vocabulary, one segment, LayerNorm epsilon 1e-5 and positions
+counted past the padding id 1. Parameter counts are those of the backbone
+(`build_bert(name).count_params()`), pooler included, task heads excluded.
 """
 
 import dataclasses
+import numbers
 
 from keras_attn._checks import get_activation
 from keras_attn.models._config import ModelConfig
@@ -31,6 +35,16 @@ def _activation_name(name, value):
     get_activation(name, value)
 
 
+def _optional_token_id(name, value):
+    if value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 0:
+        raise ValueError(
+            f"Invalid value for argument `{name}`: it must be None or a token id "
+            f"(an integer >= 0). Received: {name}={value!r}"
+        )
+
+
 @dataclasses.dataclass(frozen=True)
 class BertConfig(ModelConfig):
     """BERT hyper-parameters; the fields are the arguments of `BertBackbone`,
@@ -47,8 +61,10 @@ class BertConfig(ModelConfig):
             (`hidden_dropout_prob`).
         attention_dropout: rate on the attention probabilities
             (`attention_probs_dropout_prob`).
-        max_sequence_length: rows of the learned position table; a longer
-            input is a `ValueError`.
+        max_sequence_length: the longest input, in tokens; a longer input is
+            a `ValueError`. The learned position table has this many rows
+            (BERT), or `max_sequence_length + padding_id + 1` with a
+            `padding_id` (RoBERTa: 512 tokens, 514 rows).
         num_segments: rows of the segment ("token type") table; 2 for
             sentence A / sentence B.
         layer_norm_epsilon: LayerNorm epsilon (1e-12 in the reference code).
@@ -57,6 +73,13 @@ class BertConfig(ModelConfig):
             `"gelu_approximate"`, its tanh approximation, which keras-hub's
             BERT uses (`keras_attn.convert.from_keras_hub` sets it); any
             Keras activation name is accepted.
+        padding_id: None (BERT): the t-th token of a row takes row t of the
+            position table, whatever its id. An id (RoBERTa and XLM-R: 1,
+            their `<pad>`): positions are counted over the tokens that are
+            not `padding_id`, starting at row `padding_id + 1`, and every
+            padding token takes row `padding_id` (transformers'
+            `RobertaEmbeddings`, computed from the token ids). Packed rows'
+            `positions` (from 0) are shifted by `padding_id + 1` the same way.
         remat: rematerialise each encoder block in training (gradient
             checkpointing): its activations are recomputed in the backward
             pass instead of stored. Less memory for about one more forward
@@ -76,9 +99,21 @@ class BertConfig(ModelConfig):
     layer_norm_epsilon: float = field(1e-12, positive_float)
     activation: str = field("gelu", _activation_name)
     remat: bool = field(False, flag)
+    padding_id: int = field(None, _optional_token_id)
 
     def check_relations(self):
         check_heads_divide(self)
+        if self.padding_id is not None and self.padding_id >= self.vocabulary_size:
+            raise ValueError(
+                f"`padding_id` must be a token id, below vocabulary_size="
+                f"{self.vocabulary_size}. Received: padding_id={self.padding_id}"
+            )
+
+    def position_rows(self):
+        """Rows of the learned position table."""
+        if self.padding_id is None:
+            return self.max_sequence_length
+        return self.max_sequence_length + self.padding_id + 1
 
 
 def _variant(num_layers, hidden_dim, num_heads):
@@ -87,6 +122,19 @@ def _variant(num_layers, hidden_dim, num_heads):
         hidden_dim=hidden_dim,
         num_heads=num_heads,
         intermediate_dim=4 * hidden_dim,
+    )
+
+
+def _roberta(num_layers, hidden_dim, num_heads):
+    return BertConfig(
+        vocabulary_size=50265,
+        num_layers=num_layers,
+        hidden_dim=hidden_dim,
+        num_heads=num_heads,
+        intermediate_dim=4 * hidden_dim,
+        num_segments=1,
+        layer_norm_epsilon=1e-5,
+        padding_id=1,
     )
 
 
@@ -103,6 +151,13 @@ BERT_PRESETS = {
     "bert_base": _variant(12, 768, 12),
     # Devlin et al. 2019, section 3, BERT-LARGE L=24 H=1024 A=16 (340M). 335,141,888.
     "bert_large": _variant(24, 1024, 16),
+    # Liu et al. 2019 (RoBERTa), the released roberta-base: BERT-BASE's sizes,
+    # 50,265 BPE tokens, 514 position rows (125M). 124,645,632, as transformers'
+    # RobertaModel counts it (pooler included) with the published config's values.
+    "roberta_base": _roberta(12, 768, 12),
+    # Liu et al. 2019, the released roberta-large: BERT-LARGE's sizes (355M).
+    # 355,359,744, counted the same way.
+    "roberta_large": _roberta(24, 1024, 16),
 }
 
 

@@ -12,6 +12,7 @@ from keras_attn import _keras_compat
 from keras_attn._guard import GuardedModel
 from keras_attn._guard import IdSpec
 from keras_attn._guard import check_ids
+from keras_attn._checks import check_bool
 from keras_attn._checks import check_positive_int
 from keras_attn._checks import check_rate
 from keras_attn.models._config import dtype_policy_with_quantization
@@ -105,6 +106,10 @@ class BertPretrainer(_BertTask):
         backbone: a `BertBackbone`.
         max_segments: the most examples a packed row holds (the `K` of the
             packed `nsp` output); unused for unpacked rows.
+        next_sentence: False leaves out the next-sentence head: the model
+            is a masked LM alone (RoBERTa's pretraining, transformers'
+            `BertForMaskedLM` / `RobertaForMaskedLM`), its outputs
+            `{"mlm": ...}` and its targets `{"mlm": ...}`.
 
     The masked-LM decoder is the backbone's token embedding table (one
     variable, tied as in the original BERT) plus an output bias.
@@ -123,11 +128,12 @@ class BertPretrainer(_BertTask):
     {'mlm': (None, None, 100), 'nsp': (None, 2)}
     """
 
-    _task_args = ("max_segments",)
+    _task_args = ("max_segments", "next_sentence")
 
-    def __init__(self, backbone, max_segments=8, **kwargs):
+    def __init__(self, backbone, max_segments=8, next_sentence=True, **kwargs):
         backbone = _check_backbone(backbone)
         max_segments = check_positive_int("max_segments", max_segments)
+        next_sentence = check_bool("next_sentence", next_sentence)
         config = backbone.bert_config
 
         # === Layers ===
@@ -144,7 +150,7 @@ class BertPretrainer(_BertTask):
             kernel_initializer=bert_initializer(),
             dtype=backbone.dtype_policy,
             name="nsp_dense",
-        )
+        ) if next_sentence else None
 
         # === Functional Model ===
         inputs = _backbone_inputs()
@@ -159,12 +165,15 @@ class BertPretrainer(_BertTask):
             inputs["mask_positions"],
             embeddings=backbone.token_embedding.embeddings,
         )
-        nsp = nsp_dense(outputs["pooled_output"])
-        super().__init__(inputs=inputs, outputs={"mlm": mlm, "nsp": nsp}, **kwargs)
+        heads = {"mlm": mlm}
+        if next_sentence:
+            heads["nsp"] = nsp_dense(outputs["pooled_output"])
+        super().__init__(inputs=inputs, outputs=heads, **kwargs)
 
         # === Config ===
         self.backbone = backbone
         self.max_segments = max_segments
+        self.next_sentence = next_sentence
 
     def call(self, inputs, training=None, mask=None):
         self.check_input_keys(inputs)  # a dict is read by name, never by position
@@ -182,6 +191,8 @@ class BertPretrainer(_BertTask):
             inputs["mask_positions"],
             embeddings=backbone.token_embedding.embeddings,
         )
+        if not self.next_sentence:
+            return {"mlm": mlm}
         pooled = example_pooled_outputs(
             outputs["sequence_output"], packed[0], backbone.get_layer("pooled_dense"),
             self.max_segments)
@@ -195,20 +206,20 @@ class BertPretrainer(_BertTask):
             return super().compute_output_spec(inputs, training=training, mask=mask)
         batch = inputs["token_ids"].shape[0]
         dtype = self.compute_dtype
-        return {
-            "mlm": keras.KerasTensor(tuple(inputs["mask_positions"].shape)
-                                     + (self.backbone.bert_config.vocabulary_size,), dtype),
-            "nsp": keras.KerasTensor((batch, self.max_segments, 2), dtype),
-        }
+        specs = {"mlm": keras.KerasTensor(tuple(inputs["mask_positions"].shape)
+                                          + (self.backbone.bert_config.vocabulary_size,), dtype)}
+        if self.next_sentence:
+            specs["nsp"] = keras.KerasTensor((batch, self.max_segments, 2), dtype)
+        return specs
 
     def optional_input_names(self):
         return PACKED_INPUT_NAMES  # the classifiers read the functional graph only
 
     def label_specs(self):
-        return {
-            "mlm": IdSpec(0, self.backbone.bert_config.vocabulary_size, "the vocabulary"),
-            "nsp": IdSpec(0, 2, "0 random, 1 next"),
-        }
+        specs = {"mlm": IdSpec(0, self.backbone.bert_config.vocabulary_size, "the vocabulary")}
+        if self.next_sentence:
+            specs["nsp"] = IdSpec(0, 2, "0 random, 1 next")
+        return specs
 
     def check_arrays(self, named):
         positions, tokens = named.get("mask_positions"), named.get("token_ids")
@@ -219,8 +230,9 @@ class BertPretrainer(_BertTask):
     def compile(self, optimizer="adam", loss="auto", metrics="auto",
                 weighted_metrics="auto", **kwargs):
         """`keras.Model.compile`; "auto" is the masked-LM cross-entropy
-        averaged over the real predictions plus the NSP cross-entropy, with
-        masked-LM accuracy and perplexity and NSP accuracy as metrics."""
+        averaged over the real predictions plus the NSP cross-entropy (with
+        `next_sentence`), with masked-LM accuracy and perplexity and NSP
+        accuracy as metrics."""
         if loss == "auto":
             loss = {
                 "mlm": _sparse_ce(reduction="mean_with_sample_weight"),
@@ -228,6 +240,8 @@ class BertPretrainer(_BertTask):
                 # example carry weight 0 (unpacked, every weight is 1: the mean).
                 "nsp": _sparse_ce(reduction="mean_with_sample_weight"),
             }
+            if not self.next_sentence:
+                del loss["nsp"]
         if metrics == "auto":
             metrics = None
         if weighted_metrics == "auto":
@@ -238,6 +252,8 @@ class BertPretrainer(_BertTask):
                 ],
                 "nsp": [keras.metrics.SparseCategoricalAccuracy(name="accuracy")],
             }
+            if not self.next_sentence:
+                del weighted_metrics["nsp"]
         super().compile(
             optimizer=optimizer,
             loss=loss,
