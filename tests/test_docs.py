@@ -4,7 +4,9 @@ name; and every Python block of its pages runs as written, checked as the
 README's are (tests/test_readme.py)."""
 
 import glob
+import html
 import os
+import re
 import subprocess
 import sys
 
@@ -68,6 +70,31 @@ def test_the_reference_documents_every_stable_name(site):
                if f'id="{module}.{name}"' not in html
                and f'id="{module}.{name}.{name}"' not in html]
     assert not missing
+
+
+def _reference_text(site, module, name):
+    """The text (tags dropped) of `name`'s entry in the API reference page of
+    `module`, up to the next entry."""
+    with open(os.path.join(site, "api", module, "index.html"), encoding="utf-8") as handle:
+        page = handle.read()
+    start = page.index(f'<h2 id="keras_attn.{module}.{name}"')
+    end = page.find("<h2 id=", start + 1)
+    return html.unescape(re.sub(r"<[^>]+>", "", page[start:end if end > 0 else None]))
+
+
+def test_the_reference_shows_defaults_as_values(site):
+    # A config field declared `field(30522, positive_int)` shows its default,
+    # and a builder's `config=DEFAULT_PRESET` the preset's name
+    # (docs/_ext/doctest_blocks.py); every builder documents its parameters.
+    config = _reference_text(site, "models", "BertConfig")
+    assert "vocabulary_size=30522" in config and 'activation="gelu"' in config
+    assert "field(" not in _reference_text(site, "models", "ConformerConfig")
+    for builder, preset in (("build_bert", "bert_base"), ("build_vit", "vit_base_16"),
+                            ("build_transformer", "transformer_base"),
+                            ("build_conformer", "conformer_small")):
+        text = _reference_text(site, "models", builder)
+        assert f'config="{preset}"' in text, text[:300]
+        assert "Parameters:" in text and "**overrides" in text, builder
 
 
 def test_a_broken_reference_fails_the_strict_build(tmp_path):

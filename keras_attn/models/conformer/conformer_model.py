@@ -852,6 +852,18 @@ def build_conformer(config=DEFAULT_PRESET, **overrides):
     with `overrides` (fields; `vocabulary_size` is required unless the config
     has it) applied.
 
+    Args:
+        config: a `ConformerConfig`, a name from `CONFORMER_PRESETS`
+            (`"conformer_small"`, `"conformer_tiny"`) or a dict of
+            `ConformerConfig` fields.
+        **overrides: `ConformerConfig` fields to change
+            (`vocabulary_size=10`, `input_type="features"`, `chunk_size=8`);
+            an unknown name is a `ValueError`.
+
+    Returns:
+        A `ConformerCTC` (a functional `keras.Model`: audio in,
+            `{"logits", "logit_lengths"}` out).
+
     Example:
 
     >>> model = build_conformer("conformer_tiny", vocabulary_size=12)

@@ -469,6 +469,18 @@ def build_transformer(config=DEFAULT_PRESET, **overrides):
     """Builds a `Transformer` from a `TransformerConfig`, a preset name or a
     dict of fields, with `overrides` (config fields) applied.
 
+    Args:
+        config: a `TransformerConfig`, a name from `TRANSFORMER_PRESETS`
+            (`"transformer_base"`, `"transformer_big"`) or a dict of
+            `TransformerConfig` fields.
+        **overrides: `TransformerConfig` fields to change
+            (`vocabulary_size=8000`, `num_encoder_layers=3`,
+            `max_sequence_length=128`); an unknown name is a `ValueError`.
+
+    Returns:
+        A `Transformer` (a functional `keras.Model`: source and target ids
+            in, the target's logits out).
+
     Example:
 
     >>> model = build_transformer("transformer_base", vocabulary_size=100,
