@@ -697,33 +697,110 @@ def _wav_error(audio, problem, argument, received=""):
                          f"Received: {argument}={os.fspath(audio)!r}{received}")
 
 
+# WAVE format tags: integer PCM is read; the others are named when refused.
+_PCM, _EXTENSIBLE = 0x0001, 0xFFFE
+_FORMAT_NAMES = {0x0002: "Microsoft ADPCM", 0x0003: "IEEE float", 0x0006: "A-law",
+                 0x0007: "mu-law", 0x0011: "IMA ADPCM", 0x0031: "GSM 6.10",
+                 0x0050: "MPEG", 0x0055: "MPEG Layer 3"}
+# A WAVE_FORMAT_EXTENSIBLE sub-format is a GUID whose first two bytes are a
+# format tag and whose other fourteen are these (the Microsoft KSDATAFORMAT
+# base GUID, as little-endian bytes).
+_GUID_TAIL = bytes.fromhex("000000001000800000aa00389b71")
+
+
+def _format_name(tag):
+    return f"{_FORMAT_NAMES.get(tag, 'an unknown format')} (format tag {tag:#06x})"
+
+
+def _riff_chunks(blob):
+    """`(id, start, size)` of each chunk of the RIFF/WAVE bytes `blob` after
+    its 12-byte header; a chunk's size is the header's, which may run past
+    the end of a file cut short."""
+    position = 12
+    while position + 8 <= len(blob):
+        name = blob[position:position + 4]
+        size = int.from_bytes(blob[position + 4:position + 8], "little")
+        yield name, position + 8, size
+        position += 8 + size + (size & 1)  # chunks are padded to an even size
+
+
+def _wav_format(audio, chunk, argument):
+    """`(channels, rate, width)` of a `fmt ` chunk's bytes: integer PCM,
+    plain or WAVE_FORMAT_EXTENSIBLE with the PCM sub-format; another format
+    is refused by name."""
+    if len(chunk) < 16:
+        raise _wav_error(audio, "is not a readable PCM WAV file (its `fmt ` chunk holds "
+                         f"{len(chunk)} bytes, fewer than 16)", argument)
+    tag, channels, rate = (int.from_bytes(chunk[a:b], "little")
+                           for a, b in ((0, 2), (2, 4), (4, 8)))
+    bits = int.from_bytes(chunk[14:16], "little")
+    where = ""
+    if tag == _EXTENSIBLE:
+        if len(chunk) < 40:
+            raise _wav_error(audio, "is not a readable PCM WAV file (a WAVE_FORMAT_EXTENSIBLE "
+                             f"`fmt ` chunk of {len(chunk)} bytes, fewer than 40)", argument)
+        guid = chunk[24:40]
+        if guid[2:] != _GUID_TAIL:
+            raise _wav_error(audio, "is not a readable PCM WAV file (a WAVE_FORMAT_EXTENSIBLE "
+                             f"sub-format GUID that is not a format tag: {guid.hex()})",
+                             argument)
+        tag, where = int.from_bytes(guid[:2], "little"), "WAVE_FORMAT_EXTENSIBLE sub-format "
+    if tag != _PCM:
+        raise _wav_error(audio, f"is not a readable PCM WAV file (its samples are "
+                         f"{where}{_format_name(tag)}; integer PCM is read: convert with "
+                         "`sox in.wav -b 16 -e signed-integer out.wav`)", argument)
+    # Samples of fewer valid bits sit in the top of a whole-byte container.
+    return channels, rate, (bits + 7) // 8
+
+
+def _wav_contents(audio, argument):
+    """`(channels, rate, width, data, count)` of the WAV file `audio`: the
+    `data` chunk's bytes as the file holds them and the samples per channel
+    its header announces (None when unknown: a stream's writer)."""
+    with open(os.fspath(audio), "rb") as handle:
+        blob = handle.read()
+    if len(blob) < 12 or blob[:4] != b"RIFF" or blob[8:12] != b"WAVE":
+        found = "an empty file" if not blob else f"it starts with {blob[:12]!r}"
+        raise _wav_error(audio, f"is not a readable PCM WAV file (no RIFF/WAVE header: {found})",
+                         argument)
+    layout = None
+    for name, start, size in _riff_chunks(blob):
+        if name == b"fmt ":
+            if start + size > len(blob):
+                break
+            layout = _wav_format(audio, blob[start:start + size], argument)
+        elif name == b"data":
+            if layout is None:
+                raise _wav_error(audio, "is not a readable PCM WAV file (its `data` chunk "
+                                 "comes before its `fmt ` chunk)", argument)
+            channels, rate, width = layout
+            frame = max(channels * width, 1)
+            count = None if size == _UNKNOWN_SIZE else size // frame
+            return channels, rate, width, blob[start:start + size], count
+    raise _wav_error(audio, "is not a readable PCM WAV file (the file ends inside its header: "
+                     f"no {'`data`' if layout else '`fmt `'} chunk)", argument)
+
+
 def wav_samples(audio, argument="audio"):
     """`(samples, sampling_rate)` of the WAV file `audio`: float32 samples
     in [-1, 1), as written (no resampling).
 
     The one WAV reader of the package (training files and `keras-attn
-    transcribe`), with the standard library's `wave`: integer PCM of 16, 24
-    or 32 bits, one channel. A `DataFileError` naming the file and
-    `argument` for a file that is not PCM WAV, has several channels (a mix
-    of channels out of phase is silence: not done silently), holds 8-bit
-    samples (their quantisation noise, -48 dB, sits far above the silence
-    of the 16-bit audio the models learn from), has a sample rate outside
+    transcribe`), its own RIFF parser (the standard library's `wave` reads
+    WAVE_FORMAT_EXTENSIBLE in some Python versions only): integer PCM of 16,
+    24 or 32 bits, one channel, with the plain PCM format tag or as
+    WAVE_FORMAT_EXTENSIBLE with the PCM sub-format (what many recorders and
+    SoX write past 16 bits). A `DataFileError` naming the file and
+    `argument` for a file that is not PCM WAV (another format, float
+    samples included, is named), has several channels (a mix of channels
+    out of phase is silence: not done silently), holds 8-bit samples (their
+    quantisation noise, -48 dB, sits far above the silence of the 16-bit
+    audio the models learn from), has a sample rate outside
     `SAMPLE_RATES`, holds fewer samples than its header says (cut short),
-    or none; a missing file is a `FileNotFoundError`.
+    or none (an empty `data` chunk: "holds no samples"); a missing file is
+    a `FileNotFoundError`.
     """
-    import wave
-
-    try:
-        with wave.open(os.fspath(audio), "rb") as reader:
-            channels, width = reader.getnchannels(), reader.getsampwidth()
-            rate, count = reader.getframerate(), reader.getnframes()
-            data = reader.readframes(count)
-    except (wave.Error, EOFError) as error:
-        # wave.Error: no RIFF/WAVE header, a compressed format (format tag
-        # other than PCM); EOFError: an empty or cut header.
-        raise _wav_error(audio, "is not a readable PCM WAV file "
-                         f"({type(error).__name__}: {error or 'the file ends inside its header'})",
-                         argument) from None
+    channels, rate, width, data, count = _wav_contents(audio, argument)
     if channels != 1:
         raise _wav_error(
             audio, f"has {channels} channels; the model hears one (mix it down to mono first, "
@@ -740,12 +817,13 @@ def wav_samples(audio, argument="audio"):
                          f"{SAMPLE_RATES[0]} to {SAMPLE_RATES[1]} Hz are read (a header "
                          "outside says the file is damaged, or not audio)", argument)
     held = len(data) // width
-    if held < count and count != _UNKNOWN_SIZE // width:
+    if count is not None and held < count:
         raise _wav_error(audio, f"is cut short: its header says {count} samples, it holds "
                          f"{held} (a copy or a download that stopped: fetch it again)",
                          argument)
     if not held:
-        raise _wav_error(audio, "holds no samples", argument)
+        raise _wav_error(audio, "holds no samples (an empty clip: its `data` chunk is empty)",
+                         argument)
     data = data[:held * width]
     if width == 3:  # 24-bit little-endian: put each sample in the top of an int32
         raw = np.frombuffer(data, np.uint8).reshape(-1, 3)
@@ -761,14 +839,20 @@ def wav_samples(audio, argument="audio"):
 
 def resample(samples, rate, target_rate):
     """`samples` at `rate` Hz resampled to `target_rate` Hz (SciPy's
-    polyphase filter, `scipy.signal.resample_poly`); the same array when
-    they agree."""
+    polyphase filter, `scipy.signal.resample_poly`), clipped to [-1, 1]; the
+    same array when they agree.
+
+    The filter rings past a full-scale edge (a 0.9999 square wave from
+    22,050 to 16,000 Hz reaches 1.22): clipped, as audio tools clip, so that
+    what is read stays in the [-1, 1] the models take (the streaming front
+    ends refuse samples outside it: `keras-attn transcribe --stream`)."""
     if rate == target_rate:
         return samples
     from scipy.signal import resample_poly
 
     divisor = math.gcd(int(rate), int(target_rate))
-    return resample_poly(samples, target_rate // divisor, rate // divisor).astype("float32")
+    resampled = resample_poly(samples, target_rate // divisor, rate // divisor)
+    return np.clip(resampled, -1.0, 1.0).astype("float32")
 
 
 def read_wav(path, sampling_rate=16000, argument="path"):
@@ -778,11 +862,45 @@ def read_wav(path, sampling_rate=16000, argument="path"):
     return resample(samples, rate, sampling_rate)
 
 
+def ctc_frames(samples, frame_step):
+    """The frames a Conformer's CTC head emits for `samples` samples: the
+    log-mel front end's `1 + samples // frame_step` feature frames after the
+    4x subsampling (`keras_attn.layers.conv_subsampling.subsampled_length`,
+    written again here so that reading files imports no Keras).
+
+    >>> [ctc_frames(n, 160) for n in (0, 959, 960, 1599, 1600, 16000)]
+    [0, 0, 1, 1, 2, 24]
+    """
+    frames = 1 + samples // frame_step
+    for _ in range(2):  # kernel 3, stride 2, no padding
+        frames = max((frames - 3) // 2 + 1, 0)
+    return frames
+
+
+def ctc_frames_needed_by(text):
+    """The frames CTC needs to emit the characters of `text`: one per
+    character, plus a blank between two equal characters in a row
+    (`keras_attn.models.conformer.ctc_frames_needed` of its ids).
+
+    >>> ctc_frames_needed_by("hello"), ctc_frames_needed_by("")
+    (6, 0)
+    """
+    return len(text) + sum(a == b for a, b in zip(text, text[1:]))
+
+
 def speech_files(path, validation_fraction=0.0, seed=0, audio_field="audio",
-                 text_field="text", sampling_rate=16000, argument="path"):
+                 text_field="text", sampling_rate=16000, argument="path", frame_step=160):
     """`{split: (waveforms, transcripts) or None}` of speech tables: each row
     an audio file (a WAV path, relative to the table's folder or absolute)
-    and its transcript."""
+    and its transcript. A clip too short for its transcript (fewer CTC
+    frames, `ctc_frames(len(clip), frame_step)`, than
+    `ctc_frames_needed_by(transcript)`) is refused naming the file: the
+    model could not emit it (its loss is NaN, and training would stop
+    there naming no file); that holds in every split."""
+    if isinstance(frame_step, bool) or not isinstance(frame_step, int) or frame_step < 1:
+        raise ValueError("Invalid value for argument `frame_step`: it must be a positive "
+                         f"integer (samples between log-mel frames). Received: "
+                         f"frame_step={frame_step!r}")
     rows = table_rows(path, [audio_field, text_field], validation_fraction, seed, argument)
     files = table_splits(path, argument)
     splits = {}
@@ -800,12 +918,25 @@ def speech_files(path, validation_fraction=0.0, seed=0, audio_field="audio",
                 waveforms.append(read_wav(audio, sampling_rate, argument))
             except DataFileError as error:
                 raise DataFileError(f"{row.place}: {error}") from None
+            text = str(row[text_field])
+            emitted = ctc_frames(len(waveforms[-1]), frame_step)
+            if emitted < ctc_frames_needed_by(text):
+                raise DataFileError(
+                    f"{row.place}: {audio} is too short for its transcript: its "
+                    f"{len(waveforms[-1])} samples at {sampling_rate} Hz give "
+                    f"{emitted} CTC frame(s) (log-mel frames every {frame_step} samples, "
+                    f"then the Conformer's 4x subsampling), and CTC needs "
+                    f"{ctc_frames_needed_by(text)} to emit {text!r} (one per character, "
+                    "plus one between two equal characters): a model could not learn it "
+                    f"(fix the row, or drop it). Received: {argument}={os.fspath(path)!r} "
+                    f"with {row[audio_field]!r} of {len(waveforms[-1])} samples")
         splits[split] = (waveforms, [str(row[text_field]) for row in split_rows])
     return splits
 
 
 def load_speech_files(path, batch_size=16, vocabulary=None, validation_fraction=0.0, seed=0,
-                      audio_field="audio", text_field="text", sampling_rate=16000):
+                      audio_field="audio", text_field="text", sampling_rate=16000,
+                      frame_step=160):
     """Speech recognition (CTC) from your WAV files and transcripts.
 
     A CSV / JSONL table (or a folder of `train.*`, `validation.*`,
@@ -824,6 +955,11 @@ def load_speech_files(path, batch_size=16, vocabulary=None, validation_fraction=
         validation_fraction, seed: as `load_text_classification_files`.
         audio_field, text_field: the column or field names.
         sampling_rate: the rate the audio is resampled to.
+        frame_step: the model's `frame_step` (samples between log-mel
+            frames: 160, 10 ms at 16 kHz, the Conformer's default). A clip
+            too short for its transcript at that step (after the 4x
+            subsampling, fewer frames than CTC needs to emit it) is refused
+            naming the file, in every split.
 
     Returns:
         A `FilesData` of `({"waveform", "waveform_length"}, labels)`
@@ -833,7 +969,7 @@ def load_speech_files(path, batch_size=16, vocabulary=None, validation_fraction=
     from keras_attn.data import speech
 
     splits = speech_files(path, validation_fraction, seed, audio_field, text_field,
-                          sampling_rate)
+                          sampling_rate, frame_step=frame_step)
     if vocabulary is None:
         vocabulary = tuple(sorted({c for split in splits.values() if split
                                    for text in split[1] for c in text}))

@@ -359,6 +359,23 @@ def load_digits_dataset(
     return train, test
 
 
+def checked_labels(labels, num_classes, name="label"):
+    """Integer `labels` as int32, checked first in their own dtype (tfds
+    labels are int64: a cast first would wrap 2**32 + 3 to a valid 3): a
+    label outside `[0, num_classes)` (`[0, 2**31)` when None) fails the
+    pipeline with an assertion naming `name`, never a clamp or a wrap."""
+    high = 2 ** 31 if num_classes is None else int(num_classes)
+    labels = tf.convert_to_tensor(labels)
+    wide = tf.cast(labels, tf.int64)  # every integer label as it is (a uint64 past 2**63 < 0)
+    message = f"`{name}` must lie in [0, {high}) (class ids)"
+    checks = [
+        tf.debugging.assert_greater_equal(wide, tf.constant(0, tf.int64), message=message),
+        tf.debugging.assert_less(wide, tf.constant(high, tf.int64), message=message),
+    ]
+    with tf.control_dependencies(checks):
+        return tf.cast(labels, "int32")
+
+
 def load_tfds_image_dataset(
     name,
     data_dir=None,
@@ -417,8 +434,9 @@ def load_tfds_image_dataset(
             image = tf.image.resize(image, (image_size, image_size), "bilinear")
         if num_channels is not None and image.shape[-1] != num_channels:
             image = tf.repeat(image, num_channels, axis=-1)  # grey -> num_channels copies
-        return image, tf.cast(example[label_key], "int32")
+        return image, checked_labels(example[label_key], num_classes, label_key)
 
+    num_classes = getattr(info.features[label_key], "num_classes", None)
     channels = info.features[image_key].shape[-1]
     if num_channels is not None and channels != num_channels and channels != 1:
         raise ValueError(

@@ -149,14 +149,16 @@ def _token_id(tokenizer, token):
 
 
 def _check_ids(token_ids, vocabulary_size):
-    """The data-path token id check: a failing assertion, not a clamp."""
+    """The data-path token id check, then the cast to int32: a failing
+    assertion, not a clamp. The range is checked in the ids' own dtype (a
+    tokenizer's int64 id 2**32 + 3 cast first would wrap to a valid 3)."""
     check = tf.debugging.assert_less(
         token_ids,
         tf.cast(vocabulary_size, token_ids.dtype),
         message=f"token ids must be < vocabulary_size={vocabulary_size}",
     )
     with tf.control_dependencies([check]):
-        return tf.identity(token_ids)
+        return tf.cast(token_ids, "int32")
 
 
 def pack_pairs(tokenizer, sequence_length):
@@ -179,7 +181,7 @@ def pack_pairs(tokenizer, sequence_length):
     def pack(first, second=None):
         segments = (tokenizer(first),) if second is None else (tokenizer(first), tokenizer(second))
         token_ids, segment_ids = packer(segments)
-        token_ids = _check_ids(tf.cast(token_ids, "int32"), vocabulary_size)
+        token_ids = _check_ids(token_ids, vocabulary_size)
         padding_mask = tf.cast(token_ids != pad, "int32")
         return token_ids, tf.cast(segment_ids, "int32"), padding_mask
 
@@ -475,6 +477,15 @@ def token_classification_dataset(words, tags, tokenizer, sequence_length=128, ba
     if len(words) != len(tags):
         raise ValueError(f"`words` and `tags` must have as many examples. Received: "
                          f"len(words)={len(words)}, len(tags)={len(tags)}")
+    # Checked here, not after `tf.ragged.constant(..., tf.int32)`, which wraps
+    # a 2**32 + 3 (a Python int or an int64) to a valid 3.
+    for index, example_tags in enumerate(tags):
+        for position, tag in enumerate(example_tags):
+            if (isinstance(tag, (bool, np.bool_)) or not isinstance(tag, (int, np.integer))
+                    or not 0 <= tag < 2 ** 31):
+                raise ValueError(
+                    "Invalid value for argument `tags`: each tag must be an integer class "
+                    f"id in [0, {2 ** 31}). Received: tags[{index}][{position}]={tag!r}")
 
     def packer(start, end, pad):
         return keras_hub.layers.StartEndPacker(
@@ -488,7 +499,7 @@ def token_classification_dataset(words, tags, tokenizer, sequence_length=128, ba
 
     def to_example(batch_words, batch_tags):
         piece_ids, labels, weights = align_word_labels(tokenizer, batch_words, batch_tags)
-        token_ids = _check_ids(tf.cast(pack_ids(piece_ids), "int32"), vocabulary_size)
+        token_ids = _check_ids(pack_ids(piece_ids), vocabulary_size)
         x = {"token_ids": token_ids, "segment_ids": tf.zeros_like(token_ids),
              "padding_mask": tf.cast(token_ids != pad, "int32")}
         return x, tf.cast(pack_labels(labels), "int32"), tf.cast(pack_labels(weights), "float32")

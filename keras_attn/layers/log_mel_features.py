@@ -27,6 +27,31 @@ NORMALIZATIONS = ("utterance", "none")
 REBASE_FRAMES = 2 ** 20
 
 
+def outside_lengths(lengths, size):
+    """`(B,)` bool: which of `lengths` lie outside `[0, size]`, compared in
+    their own dtype (a cast to int32 first would wrap an int64 2**32 + 3 to
+    a valid 3); `size` an int or a scalar tensor."""
+    if isinstance(lengths, (np.ndarray, np.generic, list)) and isinstance(size, int):
+        # Compared in NumPy: JAX without x64 would make an int64 array int32
+        # itself (wrapped) in `convert_to_tensor`.
+        values = np.asarray(lengths)
+        return ops.convert_to_tensor((values < 0) | (values > size))
+    lengths = ops.convert_to_tensor(lengths)
+    if keras.backend.standardize_dtype(lengths.dtype) == "bool":
+        lengths = ops.cast(lengths, "int32")
+    return ops.logical_or(lengths < 0, lengths > ops.cast(size, lengths.dtype))
+
+
+def _int32_or_minus_one(lengths):
+    """NumPy integer `lengths` with each value past int32 replaced by -1
+    (and as int32); anything else as it is."""
+    if not isinstance(lengths, (np.ndarray, np.generic)) or lengths.dtype.kind not in "iu":
+        return lengths
+    values = np.asarray(lengths)
+    outside = (values < -2 ** 31) | (values > 2 ** 31 - 1)
+    return np.where(outside, -1, values).astype("int32") if outside.any() else lengths
+
+
 @keras.saving.register_keras_serializable(package="keras_attn")
 class LogMelFeatures(keras.layers.Layer):
     """Waveform `(B, N)` -> log-mel features `(B, T, num_mel_bins)`.
@@ -140,6 +165,16 @@ class LogMelFeatures(keras.layers.Layer):
         """Frames of an utterance of `waveform_length` samples (centred STFT)."""
         return 1 + waveform_length // self.frame_step
 
+    def __call__(self, *args, **kwargs):
+        # A NumPy length past int32 becomes -1 (NaN features, as any length
+        # outside [0, N]) before Keras converts it: JAX without x64 makes an
+        # int64 array int32 there, wrapped (2**32 + 3 -> a valid 3).
+        if len(args) > 1:
+            args = (args[0], _int32_or_minus_one(args[1])) + args[2:]
+        elif "waveform_length" in kwargs:
+            kwargs["waveform_length"] = _int32_or_minus_one(kwargs["waveform_length"])
+        return super().__call__(*args, **kwargs)
+
     def call(self, waveform, waveform_length=None):
         waveform = ops.cast(waveform, "float32")  # (B, N)
         samples = ops.shape(waveform)[1]
@@ -147,6 +182,9 @@ class LogMelFeatures(keras.layers.Layer):
         if waveform_length is None:
             lengths = None
         else:
+            # Out of [0, N] in the lengths' own dtype: an int64 2**32 + 3
+            # cast to int32 first would wrap to a valid 3.
+            bad = outside_lengths(waveform_length, samples)  # (B,)
             lengths = ops.cast(waveform_length, "int32")  # (B,)
             inside = ops.less(ops.expand_dims(ops.arange(samples), 0), ops.expand_dims(lengths, 1))
             waveform = ops.where(inside, waveform, 0.0)
@@ -176,7 +214,6 @@ class LogMelFeatures(keras.layers.Layer):
         else:
             features = features * valid
         if lengths is not None:
-            bad = ops.logical_or(lengths < 0, lengths > samples)  # (B,)
             features = ops.where(ops.expand_dims(bad, (1, 2)), float("nan"), features)
         return ops.cast(features, self.compute_dtype)
 

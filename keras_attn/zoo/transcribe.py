@@ -10,8 +10,9 @@ for partial in recognizer.stream("audio.wav", chunk_ms=320):
 ```
 
 The WAV file is read by the package's one WAV reader, the one training
-files go through (`keras_attn.data.files.wav_samples`, the standard
-library's `wave`): integer PCM of 16, 24 or 32 bits, one channel. A stereo
+files go through (`keras_attn.data.files.wav_samples`, a RIFF parser of its
+own): integer PCM of 16, 24 or 32 bits, one channel, plain or
+WAVE_FORMAT_EXTENSIBLE with the PCM sub-format. A stereo
 file is refused rather than mixed down (two channels out of phase cancel in
 a mix; `sox in.wav -c 1 out.wav` says what the user wants); 8-bit PCM is
 refused because its quantisation noise (-48 dB) sits far above the silence

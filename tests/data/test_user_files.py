@@ -7,6 +7,8 @@ the path named."""
 import csv
 import json
 import os
+import struct
+from pathlib import Path
 
 import keras
 import numpy as np
@@ -452,6 +454,99 @@ def test_stereo_empty_and_odd_rate_wav_files_are_refused_naming_them(tmp_path, s
     path = write_csv(tmp_path / "train.csv", ["audio", "text"], [("bad.wav", "yes")])
     message = refused(match, data.load_speech_files, path)
     assert "train.csv, line 2" in message
+
+
+def test_a_clip_too_short_for_its_transcript_is_refused_naming_it(tmp_path):
+    from keras_attn.layers.conv_subsampling import subsampled_length
+    from keras_attn.models.conformer.conformer_model import ctc_frames_needed
+
+    # 1,600 samples: 11 log-mel frames, 2 after the 4x subsampling; "aa" needs
+    # 3 (a blank between the repeated a's), "ab" 2. It used to load, and
+    # training stopped at step 1 on a NaN loss naming no file.
+    write_wav(tmp_path / "long.wav", np.ones(16000))
+    write_wav(tmp_path / "short.wav", np.ones(1600))
+    assert files.ctc_frames(1600, 160) == int(subsampled_length(1 + 1600 // 160)) == 2
+    assert files.ctc_frames_needed_by("aa") == int(ctc_frames_needed(np.array([[1, 1]]))[0])
+    write_csv(tmp_path / "train.csv", ["audio", "text"], [("long.wav", "aa"), ("short.wav", "ab")])
+    write_csv(tmp_path / "test.csv", ["audio", "text"], [("long.wav", "ab"), ("short.wav", "aa")])
+    message = refused(r"test\.csv, line 3: .*short\.wav is too short for its transcript: its "
+                      r"1600 samples at 16000 Hz give 2 CTC frame\(s\).*CTC needs 3 to emit "
+                      r"'aa'", data.load_speech_files, str(tmp_path))
+    assert "Received: path=" in message and "1600 samples" in message
+    # At the frame step of the model the clips are for (5 ms), it is long enough.
+    assert data.load_speech_files(str(tmp_path), frame_step=80).examples == {"train": 2,
+                                                                              "test": 2}
+    with pytest.raises(ValueError, match=r"`frame_step`.*Received: frame_step=0"):
+        data.load_speech_files(str(tmp_path), frame_step=0)
+
+
+def test_resampled_audio_stays_in_the_range_the_models_take(tmp_path):
+    # A near full-scale square wave at 22,050 Hz: the polyphase filter rang
+    # to 1.22 at 16 kHz, which the front ends (offline and streaming) refuse.
+    square = np.sign(np.sin(np.arange(4410) * 2 * np.pi * 441 / 22050)) * 32767
+    samples = files.read_wav(write_wav(tmp_path / "square.wav", square, rate=22050))
+    assert len(samples) == 3200 and np.abs(samples).max() <= 1.0
+    assert np.abs(samples).max() > 0.99
+
+
+def write_riff(path, fmt, data, after=b""):
+    """A RIFF/WAVE file of a `fmt ` chunk's bytes, then a `data` chunk, then
+    `after` (more chunks)."""
+    body = (b"WAVE" + b"fmt " + struct.pack("<I", len(fmt)) + fmt
+            + b"data" + struct.pack("<I", len(data)) + data + after)
+    Path(path).write_bytes(b"RIFF" + struct.pack("<I", len(body)) + body)
+    return str(path)
+
+
+def extensible_fmt(sub_format, bits=16, valid_bits=None):
+    """A WAVE_FORMAT_EXTENSIBLE `fmt ` chunk (mono, 16 kHz) whose sub-format
+    GUID carries the format tag `sub_format`."""
+    guid = struct.pack("<H", sub_format) + bytes.fromhex("000000001000800000aa00389b71")
+    width = bits // 8
+    return struct.pack("<HHIIHHHHI", 0xFFFE, 1, 16000, 16000 * width, width, bits, 22,
+                       valid_bits or bits, 4) + guid
+
+
+def test_wave_format_extensible_pcm_is_read_and_other_sub_formats_named(tmp_path):
+    # What SoX and many recorders write past 16 bits: the PCM sub-format is
+    # read as plain PCM; the standard library's `wave` refused it (3.11).
+    plain = write_wav(tmp_path / "plain.wav", np.arange(-300, 300, 7))
+    expected = files.read_wav(plain)
+    ints = np.arange(-300, 300, 7).astype("<i2").tobytes()
+    same = write_riff(tmp_path / "ext.wav", extensible_fmt(1), ints)
+    np.testing.assert_array_equal(files.read_wav(same), expected)
+    # 24 valid bits in a 32-bit container sit in its top bytes.
+    wide = (np.arange(-300, 300, 7).astype("<i4") << 16).tobytes()
+    np.testing.assert_array_equal(
+        files.read_wav(write_riff(tmp_path / "ext32.wav", extensible_fmt(1, 32, 24), wide)),
+        expected)
+    write_riff(tmp_path / "float.wav", extensible_fmt(3, 32), np.zeros(8, "<f4").tobytes())
+    write_riff(tmp_path / "alaw.wav", extensible_fmt(6, 8), bytes(8))
+    write_riff(tmp_path / "guid.wav", extensible_fmt(1)[:-14] + bytes(14), bytes(8))
+    write_csv(tmp_path / "train.csv", ["audio", "text"], [("float.wav", "yes")])
+    for name, match in [
+        ("float.wav", r"float\.wav is not a readable PCM WAV file \(its samples are "
+                      r"WAVE_FORMAT_EXTENSIBLE sub-format IEEE float \(format tag 0x0003\)"),
+        ("alaw.wav", r"alaw\.wav is not a readable PCM WAV file.*A-law"),
+        ("guid.wav", r"guid\.wav is not a readable PCM WAV file \(a WAVE_FORMAT_EXTENSIBLE "
+                     r"sub-format GUID that is not a format tag"),
+    ]:
+        refused(match, files.read_wav, str(tmp_path / name))
+    message = refused(r"float\.wav.*IEEE float", data.load_speech_files,
+                      str(tmp_path / "train.csv"))
+    assert "train.csv, line 2" in message
+
+
+def test_an_empty_data_chunk_is_an_empty_clip_not_a_damaged_file(tmp_path):
+    fmt = struct.pack("<HHIIHH", 1, 1, 16000, 32000, 2, 16)
+    # An empty `data` chunk followed by a LIST chunk, and one at the file's end.
+    write_riff(tmp_path / "list.wav", fmt, b"", b"LIST" + struct.pack("<I", 4) + b"INFO")
+    write_riff(tmp_path / "end.wav", fmt, b"")
+    write_riff(tmp_path / "ext.wav", extensible_fmt(1), b"")
+    for name in ("list.wav", "end.wav", "ext.wav"):
+        message = refused(rf"{name.replace('.', '[.]')} holds no samples \(an empty clip",
+                          files.read_wav, str(tmp_path / name))
+        assert "not a readable" not in message
 
 
 def test_a_wav_file_cut_short_is_refused_by_both_readers(tmp_path):

@@ -153,3 +153,25 @@ def test_a_files_recipe_refuses_a_test_label_the_training_set_lacks(tmp_path):
     with pytest.raises(DataFileError, match=r"test set has labels the training set does not "
                                             r"have: \[5\] \(first: .*test\.csv, line 3\)"):
         task.prepare()
+
+
+def test_a_speech_clip_too_short_at_the_recipes_frame_step_is_refused(tmp_path):
+    from scipy.io import wavfile
+
+    from keras_attn.errors import DataFileError
+
+    os.makedirs(tmp_path / "speech")
+    # 1,600 samples: 2 CTC frames at the default frame_step 160, 4 at 80;
+    # "aa" needs 3 (a blank between the a's).
+    for name, samples in (("long.wav", 8000), ("short.wav", 1600)):
+        wavfile.write(str(tmp_path / "speech" / name), 16000, np.full(samples, 100, "int16"))
+    write_jsonl(tmp_path / "speech" / "train.jsonl",
+                [{"audio": "long.wav", "text": "ab"}, {"audio": "short.wav", "text": "aa"}])
+    write_jsonl(tmp_path / "speech" / "test.jsonl", [{"audio": "long.wav", "text": "ba"}])
+    data = {"dataset": f"files:{tmp_path / 'speech'}"}
+    with pytest.raises(DataFileError, match=r"train\.jsonl, line 2: .*short\.wav is too short "
+                                            r"for its transcript.*CTC needs 3 to emit 'aa'"):
+        make_task(load(tmp_path, "conformer_tiny_digits", data)).prepare()
+    task = make_task(load(tmp_path, "conformer_tiny_digits", data,
+                          "model.overrides.frame_step=80")).prepare()
+    assert task.vocabulary == ("a", "b")

@@ -40,6 +40,7 @@ from keras_attn.layers.conv_subsampling import ConvSubsampling
 from keras_attn.layers.conv_subsampling import subsampled_segment_ids
 from keras_attn.layers.conv_subsampling import subsampled_length
 from keras_attn.layers.log_mel_features import LogMelFeatures
+from keras_attn.layers.log_mel_features import outside_lengths
 from keras_attn.layers.spec_augment import SpecAugment
 from keras_attn.layers.streaming import chunk_mask_of
 from keras_attn.models.conformer.conformer_config import DEFAULT_PRESET
@@ -100,8 +101,7 @@ class LengthGuard(SpecFromCall, keras.layers.Layer):
         return tuple(x_shape)
 
     def call(self, x, sequence, lengths):
-        lengths = ops.cast(lengths, "int32")
-        bad = ops.logical_or(lengths < 0, lengths > ops.shape(sequence)[1])  # (B,)
+        bad = outside_lengths(lengths, ops.shape(sequence)[1])  # (B,), in the lengths' dtype
         return ops.where(ops.expand_dims(bad, (1, 2)), ops.cast(float("nan"), x.dtype), x)
 
 
@@ -281,7 +281,8 @@ class ConformerCTC(GuardedModel, ConfigModel, keras.Model):
         self.check_input_keys(inputs)  # a dict is read by name, never by position
         packed = packed_inputs(inputs, PACKED_INPUT_NAMES)
         if packed is None:  # the functional graph, as without packing
-            return super().call(inputs, training=training, mask=mask)
+            outputs = super().call(inputs, training=training, mask=mask)
+            return self._nan_where_lengths_wrap(inputs, outputs)
         config = self.conformer_config
         if config.input_type != "features":
             raise ValueError(
@@ -320,6 +321,27 @@ class ConformerCTC(GuardedModel, ConfigModel, keras.Model):
         return {"logits": logits,
                 "logit_lengths": ops.zeros_like(logit_segment_ids[:, 0]) + steps,
                 "logit_segment_ids": logit_segment_ids}
+
+    def _nan_where_lengths_wrap(self, inputs, outputs):
+        """`outputs` with NaN logits for each utterance whose length, of a
+        dtype wider than the graph's int32 input, lies outside `[0, N]`:
+        `Functional` casts the input to int32 first, which wraps an int64
+        2**32 + 3 to a valid 3 (a call with values is refused before this,
+        by `check_inputs`)."""
+        named = self._named_tensors(inputs)
+        if self.conformer_config.input_type == "waveform":
+            signal, lengths = named.get("waveform"), named.get("waveform_length")
+        else:
+            signal, lengths = named.get("features"), named.get("feature_length")
+        if signal is None or lengths is None or isinstance(lengths, keras.KerasTensor):
+            return outputs
+        lengths = ops.convert_to_tensor(lengths)
+        if keras.backend.standardize_dtype(lengths.dtype) not in ("int64", "uint32", "uint64"):
+            return outputs
+        bad = outside_lengths(lengths, ops.shape(signal)[1])  # (B,)
+        logits = outputs["logits"]
+        return dict(outputs, logits=ops.where(ops.expand_dims(bad, (1, 2)),
+                                              ops.cast(float("nan"), logits.dtype), logits))
 
     def compute_output_spec(self, inputs, training=None, mask=None):
         # A symbolic call with the packed inputs is not one the functional
@@ -459,8 +481,8 @@ class ConformerCTC(GuardedModel, ConfigModel, keras.Model):
             signal, lengths = named.get("features"), named.get("feature_length")
         if signal is None or lengths is None:
             return 1.0
-        lengths = ops.cast(lengths, "int32")
-        ok = ops.all(ops.logical_and(lengths >= 0, lengths <= ops.shape(signal)[1]))
+        # In the lengths' own dtype: an int64 2**32 + 3 cast first would wrap to 3.
+        ok = ops.logical_not(ops.any(outside_lengths(lengths, ops.shape(signal)[1])))
         return ops.where(ok, 1.0, float("nan"))
 
     def _check_data(self, x, y=None):
@@ -724,14 +746,28 @@ def _checked_utterances(features, segment_ids, positions, feature_length=None):
             "keras_attn.data.packing.pack_utterances aligns them). Received: row "
             f"{row} starts one at frame "
             f"{int(np.argmax(concrete_value(misaligned)[row]))}"))
-    lengths = ops.expand_dims(ops.cast(feature_length, "int32"), 1)  # (B, 1)
-    cut = ops.logical_and(ids > 0, frames >= lengths)  # (B, T)
+    # Compared in the lengths' own dtype: an int64 2**32 + 3 cast to int32
+    # first would wrap to a valid 3 (and in NumPy where the values exist:
+    # JAX without x64 wraps an int64 array in `convert_to_tensor`).
+    lengths, known_ids = concrete_value(feature_length), concrete_value(ids)
+    if lengths is not None and known_ids is not None:
+        lengths = np.asarray(lengths).astype("int64") if lengths.dtype == bool else lengths
+        steps = np.arange(known_ids.shape[1])[None]  # (1, T)
+        cut = (known_ids > 0) & (steps >= lengths[:, None])  # (B, T)
+        bad = cut.any(axis=1) | (lengths < 0) | (lengths > known_ids.shape[1])
+    else:
+        lengths = ops.convert_to_tensor(feature_length)  # (B,)
+        if keras.backend.standardize_dtype(lengths.dtype) == "bool":
+            lengths = ops.cast(lengths, "int32")
+        cut = ops.logical_and(ids > 0,
+                              ops.cast(frames, lengths.dtype) >= ops.expand_dims(lengths, 1))
+        bad = ops.logical_or(ops.any(cut, axis=1), outside_lengths(lengths, ops.shape(ids)[1]))
     bad_length = refused(
-        ops.logical_or(ops.any(cut, axis=1), lengths[:, 0] < 0), "feature_length",
+        bad, "feature_length",
         lambda row: (
-            "it must not end a row before its last utterance does (the segment "
-            f"ids say which frames are real). Received: feature_length[{row}]="
-            f"{int(concrete_value(lengths)[row, 0])}"))
+            "it must not end a row before its last utterance does, nor lie outside "
+            "[0, T] (the segment ids say which frames are real). Received: "
+            f"feature_length[{row}]={int(concrete_value(lengths)[row])}"))
     return ids, positions, any_invalid(bad_ids, bad_positions, bad_starts, bad_length)
 
 

@@ -25,6 +25,7 @@ from keras import ops
 from keras_attn._checks import check_positive_int
 from keras_attn.layers.conformer_block import ConformerBlock
 from keras_attn.layers.conv_subsampling import subsampled_length
+from keras_attn.layers.log_mel_features import outside_lengths
 from keras_attn._guard import concrete_value
 from keras_attn.layers.streaming import check_audio_range
 from keras_attn.layers.streaming import check_counter
@@ -331,6 +332,15 @@ class ConformerStreamer:
             what the streamed logits equal.
         """
         self._check_chunk(inputs)
+        # Checked in the lengths' own dtype before the int32 cast, which
+        # would wrap an int64 2**32 + 3 to a valid 3.
+        bad = outside_lengths(lengths, ops.shape(inputs)[1])  # (B,)
+        found = concrete_value(bad)
+        if found is not None and found.any():
+            raise ValueError(
+                "Invalid value for argument `lengths`: (B,) valid samples (frames), each "
+                f"between 0 and {ops.shape(inputs)[1]}. Received: "
+                f"lengths={np.asarray(concrete_value(lengths)).tolist()}")
         lengths = ops.cast(lengths, "int32")
         if self.log_mel is not None:
             features = self.log_mel(inputs, lengths)
@@ -347,7 +357,11 @@ class ConformerStreamer:
         attention_mask = chunk_attention_mask(steps, self.chunk_size, self.left_context)
         for block in self.blocks:
             x = block(x, padding_mask=mask, attention_mask=attention_mask, training=False)
-        return {"logits": self.head(x), "logit_lengths": logit_lengths}
+        logits = self.head(x)
+        if found is None:  # traced: such an utterance's logits are NaN
+            logits = ops.where(ops.expand_dims(bad, (1, 2)), ops.cast(float("nan"), logits.dtype),
+                               logits)
+        return {"logits": logits, "logit_lengths": logit_lengths}
 
 
 def _run_chunk(blocks, head, inputs):

@@ -22,6 +22,7 @@ end token included, `pad_id` after it (no start token).
 """
 
 import keras
+import numpy as np
 from keras import ops
 
 from keras_attn._checks import check_positive_int
@@ -58,6 +59,48 @@ def _check_max_length(max_length):
     return check_positive_int("max_length", max_length)
 
 
+_INT32_MAX = 2 ** 31 - 1
+
+
+def _start_ids(start_ids):
+    """`(start_ids as int32 (B,), broken)`: token ids are checked in their
+    own dtype before the cast (an int64 2**32 + 3 would wrap to a valid 3).
+    Where the values exist now an id outside [0, 2**31) is a `ValueError`
+    naming it (`broken` is None); in a traced search `broken` `(B,)` marks
+    those rows, whose tokens become -2 (and scores NaN), never another
+    start's output."""
+    values = concrete_value(start_ids)
+    if values is not None:
+        values = np.asarray(values)
+        if values.dtype.kind in "iu" and values.size:
+            outside = (values < 0) | (values > _INT32_MAX)
+            if outside.any():
+                row = int(np.flatnonzero(outside.ravel())[0])
+                raise ValueError(
+                    "Invalid value for argument `start_ids`: token ids must lie in "
+                    f"[0, {_INT32_MAX}] (an id past int32 would wrap when cast). Received: "
+                    f"start_ids[{row}]={int(values.ravel()[row])}")
+        return ops.cast(ops.convert_to_tensor(values), "int32"), None
+    start_ids = ops.convert_to_tensor(start_ids)
+    if keras.backend.standardize_dtype(start_ids.dtype) not in ("int64", "uint32", "uint64"):
+        return ops.cast(start_ids, "int32"), None
+    # Ids that int32 may not hold: their range in their own dtype, before the cast.
+    broken = ops.logical_or(start_ids < 0, start_ids > _INT32_MAX)  # (B,)
+    return ops.cast(start_ids, "int32"), broken
+
+
+def _mark_rows(broken, tokens, scores=None):
+    """Tokens -2 (scores NaN) for the rows `broken` `(B,)` (None: none)."""
+    if broken is None:
+        return tokens if scores is None else (tokens, scores)
+    rows = ops.reshape(broken, (-1,) + (1,) * (len(tokens.shape) - 1))
+    tokens = ops.where(rows, INVALID_ID, tokens)
+    if scores is None:
+        return tokens
+    rows = ops.reshape(broken, (-1,) + (1,) * (len(scores.shape) - 1))
+    return tokens, ops.where(rows, float("nan"), scores)
+
+
 def greedy_search(step_fn, state, start_ids, max_length, end_id, pad_id=0):
     """Arg-max decoding.
 
@@ -74,7 +117,7 @@ def greedy_search(step_fn, state, start_ids, max_length, end_id, pad_id=0):
         `(B, max_length)` int32 tokens.
     """
     max_length = _check_max_length(max_length)
-    start_ids = ops.cast(start_ids, "int32")
+    start_ids, broken = _start_ids(start_ids)
     batch = ops.shape(start_ids)[0]
     tokens = ops.full((batch, max_length), pad_id, dtype="int32")
     finished = ops.zeros((batch,), dtype="bool")
@@ -93,7 +136,7 @@ def greedy_search(step_fn, state, start_ids, max_length, end_id, pad_id=0):
         return index + 1, next_ids, tokens, finished, state
 
     loop = (ops.convert_to_tensor(0, "int32"), start_ids, tokens, finished, state)
-    return _while(cond, body, loop)[2]
+    return _mark_rows(broken, _while(cond, body, loop)[2])
 
 
 LENGTH_PENALTIES = ("gnmt", "hf")
@@ -185,7 +228,7 @@ def beam_search(
         raise ValueError(f"`length_penalty` must be one of {LENGTH_PENALTIES}. "
                          f"Received: length_penalty={convention!r}")
     penalty = _penalty
-    start_ids = ops.cast(start_ids, "int32")
+    start_ids, broken = _start_ids(start_ids)
     batch = ops.shape(start_ids)[0]
     penalty_at_max = penalty(max_length, alpha, convention)
 
@@ -266,8 +309,8 @@ def beam_search(
     loop = _while(cond, body, loop)
     finished_tokens, finished_scores = loop[4], loop[5]
     if return_all_beams:
-        return finished_tokens, finished_scores
-    return finished_tokens[:, 0], finished_scores[:, 0]
+        return _mark_rows(broken, finished_tokens, finished_scores)
+    return _mark_rows(broken, finished_tokens[:, 0], finished_scores[:, 0])
 
 
 # === The Transformer ===
@@ -369,12 +412,7 @@ def _mark_invalid(encoder_output, tokens, scores=None):
     nothing can raise inside a compiled search) get tokens of -2 and a NaN
     score, never a plausible translation."""
     broken = ops.logical_not(ops.all(ops.isfinite(encoder_output), axis=(1, 2)))  # (B,)
-    rows = ops.reshape(broken, (-1,) + (1,) * (len(tokens.shape) - 1))
-    tokens = ops.where(rows, INVALID_ID, tokens)
-    if scores is None:
-        return tokens
-    rows = ops.reshape(broken, (-1,) + (1,) * (len(scores.shape) - 1))
-    return tokens, ops.where(rows, float("nan"), scores)
+    return _mark_rows(broken, tokens, scores)
 
 
 def transformer_greedy_search(
