@@ -229,6 +229,54 @@ def _sha256(path):
     return digest.hexdigest()
 
 
+def _sources(recipe):
+    """`{relative name: SHA-256}` of every file a `files:` recipe reads (its
+    folder walked, or the one file it names), or None for other datasets:
+    what `prepare` made its batches from, so that a run can tell when those
+    files changed since (it would otherwise train on the stale snapshot)."""
+    from keras_attn.zoo import schema
+
+    dataset = recipe["data"]["dataset"]
+    if schema.dataset_kind(dataset) != "files":
+        return None
+    path = schema.files_path(dataset)
+    if not os.path.isdir(path):
+        return {os.path.basename(path): _sha256(path)}
+    found = {}
+    for root, folders, names in os.walk(path):
+        folders.sort()
+        for name in sorted(names):
+            full = os.path.join(root, name)
+            found[os.path.relpath(full, path).replace(os.sep, "/")] = _sha256(full)
+    return found
+
+
+def _check_sources(manifest, recipe, directory):
+    """Refuses prepared data whose `files:` source files changed after
+    `prepare` (edited, added or removed). Where the source is not on this
+    machine (prepared data carried to another one, its purpose) there is
+    nothing to compare, and the snapshot is what trains."""
+    from keras_attn.zoo import schema
+
+    recorded = manifest.get("sources")
+    dataset = recipe["data"]["dataset"]
+    if recorded is None or schema.dataset_kind(dataset) != "files" \
+            or not os.path.exists(schema.files_path(dataset)):
+        return
+    now = _sources(recipe)
+    changed = sorted(name for name in set(recorded) | set(now)
+                     if recorded.get(name) != now.get(name))
+    if changed:
+        what = [f"{name} ({'added' if name not in recorded else 'removed' if name not in now else 'edited'})"  # noqa: E501
+                for name in changed[:5]]
+        more = f" and {len(changed) - 5} more" if len(changed) > 5 else ""
+        raise ValueError(
+            f"{directory} was prepared from other contents of {schema.files_path(dataset)}: "
+            f"{', '.join(what)}{more} since `prepare` read them, so the prepared batches "
+            f"are stale. Prepare the data again (`keras-attn prepare`). "
+            f"Received: data={directory!r}")
+
+
 def _manifest_digest(manifest):
     """The SHA-256 of the manifest's canonical JSON (sorted keys, no
     spaces), every key but `manifest_sha256` itself."""
@@ -526,6 +574,9 @@ def prepare(recipe, overrides=(), output=None, verbose=True):
             "state": task.prepared_state(),
             "files": files,
         }
+        sources = _sources(recipe)
+        if sources is not None:
+            manifest["sources"] = sources
         manifest = _seal(manifest)
         atomic_write_json(os.path.join(staging, MANIFEST), manifest)
         _replace(staging, output)
@@ -629,6 +680,7 @@ class PreparedData:
                     f"{directory} was prepared for another recipe: {path} holds {key}="
                     f"{theirs!r}, the recipe `training.{key}` is {ours!r}. Prepare it again "
                     f"with this recipe and overrides. Received: data={directory!r}")
+        _check_sources(manifest, recipe, directory)
         self.manifest = manifest
         self.files = manifest["files"]
         expected = [f"train-{epoch:04d}" for epoch in range(manifest["epochs"])]

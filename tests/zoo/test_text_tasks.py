@@ -271,3 +271,32 @@ def test_bad_keys_are_refused_naming_the_key(tmp_path, task, data, key, message)
         load_recipe(write_recipe(tmp_path, task, data))
     assert f"Recipe key `{key}`" in str(error.value)
     assert str(error.value).endswith(f"Received: {key}={data[key.split('.')[1]]!r}")
+
+
+def test_prepared_files_data_is_refused_once_its_source_files_change(tmp_path):
+    """`prepare` records the SHA-256 of each file a `files:` recipe reads:
+    `train --data` refuses the snapshot once a file is edited, added or
+    removed (it trained on the stale batches without a word), and a copy of
+    the prepared data on a machine without the files still trains."""
+    import shutil
+
+    from keras_attn.zoo.prepared import PreparedData
+    from keras_attn.zoo.prepared import prepare
+
+    folder = review_folder(tmp_path)
+    recipe_file = write_recipe(tmp_path, "text_classification", {
+        "dataset": f"files:{folder}", "text_key": "review", "validation_fraction": 0.0})
+    overrides = TINY[:-2]  # the data-defining keys the run gives again
+    prepared = str(tmp_path / "prepared")
+    prepare(recipe_file, overrides, output=prepared, verbose=False)
+    recipe = load_recipe(recipe_file, overrides)
+    PreparedData(prepared, recipe)  # unchanged: accepted
+    with open(folder / "train.csv", "a", encoding="utf-8") as handle:
+        handle.write("a late addition,good\n")
+    (folder / "notes.txt").write_text("kept beside the tables")
+    with pytest.raises(ValueError, match=(
+            r"was prepared from other contents of .*reviews: notes.txt \(added\), "
+            r"train.csv \(edited\) since `prepare` read them")):
+        PreparedData(prepared, recipe)
+    shutil.rmtree(folder)  # the data carried to a machine without the files
+    assert PreparedData(prepared, recipe).steps_per_epoch == 3
