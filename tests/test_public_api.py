@@ -40,7 +40,7 @@ def test_every_exported_name_is_listed():
         exported = importlib.import_module(module).__all__
         # The family subpackages are modules, not names to import.
         names = [n for n in exported if not (package == "models" and n in (
-            "bert", "vit", "transformer", "conformer"))]
+            "bert", "vit", "transformer", "conformer", "modernbert"))]
         unlisted += [f"{module}.{n}" for n in names if n not in listed.get(module, [])]
     assert not unlisted
 
@@ -62,7 +62,7 @@ def test_the_package_names_its_subpackages_and_imports_the_optional_ones_lazily(
 def test_models_exports_the_same_objects_as_the_family_subpackages():
     from keras_attn import models
 
-    for family in ("bert", "vit", "transformer", "conformer"):
+    for family in ("bert", "vit", "transformer", "conformer", "modernbert"):
         subpackage = getattr(models, family)
         for name in subpackage.__all__:
             if name in models.__all__:

@@ -26,6 +26,8 @@ from keras_attn.convert.hub import to_keras_hub
 from keras_attn.convert.marian import MarianTokenizer
 from keras_attn.convert.marian import load_hf_marian
 from keras_attn.convert.marian import transformer_config_from_marian
+from keras_attn.convert.modernbert import load_hf_modernbert
+from keras_attn.convert.modernbert import modernbert_config_from_hf
 from keras_attn.convert.vit import load_hf_vit
 from keras_attn.convert.vit import save_hf_vit
 from keras_attn.convert.vit import vit_config_from_hf
@@ -40,12 +42,14 @@ __all__ = [
     "load_hf_bert_task",
     "load_hf_bert_tokenizer",
     "load_hf_marian",
+    "load_hf_modernbert",
     "load_hf_roberta",
     "load_hf_roberta_tokenizer",
     "load_hf_vit",
     "save_hf",
     "save_hf_bert",
     "save_hf_vit",
+    "modernbert_config_from_hf",
     "to_keras_hub",
     "transformer_config_from_marian",
     "vit_config_from_hf",

@@ -25,10 +25,12 @@ _FAMILIES = {
     "ViTModel": "vit",
     "ViTForImageClassification": "vit",
     "MarianMTModel": "marian",
+    "ModernBertModel": "modernbert",
+    "ModernBertForMaskedLM": "modernbert",
 }
 # `model_type` -> family, for a config.json without `architectures`.
 _MODEL_TYPES = {"bert": "bert", "roberta": "bert", "xlm-roberta": "bert", "vit": "vit",
-                "marian": "marian"}
+                "marian": "marian", "modernbert": "modernbert"}
 
 
 def load_hf(directory):
@@ -45,6 +47,7 @@ def load_hf(directory):
     | `BertForMaskedLM`, `RobertaForMaskedLM`, `XLMRobertaForMaskedLM` | `BertPretrainer(next_sentence=False)` |
     | `ViTModel`, `ViTForImageClassification` | `ViT` (`load_hf_vit`) |
     | `MarianMTModel` | `Transformer` (`load_hf_marian`; its tokenizer: `MarianTokenizer(directory)`) |
+    | `ModernBertModel`, `ModernBertForMaskedLM` | `ModernBertBackbone`, `ModernBertMaskedLM` (`load_hf_modernbert`) |
 
     Without `architectures`, `model_type` picks the family's base model.
     Tokenizers are not loaded here: `load_hf_bert_tokenizer(directory)`
@@ -78,6 +81,10 @@ def load_hf(directory):
         from keras_attn.convert.vit import load_hf_vit
 
         return load_hf_vit(directory)
+    if family == "modernbert":
+        from keras_attn.convert.modernbert import load_hf_modernbert
+
+        return load_hf_modernbert(directory)
     if family == "marian":
         from keras_attn.convert.marian import load_hf_marian
 

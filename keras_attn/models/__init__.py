@@ -1,4 +1,4 @@
-"""Model builders: the four families, each with the same template
+"""Model builders: the five families, each with the same template
 (`XConfig`, `X_PRESETS`, `get_x_config`, `replace_x_config`, `build_x`; see
 `keras_attn/models/_config.py`) and its task models.
 
@@ -12,6 +12,7 @@ and a few more specialised ones (decoding functions, ViT resizing).
 
 from keras_attn.models import bert
 from keras_attn.models import conformer
+from keras_attn.models import modernbert
 from keras_attn.models import transformer
 from keras_attn.models import vit
 from keras_attn.models.bert import BERT_PRESETS
@@ -35,6 +36,15 @@ from keras_attn.models.lora import load_lora_weights
 from keras_attn.models.lora import lora_layers
 from keras_attn.models.lora import merge_lora
 from keras_attn.models.lora import save_lora_weights
+from keras_attn.models.modernbert import MODERNBERT_PRESETS
+from keras_attn.models.modernbert import ModernBertBackbone
+from keras_attn.models.modernbert import ModernBertBlock
+from keras_attn.models.modernbert import ModernBertConfig
+from keras_attn.models.modernbert import ModernBertMaskedLM
+from keras_attn.models.modernbert import ModernBertMaskedLMHead
+from keras_attn.models.modernbert import build_modernbert
+from keras_attn.models.modernbert import get_modernbert_config
+from keras_attn.models.modernbert import replace_modernbert_config
 from keras_attn.models.parallel import layout_map
 from keras_attn.models.transformer import TRANSFORMER_PRESETS
 from keras_attn.models.transformer import Transformer
@@ -61,6 +71,12 @@ __all__ = [
     "CONFORMER_PRESETS",
     "ConformerCTC",
     "ConformerConfig",
+    "MODERNBERT_PRESETS",
+    "ModernBertBackbone",
+    "ModernBertBlock",
+    "ModernBertConfig",
+    "ModernBertMaskedLM",
+    "ModernBertMaskedLMHead",
     "TRANSFORMER_PRESETS",
     "Transformer",
     "TransformerConfig",
@@ -71,20 +87,24 @@ __all__ = [
     "bert",
     "build_bert",
     "build_conformer",
+    "build_modernbert",
     "build_transformer",
     "build_vit",
     "conformer",
     "enable_lora",
     "get_bert_config",
     "get_conformer_config",
+    "get_modernbert_config",
     "get_transformer_config",
     "get_vit_config",
     "layout_map",
     "load_lora_weights",
     "lora_layers",
     "merge_lora",
+    "modernbert",
     "replace_bert_config",
     "replace_conformer_config",
+    "replace_modernbert_config",
     "replace_transformer_config",
     "replace_vit_config",
     "save_lora_weights",

@@ -1,0 +1,252 @@
+"""ModernBERT from a Hugging Face `ModernBertModel` or `ModernBertForMaskedLM`
+directory (`config.json` and `model.safetensors`).
+
+The weights are read with NumPy and `safetensors` only (neither torch nor
+transformers is needed). Every tensor is checked against the shape the config
+implies before any weight is assigned, and every tensor is used or refused by
+name: a checkpoint that does not match its config, a config option the
+package's ModernBERT does not compute (biases, another rotary scaling, a
+layer pattern that is not "global every n-th layer") or a malformed file is a
+`ValueError` naming the file and the key, and nothing is half loaded.
+"""
+
+import os
+
+import numpy as np
+
+from keras_attn.convert._checkpoint import Entry
+from keras_attn.convert._checkpoint import Tensors
+from keras_attn.convert._checkpoint import config_float
+from keras_attn.convert._checkpoint import config_int
+from keras_attn.convert._checkpoint import layer_weights
+from keras_attn.convert._checkpoint import read_config
+from keras_attn.convert._checkpoint import read_entries
+from keras_attn.convert._checkpoint import read_safetensors
+from keras_attn.convert._checkpoint import transposed
+from keras_attn.models.modernbert import ModernBertConfig
+from keras_attn.models.modernbert import ModernBertMaskedLM
+from keras_attn.models.modernbert import build_modernbert
+
+_FILE = "config.json"
+
+# Hugging Face's activation names and keras_attn's for the same function.
+_FROM_HF_ACTIVATION = {
+    "gelu": "gelu",
+    "gelu_new": "gelu_approximate",
+    "gelu_pytorch_tanh": "gelu_approximate",
+    "relu": "relu",
+    "silu": "silu",
+    "swish": "silu",
+}
+
+# The architectures read, and whether each has the masked-LM head.
+_ARCHITECTURES = {"ModernBertModel": False, "ModernBertForMaskedLM": True}
+
+# Options the package's ModernBERT computes with one value only.
+_FIXED = {
+    "norm_bias": False,
+    "attention_bias": False,
+    "mlp_bias": False,
+    "classifier_bias": False,
+    "decoder_bias": True,
+    "tie_word_embeddings": True,
+    "sparse_prediction": False,
+}
+
+
+def _activation(hf_config, key):
+    act = hf_config.get(key, "gelu")
+    if act not in _FROM_HF_ACTIVATION:
+        raise ValueError(
+            f"{_FILE}: {key!r} must be one of {sorted(_FROM_HF_ACTIVATION)}. "
+            f"Received: {key}={act!r}")
+    return _FROM_HF_ACTIVATION[act]
+
+
+def _global_every(hf_config, num_layers):
+    """`global_every` from `layer_types` (transformers 5) or
+    `global_attn_every_n_layers` (the released configs)."""
+    layer_types = hf_config.get("layer_types")
+    if layer_types is None:
+        return config_int(hf_config, "global_attn_every_n_layers", _FILE, 3)
+    if (not isinstance(layer_types, list) or len(layer_types) != num_layers
+            or layer_types[:1] != ["full_attention"]):
+        raise ValueError(
+            f"{_FILE}: 'layer_types' must list {num_layers} layers, the first "
+            f"'full_attention'. Received: layer_types={layer_types!r}")
+    every = (layer_types[1:] + ["full_attention"]).index("full_attention") + 1
+    expected = ["full_attention" if i % every == 0 else "sliding_attention"
+                for i in range(num_layers)]
+    if layer_types != expected:
+        raise ValueError(
+            f"{_FILE}: 'layer_types' must be global attention every n-th layer "
+            f"(ModernBERT's pattern). Received: layer_types={layer_types!r}")
+    return every
+
+
+def _rope_theta(hf_config, kind, legacy, default):
+    parameters = hf_config.get("rope_parameters") or {}
+    if not isinstance(parameters, dict):
+        raise ValueError(f"{_FILE}: 'rope_parameters' must be an object. "
+                         f"Received: rope_parameters={parameters!r}")
+    entry = parameters.get(kind)
+    if entry is None:
+        return config_float(hf_config, legacy, _FILE, default)
+    rope_type = entry.get("rope_type", "default")
+    if rope_type != "default":
+        raise ValueError(
+            f"{_FILE}: only the default rotary embedding is computed. Received: "
+            f"rope_parameters[{kind!r}]['rope_type']={rope_type!r}")
+    return config_float(entry, "rope_theta", _FILE, default)
+
+
+def modernbert_config_from_hf(hf_config):
+    """A `ModernBertConfig` from the fields of a Hugging Face ModernBERT
+    `config.json`: `hf_config` is its dict, or the directory holding it."""
+    if isinstance(hf_config, (str, os.PathLike)):
+        hf_config = read_config(hf_config)
+    for key, value in _FIXED.items():
+        if key in hf_config and hf_config[key] != value:
+            raise ValueError(
+                f"{_FILE}: keras_attn's ModernBERT computes {key}={value} only. "
+                f"Received: {key}={hf_config[key]!r}")
+    activation = _activation(hf_config, "hidden_activation")
+    if _activation(hf_config, "classifier_activation") != activation:
+        raise ValueError(
+            f"{_FILE}: the head's activation must be the blocks' one. Received: "
+            f"classifier_activation={hf_config.get('classifier_activation')!r}, "
+            f"hidden_activation={hf_config.get('hidden_activation')!r}")
+    num_layers = config_int(hf_config, "num_hidden_layers", _FILE)
+    pad = hf_config.get("pad_token_id")
+    return ModernBertConfig(
+        vocabulary_size=config_int(hf_config, "vocab_size", _FILE),
+        num_layers=num_layers,
+        num_heads=config_int(hf_config, "num_attention_heads", _FILE),
+        hidden_dim=config_int(hf_config, "hidden_size", _FILE),
+        intermediate_dim=config_int(hf_config, "intermediate_size", _FILE),
+        global_every=_global_every(hf_config, num_layers),
+        local_window=config_int(hf_config, "local_attention", _FILE, 128),
+        global_rope_theta=_rope_theta(hf_config, "full_attention", "global_rope_theta",
+                                      160000.0),
+        local_rope_theta=_rope_theta(hf_config, "sliding_attention", "local_rope_theta",
+                                     10000.0),
+        layer_norm_epsilon=config_float(hf_config, "norm_eps", _FILE, 1e-5),
+        max_sequence_length=config_int(hf_config, "max_position_embeddings", _FILE, 8192),
+        pad_id=0 if pad is None else config_int(hf_config, "pad_token_id", _FILE),
+        activation=activation,
+        dropout=config_float(hf_config, "embedding_dropout", _FILE, 0.0),
+        attention_dropout=config_float(hf_config, "attention_dropout", _FILE, 0.0),
+    )
+
+
+def _backbone_layout(backbone, prefix):
+    """The `Entry` of every backbone weight under Hugging Face's names."""
+    config = backbone.modernbert_config
+    D, F, N = config.hidden_dim, config.intermediate_dim, config.num_heads
+    H = D // N
+    entries = []
+
+    def norm(layer, name):
+        (gamma,) = layer_weights(layer, 1)
+        entries.append(Entry(name + ".weight", (D,), gamma))
+
+    def split_rows(name, rows, n_in, parts):
+        """Slices of a fused torch `(rows, n_in)` matrix, one Entry each:
+        `parts` is [(variable, first row, last row, to_keras)]."""
+        for variable, start, stop, to_keras in parts:
+            entries.append(Entry(name, (rows, n_in), variable,
+                                 lambda a, s=start, e=stop, f=to_keras: f(a[s:e])))
+
+    p = prefix + "embeddings."
+    (table,) = layer_weights(backbone.get_layer("token_embedding"), 1)
+    entries.append(Entry(p + "tok_embeddings.weight", (config.vocabulary_size, D), table))
+    norm(backbone.get_layer("embeddings_layer_norm"), p + "norm")
+    for i in range(config.num_layers):
+        hf = f"{prefix}layers.{i}."
+        block = backbone.get_layer(f"transformer_block_{i}")
+        attention = block.self_attention
+        heads = [layer_weights(attention.query_dense, 1)[0],
+                 layer_weights(attention.key_dense, 1)[0],
+                 layer_weights(attention.value_dense, 1)[0]]
+        # Wqkv (3D, D): rows [q; k; v], each (D, D) = (N H, D) -> (D, N, H).
+        split_rows(hf + "attn.Wqkv.weight", 3 * D, D, [
+            (kernel, j * D, (j + 1) * D, lambda a: a.T.reshape(D, N, H))
+            for j, kernel in enumerate(heads)])
+        (output,) = layer_weights(attention.output_dense, 1)
+        entries.append(Entry(hf + "attn.Wo.weight", (D, D), output,
+                             lambda a: a.T.reshape(N, H, D)))
+        if i > 0:
+            norm(block.self_attention_layer_norm, hf + "attn_norm")
+        norm(block.feed_forward_layer_norm, hf + "mlp_norm")
+        (wi,) = layer_weights(block.feed_forward.intermediate_dense, 1)
+        entries.append(Entry(hf + "mlp.Wi.weight", (2 * F, D), wi, transposed))
+        (wo,) = layer_weights(block.feed_forward.output_dense, 1)
+        entries.append(Entry(hf + "mlp.Wo.weight", (D, F), wo, transposed))
+    norm(backbone.get_layer("final_layer_norm"), prefix + "final_norm")
+    return entries
+
+
+def _architecture(hf_config, tensors, path):
+    names = hf_config.get("architectures") or []
+    known = [name for name in names if name in _ARCHITECTURES]
+    if names and not known:
+        raise ValueError(
+            f"{os.path.join(path, _FILE)} names architectures {names}; this loader "
+            f"reads {sorted(_ARCHITECTURES)}. Received: architectures={names!r}")
+    if known:
+        return known[0]
+    # No `architectures`: the tensors' names tell.
+    return "ModernBertForMaskedLM" if "decoder.bias" in tensors else "ModernBertModel"
+
+
+def load_hf_modernbert(path):
+    """A keras_attn ModernBERT with the weights of a Hugging Face directory.
+
+    Args:
+        path: directory with `config.json` and `model.safetensors` of a
+            `ModernBertModel` or a `ModernBertForMaskedLM`.
+
+    Returns:
+        A `ModernBertBackbone` (its `sequence_output` equals transformers'
+        `last_hidden_state`) for `ModernBertModel`, a `ModernBertMaskedLM`
+        (its logits equal transformers') for `ModernBertForMaskedLM`.
+
+    Raises:
+        ValueError: a malformed file, a config option the model does not
+            compute, a tensor missing or of another shape than `config.json`
+            implies, or a tensor the model has no place for (each named;
+            nothing is assigned then).
+    """
+    hf_config = read_config(path)
+    config = modernbert_config_from_hf(hf_config)
+    tensors = read_safetensors(path)
+    architecture = _architecture(hf_config, tensors, path)
+    ckpt = Tensors(tensors, path)
+    backbone = build_modernbert(config)
+    if _ARCHITECTURES[architecture]:
+        model = ModernBertMaskedLM(backbone)
+        entries = _backbone_layout(backbone, "model.")
+        head = model.get_layer("mlm_head")
+        D = config.hidden_dim
+        (dense,) = layer_weights(head.transform_dense, 1)
+        entries.append(Entry("head.dense.weight", (D, D), dense, transposed))
+        (gamma,) = layer_weights(head.transform_layer_norm, 1)
+        entries.append(Entry("head.norm.weight", (D,), gamma))
+        entries.append(Entry("decoder.bias", (config.vocabulary_size,), head.output_bias))
+        if "decoder.weight" in tensors:  # a tied copy: must be the embedding table
+            decoder = ckpt.get("decoder.weight", (config.vocabulary_size, D))
+            table = ckpt.get("model.embeddings.tok_embeddings.weight",
+                             (config.vocabulary_size, D))
+            if not np.array_equal(decoder, table):
+                raise ValueError(
+                    f"{ckpt.file}: tensor 'decoder.weight' differs from the token "
+                    "embeddings; keras_attn's ModernBERT ties them. Received: "
+                    "an untied decoder")
+    else:
+        model = backbone
+        entries = _backbone_layout(backbone, "")
+    plan = read_entries(entries, ckpt, model)  # raises before anything is assigned
+    ckpt.check_all_used()
+    for variable, array in plan:
+        variable.assign(array)
+    return model

@@ -1,0 +1,24 @@
+"""ModernBERT (Warner et al., 2024): config, presets, backbone and masked-LM
+model."""
+
+from keras_attn.models.modernbert.modernbert_backbone import ModernBertBackbone
+from keras_attn.models.modernbert.modernbert_backbone import ModernBertBlock
+from keras_attn.models.modernbert.modernbert_backbone import build_modernbert
+from keras_attn.models.modernbert.modernbert_config import MODERNBERT_PRESETS
+from keras_attn.models.modernbert.modernbert_config import ModernBertConfig
+from keras_attn.models.modernbert.modernbert_config import get_modernbert_config
+from keras_attn.models.modernbert.modernbert_config import replace_modernbert_config
+from keras_attn.models.modernbert.modernbert_tasks import ModernBertMaskedLM
+from keras_attn.models.modernbert.modernbert_tasks import ModernBertMaskedLMHead
+
+__all__ = [
+    "MODERNBERT_PRESETS",
+    "ModernBertBackbone",
+    "ModernBertBlock",
+    "ModernBertConfig",
+    "ModernBertMaskedLM",
+    "ModernBertMaskedLMHead",
+    "build_modernbert",
+    "get_modernbert_config",
+    "replace_modernbert_config",
+]
