@@ -410,8 +410,32 @@ def train(recipe, overrides=(), output=None, distribute=False, export=True, verb
     if process:
         return _train_locked(recipe, output, distribute, export, verbose, prepared)
     with RunLock(output):
-        results = _train_locked(recipe, output, distribute, export, verbose, prepared)
+        try:
+            results = _train_locked(recipe, output, distribute, export, verbose, prepared)
+        except BaseException:
+            _remove_unstarted_run(output)
+            raise
     return dict(results, output=output)
+
+
+def _remove_unstarted_run(output):
+    """After a failed `train`: removes what the run wrote in `output` when
+    it never got past its start (no checkpoint, model or results), so
+    that a recipe failing in its first steps leaves no run directory holding
+    only its `recipe.json` (`RunLock` then removes the directory it made).
+    Only the run's own file names are removed; a run with progress is kept
+    to resume."""
+    import shutil
+
+    if _has_progress(output):
+        return
+    for name in (RECIPE, TIMES):
+        try:
+            os.remove(os.path.join(output, name))
+        except OSError:
+            pass
+    for name in (CHECKPOINTS, "tensorboard"):
+        shutil.rmtree(os.path.join(output, name), ignore_errors=True)
 
 
 def _agree_on_start(recipe, output, distribute, prepared=None):

@@ -513,6 +513,28 @@ def test_a_recipe_that_fails_to_build_leaves_no_recipe_json(tmp_path, capsys):
     assert not [p.name for p in run.iterdir() if p.name.startswith(".")]
 
 
+def test_a_recipe_that_fails_in_its_first_steps_leaves_no_run_behind(tmp_path, monkeypatch,
+                                                                     capsys):
+    # recipe.json is written once the model builds; a failure before the
+    # first checkpoint (bad data at step 1, an interrupt) left it alone in
+    # the run directory, which looked like a run.
+    from keras_attn.training.resumable import ResumableTrainer
+
+    def fails(self, *args, **kwargs):
+        assert (run / "recipe.json").exists()
+        raise ValueError("Invalid value for argument `x`: a bad batch at step 1")
+
+    monkeypatch.setattr(ResumableTrainer, "fit", fails)
+    run = tmp_path / "run"
+    argv = [str(arg) for arg in _train_args("vit_tiny_digits", run)]
+    assert cli.main(argv) == 2
+    assert "a bad batch at step 1" in capsys.readouterr().err
+    assert not run.exists()
+    run.mkdir()  # a directory the user made stays, emptied of the run's files
+    assert cli.main(argv) == 2
+    assert run.exists() and not list(run.iterdir())
+
+
 def test_output_that_is_a_file_or_cannot_be_made_exits_2(tmp_path, capsys):
     target = tmp_path / "a_file"
     target.write_text("x")
