@@ -1,7 +1,7 @@
 """CPU benchmarks: keras_attn side by side with keras-hub, same shapes and
 weight counts, in one process. Prints a table of ratios (never run as a test).
 
-Run:  python benchmarks/cpu.py [--quick] [--rows bert,vit,transformer,decoding]
+Run:  python benchmarks/cpu.py [--quick] [--rows bert,mlm,vit,transformer,decoding]
       (TensorFlow backend by default; KERAS_BACKEND=jax works too)
 
 Each row times a compiled training step (forward + backward + Adam) and a
@@ -24,7 +24,6 @@ import argparse
 import os
 import statistics
 import sys
-import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
@@ -38,8 +37,8 @@ from _stats import paired_ratio  # noqa: E402
 from _stats import time_pair  # noqa: E402
 
 
-def _train_step_fn(model, inputs, targets, jit_compile):
-    model.compile(optimizer=keras.optimizers.Adam(1e-4), loss="mse", jit_compile=jit_compile)
+def _train_step_fn(model, inputs, targets, jit_compile, loss="mse"):
+    model.compile(optimizer=keras.optimizers.Adam(1e-4), loss=loss, jit_compile=jit_compile)
 
     def step():
         model.train_on_batch(inputs, targets)
@@ -56,7 +55,7 @@ def _predict_fn(model, inputs, jit_compile):
     return call
 
 
-def compare(name, ours, peer, inputs, targets_fn, repeats, jit_compile):
+def compare(name, ours, peer, inputs, targets_fn, repeats, jit_compile, loss="mse"):
     """Times training and inference of two models on the same inputs, in
     alternating pairs (see `_stats`)."""
     rows = []
@@ -64,7 +63,7 @@ def compare(name, ours, peer, inputs, targets_fn, repeats, jit_compile):
         fns = []
         for model in (ours, peer):
             if what == "train step":
-                fns.append(_train_step_fn(model, inputs, targets_fn(model), jit_compile))
+                fns.append(_train_step_fn(model, inputs, targets_fn(model), jit_compile, loss))
             else:
                 fns.append(_predict_fn(model, inputs, jit_compile))
         for fn in fns:  # compile both before timing either
@@ -102,6 +101,47 @@ def bert_models(quick):
         "padding_mask": np.ones((8, 128), "int32"),
     }
     return ours, peer, inputs
+
+
+MLM_SHAPE = dict(batch=16, length=128, masked=20, vocabulary_size=30522)
+
+
+def mlm_models(quick):
+    import keras_hub
+
+    from keras_attn.models.bert import BertPretrainer
+    from keras_attn.models.bert import build_bert
+
+    # Masked-LM pretraining, bert_mini shapes (4 layers, 256 wide, 4 heads;
+    # 11M parameters, most of them the tied token embedding that is also the
+    # decoder), batch 16 x 128, 20 predicted positions a row; the step is
+    # sparse cross-entropy over the vocabulary (see `MLM_LOSS`). Ours is the
+    # masked-LM output of `BertPretrainer` (its NSP head left out: the peer
+    # has none), the peer keras-hub's `BertMaskedLM`; dropout 0 on both.
+    b, t, p, v = (MLM_SHAPE[k] for k in ("batch", "length", "masked", "vocabulary_size"))
+    pretrainer = BertPretrainer(build_bert("bert_mini", dropout=0.0, attention_dropout=0.0))
+    names = ("token_ids", "segment_ids", "padding_mask", "mask_positions")
+    ours = keras.Model({k: pretrainer.input[k] for k in names}, pretrainer.output["mlm"])
+    peer = keras_hub.models.BertMaskedLM(keras_hub.models.BertBackbone(
+        vocabulary_size=v, num_layers=4, num_heads=4, hidden_dim=256,
+        intermediate_dim=1024, dropout=0.0,
+    ))
+    rng = np.random.default_rng(0)
+    inputs = {
+        "token_ids": rng.integers(1, v, (b, t)).astype("int32"),
+        "segment_ids": np.zeros((b, t), "int32"),
+        "padding_mask": np.ones((b, t), "int32"),
+        "mask_positions": np.sort(rng.permuted(np.tile(np.arange(t), (b, 1)), axis=1)[:, :p], 1)
+        .astype("int32"),
+    }
+    return ours, peer, inputs
+
+
+MLM_LOSS = (  # (loss, targets of a model): the masked tokens' original ids
+    keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+    lambda model: np.random.default_rng(1).integers(
+        1, MLM_SHAPE["vocabulary_size"], (MLM_SHAPE["batch"], MLM_SHAPE["masked"])).astype("int32"),
+)
 
 
 def vit_models(quick):
@@ -246,6 +286,11 @@ def attention_models(quick):
 
 ROWS = {
     "bert": ("BERT encoder, bert_small shapes, B8 T128 (vs keras-hub BertBackbone)", bert_models),
+    "mlm": (
+        "BERT masked LM, bert_mini shapes (11M), B16 T128, 20 masked, Adam, sparse CE "
+        "(vs keras-hub BertMaskedLM)",
+        mlm_models,
+    ),
     "attention": ("MHA, causal, B8 T128 D512 (vs keras.layers.MultiHeadAttention)", attention_models),
     "vit": ("ViT-S/16 shapes, batch 8 (vs keras-hub ViTBackbone)", vit_models),
     "conformer": ("Conformer-S block, B8 T50 (vs keras-hub TransformerEncoder)", conformer_models),
@@ -290,6 +335,10 @@ def main(argv=None):
                 out = model.predict_on_batch(inputs)
                 return {k: np.zeros_like(v) for k, v in out.items()} if isinstance(out, dict) else np.zeros_like(out)
 
+            if key == "mlm":
+                table += compare(title, ours, peer, inputs, MLM_LOSS[1], repeats, jit,
+                                 loss=MLM_LOSS[0])
+                continue
             table += compare(title, ours, peer, inputs, targets, repeats, jit)
     print()
     print("| case | measure | XLA | keras_attn ms | peer ms | ratio | 95% interval | verdict |")

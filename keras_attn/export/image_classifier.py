@@ -96,6 +96,30 @@ def _export_portable(model, path, format, precision, input_shape, class_names=No
                           name="image_classifier_serving")
     return export_portable(
         serving, path, format, precision,
-        preprocessing={"images": "uint8 pixels, 0-255, of the model's size; the rescaling "
-                                 "is inside the model"},
+        preprocessing={"images": "uint8 pixels, 0-255, of the model's size, made that size "
+                                 "as \"resize\" says; the rescaling is inside the model",
+                       "resize": image_resize(input_shape[1], input_shape[2])},
         extra=class_names and {"labels": class_names})
+
+
+def image_resize(height, width):
+    """How an image is made `height` x `width` for the model, as
+    `keras_attn.data`'s image loaders (the zoo's) do for training and
+    evaluation: the whole image stretched to the size (no crop, the aspect
+    ratio not kept), bilinear with half-pixel centers and no antialiasing
+    (`tf.image.resize(image, (height, width), "bilinear")`), then rounded to
+    uint8, the served dtype (the file loaders train on the unrounded values,
+    at most 0.5 away). `serving.json`'s `preprocessing["resize"]`, so that a
+    server's own preprocessing matches the training's."""
+    return {
+        "size": [int(height), int(width)],
+        "method": "bilinear",
+        "antialias": False,
+        "half_pixel_centers": True,
+        "keep_aspect_ratio": False,
+        "crop": None,
+        "rounding": "to the nearest integer, clipped to 0-255 (the served uint8)",
+        "grey_to_channels": "a grey image's channel repeated to the model's channels",
+        "same_as": f"tf.image.resize(image, ({int(height)}, {int(width)}), method=\"bilinear\", "
+                   f"antialias=False)",
+    }

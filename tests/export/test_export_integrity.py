@@ -108,6 +108,28 @@ def test_serving_json_records_each_file_sha256(exports):
 
 
 @pytest.mark.parametrize("format", ["onnx", "litert"])
+def test_the_image_contract_names_the_resize_the_loaders_use(exports, tmp_path, format):
+    # serving.json said "uint8 pixels of the model's size" only: it names how an
+    # image is made that size, and that is what keras_attn.data's loaders (the
+    # zoo's) do to an image file.
+    import tensorflow as tf
+
+    from keras_attn.data.images import image_files_pipeline
+
+    resize = json.loads((exports["vit", format] / "serving.json").read_text())[
+        "preprocessing"]["resize"]
+    assert (resize["size"], resize["method"], resize["antialias"]) == ([8, 8], "bilinear", False)
+    assert (resize["keep_aspect_ratio"], resize["crop"]) == (False, None)
+    # A 20 x 12 file: shrunk, its aspect ratio not kept.
+    pixels = np.random.default_rng(2).integers(0, 256, (20, 12, 3)).astype("uint8")
+    (tmp_path / "image.png").write_bytes(tf.io.encode_png(pixels).numpy())
+    loaded, _ = next(iter(image_files_pipeline([str(tmp_path / "image.png")], [0], 8)))
+    served = tf.image.resize(pixels, resize["size"], method=resize["method"],
+                             antialias=resize["antialias"])
+    np.testing.assert_allclose(loaded[0].numpy(), served.numpy(), atol=1e-4)
+
+
+@pytest.mark.parametrize("format", ["onnx", "litert"])
 def test_a_flipped_byte_in_the_model_is_refused_by_name(exports, tmp_path, format):
     path = _copy(exports["vit", format], tmp_path)
     Artifact(path)  # the copy loads
