@@ -78,6 +78,19 @@ class ModelConfig:
         """Raises `ValueError` for fields that do not fit together."""
 
 
+def activation_name(name, value):
+    """A config field holding an activation by name (the name is what the
+    config saves): a string `get_activation` knows."""
+    from keras_attn._checks import get_activation
+
+    if not isinstance(value, str):
+        raise ValueError(
+            f"`{name}` must be the name of an activation (it is saved in the config). "
+            f"Received: {name}={value!r}"
+        )
+    get_activation(name, value)
+
+
 def check_heads_divide(config):
     """The heads split the width: `num_heads` divides `hidden_dim`."""
     if config.hidden_dim % config.num_heads:

@@ -14,8 +14,8 @@ counted past the padding id 1. Parameter counts are those of the backbone
 import dataclasses
 import numbers
 
-from keras_attn._checks import get_activation
 from keras_attn.models._config import ModelConfig
+from keras_attn.models._config import activation_name
 from keras_attn.models._config import check_heads_divide
 from keras_attn.models._config import field
 from keras_attn.models._config import flag
@@ -24,15 +24,6 @@ from keras_attn.models._config import positive_int
 from keras_attn.models._config import rate
 from keras_attn.models._config import replace_fields
 from keras_attn.models._config import resolve_config
-
-
-def _activation_name(name, value):
-    if not isinstance(value, str):
-        raise ValueError(
-            f"`{name}` must be the name of an activation (it is saved in the config). "
-            f"Received: {name}={value!r}"
-        )
-    get_activation(name, value)
 
 
 def _optional_token_id(name, value):
@@ -97,7 +88,7 @@ class BertConfig(ModelConfig):
     max_sequence_length: int = field(512, positive_int)
     num_segments: int = field(2, positive_int)
     layer_norm_epsilon: float = field(1e-12, positive_float)
-    activation: str = field("gelu", _activation_name)
+    activation: str = field("gelu", activation_name)
     remat: bool = field(False, flag)
     padding_id: int = field(None, _optional_token_id)
 

@@ -4,6 +4,7 @@ import dataclasses
 
 from keras_attn._checks import check_positive_float
 from keras_attn.models._config import ModelConfig
+from keras_attn.models._config import activation_name
 from keras_attn.models._config import check_heads_divide
 from keras_attn.models._config import field
 from keras_attn.models._config import flag
@@ -12,7 +13,6 @@ from keras_attn.models._config import positive_int
 from keras_attn.models._config import rate
 from keras_attn.models._config import replace_fields
 from keras_attn.models._config import resolve_config
-from keras_attn.models.bert.bert_config import _activation_name
 
 
 def _non_negative_int(name, value):
@@ -76,7 +76,7 @@ class ModernBertConfig(ModelConfig):
     layer_norm_epsilon: float = field(1e-5, positive_float)
     max_sequence_length: int = field(8192, positive_int)
     pad_id: int = field(50283, _non_negative_int)
-    activation: str = field("gelu", _activation_name)
+    activation: str = field("gelu", activation_name)
     dropout: float = field(0.0, rate)
     attention_dropout: float = field(0.0, rate)
     remat: bool = field(False, flag)
