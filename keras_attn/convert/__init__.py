@@ -19,6 +19,9 @@ from keras_attn.convert.bert import load_hf_bert_tokenizer
 from keras_attn.convert.bert import load_hf_roberta
 from keras_attn.convert.bert import load_hf_roberta_tokenizer
 from keras_attn.convert.bert import save_hf_bert
+from keras_attn.convert.dinov2 import dinov2_config_from_hf
+from keras_attn.convert.dinov2 import load_hf_dinov2
+from keras_attn.convert.dinov2 import save_hf_dinov2
 from keras_attn.convert.hf import load_hf
 from keras_attn.convert.hf import save_hf
 from keras_attn.convert.hub import from_keras_hub
@@ -28,6 +31,9 @@ from keras_attn.convert.marian import load_hf_marian
 from keras_attn.convert.marian import transformer_config_from_marian
 from keras_attn.convert.modernbert import load_hf_modernbert
 from keras_attn.convert.modernbert import modernbert_config_from_hf
+# Not in __all__ yet (issue 59 in progress): README's Public API block names them first.
+from keras_attn.convert.parakeet import load_hf_parakeet
+from keras_attn.convert.parakeet import parakeet_config_from_hf
 from keras_attn.convert.vit import load_hf_vit
 from keras_attn.convert.vit import save_hf_vit
 from keras_attn.convert.vit import vit_config_from_hf
@@ -35,21 +41,26 @@ from keras_attn.convert.vit import vit_config_from_hf
 __all__ = [
     "MarianTokenizer",
     "bert_config_from_hf",
+    "dinov2_config_from_hf",
     "from_keras_hub",
     "load_hf",
     "load_hf_bert",
     "load_hf_bert_backbone",
     "load_hf_bert_task",
     "load_hf_bert_tokenizer",
+    "load_hf_dinov2",
     "load_hf_marian",
     "load_hf_modernbert",
+    "load_hf_parakeet",
     "load_hf_roberta",
     "load_hf_roberta_tokenizer",
     "load_hf_vit",
     "save_hf",
     "save_hf_bert",
+    "save_hf_dinov2",
     "save_hf_vit",
     "modernbert_config_from_hf",
+    "parakeet_config_from_hf",
     "to_keras_hub",
     "transformer_config_from_marian",
     "vit_config_from_hf",

@@ -27,10 +27,14 @@ _FAMILIES = {
     "MarianMTModel": "marian",
     "ModernBertModel": "modernbert",
     "ModernBertForMaskedLM": "modernbert",
+    "Dinov2WithRegistersModel": "dinov2",
+    "Dinov2WithRegistersForImageClassification": "dinov2",
+    "ParakeetForCTC": "parakeet",
 }
 # `model_type` -> family, for a config.json without `architectures`.
 _MODEL_TYPES = {"bert": "bert", "roberta": "bert", "xlm-roberta": "bert", "vit": "vit",
-                "marian": "marian", "modernbert": "modernbert"}
+                "marian": "marian", "modernbert": "modernbert",
+                "dinov2_with_registers": "dinov2", "parakeet_ctc": "parakeet"}
 
 
 def load_hf(directory):
@@ -48,6 +52,8 @@ def load_hf(directory):
     | `ViTModel`, `ViTForImageClassification` | `ViT` (`load_hf_vit`) |
     | `MarianMTModel` | `Transformer` (`load_hf_marian`; its tokenizer: `MarianTokenizer(directory)`) |
     | `ModernBertModel`, `ModernBertForMaskedLM` | `ModernBertBackbone`, `ModernBertMaskedLM` (`load_hf_modernbert`) |
+    | `Dinov2WithRegistersModel`, `Dinov2WithRegistersForImageClassification` | `ViT` with registers and LayerScale (`load_hf_dinov2`) |
+    | `ParakeetForCTC` | `ConformerCTC` with `subsampling="fast"`, log-mel features in (`load_hf_parakeet`) |
 
     Without `architectures`, `model_type` picks the family's base model.
     Tokenizers are not loaded here: `load_hf_bert_tokenizer(directory)`
@@ -81,10 +87,18 @@ def load_hf(directory):
         from keras_attn.convert.vit import load_hf_vit
 
         return load_hf_vit(directory)
+    if family == "dinov2":
+        from keras_attn.convert.dinov2 import load_hf_dinov2
+
+        return load_hf_dinov2(directory)
     if family == "modernbert":
         from keras_attn.convert.modernbert import load_hf_modernbert
 
         return load_hf_modernbert(directory)
+    if family == "parakeet":
+        from keras_attn.convert.parakeet import load_hf_parakeet
+
+        return load_hf_parakeet(directory)
     if family == "marian":
         from keras_attn.convert.marian import load_hf_marian
 
@@ -97,7 +111,8 @@ def load_hf(directory):
 def save_hf(model, directory, overwrite=False, **kwargs):
     """Writes a keras_attn model as the Hugging Face directory its class
     maps to (`save_hf_bert` for the BERT family, RoBERTa included;
-    `save_hf_vit` for a ViT); transformers' `from_pretrained` loads it with
+    `save_hf_vit` for a ViT, `save_hf_dinov2` for a ViT with DINOv2's
+    registers, LayerScale, SwiGLU or head); transformers' `from_pretrained` loads it with
     the same outputs.
 
     Args:
@@ -121,8 +136,12 @@ def save_hf(model, directory, overwrite=False, **kwargs):
 
         return save_hf_bert(model, directory, overwrite=overwrite, **kwargs)
     if getattr(model, "vit_config", None) is not None:
+        from keras_attn.convert.dinov2 import is_dinov2
+        from keras_attn.convert.dinov2 import save_hf_dinov2
         from keras_attn.convert.vit import save_hf_vit
 
+        if is_dinov2(model.vit_config):
+            return save_hf_dinov2(model, directory, overwrite=overwrite, **kwargs)
         return save_hf_vit(model, directory, overwrite=overwrite, **kwargs)
     raise ValueError(
         "save_hf writes the BERT family (BertBackbone, BertSequenceClassifier, "

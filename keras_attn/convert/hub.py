@@ -317,6 +317,17 @@ def to_keras_hub(model):
                                             preprocessor=None, dropout=model.dropout)
             pairs += [(f"classifier/{w}", f"logits/{w}") for w in ("kernel", "bias")]
         return _copy(model, hub, pairs, source_is_ours=True)
+    dino = {"num_register_tokens": (config.num_register_tokens, 0),
+            "layer_scale_init": (config.layer_scale_init, None),
+            "feed_forward": (config.feed_forward, "gelu"),
+            "pixel_normalization": (config.pixel_normalization, "half")}
+    for name, (value, wanted) in dino.items():
+        if value != wanted or config.pooling == "cls_gap":
+            raise ValueError(
+                "keras-hub's ViTBackbone has no register tokens, LayerScale, SwiGLU, "
+                "ImageNet pixel normalisation or [CLS] + mean-patch head (DINOv2's options). "
+                f"Received: {name}={value!r}, pooling={config.pooling!r}"
+            )
     class_token = config.pooling == "cls"
     hub = models.ViTBackbone(
         image_shape=(config.image_size, config.image_size, config.num_channels),

@@ -67,15 +67,10 @@ def vit_config_from_hf(hf_config):
     )
 
 
-def _layout(model, prefix):
-    """The `Entry` of every weight of a keras_attn `ViT` under Hugging
-    Face's names (`prefix` "vit." in a ViTForImageClassification)."""
-    config = model.vit_config
-    D, F, C = config.hidden_dim, config.intermediate_dim, config.num_channels
-    N, P = config.num_heads, config.patch_size
-    H = D // N
-    T = config.num_patches + 1  # patches and the class token
-    entries = []
+def entry_helpers(entries, width):
+    """`dense(layer, name, n_out, n_in)` and `norm(layer, name)`, which add a
+    Dense layer's or a LayerNorm's `Entry`s to `entries` (torch's `(out,
+    in)` kernels transposed)."""
 
     def dense(layer, name, n_out, n_in):  # torch (out, in) <-> Keras (in, out)
         kernel, bias = layer_weights(layer, 2)
@@ -84,35 +79,62 @@ def _layout(model, prefix):
 
     def norm(layer, name):
         gamma, beta = layer_weights(layer, 2)
-        entries.append(Entry(name + ".weight", (D,), gamma))
-        entries.append(Entry(name + ".bias", (D,), beta))
+        entries.append(Entry(name + ".weight", (width,), gamma))
+        entries.append(Entry(name + ".bias", (width,), beta))
 
+    return dense, norm
+
+
+def embedding_entries(model, embeddings):
+    """The `Entry`s of a ViT's patch projection, class token and position
+    table under `embeddings` ("vit.embeddings." and the like)."""
+    config = model.vit_config
+    D, C, P = config.hidden_dim, config.num_channels, config.patch_size
+    T = config.num_patches + 1  # patches and the class token
     # Conv kernel: torch (D, C, P, P) <-> Keras (P, P, C, D).
-    patch = prefix + "embeddings.patch_embeddings.projection."
     kernel, bias = layer_weights(model.get_layer("patch_embedding"), 2)
-    entries.append(Entry(patch + "weight", (D, C, P, P), kernel,
-                         lambda a: a.transpose(2, 3, 1, 0), lambda a: a.transpose(3, 2, 0, 1)))
-    entries.append(Entry(patch + "bias", (D,), bias))
+    entries = [Entry(embeddings + "patch_embeddings.projection.weight", (D, C, P, P), kernel,
+                     lambda a: a.transpose(2, 3, 1, 0), lambda a: a.transpose(3, 2, 0, 1)),
+               Entry(embeddings + "patch_embeddings.projection.bias", (D,), bias)]
     (token,) = layer_weights(model.get_layer("class_token"), 1)
-    entries.append(Entry(prefix + "embeddings.cls_token", (1, 1, D), token,
+    entries.append(Entry(embeddings + "cls_token", (1, 1, D), token,
                          lambda a: a.reshape(D), lambda a: a.reshape(1, 1, D)))
     (table,) = layer_weights(model.get_layer("position_embedding"), 1)
-    entries.append(Entry(prefix + "embeddings.position_embeddings", (1, T, D), table,
+    entries.append(Entry(embeddings + "position_embeddings", (1, T, D), table,
                          lambda a: a[0], lambda a: a[None]))
+    return entries
+
+
+def attention_entries(attention, hf, width, num_heads):
+    """The `Entry`s of a block's self-attention under `hf` + "attention.":
+    query/key/value `(D, D)` as `(D, N, H)` kernels, the output dense."""
+    D, N = width, num_heads
+    H = D // N
+    entries = []
+    for name in ("query", "key", "value"):
+        kernel, bias = layer_weights(_sublayer(attention, name), 2)
+        entries.append(Entry(hf + f"attention.attention.{name}.weight", (D, D), kernel,
+                             lambda a: a.T.reshape(D, N, H), lambda a: a.reshape(D, D).T))
+        entries.append(Entry(hf + f"attention.attention.{name}.bias", (D,), bias,
+                             lambda a: a.reshape(N, H), lambda a: a.reshape(D)))
+    kernel, bias = layer_weights(_sublayer(attention, "attention_output"), 2)
+    entries.append(Entry(hf + "attention.output.dense.weight", (D, D), kernel,
+                         lambda a: a.T.reshape(N, H, D), lambda a: a.reshape(D, D).T))
+    entries.append(Entry(hf + "attention.output.dense.bias", (D,), bias))
+    return entries
+
+
+def _layout(model, prefix):
+    """The `Entry` of every weight of a keras_attn `ViT` under Hugging
+    Face's names (`prefix` "vit." in a ViTForImageClassification)."""
+    config = model.vit_config
+    D, F, N = config.hidden_dim, config.intermediate_dim, config.num_heads
+    entries = embedding_entries(model, prefix + "embeddings.")
+    dense, norm = entry_helpers(entries, D)
     for i in range(config.num_layers):
         hf = f"{prefix}encoder.layer.{i}."
         block = model.get_layer(f"transformer_block_{i}")
-        attention = block.self_attention
-        for name in ("query", "key", "value"):
-            kernel, bias = layer_weights(_sublayer(attention, name), 2)
-            entries.append(Entry(hf + f"attention.attention.{name}.weight", (D, D), kernel,
-                                 lambda a: a.T.reshape(D, N, H), lambda a: a.reshape(D, D).T))
-            entries.append(Entry(hf + f"attention.attention.{name}.bias", (D,), bias,
-                                 lambda a: a.reshape(N, H), lambda a: a.reshape(D)))
-        kernel, bias = layer_weights(_sublayer(attention, "attention_output"), 2)
-        entries.append(Entry(hf + "attention.output.dense.weight", (D, D), kernel,
-                             lambda a: a.T.reshape(N, H, D), lambda a: a.reshape(D, D).T))
-        entries.append(Entry(hf + "attention.output.dense.bias", (D,), bias))
+        entries += attention_entries(block.self_attention, hf, D, N)
         norm(block.self_attention_layer_norm, hf + "layernorm_before")
         norm(block.feed_forward_layer_norm, hf + "layernorm_after")
         dense(block.feed_forward.intermediate_dense, hf + "intermediate.dense", F, D)
@@ -197,6 +219,16 @@ def save_hf_vit(model, directory, overwrite=False):
     if config is None:
         raise ValueError(
             f"`model` must be a keras_attn ViT (build_vit). Received: model={type(model).__name__}"
+        )
+    if (config.num_register_tokens or config.layer_scale_init is not None
+            or config.feed_forward != "gelu" or config.pixel_normalization != "half"):
+        raise ValueError(
+            "Hugging Face's ViT has no register tokens, LayerScale or SwiGLU and takes "
+            "pixels normalised to [-1, 1]: write a DINOv2 ViT with "
+            "keras_attn.convert.save_hf (save_hf_dinov2). Received: "
+            f"num_register_tokens={config.num_register_tokens}, "
+            f"layer_scale_init={config.layer_scale_init}, feed_forward={config.feed_forward!r}, "
+            f"pixel_normalization={config.pixel_normalization!r}"
         )
     if config.pooling != "cls":
         raise ValueError(

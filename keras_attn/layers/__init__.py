@@ -7,6 +7,9 @@ from keras_attn.layers.conformer_block import ConformerBlock
 from keras_attn.layers.conformer_conv_module import ConformerConvModule
 from keras_attn.layers.conv_subsampling import ConvSubsampling
 from keras_attn.layers.conv_subsampling import subsampled_length
+# Not in __all__ yet (issue 59 in progress): README's Public API block names it first.
+from keras_attn.layers.fast_conv_subsampling import FastConvSubsampling
+from keras_attn.layers.fast_conv_subsampling import fast_subsampled_length
 from keras_attn.layers.feed_forward import FeedForward
 from keras_attn.layers.log_mel_features import LogMelFeatures
 from keras_attn.layers.masking import causal_mask
@@ -39,6 +42,7 @@ __all__ = [
     "ConformerBlock",
     "ConformerConvModule",
     "ConvSubsampling",
+    "FastConvSubsampling",
     "FeedForward",
     "LogMelFeatures",
     "MultiHeadAttention",
@@ -54,4 +58,5 @@ __all__ = [
     "scaled_dot_product_attention",
     "sinusoidal_positional_encoding",
     "subsampled_length",
+    "fast_subsampled_length",
 ]

@@ -50,6 +50,8 @@ class ConformerBlock(SpecFromCall, RematCall, keras.layers.Layer):
         causal_conv: the convolution module's depthwise convolution sees
             past frames only (needed to stream).
         conv_norm: `"batch_norm"` or `"layer_norm"` in the convolution module.
+        batch_norm_epsilon: the convolution module's BatchNorm epsilon
+            (Keras's 1e-3; PyTorch checkpoints use 1e-5).
         **kwargs: base layer arguments.
 
     Call arguments:
@@ -103,6 +105,7 @@ class ConformerBlock(SpecFromCall, RematCall, keras.layers.Layer):
         kernel_initializer="glorot_uniform",
         causal_conv=False,
         conv_norm="batch_norm",
+        batch_norm_epsilon=1e-3,
         **kwargs,
     ):
         super().__init__(**kwargs)
@@ -118,6 +121,7 @@ class ConformerBlock(SpecFromCall, RematCall, keras.layers.Layer):
         self.kernel_initializer = keras.initializers.get(kernel_initializer)
         self.causal_conv = check_bool("causal_conv", causal_conv)
         self.conv_norm = check_choice("conv_norm", conv_norm, NORMS)
+        self.batch_norm_epsilon = check_positive_float("batch_norm_epsilon", batch_norm_epsilon)
         self.supports_masking = True
 
     def build(self, inputs_shape):
@@ -166,6 +170,7 @@ class ConformerBlock(SpecFromCall, RematCall, keras.layers.Layer):
             kernel_initializer=for_sublayer(self.kernel_initializer, "conv_module"),
             causal=self.causal_conv,
             norm=self.conv_norm,
+            batch_norm_epsilon=self.batch_norm_epsilon,
             dtype=self.dtype_policy,
             name="conv_module",
         )
@@ -268,6 +273,7 @@ class ConformerBlock(SpecFromCall, RematCall, keras.layers.Layer):
                 "kernel_initializer": keras.initializers.serialize(self.kernel_initializer),
                 "causal_conv": self.causal_conv,
                 "conv_norm": self.conv_norm,
+                "batch_norm_epsilon": self.batch_norm_epsilon,
             }
         )
         return config

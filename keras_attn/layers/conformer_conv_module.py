@@ -60,6 +60,8 @@ class ConformerConvModule(SpecFromCall, keras.layers.Layer):
         dropout: dropout rate on the output.
         layer_norm_epsilon: LayerNorm epsilon.
         batch_norm_momentum: BatchNorm moving-average momentum.
+        batch_norm_epsilon: BatchNorm epsilon (Keras's 1e-3 by default;
+            PyTorch checkpoints, e.g. Parakeet's, use 1e-5).
         kernel_initializer: initializer of the pointwise kernels.
         depthwise_initializer: initializer of the depthwise kernel.
         causal: pad the depthwise convolution on the left only (streaming).
@@ -99,6 +101,7 @@ class ConformerConvModule(SpecFromCall, keras.layers.Layer):
         dropout=0.0,
         layer_norm_epsilon=1e-5,
         batch_norm_momentum=0.99,
+        batch_norm_epsilon=1e-3,
         kernel_initializer="glorot_uniform",
         depthwise_initializer="glorot_uniform",
         causal=False,
@@ -111,6 +114,7 @@ class ConformerConvModule(SpecFromCall, keras.layers.Layer):
         self.dropout = check_rate("dropout", dropout)
         self.layer_norm_epsilon = check_positive_float("layer_norm_epsilon", layer_norm_epsilon)
         self.batch_norm_momentum = check_rate("batch_norm_momentum", batch_norm_momentum)
+        self.batch_norm_epsilon = check_positive_float("batch_norm_epsilon", batch_norm_epsilon)
         self.kernel_initializer = keras.initializers.get(kernel_initializer)
         self.depthwise_initializer = keras.initializers.get(depthwise_initializer)
         self.causal = check_bool("causal", causal)
@@ -144,7 +148,8 @@ class ConformerConvModule(SpecFromCall, keras.layers.Layer):
         self.depthwise_conv.build(time_shape + (self._inner,))
         if self.norm == "batch_norm":
             self.batch_norm = keras.layers.BatchNormalization(
-                momentum=self.batch_norm_momentum, dtype=self.dtype_policy, name="batch_norm"
+                momentum=self.batch_norm_momentum, epsilon=self.batch_norm_epsilon,
+                dtype=self.dtype_policy, name="batch_norm",
             )
             self.batch_norm.build(time_shape + (self._inner,))
         else:
@@ -314,6 +319,7 @@ class ConformerConvModule(SpecFromCall, keras.layers.Layer):
                 "dropout": self.dropout,
                 "layer_norm_epsilon": self.layer_norm_epsilon,
                 "batch_norm_momentum": self.batch_norm_momentum,
+                "batch_norm_epsilon": self.batch_norm_epsilon,
                 "kernel_initializer": keras.initializers.serialize(self.kernel_initializer),
                 "depthwise_initializer": keras.initializers.serialize(
                     self.depthwise_initializer

@@ -120,16 +120,20 @@ class ResidualSublayers:
         layer.build(shape)
         return layer
 
-    def _residual(self, x, sublayer, layer_norm, dropout, training):
+    def _residual(self, x, sublayer, layer_norm, dropout, training, scale=None):
         """post: LayerNorm(x + Sublayer(x)); pre: x + Sublayer(LayerNorm(x)).
 
         `sublayer` returns its output, or a tuple whose first item is the
-        output; the rest is passed back unchanged (scores, caches).
+        output; the rest is passed back unchanged (scores, caches). `scale`:
+        None, or a learned `(D,)` vector that multiplies the sublayer's
+        output before the addition (LayerScale).
         """
         y = sublayer(layer_norm(x) if self.norm_position == "pre" else x)
         extras = ()
         if isinstance(y, tuple):
             y, extras = y[0], y[1:]
+        if scale is not None:
+            y = y * keras.ops.cast(scale, y.dtype)  # (B, T, D) * (D,)
         x = x + dropout(y, training=training)
         if self.norm_position == "post":
             x = layer_norm(x)
@@ -206,6 +210,11 @@ class TransformerBlock(SpecFromCall, RematCall, ResidualSublayers, keras.layers.
         layer_norm_center: whether the LayerNorms add their learned offset
             `beta` (Keras's `center`); False with `use_bias=False` gives a
             block without any bias (ModernBERT's `norm_bias=False`).
+        layer_scale_init: None, or the initial value of LayerScale (Touvron
+            et al., "Going deeper with Image Transformers", 2021; DINOv2):
+            each sublayer's output is multiplied by a learned per-channel
+            `(D,)` vector, `self_attention_layer_scale` and
+            `feed_forward_layer_scale`, before the residual addition.
         **kwargs: base layer arguments.
 
     Call arguments:
@@ -262,6 +271,7 @@ class TransformerBlock(SpecFromCall, RematCall, ResidualSublayers, keras.layers.
         gated=False,
         window=None,
         layer_norm_center=True,
+        layer_scale_init=None,
         **kwargs,
     ):
         super().__init__(**kwargs)
@@ -287,6 +297,8 @@ class TransformerBlock(SpecFromCall, RematCall, ResidualSublayers, keras.layers.
         self.gated = check_bool("gated", gated)
         self.window = check_positive_int("window", window, allow_none=True)
         self.layer_norm_center = check_bool("layer_norm_center", layer_norm_center)
+        self.layer_scale_init = None if layer_scale_init is None else check_positive_float(
+            "layer_scale_init", layer_scale_init)
 
     def build(self, inputs_shape):
         # === Layers ===
@@ -302,7 +314,21 @@ class TransformerBlock(SpecFromCall, RematCall, ResidualSublayers, keras.layers.
             "feed_forward_layer_norm", inputs_shape, center=self.layer_norm_center
         )
         self.feed_forward_dropout = self._dropout("feed_forward_dropout")
+        self.self_attention_layer_scale = self._layer_scale(
+            "self_attention_layer_scale", inputs_shape)
+        self.feed_forward_layer_scale = self._layer_scale(
+            "feed_forward_layer_scale", inputs_shape)
         self.built = True
+
+    def _layer_scale(self, name, inputs_shape):
+        if self.layer_scale_init is None:
+            return None
+        return self.add_weight(
+            name=name,
+            shape=(inputs_shape[-1],),
+            initializer=keras.initializers.Constant(self.layer_scale_init),
+            trainable=True,
+        )
 
     def compute_output_shape(self, inputs_shape):
         return tuple(inputs_shape)
@@ -345,6 +371,7 @@ class TransformerBlock(SpecFromCall, RematCall, ResidualSublayers, keras.layers.
             self.self_attention_layer_norm,
             self.self_attention_dropout,
             training,
+            self.self_attention_layer_scale,
         )
         x, _ = self._residual(
             x,
@@ -352,6 +379,7 @@ class TransformerBlock(SpecFromCall, RematCall, ResidualSublayers, keras.layers.
             self.feed_forward_layer_norm,
             self.feed_forward_dropout,
             training,
+            self.feed_forward_layer_scale,
         )
         x = nan_where(bad_attention, nan_where(bad_padding, x))
         if return_attention_scores:
@@ -366,4 +394,5 @@ class TransformerBlock(SpecFromCall, RematCall, ResidualSublayers, keras.layers.
         config["gated"] = self.gated
         config["window"] = self.window
         config["layer_norm_center"] = self.layer_norm_center
+        config["layer_scale_init"] = self.layer_scale_init
         return config

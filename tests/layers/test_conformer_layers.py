@@ -45,8 +45,8 @@ def test_conv_module_layer(tmp_path):
         ConformerConvModule,
         init_kwargs={
             "kernel_size": 4, "expansion": 3, "dropout": 0.1, "layer_norm_epsilon": 1e-3,
-            "batch_norm_momentum": 0.9, "kernel_initializer": "he_uniform",
-            "depthwise_initializer": "ones",
+            "batch_norm_momentum": 0.9, "batch_norm_epsilon": 1e-5,
+            "kernel_initializer": "he_uniform", "depthwise_initializer": "ones",
         },
         input_data={"inputs": rand(2, 7, 6), "padding_mask": lengths_mask([7, 4], 7)},
         expected_output_shape=(2, 7, 6),
@@ -54,6 +54,16 @@ def test_conv_module_layer(tmp_path):
         expected_num_trainable_weights=10,
         tmp_path=tmp_path,
     )
+
+
+def test_batch_norm_epsilon_reaches_the_batch_norm():
+    block = ConformerBlock(num_heads=2, kernel_size=3, batch_norm_epsilon=1e-5)
+    block.build((None, None, 8))
+    assert block.conv_module.batch_norm.epsilon == 1e-5
+    assert ConformerBlock.from_config(block.get_config()).batch_norm_epsilon == 1e-5
+    default = ConformerConvModule(kernel_size=3)
+    default.build((None, None, 8))
+    assert default.batch_norm.epsilon == 1e-3  # Keras's, as before
 
 
 @pytest.mark.slow
@@ -68,6 +78,7 @@ def test_conformer_block_layer(tmp_path):
             "num_heads": 2, "intermediate_dim": 12, "kernel_size": 5, "dropout": 0.05,
             "attention_dropout": 0.1, "conv_expansion": 4, "layer_norm_epsilon": 1e-3,
             "kernel_initializer": "he_normal", "causal_conv": True, "conv_norm": "layer_norm",
+            "batch_norm_epsilon": 1e-5,
         },
         input_data={"inputs": rand(2, 6, 8), "padding_mask": lengths_mask([6, 2], 6)},
         expected_output_shape=(2, 6, 8),

@@ -234,7 +234,42 @@ def test_rotary_block_padding_invariance_and_positions():
         np.testing.assert_allclose(got[4:7], alone[1], atol=1e-5)
 
 
+# === DINOv2's option: LayerScale ===
+
+
+def test_layer_with_layer_scale_and_swiglu(tmp_path):
+    run_layer_test(
+        TransformerBlock,
+        init_kwargs={"num_heads": 2, "intermediate_dim": 12, "norm_position": "pre",
+                     "activation": "silu", "gated": True, "layer_scale_init": 0.5},
+        input_data={"inputs": rand(2, 5, 8),
+                    "padding_mask": np.array([[1] * 5, [1, 1, 1, 0, 0]], bool)},
+        expected_output_shape=(2, 5, 8),
+        # 4 attention kernels and biases, 2 FFN kernels and biases, 2 LayerNorms x
+        # (gamma, beta), 2 LayerScale vectors
+        expected_num_trainable_weights=18,
+        tmp_path=tmp_path,
+    )
+
+
+def test_layer_scale_multiplies_each_sublayer_output():
+    block = TransformerBlock(num_heads=2, intermediate_dim=6, norm_position="pre",
+                             layer_scale_init=1e-5)
+    x = ops.convert_to_tensor(rand(2, 4, 8))
+    block(x)
+    np.testing.assert_allclose(to_numpy(block.self_attention_layer_scale), 1e-5)
+    gamma1, gamma2 = rand(8), rand(8)
+    block.self_attention_layer_scale.assign(gamma1)
+    block.feed_forward_layer_scale.assign(gamma2)
+    ln1, ln2 = block.self_attention_layer_norm, block.feed_forward_layer_norm
+    y = x + ops.convert_to_tensor(gamma1) * block.self_attention(ln1(x))
+    want = y + ops.convert_to_tensor(gamma2) * block.feed_forward(ln2(y))
+    np.testing.assert_allclose(to_numpy(block(x)), to_numpy(want), atol=1e-5)
+    assert TransformerBlock(num_heads=2, intermediate_dim=6).get_config()["layer_scale_init"] is None
+
+
 @pytest.mark.parametrize("kwargs, match", [
+    ({"layer_scale_init": 0.0}, r"Received: layer_scale_init=0.0"),
     ({"rotary_theta": -1.0}, r"Received: rotary_theta=-1.0"),
     ({"rotary_theta": 1e4, "key_dim": 3}, r"even query/key head size.*Received: key_dim=3"),
     ({"gated": "yes"}, r"Received: gated='yes'"),

@@ -28,7 +28,7 @@ FAMILIES = {
     }),
     "vit": (models.ViTConfig, models.ViT, "vit_tiny_16", {
         "pooling": ("max", r"Invalid value for argument `pooling`: it must be one of "
-                           r"\['cls', 'gap'\]. Received: pooling='max'"),
+                           r"\['cls', 'cls_gap', 'gap'\]. Received: pooling='max'"),
         "num_classes": (0, r"Received: num_classes=0"),
         "patch_size": (15, r"`patch_size` must divide `image_size`.*Received: image_size=224, "
                            r"patch_size=15"),
@@ -131,7 +131,7 @@ def _refused(recipe, overrides):
 @pytest.mark.parametrize("path, key, value, message", [
     ("bert/bert_tiny_pydoc.json", "num_heads", -3, "it must be a positive integer"),
     ("bert/bert_tiny_pydoc.json", "dropout", 7.0, r"it must be a number in [0, 1)"),
-    ("vit/vit_tiny_digits.json", "pooling", "max", "it must be one of ['cls', 'gap']"),
+    ("vit/vit_tiny_digits.json", "pooling", "max", "it must be one of ['cls', 'cls_gap', 'gap']"),
     ("transformer/transformer_numbers.json", "norm_position", "middle", "it must be one of"),
     ("conformer/conformer_tiny_digits.json", "time_mask_count", -1,
      "must be a non-negative integer"),

@@ -67,7 +67,21 @@ def test_preset_fields():
         768, 12, 12, 3072,
     )
     assert VIT_PRESETS["vit_huge_14"].patch_size == 14
-    assert all(config.image_size == 224 for config in VIT_PRESETS.values())
+    assert all(config.image_size == 224 for name, config in VIT_PRESETS.items()
+               if name.startswith("vit_"))
+    dino = VIT_PRESETS["dinov2_registers_small_14"]
+    assert (dino.image_size, dino.patch_size, dino.hidden_dim, dino.num_layers, dino.num_heads,
+            dino.intermediate_dim, dino.num_register_tokens) == (518, 14, 384, 12, 6, 1536, 4)
+
+
+@pytest.mark.large
+@pytest.mark.backend_independent  # a count, the same on every backend
+def test_dinov2_registers_small_parameter_count():
+    # transformers' Dinov2WithRegistersModel of facebook/dinov2-with-registers-small's
+    # config has 22,058,112, of which 384 are the `mask_token` of masked pretraining.
+    model = build_vit("dinov2_registers_small_14")
+    assert model.count_params() == 22_058_112 - 384
+    assert model.output_shape == (None, 768)  # [CLS] and the mean patch token
 
 
 @pytest.mark.large
@@ -256,3 +270,67 @@ def test_resize_rejects_bad_sizes_and_models():
         resize_vit(keras.Sequential([keras.layers.Dense(2)]), 32)
     with pytest.raises(ValueError, match=r"Received: interpolation='nearest'"):
         resize_vit(model, 48, interpolation="nearest")
+
+
+# === DINOv2's options: registers, LayerScale, SwiGLU, ImageNet pixels ===
+
+DINO = dict(num_register_tokens=3, layer_scale_init=0.5, feed_forward="swiglu",
+            pixel_normalization="imagenet", pooling="cls_gap")
+
+
+def test_dinov2_options_pass_the_model_harness(tmp_path):
+    family = FAMILIES["vit"]
+    x, y = family.batch(size=3, **DINO)
+    run_model_test(lambda: family.build(**DINO), x, y, crop=family.crop,
+                   tmp_path=tmp_path, expected_config=dataclasses.asdict(family.config(**DINO)))
+
+
+def test_registers_follow_the_class_token_without_positions():
+    model = tiny(**DINO)
+    block = model.get_layer("transformer_block_0")
+    assert block.gated and block.activation.__name__ == "silu"
+    assert block.layer_scale_init == 0.5
+    assert model.get_layer("position_embedding").max_sequence_length == 1 + 16
+    registers = np.arange(3 * 16, dtype="float32").reshape(3, 16)
+    model.get_layer("register_tokens").tokens.assign(registers)
+    embedded = keras.Model(model.input, model.get_layer("register_tokens").output)
+    before = keras.Model(model.input, model.get_layer("add_position_embedding").output)
+    got, want = to_numpy(embedded(images())), to_numpy(before(images()))
+    assert got.shape == (2, 1 + 3 + 16, 16)
+    np.testing.assert_array_equal(got[:, 0], want[:, 0])
+    np.testing.assert_array_equal(got[:, 1:4], np.broadcast_to(registers, (2, 3, 16)))
+    np.testing.assert_array_equal(got[:, 4:], want[:, 1:])
+    # The head reads [CLS] and the mean of the patch tokens, not the registers.
+    features = to_numpy(keras.Model(model.input, model.get_layer("final_layer_norm").output)(
+        images()))
+    pooled = np.concatenate([features[:, 0], features[:, 4:].mean(axis=1)], axis=-1)
+    np.testing.assert_allclose(to_numpy(model(images())), pooled, atol=1e-6)
+
+
+def test_imagenet_pixel_normalization():
+    out = to_numpy(tiny(**DINO).get_layer("rescaling")(np.array([[0.0, 127.5, 255.0]] * 2)))
+    mean, std = np.array([0.485, 0.456, 0.406]), np.array([0.229, 0.224, 0.225])
+    np.testing.assert_allclose(out, (np.array([[0.0, 0.5, 1.0]] * 2) - mean) / std, atol=1e-5)
+
+
+@pytest.mark.parametrize("overrides, match", [
+    ({"num_register_tokens": -1}, r"Received: num_register_tokens=-1"),
+    ({"num_register_tokens": 2, "pooling": "gap"}, r"pooling='gap', num_register_tokens=2"),
+    ({"pixel_normalization": "imagenet", "num_channels": 1}, r"Received: num_channels=1"),
+    ({"pixel_normalization": "clip"}, r"Received: pixel_normalization='clip'"),
+    ({"feed_forward": "geglu"}, r"Received: feed_forward='geglu'"),
+    ({"layer_scale_init": 0.0}, r"Received: layer_scale_init=0.0"),
+])
+def test_bad_dinov2_options(overrides, match):
+    with pytest.raises(ValueError, match=match):
+        ViTConfig(**{**TINY, **overrides})
+
+
+def test_antialiased_bicubic_interpolation_keeps_constants_and_the_same_size():
+    table = np.concatenate([np.full((1, 4), 7.0), np.full((16, 4), 2.0)]).astype("float32")
+    for new in (2, 4, 6, 9):
+        got = to_numpy(interpolate_position_embeddings(table, 4, new,
+                                                       interpolation="bicubic_antialias"))
+        assert got.shape == (1 + new * new, 4)
+        np.testing.assert_allclose(got[0], 7.0)
+        np.testing.assert_allclose(got[1:], 2.0, atol=1e-6)

@@ -21,6 +21,9 @@ INPUT_TYPES = ("waveform", "features")
 # NORMALIZATIONS), stated here too so a config imports no Keras.
 CONV_NORMS = ("batch_norm", "layer_norm")
 FEATURE_NORMALIZATIONS = ("utterance", "none")
+# "conv": ConvSubsampling, the paper's 4x; "fast": FastConvSubsampling, the
+# FastConformer's 8x depthwise-separable stages (NVIDIA's Parakeet).
+SUBSAMPLINGS = ("conv", "fast")
 # Dynamic chunk training (WeNet U2, Zhang et al. 2020, section 2.3): in
 # training, a batch attends to the whole utterance with probability 1/2, else
 # in chunks of a size drawn uniformly in 1..DYNAMIC_CHUNK_MAX encoder frames.
@@ -111,6 +114,16 @@ class ConformerConfig(ModelConfig):
         feature_normalization: `"utterance"`: log-mel features normalised
             by each utterance's mean and variance (it reads the whole
             utterance); `"none"`: decibels as they are (streamable).
+        subsampling: `"conv"` (`ConvSubsampling`, 4x, the paper's) or
+            `"fast"` (`FastConvSubsampling`, 8x, depthwise-separable: the
+            FastConformer of NVIDIA's Parakeet; offline and unpacked only
+            for now: no `chunk_size`, no packed rows).
+        subsampling_filters: channels of the subsampling's convolutions;
+            None for `hidden_dim`.
+        scale_input: multiply the subsampling's output by
+            `sqrt(hidden_dim)` before the blocks (Parakeet's `scale_input`).
+        batch_norm_epsilon: the convolution modules' BatchNorm epsilon
+            (Keras's 1e-3; PyTorch checkpoints use 1e-5).
     """
 
     vocabulary_size: int = field(None, check_vocabulary_size)
@@ -139,6 +152,10 @@ class ConformerConfig(ModelConfig):
     causal_conv: bool = field(False, flag)
     conv_norm: str = field("batch_norm", one_of(CONV_NORMS))
     feature_normalization: str = field("utterance", one_of(FEATURE_NORMALIZATIONS))
+    subsampling: str = field("conv", one_of(SUBSAMPLINGS))
+    subsampling_filters: int = field(None, optional_positive_int)
+    scale_input: bool = field(False, flag)
+    batch_norm_epsilon: float = field(1e-3, positive_float)
 
     def check_relations(self):
         if self.freq_mask_count and self.freq_mask_width > self.num_mel_bins:
@@ -152,6 +169,12 @@ class ConformerConfig(ModelConfig):
 
     def _check_streaming(self):
         chunked = self.chunk_size is not None
+        if chunked and self.subsampling == "fast":
+            raise ValueError(
+                "Chunked attention (`chunk_size`) is not built for the FastConformer's "
+                "subsampling yet (issue 59): use subsampling=\"conv\" to stream. "
+                f"Received: chunk_size={self.chunk_size}, subsampling='fast'"
+            )
         if chunked != (self.left_context is not None):
             raise ValueError(
                 "`chunk_size` and `left_context` go together: both set (chunked "

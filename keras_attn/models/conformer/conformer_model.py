@@ -4,7 +4,9 @@
 waveform (B, N), waveform_length (B,)
  -> LogMelFeatures            (B, T, mels), normalised per utterance
  -> SpecAugment               training only, inside valid frames
- -> ConvSubsampling           (B, T/4, D), 10 ms -> 40 ms frames
+ -> ConvSubsampling           (B, T/4, D), 10 ms -> 40 ms frames (or, with
+                              subsampling="fast", FastConvSubsampling: (B, T/8, D),
+                              the FastConformer's; x sqrt(D) with scale_input)
  -> Dropout
  -> L x ConformerBlock        padding mask from the exact output lengths
  -> Dense(vocabulary + 1)     CTC logits, index 0 = blank
@@ -39,6 +41,8 @@ from keras_attn.layers.conv_subsampling import SUBSAMPLING
 from keras_attn.layers.conv_subsampling import ConvSubsampling
 from keras_attn.layers.conv_subsampling import subsampled_segment_ids
 from keras_attn.layers.conv_subsampling import subsampled_length
+from keras_attn.layers.fast_conv_subsampling import FastConvSubsampling
+from keras_attn.layers.fast_conv_subsampling import fast_subsampled_length
 from keras_attn.layers.log_mel_features import LogMelFeatures
 from keras_attn.layers.log_mel_features import outside_lengths
 from keras_attn.layers.spec_augment import SpecAugment
@@ -212,7 +216,13 @@ class ConformerCTC(GuardedModel, ConfigModel, keras.Model):
             time_mask_count=config.time_mask_count, time_mask_ratio=config.time_mask_ratio,
             dtype=dtype, name="spec_augment",
         )
-        subsampling = ConvSubsampling(config.hidden_dim, dtype=dtype, name="subsampling")
+        if config.subsampling == "fast":
+            subsampling = FastConvSubsampling(
+                config.hidden_dim, filters=config.subsampling_filters, dtype=dtype,
+                name="subsampling")
+        else:
+            subsampling = ConvSubsampling(config.hidden_dim, filters=config.subsampling_filters,
+                                          dtype=dtype, name="subsampling")
         input_dropout = keras.layers.Dropout(config.dropout, dtype=dtype, name="input_dropout")
         block_names = [f"conformer_block_{i}" for i in range(config.num_layers)]
         with remat_scope(config.remat, block_names):
@@ -223,6 +233,7 @@ class ConformerCTC(GuardedModel, ConfigModel, keras.Model):
                     attention_dropout=config.attention_dropout,
                     layer_norm_epsilon=config.layer_norm_epsilon,
                     causal_conv=config.causal_conv, conv_norm=config.conv_norm,
+                    batch_norm_epsilon=config.batch_norm_epsilon,
                     dtype=dtype, name=name,
                 )
                 for name in block_names
@@ -246,7 +257,9 @@ class ConformerCTC(GuardedModel, ConfigModel, keras.Model):
         # NaN for an utterance whose length does not fit its array, after the
         # subsampling's ReLUs (XLA's ReLU turns NaN into 0).
         x = LengthGuard(name="length_guard")(x, features, frame_lengths)
-        logit_lengths = subsampled_length(frame_lengths)  # (B,)
+        if config.scale_input:  # Parakeet's xscale
+            x = x * float(config.hidden_dim) ** 0.5
+        logit_lengths = encoder_length(config, frame_lengths)  # (B,)
         mask = LengthMask(name="encoder_mask")(x, logit_lengths)
         x = input_dropout(x)
         attention_mask = None
@@ -284,6 +297,12 @@ class ConformerCTC(GuardedModel, ConfigModel, keras.Model):
             outputs = super().call(inputs, training=training, mask=mask)
             return self._nan_where_lengths_wrap(inputs, outputs)
         config = self.conformer_config
+        if config.subsampling != "conv":
+            raise ValueError(
+                "Invalid value for argument `inputs`: packed utterances are not built "
+                "for the FastConformer's subsampling yet (issue 59). Received: "
+                f"segment_ids for a model with subsampling={config.subsampling!r}"
+            )
         if config.input_type != "features":
             raise ValueError(
                 "Invalid value for argument `inputs`: packed utterances are feature "
@@ -350,7 +369,7 @@ class ConformerCTC(GuardedModel, ConfigModel, keras.Model):
             return super().compute_output_spec(inputs, training=training, mask=mask)
         features = inputs["features"]
         batch, steps = features.shape[0], features.shape[1]
-        steps = None if steps is None else subsampled_length(steps)
+        steps = None if steps is None else encoder_length(self.conformer_config, steps)
         return {
             "logits": keras.KerasTensor((batch, steps, self.vocabulary_size + 1),
                                         self.compute_dtype),
@@ -512,12 +531,12 @@ class ConformerCTC(GuardedModel, ConfigModel, keras.Model):
         if labels is None or frames is None or labels.ndim != 2:
             return
         needed = ctc_frames_needed(labels)
-        emitted = subsampled_length(np.asarray(frames))
+        emitted = encoder_length(self.conformer_config, np.asarray(frames))
         short = int(np.sum(needed > emitted))
         if short:
             warnings.warn(
                 f"{short} of {len(labels)} utterance(s) have more labels than "
-                "their logits can emit after 4x subsampling (CTC needs one frame "
+                "their logits can emit after the subsampling (CTC needs one frame "
                 "per label plus one between repeated labels); their loss is "
                 "NaN, so a training step on them is skipped and fit stops "
                 "there. Received: "
@@ -639,6 +658,15 @@ class ConformerCTC(GuardedModel, ConfigModel, keras.Model):
             mask_index=0,
         )
         return decoded[0]
+
+
+def encoder_length(config, length):
+    """Encoder (logit) frames from `length` feature frames, through the
+    subsampling of `config` (`subsampled_length` or, for
+    `subsampling="fast"`, `fast_subsampled_length`)."""
+    if config.subsampling == "fast":
+        return fast_subsampled_length(length)
+    return subsampled_length(length)
 
 
 def greedy_chunk_tokens(logits, real, last):

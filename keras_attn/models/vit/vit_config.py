@@ -7,6 +7,7 @@ the backbone alone is smaller by `1000 * (hidden_dim + 1)`.
 """
 
 import dataclasses
+import numbers
 
 from keras_attn.models._config import ModelConfig
 from keras_attn.models._config import check_heads_divide
@@ -20,7 +21,28 @@ from keras_attn.models._config import rate
 from keras_attn.models._config import replace_fields
 from keras_attn.models._config import resolve_config
 
-POOLINGS = ("cls", "gap")
+POOLINGS = ("cls", "gap", "cls_gap")
+FEED_FORWARDS = ("gelu", "swiglu")
+PIXEL_NORMALIZATIONS = ("half", "imagenet")
+# (mean, std) per channel of the pixels scaled to [0, 1].
+PIXEL_STATISTICS = {
+    "half": ((0.5, 0.5, 0.5), (0.5, 0.5, 0.5)),
+    # torchvision's / timm's ImageNet statistics (DINOv2's image processor).
+    "imagenet": ((0.485, 0.456, 0.406), (0.229, 0.224, 0.225)),
+}
+
+
+def _non_negative_int(name, value):
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 0:
+        raise ValueError(
+            f"Invalid value for argument `{name}`: it must be an integer >= 0. "
+            f"Received: {name}={value!r}"
+        )
+    return int(value)
+
+
+def _optional_positive_float(name, value):
+    return None if value is None else positive_float(name, value)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -45,9 +67,24 @@ class ViTConfig(ModelConfig):
             The difference is far below float32 noise for trained weights.
         pooling: `"cls"`: classify from the [CLS] token; `"gap"`: no [CLS]
             token, mean of the patch tokens (the paper's GAP variant, big_vision
-            `pool_type="gap"`).
+            `pool_type="gap"`); `"cls_gap"`: the [CLS] vector concatenated
+            with the mean of the patch tokens, `(B, 2 D)` (DINOv2's linear
+            classifier; register tokens are in neither).
         num_classes: size of the classifier head; None for the backbone, which
             returns the pooled `(B, D)` representation.
+        num_register_tokens: learned tokens inserted after the [CLS] token,
+            after the position embeddings are added (they have none), and
+            dropped by the pooling (Darcet et al., "Vision Transformers Need
+            Registers", 2024). 0 for the plain ViT.
+        layer_scale_init: None, or the initial value of LayerScale in every
+            block (`TransformerBlock`'s `layer_scale_init`; DINOv2).
+        feed_forward: `"gelu"`, the ViT MLP; `"swiglu"`, a gated MLP with a
+            SiLU gate (`FeedForward(gated=True)`; DINOv2's giant model),
+            `intermediate_dim` wide.
+        pixel_normalization: what the first layer does to the [0, 255]
+            pixels: `"half"`, `x / 127.5 - 1` (mean = std = 0.5, the
+            reference ViT); `"imagenet"`, `(x / 255 - mean) / std` with the
+            ImageNet statistics (DINOv2's image processor). RGB only.
         remat: rematerialise each encoder block in training (gradient
             checkpointing): its activations are recomputed in the backward
             pass instead of stored. Less memory for about one more forward
@@ -68,8 +105,22 @@ class ViTConfig(ModelConfig):
     pooling: str = field("cls", one_of(POOLINGS))
     num_classes: int = field(None, optional_positive_int)
     remat: bool = field(False, flag)
+    num_register_tokens: int = field(0, _non_negative_int)
+    layer_scale_init: float = field(None, _optional_positive_float)
+    feed_forward: str = field("gelu", one_of(FEED_FORWARDS))
+    pixel_normalization: str = field("half", one_of(PIXEL_NORMALIZATIONS))
 
     def check_relations(self):
+        if self.num_register_tokens and self.pooling == "gap":
+            raise ValueError(
+                "Register tokens follow the [CLS] token: `pooling=\"gap\"` has none. "
+                f"Received: pooling='gap', num_register_tokens={self.num_register_tokens}"
+            )
+        if self.pixel_normalization == "imagenet" and self.num_channels != 3:
+            raise ValueError(
+                "The ImageNet statistics are per RGB channel: `pixel_normalization="
+                f"'imagenet'` needs num_channels=3. Received: num_channels={self.num_channels}"
+            )
         if self.image_size % self.patch_size:
             raise ValueError(
                 "`patch_size` must divide `image_size` (the image is cut into "
@@ -111,6 +162,25 @@ VIT_PRESETS = {
     "vit_large_16": _variant(1024, 24, 16, 4096, patch_size=16),
     # H/14: ViT Table 1, "ViT-Huge" (632M). 632,045,800.
     "vit_huge_14": _variant(1280, 32, 16, 5120, patch_size=14),
+    # DINOv2 with registers, small (Darcet et al. 2024; the checkpoint
+    # facebook/dinov2-with-registers-small): ViT-S/14 at 518 x 518 (37 x 37
+    # patches), 4 registers, LayerScale, GELU MLP, ImageNet normalisation,
+    # classifier on [CLS] and the mean patch token.
+    # Backbone (num_classes=None): 22,057,728 parameters, transformers'
+    # Dinov2WithRegistersModel of that config less its unused `mask_token`
+    # (22,058,112 - 384).
+    "dinov2_registers_small_14": ViTConfig(
+        image_size=518,
+        patch_size=14,
+        hidden_dim=384,
+        num_layers=12,
+        num_heads=6,
+        intermediate_dim=1536,
+        num_register_tokens=4,
+        layer_scale_init=1.0,
+        pixel_normalization="imagenet",
+        pooling="cls_gap",  # the head of Dinov2WithRegistersForImageClassification
+    ),
 }
 
 

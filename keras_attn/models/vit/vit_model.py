@@ -2,15 +2,18 @@
 
 ```
 images (B, H, W, C) uint8 or float pixels in [0, 255]
- -> Rescaling to [-1, 1]                       "rescaling"
+ -> Rescaling to [-1, 1] (or ImageNet stats)   "rescaling"
  -> Conv2D P x P, stride P                     "patch_embedding"   (B, H/P, W/P, D)
  -> Reshape                                    "patch_flatten"     (B, T, D)
- -> prepend [CLS] (pooling="cls")              "class_token"       (B, 1 + T, D)
+ -> prepend [CLS] (pooling != "gap")           "class_token"       (B, 1 + T, D)
  -> + learned positions                        "position_embedding"
+ -> R registers after [CLS] (R > 0)            "register_tokens"   (B, 1 + R + T, D)
  -> Dropout                                    "embedding_dropout"
  -> L x pre-norm TransformerBlock (GELU)       "transformer_block_{i}"
+    (or SwiGLU; LayerScale if layer_scale_init)
  -> LayerNorm                                  "final_layer_norm"
  -> [CLS] vector or mean of the patch tokens   "pooling"           (B, D)
+    (or both, concatenated: "cls_gap", (B, 2 D))
  -> Dense (num_classes given)                  "classifier"        (B, K) logits
 ```
 """
@@ -28,33 +31,77 @@ from keras_attn._remat import remat_scope
 from keras_attn.layers.class_token import ClassToken
 from keras_attn.layers.position_embedding import PositionEmbedding
 from keras_attn.layers.transformer_block import TransformerBlock
+from keras_attn.models.vit.vit_config import PIXEL_STATISTICS
 from keras_attn.models.vit.vit_config import ViTConfig
 from keras_attn.models.vit.vit_config import get_vit_config
 from keras_attn.models.vit.vit_config import DEFAULT_PRESET
 
 
 class _Pooling(keras.layers.Layer):
-    """The image vector: the [CLS] output, or the mean over the tokens.
+    """The image vector: the [CLS] output, the mean over the patch tokens, or
+    both concatenated; the `num_register_tokens` after [CLS] are in neither.
 
     Private: only `ViT` builds it, and `ViT.get_config` rebuilds it from the
     model's own arguments.
     """
 
-    def __init__(self, pooling, **kwargs):
+    def __init__(self, pooling, num_register_tokens=0, **kwargs):
         super().__init__(**kwargs)
         self.pooling = pooling
+        self.num_register_tokens = num_register_tokens
 
     def call(self, inputs):
+        if self.pooling == "gap":
+            return ops.mean(inputs, axis=1)  # (B, D)
+        cls = inputs[:, 0, :]  # (B, D)
         if self.pooling == "cls":
-            return inputs[:, 0, :]  # (B, D)
-        return ops.mean(inputs, axis=1)  # (B, D)
+            return cls
+        patches = inputs[:, 1 + self.num_register_tokens:, :]  # (B, T, D)
+        return ops.concatenate([cls, ops.mean(patches, axis=1)], axis=-1)  # (B, 2D)
 
     def compute_output_shape(self, inputs_shape):
-        return (inputs_shape[0], inputs_shape[2])
+        width = inputs_shape[2] * (2 if self.pooling == "cls_gap" else 1)
+        return (inputs_shape[0], width)
 
     def get_config(self):
         config = super().get_config()
         config["pooling"] = self.pooling
+        config["num_register_tokens"] = self.num_register_tokens
+        return config
+
+
+class _RegisterTokens(keras.layers.Layer):
+    """Inserts `count` learned `(D,)` tokens after the [CLS] token:
+    `(B, 1 + T, D)` -> `(B, 1 + count + T, D)` (Darcet et al., 2024).
+
+    Private, as `_Pooling`: only `ViT` builds it.
+    """
+
+    def __init__(self, count, **kwargs):
+        super().__init__(**kwargs)
+        self.count = count
+
+    def build(self, inputs_shape):
+        # Zeros, as transformers' Dinov2WithRegisters starts them.
+        self.tokens = self.add_weight(
+            name="tokens", shape=(self.count, inputs_shape[-1]), initializer="zeros"
+        )
+        self.built = True
+
+    def call(self, inputs):
+        batch_size, width = ops.shape(inputs)[0], ops.shape(inputs)[-1]
+        tokens = ops.cast(self.tokens, inputs.dtype)[None]  # (1, R, D)
+        tokens = ops.broadcast_to(tokens, (batch_size, self.count, width))
+        return ops.concatenate([inputs[:, :1], tokens, inputs[:, 1:]], axis=1)
+
+    def compute_output_shape(self, inputs_shape):
+        length = inputs_shape[1]
+        length = None if length is None else length + self.count
+        return (inputs_shape[0], length, inputs_shape[2])
+
+    def get_config(self):
+        config = super().get_config()
+        config["count"] = self.count
         return config
 
 
@@ -88,11 +135,17 @@ class ViT(GuardedModel, ConfigModel, keras.Model):
     @config_arguments(ViTConfig, "ViT")
     def __init__(self, config, dtype=None, **kwargs):
         grid, width = config.grid_size, config.hidden_dim
-        num_tokens = config.num_patches + (1 if config.pooling == "cls" else 0)
+        num_tokens = config.num_patches + (0 if config.pooling == "gap" else 1)
 
         # === Layers ===
+        if config.pixel_normalization == "half":
+            scale, offset = 1.0 / 127.5, -1.0
+        else:  # (x / 255 - mean) / std, per channel
+            mean, std = PIXEL_STATISTICS[config.pixel_normalization]
+            scale = [1.0 / (255.0 * s) for s in std]
+            offset = [-m / s for m, s in zip(mean, std)]
         rescaling = keras.layers.Rescaling(
-            scale=1.0 / 127.5, offset=-1.0, dtype=dtype, name="rescaling"
+            scale=scale, offset=offset, dtype=dtype, name="rescaling"
         )
         patch_embedding = keras.layers.Conv2D(
             width,
@@ -117,6 +170,7 @@ class ViT(GuardedModel, ConfigModel, keras.Model):
         embedding_dropout = keras.layers.Dropout(
             config.dropout, dtype=dtype, name="embedding_dropout"
         )
+        swiglu = config.feed_forward == "swiglu"
         block_names = [f"transformer_block_{i}" for i in range(config.num_layers)]
         with remat_scope(config.remat, block_names):
             blocks = [
@@ -124,10 +178,12 @@ class ViT(GuardedModel, ConfigModel, keras.Model):
                     num_heads=config.num_heads,
                     intermediate_dim=config.intermediate_dim,
                     norm_position="pre",
-                    activation="gelu",
+                    activation="silu" if swiglu else "gelu",
+                    gated=swiglu,
                     dropout=config.dropout,
                     attention_dropout=config.attention_dropout,
                     layer_norm_epsilon=config.layer_norm_epsilon,
+                    layer_scale_init=config.layer_scale_init,
                     dtype=dtype,
                     name=name,
                 )
@@ -136,7 +192,7 @@ class ViT(GuardedModel, ConfigModel, keras.Model):
         final_layer_norm = keras.layers.LayerNormalization(
             epsilon=config.layer_norm_epsilon, dtype=dtype, name="final_layer_norm"
         )
-        pool = _Pooling(config.pooling, dtype=dtype, name="pooling")
+        pool = _Pooling(config.pooling, config.num_register_tokens, dtype=dtype, name="pooling")
 
         # === Functional Model ===
         # Any dtype is accepted and cast to float by the rescaling layer; the
@@ -147,9 +203,12 @@ class ViT(GuardedModel, ConfigModel, keras.Model):
         x = rescaling(images)
         x = patch_embedding(x)  # (B, H/P, W/P, D)
         x = patch_flatten(x)  # (B, T, D), T = (H/P) * (W/P)
-        if config.pooling == "cls":
+        if config.pooling != "gap":
             x = class_token(x)  # (B, 1 + T, D)
         x = add_positions([x, position_embedding(x)])
+        if config.num_register_tokens:
+            x = _RegisterTokens(config.num_register_tokens, dtype=dtype,
+                                name="register_tokens")(x)  # (B, 1 + R + T, D)
         x = embedding_dropout(x)
         for block in blocks:
             x = block(x)
