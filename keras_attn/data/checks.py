@@ -55,6 +55,7 @@ def check_batches(dataset, model):
     """`dataset` (of `(x, y)` or `(x, y, sample_weight)` batches for
     `model`) with every batch checked against what `model` accepts."""
     from keras_attn.layers.conv_subsampling import subsampled_length
+    from keras_attn.layers.fast_conv_subsampling import fast_subsampled_length
 
     tf = tensorflow_module()
 
@@ -100,7 +101,11 @@ def check_batches(dataset, model):
                     lengths, tf.cast(tf.shape(named["waveform"])[1], tf.int64),
                     message=f"{DATA_CHECK} `waveform_length` must be at most the padded length"),
             ]
-            frames = subsampled_length(1 + lengths // config.frame_step, maximum=tf.maximum)
+            frames = 1 + lengths // config.frame_step
+            fast = getattr(config, "subsampling", "conv") == "fast"
+            # The FastConformer's 8x (`fast_subsampled_length`: only + and //).
+            frames = fast_subsampled_length(frames) if fast else subsampled_length(
+                frames, maximum=tf.maximum)
             real = tf.cast(y, tf.int64) > 0
             gaps = tf.logical_and(tf.logical_not(real[:, :-1]), real[:, 1:])
             assertions.append(tf.debugging.assert_equal(
@@ -110,7 +115,8 @@ def check_batches(dataset, model):
             assertions.append(tf.debugging.assert_less_equal(
                 _ctc_frames_needed(tf, y), frames,
                 message=f"{DATA_CHECK} a CTC label sequence is longer than its utterance "
-                        "can emit after 4x subsampling (labels needed vs frames)",
+                        f"can emit after {8 if fast else 4}x subsampling (labels needed vs "
+                        "frames)",
                 summarize=8))
         with tf.control_dependencies(assertions):
             x = tf.nest.map_structure(tf.identity, x)

@@ -75,6 +75,25 @@ def test_ctc_labels_the_utterance_cannot_emit_stop_the_pipeline():
     assert "CTC label sequence is longer than its utterance can emit" in text
 
 
+def test_a_fastconformers_labels_are_checked_against_its_8x_frames():
+    # 4,000 samples: 26 feature frames, 7 logits after 4x, 4 after the
+    # FastConformer's 8x. A transcript needing 5 frames fits the first only.
+    from keras_attn.models.conformer import build_conformer
+
+    model = build_conformer("conformer_tiny", vocabulary_size=5, subsampling="fast",
+                            subsampling_filters=4, hidden_dim=16, num_layers=1, num_heads=2,
+                            kernel_size=5, num_mel_bins=16, freq_mask_width=4)
+    x = {"waveform": np.zeros((2, 4000), "float32"),
+         "waveform_length": np.array([4000, 4000], "int32")}
+    labels = np.array([[1, 2, 3, 4, 1], [1, 2, 3, 0, 0]], "int32")
+    dataset = tf.data.Dataset.from_tensor_slices((x, labels)).batch(2)
+    text = _first_error(check_batches(dataset, model))
+    assert "can emit after 8x subsampling" in text
+    shorter = np.array([[1, 2, 3, 4, 0], [1, 2, 0, 0, 0]], "int32")  # 4 and 2 frames
+    fits = tf.data.Dataset.from_tensor_slices((x, shorter)).batch(2)
+    assert len(list(check_batches(fits, model))) == 1
+
+
 def test_ctc_labels_with_a_zero_inside_stop_the_pipeline():
     model = FAMILIES["conformer"].build()
     x = {"waveform": np.zeros((2, 8000), "float32"),

@@ -575,7 +575,8 @@ class SpeechCTC(Task):
                 f"Received: length={int(lengths[bad])} for utterance {int(index[bad])} of "
                 f"{int(own[bad])} samples, width={int(widths[bad])}")
         frames = 1 + lengths.astype("int64") // self.model_config.frame_step
-        _check_label_frames(parts["y"], frames, lambda bad: f"utterance {int(index[bad])}")
+        _check_label_frames(parts["y"], frames, lambda bad: f"utterance {int(index[bad])}",
+                            self.model_config)
 
     def finish_prepared(self, parts, tables):
         if "row" in parts:  # a packed training batch: its rows of the table
@@ -670,13 +671,15 @@ def _check_feature_rows(x, labels):
                         lambda bad: f"utterance {bad % slots + 1} of row {bad // slots}")
 
 
-def _check_label_frames(labels, frames, where):
+def _check_label_frames(labels, frames, where, config=None):
     """What the pipeline's data check asks (keras_attn.data.checks) of
     labels `(N, L)` and their utterances' feature frames `(N,)`: each
     transcript's ids followed by 0s, no longer than the utterance can emit
-    after the 4x subsampling. `where(i)` names row i."""
+    after the model's subsampling (4x; 8x where `config.subsampling` is
+    "fast"; 4x without a `config`). `where(i)` names row i."""
     from keras_attn.layers.conv_subsampling import subsampled_length
     from keras_attn.models.conformer.conformer_model import ctc_frames_needed
+    from keras_attn.models.conformer.conformer_model import encoder_length
 
     real = labels > 0
     gaps = np.flatnonzero((~real[:, :-1] & real[:, 1:]).any(axis=1))
@@ -684,11 +687,12 @@ def _check_label_frames(labels, frames, where):
         raise ValueError(
             "`labels` must be each transcript's ids followed by 0s (the padding). "
             f"Received: {labels[gaps[0]].tolist()} for {where(int(gaps[0]))}")
-    emitted = subsampled_length(frames)
+    emitted = subsampled_length(frames) if config is None else encoder_length(config, frames)
     needed = ctc_frames_needed(labels)
     if np.any(needed > emitted):
         bad = int(np.flatnonzero(needed > emitted)[0])
+        factor = 8 if getattr(config, "subsampling", "conv") == "fast" else 4
         raise ValueError(
-            "a CTC label sequence is longer than its utterance can emit after 4x "
+            f"a CTC label sequence is longer than its utterance can emit after {factor}x "
             f"subsampling. Received: labels needing {int(needed[bad])} frames, "
             f"{int(emitted[bad])} frames for {where(bad)}")
