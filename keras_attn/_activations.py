@@ -59,3 +59,8 @@ def serialize_activation(activation):
     if activation is gelu_approximate:
         return "gelu_approximate"
     return keras.activations.serialize(activation)
+
+# The packages that register classes, once this module is whole.
+from keras_attn._registration import register_all as _register_all  # noqa: E402
+
+_register_all(__name__)

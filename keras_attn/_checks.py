@@ -129,3 +129,8 @@ def check_static_shape(name, tensor, expected, what):
             f"`{name}` must broadcast to {what} = {tuple(expected)}. "
             f"Received: {name}.shape={shape}"
         )
+
+# The packages that register classes, once this module is whole.
+from keras_attn._registration import register_all as _register_all  # noqa: E402
+
+_register_all(__name__)

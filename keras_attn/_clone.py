@@ -37,3 +37,8 @@ def for_sublayer(obj, name):
         if seed is not None:
             config["seed"] = _derived_seed(seed, name)
     return obj.__class__.from_config(config)
+
+# The packages that register classes, once this module is whole.
+from keras_attn._registration import register_all as _register_all  # noqa: E402
+
+_register_all(__name__)

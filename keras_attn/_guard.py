@@ -809,3 +809,9 @@ def _first_argument(call, args, kwargs):
         return args[0]
     parameters = list(inspect.signature(call).parameters)
     return kwargs.get(parameters[0]) if parameters else None
+
+
+# The other packages that register classes, once this module is whole.
+from keras_attn._registration import register_all as _register_all  # noqa: E402
+
+_register_all(__name__)

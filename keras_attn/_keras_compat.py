@@ -310,3 +310,8 @@ def build_before_first_trace(model, x, y=None, sample_weight=None):
     except Exception:  # noqa: BLE001 - the traced step builds (and raises) as before
         if model.built and model.optimizer is not None and not model.optimizer.built:
             model.optimizer.build(model.trainable_variables)
+
+# The packages that register classes, once this module is whole.
+from keras_attn._registration import register_all as _register_all  # noqa: E402
+
+_register_all(__name__)

@@ -105,3 +105,8 @@ def _rematerialized(layer, layer_call, *args, **kwargs):
     for variable, value in zip(state, new_state):
         variable.assign(value)
     return outputs
+
+# The packages that register classes, once this module is whole.
+from keras_attn._registration import register_all as _register_all  # noqa: E402
+
+_register_all(__name__)

@@ -19,3 +19,8 @@ __all__ = [
     "restore_latest",
     "transformer_adam",
 ]
+
+# The other packages that register classes, once this one is whole.
+from keras_attn._registration import register_all as _register_all  # noqa: E402
+
+_register_all(__name__)
