@@ -90,7 +90,11 @@ def synthesize(text, voice="en", rate=175, pitch=50, sampling_rate=16000):
     if sampling_rate != engine.sample_rate:
         divisor = np.gcd(sampling_rate, engine.sample_rate)
         audio = resample_poly(audio, sampling_rate // divisor, engine.sample_rate // divisor)
-    return audio.astype("float32")
+    # The polyphase filter overshoots near full scale (5 of the 2,000
+    # embedded utterances peaked at 1.003-1.015): clipped back, as
+    # `data.files.read_wav` does, so the set stays in the [-1, 1] every
+    # front end takes and refuses outside it.
+    return np.clip(audio, -1.0, 1.0).astype("float32")
 
 
 def generate_spoken_digits(count, seed=0, min_digits=1, max_digits=5, sampling_rate=16000):
@@ -131,7 +135,8 @@ def load_spoken_digits(count=2000, seed=0, cache_dir=None):
         `(waveforms, transcripts)` as in `generate_spoken_digits`.
     """
     cache_dir = cache_dir or _default_cache_dir()
-    path = os.path.join(cache_dir, f"spoken_digits_v1_{count}_{seed}.npz")
+    # v2: the audio clipped to [-1, 1] after resampling (a v1 file is not).
+    path = os.path.join(cache_dir, f"spoken_digits_v2_{count}_{seed}.npz")
     if os.path.exists(path):
         try:
             with np.load(path) as stored:

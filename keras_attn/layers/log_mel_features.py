@@ -91,7 +91,8 @@ class LogMelFeatures(keras.layers.Layer):
         **kwargs: base layer arguments.
 
     Call arguments:
-        waveform: `(B, N)` float audio in [-1, 1].
+        waveform: `(B, N)` float audio in [-1, 1] (a row with a valid
+            sample outside it gets NaN features).
         waveform_length: `(B,)` valid samples per utterance (default: all N).
 
     Returns:
@@ -188,6 +189,12 @@ class LogMelFeatures(keras.layers.Layer):
             lengths = ops.cast(waveform_length, "int32")  # (B,)
             inside = ops.less(ops.expand_dims(ops.arange(samples), 0), ops.expand_dims(lengths, 1))
             waveform = ops.where(inside, waveform, 0.0)
+        # A valid sample outside [-1, 1] (16-bit PCM given as floats,
+        # x 32768) would make other features, not an error: that row's
+        # features become NaN, as for a length outside [0, N] (where Python
+        # runs, the models refuse it first, naming the sample).
+        loud = ops.any(ops.greater(ops.abs(waveform), 1.0), axis=1)  # (B,)
+        bad = loud if lengths is None else ops.logical_or(bad, loud)
         # Zeros after the end: the last valid frames' windows reach half an
         # FFT past the length and must see zeros there whether or not the
         # batch pads this utterance (the STFT reflects the array's own end).
@@ -213,8 +220,7 @@ class LogMelFeatures(keras.layers.Layer):
             features = self._normalise(features, valid)
         else:
             features = features * valid
-        if lengths is not None:
-            features = ops.where(ops.expand_dims(bad, (1, 2)), float("nan"), features)
+        features = ops.where(ops.expand_dims(bad, (1, 2)), float("nan"), features)
         return ops.cast(features, self.compute_dtype)
 
     def _normalise(self, features, valid):

@@ -17,6 +17,21 @@ def test_synthesised_speech_is_audio_of_plausible_length():
     assert len(long) > 2 * len(short)
 
 
+def test_resampled_speech_stays_within_unit_range(monkeypatch):
+    """The polyphase filter overshoots near full scale (embedded utterances
+    peaked at 1.015, which every front end refuses): clipped back."""
+
+    class FullScale:
+        sample_rate = 22050
+
+        def say(self, text, **kwargs):
+            return np.tile(np.array([32767] * 40 + [-32768] * 40, "int16"), 100)
+
+    monkeypatch.setattr(speech, "_engine", FullScale)
+    audio = speech.synthesize("1")
+    assert audio.dtype == np.float32 and np.abs(audio).max() == 1.0
+
+
 def test_voices_rates_and_pitches_change_the_audio():
     base = speech.synthesize("3 1", voice="en", rate=175, pitch=50)
     slow = speech.synthesize("3 1", voice="en", rate=120, pitch=50)

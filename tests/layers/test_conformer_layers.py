@@ -342,6 +342,24 @@ def test_log_mel_normalises_valid_frames_and_zeroes_padding():
     np.testing.assert_array_equal(features[1, frames:], 0.0)
 
 
+def test_log_mel_makes_a_row_with_a_sample_outside_unit_range_nan():
+    """16-bit PCM given as floats (x 32768) would make other features, not an
+    error: inside a graph that row becomes NaN; its padding may hold anything,
+    and the other rows keep their own features."""
+    from keras_attn.layers import LogMelFeatures
+
+    layer = LogMelFeatures(num_mel_bins=20)
+    wave = np.clip(rand(3, 4000) * 0.1, -1, 1)
+    lengths = np.array([4000, 3000, 3000], "int32")
+    before = to_numpy(layer(wave, lengths))
+    wave[1, 10] *= 32768.0  # a valid sample
+    wave[2, 3500] = 5.0  # padding
+    after = to_numpy(layer(wave, lengths))
+    assert np.isnan(after[1]).all()
+    np.testing.assert_array_equal(after[[0, 2]], before[[0, 2]])
+    assert np.isnan(to_numpy(layer(wave[1:2] * 1.0))).all()  # no lengths given
+
+
 def test_log_mel_by_convolution_equals_the_fft():
     """The exportable STFT (a strided convolution with windowed cosines and
     sines) gives the FFT path's features; a window shorter than the FFT is

@@ -174,6 +174,23 @@ def test_decode_refuses_lengths_past_the_waveform_before_its_compiled_step():
         model.decode(data)
 
 
+def test_audio_outside_unit_range_is_refused_naming_the_sample():
+    """16-bit PCM given as floats (x 32768): a call, `predict` and `decode`
+    name the sample where Python runs; padding may hold anything."""
+    model = build_conformer(TINY, vocabulary_size=4)
+    data = batch([4000, 2000])
+    data["waveform"][1, 3000] = 7.0  # padding: read by nothing
+    reference = to_numpy(model(data)["logits"])
+    data["waveform"][1, 5] *= 32768.0
+    for run in (model, model.predict, model.decode):
+        with pytest.raises(ValueError, match=r"`waveform`.*\[-1, 1\].*waveform\[1, 5\]"):
+            run(data)
+    data["waveform"][1, 5] = np.nan
+    with pytest.raises(ValueError, match="`waveform`.*finite.*row\\(s\\) \\[1\\]"):
+        model(data)
+    assert np.isfinite(reference).all()
+
+
 def test_spec_augment_only_in_training():
     model = build_conformer(TINY, vocabulary_size=3, dropout=0.0)
     data = batch([5000, 5000])

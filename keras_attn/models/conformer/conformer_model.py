@@ -45,6 +45,7 @@ from keras_attn.layers.fast_conv_subsampling import FastConvSubsampling
 from keras_attn.layers.fast_conv_subsampling import fast_subsampled_length
 from keras_attn.layers.log_mel_features import LogMelFeatures
 from keras_attn.layers.log_mel_features import outside_lengths
+from keras_attn.layers.streaming import check_audio_range
 from keras_attn.layers.spec_augment import SpecAugment
 from keras_attn.layers.streaming import chunk_mask_of
 from keras_attn.models.conformer.conformer_config import DEFAULT_PRESET
@@ -99,13 +100,22 @@ class LengthMask(SpecFromCall, keras.layers.Layer):
 @keras.saving.register_keras_serializable(package="keras_attn")
 class LengthGuard(SpecFromCall, keras.layers.Layer):
     """`x (B, T', D)` as it is, or NaN for each utterance whose length (in
-    frames of `sequence (B, T, ...)`) is negative or past `T`."""
+    frames of `sequence (B, T, F)`) is negative or past `T`, or whose valid
+    frames of `sequence` hold a value that is not finite (the front end's
+    NaN rows, e.g. for audio outside [-1, 1]: the subsampling's ReLUs
+    would turn them into zeros under XLA)."""
 
     def compute_output_shape(self, x_shape, sequence_shape, lengths_shape):
         return tuple(x_shape)
 
     def call(self, x, sequence, lengths):
-        bad = outside_lengths(lengths, ops.shape(sequence)[1])  # (B,), in the lengths' dtype
+        steps = ops.shape(sequence)[1]
+        bad = outside_lengths(lengths, steps)  # (B,), in the lengths' dtype
+        valid = ops.less(ops.expand_dims(ops.arange(steps), 0),
+                         ops.expand_dims(ops.cast(lengths, "int32"), 1))  # (B, T)
+        broken = ops.logical_and(ops.expand_dims(valid, -1),
+                                 ops.logical_not(ops.isfinite(sequence)))
+        bad = ops.logical_or(bad, ops.any(broken, axis=(1, 2)))
         return ops.where(ops.expand_dims(bad, (1, 2)), ops.cast(float("nan"), x.dtype), x)
 
 
@@ -488,21 +498,48 @@ class ConformerCTC(GuardedModel, ConfigModel, keras.Model):
         else:
             signal, lengths = named.get("features"), named.get("feature_length")
             name = "feature_length"
-        if signal is None or lengths is None or np.ndim(signal) < 2:
+        if signal is None or np.ndim(signal) < 2:
             return
-        check_ids(name, lengths, IdSpec(0, np.shape(signal)[1] + 1,
-                                        "at most the padded length"))
+        if lengths is not None:
+            check_ids(name, lengths, IdSpec(0, np.shape(signal)[1] + 1,
+                                            "at most the padded length"))
+        if self.conformer_config.input_type == "waveform" and np.ndim(signal) == 2:
+            # The valid samples only: padding may hold anything. Outside
+            # [-1, 1] the front end makes NaN features (a compiled step
+            # cannot raise); here the sample is named first.
+            values = np.asarray(signal, "float32")
+            if lengths is not None:
+                valid = np.arange(values.shape[1])[None, :] < np.asarray(lengths).reshape(-1, 1)
+                values = np.where(valid, values, 0.0)
+            if not np.isfinite(values).all():
+                rows = np.flatnonzero(~np.isfinite(values).all(axis=1))
+                raise ValueError(
+                    "Invalid value for argument `waveform`: audio samples must be finite. "
+                    f"Received: waveform with NaN or inf in row(s) {rows.tolist()}")
+            check_audio_range("waveform", values)
 
     def guard_relations(self, named):
         if self.conformer_config.input_type == "waveform":
             signal, lengths = named.get("waveform"), named.get("waveform_length")
         else:
             signal, lengths = named.get("features"), named.get("feature_length")
-        if signal is None or lengths is None:
+        if signal is None:
             return 1.0
+        guard = 1.0
+        if self.conformer_config.input_type == "waveform" and len(signal.shape) == 2:
+            # A valid sample outside [-1, 1] (the front end's NaN features
+            # do not survive every op under XLA: the loss checks it itself).
+            loud = ops.greater(ops.abs(ops.cast(signal, "float32")), 1.0)
+            if lengths is not None:
+                index = ops.expand_dims(ops.arange(ops.shape(signal)[1]), 0)
+                loud = ops.logical_and(loud, ops.less(index, ops.expand_dims(
+                    ops.cast(lengths, "int32"), 1)))
+            guard = ops.where(ops.any(loud), float("nan"), 1.0)
+        if lengths is None:
+            return guard
         # In the lengths' own dtype: an int64 2**32 + 3 cast first would wrap to 3.
         ok = ops.logical_not(ops.any(outside_lengths(lengths, ops.shape(signal)[1])))
-        return ops.where(ok, 1.0, float("nan"))
+        return guard * ops.where(ok, 1.0, float("nan"))
 
     def _check_data(self, x, y=None):
         super()._check_data(x, y)
