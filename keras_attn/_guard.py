@@ -140,10 +140,12 @@ class IdSpec:
 
 @dataclasses.dataclass(frozen=True)
 class MaskSpec:
-    """A boolean mask, or numbers that are exactly 0 or 1."""
+    """A `(B, T)` padding mask: boolean, or numbers that are exactly 0 or 1,
+    with at least one real token (a 1) in each row: a row of padding only
+    has no answer of its own (it would come from the padding's ids)."""
 
     def describe(self, name):
-        return f"{name} boolean or 0/1"
+        return f"{name} boolean or 0/1, each row with a real token"
 
 
 def _sample(values, limit=8):
@@ -198,6 +200,25 @@ def check_mask(name, values):
         raise ValueError(
             f"`{name}` must be boolean or hold only 0 and 1 (1 = a real "
             f"token). Received: {name} with values {_sample(bad)}"
+        )
+
+
+def check_mask_rows(name, values):
+    """`ValueError` naming the rows of a `(B, T)` padding mask that hold no
+    real token. Such a row's answer comes from its padding alone (the ids
+    under the mask, through the residual stream): Keras, keras-hub and
+    transformers answer it with finite numbers that change with those ids;
+    here it is refused, and made NaN inside a graph."""
+    values = np.asarray(values)
+    if values.ndim != 2 or values.shape[1] == 0:
+        return
+    empty = np.flatnonzero(~(values != 0).any(axis=1))
+    if empty.size:
+        raise ValueError(
+            f"Invalid value for argument `{name}`: row(s) {empty[:8].tolist()}"
+            f"{' ...' if empty.size > 8 else ''} hold no real token (a row of padding "
+            "only has no answer of its own: it would come from the padding's ids); "
+            f"leave such rows out. Received: {name}[{int(empty[0])}] all 0"
         )
 
 
@@ -566,6 +587,7 @@ class GuardedModel:
                 check_ids(name, array, spec)
             elif isinstance(spec, MaskSpec):
                 check_mask(name, array)
+                check_mask_rows(name, array)
         for name, limit in self.max_length().items():
             if name in named:
                 check_length(name, named[name], limit)
@@ -646,11 +668,15 @@ class GuardedModel:
                 value = _comparable(named[name])  # before any cast: an int64 would wrap
                 ok = ops.all(ops.logical_and(value >= spec.low, value < spec.high))
                 guard = guard * ops.where(ok, 1.0, float("nan"))
-            elif isinstance(spec, MaskSpec) and name in named and named[name].dtype != "bool":
-                # A mask value other than 0/1 (a 2, a 0.5) would read as True.
+            elif isinstance(spec, MaskSpec) and name in named:
                 value = named[name]
-                ok = ops.all(ops.logical_or(ops.equal(value, 0), ops.equal(value, 1)))
-                guard = guard * ops.where(ok, 1.0, float("nan"))
+                if value.dtype != "bool":
+                    # A mask value other than 0/1 (a 2, a 0.5) would read as True.
+                    ok = ops.all(ops.logical_or(ops.equal(value, 0), ops.equal(value, 1)))
+                    guard = guard * ops.where(ok, 1.0, float("nan"))
+                if len(value.shape) == 2:  # a row of padding only
+                    ok = ops.all(ops.any(ops.not_equal(ops.cast(value, "int32"), 0), axis=1))
+                    guard = guard * ops.where(ok, 1.0, float("nan"))
         for name, limit in self.max_length().items():
             if name in named and len(named[name].shape) > 1:
                 ok = ops.shape(named[name])[1] <= limit

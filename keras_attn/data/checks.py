@@ -72,11 +72,18 @@ def check_batches(dataset, model):
             value = named[name]
             if isinstance(spec, IdSpec):
                 assertions += _in_range(tf, name, value, spec)
-            elif isinstance(spec, MaskSpec) and value.dtype != tf.bool:
-                binary = tf.logical_or(tf.equal(value, 0), tf.equal(value, 1))
-                assertions.append(tf.debugging.assert_equal(
-                    tf.reduce_all(binary), True,
-                    message=f"{DATA_CHECK} `{name}` must be boolean or hold only 0 and 1"))
+            elif isinstance(spec, MaskSpec):
+                if value.dtype != tf.bool:
+                    binary = tf.logical_or(tf.equal(value, 0), tf.equal(value, 1))
+                    assertions.append(tf.debugging.assert_equal(
+                        tf.reduce_all(binary), True,
+                        message=f"{DATA_CHECK} `{name}` must be boolean or hold only 0 and 1"))
+                if value.shape.rank == 2:
+                    real = tf.reduce_any(tf.not_equal(tf.cast(value, tf.int32), 0), axis=1)
+                    assertions.append(tf.debugging.assert_equal(
+                        tf.reduce_all(real), True,
+                        message=f"{DATA_CHECK} `{name}` has a row of padding only "
+                                "(no real token): leave such rows out"))
         for name, limit in max_length.items():
             if name in named:
                 assertions.append(tf.debugging.assert_less_equal(

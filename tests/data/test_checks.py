@@ -47,6 +47,7 @@ def test_good_batches_pass_unchanged():
         (lambda ids, y, m: ids.__setitem__((3, 1), 30), r"`token_ids` must lie in \[0, 30\)"),
         (lambda ids, y, m: y.__setitem__(2, 2), r"`labels` must lie in \[0, 2\)"),
         (lambda ids, y, m: m.__setitem__((0, 0), 0.4), "`padding_mask` must be boolean or hold only 0 and 1"),
+        (lambda ids, y, m: m.__setitem__(2, 0), "`padding_mask` has a row of padding only"),
     ],
 )
 def test_bad_batches_stop_the_pipeline_naming_the_input(edit, message):

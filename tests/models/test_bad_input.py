@@ -212,6 +212,8 @@ def test_conformer_bad_lengths_and_labels_in_a_compiled_step_change_nothing(comp
     x, y = conformer_data()
     _assert_step_skipped(model, _with(x, "waveform_length", 0, 9000), y,
                          input_error="`waveform_length` must lie in .*9000")
+    loud = dict(x, waveform=x["waveform"] * 32768.0)  # 16-bit PCM given as floats
+    _assert_step_skipped(model, loud, y, input_error=r"`waveform`: audio samples must lie in \[-1, 1\]")
     # Good inputs with a bad label: the BatchNorm moving averages, which the
     # forward pass updates, take this batch's (valid) statistics; every
     # trainable weight and the optimizer state stay as they were.
@@ -285,32 +287,54 @@ def test_too_long_sequences_in_a_compiled_step_change_nothing(compiled):
 # === Mask values other than 0/1, and NaN behind a mask ===
 
 
+def _padding_only(x, row):
+    """`x` with row `row` made padding only (its mask all 0, its ids kept)."""
+    mask = np.array(x["padding_mask"])
+    mask[row] = 0
+    return dict(x, padding_mask=mask)
+
+
+BAD_MASKS = {  # name: (bad inputs from good ones with row 1 bad, the check's message)
+    "value 2": (lambda x: _with(x, "padding_mask", (1, 2), 2),
+                r"`padding_mask` must be boolean or hold only 0 and 1"),
+    "value -3": (lambda x: _with(x, "padding_mask", (1, 3), -3),
+                 r"`padding_mask` must be boolean or hold only 0 and 1"),
+    # A row of padding only: its answer came from the padding's ids.
+    "padding only": (lambda x: _padding_only(x, 1),
+                     r"`padding_mask`: row\(s\) \[1\] hold no real token"),
+}
+
+
 @SHARED
-@pytest.mark.parametrize("value", [2, -3])
-def test_bert_mask_values_other_than_0_1_in_a_compiled_step_change_nothing(value, compiled):
+@pytest.mark.parametrize("bad", BAD_MASKS)
+def test_bert_bad_masks_in_a_compiled_step_change_nothing(bad, compiled):
     """Found by a hostile user: a padding_mask of 2 or -3 trained as if it
     were 1 where Python does not run."""
     model = compiled("bert")
     x, y = bert_data()
-    _assert_step_skipped(model, _with(x, "padding_mask", (0, 3), value), y,
-                         input_error=r"`padding_mask` must be boolean or hold only 0 and 1")
+    make, message = BAD_MASKS[bad]
+    _assert_step_skipped(model, make(x), y, input_error=message)
 
 
 @SHARED
-def test_bert_mask_value_other_than_0_1_makes_the_compiled_answer_nan(compiled):
+@pytest.mark.parametrize("bad", ["value 2", "padding only"])
+def test_bert_bad_mask_makes_the_compiled_answer_nan(bad, compiled):
     """Inside a compiled `predict` nothing can raise: the example with the
     bad mask answers NaN, the others as before (a SavedModel, ONNX and
     LiteRT run the same graph)."""
     model = compiled("bert")
     x, _ = bert_data()
+    make, message = BAD_MASKS[bad]
     clean = model.predict_on_batch(x)
     if EAGER_STEP:  # PyTorch predicts eagerly: the check raises
-        with pytest.raises(ValueError, match="`padding_mask` must be boolean"):
-            model.predict_on_batch(_with(x, "padding_mask", (1, 2), 2))
+        with pytest.raises(ValueError, match=message):
+            model.predict_on_batch(make(x))
         return
-    bad = model.predict_on_batch(_with(x, "padding_mask", (1, 2), 2))
-    assert np.all(np.isnan(bad[1]))
-    np.testing.assert_allclose(bad[[0, 2, 3]], clean[[0, 2, 3]], atol=1e-6)
+    answer = model.predict_on_batch(make(x))
+    assert np.all(np.isnan(answer[1]))
+    np.testing.assert_allclose(answer[[0, 2, 3]], clean[[0, 2, 3]], atol=1e-6)
+    with pytest.raises(ValueError, match=message):  # where Python runs
+        model(make(x))
 
 
 @SHARED

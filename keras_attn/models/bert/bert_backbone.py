@@ -31,6 +31,7 @@ from keras_attn.models._config import config_arguments
 from keras_attn._remat import remat_scope
 from keras_attn.layers.masking import checked_positions
 from keras_attn.layers.masking import checked_segment_ids
+from keras_attn.layers.masking import nan_where
 from keras_attn.layers.position_embedding import PositionEmbedding
 from keras_attn.layers.position_embedding import packed_positions
 from keras_attn.layers.transformer_block import TransformerBlock
@@ -90,6 +91,10 @@ def _encode(layer, config, token_ids, segment_ids, padding_mask,
         else:
             x = block(x, padding_mask=padding_mask, segment_ids=packed_segment_ids,
                       training=training)
+    # A row of padding only has no answer of its own (it would come from the
+    # padding's ids): NaN where nothing can raise (`MaskSpec`).
+    empty = ops.logical_not(ops.any(ops.not_equal(ops.cast(padding_mask, "int32"), 0), axis=1))
+    x = nan_where(empty, x)
     return x, layer("pooled_dense")(x[:, 0, :])  # (B, T, D), (B, D)
 
 
