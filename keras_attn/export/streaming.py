@@ -34,7 +34,8 @@ lengths from the start, the first chunk's missing part as masked frames:
 
 Nothing raises inside the step: a row whose given samples lie outside
 [-1, 1] or are not finite, or whose counters are negative, gets NaN logits
-(the runtime's Python wrapper refuses them by name before the step).
+and token ids -2 (never -1, which is silence; the runtime's Python wrapper
+refuses such input by name before the step).
 
 So the exported step's `k`-th output is the `k`-th non-empty output of
 Keras's `stream_step` (the first call's output is one chunk of masked
@@ -142,7 +143,8 @@ def export_streaming(model, path, format, precision="float32", chunk_size=None,
                                 f"{geometry['chunk_samples']} samples per call",
                        "sampling_rate": int(config.sampling_rate),
                        "token_ids": "greedy CTC per frame: ids 1..V, -1 where the frame "
-                                    "emits none (blank, a repeat, past the end)"},
+                                    "emits none (blank, a repeat, past the end), -2 on "
+                                    "every frame of a row refused (NaN logits)"},
         extra={"streaming": streaming})
 
 
@@ -285,6 +287,9 @@ class _StreamingStep(keras.layers.Layer):
         real = ops.sum(ops.cast(pending_mask[:, :size], "int32"), axis=1)
         new["logit_length"] = state["logit_length"] + real
         token_ids, new["decoder/last"] = greedy_chunk_tokens(logits, real, state["decoder/last"])
+        # -2 on every frame of an invalid row: -1 means "no token" (silence),
+        # and a runtime reading only the tokens must not hear silence there.
+        token_ids = ops.where(ops.expand_dims(invalid, 1), -2, token_ids)
         result = {"logits": logits, "token_ids": token_ids}
         for spec in self.state_specs:
             result[spec["output"]] = ops.cast(new[spec["name"]], spec["dtype"])

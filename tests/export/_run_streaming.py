@@ -115,11 +115,13 @@ def in_the_graph(recognizer, wave):
         inputs = dict(tensors, chunk=chunk.astype("float32"),
                       chunk_length=np.full((1,), n, "int32"))
         outputs = recognizer.artifact(**inputs)
+        run.token_ids = outputs["token_ids"].copy()
         return outputs["logits"].copy(), {spec["input"]: outputs[spec["output"]].copy()
                                           for spec in recognizer.streaming["state"]}
 
     _, near = run(recognizer.initial_state().tensors, wave[None, :n])
     loud, _ = run(near, wave[None, n:2 * n] * 32768)
+    loud_tokens = run.token_ids.ravel().tolist()
     frames = (2 ** 31 - 4 * n) // hop - int(near["log_mel_next_frame"][0])
     far = dict(near, log_mel_next_frame=near["log_mel_next_frame"] + frames,
                log_mel_length=near["log_mel_length"] + frames * hop)
@@ -129,7 +131,8 @@ def in_the_graph(recognizer, wave):
         got, far = run(far, wave[None, start:start + n])
         differences.append(float(np.abs(got - expected).max()))
         counters.append(int(far["log_mel_length"][0]))
-    return {"loud_logits_nan": bool(np.isnan(loud).all()), "far_differences": differences,
+    return {"loud_logits_nan": bool(np.isnan(loud).all()), "loud_tokens": loud_tokens,
+            "far_differences": differences,
             "far_lengths": counters}
 
 

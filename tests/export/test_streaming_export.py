@@ -195,10 +195,11 @@ def test_bad_input_is_refused_by_name_and_the_held_state_is_untouched(exported):
     expected = exported["report"]["exports"][exported["paths"]["litert", "float32", 8]][0][0]
     assert report["tokens"] == expected
     # In the step itself, where nothing raises: int16-range samples give
-    # NaN logits; counters just below int32's limit step as from 0 and
+    # NaN logits and tokens -2; counters just below int32's limit step as from 0 and
     # come out small (they wrapped: a stream of 37 h lost its frames).
     graph = report["graph"]
     assert graph["loud_logits_nan"]
+    assert set(graph["loud_tokens"]) == {-2}  # never -1, which reads as silence
     assert max(graph["far_differences"]) < 1e-4, graph
     assert all(0 <= length < 2 ** 30 for length in graph["far_lengths"]), graph
 
