@@ -52,7 +52,11 @@ MAX_EPOCHS = 10**6
 MAX_STEPS = 10**9  # steps per epoch, between checkpoints, of warmup
 MAX_LAYERS = 1000  # a model config's `num_layers`, `num_*_layers`
 MAX_WIDTH = 65536  # a model config's `*_dim`, `num_heads`; LoRA's rank
-MAX_SIZE = 2**20  # every other integer of a model config: vocabularies, lengths, rates
+MAX_SIZE = 2**20  # every other integer of a model config: vocabularies, lengths, rates;
+# and of a task's data and evaluation keys: counts of examples, sizes
+MAX_BEAM = 1024  # a beam search's width
+# A list's integers (length buckets, chunk sizes) under the same ceiling.
+PositiveSize = Annotated[int, Field(ge=1, le=MAX_SIZE)]
 # NumPy and scikit-learn take seeds in [0, 2**32 - 1] only.
 MAX_SEED = 2**32 - 1
 
@@ -434,7 +438,7 @@ class Expected(Section):
 class Paper(Section):
     """The published reference."""
 
-    parameters: Optional[int] = field(None, ge=1, description="The paper's parameter count.")
+    parameters: Optional[int] = field(None, ge=1, le=10**13, description="The paper's parameter count.")
     result: Optional[str] = field(None, description="The paper's number, in words.")
     source: str = field(description='"Author et al. year, Table n".')
 

@@ -116,6 +116,49 @@ BAD = [
 ]
 
 
+def _sections(cls=schema.Section):
+    for sub in cls.__subclasses__():
+        yield sub
+        yield from _sections(sub)
+
+
+def test_every_integer_key_of_every_section_has_a_ceiling():
+    """The class, not the cases: an integer key without an upper limit (a
+    task's `data.utterances=1e9`) would build or synthesise for hours, or
+    fail late with a raw error. Every section of every task, the model
+    overrides included, bounds its integers (models/recipe.schema.json too)."""
+    import typing
+
+    import annotated_types
+
+    for path in RECIPES:  # the overrides' sections are made per config
+        recipes.validate_recipe(recipes.read_recipe_file(path))
+    def bounded(metadata):
+        return any(isinstance(m, (annotated_types.Le, annotated_types.Lt)) for m in metadata)
+
+    def unbounded_ints(annotation, metadata):
+        """True when `annotation` (Optional[int], list[int], Annotated[...])
+        holds an int without an upper limit."""
+        if annotation is int:
+            return not bounded(metadata)
+        if typing.get_origin(annotation) is typing.Annotated:
+            inner, *extra = typing.get_args(annotation)
+            limits = [m for e in extra for m in getattr(e, "metadata", [e])]
+            return unbounded_ints(inner, list(metadata) + limits)
+        return any(unbounded_ints(arg, metadata if arg is int else ())
+                   for arg in typing.get_args(annotation))
+
+    unbounded = [f"{section.__name__}.{name}" for section in set(_sections())
+                 for name, info in section.model_fields.items()
+                 if unbounded_ints(info.annotation, info.metadata)]
+    assert not unbounded, unbounded
+    recipe = recipes.apply_overrides(
+        recipes.read_recipe_file(os.path.join(ROOT, "models/conformer/conformer_tiny_digits.json")),
+        [("data.utterances", 10**9)])
+    with pytest.raises(ValueError, match=r"`data\.utterances`.*1000000000"):
+        recipes.validate_recipe(recipe)
+
+
 @pytest.mark.parametrize("overrides, key, value", BAD, ids=[b[1] + b[2] for b in BAD])
 def test_errors_name_the_dotted_key_and_the_value(overrides, key, value):
     recipe = recipes.apply_overrides(_vit(), overrides)

@@ -34,9 +34,9 @@ class BertTextData(schema.TfdsSplits):
 
     takes_files = True
 
-    sequence_length: int = field(128, ge=8, description="Tokens per example, `[CLS]` and "
+    sequence_length: int = field(128, ge=8, le=schema.MAX_SIZE, description="Tokens per example, `[CLS]` and "
                                                         "`[SEP]` included (truncated, padded).")
-    vocabulary_size: int = field(4000, ge=16, description="WordPieces learned from the "
+    vocabulary_size: int = field(4000, ge=16, le=schema.MAX_SIZE, description="WordPieces learned from the "
                                                          "training texts (the model gets the "
                                                          "learned size; unused with "
                                                          "training.pretrained, whose "

@@ -42,22 +42,22 @@ class MaskedLMData(schema.Data):
     documentation inside CPython (`pydoc_data.topics`); tfds: any text set,
     each example a document."""
 
-    sequence_length: int = field(128, ge=8, description="`[CLS] A [SEP] B [SEP]` length.")
-    vocabulary_size: int = field(8000, ge=16, description="WordPieces to learn from the training "
+    sequence_length: int = field(128, ge=8, le=schema.MAX_SIZE, description="`[CLS] A [SEP] B [SEP]` length.")
+    vocabulary_size: int = field(8000, ge=16, le=schema.MAX_SIZE, description="WordPieces to learn from the training "
                                                          "documents (the model gets the learned "
                                                          "size).")
     mask_rate: float = field(0.15, gt=0, lt=1, description="Share of the tokens masked.")
     max_predictions: Optional[int] = field(
-        None, ge=1, description="Masked positions per sequence (null: round(sequence_length * "
+        None, ge=1, le=schema.MAX_SIZE, description="Masked positions per sequence (null: round(sequence_length * "
                                 "mask_rate) + 4).")
-    test_documents: int = field(8, ge=2, description="Documents held out for the test (the "
+    test_documents: int = field(8, ge=2, le=schema.MAX_SIZE, description="Documents held out for the test (the "
                                                      "first ones).")
-    validation_documents: int = field(4, ge=0, description="The next ones, for validation: 0 "
+    validation_documents: int = field(4, ge=0, le=schema.MAX_SIZE, description="The next ones, for validation: 0 "
                                                            "or at least 2.")
     split: str = field("train", only="tfds", description="The split the documents come from.")
     text_key: str = field("text", only="tfds", description="The feature with the text.")
     max_documents: Optional[int] = field(
-        None, ge=1, description="Read only the first ones (null: all; quick experiments).")
+        None, ge=1, le=schema.MAX_SIZE, description="Read only the first ones (null: all; quick experiments).")
     packing: bool = field(
         False, description="Train on packed rows: each epoch's examples packed into rows of "
                            "`sequence_length` (best-fit decreasing over the epoch, a function "

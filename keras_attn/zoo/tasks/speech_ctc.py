@@ -47,11 +47,11 @@ class SpeechCTCData(schema.TfdsSplits):
 
     takes_files = True
 
-    utterances: int = field(2000, ge=3, only="embedded",
+    utterances: int = field(2000, ge=3, le=schema.MAX_SIZE, only="embedded",
                             description="Utterances synthesised; more than test_size + "
                                         "validation_size.")
-    test_size: int = field(200, ge=1, only="embedded", description="The first ones.")
-    validation_size: int = field(100, ge=0, only="embedded", description="The next ones.")
+    test_size: int = field(200, ge=1, le=schema.MAX_SIZE, only="embedded", description="The first ones.")
+    validation_size: int = field(100, ge=0, le=schema.MAX_SIZE, only="embedded", description="The next ones.")
     audio_key: Optional[str] = field(None, only="tfds or files",
                                      description='The audio feature (null: "speech" or "audio"; '
                                                  'files: the column, null "audio").')
@@ -97,8 +97,8 @@ class SpeechCTCEvaluation(schema.Evaluation):
     metric: Literal["wer", "cer"] = field("wer", description="Corpus word / character error "
                                                              "rate.")
     strategy: Literal["greedy", "beam_search"] = field("greedy", description="CTC decoding.")
-    beam_width: int = field(8, ge=1, description="For beam_search.")
-    streaming_chunk_sizes: list[pydantic.PositiveInt] = field(
+    beam_width: int = field(8, ge=1, le=schema.MAX_BEAM, description="For beam_search.")
+    streaming_chunk_sizes: list[schema.PositiveSize] = field(
         [], description="A model with chunk_size (streaming): also the test metrics of "
                         "greedy decoding streamed chunk by chunk (ConformerStreamer) at each "
                         "of these chunk sizes in encoder frames, as `wer_chunk_<C>`, "

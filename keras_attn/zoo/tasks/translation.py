@@ -26,6 +26,10 @@ from keras_attn.zoo.tasks.base import batch_count
 from keras_attn.zoo.tasks.base import in_memory_rows_fn
 from keras_attn_base.quiet_tensorflow import traced_as_written
 
+# The embedded numbers are a permutation of 1..max_number held in memory
+# (8 bytes each): 10**7 is 80 MB.
+MAX_NUMBER = 10**7
+
 
 class TranslationData(schema.TfdsSplits):
     """Embedded: English number words -> Japanese numerals (num2words),
@@ -36,13 +40,13 @@ class TranslationData(schema.TfdsSplits):
 
     takes_files = True
 
-    vocabulary_size: int = field(1000, ge=8, description="The shared WordPiece vocabulary.")
-    bucket_boundaries: list[int] = field([8, 16, 32, 64], description="Length buckets: a "
+    vocabulary_size: int = field(1000, ge=8, le=schema.MAX_SIZE, description="The shared WordPiece vocabulary.")
+    bucket_boundaries: list[schema.PositiveSize] = field([8, 16, 32, 64], description="Length buckets: a "
                                          "non-empty increasing list of positive integers.")
-    num_train: int = field(20_000, ge=1, only="embedded", description="Training pairs.")
-    num_validation: int = field(500, ge=0, only="embedded", description="Validation pairs.")
-    num_test: int = field(500, ge=1, only="embedded", description="Test pairs.")
-    max_number: int = field(99_999, ge=2, only="embedded",
+    num_train: int = field(20_000, ge=1, le=schema.MAX_SIZE, only="embedded", description="Training pairs.")
+    num_validation: int = field(500, ge=0, le=schema.MAX_SIZE, only="embedded", description="Validation pairs.")
+    num_test: int = field(500, ge=1, le=schema.MAX_SIZE, only="embedded", description="Test pairs.")
+    max_number: int = field(99_999, ge=2, le=MAX_NUMBER, only="embedded",
                             description="The numbers are below it; at least num_train + "
                                         "num_validation + num_test.")
     source_language: str = field("en", only="tfds or files",
@@ -50,7 +54,7 @@ class TranslationData(schema.TfdsSplits):
     target_language: Optional[str] = field(
         None, only="tfds or files",
         description="The target side (null: tfds's other language; files: required).")
-    vocabulary_examples: int = field(10_000, ge=1, only="tfds",
+    vocabulary_examples: int = field(10_000, ge=1, le=schema.MAX_SIZE, only="tfds",
                                      description="Pairs the vocabulary is learned from.")
     packing: bool = field(
         False, description="Train on packed rows of `max(bucket_boundaries)` tokens a side: "
@@ -101,13 +105,13 @@ class TranslationEvaluation(schema.Evaluation):
     metric: Literal["bleu", "exact_match"] = field(
         "bleu", description="sacrebleu corpus BLEU, or the share of exact translations, on "
                             "the test set.")
-    beam_width: Optional[int] = field(4, ge=1, description="null: greedy search.")
+    beam_width: Optional[int] = field(4, ge=1, le=schema.MAX_BEAM, description="null: greedy search.")
     alpha: float = field(0.6, ge=0, description="Length penalty.")
     tokenize: str = field("13a", description='sacrebleu\'s tokenizer ("char" for Japanese).')
     join_characters: Optional[bool] = field(
         None, description="null: true for the embedded task (Japanese is written without "
                           "spaces), else false.")
-    max_examples: Optional[int] = field(None, ge=1, description="Decode at most this many.")
+    max_examples: Optional[int] = field(None, ge=1, le=schema.MAX_SIZE, description="Decode at most this many.")
 
 
 class Translation(Task):
