@@ -76,6 +76,8 @@ def _check_portable_export(run, name, task, model, capsys):
     assert cli.main(["export", str(run), "--format", format]) == 0
     assert f"{kind} of {run / 'model.keras'}: {run / format}" in capsys.readouterr().out
     served = Artifact(str(run / format))(**inputs)
+    if name == "vit_tiny_digits":
+        assert Artifact(str(run / format)).labels == [str(d) for d in range(10)]
     # The test metric of the artifact and of the SavedModel in their
     # runtimes is model.keras's.
     results = json.loads((run / "results.json").read_text())
@@ -170,6 +172,10 @@ def test_train_evaluate_export_end_to_end(name, tmp_path, capsys):
     assert list((run / "checkpoints").glob("ckpt-*.npz"))
     assert list((run / "tensorboard").rglob("events.out.tfevents.*"))
     assert (run / "vocab.txt").is_file() == (name in ("bert_tiny_pydoc", "transformer_numbers"))
+    if name == "vit_tiny_digits":  # the class names, in the run and inside the export
+        digits = "".join(f"{d}\n" for d in range(10))
+        assert (run / "labels.txt").read_text() == digits
+        assert (run / "saved_model" / "assets" / "labels.txt").read_text() == digits
     results = json.loads((run / "results.json").read_text())
     recipe = json.loads((run / "recipe.json").read_text())
     assert set(results) == RESULT_KEYS

@@ -78,6 +78,7 @@ class ImageClassification(Task):
     Data = ImageClassificationData
     Evaluation = ImageClassificationEvaluation
     set_fields = ("num_classes",)
+    class_names = None  # set with the data: the name of each output index
     embedded_data = "scikit-learn digits"
     metric_names = {"accuracy": "accuracy"}
     validation_file = "a validation/ folder (one sub-folder of images per class)"
@@ -115,6 +116,7 @@ class ImageClassification(Task):
             self.validation_arrays = (x_val, y_val)
         self.train_arrays = (x, y)
         self.num_classes = 10
+        self.class_names = [str(digit) for digit in range(10)]
         self.batches_per_epoch = batch_count(len(x), self.batch_size)
 
     def _load_files(self, config):
@@ -123,7 +125,7 @@ class ImageClassification(Task):
         self.file_splits, class_names = files.image_files(
             self.files, self.data["validation_fraction"], self.seed,
             num_channels=config.num_channels)  # every image decoded once, refused by name
-        self.num_classes = len(class_names)
+        self.num_classes, self.class_names = len(class_names), list(class_names)
         # The split names stand where tfds split strings do.
         self.splits = tuple(s if self.file_splits[s] else None for s in files.SPLITS)
         self.batches_per_epoch = batch_count(len(self.file_splits["train"][0]),
@@ -154,6 +156,7 @@ class ImageClassification(Task):
                 f"(features: {sorted(features)}). Received: data.label_key={key!r}"
             )
         self.num_classes = features[key].num_classes
+        self.class_names = list(features[key].names)
         self.splits = self._tfds_splits()
         self.batches_per_epoch = batch_count(self.tfds_examples(self.splits[0]), self.batch_size)
         self._image_config = config
@@ -287,6 +290,7 @@ class ImageClassification(Task):
 
     def prepared_state(self):
         return dict(super().prepared_state(), num_classes=self.num_classes,
+                    class_names=list(self.class_names),
                     index_rows=len(self.prepared_tables().get("train_images", ())))
 
     def use_prepared(self, state):
@@ -294,6 +298,8 @@ class ImageClassification(Task):
         from keras_attn.models.vit import replace_vit_config
 
         self.num_classes = state["num_classes"]
+        # Data prepared before the names were kept: the export carries none.
+        self.class_names = state.get("class_names")
         config = get_vit_config(self.recipe["model"]["preset"], **self.recipe["model"]["overrides"])
         self.model_config = replace_vit_config(config, num_classes=self.num_classes)
         super().use_prepared(state)
@@ -309,11 +315,12 @@ class ImageClassification(Task):
         if self.files:
             from keras_attn.data import files
 
-            self.num_classes = len(files.image_files(self.files)[1])
+            self.class_names = list(files.image_files(self.files)[1])
+            self.num_classes = len(self.class_names)
             return
 
-        features = tfds.builder(self.tfds_name).info.features
-        self.num_classes = features[self.data["label_key"]].num_classes
+        feature = tfds.builder(self.tfds_name).info.features[self.data["label_key"]]
+        self.num_classes, self.class_names = feature.num_classes, list(feature.names)
 
     def compile_arguments(self, model):
         import keras
@@ -336,7 +343,16 @@ class ImageClassification(Task):
         from keras_attn.export import export_image_classifier
 
         self.check_export_format(format, precision)
-        return export_image_classifier(model, path, format=format, precision=precision)
+        self.prepare()
+        return export_image_classifier(model, path, format=format, precision=precision,
+                                       class_names=self.class_names)
+
+    def assets(self):
+        """labels.txt: the class of each output index (folder names, tfds
+        label names, the digits "0".."9")."""
+        self.prepare()
+        return {} if self.class_names is None else {
+            "labels.txt": "\n".join(self.class_names) + "\n"}
 
     def evaluate_served(self, serve):
         self.prepare()
