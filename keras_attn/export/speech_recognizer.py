@@ -32,8 +32,8 @@ def export_speech_recognizer(model, path, strategy="greedy", beam_width=16,
 
     Returns:
         `path`. `serve` takes float32 `(B, N)` audio in [-1, 1] at the
-        model's sampling rate and int32 `(B,)` lengths, and returns int32
-        `(B, T')` token ids, -1 after each transcript.
+        model's sampling rate and int32 `(B,)` lengths, and returns
+        `{"token_ids": int32 (B, T')}`, -1 after each transcript.
     """
     from keras_attn.export.portable import check_format
 
@@ -55,7 +55,10 @@ def export_speech_recognizer(model, path, strategy="greedy", beam_width=16,
 
     def serve(waveform, waveform_length):
         inputs = {"waveform": waveform, "waveform_length": waveform_length}
-        return tf.cast(model.decode(inputs, strategy=strategy, beam_width=beam_width), tf.int32)
+        # A dict: TensorFlow Serving's signature then answers "token_ids",
+        # not "output_0".
+        return {"token_ids": tf.cast(model.decode(inputs, strategy=strategy,
+                                                  beam_width=beam_width), tf.int32)}
 
     signature = [
         tf.TensorSpec((None, None), tf.float32, name="waveform"),

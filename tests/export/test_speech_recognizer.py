@@ -32,9 +32,12 @@ def test_saved_model_decodes_like_the_model(tmp_path, strategy):
         lengths = np.asarray(lengths, "int32")
         want = to_numpy(model.decode({"waveform": wave, "waveform_length": lengths},
                                      strategy=strategy, beam_width=4))
-        got = loaded.serve(wave, lengths).numpy()
+        got = loaded.serve(wave, lengths)["token_ids"].numpy()
         np.testing.assert_array_equal(got, want)
         assert (got >= 0).any()
+        # TensorFlow Serving's signature answers by name ("output_0" before).
+        served = loaded.signatures["serving_default"](waveform=wave, waveform_length=lengths)
+        np.testing.assert_array_equal(served["token_ids"].numpy(), want)
 
 
 def test_unknown_strategy(tmp_path):

@@ -630,7 +630,7 @@ class SpeechCTC(Task):
         return {"token_ids": keras.ops.convert_to_numpy(decoded).astype("int32")}
 
     def served_outputs(self, loaded, inputs):
-        ids = loaded.serve(inputs["waveform"], inputs["waveform_length"])
+        ids = loaded.serve(inputs["waveform"], inputs["waveform_length"])["token_ids"]
         return {"token_ids": np.asarray(ids)}
 
 
