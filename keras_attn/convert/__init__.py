@@ -31,9 +31,9 @@ from keras_attn.convert.marian import load_hf_marian
 from keras_attn.convert.marian import transformer_config_from_marian
 from keras_attn.convert.modernbert import load_hf_modernbert
 from keras_attn.convert.modernbert import modernbert_config_from_hf
-# Not in __all__ yet (issue 59 in progress): README's Public API block names them first.
 from keras_attn.convert.parakeet import load_hf_parakeet
 from keras_attn.convert.parakeet import parakeet_config_from_hf
+from keras_attn.convert.parakeet import save_hf_parakeet
 from keras_attn.convert.vit import load_hf_vit
 from keras_attn.convert.vit import save_hf_vit
 from keras_attn.convert.vit import vit_config_from_hf
@@ -58,6 +58,7 @@ __all__ = [
     "save_hf",
     "save_hf_bert",
     "save_hf_dinov2",
+    "save_hf_parakeet",
     "save_hf_vit",
     "modernbert_config_from_hf",
     "parakeet_config_from_hf",

@@ -14,9 +14,9 @@ import os
 _MISSING = object()
 
 
-def read_config(directory):
-    """The dict of `<directory>/config.json`."""
-    path = os.path.join(directory, "config.json")
+def read_config(directory, file="config.json"):
+    """The dict of `<directory>/config.json` (or of the JSON `file` there)."""
+    path = os.path.join(directory, file)
     try:
         with open(path, encoding="utf-8") as stream:
             config = json.load(stream)
@@ -289,7 +289,9 @@ def write_directory(directory, files, tensors, overwrite=False):
         for name, text in files.items():
             with open(os.path.join(target, name), "w", encoding="utf-8") as stream:
                 stream.write(text)
-        arrays = {name: np.ascontiguousarray(value) for name, value in tensors.items()}
+        # `ascontiguousarray` makes a 0-d array 1-d: the shape is kept.
+        arrays = {name: np.ascontiguousarray(value).reshape(np.shape(value))
+                  for name, value in tensors.items()}
         save_file(arrays, os.path.join(target, "model.safetensors"), metadata={"format": "pt"})
         replace_directory(target, directory, kind, "directory")
     finally:

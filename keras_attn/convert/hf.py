@@ -53,7 +53,7 @@ def load_hf(directory):
     | `MarianMTModel` | `Transformer` (`load_hf_marian`; its tokenizer: `MarianTokenizer(directory)`) |
     | `ModernBertModel`, `ModernBertForMaskedLM` | `ModernBertBackbone`, `ModernBertMaskedLM` (`load_hf_modernbert`) |
     | `Dinov2WithRegistersModel`, `Dinov2WithRegistersForImageClassification` | `ViT` with registers and LayerScale (`load_hf_dinov2`) |
-    | `ParakeetForCTC` | `ConformerCTC` with `subsampling="fast"`, log-mel features in (`load_hf_parakeet`) |
+    | `ParakeetForCTC` | `ConformerCTC` with `subsampling="fast"`: waveforms in with `preprocessor_config.json`, else log-mel features (`load_hf_parakeet`) |
 
     Without `architectures`, `model_type` picks the family's base model.
     Tokenizers are not loaded here: `load_hf_bert_tokenizer(directory)`
@@ -112,12 +112,14 @@ def save_hf(model, directory, overwrite=False, **kwargs):
     """Writes a keras_attn model as the Hugging Face directory its class
     maps to (`save_hf_bert` for the BERT family, RoBERTa included;
     `save_hf_vit` for a ViT, `save_hf_dinov2` for a ViT with DINOv2's
-    registers, LayerScale, SwiGLU or head); transformers' `from_pretrained` loads it with
-    the same outputs.
+    registers, LayerScale, SwiGLU or head, `save_hf_parakeet` for a
+    FastConformer `ConformerCTC`); transformers' `from_pretrained` loads it
+    with the same outputs.
 
     Args:
         model: a `BertBackbone`, `BertSequenceClassifier`,
-            `BertTokenClassifier`, `BertPretrainer` or `ViT`.
+            `BertTokenClassifier`, `BertPretrainer`, `ViT` or a
+            `ConformerCTC` that `save_hf_parakeet` writes.
         directory: where to write (atomically).
         overwrite: replace an earlier Hugging Face export there.
         **kwargs: the family writer's own options (`tokenizer=` for BERT).
@@ -126,8 +128,9 @@ def save_hf(model, directory, overwrite=False, **kwargs):
         The absolute path of `directory`.
 
     Raises:
-        ValueError: a model of another kind (a `Transformer`, a
-            `ConformerCTC`), or what the family's writer refuses.
+        ValueError: a model of another kind (a `Transformer`), or what the
+            family's writer refuses (a `ConformerCTC` without Parakeet's
+            subsampling and front end, ...).
     """
     kind = type(model).__name__
     if kind in ("BertBackbone", "BertSequenceClassifier", "BertTokenClassifier",
@@ -143,10 +146,14 @@ def save_hf(model, directory, overwrite=False, **kwargs):
         if is_dinov2(model.vit_config):
             return save_hf_dinov2(model, directory, overwrite=overwrite, **kwargs)
         return save_hf_vit(model, directory, overwrite=overwrite, **kwargs)
+    if getattr(model, "conformer_config", None) is not None:
+        from keras_attn.convert.parakeet import save_hf_parakeet
+
+        return save_hf_parakeet(model, directory, overwrite=overwrite, **kwargs)
     raise ValueError(
         "save_hf writes the BERT family (BertBackbone, BertSequenceClassifier, "
-        "BertTokenClassifier, BertPretrainer, RoBERTa included) and ViT models. "
-        f"Received: model={kind}"
+        "BertTokenClassifier, BertPretrainer, RoBERTa included), ViT models and "
+        f"FastConformer ConformerCTC models. Received: model={kind}"
     )
 
 

@@ -3,10 +3,14 @@
 
 The encoder is the package's `ConformerCTC` with `subsampling="fast"`
 (`FastConvSubsampling`), `scale_input` (Parakeet's `xscale`), PyTorch's
-BatchNorm epsilon (1e-5) and `input_type="features"`: it takes the log-mel
-features of transformers' `ParakeetFeatureExtractor` (`input_features`,
-and the lengths `attention_mask.sum(-1)`) as `{"features",
-"feature_length"}`.
+BatchNorm epsilon (1e-5) and `front_end="parakeet"`. From a directory with
+the feature extractor's `preprocessor_config.json` it takes 16 kHz audio
+(`{"waveform", "waveform_length"}`; `ParakeetLogMelFeatures` computes what
+`ParakeetFeatureExtractor` does); with `input_type="features"` (the default
+without that file) the extractor's log-mel features (`input_features`, and
+the lengths `attention_mask.sum(-1)`) as `{"features", "feature_length"}`.
+`save_hf_parakeet` writes such a model back (config.json, model.safetensors,
+preprocessor_config.json).
 
 CTC vocabulary: Parakeet's blank is its last index (`pad_token_id =
 vocab_size - 1`), keras_attn's is index 0. The loader moves the head's blank
@@ -24,6 +28,8 @@ import os
 import numpy as np
 
 from keras_attn.convert._checkpoint import Entry
+from keras_attn.convert._checkpoint import json_text
+from keras_attn.convert._checkpoint import write_directory
 from keras_attn.convert._checkpoint import Tensors
 from keras_attn.convert._checkpoint import config_float
 from keras_attn.convert._checkpoint import config_int
@@ -36,7 +42,19 @@ from keras_attn.models.conformer import ConformerConfig
 from keras_attn.models.conformer import build_conformer
 
 _FILE = "config.json"
+_PREPROCESSOR = "preprocessor_config.json"
 _ARCHITECTURES = ("ParakeetForCTC",)
+_INPUT_TYPES = (None, "waveform", "features")
+# ParakeetFeatureExtractor's defaults (transformers 5.x), for a directory
+# without preprocessor_config.json: what a features model records as the
+# features it takes. preprocessor key -> (ConformerConfig field, default).
+_FEATURE_FIELDS = {
+    "sampling_rate": ("sampling_rate", 16000),
+    "win_length": ("frame_length", 400),
+    "hop_length": ("frame_step", 160),
+    "n_fft": ("fft_length", 512),
+}
+_PREEMPHASIS = 0.97
 
 # Encoder options the package's FastConformer computes with one value only.
 _FIXED = {
@@ -51,11 +69,47 @@ _FIXED = {
 _TORCH_NORM_EPSILON = 1e-5
 
 
-def parakeet_config_from_hf(hf_config):
+def _front_end_fields(preprocessor, mels):
+    """ConformerConfig fields of the front end from the dict of
+    preprocessor_config.json (None: ParakeetFeatureExtractor's defaults)."""
+    if preprocessor is None:
+        fields = {field: default for field, default in _FEATURE_FIELDS.values()}
+        return dict(fields, front_end="parakeet", preemphasis=_PREEMPHASIS)
+    kind = preprocessor.get("feature_extractor_type", "ParakeetFeatureExtractor")
+    if kind != "ParakeetFeatureExtractor":
+        raise ValueError(
+            f"{_PREPROCESSOR}: keras_attn computes ParakeetFeatureExtractor's features "
+            f"only. Received: feature_extractor_type={kind!r}")
+    for key, value in (("padding_value", 0.0), ("padding_side", "right")):
+        if key in preprocessor and preprocessor[key] != value:
+            raise ValueError(
+                f"{_PREPROCESSOR}: keras_attn's front end pads each utterance with "
+                f"{key}={value!r}. Received: {key}={preprocessor[key]!r}")
+    size = config_int(preprocessor, "feature_size", _PREPROCESSOR, mels)
+    if size != mels:
+        raise ValueError(
+            f"{_PREPROCESSOR}: the features must have the encoder's num_mel_bins={mels} "
+            f"bins. Received: feature_size={size}")
+    fields = {field: config_int(preprocessor, key, _PREPROCESSOR, default)
+              for key, (field, default) in _FEATURE_FIELDS.items()}
+    preemphasis = preprocessor.get("preemphasis", _PREEMPHASIS)
+    if preemphasis is not None:
+        preemphasis = config_float(preprocessor, "preemphasis", _PREPROCESSOR)
+    return dict(fields, front_end="parakeet", preemphasis=preemphasis)
+
+
+def parakeet_config_from_hf(hf_config, preprocessor=None, input_type="features"):
     """A `ConformerConfig` from a Hugging Face `ParakeetForCTC`
-    `config.json`: `hf_config` is its dict, or the directory holding it."""
+    `config.json`: `hf_config` is its dict, or the directory holding it
+    (then its `preprocessor_config.json` too, when there is one);
+    `preprocessor` the dict of `preprocessor_config.json` (the front end's
+    sampling rate, window, hop, FFT and pre-emphasis; None:
+    `ParakeetFeatureExtractor`'s defaults); `input_type` the config's."""
     if isinstance(hf_config, (str, os.PathLike)):
-        hf_config = read_config(hf_config)
+        directory = os.fspath(hf_config)
+        hf_config = read_config(directory)
+        if preprocessor is None and os.path.exists(os.path.join(directory, _PREPROCESSOR)):
+            preprocessor = read_config(directory, _PREPROCESSOR)
     encoder = hf_config.get("encoder_config")
     if not isinstance(encoder, dict):
         raise ValueError(
@@ -106,10 +160,11 @@ def parakeet_config_from_hf(hf_config):
         batch_norm_epsilon=_TORCH_NORM_EPSILON,
         num_mel_bins=mels,
         freq_mask_width=min(27, mels),
-        input_type="features",
+        input_type=input_type,
         subsampling="fast",
         subsampling_filters=config_int(encoder, "subsampling_conv_channels", _FILE, 256),
         scale_input=scale,
+        **_front_end_fields(preprocessor, mels),
     )
 
 
@@ -122,7 +177,7 @@ def _layout(model):
 
     def dense(layer, name, shape):  # torch Linear (out, in) -> Keras (in, out)
         kernel, bias = layer_weights(layer, 2)
-        entries.append(Entry(name + ".weight", shape, kernel, transposed))
+        entries.append(Entry(name + ".weight", shape, kernel, transposed, transposed))
         entries.append(Entry(name + ".bias", shape[:1], bias))
 
     def norm(layer, name):
@@ -133,7 +188,8 @@ def _layout(model):
     def conv2d(layer, name, shape, axes):
         kernel, bias = layer_weights(layer, 2)
         entries.append(Entry(name + ".weight", shape, kernel,
-                             lambda a, axes=axes: np.transpose(a, axes)))
+                             lambda a, axes=axes: np.transpose(a, axes),
+                             lambda a, axes=axes: np.transpose(a, np.argsort(axes))))
         entries.append(Entry(name + ".bias", shape[:1], bias))
 
     p = "encoder.subsampling."
@@ -163,15 +219,15 @@ def _layout(model):
                             (attention.value_dense, "v_proj")):
             kernel, bias = layer_weights(layer, 2)
             entries.append(Entry(f"{hf}self_attn.{name}.weight", (D, D), kernel,
-                                 lambda a: a.T.reshape(D, N, H)))
+                                 lambda a: a.T.reshape(D, N, H), lambda a: a.reshape(D, D).T))
             entries.append(Entry(f"{hf}self_attn.{name}.bias", (D,), bias,
-                                 lambda a: a.reshape(N, H)))
+                                 lambda a: a.reshape(N, H), lambda a: a.reshape(D)))
         (position,) = layer_weights(attention.position_dense, 1)
         entries.append(Entry(hf + "self_attn.relative_k_proj.weight", (D, D), position,
-                             lambda a: a.T.reshape(D, N, H)))
+                             lambda a: a.T.reshape(D, N, H), lambda a: a.reshape(D, D).T))
         kernel, bias = layer_weights(attention.output_dense, 2)
         entries.append(Entry(hf + "self_attn.o_proj.weight", (D, D), kernel,
-                             lambda a: a.T.reshape(N, H, D)))
+                             lambda a: a.T.reshape(N, H, D), lambda a: a.reshape(D, D).T))
         entries.append(Entry(hf + "self_attn.o_proj.bias", (D,), bias))
         entries.append(Entry(hf + "self_attn.bias_u", (N, H), attention.content_bias))
         entries.append(Entry(hf + "self_attn.bias_v", (N, H), attention.position_bias))
@@ -179,11 +235,12 @@ def _layout(model):
         norm(conv.layer_norm, hf + "norm_conv")  # the module's own LayerNorm
         kernel, bias = layer_weights(conv.pointwise_conv_1, 2)
         entries.append(Entry(hf + "conv.pointwise_conv1.weight", (2 * D, D, 1), kernel,
-                             lambda a: a[:, :, 0].T))
+                             lambda a: a[:, :, 0].T, lambda a: a.T[:, :, None]))
         entries.append(Entry(hf + "conv.pointwise_conv1.bias", (2 * D,), bias))
         kernel, bias = layer_weights(conv.depthwise_conv, 2)
         entries.append(Entry(hf + "conv.depthwise_conv.weight", (D, 1, K), kernel,
-                             lambda a: np.transpose(a, (2, 0, 1))))
+                             lambda a: np.transpose(a, (2, 0, 1)),
+                             lambda a: np.transpose(a, (1, 2, 0))))
         entries.append(Entry(hf + "conv.depthwise_conv.bias", (D,), bias))
         gamma, beta, mean, variance = layer_weights(conv.batch_norm, 4)
         for variable, name in ((gamma, "weight"), (beta, "bias"), (mean, "running_mean"),
@@ -191,7 +248,7 @@ def _layout(model):
             entries.append(Entry(f"{hf}conv.norm.{name}", (D,), variable))
         kernel, bias = layer_weights(conv.pointwise_conv_2, 2)
         entries.append(Entry(hf + "conv.pointwise_conv2.weight", (D, D, 1), kernel,
-                             lambda a: a[:, :, 0].T))
+                             lambda a: a[:, :, 0].T, lambda a: a.T[:, :, None]))
         entries.append(Entry(hf + "conv.pointwise_conv2.bias", (D,), bias))
         norm(block.output_layer_norm, hf + "norm_out")
 
@@ -200,39 +257,63 @@ def _layout(model):
     V = config.vocabulary_size + 1
     kernel, bias = layer_weights(model.get_layer("ctc_logits"), 2)
     entries.append(Entry("ctc_head.weight", (V, D, 1), kernel,
-                         lambda a: np.roll(a[:, :, 0].T, 1, axis=1)))
-    entries.append(Entry("ctc_head.bias", (V,), bias, lambda a: np.roll(a, 1)))
+                         lambda a: np.roll(a[:, :, 0].T, 1, axis=1),
+                         lambda a: np.roll(a, -1, axis=1).T[:, :, None]))
+    entries.append(Entry("ctc_head.bias", (V,), bias, lambda a: np.roll(a, 1),
+                         lambda a: np.roll(a, -1)))
     return entries
 
 
-def load_hf_parakeet(path):
+def load_hf_parakeet(path, input_type=None):
     """A keras_attn `ConformerCTC` (the FastConformer) with the weights of a
     Hugging Face `ParakeetForCTC` directory.
 
     Args:
-        path: directory with `config.json` and `model.safetensors`.
+        path: directory with `config.json` and `model.safetensors`, and
+            optionally the feature extractor's `preprocessor_config.json`.
+        input_type: `"waveform"`: the model takes 16 kHz audio
+            (`{"waveform", "waveform_length"}`) and computes the features
+            of `preprocessor_config.json` itself (`front_end="parakeet"`);
+            `"features"`: it takes them precomputed; None (default):
+            `"waveform"` where the directory has `preprocessor_config.json`,
+            else `"features"`.
 
     Returns:
-        A `ConformerCTC` built with `input_type="features"`: given
-        `{"features": input_features, "feature_length":
-        attention_mask.sum(-1)}`, its logits over each utterance's
-        `logit_lengths` frames equal transformers' with the blank moved from
-        the last index to index 0 (`np.roll(hf_logits, 1, axis=-1)`).
+        A `ConformerCTC`. Given `{"features": input_features,
+        "feature_length": attention_mask.sum(-1)}` (a features model) or the
+        waveforms `ParakeetFeatureExtractor` was given (a waveform model),
+        its logits over each utterance's `logit_lengths` frames equal
+        transformers' with the blank moved from the last index to index 0
+        (`np.roll(hf_logits, 1, axis=-1)`).
 
     Raises:
-        ValueError: a malformed file, a config option the model does not
-            compute, a tensor missing or of another shape than `config.json`
-            implies, or a tensor the model has no place for (each named;
-            nothing is assigned then).
+        ValueError: a malformed file, a config or feature extractor option
+            the model does not compute, `input_type="waveform"` without
+            `preprocessor_config.json`, a tensor missing or of another shape
+            than `config.json` implies, or a tensor the model has no place
+            for (each named; nothing is assigned then).
     """
     path = os.fspath(path)
+    if input_type not in _INPUT_TYPES:
+        raise ValueError(f"`input_type` must be one of {_INPUT_TYPES}. "
+                         f"Received: input_type={input_type!r}")
     hf_config = read_config(path)
     names = hf_config.get("architectures") or []
     if names and not any(name in _ARCHITECTURES for name in names):
         raise ValueError(
             f"{os.path.join(path, _FILE)} names architectures {names}; this loader "
             f"reads {list(_ARCHITECTURES)}. Received: architectures={names!r}")
-    config = parakeet_config_from_hf(hf_config)
+    preprocessor = None
+    if os.path.exists(os.path.join(path, _PREPROCESSOR)):
+        preprocessor = read_config(path, _PREPROCESSOR)
+    elif input_type == "waveform":
+        raise ValueError(
+            f"A waveform model computes the features of the directory's {_PREPROCESSOR}, "
+            f"which {path} does not have (save the feature extractor there too, or load "
+            "the features model). Received: input_type='waveform'")
+    if input_type is None:
+        input_type = "features" if preprocessor is None else "waveform"
+    config = parakeet_config_from_hf(hf_config, preprocessor, input_type)
     ckpt = Tensors(read_safetensors(path), path)
     model = build_conformer(config)
     plan = read_entries(_layout(model), ckpt, model)  # raises before anything is assigned
@@ -244,4 +325,117 @@ def load_hf_parakeet(path):
     return model
 
 
-__all__ = ["load_hf_parakeet", "parakeet_config_from_hf"]
+# ConformerConfig fields a ParakeetForCTC computes with one value only.
+_SAVABLE = {
+    "subsampling": "fast",
+    "conv_norm": "batch_norm",
+    "causal_conv": False,
+    "chunk_size": None,
+    "front_end": "parakeet",
+    "layer_norm_epsilon": _TORCH_NORM_EPSILON,
+    "batch_norm_epsilon": _TORCH_NORM_EPSILON,
+}
+
+
+def save_hf_parakeet(model, directory, overwrite=False):
+    """Writes a keras_attn FastConformer `ConformerCTC` as a Hugging Face
+    `ParakeetForCTC` directory: `config.json`, `model.safetensors`
+    (float32) and the feature extractor's `preprocessor_config.json`.
+
+    `transformers.ParakeetForCTC.from_pretrained(directory)` loads it with
+    no missing or unexpected tensor, and its logits on
+    `ParakeetFeatureExtractor.from_pretrained(directory)(waveforms)` (or on
+    the features a features model takes) equal the model's with the blank
+    moved back from index 0 to the last index (keras_attn's label `i` is
+    Parakeet's token `i - 1`). `load_hf_parakeet` reads it back.
+
+    Args:
+        model: a `ConformerCTC` with `subsampling="fast"`,
+            `front_end="parakeet"`, `conv_norm="batch_norm"`, offline
+            (no `chunk_size`, no `causal_conv`), PyTorch's norm epsilons
+            (1e-5) and an odd `kernel_size` (as `parakeet_ctc_*` presets and
+            `load_hf_parakeet` make it); float, without LoRA adapters.
+        directory: where to write; created, or replaced when `overwrite`
+            (atomically).
+        overwrite: replace an existing non-empty `directory` that holds an
+            earlier Hugging Face export (any other directory is refused).
+
+    Returns:
+        The absolute path of `directory`.
+
+    Raises:
+        ValueError: another model, an option `ParakeetForCTC` does not
+            compute (named with its value), a quantized or LoRA-adapted
+            layer, or an existing non-empty directory without `overwrite`
+            (nothing is written then).
+    """
+    config = getattr(model, "conformer_config", None)
+    if config is None:
+        raise ValueError("`model` must be a keras_attn ConformerCTC (build_conformer). "
+                         f"Received: model={type(model).__name__}")
+    for name, value in _SAVABLE.items():
+        if getattr(config, name) != value:
+            raise ValueError(
+                f"transformers' ParakeetForCTC computes {name}={value!r} only. "
+                f"Received: {name}={getattr(config, name)!r}")
+    if config.kernel_size % 2 == 0:
+        raise ValueError(
+            "transformers' ParakeetForCTC pads its depthwise convolution by (k - 1) / 2 on "
+            f"each side: an odd kernel_size only. Received: kernel_size={config.kernel_size}")
+    entries = _layout(model)
+    encoder = {
+        "model_type": "parakeet_encoder",
+        "hidden_size": config.hidden_dim,
+        "num_hidden_layers": config.num_layers,
+        "num_attention_heads": config.num_heads,
+        "num_key_value_heads": config.num_heads,
+        "intermediate_size": config.intermediate_dim or 4 * config.hidden_dim,
+        "conv_kernel_size": config.kernel_size,
+        "subsampling_conv_channels": config.subsampling_filters or config.hidden_dim,
+        "num_mel_bins": config.num_mel_bins,
+        "scale_input": config.scale_input,
+        "dropout": config.dropout,
+        "activation_dropout": config.dropout,
+        "attention_dropout": config.attention_dropout,
+        "dropout_positions": 0.0,
+        "layerdrop": 0.0,  # keras_attn's blocks are never skipped
+        "max_position_embeddings": 5000,
+        "initializer_range": 0.02,
+        **_FIXED,
+    }
+    vocab = config.vocabulary_size + 1
+    hf_config = {
+        "architectures": list(_ARCHITECTURES),
+        "model_type": "parakeet_ctc",
+        "vocab_size": vocab,
+        "pad_token_id": vocab - 1,  # the blank
+        "ctc_loss_reduction": "mean",
+        "ctc_zero_infinity": True,
+        "encoder_config": encoder,
+        "dtype": "float32",
+    }
+    preprocessor = {
+        "feature_extractor_type": "ParakeetFeatureExtractor",
+        "feature_size": config.num_mel_bins,
+        "sampling_rate": config.sampling_rate,
+        "win_length": config.frame_length,
+        "hop_length": config.frame_step,
+        "n_fft": config.fft_length,
+        "preemphasis": config.preemphasis,
+        "padding_side": "right",
+        "padding_value": 0.0,
+        "return_attention_mask": True,
+    }
+    from keras import ops
+
+    tensors = {
+        entry.name: entry.to_hf(np.asarray(ops.convert_to_numpy(entry.variable), "float32"))
+        for entry in entries
+    }
+    for i in range(config.num_layers):  # BatchNorm's step counter, a 0-d int64 in torch
+        tensors[f"encoder.layers.{i}.conv.norm.num_batches_tracked"] = np.zeros((), "int64")
+    files = {_FILE: json_text(hf_config), _PREPROCESSOR: json_text(preprocessor)}
+    return write_directory(directory, files, tensors, overwrite=overwrite)
+
+
+__all__ = ["load_hf_parakeet", "parakeet_config_from_hf", "save_hf_parakeet"]

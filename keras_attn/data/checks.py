@@ -56,6 +56,7 @@ def check_batches(dataset, model):
     `model`) with every batch checked against what `model` accepts."""
     from keras_attn.layers.conv_subsampling import subsampled_length
     from keras_attn.layers.fast_conv_subsampling import fast_subsampled_length
+    from keras_attn.models.conformer.conformer_config import feature_frames
 
     tf = tensorflow_module()
 
@@ -108,7 +109,8 @@ def check_batches(dataset, model):
                     lengths, tf.cast(tf.shape(named["waveform"])[1], tf.int64),
                     message=f"{DATA_CHECK} `waveform_length` must be at most the padded length"),
             ]
-            frames = 1 + lengths // config.frame_step
+            # The front end's feature frames (`1 + L // hop`, or Parakeet's `L // hop`).
+            frames = feature_frames(config, lengths)
             fast = getattr(config, "subsampling", "conv") == "fast"
             # The FastConformer's 8x (`fast_subsampled_length`: only + and //).
             frames = fast_subsampled_length(frames) if fast else subsampled_length(

@@ -12,6 +12,7 @@ from keras_attn.layers.fast_conv_subsampling import FastConvSubsampling
 from keras_attn.layers.fast_conv_subsampling import fast_subsampled_length
 from keras_attn.layers.feed_forward import FeedForward
 from keras_attn.layers.log_mel_features import LogMelFeatures
+from keras_attn.layers.parakeet_log_mel_features import ParakeetLogMelFeatures
 from keras_attn.layers.masking import causal_mask
 from keras_attn.layers.multi_head_attention import MultiHeadAttention
 from keras_attn.layers.position_embedding import PositionEmbedding
@@ -45,6 +46,7 @@ __all__ = [
     "FastConvSubsampling",
     "FeedForward",
     "LogMelFeatures",
+    "ParakeetLogMelFeatures",
     "MultiHeadAttention",
     "PositionEmbedding",
     "RelativeMultiHeadAttention",

@@ -42,7 +42,7 @@ def outside_lengths(lengths, size):
     return ops.logical_or(lengths < 0, lengths > ops.cast(size, lengths.dtype))
 
 
-def _int32_or_minus_one(lengths):
+def int32_or_minus_one(lengths):
     """NumPy integer `lengths` with each value past int32 replaced by -1
     (and as int32); anything else as it is."""
     if not isinstance(lengths, (np.ndarray, np.generic)) or lengths.dtype.kind not in "iu":
@@ -171,9 +171,9 @@ class LogMelFeatures(keras.layers.Layer):
         # outside [0, N]) before Keras converts it: JAX without x64 makes an
         # int64 array int32 there, wrapped (2**32 + 3 -> a valid 3).
         if len(args) > 1:
-            args = (args[0], _int32_or_minus_one(args[1])) + args[2:]
+            args = (args[0], int32_or_minus_one(args[1])) + args[2:]
         elif "waveform_length" in kwargs:
-            kwargs["waveform_length"] = _int32_or_minus_one(kwargs["waveform_length"])
+            kwargs["waveform_length"] = int32_or_minus_one(kwargs["waveform_length"])
         return super().__call__(*args, **kwargs)
 
     def call(self, waveform, waveform_length=None):

@@ -95,6 +95,19 @@ def test_a_fastconformers_labels_are_checked_against_its_8x_frames():
     assert len(list(check_batches(fits, model))) == 1
 
 
+def test_a_parakeet_front_ends_labels_are_checked_against_its_frames():
+    # 3,900 samples: Parakeet's front end gives 24 feature frames (L // 160,
+    # not 1 + L // 160 = 25), 3 logits after 8x (25 frames would give 4).
+    from keras_attn.models.conformer import build_conformer
+
+    model = build_conformer("parakeet_ctc_tiny", vocabulary_size=5, subsampling_filters=4,
+                            hidden_dim=16, num_layers=1, num_mel_bins=16, freq_mask_width=4)
+    x = {"waveform": np.zeros((1, 3900), "float32"), "waveform_length": np.array([3900])}
+    labels = np.array([[1, 2, 3, 4]], "int32")
+    dataset = tf.data.Dataset.from_tensor_slices((x, labels)).batch(1)
+    assert "can emit after 8x subsampling" in _first_error(check_batches(dataset, model))
+
+
 def test_ctc_labels_with_a_zero_inside_stop_the_pipeline():
     model = FAMILIES["conformer"].build()
     x = {"waveform": np.zeros((2, 8000), "float32"),

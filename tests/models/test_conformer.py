@@ -11,6 +11,7 @@ import pytest
 from keras_attn.layers import subsampled_length
 from keras_attn.models.conformer import CONFORMER_PRESETS
 from keras_attn.models.conformer import build_conformer
+from keras_attn.models.conformer.conformer_model import encoder_length
 from _families import FAMILIES
 from _families import with_value
 from test_case import run_model_test
@@ -71,9 +72,11 @@ def test_the_tiny_model_passes_the_model_harness(tmp_path):
 def test_every_preset_shrunk_builds_and_runs(name):
     config = CONFORMER_PRESETS[name]
     model = build_conformer(name, vocabulary_size=5, num_layers=1,
-                            hidden_dim=config.num_heads * 4)
+                            hidden_dim=config.num_heads * 4, subsampling_filters=4)
     out = model(batch([4000, 3000]))
-    assert out["logits"].shape == (2, subsampled_length(1 + 4000 // 160), 6)
+    # The front end's frames (Parakeet's: one fewer), then the 4x or 8x subsampling.
+    frames = model.get_layer("log_mel").num_frames(4000)
+    assert out["logits"].shape == (2, encoder_length(model.conformer_config, frames), 6)
     assert np.isfinite(to_numpy(out["logits"])).all()
 
 

@@ -24,6 +24,10 @@ FEATURE_NORMALIZATIONS = ("utterance", "none")
 # "conv": ConvSubsampling, the paper's 4x; "fast": FastConvSubsampling, the
 # FastConformer's 8x depthwise-separable stages (NVIDIA's Parakeet).
 SUBSAMPLINGS = ("conv", "fast")
+# "log_mel": LogMelFeatures, the package's own (Keras's MelSpectrogram in
+# decibels); "parakeet": ParakeetLogMelFeatures, the features NVIDIA's
+# Parakeet checkpoints were trained on (transformers' ParakeetFeatureExtractor).
+FRONT_ENDS = ("log_mel", "parakeet")
 # Dynamic chunk training (WeNet U2, Zhang et al. 2020, section 2.3): in
 # training, a batch attends to the whole utterance with probability 1/2, else
 # in chunks of a size drawn uniformly in 1..DYNAMIC_CHUNK_MAX encoder frames.
@@ -46,6 +50,11 @@ def _non_negative(name, value, allow_none=False):
     if value is None and allow_none:
         return
     _count(name, value)
+
+
+def _optional_rate(name, value):
+    if value is not None:
+        rate(name, value)
 
 
 def _count(name, value):
@@ -124,6 +133,15 @@ class ConformerConfig(ModelConfig):
             `sqrt(hidden_dim)` before the blocks (Parakeet's `scale_input`).
         batch_norm_epsilon: the convolution modules' BatchNorm epsilon
             (Keras's 1e-3; PyTorch checkpoints use 1e-5).
+        front_end: the log-mel features: `"log_mel"` (`LogMelFeatures`,
+            decibels) or `"parakeet"` (`ParakeetLogMelFeatures`: NVIDIA
+            Parakeet's pre-emphasis, Slaney mel filters, natural log and
+            per-utterance normalisation, always on). A waveform model
+            computes them; a features model takes them (what `save_hf`
+            writes as the checkpoint's feature extractor).
+        preemphasis: the `"parakeet"` front end's pre-emphasis coefficient
+            in [0, 1) (the checkpoints': 0.97), or None for none; the
+            `"log_mel"` front end has none (None).
     """
 
     vocabulary_size: int = field(None, check_vocabulary_size)
@@ -156,6 +174,8 @@ class ConformerConfig(ModelConfig):
     subsampling_filters: int = field(None, optional_positive_int)
     scale_input: bool = field(False, flag)
     batch_norm_epsilon: float = field(1e-3, positive_float)
+    front_end: str = field("log_mel", one_of(FRONT_ENDS))
+    preemphasis: float = field(None, _optional_rate)
 
     def check_relations(self):
         if self.freq_mask_count and self.freq_mask_width > self.num_mel_bins:
@@ -165,7 +185,23 @@ class ConformerConfig(ModelConfig):
                 f"Received: freq_mask_width={self.freq_mask_width}"
             )
         check_heads_divide(self)
+        self._check_front_end()
         self._check_streaming()
+
+    def _check_front_end(self):
+        if self.front_end == "log_mel" and self.preemphasis is not None:
+            raise ValueError(
+                "`preemphasis` is an option of the \"parakeet\" front end; "
+                "front_end=\"log_mel\" has none (None). Received: "
+                f"preemphasis={self.preemphasis}, front_end='log_mel'"
+            )
+        if self.front_end == "parakeet" and self.feature_normalization != "utterance":
+            raise ValueError(
+                "The \"parakeet\" front end always normalises each utterance (its "
+                "checkpoints were trained so): `feature_normalization` must be "
+                "\"utterance\". Received: "
+                f"feature_normalization={self.feature_normalization!r}, front_end='parakeet'"
+            )
 
     def _check_streaming(self):
         chunked = self.chunk_size is not None
@@ -217,8 +253,45 @@ CONFORMER_PRESETS = {
     ),
 }
 
+# NVIDIA's Parakeet CTC (the FastConformer, Rekesh et al. 2023): 8x
+# depthwise-separable subsampling with 256 channels, x sqrt(D) input scaling,
+# kernel 9, PyTorch's norm epsilons, the checkpoints' features (80 mels,
+# pre-emphasis 0.97). Trainable parameters with their 1,024 SentencePiece
+# tokens and the blank (vocabulary_size=1024), equal to transformers'
+# ParakeetForCTC of the same config (tests/models/test_fast_conformer.py);
+# `count_params()` adds the BatchNorm moving statistics (2 x 1024 a layer).
+_PARAKEET = dict(
+    subsampling="fast", subsampling_filters=256, scale_input=True, kernel_size=9,
+    dropout=0.1, attention_dropout=0.1, layer_norm_epsilon=1e-5, batch_norm_epsilon=1e-5,
+    num_mel_bins=80, front_end="parakeet", preemphasis=0.97,
+)
+CONFORMER_PRESETS.update({
+    # nvidia/parakeet-ctc-0.6b (FastConformer XL): 24 layers, dim 1024, 8
+    # heads, feed-forward 4096; 608,799,745 parameters.
+    "parakeet_ctc_0_6b": ConformerConfig(num_layers=24, hidden_dim=1024, num_heads=8,
+                                         **_PARAKEET),
+    # nvidia/parakeet-ctc-1.1b (FastConformer XXL): 42 layers, otherwise as
+    # the 0.6b; 1,062,540,289 parameters.
+    "parakeet_ctc_1_1b": ConformerConfig(num_layers=42, hidden_dim=1024, num_heads=8,
+                                         **_PARAKEET),
+    # Not published: the same design at a CPU size (tests, small tasks).
+    "parakeet_ctc_tiny": ConformerConfig(num_layers=2, hidden_dim=64, num_heads=2,
+                                         **dict(_PARAKEET, subsampling_filters=64)),
+})
+
 
 DEFAULT_PRESET = "conformer_small"
+
+
+def feature_frames(config, samples):
+    """Feature frames of `samples` audio samples (an int or a NumPy array)
+    through the front end of `config`: `LogMelFeatures`' `1 + samples //
+    frame_step`, or `ParakeetLogMelFeatures`' `(samples + 2 * (fft_length
+    // 2) - fft_length) // frame_step` (one fewer for an even FFT)."""
+    if config.front_end == "parakeet":
+        half = config.fft_length // 2
+        return (samples + 2 * half - config.fft_length) // config.frame_step
+    return 1 + samples // config.frame_step
 
 
 def get_conformer_config(config=DEFAULT_PRESET, **overrides):

@@ -2,7 +2,8 @@
 
 ```
 waveform (B, N), waveform_length (B,)
- -> LogMelFeatures            (B, T, mels), normalised per utterance
+ -> LogMelFeatures            (B, T, mels), normalised per utterance (or, with
+                              front_end="parakeet", ParakeetLogMelFeatures)
  -> SpecAugment               training only, inside valid frames
  -> ConvSubsampling           (B, T/4, D), 10 ms -> 40 ms frames (or, with
                               subsampling="fast", FastConvSubsampling: (B, T/8, D),
@@ -45,6 +46,7 @@ from keras_attn.layers.fast_conv_subsampling import FastConvSubsampling
 from keras_attn.layers.fast_conv_subsampling import fast_subsampled_length
 from keras_attn.layers.log_mel_features import LogMelFeatures
 from keras_attn.layers.log_mel_features import outside_lengths
+from keras_attn.layers.parakeet_log_mel_features import ParakeetLogMelFeatures
 from keras_attn.layers.streaming import check_audio_range
 from keras_attn.layers.spec_augment import SpecAugment
 from keras_attn.layers.streaming import chunk_mask_of
@@ -52,6 +54,7 @@ from keras_attn.models.conformer.conformer_config import DEFAULT_PRESET
 from keras_attn.models.conformer.conformer_config import DYNAMIC_CHUNK_MAX
 from keras_attn.models.conformer.conformer_config import ConformerConfig
 from keras_attn.models.conformer.conformer_config import check_vocabulary_size
+from keras_attn.models.conformer.conformer_config import feature_frames
 from keras_attn.models.conformer.conformer_config import get_conformer_config
 
 
@@ -586,7 +589,7 @@ class ConformerCTC(GuardedModel, ConfigModel, keras.Model):
         """Feature frames per utterance `(B,)` from concrete inputs, or None."""
         if "waveform_length" in named:
             lengths = np.asarray(named["waveform_length"]).astype("int64")
-            return 1 + lengths // self.conformer_config.frame_step
+            return feature_frames(self.conformer_config, lengths)
         if "feature_length" in named:
             return np.asarray(named["feature_length"]).astype("int64")
         return None
@@ -837,10 +840,17 @@ def _checked_utterances(features, segment_ids, positions, feature_length=None):
 
 
 def log_mel_front_end(config, dtype=None):
-    """The `LogMelFeatures` layer a waveform `ConformerCTC` of `config` puts
-    in front of its encoder (named "log_mel"): the features a model built
-    with `input_type="features"` takes, e.g. computed per utterance to pack
-    them (`keras_attn.data.pack_utterances`)."""
+    """The front end a waveform `ConformerCTC` of `config` puts in front of
+    its encoder (named "log_mel"): `LogMelFeatures`, or with
+    `front_end="parakeet"` `ParakeetLogMelFeatures`; the features a model
+    built with `input_type="features"` takes, e.g. computed per utterance to
+    pack them (`keras_attn.data.pack_utterances`)."""
+    if config.front_end == "parakeet":
+        return ParakeetLogMelFeatures(
+            sampling_rate=config.sampling_rate, num_mel_bins=config.num_mel_bins,
+            frame_length=config.frame_length, frame_step=config.frame_step,
+            fft_length=config.fft_length, preemphasis=config.preemphasis,
+            dtype=dtype, name="log_mel")
     return LogMelFeatures(
         sampling_rate=config.sampling_rate, num_mel_bins=config.num_mel_bins,
         frame_length=config.frame_length, frame_step=config.frame_step,

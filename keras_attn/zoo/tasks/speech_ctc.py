@@ -574,7 +574,9 @@ class SpeechCTC(Task):
                 "`length` must be the utterance's own length, at most the batch's `width`. "
                 f"Received: length={int(lengths[bad])} for utterance {int(index[bad])} of "
                 f"{int(own[bad])} samples, width={int(widths[bad])}")
-        frames = 1 + lengths.astype("int64") // self.model_config.frame_step
+        from keras_attn.models.conformer.conformer_config import feature_frames
+
+        frames = feature_frames(self.model_config, lengths.astype("int64"))
         _check_label_frames(parts["y"], frames, lambda bad: f"utterance {int(index[bad])}",
                             self.model_config)
 
