@@ -52,8 +52,22 @@ def int32_or_minus_one(lengths):
     return np.where(outside, -1, values).astype("int32") if outside.any() else lengths
 
 
+class WaveformLengths:
+    """Mixed into the front ends (before `keras.layers.Layer`): a NumPy
+    `waveform_length` past int32 becomes -1 (NaN features, as any length
+    outside [0, N]) before Keras converts it: JAX without x64 makes an int64
+    array int32 there, wrapped (2**32 + 3 -> a valid 3)."""
+
+    def __call__(self, *args, **kwargs):
+        if len(args) > 1:
+            args = (args[0], int32_or_minus_one(args[1])) + args[2:]
+        elif "waveform_length" in kwargs:
+            kwargs["waveform_length"] = int32_or_minus_one(kwargs["waveform_length"])
+        return super().__call__(*args, **kwargs)
+
+
 @keras.saving.register_keras_serializable(package="keras_attn")
-class LogMelFeatures(keras.layers.Layer):
+class LogMelFeatures(WaveformLengths, keras.layers.Layer):
     """Waveform `(B, N)` -> log-mel features `(B, T, num_mel_bins)`.
 
     `keras.layers.MelSpectrogram` (centred frames, so `T = 1 + N // frame_step`),
@@ -165,16 +179,6 @@ class LogMelFeatures(keras.layers.Layer):
     def num_frames(self, waveform_length):
         """Frames of an utterance of `waveform_length` samples (centred STFT)."""
         return 1 + waveform_length // self.frame_step
-
-    def __call__(self, *args, **kwargs):
-        # A NumPy length past int32 becomes -1 (NaN features, as any length
-        # outside [0, N]) before Keras converts it: JAX without x64 makes an
-        # int64 array int32 there, wrapped (2**32 + 3 -> a valid 3).
-        if len(args) > 1:
-            args = (args[0], int32_or_minus_one(args[1])) + args[2:]
-        elif "waveform_length" in kwargs:
-            kwargs["waveform_length"] = int32_or_minus_one(kwargs["waveform_length"])
-        return super().__call__(*args, **kwargs)
 
     def call(self, waveform, waveform_length=None):
         waveform = ops.cast(waveform, "float32")  # (B, N)

@@ -8,7 +8,7 @@ from keras import ops
 from keras_attn._checks import check_positive_float
 from keras_attn._checks import check_positive_int
 from keras_attn._checks import check_rate
-from keras_attn.layers.log_mel_features import int32_or_minus_one
+from keras_attn.layers.log_mel_features import WaveformLengths
 from keras_attn.layers.log_mel_features import outside_lengths
 
 # What NeMo adds to the mel power before the logarithm: far below speech's
@@ -61,7 +61,7 @@ def symmetric_hann(frame_length, fft_length):
 
 
 @keras.saving.register_keras_serializable(package="keras_attn")
-class ParakeetLogMelFeatures(keras.layers.Layer):
+class ParakeetLogMelFeatures(WaveformLengths, keras.layers.Layer):
     """Waveform `(B, N)` -> Parakeet's log-mel features `(B, T, num_mel_bins)`.
 
     The features NVIDIA's Parakeet / FastConformer checkpoints were trained
@@ -155,14 +155,6 @@ class ParakeetLogMelFeatures(keras.layers.Layer):
         (`ParakeetFeatureExtractor`'s `attention_mask.sum(-1)`)."""
         half = self.fft_length // 2
         return (waveform_length + 2 * half - self.fft_length) // self.frame_step
-
-    def __call__(self, *args, **kwargs):
-        # A NumPy length past int32 becomes -1 (NaN features), as in LogMelFeatures.
-        if len(args) > 1:
-            args = (args[0], int32_or_minus_one(args[1])) + args[2:]
-        elif "waveform_length" in kwargs:
-            kwargs["waveform_length"] = int32_or_minus_one(kwargs["waveform_length"])
-        return super().__call__(*args, **kwargs)
 
     def call(self, waveform, waveform_length=None):
         waveform = ops.cast(waveform, "float32")  # (B, N)
