@@ -38,6 +38,12 @@ def test_saved_model_decodes_like_the_model(tmp_path, strategy):
         # TensorFlow Serving's signature answers by name ("output_0" before).
         served = loaded.signatures["serving_default"](waveform=wave, waveform_length=lengths)
         np.testing.assert_array_equal(served["token_ids"].numpy(), want)
+    # Where nothing raises, a row of 16-bit PCM given as floats is all -2,
+    # never an empty transcript (-1s); its batch mates as before.
+    wave[-1, 5] = 3000.0
+    got = loaded.serve(wave, lengths)["token_ids"].numpy()
+    assert (got[-1] == -2).all()
+    np.testing.assert_array_equal(got[:-1], want[:-1])
 
 
 def test_unknown_strategy(tmp_path):

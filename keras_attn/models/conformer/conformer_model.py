@@ -671,7 +671,8 @@ class ConformerCTC(GuardedModel, ConfigModel, keras.Model):
         return losses * guard
 
     def decode(self, inputs, strategy="greedy", beam_width=16):
-        """Token ids `(B, T')`, -1 after each transcript's end.
+        """Token ids `(B, T')`, -1 after each transcript's end (all -2 for
+        a row the model answers NaN where nothing can raise: an export).
 
         `strategy` is `"greedy"` or `"beam_search"` (keras.ops.ctc_decode).
         On JAX, inputs whose values exist now (NumPy arrays, JAX arrays) go
@@ -690,14 +691,19 @@ class ConformerCTC(GuardedModel, ConfigModel, keras.Model):
             outputs = self._keeping_variables(lambda: self.predict_on_batch(concrete))
         else:
             outputs = self(inputs, training=False)
-        decoded, _ = ops.ctc_decode(
-            ops.cast(outputs["logits"], "float32"),
-            ops.cast(outputs["logit_lengths"], "int32"),
-            strategy=strategy,
-            beam_width=beam_width,
-            mask_index=0,
-        )
-        return decoded[0]
+        logits = ops.cast(outputs["logits"], "float32")
+        lengths = ops.cast(outputs["logit_lengths"], "int32")
+        decoded, _ = ops.ctc_decode(logits, lengths, strategy=strategy,
+                                    beam_width=beam_width, mask_index=0)
+        # A row the model answered NaN (a sample outside [-1, 1], a length
+        # outside [0, N], where nothing raised: a traced export) decodes to
+        # blanks, i.e. an empty transcript: all -2 instead, as
+        # `ctc_greedy_ids` answers it, never a plausible transcript.
+        valid = ops.less(ops.expand_dims(ops.arange(ops.shape(logits)[1]), 0),
+                         ops.expand_dims(lengths, 1))  # (B, T')
+        broken = ops.any(ops.logical_and(
+            ops.expand_dims(valid, -1), ops.logical_not(ops.isfinite(logits))), axis=(1, 2))
+        return ops.where(ops.expand_dims(broken, 1), -2, decoded[0])
 
 
 def encoder_length(config, length):
