@@ -51,13 +51,16 @@ def named_outputs(logits, class_names):
     """The classifiers' `serving_default` outputs, by name (TensorFlow
     Serving answers with these keys): "logits" and "probabilities" `(B, K)`
     float32, and with `class_names` "label" `(B,)`, the most probable
-    class's name."""
+    class's name, or "" (no class is named "") for a row the model answers
+    NaN (bad input where nothing can raise): argmax would name a class."""
     tf = tensorflow_module()
 
     logits = tf.cast(logits, "float32")
     outputs = {"logits": logits, "probabilities": tf.nn.softmax(logits, axis=-1)}
     if class_names:
-        outputs["label"] = tf.gather(tf.constant(class_names), tf.argmax(logits, axis=-1))
+        label = tf.gather(tf.constant(class_names), tf.argmax(logits, axis=-1))
+        broken = tf.reduce_any(tf.logical_not(tf.math.is_finite(logits)), axis=-1)
+        outputs["label"] = tf.where(broken, tf.constant(""), label)
     return outputs
 
 

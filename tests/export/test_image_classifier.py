@@ -103,3 +103,15 @@ def test_the_class_names_travel_inside_every_export(tmp_path):
                                              r"classes.*Received: class_names="):
             export_image_classifier(model, tmp_path / "bad", class_names=bad)
     assert not (tmp_path / "bad").exists()
+
+
+def test_a_row_answered_nan_is_labelled_empty_never_a_class():
+    # Bad input where nothing raises (a BERT row of padding only) makes the
+    # logits NaN; argmax named a class for it.
+    import tensorflow as tf
+
+    from keras_attn.export.saved_model import named_outputs
+
+    nan = float("nan")
+    answer = named_outputs(tf.constant([[0.0, 1.0, 2.0], [nan, nan, nan]]), ["a", "b", "c"])
+    assert [x.decode() for x in answer["label"].numpy()] == ["c", ""]
