@@ -19,6 +19,7 @@ from keras_attn.convert.bert import load_hf_bert_tokenizer
 from keras_attn.convert.bert import load_hf_roberta
 from keras_attn.convert.bert import load_hf_roberta_tokenizer
 from keras_attn.convert.bert import save_hf_bert
+from keras_attn.convert.bpe import load_hf_bpe_tokenizer
 from keras_attn.convert.dinov2 import dinov2_config_from_hf
 from keras_attn.convert.dinov2 import load_hf_dinov2
 from keras_attn.convert.dinov2 import save_hf_dinov2
@@ -31,6 +32,7 @@ from keras_attn.convert.marian import load_hf_marian
 from keras_attn.convert.marian import transformer_config_from_marian
 from keras_attn.convert.modernbert import load_hf_modernbert
 from keras_attn.convert.modernbert import modernbert_config_from_hf
+from keras_attn.convert.modernbert import save_hf_modernbert
 from keras_attn.convert.parakeet import load_hf_parakeet
 from keras_attn.convert.parakeet import parakeet_config_from_hf
 from keras_attn.convert.parakeet import save_hf_parakeet
@@ -48,6 +50,7 @@ __all__ = [
     "load_hf_bert_backbone",
     "load_hf_bert_task",
     "load_hf_bert_tokenizer",
+    "load_hf_bpe_tokenizer",
     "load_hf_dinov2",
     "load_hf_marian",
     "load_hf_modernbert",
@@ -58,6 +61,7 @@ __all__ = [
     "save_hf",
     "save_hf_bert",
     "save_hf_dinov2",
+    "save_hf_modernbert",
     "save_hf_parakeet",
     "save_hf_vit",
     "modernbert_config_from_hf",

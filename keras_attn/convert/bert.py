@@ -22,7 +22,6 @@ checkpoints (`cls.*`, `classifier.*`, `qa_outputs.*`) are dropped by the
 backbone loader, which names them in a warning.
 """
 
-import json
 import os
 import warnings
 
@@ -382,52 +381,27 @@ def load_hf_roberta_tokenizer(path, sequence_length=None):
         the special tokens of the vocabulary (`<s>`, `</s>`, `<pad>`,
         `<unk>`, `<mask>`) written in a text stay one token each. It adds no
         `<s>` / `</s>`: a packer does (`keras_hub.layers.StartEndPacker`).
+        Words are split with GPT-2's pattern in eager calls as in
+        `tf.data` (see `load_hf_bpe_tokenizer`).
         XLM-R's SentencePiece model (`sentencepiece.bpe.model`) is not this
         format: a directory without `vocab.json` and `merges.txt` is a
         `ValueError`.
     """
-    import keras_hub
+    from keras_attn.convert.bpe import tokenizer_from_vocab_and_merges
 
-    files = [os.path.join(path, name) for name in ("vocab.json", "merges.txt")]
-    for file in files:
-        if not os.path.exists(file):
-            raise ValueError(
-                f"{file} does not exist: RoBERTa's byte-level BPE tokenizer needs vocab.json "
-                f"and merges.txt. Received: path={path!r}"
-            )
-    vocabulary = _read_json_object(path, "vocab.json")
-    settings = (_read_json_object(path, "tokenizer_config.json")
-                if os.path.exists(os.path.join(path, "tokenizer_config.json")) else {})
-    special = [t for t in ("<s>", "</s>", "<pad>", "<unk>", "<mask>") if t in vocabulary]
-    return keras_hub.tokenizers.BytePairTokenizer(
-        vocabulary=vocabulary,
-        merges=files[1],
-        sequence_length=sequence_length,
-        add_prefix_space=bool(settings.get("add_prefix_space", False)),
-        unsplittable_tokens=special or None,
-    )
+    return tokenizer_from_vocab_and_merges(path, sequence_length)
 
 
 def _read_lowercase(path, vocabulary):
     for name in ("tokenizer_config.json", "config.json"):
         if os.path.exists(os.path.join(path, name)):
-            value = _read_json_object(path, name).get("do_lower_case")
+            value = read_config(path, name).get("do_lower_case")
             if value is not None:
                 return bool(value)
     plain = [t for t in vocabulary if not (t.startswith("[") and t.endswith("]"))]
     return not any(ch.isupper() for token in plain for ch in token)
 
 
-def _read_json_object(path, name):
-    file = os.path.join(path, name)
-    try:
-        with open(file, encoding="utf-8") as stream:
-            value = json.load(stream)
-    except (json.JSONDecodeError, UnicodeDecodeError) as error:
-        raise ValueError(f"{file} is not valid JSON ({error}). Received: path={path!r}") from None
-    if not isinstance(value, dict):
-        raise ValueError(f"{file} must hold a JSON object. Received: {type(value).__name__}")
-    return value
 
 
 def load_hf_bert(path, sequence_length=None):

@@ -27,6 +27,7 @@ _FAMILIES = {
     "MarianMTModel": "marian",
     "ModernBertModel": "modernbert",
     "ModernBertForMaskedLM": "modernbert",
+    "ModernBertForSequenceClassification": "modernbert",
     "Dinov2WithRegistersModel": "dinov2",
     "Dinov2WithRegistersForImageClassification": "dinov2",
     "ParakeetForCTC": "parakeet",
@@ -51,13 +52,15 @@ def load_hf(directory):
     | `BertForMaskedLM`, `RobertaForMaskedLM`, `XLMRobertaForMaskedLM` | `BertPretrainer(next_sentence=False)` |
     | `ViTModel`, `ViTForImageClassification` | `ViT` (`load_hf_vit`) |
     | `MarianMTModel` | `Transformer` (`load_hf_marian`; its tokenizer: `MarianTokenizer(directory)`) |
-    | `ModernBertModel`, `ModernBertForMaskedLM` | `ModernBertBackbone`, `ModernBertMaskedLM` (`load_hf_modernbert`) |
+    | `ModernBertModel`, `ModernBertForMaskedLM`, `ModernBertForSequenceClassification` | `ModernBertBackbone`, `ModernBertMaskedLM`, `ModernBertSequenceClassifier` (`load_hf_modernbert`) |
     | `Dinov2WithRegistersModel`, `Dinov2WithRegistersForImageClassification` | `ViT` with registers and LayerScale (`load_hf_dinov2`) |
     | `ParakeetForCTC` | `ConformerCTC` with `subsampling="fast"`: waveforms in with `preprocessor_config.json`, else log-mel features (`load_hf_parakeet`) |
 
     Without `architectures`, `model_type` picks the family's base model.
     Tokenizers are not loaded here: `load_hf_bert_tokenizer(directory)`
-    reads BERT's vocabulary, `MarianTokenizer(directory)` Marian's.
+    reads BERT's vocabulary, `load_hf_bpe_tokenizer(directory)` a byte-level
+    BPE (ModernBERT's `tokenizer.json`, RoBERTa's `vocab.json` and
+    `merges.txt`), `MarianTokenizer(directory)` Marian's.
 
     Raises:
         ValueError: an architecture or model type none of these is (named
@@ -111,14 +114,15 @@ def load_hf(directory):
 def save_hf(model, directory, overwrite=False, **kwargs):
     """Writes a keras_attn model as the Hugging Face directory its class
     maps to (`save_hf_bert` for the BERT family, RoBERTa included;
-    `save_hf_vit` for a ViT, `save_hf_dinov2` for a ViT with DINOv2's
-    registers, LayerScale, SwiGLU or head, `save_hf_parakeet` for a
-    FastConformer `ConformerCTC`); transformers' `from_pretrained` loads it
-    with the same outputs.
+    `save_hf_modernbert` for ModernBERT; `save_hf_vit` for a ViT,
+    `save_hf_dinov2` for a ViT with DINOv2's registers, LayerScale, SwiGLU
+    or head; `save_hf_parakeet` for a FastConformer `ConformerCTC`);
+    transformers' `from_pretrained` loads it with the same outputs.
 
     Args:
         model: a `BertBackbone`, `BertSequenceClassifier`,
-            `BertTokenClassifier`, `BertPretrainer`, `ViT` or a
+            `BertTokenClassifier`, `BertPretrainer`, `ModernBertBackbone`,
+            `ModernBertMaskedLM`, `ModernBertSequenceClassifier`, `ViT` or a
             `ConformerCTC` that `save_hf_parakeet` writes.
         directory: where to write (atomically).
         overwrite: replace an earlier Hugging Face export there.
@@ -138,6 +142,10 @@ def save_hf(model, directory, overwrite=False, **kwargs):
         from keras_attn.convert.bert import save_hf_bert
 
         return save_hf_bert(model, directory, overwrite=overwrite, **kwargs)
+    if kind in ("ModernBertBackbone", "ModernBertMaskedLM", "ModernBertSequenceClassifier"):
+        from keras_attn.convert.modernbert import save_hf_modernbert
+
+        return save_hf_modernbert(model, directory, overwrite=overwrite, **kwargs)
     if getattr(model, "vit_config", None) is not None:
         from keras_attn.convert.dinov2 import is_dinov2
         from keras_attn.convert.dinov2 import save_hf_dinov2
@@ -152,8 +160,9 @@ def save_hf(model, directory, overwrite=False, **kwargs):
         return save_hf_parakeet(model, directory, overwrite=overwrite, **kwargs)
     raise ValueError(
         "save_hf writes the BERT family (BertBackbone, BertSequenceClassifier, "
-        "BertTokenClassifier, BertPretrainer, RoBERTa included), ViT models and "
-        f"FastConformer ConformerCTC models. Received: model={kind}"
+        "BertTokenClassifier, BertPretrainer, RoBERTa included), ModernBERT "
+        "(ModernBertBackbone, ModernBertMaskedLM, ModernBertSequenceClassifier), ViT "
+        f"models and FastConformer ConformerCTC models. Received: model={kind}"
     )
 
 

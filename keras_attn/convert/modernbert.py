@@ -1,13 +1,16 @@
-"""ModernBERT from a Hugging Face `ModernBertModel` or `ModernBertForMaskedLM`
-directory (`config.json` and `model.safetensors`).
+"""ModernBERT from and to a Hugging Face `ModernBertModel`,
+`ModernBertForMaskedLM` or `ModernBertForSequenceClassification` directory
+(`config.json` and `model.safetensors`).
 
-The weights are read with NumPy and `safetensors` only (neither torch nor
-transformers is needed). Every tensor is checked against the shape the config
-implies before any weight is assigned, and every tensor is used or refused by
-name: a checkpoint that does not match its config, a config option the
-package's ModernBERT does not compute (biases, another rotary scaling, a
-layer pattern that is not "global every n-th layer") or a malformed file is a
-`ValueError` naming the file and the key, and nothing is half loaded.
+The weights are read and written with NumPy and `safetensors` only (neither
+torch nor transformers is needed). Every tensor is checked against the shape
+the config implies before any weight is assigned, and every tensor is used
+or refused by name: a checkpoint that does not match its config, a config
+option the package's ModernBERT does not compute (biases, another rotary
+scaling, a layer pattern that is not "global every n-th layer") or a
+malformed file is a `ValueError` naming the file and the key, and nothing is
+half loaded. The loader and the writer read one table of names
+(`_layout`), so the two directions agree.
 """
 
 import os
@@ -18,13 +21,17 @@ from keras_attn.convert._checkpoint import Entry
 from keras_attn.convert._checkpoint import Tensors
 from keras_attn.convert._checkpoint import config_float
 from keras_attn.convert._checkpoint import config_int
+from keras_attn.convert._checkpoint import json_text
 from keras_attn.convert._checkpoint import layer_weights
 from keras_attn.convert._checkpoint import read_config
 from keras_attn.convert._checkpoint import read_entries
 from keras_attn.convert._checkpoint import read_safetensors
 from keras_attn.convert._checkpoint import transposed
+from keras_attn.convert._checkpoint import write_directory
 from keras_attn.models.modernbert import ModernBertConfig
+from keras_attn.models.modernbert import ModernBertBackbone
 from keras_attn.models.modernbert import ModernBertMaskedLM
+from keras_attn.models.modernbert import ModernBertSequenceClassifier
 from keras_attn.models.modernbert import build_modernbert
 
 _FILE = "config.json"
@@ -38,9 +45,16 @@ _FROM_HF_ACTIVATION = {
     "silu": "silu",
     "swish": "silu",
 }
+_TO_HF_ACTIVATION = {"gelu": "gelu", "gelu_approximate": "gelu_pytorch_tanh", "relu": "relu",
+                     "silu": "silu"}
 
-# The architectures read, and whether each has the masked-LM head.
-_ARCHITECTURES = {"ModernBertModel": False, "ModernBertForMaskedLM": True}
+# The Hugging Face architectures and the keras_attn model of each.
+_ARCHITECTURES = {
+    "ModernBertModel": "ModernBertBackbone",
+    "ModernBertForMaskedLM": "ModernBertMaskedLM",
+    "ModernBertForSequenceClassification": "ModernBertSequenceClassifier",
+}
+_POOLINGS = ("cls", "mean")
 
 # Options the package's ModernBERT computes with one value only.
 _FIXED = {
@@ -152,10 +166,11 @@ def _backbone_layout(backbone, prefix):
 
     def split_rows(name, rows, n_in, parts):
         """Slices of a fused torch `(rows, n_in)` matrix, one Entry each:
-        `parts` is [(variable, first row, last row, to_keras)]."""
-        for variable, start, stop, to_keras in parts:
+        `parts` is [(variable, first row, last row, to_keras, to_hf)];
+        `to_hf` gives the slice's rows, which the writer stacks in order."""
+        for variable, start, stop, to_keras, to_hf in parts:
             entries.append(Entry(name, (rows, n_in), variable,
-                                 lambda a, s=start, e=stop, f=to_keras: f(a[s:e])))
+                                 lambda a, s=start, e=stop, f=to_keras: f(a[s:e]), to_hf))
 
     p = prefix + "embeddings."
     (table,) = layer_weights(backbone.get_layer("token_embedding"), 1)
@@ -170,24 +185,63 @@ def _backbone_layout(backbone, prefix):
                  layer_weights(attention.value_dense, 1)[0]]
         # Wqkv (3D, D): rows [q; k; v], each (D, D) = (N H, D) -> (D, N, H).
         split_rows(hf + "attn.Wqkv.weight", 3 * D, D, [
-            (kernel, j * D, (j + 1) * D, lambda a: a.T.reshape(D, N, H))
+            (kernel, j * D, (j + 1) * D, lambda a: a.T.reshape(D, N, H),
+             lambda a: a.reshape(D, D).T)
             for j, kernel in enumerate(heads)])
         (output,) = layer_weights(attention.output_dense, 1)
         entries.append(Entry(hf + "attn.Wo.weight", (D, D), output,
-                             lambda a: a.T.reshape(N, H, D)))
-        if i > 0:
+                             lambda a: a.T.reshape(N, H, D), lambda a: a.reshape(D, D).T))
+        if block.self_attention_layer_norm is not None:  # block 0 has none
             norm(block.self_attention_layer_norm, hf + "attn_norm")
         norm(block.feed_forward_layer_norm, hf + "mlp_norm")
         (wi,) = layer_weights(block.feed_forward.intermediate_dense, 1)
-        entries.append(Entry(hf + "mlp.Wi.weight", (2 * F, D), wi, transposed))
+        entries.append(Entry(hf + "mlp.Wi.weight", (2 * F, D), wi, transposed, transposed))
         (wo,) = layer_weights(block.feed_forward.output_dense, 1)
-        entries.append(Entry(hf + "mlp.Wo.weight", (D, F), wo, transposed))
+        entries.append(Entry(hf + "mlp.Wo.weight", (D, F), wo, transposed, transposed))
     norm(backbone.get_layer("final_layer_norm"), prefix + "final_norm")
     return entries
 
 
+def _layout(model):
+    """`(architecture, entries)` of a keras_attn ModernBERT model: the
+    backbone's entries and its head's, under Hugging Face's names."""
+    kind = type(model).__name__
+    architectures = {ours: theirs for theirs, ours in _ARCHITECTURES.items()}
+    if kind not in architectures:
+        raise ValueError(
+            "`model` must be a ModernBertBackbone, ModernBertMaskedLM or "
+            f"ModernBertSequenceClassifier. Received: model={kind}")
+    if kind == "ModernBertBackbone":
+        return architectures[kind], _backbone_layout(model, "")
+    backbone = model.backbone
+    config = backbone.modernbert_config
+    D = config.hidden_dim
+    entries = _backbone_layout(backbone, "model.")
+
+    def head(dense, layer_norm):
+        (kernel,) = layer_weights(dense, 1)
+        entries.append(Entry("head.dense.weight", (D, D), kernel, transposed, transposed))
+        (gamma,) = layer_weights(layer_norm, 1)
+        entries.append(Entry("head.norm.weight", (D,), gamma))
+
+    if kind == "ModernBertMaskedLM":
+        mlm_head = model.get_layer("mlm_head")
+        head(mlm_head.transform_dense, mlm_head.transform_layer_norm)
+        entries.append(Entry("decoder.bias", (config.vocabulary_size,),
+                             mlm_head.output_bias))
+    else:
+        head(model.get_layer("head_dense"), model.get_layer("head_layer_norm"))
+        kernel, bias = layer_weights(model.get_layer("classifier"), 2)
+        entries.append(Entry("classifier.weight", (model.num_classes, D), kernel,
+                             transposed, transposed))
+        entries.append(Entry("classifier.bias", (model.num_classes,), bias))
+    return architectures[kind], entries
+
+
 def _architecture(hf_config, tensors, path):
     names = hf_config.get("architectures") or []
+    if isinstance(names, str):
+        names = [names]
     known = [name for name in names if name in _ARCHITECTURES]
     if names and not known:
         raise ValueError(
@@ -196,7 +250,25 @@ def _architecture(hf_config, tensors, path):
     if known:
         return known[0]
     # No `architectures`: the tensors' names tell.
-    return "ModernBertForMaskedLM" if "decoder.bias" in tensors else "ModernBertModel"
+    if "decoder.bias" in tensors:
+        return "ModernBertForMaskedLM"
+    if "classifier.weight" in tensors:
+        return "ModernBertForSequenceClassification"
+    return "ModernBertModel"
+
+
+def _classifier(hf_config, backbone):
+    file = _FILE
+    labels = hf_config.get("id2label") or {}
+    num_classes = config_int(hf_config, "num_labels", file, len(labels) or 2)
+    pooling = hf_config.get("classifier_pooling", "cls")
+    if pooling not in _POOLINGS:
+        raise ValueError(
+            f"{file}: 'classifier_pooling' must be one of {list(_POOLINGS)}. "
+            f"Received: classifier_pooling={pooling!r}")
+    dropout = config_float(hf_config, "classifier_dropout", file, 0.0)
+    return ModernBertSequenceClassifier(backbone, num_classes=num_classes, pooling=pooling,
+                                        dropout=dropout)
 
 
 def load_hf_modernbert(path):
@@ -204,12 +276,18 @@ def load_hf_modernbert(path):
 
     Args:
         path: directory with `config.json` and `model.safetensors` of a
-            `ModernBertModel` or a `ModernBertForMaskedLM`.
+            `ModernBertModel`, a `ModernBertForMaskedLM` or a
+            `ModernBertForSequenceClassification` (without `architectures`
+            in `config.json`, the tensors' names tell).
 
     Returns:
         A `ModernBertBackbone` (its `sequence_output` equals transformers'
-        `last_hidden_state`) for `ModernBertModel`, a `ModernBertMaskedLM`
-        (its logits equal transformers') for `ModernBertForMaskedLM`.
+        `last_hidden_state`) for `ModernBertModel`; a `ModernBertMaskedLM`
+        for `ModernBertForMaskedLM` and a `ModernBertSequenceClassifier`
+        (`num_labels` classes, `classifier_pooling`, `classifier_dropout`;
+        the label names are not kept) for
+        `ModernBertForSequenceClassification`, whose logits equal
+        transformers'.
 
     Raises:
         ValueError: a malformed file, a config option the model does not
@@ -223,17 +301,11 @@ def load_hf_modernbert(path):
     architecture = _architecture(hf_config, tensors, path)
     ckpt = Tensors(tensors, path)
     backbone = build_modernbert(config)
-    if _ARCHITECTURES[architecture]:
+    kind = _ARCHITECTURES[architecture]
+    if kind == "ModernBertMaskedLM":
         model = ModernBertMaskedLM(backbone)
-        entries = _backbone_layout(backbone, "model.")
-        head = model.get_layer("mlm_head")
-        D = config.hidden_dim
-        (dense,) = layer_weights(head.transform_dense, 1)
-        entries.append(Entry("head.dense.weight", (D, D), dense, transposed))
-        (gamma,) = layer_weights(head.transform_layer_norm, 1)
-        entries.append(Entry("head.norm.weight", (D,), gamma))
-        entries.append(Entry("decoder.bias", (config.vocabulary_size,), head.output_bias))
         if "decoder.weight" in tensors:  # a tied copy: must be the embedding table
+            D = config.hidden_dim
             decoder = ckpt.get("decoder.weight", (config.vocabulary_size, D))
             table = ckpt.get("model.embeddings.tok_embeddings.weight",
                              (config.vocabulary_size, D))
@@ -242,11 +314,124 @@ def load_hf_modernbert(path):
                     f"{ckpt.file}: tensor 'decoder.weight' differs from the token "
                     "embeddings; keras_attn's ModernBERT ties them. Received: "
                     "an untied decoder")
+    elif kind == "ModernBertSequenceClassifier":
+        model = _classifier(hf_config, backbone)
     else:
         model = backbone
-        entries = _backbone_layout(backbone, "")
-    plan = read_entries(entries, ckpt, model)  # raises before anything is assigned
+    plan = read_entries(_layout(model)[1], ckpt, model)  # raises before anything is assigned
     ckpt.check_all_used()
     for variable, array in plan:
         variable.assign(array)
     return model
+
+
+# The special tokens of the released tokenizer; written when the vocabulary
+# holds them (the keras_attn model does not know its tokenizer's ids).
+_RELEASE_TOKEN_IDS = {"bos_token_id": 50281, "eos_token_id": 50282, "cls_token_id": 50281,
+                      "sep_token_id": 50282}
+
+
+def _to_hf_config(config):
+    """The fields of a Hugging Face ModernBERT `config.json` for a
+    `ModernBertConfig` (no `architectures`, no head fields), which
+    `modernbert_config_from_hf` reads back to `config`."""
+    if config.activation not in _TO_HF_ACTIVATION:
+        raise ValueError(
+            f"transformers' ModernBERT has no activation {config.activation!r}; it takes "
+            f"{sorted(_TO_HF_ACTIVATION)} from keras_attn. "
+            f"Received: activation={config.activation!r}")
+    activation = _TO_HF_ACTIVATION[config.activation]
+    hf_config = {
+        "model_type": "modernbert",
+        "vocab_size": config.vocabulary_size,
+        "hidden_size": config.hidden_dim,
+        "intermediate_size": config.intermediate_dim,
+        "num_hidden_layers": config.num_layers,
+        "num_attention_heads": config.num_heads,
+        "hidden_activation": activation,
+        "classifier_activation": activation,
+        "layer_types": ["full_attention" if config.is_global(i) else "sliding_attention"
+                        for i in range(config.num_layers)],
+        "local_attention": config.local_window,
+        "rope_parameters": {
+            "full_attention": {"rope_type": "default",
+                               "rope_theta": config.global_rope_theta},
+            "sliding_attention": {"rope_type": "default",
+                                  "rope_theta": config.local_rope_theta},
+        },
+        "max_position_embeddings": config.max_sequence_length,
+        "norm_eps": config.layer_norm_epsilon,
+        "pad_token_id": config.pad_id,
+        # keras_attn's `dropout` is after the embeddings and on each
+        # sublayer's output; transformers' nearest are these two.
+        "embedding_dropout": config.dropout,
+        "mlp_dropout": config.dropout,
+        "attention_dropout": config.attention_dropout,
+        "initializer_range": 0.02,
+        "dtype": "float32",
+        **_FIXED,
+    }
+    for key, value in _RELEASE_TOKEN_IDS.items():
+        hf_config[key] = value if value < config.vocabulary_size else None
+    return hf_config
+
+
+def save_hf_modernbert(model, directory, overwrite=False):
+    """Writes a keras_attn ModernBERT model as a Hugging Face directory.
+
+    `config.json` and `model.safetensors` (float32):
+    `transformers.AutoModel...from_pretrained(directory)` loads it with no
+    missing or unexpected key, and its outputs equal the Keras model's.
+
+    | keras_attn model | written as |
+    |---|---|
+    | `ModernBertBackbone` | `ModernBertModel` |
+    | `ModernBertMaskedLM` | `ModernBertForMaskedLM` (decoder tied to the embeddings) |
+    | `ModernBertSequenceClassifier` | `ModernBertForSequenceClassification` (`num_labels`, `classifier_pooling`, `classifier_dropout`; labels `LABEL_i`) |
+
+    The tokenizer's special-token ids other than padding (`cls_token_id`,
+    ...) are not part of the model: they are written as the release's
+    (50281, 50282) when the vocabulary holds them, else null.
+
+    Args:
+        model: one of the models above, float (not quantized) and without
+            LoRA adapters (`keras_attn.models.merge_lora` folds them in).
+        directory: where to write; created, or replaced when `overwrite`.
+            Written atomically (a new directory takes its place at the end).
+        overwrite: replace an existing non-empty `directory` that holds an
+            earlier Hugging Face export (any other directory is refused).
+
+    Returns:
+        The absolute path of `directory`.
+
+    Raises:
+        ValueError: another model type, an activation transformers'
+            ModernBERT does not have, a quantized or LoRA-adapted layer, or
+            an existing non-empty directory without `overwrite` (each
+            named; nothing is written then).
+    """
+    from keras import ops
+
+    architecture, entries = _layout(model)
+    backbone = model if isinstance(model, ModernBertBackbone) else model.backbone
+    hf_config = {"architectures": [architecture],
+                 **_to_hf_config(backbone.modernbert_config)}
+    if isinstance(model, ModernBertSequenceClassifier):
+        hf_config["num_labels"] = model.num_classes
+        hf_config["id2label"] = {str(i): f"LABEL_{i}" for i in range(model.num_classes)}
+        hf_config["label2id"] = {f"LABEL_{i}": i for i in range(model.num_classes)}
+        hf_config["classifier_pooling"] = model.pooling
+        hf_config["classifier_dropout"] = model.dropout
+    # A fused tensor (attn.Wqkv) is several entries: their rows, stacked in order.
+    parts = {}
+    for entry in entries:
+        array = np.asarray(ops.convert_to_numpy(entry.variable), "float32")
+        parts.setdefault(entry.name, []).append(entry.to_hf(array))
+    tensors = {name: arrays[0] if len(arrays) == 1 else np.concatenate(arrays, axis=0)
+               for name, arrays in parts.items()}
+    for entry in entries:  # a layout bug, never the user's: the shapes agree
+        if tensors[entry.name].shape != entry.shape:
+            raise ValueError(f"Tensor {entry.name!r} has shape {tensors[entry.name].shape}. "
+                             f"Received: expected {entry.shape}")
+    return write_directory(directory, {"config.json": json_text(hf_config)}, tensors,
+                           overwrite=overwrite)

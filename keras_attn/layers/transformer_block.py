@@ -123,12 +123,14 @@ class ResidualSublayers:
     def _residual(self, x, sublayer, layer_norm, dropout, training, scale=None):
         """post: LayerNorm(x + Sublayer(x)); pre: x + Sublayer(LayerNorm(x)).
 
+        `layer_norm` None (pre-norm only): x + Sublayer(x), no LayerNorm.
         `sublayer` returns its output, or a tuple whose first item is the
         output; the rest is passed back unchanged (scores, caches). `scale`:
         None, or a learned `(D,)` vector that multiplies the sublayer's
         output before the addition (LayerScale).
         """
-        y = sublayer(layer_norm(x) if self.norm_position == "pre" else x)
+        pre = self.norm_position == "pre" and layer_norm is not None
+        y = sublayer(layer_norm(x) if pre else x)
         extras = ()
         if isinstance(y, tuple):
             y, extras = y[0], y[1:]
@@ -215,6 +217,13 @@ class TransformerBlock(SpecFromCall, RematCall, ResidualSublayers, keras.layers.
             each sublayer's output is multiplied by a learned per-channel
             `(D,)` vector, `self_attention_layer_scale` and
             `feed_forward_layer_scale`, before the residual addition.
+        attention_norm: whether a pre-norm block normalises its input
+            before the attention. False leaves that LayerNorm out (the
+            block has no `self_attention_layer_norm`): the attention reads
+            the block's input as it is, as in ModernBERT's first block,
+            which follows the embeddings' LayerNorm. A post-norm block
+            needs its LayerNorm (False with `norm_position="post"` is a
+            `ValueError`).
         **kwargs: base layer arguments.
 
     Call arguments:
@@ -272,6 +281,7 @@ class TransformerBlock(SpecFromCall, RematCall, ResidualSublayers, keras.layers.
         window=None,
         layer_norm_center=True,
         layer_scale_init=None,
+        attention_norm=True,
         **kwargs,
     ):
         super().__init__(**kwargs)
@@ -299,6 +309,13 @@ class TransformerBlock(SpecFromCall, RematCall, ResidualSublayers, keras.layers.
         self.layer_norm_center = check_bool("layer_norm_center", layer_norm_center)
         self.layer_scale_init = None if layer_scale_init is None else check_positive_float(
             "layer_scale_init", layer_scale_init)
+        self.attention_norm = check_bool("attention_norm", attention_norm)
+        if not self.attention_norm and self.norm_position == "post":
+            raise ValueError(
+                "A post-norm block normalises the attention's residual sum: only a "
+                "pre-norm block can leave its attention LayerNorm out. Received: "
+                f"attention_norm=False, norm_position={self.norm_position!r}"
+            )
 
     def build(self, inputs_shape):
         # === Layers ===
@@ -307,7 +324,7 @@ class TransformerBlock(SpecFromCall, RematCall, ResidualSublayers, keras.layers.
             window=self.window)
         self.self_attention_layer_norm = self._layer_norm(
             "self_attention_layer_norm", inputs_shape, center=self.layer_norm_center
-        )
+        ) if self.attention_norm else None
         self.self_attention_dropout = self._dropout("self_attention_dropout")
         self.feed_forward = self._feed_forward(inputs_shape, gated=self.gated)
         self.feed_forward_layer_norm = self._layer_norm(
@@ -395,4 +412,5 @@ class TransformerBlock(SpecFromCall, RematCall, ResidualSublayers, keras.layers.
         config["window"] = self.window
         config["layer_norm_center"] = self.layer_norm_center
         config["layer_scale_init"] = self.layer_scale_init
+        config["attention_norm"] = self.attention_norm
         return config

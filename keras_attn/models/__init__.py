@@ -38,10 +38,10 @@ from keras_attn.models.lora import merge_lora
 from keras_attn.models.lora import save_lora_weights
 from keras_attn.models.modernbert import MODERNBERT_PRESETS
 from keras_attn.models.modernbert import ModernBertBackbone
-from keras_attn.models.modernbert import ModernBertBlock
 from keras_attn.models.modernbert import ModernBertConfig
 from keras_attn.models.modernbert import ModernBertMaskedLM
 from keras_attn.models.modernbert import ModernBertMaskedLMHead
+from keras_attn.models.modernbert import ModernBertSequenceClassifier
 from keras_attn.models.modernbert import build_modernbert
 from keras_attn.models.modernbert import get_modernbert_config
 from keras_attn.models.modernbert import replace_modernbert_config
@@ -73,10 +73,10 @@ __all__ = [
     "ConformerConfig",
     "MODERNBERT_PRESETS",
     "ModernBertBackbone",
-    "ModernBertBlock",
     "ModernBertConfig",
     "ModernBertMaskedLM",
     "ModernBertMaskedLMHead",
+    "ModernBertSequenceClassifier",
     "TRANSFORMER_PRESETS",
     "Transformer",
     "TransformerConfig",

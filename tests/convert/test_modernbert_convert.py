@@ -1,6 +1,7 @@
 """ModernBERT against transformers' own model: random weights of a small,
 odd size (4 blocks, so global and local blocks both occur; a local window of
-8 tokens on 20-token rows), norms moved away from 1, one row padded."""
+8 tokens on 20-token rows), norms moved away from 1, one row padded; and
+written back (save_hf) for transformers' from_pretrained."""
 
 import json
 import os
@@ -12,12 +13,13 @@ from keras_attn.convert import load_hf
 from keras_attn.convert.modernbert import load_hf_modernbert
 from keras_attn.models.modernbert import ModernBertBackbone
 from keras_attn.models.modernbert import ModernBertMaskedLM
+from keras_attn.models.modernbert import ModernBertSequenceClassifier
 from test_case import to_numpy
 
 LENGTH, REAL = 20, 13  # the second row holds 13 tokens, then padding
 
 
-def _hf_model(kind, path):
+def _hf_model(kind, path, **options):
     import torch
     import transformers
 
@@ -25,15 +27,17 @@ def _hf_model(kind, path):
     config = transformers.ModernBertConfig(
         vocab_size=64, hidden_size=32, num_hidden_layers=4, num_attention_heads=2,
         intermediate_size=24, local_attention=8, pad_token_id=0, bos_token_id=1,
-        eos_token_id=2, cls_token_id=1, sep_token_id=2, attn_implementation="eager")
+        eos_token_id=2, cls_token_id=1, sep_token_id=2, attn_implementation="eager",
+        **options)
     model = getattr(transformers, kind)(config).eval()
-    with torch.no_grad():  # norms away from 1, a bias away from 0, and queries and
+    with torch.no_grad():  # norms away from 1, biases away from 0, and queries and
         # keys large enough that attention is far from uniform (so that the
-        # window and the rotary bases show in the outputs)
+        # window and the rotary bases show in the outputs); the classifier's
+        # weights large enough that its logits differ by more than 1e-4
         for name, weight in model.named_parameters():
-            if "norm" in name or name == "decoder.bias":
+            if "norm" in name or name in ("decoder.bias", "classifier.bias"):
                 weight.copy_(torch.randn_like(weight) * 0.3 + (0 if "bias" in name else 1))
-            elif "Wqkv" in name:
+            elif "Wqkv" in name or name in ("head.dense.weight", "classifier.weight"):
                 weight.copy_(torch.randn_like(weight) * 0.5)
     model.save_pretrained(path)
     return model
@@ -54,6 +58,9 @@ def _hf_outputs(model, ids, mask):
         out = model(input_ids=torch.tensor(ids, dtype=torch.long),
                     attention_mask=torch.tensor(mask, dtype=torch.long))
     return (out.last_hidden_state if hasattr(out, "last_hidden_state") else out.logits).numpy()
+
+
+_CLASSIFIER = "ModernBertForSequenceClassification"
 
 
 @pytest.mark.parametrize("kind", ["ModernBertModel", "ModernBertForMaskedLM"])
@@ -78,6 +85,96 @@ def test_outputs_equal_transformers(kind, tmp_path):
     np.testing.assert_allclose(got[1, :REAL], expected[1, :REAL], atol=1e-4)
 
 
+@pytest.mark.parametrize("pooling", ["cls", "mean"])
+def test_the_sequence_classifier_equals_transformers(pooling, tmp_path):
+    """Logits of padded rows equal transformers' (the mean over the real
+    tokens only); the classifier's settings come from config.json."""
+    hf_model = _hf_model(_CLASSIFIER, str(tmp_path), num_labels=3,
+                         classifier_pooling=pooling, classifier_dropout=0.25)
+    ids, mask = _batch()
+    mask[0, 15:] = 0  # both rows padded, by different amounts
+    ids[0, 15:] = 0
+    expected = _hf_outputs(hf_model, ids, mask)
+    model = load_hf(str(tmp_path))
+    assert isinstance(model, ModernBertSequenceClassifier)
+    assert (model.num_classes, model.pooling, model.dropout) == (3, pooling, 0.25)
+    got = to_numpy(model({"token_ids": ids, "padding_mask": mask}))
+    assert np.ptp(expected) > 0.1  # logits that differ: the head shows
+    np.testing.assert_allclose(got, expected, atol=1e-4)
+
+
+def _moved_weights(model):
+    """Every weight drawn again around its scale, so that no norm is 1 and
+    no bias 0 (the writer must carry each)."""
+    rng = np.random.default_rng(1)
+    for weight in model.weights:
+        value = to_numpy(weight)
+        if "layer_norm" in weight.path:
+            value = 1 + 0.3 * rng.standard_normal(value.shape)
+        else:
+            value = (0.3 if value.ndim == 1 else 0.2) * rng.standard_normal(value.shape)
+        weight.assign(value.astype("float32"))
+
+
+@pytest.mark.parametrize("kind", ["ModernBertBackbone", "ModernBertMaskedLM",
+                                  "ModernBertSequenceClassifier"])
+def test_save_hf_round_trips_through_transformers(kind, tmp_path):
+    """keras_attn -> save_hf -> transformers' from_pretrained: no missing or
+    unexpected key, the same outputs; load_hf reads it back."""
+    import transformers
+
+    from keras_attn.convert import save_hf
+    from keras_attn.models.modernbert import build_modernbert
+
+    backbone = build_modernbert("modernbert_base", vocabulary_size=64, num_layers=4,
+                                num_heads=2, hidden_dim=32, intermediate_dim=24,
+                                local_window=8, max_sequence_length=64, pad_id=0,
+                                global_rope_theta=5000.0, local_rope_theta=300.0)
+    model = {"ModernBertBackbone": lambda: backbone,
+             "ModernBertMaskedLM": lambda: ModernBertMaskedLM(backbone),
+             "ModernBertSequenceClassifier": lambda: ModernBertSequenceClassifier(
+                 backbone, num_classes=4, pooling="mean", dropout=0.1)}[kind]()
+    _moved_weights(model)
+    ids, mask = _batch()
+    ours = model({"token_ids": ids, "padding_mask": mask})
+    ours = to_numpy(ours["sequence_output"] if kind == "ModernBertBackbone" else ours)
+    path = save_hf(model, str(tmp_path / "hf"))
+    auto = {"ModernBertBackbone": transformers.AutoModel,
+            "ModernBertMaskedLM": transformers.AutoModelForMaskedLM,
+            "ModernBertSequenceClassifier": transformers.AutoModelForSequenceClassification}
+    hf_model, info = auto[kind].from_pretrained(path, output_loading_info=True,
+                                                attn_implementation="eager")
+    assert not info["missing_keys"] and not info["unexpected_keys"]
+    theirs = _hf_outputs(hf_model.eval(), ids, mask)
+    np.testing.assert_allclose(theirs[0], ours[0], atol=1e-4)
+    np.testing.assert_allclose(theirs[1, :REAL], ours[1, :REAL], atol=1e-4)
+    again = load_hf(path)
+    assert type(again) is type(model) and len(again.weights) == len(model.weights)
+    for a, b in zip(again.weights, model.weights):
+        np.testing.assert_array_equal(to_numpy(a), to_numpy(b))
+    config = (again if kind == "ModernBertBackbone" else again.backbone).modernbert_config
+    assert config == backbone.modernbert_config
+    if kind == "ModernBertSequenceClassifier":
+        assert (again.num_classes, again.pooling, again.dropout) == (4, "mean", 0.1)
+
+
+def test_save_hf_refuses_what_transformers_cannot_hold(tmp_path):
+    from keras_attn.convert import save_hf
+    from keras_attn.convert.modernbert import save_hf_modernbert
+    from keras_attn.models.modernbert import build_modernbert
+
+    tiny = dict(vocabulary_size=32, num_layers=1, num_heads=2, hidden_dim=8,
+                intermediate_dim=12, pad_id=0)
+    with pytest.raises(ValueError, match="Received: activation='tanh'"):
+        save_hf(build_modernbert("modernbert_base", activation="tanh", **tiny),
+                str(tmp_path / "a"))
+    with pytest.raises(ValueError, match="Received: model=Sequential"):
+        import keras
+
+        save_hf_modernbert(keras.Sequential(), str(tmp_path / "b"))
+    assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
+
+
 def test_unmapped_tensors_and_options_are_refused_by_name(tmp_path):
     from safetensors.numpy import load_file
     from safetensors.numpy import save_file
@@ -95,6 +192,11 @@ def test_unmapped_tensors_and_options_are_refused_by_name(tmp_path):
     with open(config_path, "w") as stream:
         json.dump({**config, "mlp_bias": True}, stream)
     with pytest.raises(ValueError, match="mlp_bias"):
+        load_hf_modernbert(str(tmp_path))
+    with open(config_path, "w") as stream:
+        json.dump({**config, "architectures": [_CLASSIFIER], "classifier_pooling": "max"},
+                  stream)
+    with pytest.raises(ValueError, match="Received: classifier_pooling='max'"):
         load_hf_modernbert(str(tmp_path))
 
 

@@ -234,6 +234,35 @@ def test_rotary_block_padding_invariance_and_positions():
         np.testing.assert_allclose(got[4:7], alone[1], atol=1e-5)
 
 
+def test_layer_without_attention_norm(tmp_path):
+    run_layer_test(
+        TransformerBlock,
+        init_kwargs={"num_heads": 2, "intermediate_dim": 6, "norm_position": "pre",
+                     "activation": "gelu", "dropout": 0.1, "layer_norm_epsilon": 1e-6,
+                     "use_bias": False, "layer_norm_center": False, "gated": True,
+                     "rotary_theta": 500.0, "window": 4, "attention_norm": False},
+        input_data={"inputs": rand(2, 7, 8),
+                    "padding_mask": np.array([[1] * 7, [1] * 4 + [0] * 3], bool)},
+        expected_output_shape=(2, 7, 8),
+        # 4 attention kernels, 2 feed-forward kernels, the feed-forward LayerNorm's gamma
+        expected_num_trainable_weights=7,
+        tmp_path=tmp_path,
+    )
+
+
+def test_without_attention_norm_the_attention_reads_the_input_as_it_is():
+    """ModernBERT's first block: x + MHA(x), then the normalised FFN."""
+    block = TransformerBlock(num_heads=2, intermediate_dim=6, norm_position="pre",
+                             attention_norm=False)
+    x = ops.convert_to_tensor(rand(1, 5, 8))
+    block(x)
+    assert block.self_attention_layer_norm is None
+    y = x + block.self_attention(x)
+    want = y + block.feed_forward(block.feed_forward_layer_norm(y))
+    np.testing.assert_allclose(to_numpy(block(x)), to_numpy(want), atol=1e-5)
+    assert TransformerBlock(num_heads=2, intermediate_dim=6).get_config()["attention_norm"]
+
+
 # === DINOv2's option: LayerScale ===
 
 
@@ -275,6 +304,8 @@ def test_layer_scale_multiplies_each_sublayer_output():
     ({"gated": "yes"}, r"Received: gated='yes'"),
     ({"window": 0}, r"Received: window=0"),
     ({"layer_norm_center": 0}, r"Received: layer_norm_center=0"),
+    ({"attention_norm": "no", "norm_position": "pre"}, r"Received: attention_norm='no'"),
+    ({"attention_norm": False}, r"Received: attention_norm=False, norm_position='post'"),
 ])
 def test_bad_options_are_refused_at_construction(kwargs, match):
     with pytest.raises(ValueError, match=match):

@@ -1,55 +1,15 @@
-"""ModernBERT's block, backbone, masked-LM model and config (the numbers
+"""ModernBERT's backbone, masked-LM model and config (the numbers
 against transformers are in tests/convert/test_modernbert_convert.py)."""
 
 import numpy as np
 import pytest
 
 from keras_attn.models.modernbert import ModernBertBackbone
-from keras_attn.models.modernbert import ModernBertBlock
 from keras_attn.models.modernbert import ModernBertMaskedLM
-from test_case import run_layer_test
+from keras_attn.models.modernbert import ModernBertSequenceClassifier
 from test_case import to_numpy
 
 RNG = np.random.default_rng(3)
-
-
-@pytest.mark.parametrize("attention_norm", [False, True])
-def test_block(attention_norm, tmp_path):
-    run_layer_test(
-        ModernBertBlock,
-        init_kwargs={
-            "num_heads": 2,
-            "intermediate_dim": 6,
-            "norm_position": "pre",
-            "activation": "gelu",
-            "dropout": 0.1,
-            "layer_norm_epsilon": 1e-6,
-            "use_bias": False,
-            "layer_norm_center": False,
-            "gated": True,
-            "rotary_theta": 500.0,
-            "window": 4,
-            "attention_norm": attention_norm,
-        },
-        input_data={"inputs": RNG.standard_normal((2, 7, 8)).astype("float32"),
-                    "padding_mask": np.array([[1] * 7, [1] * 4 + [0] * 3], bool)},
-        expected_output_shape=(2, 7, 8),
-        # 4 attention kernels, 2 feed-forward kernels, one gamma per LayerNorm
-        expected_num_trainable_weights=8 if attention_norm else 7,
-        tmp_path=tmp_path,
-    )
-
-
-def test_the_first_block_attends_to_its_input_unnormalised():
-    block = ModernBertBlock(num_heads=2, intermediate_dim=6, norm_position="pre",
-                            attention_norm=False)
-    x = RNG.standard_normal((1, 5, 8)).astype("float32")
-    block(x)
-    attention = to_numpy(block.self_attention(x))
-    expected = x + attention  # the residual of the raw input's attention
-    ffn_in = to_numpy(block.feed_forward_layer_norm(expected))
-    expected = expected + to_numpy(block.feed_forward(ffn_in))
-    np.testing.assert_allclose(to_numpy(block(x)), expected, atol=1e-5)
 
 
 def test_the_models_save_and_load(tmp_path):
@@ -70,6 +30,60 @@ def test_the_models_save_and_load(tmp_path):
     loaded = keras.saving.load_model(path)
     assert loaded.backbone.get_layer("transformer_block_0").attention_norm is False
     np.testing.assert_allclose(to_numpy(loaded(inputs)), to_numpy(model(inputs)), atol=1e-6)
+
+
+def test_the_classifier_trains_saves_and_loads(tmp_path):
+    import keras
+
+    backbone = ModernBertBackbone(vocabulary_size=32, num_layers=2, num_heads=2, hidden_dim=8,
+                                  intermediate_dim=12, local_window=4, pad_id=0)
+    model = ModernBertSequenceClassifier(backbone, num_classes=3, pooling="mean", dropout=0.2)
+    ids = np.array([[3, 5, 7, 9, 11, 13], [4, 6, 8, 0, 0, 0]])
+    inputs = {"token_ids": ids, "padding_mask": ids != 0}
+    model.compile()  # "auto": cross-entropy on the logits, accuracy
+    history = model.fit(inputs, np.array([2, 0]), epochs=1, verbose=0)
+    assert np.isfinite(history.history["loss"][0]) and "accuracy" in history.history
+    path = str(tmp_path / "classifier.keras")
+    model.save(path)
+    loaded = keras.saving.load_model(path)
+    assert (loaded.num_classes, loaded.pooling, loaded.dropout) == (3, "mean", 0.2)
+    np.testing.assert_allclose(to_numpy(loaded(inputs)), to_numpy(model(inputs)), atol=1e-6)
+    # "mean" reads the real tokens only: the padding's ids change nothing.
+    other = {"token_ids": np.where(ids == 0, 17, ids), "padding_mask": ids != 0}
+    np.testing.assert_allclose(to_numpy(model(other)), to_numpy(model(inputs)), atol=1e-6)
+
+
+def test_a_row_of_padding_only_is_refused_and_nan_where_nothing_raises():
+    # Its answer would come from the padding's ids (docs/bad_input.md).
+    backbone = ModernBertBackbone(vocabulary_size=32, num_layers=2, num_heads=2, hidden_dim=8,
+                                  intermediate_dim=12, local_window=4, pad_id=0)
+    model = ModernBertSequenceClassifier(backbone, num_classes=3)
+    ids = np.array([[3, 5, 7, 9], [4, 6, 8, 10]])
+    inputs = {"token_ids": ids, "padding_mask": np.array([[1, 1, 1, 0], [0, 0, 0, 0]])}
+    with pytest.raises(ValueError, match=r"`padding_mask`: row\(s\) \[1\] hold no real token"):
+        model(inputs)
+    import keras
+
+    if keras.backend.backend() == "torch":  # PyTorch predicts eagerly: the check raises
+        with pytest.raises(ValueError, match=r"row\(s\) \[1\] hold no real token"):
+            model.predict_on_batch(inputs)
+        return
+    answer = np.asarray(model.predict_on_batch(inputs))  # compiled: nothing raises
+    good = to_numpy(model({name: value[:1] for name, value in inputs.items()}))
+    assert np.isnan(answer[1]).all()
+    np.testing.assert_allclose(answer[0], good[0], atol=1e-5)
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    ({"pooling": "max"}, r"Received: pooling='max'"),
+    ({"num_classes": 0}, r"Received: num_classes=0"),
+    ({"dropout": 1.5}, r"Received: dropout=1.5"),
+])
+def test_bad_classifier_arguments_are_refused_by_name(kwargs, match):
+    backbone = ModernBertBackbone(vocabulary_size=32, num_layers=1, num_heads=2, hidden_dim=8,
+                                  intermediate_dim=12, local_window=4, pad_id=0)
+    with pytest.raises(ValueError, match=match):
+        ModernBertSequenceClassifier(backbone, **{"num_classes": 2, **kwargs})
 
 
 def test_bad_configs_are_refused_by_name():

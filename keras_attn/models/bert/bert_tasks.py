@@ -8,14 +8,12 @@ fills in the loss and metrics when they are left out, so
 
 import keras
 
-from keras_attn import _keras_compat
-from keras_attn._guard import GuardedModel
 from keras_attn._guard import IdSpec
 from keras_attn._guard import check_ids
 from keras_attn._checks import check_bool
 from keras_attn._checks import check_positive_int
 from keras_attn._checks import check_rate
-from keras_attn.models._config import dtype_policy_with_quantization
+from keras_attn.models._task import BackboneTask
 from keras_attn.models.bert.bert_backbone import PACKED_INPUT_NAMES
 from keras_attn.models.bert.bert_backbone import BertBackbone
 from keras_attn.models.bert.bert_backbone import bert_initializer
@@ -45,43 +43,13 @@ def _sparse_ce(**kwargs):
     return keras.losses.SparseCategoricalCrossentropy(from_logits=True, **kwargs)
 
 
-class _BertTask(GuardedModel, keras.Model):
-    """Config handling shared by the task models: the backbone is serialized
-    as a nested object, the other constructor arguments as they are. Inputs
-    and labels are checked as `keras_attn._guard.GuardedModel` says."""
-
-    _task_args = ()
-
-    def input_specs(self):
-        return self.backbone.input_specs()
-
-    def max_length(self):
-        return self.backbone.max_length()
+class _BertTask(BackboneTask):
+    """The task models' shared base (`BackboneTask`), with class labels.
+    Inputs and labels are checked as `keras_attn._guard.GuardedModel`
+    says."""
 
     def label_specs(self):
         return {None: IdSpec(0, self.num_classes, "the classes")}
-
-    def outputs_are_logits(self):
-        return True  # every task head gives logits: a probability loss is refused
-
-    def get_config(self):
-        backbone = keras.saving.serialize_keras_object(self.backbone)
-        # The heads take the backbone's dtype policy: quantized heads go into
-        # its map (see dtype_policy_with_quantization).
-        backbone["config"]["dtype"] = keras.saving.serialize_keras_object(
-            dtype_policy_with_quantization(self, self.backbone.dtype_policy))
-        config = {"name": self.name, "trainable": self.trainable, "backbone": backbone}
-        for arg in self._task_args:
-            config[arg] = getattr(self, arg)
-        return config
-
-    @classmethod
-    def from_config(cls, config):
-        config = dict(config)
-        config["backbone"] = keras.saving.deserialize_keras_object(config["backbone"])
-        model = cls(**config)
-        _keras_compat.resolve_policy_maps(model)  # the heads (see there)
-        return model
 
 
 @keras.saving.register_keras_serializable(package="keras_attn")

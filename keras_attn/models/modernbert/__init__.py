@@ -1,8 +1,7 @@
-"""ModernBERT (Warner et al., 2024): config, presets, backbone and masked-LM
-model."""
+"""ModernBERT (Warner et al., 2024): config, presets, backbone, masked-LM
+model and sequence classifier."""
 
 from keras_attn.models.modernbert.modernbert_backbone import ModernBertBackbone
-from keras_attn.models.modernbert.modernbert_backbone import ModernBertBlock
 from keras_attn.models.modernbert.modernbert_backbone import build_modernbert
 from keras_attn.models.modernbert.modernbert_config import MODERNBERT_PRESETS
 from keras_attn.models.modernbert.modernbert_config import ModernBertConfig
@@ -10,14 +9,15 @@ from keras_attn.models.modernbert.modernbert_config import get_modernbert_config
 from keras_attn.models.modernbert.modernbert_config import replace_modernbert_config
 from keras_attn.models.modernbert.modernbert_tasks import ModernBertMaskedLM
 from keras_attn.models.modernbert.modernbert_tasks import ModernBertMaskedLMHead
+from keras_attn.models.modernbert.modernbert_tasks import ModernBertSequenceClassifier
 
 __all__ = [
     "MODERNBERT_PRESETS",
     "ModernBertBackbone",
-    "ModernBertBlock",
     "ModernBertConfig",
     "ModernBertMaskedLM",
     "ModernBertMaskedLMHead",
+    "ModernBertSequenceClassifier",
     "build_modernbert",
     "get_modernbert_config",
     "replace_modernbert_config",

@@ -7,15 +7,15 @@ token_ids (B, T) -> ReversibleEmbedding               "token_embedding"        (
       rotary queries and keys, GeGLU feed-forward;
       block i global (theta 160,000) when i % 3 == 0,
       else local: |t - s| <= 64 (theta 10,000);
-      block 0 has no attention LayerNorm (the
-      embedding LayerNorm precedes it)
+      block 0 has no attention LayerNorm
+      (attention_norm=False: the embedding
+      LayerNorm precedes it)
  -> LayerNorm (no bias)                               "final_layer_norm"
  -> sequence_output                                                            (B, T, D)
 ```
 """
 
 import dataclasses
-import inspect
 
 import keras
 import numpy as np  # noqa: F401  (the doctests use it)
@@ -25,9 +25,9 @@ from keras_attn._guard import GuardedModel
 from keras_attn._guard import IdSpec
 from keras_attn._guard import MaskSpec
 from keras_attn._remat import remat_scope
-from keras_attn._checks import check_bool
 from keras_attn.layers.masking import checked_positions
 from keras_attn.layers.masking import checked_segment_ids
+from keras_attn.layers.masking import nan_where
 from keras_attn.layers.transformer_block import TransformerBlock
 from keras_attn.models._config import ConfigModel
 from keras_attn.models._config import config_arguments
@@ -42,38 +42,6 @@ def modernbert_initializer():
     """Truncated normal with stddev 0.02 (cut at 2 stddev in the reference
     code; Keras's cut is 2 stddev too)."""
     return keras.initializers.TruncatedNormal(stddev=0.02)
-
-
-@keras.saving.register_keras_serializable(package="keras_attn")
-class ModernBertBlock(TransformerBlock):
-    """A pre-norm `TransformerBlock` whose attention LayerNorm can be left
-    out (`attention_norm=False`): ModernBERT's first block attends to the
-    embedding LayerNorm's output directly. Every other argument is
-    `TransformerBlock`'s; with `attention_norm=True` it is that block."""
-
-    def __init__(self, *args, attention_norm=True, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.attention_norm = check_bool("attention_norm", attention_norm)
-
-    def _layer_norm(self, name, shape, **options):
-        if name == "self_attention_layer_norm" and not self.attention_norm:
-            return keras.layers.Identity(dtype=self.dtype_policy, name=name)
-        return super()._layer_norm(name, shape, **options)
-
-    def get_config(self):
-        return {**super().get_config(), "attention_norm": self.attention_norm}
-
-
-def _block_signature():
-    """`TransformerBlock.__init__`'s signature with `attention_norm` added,
-    so that `help()` and the config checks see every argument."""
-    parameters = list(inspect.signature(TransformerBlock.__init__).parameters.values())
-    extra = inspect.Parameter("attention_norm", inspect.Parameter.KEYWORD_ONLY, default=True)
-    # Keyword-only after the positional-or-keyword ones, before **kwargs.
-    return inspect.Signature(parameters[:-1] + [extra, parameters[-1]])
-
-
-ModernBertBlock.__init__.__signature__ = _block_signature()
 
 
 def _lookup_or_nan(embedding, ids, size):
@@ -99,7 +67,10 @@ def _encode(layer, config, token_ids, padding_mask, packed_segment_ids=None,
         else:
             x = block(x, padding_mask=padding_mask, segment_ids=packed_segment_ids,
                       positions=positions, training=training)
-    return layer("final_layer_norm")(x)
+    # A row of padding only has no answer of its own (it would come from the
+    # padding's ids): NaN where nothing can raise (`MaskSpec`).
+    empty = ops.logical_not(ops.any(ops.not_equal(ops.cast(padding_mask, "int32"), 0), axis=1))
+    return nan_where(empty, layer("final_layer_norm")(x))
 
 
 @keras.saving.register_keras_serializable(package="keras_attn")
@@ -169,7 +140,7 @@ class ModernBertBackbone(GuardedModel, ConfigModel, keras.Model):
             blocks = []
             for i, name in enumerate(block_names):
                 is_global = config.is_global(i)
-                blocks.append(ModernBertBlock(
+                blocks.append(TransformerBlock(
                     num_heads=config.num_heads,
                     intermediate_dim=config.intermediate_dim,
                     norm_position="pre",

@@ -1,16 +1,17 @@
-"""ModernBERT's masked-LM head and the masked-LM model."""
+"""ModernBERT's masked-LM head, the masked-LM model and the sequence
+classifier."""
 
 import keras
 from keras import ops
 
-from keras_attn import _keras_compat
+from keras_attn._checks import check_choice
 from keras_attn._checks import check_positive_float
 from keras_attn._checks import check_positive_int
+from keras_attn._checks import check_rate
 from keras_attn._checks import get_activation
-from keras_attn._guard import GuardedModel
 from keras_attn._guard import IdSpec
 from keras_attn.layers.activations import serialize_activation
-from keras_attn.models._config import dtype_policy_with_quantization
+from keras_attn.models._task import BackboneTask
 from keras_attn.models.modernbert.modernbert_backbone import ModernBertBackbone
 from keras_attn.models.modernbert.modernbert_backbone import modernbert_initializer
 
@@ -92,8 +93,26 @@ class ModernBertMaskedLMHead(keras.layers.Layer):
         }
 
 
+def _check_backbone(backbone):
+    if not isinstance(backbone, ModernBertBackbone):
+        raise ValueError(
+            "`backbone` must be a ModernBertBackbone (build_modernbert). "
+            f"Received: backbone={type(backbone).__name__}"
+        )
+    return backbone
+
+
+def _backbone_inputs():
+    return {name: keras.Input(shape=(None,), dtype="int32", name=name)
+            for name in ("token_ids", "padding_mask")}
+
+
+class _ModernBertTask(BackboneTask):
+    """The task models' shared base (`BackboneTask`)."""
+
+
 @keras.saving.register_keras_serializable(package="keras_attn")
-class ModernBertMaskedLM(GuardedModel, keras.Model):
+class ModernBertMaskedLM(_ModernBertTask):
     """ModernBERT with its masked-LM head (Hugging Face's
     `ModernBertForMaskedLM`): logits for every position.
 
@@ -106,12 +125,7 @@ class ModernBertMaskedLM(GuardedModel, keras.Model):
     """
 
     def __init__(self, backbone, **kwargs):
-        if not isinstance(backbone, ModernBertBackbone):
-            raise ValueError(
-                "`backbone` must be a ModernBertBackbone (build_modernbert). "
-                f"Received: backbone={type(backbone).__name__}"
-            )
-        config = backbone.modernbert_config
+        config = _check_backbone(backbone).modernbert_config
 
         # === Layers ===
         mlm_head = ModernBertMaskedLMHead(
@@ -120,8 +134,7 @@ class ModernBertMaskedLM(GuardedModel, keras.Model):
             name="mlm_head")
 
         # === Functional Model ===
-        inputs = {name: keras.Input(shape=(None,), dtype="int32", name=name)
-                  for name in ("token_ids", "padding_mask")}
+        inputs = _backbone_inputs()
         sequence = backbone(inputs)["sequence_output"]
         logits = mlm_head(sequence, embeddings=backbone.token_embedding.embeddings)
         super().__init__(inputs=inputs, outputs=logits, **kwargs)
@@ -144,29 +157,130 @@ class ModernBertMaskedLM(GuardedModel, keras.Model):
         super().compile(optimizer=optimizer, loss=loss, metrics=metrics,
                         weighted_metrics=weighted_metrics, **kwargs)
 
-    def input_specs(self):
-        return self.backbone.input_specs()
-
-    def max_length(self):
-        return self.backbone.max_length()
-
     def label_specs(self):
         return {None: IdSpec(0, self.backbone.modernbert_config.vocabulary_size,
                              "the vocabulary")}
 
-    def outputs_are_logits(self):
-        return True
+
+POOLINGS = ("cls", "mean")
+
+
+class _SequencePooling(keras.layers.Layer):
+    """`(B, T, D)` -> `(B, D)`: the first token's vector (`"cls"`), or the
+    mean over the tokens `padding_mask` marks real (`"mean"`; a row without
+    any gives zeros).
+
+    Private: only `ModernBertSequenceClassifier` builds it, from its own
+    `pooling` argument.
+    """
+
+    def __init__(self, pooling, **kwargs):
+        super().__init__(**kwargs)
+        self.pooling = pooling
+
+    def call(self, inputs, padding_mask):
+        if self.pooling == "cls":
+            return inputs[:, 0, :]  # (B, D)
+        # Summed in float32: thousands of float16 vectors can overflow.
+        real = ops.expand_dims(ops.cast(padding_mask, "bool"), -1)  # (B, T, 1)
+        total = ops.sum(ops.where(real, ops.cast(inputs, "float32"), 0), axis=1)  # (B, D)
+        count = ops.sum(ops.cast(real, "float32"), axis=1)  # (B, 1)
+        return ops.cast(total / ops.maximum(count, 1), inputs.dtype)
+
+    def compute_output_shape(self, inputs_shape, padding_mask_shape=None):
+        return (inputs_shape[0], inputs_shape[2])
 
     def get_config(self):
-        backbone = keras.saving.serialize_keras_object(self.backbone)
-        backbone["config"]["dtype"] = keras.saving.serialize_keras_object(
-            dtype_policy_with_quantization(self, self.backbone.dtype_policy))
-        return {"name": self.name, "trainable": self.trainable, "backbone": backbone}
+        return {**super().get_config(), "pooling": self.pooling}
 
-    @classmethod
-    def from_config(cls, config):
-        config = dict(config)
-        config["backbone"] = keras.saving.deserialize_keras_object(config["backbone"])
-        model = cls(**config)
-        _keras_compat.resolve_policy_maps(model)
-        return model
+
+@keras.saving.register_keras_serializable(package="keras_attn")
+class ModernBertSequenceClassifier(_ModernBertTask):
+    """A class for the whole input (Hugging Face's
+    `ModernBertForSequenceClassification`).
+
+    ```
+    sequence_output (B, T, D) -> [CLS] vector or mean    "pooling"          (B, D)
+     -> Dense D (no bias), activation                    "head_dense"
+     -> LayerNorm (no bias)                              "head_layer_norm"
+     -> Dropout                                          "classifier_dropout"
+     -> Dense K                                          "classifier"       (B, K) logits
+    ```
+
+    Args:
+        backbone: a `ModernBertBackbone`.
+        num_classes: K.
+        pooling: `"cls"`, the first token's vector, or `"mean"`, the mean
+            over the real tokens (`padding_mask`); Hugging Face's
+            `classifier_pooling`.
+        dropout: rate before the classifier (Hugging Face's
+            `classifier_dropout`, 0 in the release).
+
+    The head's activation and LayerNorm epsilon are the backbone's.
+
+    Inputs: the backbone's (`token_ids`, `padding_mask`).
+    Outputs: `(B, K)` logits. Targets for `fit`: `(B,)` int labels.
+
+    Example:
+
+    >>> import numpy as np
+    >>> from keras_attn.models.modernbert import build_modernbert
+    >>> backbone = build_modernbert("modernbert_base", vocabulary_size=50, num_layers=1,
+    ...                             num_heads=2, hidden_dim=8, intermediate_dim=12,
+    ...                             local_window=4, pad_id=0)
+    >>> model = ModernBertSequenceClassifier(backbone, num_classes=3, pooling="mean")
+    >>> ids = np.array([[2, 7, 9, 3, 0]])
+    >>> tuple(model({"token_ids": ids, "padding_mask": ids != 0}).shape)
+    (1, 3)
+    """
+
+    _task_args = ("num_classes", "pooling", "dropout")
+
+    def __init__(self, backbone, num_classes, pooling="cls", dropout=0.0, **kwargs):
+        config = _check_backbone(backbone).modernbert_config
+        num_classes = check_positive_int("num_classes", num_classes)
+        pooling = check_choice("pooling", pooling, POOLINGS)
+        dropout = check_rate("dropout", dropout)
+        dtype = backbone.dtype_policy
+
+        # === Layers ===
+        sequence_pooling = _SequencePooling(pooling, dtype=dtype, name="pooling")
+        head_dense = keras.layers.Dense(
+            config.hidden_dim, use_bias=False, kernel_initializer=modernbert_initializer(),
+            dtype=dtype, name="head_dense")
+        head_activation = keras.layers.Activation(
+            get_activation("activation", config.activation), dtype=dtype,
+            name="head_activation")
+        head_layer_norm = keras.layers.LayerNormalization(
+            epsilon=config.layer_norm_epsilon, center=False, dtype=dtype,
+            name="head_layer_norm")
+        classifier_dropout = keras.layers.Dropout(dropout, dtype=dtype,
+                                                  name="classifier_dropout")
+        classifier = keras.layers.Dense(
+            num_classes, kernel_initializer=modernbert_initializer(), dtype=dtype,
+            name="classifier")
+
+        # === Functional Model ===
+        inputs = _backbone_inputs()
+        sequence = backbone(inputs)["sequence_output"]
+        pooled = sequence_pooling(sequence, padding_mask=inputs["padding_mask"])  # (B, D)
+        features = head_layer_norm(head_activation(head_dense(pooled)))
+        logits = classifier(classifier_dropout(features))  # (B, K)
+        super().__init__(inputs=inputs, outputs=logits, **kwargs)
+
+        # === Config ===
+        self.backbone = backbone
+        self.num_classes = num_classes
+        self.pooling = pooling
+        self.dropout = dropout
+
+    def compile(self, optimizer="adam", loss="auto", metrics="auto", **kwargs):
+        """"auto": sparse cross-entropy on the logits, and accuracy."""
+        if loss == "auto":
+            loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+        if metrics == "auto":
+            metrics = [keras.metrics.SparseCategoricalAccuracy(name="accuracy")]
+        super().compile(optimizer=optimizer, loss=loss, metrics=metrics, **kwargs)
+
+    def label_specs(self):
+        return {None: IdSpec(0, self.num_classes, "the classes")}
