@@ -101,9 +101,10 @@ def main(argv=None):
         seqlen = jnp.full((batch, 4), seg_len, "int32")
         offsets = jnp.asarray(np.concatenate([np.arange(4) * seg_len, [-1]])[None, :]
                               .repeat(batch, 0).astype("int32"))
-        # An offsets row ends with -1 when a row holds fewer segments than M;
-        # here every row holds M = 4 and the last offset is the end.
-        offsets = offsets.at[:, 4].set(length)
+        # (B, M + 1): each segment's start, then -1 (JAX's docstring: "[[0, 1,
+        # 2, -1], [0, 1, -1, -1]]" for rows of 3 and 2 one-token segments). The
+        # first device run (2026-11-28) ended each row with its length instead
+        # and got wrong values: this is the form to measure next.
         dkey = jax.random.PRNGKey(7)
 
         def ref_padded(q, k, v):
