@@ -7,7 +7,6 @@ from keras_attn.layers.conformer_block import ConformerBlock
 from keras_attn.layers.conformer_conv_module import ConformerConvModule
 from keras_attn.layers.conv_subsampling import ConvSubsampling
 from keras_attn.layers.conv_subsampling import subsampled_length
-# Not in __all__ yet (issue 59 in progress): README's Public API block names it first.
 from keras_attn.layers.fast_conv_subsampling import FastConvSubsampling
 from keras_attn.layers.fast_conv_subsampling import fast_subsampled_length
 from keras_attn.layers.feed_forward import FeedForward
