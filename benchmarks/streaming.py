@@ -4,7 +4,7 @@ streaming step against re-running the offline model on the growing prefix
 utterance grows. Writes a JSON file and a plot (never run as a test).
 
 Run:  python benchmarks/streaming.py [--seconds 30] [--chunk-sizes 4,8,16] [--rounds 10]
-          [--formats litert,onnx] [--run RUN_DIR] [--emformer-wheel WHEEL]
+          [--formats litert,onnx] [--run RUN_DIR] [--emformer-wheel WHEEL] [--fast-conformer]
       python benchmarks/streaming.py --smoke      (tiny model, 3 s: checks the script)
       (TensorFlow backend: the LiteRT and ONNX exports need it)
 
@@ -36,6 +36,14 @@ size C (encoder frames, 40 ms each):
   `emformer.py` imports torch only, so `--emformer-wheel` loads that file,
   unmodified, from a downloaded wheel (`pip download torchaudio --no-deps`).
   Without either the row says why it is missing.
+
+With `--fast-conformer`, a FastConformer beside it (issue 59: the same
+model with `subsampling="fast"`, 8x, 80 ms encoder frames, `scale_input`,
+seeded weights) streams the same audio in chunks of the same duration (half
+the encoder frames: chunk size C/2 beside the Conformer's C, for each even
+C): its Keras `stream_step` trace and rows beside the Conformer's, and the
+paired ratio of its step to the Conformer's at the end of the stream
+(`fast_rows`).
 
 Before timing, the streamed tokens are checked against the streaming
 model's offline call with its chunk mask (the contract of
@@ -253,6 +261,51 @@ def compare_emformer(args, results, config, last_steps, frame_ms, frames):
 # === Summaries (tested in tests/test_benchmarks.py) ===
 
 
+def compare_fast_conformer(args, results, config, audio, step_samples, sizes, measure,
+                           last_steps):
+    """The FastConformer's Keras step at each even chunk size C of the
+    Conformer's, at C/2 of its 80 ms frames (the same chunk duration): its
+    trace and rows (`measure`), then paired rounds of its last step against
+    the Conformer's (`fast_rows`: fast / Conformer)."""
+    from keras_attn.models.conformer import build_conformer
+
+    keras.utils.set_random_seed(1)
+    fast = build_conformer(
+        "conformer_tiny", vocabulary_size=10, num_layers=config.num_layers,
+        hidden_dim=config.hidden_dim, num_heads=config.num_heads,
+        subsampling="fast", scale_input=True, **STREAMING)
+    results["model"]["fast_conformer_parameters"] = fast.count_params()
+    rate = config.sampling_rate
+    for size in sizes:
+        if size % 2:
+            continue
+        fast_size, piece = size // 2, size * step_samples  # the same samples per chunk
+        chunk_ms = piece * 1e3 / rate
+        expected = chunk_masked_ids(fast, audio, fast_size)
+        stream(fast, audio, fast_size, piece)  # warm-up: traces the chunk step
+        ids, step_s, states = stream(fast, audio, fast_size, piece)
+        if ids != expected:
+            raise RuntimeError(f"the FastConformer's streamed tokens at chunk {fast_size} "
+                               "differ from its chunk-masked offline call's")
+
+        def fast_step_at(index, piece=piece, states=states, fast_size=fast_size):
+            chunk = audio[None, index * piece:(index + 1) * piece]
+            return lambda: fast.stream_step(chunk, states[index], chunk_size=fast_size)
+
+        measure(f"FastConformer stream_step, {chunk_ms:.0f} ms", chunk_ms, fast_step_at,
+                (ids, step_s))
+        conformer = last_steps[("Keras stream_step", size)]
+        ours, theirs = time_pair(fast_step_at(len(states) - 1), conformer, args.rounds)
+        ratio, lo, hi, verdict = paired_ratio(ours, theirs)
+        results["fast_rows"].append({
+            "chunk_ms": chunk_ms, "fast_chunk_size": fast_size, "conformer_chunk_size": size,
+            "fast_step_ms": 1e3 * statistics.median(ours),
+            "conformer_step_ms": 1e3 * statistics.median(theirs),
+            "fast_over_conformer": ratio, "interval": [lo, hi], "verdict": verdict})
+        print(f"  FastConformer / Conformer step at {chunk_ms:.0f} ms: {ratio:.2f} "
+              f"({lo:.2f}-{hi:.2f})", flush=True)
+
+
 def flatness(positions, seconds, window=5.0):
     """Median step time over the last `window` seconds of the stream / over
     the first `window` seconds after the first second (which holds the
@@ -296,12 +349,20 @@ def table(results):
     for name, note in results["not_run"].items():
         lines.append(f"{name}: not run ({note})")
     if results.get("emformer_rows"):
-        lines += ["", f"| runtime | chunk | step ms | torchaudio Emformer encoder step ms | "
-                      f"ratio (95% interval) |", "|---|---|---|---|---|"]
+        lines += ["", "| runtime | chunk | step ms | torchaudio Emformer encoder step ms | "
+                      "ratio (95% interval) |", "|---|---|---|---|---|"]
         for row in results["emformer_rows"]:
             lo, hi = row["interval"]
             lines.append(f"| {row['runtime']} | {row['chunk_ms']:.0f} ms | {row['step_ms']:.2f} "
                          f"| {row['emformer_step_ms']:.2f} | {row['over_emformer']:.2f} "
+                         f"({lo:.2f}-{hi:.2f}) |")
+    if results.get("fast_rows"):
+        lines += ["", "| chunk | FastConformer step ms | Conformer step ms | "
+                      "fast / Conformer (95% interval) |", "|---|---|---|---|"]
+        for row in results["fast_rows"]:
+            lo, hi = row["interval"]
+            lines.append(f"| {row['chunk_ms']:.0f} ms | {row['fast_step_ms']:.2f} "
+                         f"| {row['conformer_step_ms']:.2f} | {row['fast_over_conformer']:.2f} "
                          f"({lo:.2f}-{hi:.2f}) |")
     return "\n".join(lines)
 
@@ -370,6 +431,9 @@ def main(argv=None):
     parser.add_argument("--torch-threads", type=int, default=1,
                         help="the Emformer's (its 2-thread pool stalled 160-700 ms in a third "
                              "of the steps on this loaded machine; one thread: 0.6 ms)")
+    parser.add_argument("--fast-conformer", action="store_true",
+                        help="also stream a FastConformer (subsampling='fast') at the same "
+                             "chunk durations")
     parser.add_argument("--output", default=os.path.join(HERE, "results", "streaming.json"))
     parser.add_argument("--plot", default=os.path.join(ROOT, "docs", "streaming_speed.png"))
     args = parser.parse_args(argv)
@@ -396,7 +460,7 @@ def main(argv=None):
                   "weights": args.run or "seeded random", "left_context": config.left_context,
                   "smoke": args.smoke},
         "audio_s": seconds_total, "rounds": args.rounds, "threads": args.threads,
-        "rows": [], "traces": {}, "not_run": {}, "emformer_rows": [],
+        "rows": [], "traces": {}, "not_run": {}, "emformer_rows": [], "fast_rows": [],
         "torch_threads": args.torch_threads, "command": " ".join(sys.argv),
     }
     print(f"keras {keras.__version__}, tensorflow {tf.__version__}, {machine}, "
@@ -440,6 +504,10 @@ def main(argv=None):
         measure(f"Keras stream_step, {chunk_ms:.0f} ms", chunk_ms, keras_step_at,
                 (ids, step_s))
         last_steps[("Keras stream_step", size)] = keras_step_at(len(states) - 1)
+
+    if args.fast_conformer:
+        compare_fast_conformer(args, results, config, audio, step_samples, sizes, measure,
+                               last_steps)
 
     with tempfile.TemporaryDirectory() as tmp:
         size = config.chunk_size if config.chunk_size in sizes else sizes[0]

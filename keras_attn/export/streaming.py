@@ -7,9 +7,11 @@ chunk (B, n) float32, chunk_length (B,) int32, state tensors
 ```
 
 `n = chunk_size x 4 x frame_step` samples (one attention chunk of `C =
-chunk_size` encoder frames). The step is the Keras streaming code
+chunk_size` encoder frames; `8 x frame_step` per encoder frame for the
+FastConformer's `subsampling="fast"`). The step is the Keras streaming code
 (`ConformerStreamer`): `LogMelFeatures`'s frames (the STFT as a
-convolution, as in the offline export), `ConvSubsampling`, each
+convolution, as in the offline export), `ConvSubsampling` (or
+`FastConvSubsampling.stream_step`, stage by stage), each
 `ConformerBlock.stream_step` and the CTC head, with the greedy decoding of
 `ConformerCTC.stream_step`. Keras's step carries state of varying length
 (nothing before the first chunk, the samples, feature frames and encoder
@@ -20,7 +22,10 @@ lengths from the start, the first chunk's missing part as masked frames:
   need; before the first chunk the step puts `d` frames' worth of zeros and
   the reflection that centres the STFT there, the `d` frames (`next_frame`
   < 0) masked;
-- `subsampling_frames` / `_mask` `(B, S, mels)` / `(B, S)`, `encoder_frames`
+- `subsampling_frames` / `_mask` `(B, S, mels)` / `(B, S)` (for
+  `FastConvSubsampling`, `subsampling_frames_<i>` / `_mask_<i>` `(B, S_i,
+  bins, channels)` / `(B, S_i)`, each stage's input frames, the masked zero
+  frame before the first chunk its left padding), `encoder_frames`
   / `_mask` `(B, P, D)` / `(B, P)`: frames received and not yet used;
 - `block_<i>_key` / `_value` `(B, L, N, H)`, `_mask` `(B, L)`, `_conv`
   `(B, K - 1, C')`: each block's attention and convolution caches;
@@ -158,13 +163,17 @@ def _steady_geometry(streamer, batch_size):
     log_mel = streamer.log_mel
     samples = streamer.chunk_size * streamer.step
     state = streamer.initial_state(batch_size)
+    # The subsampling's frames: ConvSubsampling's "frames", or each
+    # FastConvSubsampling stage's "frames_<i>" (one or two a stage).
+    buffers = [name for name in streamer.state_names()
+               if name.startswith("subsampling/frames")]
     held = []
     for _ in range(3):
         _, state = streamer.stream_step(np.zeros((batch_size, samples), "float32"), state)
         held.append((int(state["log_mel/samples"].shape[1]),
-                     int(state["subsampling/frames"].shape[1]),
+                     tuple(int(state[name].shape[1]) for name in buffers),
                      int(state["encoder/frames"].shape[1])))
-    (r, s, p), half, hop = held[0], log_mel.fft_length // 2, log_mel.frame_step
+    (r, stages, p), half, hop = held[0], log_mel.fft_length // 2, log_mel.frame_step
     if held.count(held[0]) != 3 or (r - half) % hop or r < half:
         raise ValueError(
             "Invalid value for argument `chunk_size`: the streaming state must hold as "
@@ -172,10 +181,19 @@ def _steady_geometry(streamer, batch_size):
             f"Received: chunk_size={streamer.chunk_size}, held lengths {held}")
     # Encoder frames still to come at the end of a stream, from the frames
     # and samples held, through the end's half a window of zeros.
-    mel_left = s + math.ceil((r + half) / hop) + 1
-    encoder_left = p + math.ceil(mel_left / SUBSAMPLING)
-    return {"batch_size": batch_size, "chunk_samples": samples, "samples": r, "frames": s,
-            "pending": p, "dummy_frames": (r - half) // hop,
+    # A frame held by stage i (from 0) stands for 2**i feature frames; a
+    # FastConvSubsampling's stages end on their zero frame after the
+    # utterance (an encoder frame more at most: `factor` feature frames).
+    factor = streamer.subsampling_factor
+    held_frames = sum(count << stage for stage, count in enumerate(stages))
+    right_padding = 0 if factor == SUBSAMPLING else factor
+    mel_left = held_frames + math.ceil((r + half) / hop) + 1 + right_padding
+    encoder_left = p + math.ceil(mel_left / factor)
+    steady = {name: count for name, count in zip(buffers, stages)}
+    steady.update({name.replace("/frames", "/mask"): count for name, count in steady.items()})
+    steady.update({"log_mel/samples": r, "encoder/frames": p, "encoder/mask": p})
+    return {"batch_size": batch_size, "chunk_samples": samples, "samples": r,
+            "steady": steady, "pending": p, "dummy_frames": (r - half) // hop,
             "flush_chunks": math.ceil(encoder_left / streamer.chunk_size)}
 
 
@@ -194,9 +212,7 @@ class _StreamingStep(keras.layers.Layer):
         tensor: Keras's entries (`ConformerStreamer.state_names`) at their
         steady lengths, and the greedy decoder's last token."""
         g, specs = self.geometry, []
-        steady = {"log_mel/samples": g["samples"], "subsampling/frames": g["frames"],
-                  "subsampling/mask": g["frames"], "encoder/frames": g["pending"],
-                  "encoder/mask": g["pending"]}
+        steady = g["steady"]
         initial = {"log_mel/next_frame": -g["dummy_frames"], "decoder/last": -1}
         keras_state = self.model.initial_state(1, self.streamer.chunk_size)
         # `received` counts samples: `next_frame` says the same with chunks of one length.
@@ -260,17 +276,29 @@ class _StreamingStep(keras.layers.Layer):
                "log_mel/next_frame": next_frame - moved,
                "log_mel/length": ops.maximum(length - moved * hop, 0),
                "log_mel/ended": ops.logical_or(ended, ops.less(inputs["chunk_length"], width))}
-        # ConvSubsampling: output t reads frames 4t .. 4t + 6; real when
-        # its first (not a masked start) and last frames are.
-        frames_in = ops.concatenate([state["subsampling/frames"],
-                                     ops.cast(features, subsampling.compute_dtype)], axis=1)
-        mask_in = ops.concatenate([state["subsampling/mask"], valid], axis=1)
-        encoded = subsampling(frames_in, padding_mask=mask_in)  # (B, E, D)
-        steps = encoded.shape[1]
-        encoded_mask = ops.logical_and(mask_in[:, 0::SUBSAMPLING][:, :steps],
-                                       mask_in[:, 6::SUBSAMPLING][:, :steps])
-        new["subsampling/frames"] = frames_in[:, SUBSAMPLING * steps:]
-        new["subsampling/mask"] = mask_in[:, SUBSAMPLING * steps:]
+        if streamer.subsampling_factor == SUBSAMPLING:
+            # ConvSubsampling: output t reads frames 4t .. 4t + 6; real when
+            # its first (not a masked start) and last frames are.
+            frames_in = ops.concatenate([state["subsampling/frames"],
+                                         ops.cast(features, subsampling.compute_dtype)], axis=1)
+            mask_in = ops.concatenate([state["subsampling/mask"], valid], axis=1)
+            encoded = subsampling(frames_in, padding_mask=mask_in)  # (B, E, D)
+            steps = encoded.shape[1]
+            encoded_mask = ops.logical_and(mask_in[:, 0::SUBSAMPLING][:, :steps],
+                                           mask_in[:, 6::SUBSAMPLING][:, :steps])
+            new["subsampling/frames"] = frames_in[:, SUBSAMPLING * steps:]
+            new["subsampling/mask"] = mask_in[:, SUBSAMPLING * steps:]
+        else:
+            # FastConvSubsampling's own step: its shapes are the state's and
+            # the chunk's. A masked frame reads as zeros, so the masked start
+            # (the d frames, then the zeros held) is the left padding; the
+            # stages keep it an odd number of frames, as in Keras's stream.
+            sub_state = {name[len("subsampling/"):]: value for name, value in state.items()
+                         if name.startswith("subsampling/")}
+            encoded, encoded_mask, sub_new = subsampling.stream_step(features, sub_state, valid)
+            new.update({"subsampling/" + name: value for name, value in sub_new.items()})
+        if streamer.input_scale is not None:
+            encoded = encoded * streamer.input_scale
         # One attention chunk through the blocks and the head.
         size = streamer.chunk_size
         pending = ops.concatenate([state["encoder/frames"], encoded], axis=1)

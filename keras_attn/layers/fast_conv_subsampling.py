@@ -7,9 +7,12 @@ from keras import ops
 from keras_attn._keras_compat import SpecFromCall
 from keras_attn._clone import for_sublayer
 from keras_attn._checks import check_positive_int
+from keras_attn._checks import check_static_shape
 from keras_attn.layers.masking import checked_mask
 from keras_attn.layers.masking import get_keras_mask
 from keras_attn.layers.masking import nan_where
+from keras_attn.layers.streaming import check_built
+from keras_attn.layers.streaming import check_state_tensor
 
 
 def fast_subsampled_length(length, subsampling_factor=8):
@@ -47,6 +50,12 @@ def _pad_time_and_frequency(x):
     return ops.pad(x, ((0, 0), (1, 1), (1, 1), (0, 0)))
 
 
+def _pad_frequency(x):
+    """One zero bin on each side, none in time: a streamed stage's frames
+    carry their own time context (`FastConvSubsampling.stream_step`)."""
+    return ops.pad(x, ((0, 0), (0, 0), (1, 1), (0, 0)))
+
+
 @keras.saving.register_keras_serializable(package="keras_attn")
 class FastConvSubsampling(SpecFromCall, keras.layers.Layer):
     """The FastConformer's subsampling: `log2(subsampling_factor)` stride-2
@@ -68,6 +77,15 @@ class FastConvSubsampling(SpecFromCall, keras.layers.Layer):
     utterance's length are zeroed before every stage, so an utterance's
     outputs are those it gets alone, whatever the padding holds; the output
     mask is `t < fast_subsampled_length(L)`.
+
+    Streaming: output frame `t` of a stage reads its input frames `2t - 1 ..
+    2t + 1` (frame -1 and the frames past the end are the zeros padded
+    around the utterance). `stream_step` carries, per stage, the input
+    frames a later output still needs (one or two, a zero frame before the
+    first chunk: the left padding) and `final=True` adds the right padding,
+    so a stream gives exactly the outputs of the whole-utterance call. With
+    the factor 8, output `t` reads input frames `8t - 7 .. 8t + 7`: nothing
+    past its own eight, so it comes out as soon as they have arrived.
 
     Args:
         hidden_dim: output width.
@@ -112,6 +130,7 @@ class FastConvSubsampling(SpecFromCall, keras.layers.Layer):
             )
         filters = self.filters or self.hidden_dim
         batch, time, bins = inputs_shape[0], inputs_shape[1], inputs_shape[2]
+        self._features = bins
 
         def initializer(name):
             return for_sublayer(self.kernel_initializer, name)
@@ -175,6 +194,108 @@ class FastConvSubsampling(SpecFromCall, keras.layers.Layer):
         shape = ops.shape(x)
         x = ops.reshape(x, (shape[0], shape[1], self._flat))
         return nan_where(bad_padding, self.projection(x))
+
+    # === Streaming ===
+
+    def _stage_widths(self):
+        """`(bins, channels)` of each stage's input frames."""
+        filters = self.filters or self.hidden_dim
+        widths, bins = [(self._features, 1)], self._features
+        for _ in self.depthwise_convs:
+            bins = (bins + 1) // 2
+            widths.append((bins, filters))
+        return widths
+
+    def initial_state(self, batch_size):
+        """The streaming state before the first frame: per stage `i` (1 ..),
+        `frames_<i>` `(B, 1, bins, channels)`, the zero frame padded before
+        the utterance, and `mask_<i>` `(B, 1)` (False: padding)."""
+        check_built(self)
+        state = {}
+        for stage, (bins, channels) in enumerate(self._stage_widths(), 1):
+            state[f"frames_{stage}"] = ops.zeros((batch_size, 1, bins, channels),
+                                                 self.compute_dtype)
+            state[f"mask_{stage}"] = ops.zeros((batch_size, 1), "bool")
+        return state
+
+    def check_state(self, state, batch_size, prefix=""):
+        """A ValueError naming the entry of `state` that does not fit."""
+        check_built(self)
+        widths = self._stage_widths()
+        names = {f"{entry}_{stage}" for stage in range(1, len(widths) + 1)
+                 for entry in ("frames", "mask")}
+        if not isinstance(state, dict) or set(state) != names:
+            raise ValueError(
+                f"Invalid value for argument `state`: a dict of {sorted(names)}, as "
+                "`initial_state` returns. Received: state="
+                f"{sorted(state) if isinstance(state, dict) else type(state).__name__}"
+            )
+        for stage, (bins, channels) in enumerate(widths, 1):
+            check_state_tensor(f"{prefix}frames_{stage}", state[f"frames_{stage}"],
+                               (batch_size, None, bins, channels), self.compute_dtype)
+            check_state_tensor(f"{prefix}mask_{stage}", state[f"mask_{stage}"],
+                               (batch_size, None), "bool")
+
+    def stream_step(self, inputs, state, padding_mask=None, final=False):
+        """The outputs that the frames received so far complete.
+
+        Args:
+            inputs: `(B, t, F)`, the next feature frames (any `t`, 0 included).
+            state: the previous step's state (`initial_state` at the start).
+            padding_mask: `(B, t)`, True = real frame (default: all); the
+                real frames of a row come before its padding.
+            final: the end of the stream: each stage adds the zero frame
+                padded after the utterance and gives its last outputs.
+
+        Returns:
+            `(outputs (B, m, hidden_dim), output_mask (B, m), new_state)`:
+            the next `m` output frames of the whole-utterance call and their
+            mask; `state` is not changed. The shapes depend only on the
+            shapes given (a fixed-shape step can be traced).
+        """
+        batch = inputs.shape[0]
+        self.check_state(state, batch)
+        if padding_mask is None:
+            padding_mask = ops.ones(tuple(ops.shape(inputs)[:2]), "bool")
+        check_static_shape("padding_mask", padding_mask, tuple(inputs.shape[:2]), "(B, t)")
+        x = ops.expand_dims(ops.cast(inputs, self.compute_dtype), -1)  # (B, t, F, 1)
+        mask = ops.cast(padding_mask, "bool")
+        new_state = {}
+        convs = [None, *zip(self.depthwise_convs, self.pointwise_convs)]
+        for stage, conv in enumerate(convs, 1):
+            frames = ops.concatenate([state[f"frames_{stage}"], x], axis=1)
+            held = ops.concatenate([state[f"mask_{stage}"], mask], axis=1)
+            if final:  # the zero frame padded after the utterance
+                frames = ops.pad(frames, ((0, 0), (0, 1), (0, 0), (0, 0)))
+                held = ops.concatenate([held, ops.zeros((batch, 1), "bool")], axis=1)
+            # Output s reads frames 2s .. 2s + 2 of the held ones (the first
+            # held frame is the left padding or a frame already read).
+            steps = max((frames.shape[1] - 1) // 2, 0)
+            # Frames past each utterance's end read as zeros, as offline.
+            frames = ops.where(ops.expand_dims(held, (2, 3)), frames, ops.zeros_like(frames))
+            new_state[f"frames_{stage}"] = frames[:, 2 * steps:]
+            new_state[f"mask_{stage}"] = held[:, 2 * steps:]
+            # Output s is real when the frame at its centre (2s + 1) is.
+            mask = held[:, 1::2][:, :steps]
+            if steps == 0:  # nothing complete yet: no frames for the next stage
+                widths = self._stage_widths()
+                bins, channels = widths[stage] if stage < len(widths) else widths[-1]
+                x = ops.zeros((batch, 0, bins, channels), self.compute_dtype)
+                continue
+            window = _pad_frequency(frames[:, :2 * steps + 1])
+            if conv is None:
+                x = ops.relu(self.conv_1(window))
+            else:
+                depthwise, pointwise = conv
+                x = ops.relu(pointwise(depthwise(window)))
+        outputs = x
+        steps = outputs.shape[1]
+        if steps == 0:
+            outputs = ops.zeros((batch, 0, self.hidden_dim), self.compute_dtype)
+        else:
+            outputs = ops.transpose(outputs, (0, 1, 3, 2))  # (B, m, C, F')
+            outputs = self.projection(ops.reshape(outputs, (batch, steps, self._flat)))
+        return outputs, mask, new_state
 
     def compute_output_shape(self, inputs_shape):
         length = inputs_shape[1]

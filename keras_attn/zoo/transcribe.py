@@ -119,9 +119,17 @@ class Transcriber:
         return self.config.chunk_size is not None
 
     @property
+    def frames_per_step(self):
+        """Feature frames per encoder frame: 4, or 8 for the FastConformer."""
+        from keras_attn.models.conformer.streaming import subsampling_factor
+
+        return subsampling_factor(self.model.get_layer("subsampling"))
+
+    @property
     def step_ms(self):
-        """The stream's step: one encoder frame (4 feature frames), in ms."""
-        return 1000.0 * 4 * self.config.frame_step / self.sampling_rate
+        """The stream's step: one encoder frame (4 feature frames, 8 for the
+        FastConformer), in ms."""
+        return 1000.0 * self.frames_per_step * self.config.frame_step / self.sampling_rate
 
     def load(self, audio):
         """The samples of the WAV file `audio` at the model's rate; a
@@ -155,7 +163,7 @@ class Transcriber:
     def chunk_samples(self, chunk_ms):
         """Samples per piece of `chunk_ms` ms; a ValueError naming the valid
         values where it is not a whole number of the model's steps."""
-        step = 4 * self.config.frame_step
+        step = self.frames_per_step * self.config.frame_step
         valid = [k * self.step_ms for k in range(1, 5)]
         shown = ", ".join(f"{v:g}" for v in valid)
         samples = chunk_ms * self.sampling_rate / 1000.0 if isinstance(

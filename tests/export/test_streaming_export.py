@@ -39,8 +39,7 @@ def keras_tokens(model, wave, chunk_size):
     """`ConformerCTC.stream_step` over `wave` in chunks of `chunk_size`
     encoder frames (the last one padded, its valid samples given), then
     `flush`: the greedy tokens and the final logit_length."""
-    config = model.conformer_config
-    n = chunk_size * 4 * config.frame_step
+    n = chunk_size * model.streamer(chunk_size).step  # 4 (8: FastConformer) x frame_step
     state, ids = model.initial_state(1, chunk_size), []
     for start in range(0, len(wave), n):
         piece = wave[start:start + n]
@@ -202,6 +201,43 @@ def test_bad_input_is_refused_by_name_and_the_held_state_is_untouched(exported):
     assert set(graph["loud_tokens"]) == {-2}  # never -1, which reads as silence
     assert max(graph["far_differences"]) < 1e-4, graph
     assert all(0 <= length < 2 ** 30 for length in graph["far_lengths"]), graph
+
+
+@pytest.mark.slow
+def test_the_fast_conformer_step_streams_keras_tokens_in_onnx_and_litert(tmp_path):
+    """The FastConformer (issue 59; untrained, tiny, its blank bias lowered):
+    FastConvSubsampling's stage buffers are state tensors of fixed shapes,
+    and the exported step, driven by StreamingRecognizer in the fresh
+    process, gives the tokens and frame count of Keras's stream_step."""
+    keras.utils.set_random_seed(59)
+    model = build_conformer(
+        "conformer_tiny", vocabulary_size=5, subsampling="fast", subsampling_filters=4,
+        scale_input=True, num_layers=1, hidden_dim=16, num_heads=2, kernel_size=5,
+        num_mel_bins=16, chunk_size=2, left_context=3, causal_conv=True,
+        feature_normalization="none")
+    rng = np.random.default_rng(59)
+    # A final partial chunk, one shorter than a chunk, whole chunks.
+    waves = [(rng.standard_normal(n) * 0.1).astype("float32") for n in (9000, 1500, 5120)]
+    _emit_tokens(model, waves[0])
+    paths = []
+    for format in ("onnx", "litert"):
+        paths.append(export_streaming(model, str(tmp_path / format), format))
+    np.savez(tmp_path / "waves.npz", **{str(i): w for i, w in enumerate(waves)})
+    job = {"exports": paths, "waveforms": str(tmp_path / "waves.npz"),
+           "sampling_rate": 16000, "refusals": None}
+    result = subprocess.run([sys.executable, RUNNER, json.dumps(job)], capture_output=True,
+                            text=True, timeout=600, cwd=str(tmp_path))
+    assert result.returncode == 0, result.stderr[-3000:]
+    report = json.loads(result.stdout.split("RESULT")[-1])
+    expected = [keras_tokens(model, wave, 2) for wave in waves]
+    assert [length for _, length in expected] == [8, 2, 5]  # ceil((1 + samples // 160) / 8)
+    assert sum(len(ids) for ids, _ in expected) >= 3, expected
+    for path in paths:
+        assert [tuple(item) for item in report["exports"][path]] == expected, path
+    streaming = json.load(open(os.path.join(paths[0], "serving.json")))["streaming"]
+    assert streaming["chunk_samples"] == 2 * 8 * 160
+    assert {spec["name"] for spec in streaming["state"]} >= {
+        f"subsampling/{entry}_{stage}" for entry in ("frames", "mask") for stage in (1, 2, 3)}
 
 
 def test_a_model_that_cannot_stream_or_a_format_without_state_is_refused(tmp_path):

@@ -1,6 +1,8 @@
 """FastConvSubsampling: the generic layer checks, padding safety, the
-length function, and equality with transformers' Parakeet subsampling."""
+length function, streaming (issue 59), and equality with transformers'
+Parakeet subsampling."""
 
+import keras
 import numpy as np
 import pytest
 
@@ -50,6 +52,42 @@ def test_padding_changes_no_valid_output():
         np.testing.assert_allclose(batched[row, :steps], alone[0], atol=1e-5)
     out_mask = to_numpy(layer.compute_mask(garbage, mask))
     assert out_mask.sum(axis=1).tolist() == [3, 2]
+
+
+@pytest.mark.parametrize("chunk", [1, 3, 8, 30] if keras.backend.backend() == "tensorflow"
+                         else [3])
+def test_streamed_equals_offline(chunk):
+    """Each stage carries the frames its next output reads and pads the
+    stream's end: a stream in chunks of any size, then `final`, gives the
+    whole call's outputs and mask (rows of 30, 17 and 1 frames)."""
+    layer = FastConvSubsampling(8, filters=3)
+    x = rand(3, 30, 12)
+    mask = np.arange(30)[None] < np.array([30, 17, 1])[:, None]
+    expected = to_numpy(layer(x, padding_mask=mask))
+    state, outputs, masks = layer.initial_state(3), [], []
+    for start in range(0, 30, chunk):
+        y, y_mask, state = layer.stream_step(x[:, start:start + chunk], state,
+                                             mask[:, start:start + chunk])
+        outputs.append(to_numpy(y))
+        masks.append(to_numpy(y_mask))
+        # Only what the next output reads: one or two frames a stage.
+        assert all(state[f"frames_{i}"].shape[1] in (1, 2) for i in (1, 2, 3))
+    y, y_mask, _ = layer.stream_step(x[:, :0], state, mask[:, :0], final=True)
+    got = np.concatenate(outputs + [to_numpy(y)], 1)
+    np.testing.assert_allclose(got, expected, atol=1e-5)
+    np.testing.assert_array_equal(np.concatenate(masks + [to_numpy(y_mask)], 1),
+                                  to_numpy(layer.output_padding_mask(mask)))
+
+
+def test_a_bad_stream_state_is_refused_by_name():
+    layer = FastConvSubsampling(8, filters=3)
+    layer(rand(1, 8, 12))
+    state = layer.initial_state(1)
+    with pytest.raises(ValueError, match=r"entry 'frames_2' must be float32 of shape "
+                                         r"\(1, None, 6, 3\)"):
+        layer.stream_step(rand(1, 4, 12), dict(state, frames_2=keras.ops.zeros((1, 1, 6, 4))))
+    with pytest.raises(ValueError, match=r"a dict of \['frames_1'.*Received: state=\['frames_1'\]"):
+        layer.stream_step(rand(1, 4, 12), {"frames_1": state["frames_1"]})
 
 
 @pytest.mark.parametrize("value", [0, 1, 6, 12])

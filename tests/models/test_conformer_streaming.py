@@ -438,3 +438,81 @@ def test_dynamic_chunk_training_draws_a_chunk_size_per_batch():
     assert 30 in drawn and any(size < 25 for size in drawn)
     assert len(set(drawn)) > 3
     np.testing.assert_array_equal(to_numpy(layer(x, training=False)), candidates[3])
+
+
+# === The FastConformer (issue 59): subsampling="fast", 8x, x sqrt(D) ===
+
+FAST_STEP = 8 * 160  # samples per 80 ms encoder frame
+
+
+def fast_streamable(**overrides):
+    fields = dict(subsampling="fast", subsampling_filters=4, scale_input=True,
+                  batch_norm_epsilon=1e-5, num_mel_bins=16, chunk_size=2, left_context=3)
+    model = streamable(**dict(fields, **overrides))
+    head = model.get_layer("ctc_logits")  # tokens to compare, as `peaky`
+    head.bias.assign(np.array([-1.0, 0.5, 0.4, 0.3, 0.2, 0.1], "float32"))
+    return model
+
+
+@pytest.mark.parametrize("frames_per_step", [1, 3] if ON_TENSORFLOW else [3])
+def test_the_fast_conformer_streams_its_offline_logits(frames_per_step):
+    """FastConvSubsampling's stages stream (each pads a zero frame before
+    and after the utterance) and the x sqrt(D) input scale applies: the
+    streamed logits and tokens are those of the model's own offline call
+    with its chunk mask (rows ending in a final partial chunk, inside the
+    last chunk and before the first one is whole)."""
+    model = fast_streamable()
+    lengths = np.array([12800, 9000, 1000], "int32")
+    step = frames_per_step * FAST_STEP
+    padded = -(-12800 // step) * step
+    wave = audio(3, 12800, seed=12) * (np.arange(12800)[None, :] < lengths[:, None])
+    wave = np.pad(wave, ((0, 0), (0, padded - 12800))).astype("float32")
+    expected, outputs = offline_tokens(model, wave, lengths)
+    expected_lengths = to_numpy(outputs["logit_lengths"])
+    assert expected_lengths.tolist() == [11, 8, 1]  # ceil(frames / 8)
+    reference = model.streamer().full_forward_with_chunk_mask(wave, lengths)
+    np.testing.assert_allclose(to_numpy(reference["logits"]), to_numpy(outputs["logits"]),
+                               atol=1e-5)
+    got, logits, state = stream_tokens(model, wave, lengths, step)
+    np.testing.assert_array_equal(to_numpy(state["logit_length"]), expected_lengths)
+    real = np.arange(logits.shape[1])[None, :] < expected_lengths[:, None]
+    np.testing.assert_allclose(logits[real],
+                               to_numpy(outputs["logits"])[:, :logits.shape[1]][real], atol=1e-4)
+    assert got == expected
+    assert sum(len(row) for row in got) > 0
+
+
+def test_the_fast_conformer_streams_feature_frames():
+    model = fast_streamable(input_type="features")
+    streamer = model.streamer()
+    assert streamer.step == 8
+    features = np.random.default_rng(13).standard_normal((2, 48, 16)).astype("float32")
+    lengths = np.array([48, 29], "int32")
+    outputs = model({"features": features, "feature_length": lengths}, training=False)
+    state, logits = streamer.initial_state(2), []
+    for start in range(0, 48, 16):
+        valid = np.clip(lengths - start, 0, 16).astype("int32")
+        step_logits, state = streamer.stream_step(features[:, start:start + 16], state, valid)
+        logits.append(to_numpy(step_logits))
+    logits.append(to_numpy(streamer.flush(state)[0]))
+    got, expected = np.concatenate(logits, 1), to_numpy(outputs["logits"])
+    expected_lengths = to_numpy(outputs["logit_lengths"])
+    assert expected_lengths.tolist() == [6, 4]
+    real = np.arange(got.shape[1])[None, :] < expected_lengths[:, None]
+    np.testing.assert_allclose(got[real], expected[:, :got.shape[1]][real], atol=1e-4)
+    with pytest.raises(ValueError, match=r"multiple of the subsampling step, 8 frames"):
+        streamer.stream_step(features[:, :4], streamer.initial_state(2))
+
+
+def test_the_parakeet_front_end_does_not_stream_waveforms():
+    """Parakeet's features are normalised over the whole utterance: a
+    waveform model with them cannot stream; a features model can (its
+    features are the caller's)."""
+    from keras_attn.models.conformer import get_conformer_config
+
+    fields = dict(chunk_size=2, left_context=2, causal_conv=True)
+    with pytest.raises(ValueError, match=r"normalises each feature over the whole utterance.*"
+                                         r"Received: chunk_size=2, front_end='parakeet'"):
+        get_conformer_config("parakeet_ctc_tiny", **fields)
+    config = get_conformer_config("parakeet_ctc_tiny", input_type="features", **fields)
+    assert (config.subsampling, config.chunk_size) == ("fast", 2)

@@ -171,6 +171,28 @@ def test_bad_files_and_chunk_sizes_are_refused_by_name(speech, capsys):
             assert needle in error, (needle, error)
 
 
+@pytest.mark.slow
+def test_a_fast_conformer_run_streams_its_greedy_transcript(speech, tmp_path, capsys):
+    """A streaming FastConformer run (issue 59: subsampling="fast", 80 ms
+    steps) streams the transcript of its offline greedy decoding."""
+    from keras_attn.zoo import runs
+
+    run = str(tmp_path / "fast")
+    fast = ["model.overrides.subsampling=fast", "model.overrides.subsampling_filters=4",
+            "model.overrides.scale_input=true"]
+    runs.train("conformer_tiny_digits_streaming",
+               tiny_overrides("conformer_tiny_digits") + _UNTRAINED + fast, output=run,
+               export=False, verbose=0)
+    recognizer = Transcriber(run)
+    assert recognizer.step_ms == 80.0
+    expected = _greedy_text(recognizer.model, speech["samples"])
+    assert len(expected) >= 3
+    assert cli.main(["transcribe", run, speech["wav"], "--stream", "--chunk-ms", "160"]) == 0
+    assert capsys.readouterr().out.splitlines()[-1] == expected
+    assert cli.main(["transcribe", run, speech["wav"], "--stream", "--chunk-ms", "120"]) == 2
+    assert "80 ms" in capsys.readouterr().err
+
+
 def test_read_wav_reads_16_24_and_32_bit_pcm_exactly(tmp_path):
     values = np.array([0.0, 0.5, -0.5, -1.0, 0.25, 1 / 1024])
     for width in (2, 3, 4):

@@ -101,7 +101,8 @@ class ConformerConfig(ModelConfig):
             checkpointing): activations are recomputed in the backward pass
             instead of stored; less memory for about one more forward pass per
             step, the same outputs and gradients.
-        chunk_size: encoder frames (40 ms each) per attention chunk: frame
+        chunk_size: encoder frames (40 ms each, 80 ms with
+            `subsampling="fast"`) per attention chunk: frame
             `t` attends to its chunk `t // chunk_size` and the `left_context`
             frames before it (`chunk_attention_mask`), in training and at
             inference, so the model streams (`ConformerCTC.stream_step`)
@@ -125,8 +126,8 @@ class ConformerConfig(ModelConfig):
             utterance); `"none"`: decibels as they are (streamable).
         subsampling: `"conv"` (`ConvSubsampling`, 4x, the paper's) or
             `"fast"` (`FastConvSubsampling`, 8x, depthwise-separable: the
-            FastConformer of NVIDIA's Parakeet; offline and unpacked only
-            for now: no `chunk_size`, no packed rows).
+            FastConformer of NVIDIA's Parakeet; it streams with `chunk_size`
+            as the Conformer does, 80 ms encoder frames; no packed rows yet).
         subsampling_filters: channels of the subsampling's convolutions;
             None for `hidden_dim`.
         scale_input: multiply the subsampling's output by
@@ -205,11 +206,13 @@ class ConformerConfig(ModelConfig):
 
     def _check_streaming(self):
         chunked = self.chunk_size is not None
-        if chunked and self.subsampling == "fast":
+        if chunked and self.input_type == "waveform" and self.front_end == "parakeet":
             raise ValueError(
-                "Chunked attention (`chunk_size`) is not built for the FastConformer's "
-                "subsampling yet (issue 59): use subsampling=\"conv\" to stream. "
-                f"Received: chunk_size={self.chunk_size}, subsampling='fast'"
+                "Chunked attention (`chunk_size`) on waveform input needs the package's "
+                "front end, front_end=\"log_mel\" with feature_normalization=\"none\": "
+                "the \"parakeet\" front end normalises each feature over the whole "
+                "utterance, which a stream cannot know. Received: "
+                f"chunk_size={self.chunk_size}, front_end='parakeet'"
             )
         if chunked != (self.left_context is not None):
             raise ValueError(

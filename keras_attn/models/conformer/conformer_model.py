@@ -313,7 +313,8 @@ class ConformerCTC(GuardedModel, ConfigModel, keras.Model):
         if config.subsampling != "conv":
             raise ValueError(
                 "Invalid value for argument `inputs`: packed utterances are not built "
-                "for the FastConformer's subsampling yet (issue 59). Received: "
+                "for the FastConformer's subsampling yet (subsampling=\"conv\" packs). "
+                "Received: "
                 f"segment_ids for a model with subsampling={config.subsampling!r}"
             )
         if config.input_type != "features":
@@ -425,8 +426,9 @@ class ConformerCTC(GuardedModel, ConfigModel, keras.Model):
         """Feed the next chunk of a batch of utterances.
 
         Args:
-            chunk: `(B, n)` samples (`n` a multiple of `4 * frame_step`) or,
-                with `input_type="features"`, `(B, n, num_mel_bins)`.
+            chunk: `(B, n)` samples (`n` a multiple of `4 * frame_step`,
+                `8 * frame_step` with `subsampling="fast"`) or, with
+                `input_type="features"`, `(B, n, num_mel_bins)`.
             state: the previous step's state (`initial_state` at first);
                 never changed, so a refused call leaves it valid.
             chunk_length: `(B,)` valid samples (frames) of each row: a row

@@ -2,7 +2,8 @@
 
 ```
 chunk of samples (B, n)  --LogMelFeatures.stream_step-->  new feature frames
-  --ConvSubsampling.stream_step-->  new encoder frames (40 ms)
+  --ConvSubsampling.stream_step-->  new encoder frames (40 ms; 80 ms with the
+                                    FastConformer's FastConvSubsampling)
   --wait for a whole chunk of `chunk_size` encoder frames-->
   --L x ConformerBlock.stream_step (cached keys / values, conv frames)-->
   --Dense-->  CTC logits of that chunk
@@ -15,7 +16,9 @@ logits of an utterance streamed in chunks of any size are those of the
 whole-utterance forward with the chunk mask (`full_forward_with_chunk_mask`),
 to float rounding. The model must have been built streamable: causal
 convolution modules and, for waveform input, log-mel features without
-per-utterance normalisation.
+per-utterance normalisation (the package's `LogMelFeatures`; Parakeet's
+front end normalises each feature over the whole utterance, which a stream
+cannot know).
 """
 
 import keras
@@ -24,7 +27,8 @@ from keras import ops
 
 from keras_attn._checks import check_positive_int
 from keras_attn.layers.conformer_block import ConformerBlock
-from keras_attn.layers.conv_subsampling import subsampled_length
+from keras_attn.layers.fast_conv_subsampling import FastConvSubsampling
+from keras_attn.models.conformer.conformer_model import encoder_length
 from keras_attn.layers.log_mel_features import outside_lengths
 from keras_attn._guard import concrete_value
 from keras_attn.layers.streaming import check_audio_range
@@ -35,6 +39,12 @@ from keras_attn.layers.streaming import chunk_attention_mask
 
 # Feature frames per encoder frame (ConvSubsampling's two stride-2 convolutions).
 SUBSAMPLING = 4
+
+
+def subsampling_factor(layer):
+    """Feature frames per encoder frame of a model's subsampling layer:
+    4 (`ConvSubsampling`) or `FastConvSubsampling`'s factor (8)."""
+    return layer.subsampling_factor if isinstance(layer, FastConvSubsampling) else SUBSAMPLING
 
 
 def _prefixed(prefix, entries):
@@ -53,7 +63,9 @@ class ConformerStreamer:
     (`t // chunk_size`) and to the `left_context` frames before that chunk,
     as `chunk_attention_mask` says; logits come out a chunk at a time, when
     its last encoder frame has arrived (algorithmic latency: `chunk_size`
-    encoder frames of 4 feature frames each).
+    encoder frames of 4 feature frames each, 8 for the FastConformer's
+    `subsampling="fast"`, whose encoder frame `t` reads feature frames up to
+    `8t + 7`, the last of its own eight).
 
     Args:
         model: a built `ConformerCTC` whose blocks have causal convolution
@@ -97,6 +109,13 @@ class ConformerStreamer:
                 f"frames). Received: a model whose blocks {not_causal} have causal_conv=False"
             )
         self.log_mel = model.get_layer("log_mel") if self.input_type == "waveform" else None
+        if self.log_mel is not None and not hasattr(self.log_mel, "stream_step"):
+            raise ValueError(
+                "Invalid value for argument `model`: streaming waveform input needs the "
+                "package's log-mel features (front_end='log_mel'); Parakeet's front end "
+                "normalises each feature over the whole utterance, which a stream cannot "
+                f"know. Received: a model whose log_mel is {type(self.log_mel).__name__}"
+            )
         if self.log_mel is not None and self.log_mel.normalization != "none":
             raise ValueError(
                 "Invalid value for argument `model`: streaming waveform input "
@@ -107,8 +126,12 @@ class ConformerStreamer:
         self.subsampling = model.get_layer("subsampling")
         self.head = model.get_layer("ctc_logits")
         self.num_mel_bins = config.num_mel_bins
+        self.subsampling_factor = subsampling_factor(self.subsampling)
+        # Parakeet's x sqrt(D) on the subsampling's output.
+        self.input_scale = float(config.hidden_dim) ** 0.5 if config.scale_input else None
         # Samples (waveform) or feature frames (features) per encoder frame.
-        self.step = SUBSAMPLING * (config.frame_step if self.log_mel is not None else 1)
+        self.step = self.subsampling_factor * (
+            config.frame_step if self.log_mel is not None else 1)
         self._chunk_model = _ChunkStep(self.blocks, self.head) if compiled else None
 
     # === State ===
@@ -192,8 +215,8 @@ class ConformerStreamer:
         if self.log_mel is not None:
             names += [f"log_mel/{n}" for n in ("samples", "received", "next_frame",
                                                "length", "ended")]
-        names += ["subsampling/frames", "subsampling/mask", "encoder/frames", "encoder/mask",
-                  "logit_length", "chunk_size"]
+        names += [f"subsampling/{n}" for n in self.subsampling.initial_state(1)]
+        names += ["encoder/frames", "encoder/mask", "logit_length", "chunk_size"]
         for i in range(len(self.blocks)):
             names += [f"block_{i}/{n}" for n in ("key", "value", "mask", "conv")]
         return names
@@ -205,8 +228,9 @@ class ConformerStreamer:
 
         Args:
             chunk: `(B, n)` float samples in [-1, 1] (`input_type="waveform"`,
-                `n` a multiple of `4 * frame_step`) or `(B, n, num_mel_bins)`
-                features (`n` a multiple of 4), finite.
+                `n` a multiple of `4 * frame_step`, `8 * frame_step` for
+                `subsampling="fast"`) or `(B, n, num_mel_bins)` features (`n`
+                a multiple of 4, or 8), finite.
             state: the previous step's state (`initial_state` at the start).
             chunk_length: `(B,)` valid samples (frames) of each row; a row
                 given fewer than `n` has ended (a final partial chunk) and
@@ -269,8 +293,14 @@ class ConformerStreamer:
             new_state.update(_prefixed("log_mel", mel_state))
         else:
             features, frame_mask = self._feature_chunk(chunk, chunk_length, state)
-        encoded, encoded_mask, sub_state = self.subsampling.stream_step(
-            features, _unprefixed("subsampling", state), frame_mask)
+        if self.subsampling_factor == SUBSAMPLING:
+            encoded, encoded_mask, sub_state = self.subsampling.stream_step(
+                features, _unprefixed("subsampling", state), frame_mask)
+        else:  # its padded stages add the zeros after the utterance at the end
+            encoded, encoded_mask, sub_state = self.subsampling.stream_step(
+                features, _unprefixed("subsampling", state), frame_mask, final=final)
+        if self.input_scale is not None:
+            encoded = encoded * self.input_scale
         new_state.update(_prefixed("subsampling", sub_state))
         pending = ops.concatenate([state["encoder/frames"], encoded], axis=1)  # (B, p, D)
         pending_mask = ops.concatenate([state["encoder/mask"], encoded_mask], axis=1)
@@ -351,7 +381,9 @@ class ConformerStreamer:
         frame_mask = ops.less(ops.expand_dims(ops.arange(frames), 0),
                               ops.expand_dims(frame_lengths, 1))
         x = self.subsampling(features, padding_mask=frame_mask)  # (B, T', D)
-        logit_lengths = subsampled_length(frame_lengths)
+        if self.input_scale is not None:
+            x = x * self.input_scale
+        logit_lengths = encoder_length(self.model.conformer_config, frame_lengths)
         steps = ops.shape(x)[1]
         mask = ops.less(ops.expand_dims(ops.arange(steps), 0), ops.expand_dims(logit_lengths, 1))
         attention_mask = chunk_attention_mask(steps, self.chunk_size, self.left_context)
