@@ -888,19 +888,45 @@ def ctc_frames_needed_by(text):
     return len(text) + sum(a == b for a, b in zip(text, text[1:]))
 
 
+def _model_frames(model_config, frame_step):
+    """`(samples -> CTC frames, what they are in words)`: of `model_config`
+    (a `ConformerConfig`: its front end and subsampling, the FastConformer's
+    8x included; imports the model code, so Keras) or, without one, of the
+    Conformer's log-mel front end at `frame_step` and its 4x subsampling."""
+    if model_config is None:
+        if isinstance(frame_step, bool) or not isinstance(frame_step, int) or frame_step < 1:
+            raise ValueError("Invalid value for argument `frame_step`: it must be a positive "
+                             f"integer (samples between log-mel frames). Received: "
+                             f"frame_step={frame_step!r}")
+        return (lambda samples: ctc_frames(samples, frame_step),
+                f"log-mel frames every {frame_step} samples, then the Conformer's 4x "
+                "subsampling")
+    from keras_attn.models.conformer.conformer_config import ConformerConfig
+    from keras_attn.models.conformer.conformer_config import feature_frames
+    from keras_attn.models.conformer.conformer_model import encoder_length
+
+    if not isinstance(model_config, ConformerConfig):
+        raise ValueError("Invalid value for argument `model_config`: a ConformerConfig (a "
+                         "model's `conformer_config`). Received: "
+                         f"model_config={type(model_config).__name__}")
+    factor = 8 if model_config.subsampling == "fast" else 4
+    return (lambda samples: int(encoder_length(model_config, feature_frames(model_config,
+                                                                            samples))),
+            f"the model's {model_config.front_end} frames every {model_config.frame_step} "
+            f"samples, then its {factor}x subsampling")
+
+
 def speech_files(path, validation_fraction=0.0, seed=0, audio_field="audio",
-                 text_field="text", sampling_rate=16000, argument="path", frame_step=160):
+                 text_field="text", sampling_rate=16000, argument="path", frame_step=160,
+                 model_config=None):
     """`{split: (waveforms, transcripts) or None}` of speech tables: each row
     an audio file (a WAV path, relative to the table's folder or absolute)
     and its transcript. A clip too short for its transcript (fewer CTC
-    frames, `ctc_frames(len(clip), frame_step)`, than
-    `ctc_frames_needed_by(transcript)`) is refused naming the file: the
-    model could not emit it (its loss is NaN, and training would stop
+    frames, `ctc_frames(len(clip), frame_step)` or those of `model_config`,
+    than `ctc_frames_needed_by(transcript)`) is refused naming the file:
+    the model could not emit it (its loss is NaN, and training would stop
     there naming no file); that holds in every split."""
-    if isinstance(frame_step, bool) or not isinstance(frame_step, int) or frame_step < 1:
-        raise ValueError("Invalid value for argument `frame_step`: it must be a positive "
-                         f"integer (samples between log-mel frames). Received: "
-                         f"frame_step={frame_step!r}")
+    frames_of, frames_are = _model_frames(model_config, frame_step)
     rows = table_rows(path, [audio_field, text_field], validation_fraction, seed, argument)
     files = table_splits(path, argument)
     splits = {}
@@ -919,13 +945,12 @@ def speech_files(path, validation_fraction=0.0, seed=0, audio_field="audio",
             except DataFileError as error:
                 raise DataFileError(f"{row.place}: {error}") from None
             text = str(row[text_field])
-            emitted = ctc_frames(len(waveforms[-1]), frame_step)
+            emitted = frames_of(len(waveforms[-1]))
             if emitted < ctc_frames_needed_by(text):
                 raise DataFileError(
                     f"{row.place}: {audio} is too short for its transcript: its "
                     f"{len(waveforms[-1])} samples at {sampling_rate} Hz give "
-                    f"{emitted} CTC frame(s) (log-mel frames every {frame_step} samples, "
-                    f"then the Conformer's 4x subsampling), and CTC needs "
+                    f"{emitted} CTC frame(s) ({frames_are}), and CTC needs "
                     f"{ctc_frames_needed_by(text)} to emit {text!r} (one per character, "
                     "plus one between two equal characters): a model could not learn it "
                     f"(fix the row, or drop it). Received: {argument}={os.fspath(path)!r} "
@@ -936,7 +961,7 @@ def speech_files(path, validation_fraction=0.0, seed=0, audio_field="audio",
 
 def load_speech_files(path, batch_size=16, vocabulary=None, validation_fraction=0.0, seed=0,
                       audio_field="audio", text_field="text", sampling_rate=16000,
-                      frame_step=160):
+                      frame_step=160, model_config=None):
     """Speech recognition (CTC) from your WAV files and transcripts.
 
     A CSV / JSONL table (or a folder of `train.*`, `validation.*`,
@@ -960,6 +985,10 @@ def load_speech_files(path, batch_size=16, vocabulary=None, validation_fraction=
             too short for its transcript at that step (after the 4x
             subsampling, fewer frames than CTC needs to emit it) is refused
             naming the file, in every split.
+        model_config: the model's `ConformerConfig` (`model.conformer_config`),
+            whose front end and subsampling count the frames instead (a
+            FastConformer's 8x, the Parakeet front end's): give it for any
+            model but the default Conformer; `frame_step` is then its own.
 
     Returns:
         A `FilesData` of `({"waveform", "waveform_length"}, labels)`
@@ -969,7 +998,7 @@ def load_speech_files(path, batch_size=16, vocabulary=None, validation_fraction=
     from keras_attn.data import speech
 
     splits = speech_files(path, validation_fraction, seed, audio_field, text_field,
-                          sampling_rate, frame_step=frame_step)
+                          sampling_rate, frame_step=frame_step, model_config=model_config)
     if vocabulary is None:
         vocabulary = tuple(sorted({c for split in splits.values() if split
                                    for text in split[1] for c in text}))

@@ -175,3 +175,12 @@ def test_a_speech_clip_too_short_at_the_recipes_frame_step_is_refused(tmp_path):
     task = make_task(load(tmp_path, "conformer_tiny_digits", data,
                           "model.overrides.frame_step=80")).prepare()
     assert task.vocabulary == ("a", "b")
+    # A FastConformer counts its 8x frames: at frame_step 80, 21 log-mel
+    # frames give 3 after 8x (4 after 4x), and "aba" needs 3, "abab" 4.
+    write_jsonl(tmp_path / "speech" / "train.jsonl",
+                [{"audio": "long.wav", "text": "ab"}, {"audio": "short.wav", "text": "abab"}])
+    with pytest.raises(DataFileError, match=r"short\.wav is too short.*3 CTC frame\(s\) "
+                                            r"\(the model's log_mel frames every 80 samples, "
+                                            r"then its 8x subsampling\)"):
+        make_task(load(tmp_path, "conformer_tiny_digits", data, "model.overrides.frame_step=80",
+                       'model.overrides.subsampling="fast"')).prepare()

@@ -151,14 +151,15 @@ class SpeechCTC(Task):
         elif self.files:
             from keras_attn.data import files
 
-            # A clip too short for its transcript at the model's frame step is
-            # refused naming its file, here rather than as a NaN loss at step 1.
-            frame_step = get_conformer_config(self.recipe["model"]["preset"],
-                                              **self.recipe["model"]["overrides"]).frame_step
+            # A clip too short for its transcript (the model's front end and
+            # subsampling, 4x or 8x) is refused naming its file, here rather
+            # than as a NaN loss at step 1.
+            config = get_conformer_config(self.recipe["model"]["preset"],
+                                          **self.recipe["model"]["overrides"])
             splits = files.speech_files(self.files, seed=self.seed,
                                         audio_field=self.data["audio_key"] or "audio",
                                         text_field=self.data["text_key"] or "text",
-                                        frame_step=frame_step)
+                                        model_config=config)
             self.vocabulary = self._file_vocabulary(splits)
             self.train_split, self.test_split = splits["train"], splits["test"]
             self.validation_split = splits["validation"] or ([], [])
