@@ -15,6 +15,10 @@ devices):
     model = bert.build(num_layers=1)        # the task model (a classifier)
     x, y = bert.batch(size=4, length=8)     # a batch that fits it, labels
     alone = bert.crop(x, 1)                 # example 1 alone, unpadded
+
+`VARIANTS` holds the same for the variants of a family (ModernBERT, DINOv2
+with registers), which only the deployment checks run (LoRA, int8, the
+exports; `NAMES` leaves them out); `TABLE` is both, by name.
 """
 
 import dataclasses
@@ -24,12 +28,15 @@ import keras
 import numpy as np
 
 from keras_attn.models import BertSequenceClassifier
+from keras_attn.models import ModernBertSequenceClassifier
 from keras_attn.models import build_bert
 from keras_attn.models import build_conformer
+from keras_attn.models import build_modernbert
 from keras_attn.models import build_transformer
 from keras_attn.models import build_vit
 from keras_attn.models import get_bert_config
 from keras_attn.models import get_conformer_config
+from keras_attn.models import get_modernbert_config
 from keras_attn.models import get_transformer_config
 from keras_attn.models import get_vit_config
 from test_case import to_numpy
@@ -203,6 +210,49 @@ FAMILIES = {
         _conformer_batch, _conformer_crop, default_length=8),
 }
 NAMES = sorted(FAMILIES)
+
+
+# === Variants (issue 58): other architectures of a family's kind, checked
+# where a family's deployment is (LoRA, int8, the exports), not by every
+# family-wide test: NAMES leaves them out. ===
+
+
+def _modernbert_batch(config, lengths, rng, fill):
+    mask = _padding(lengths)
+    ids = rng.integers(1, config.vocabulary_size, mask.shape).astype("int32")
+    x = {"token_ids": _filled(ids, mask, rng, fill, 1, config.vocabulary_size),
+         "padding_mask": mask}
+    return x, rng.integers(0, NUM_CLASSES, len(lengths)).astype("int32")
+
+
+def _modernbert_classifier(config):
+    return ModernBertSequenceClassifier(build_modernbert(config), num_classes=NUM_CLASSES,
+                                        dropout=config.dropout)
+
+
+VARIANTS = {
+    # Two blocks: block 0 global without its attention LayerNorm, block 1
+    # local (a window of 4, shorter than the default batch's 9 tokens).
+    "modernbert": Family(
+        "modernbert", "modernbert_base",
+        dict(vocabulary_size=40, num_layers=2, hidden_dim=16, num_heads=2, intermediate_dim=32,
+             local_window=4, max_sequence_length=16, pad_id=0),
+        ("head_dense", "classifier"), get_modernbert_config, build_modernbert,
+        _modernbert_classifier, _modernbert_batch, _bert_crop, default_length=9),
+    # DINOv2 with registers: the preset's registers, LayerScale, [CLS] +
+    # mean-patch head and ImageNet normalisation, with SwiGLU (DINOv2
+    # giant's MLP, the zoo recipe's); LayerScale 0.5, not a value of 1
+    # that would hide a LayerScale left out.
+    "dinov2": Family(
+        "dinov2", "dinov2_registers_small_14",
+        dict(image_size=16, patch_size=4, num_layers=2, hidden_dim=16, num_heads=2,
+             intermediate_dim=32, num_classes=NUM_CLASSES, num_register_tokens=2,
+             layer_scale_init=0.5, feed_forward="swiglu"),
+        ("classifier",), get_vit_config, build_vit, build_vit,
+        _vit_batch, _vit_crop, default_length=1),
+}
+VARIANT_NAMES = sorted(VARIANTS)
+TABLE = {**FAMILIES, **VARIANTS}  # every tiny model, by name
 
 
 def outputs(model, inputs):

@@ -69,7 +69,9 @@ def export_text_classifier(model, tokenizer, path, sequence_length=128, format="
     if set(inputs) != set(names):
         raise ValueError(
             "The model must take a dict of the BERT inputs token_ids, "
-            "segment_ids and padding_mask. Received: model.input="
+            "segment_ids and padding_mask (a model without segment ids, such as a "
+            "ModernBertSequenceClassifier, exports with export_saved_model or "
+            "export_portable, token ids in). Received: model.input="
             f"{model.input!r}"
         )
     backbone = getattr(model, "backbone", None)
@@ -79,6 +81,7 @@ def export_text_classifier(model, tokenizer, path, sequence_length=128, format="
             f"`sequence_length` must be at most the model's max_sequence_length="
             f"{max_length}. Received: sequence_length={sequence_length}"
         )
+    _check_wordpiece(tokenizer)
     class_names = check_class_names(class_names, model.output_shape[-1])
     if format != "saved_model":
         return _export_portable(model, tokenizer, path, sequence_length, format, precision,
@@ -129,6 +132,23 @@ def export_text_classifier(model, tokenizer, path, sequence_length=128, format="
         track=[wordpiece],
         assets=class_names and {"labels.txt": labels_text(class_names)},
     )
+
+
+def _check_wordpiece(tokenizer):
+    """Every format packs WordPiece ids (ONNX and LiteRT: `serving.json`
+    describes the WordPiece settings and `[CLS]`/`[SEP]`/`[PAD]` for the
+    server): a byte-level BPE tokenizer (RoBERTa's, ModernBERT's) is
+    refused by name here, not by an AttributeError of the contract."""
+    import keras_hub
+
+    if not isinstance(tokenizer, keras_hub.tokenizers.WordPieceTokenizer):
+        raise ValueError(
+            "`tokenizer` must be a keras_hub.tokenizers.WordPieceTokenizer (BERT's): the "
+            "export packs [CLS] text [SEP] with its ids. A model with a byte-level BPE "
+            "tokenizer (RoBERTa, ModernBERT) exports with export_saved_model or "
+            "export_portable, token ids in, its tokenizer run by the server. Received: "
+            f"tokenizer={type(tokenizer).__name__}"
+        )
 
 
 def _single_text_packer(wordpiece, tokenizer, sequence_length):

@@ -98,12 +98,19 @@ def checked_mask(mask, name):
 
 def nan_where(invalid, x):
     """`x` `(B, ...)` with the examples where `invalid` (`(B,)` or a scalar)
-    is True replaced by NaN."""
+    is True replaced by NaN.
+
+    The NaN is a Python float (`where` gives it `x`'s dtype on every
+    backend), never a tensor made here: called on a functional model's
+    symbolic tensors (the BERT and ModernBERT backbones' empty rows), a
+    tensor made here would be a constant held by the graph, which the
+    TensorFlow trace captures and tf2onnx then turned into an extra ONNX
+    input (`.../SelectV2/t:0`) that the export's contract does not name."""
     if invalid is None:
         return x
     invalid = ops.reshape(invalid, (-1,) + (1,) * (len(x.shape) - 1)) if len(
         invalid.shape) else invalid
-    return ops.where(invalid, ops.cast(float("nan"), x.dtype), x)
+    return ops.where(invalid, float("nan"), x)
 
 
 def merge_masks(*masks):

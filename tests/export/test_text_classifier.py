@@ -115,6 +115,22 @@ def test_rejects_a_model_without_bert_inputs(tmp_path):
                                text.make_tokenizer(VOCAB), str(tmp_path / "x"), 32)
 
 
+@pytest.mark.parametrize("format", ["saved_model", "litert"])
+def test_a_byte_level_bpe_tokenizer_is_refused_by_name_in_every_format(tmp_path, format):
+    # RoBERTa's tokenizer (a BERT classifier with padding_id): the ONNX and
+    # LiteRT contract describes WordPiece settings it does not have (an
+    # AttributeError there, before).
+    import keras_hub
+
+    model = FAMILIES["bert"].build(num_layers=1, num_segments=1, padding_id=1)
+    bpe = keras_hub.tokenizers.BytePairTokenizer(
+        vocabulary={"<s>": 0, "<pad>": 1, "</s>": 2, "a": 3, "b": 4, "ab": 5}, merges=["a b"])
+    with pytest.raises(ValueError, match=r"WordPieceTokenizer .*export_portable.*"
+                                         r"Received: tokenizer=BytePairTokenizer"):
+        export_text_classifier(model, bpe, tmp_path / "x", sequence_length=8, format=format)
+    assert os.listdir(tmp_path) == []
+
+
 def test_the_export_refuses_a_graph_with_ops_core_tensorflow_lacks():
     import tensorflow as tf
     import tensorflow_text as tf_text

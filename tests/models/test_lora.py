@@ -1,6 +1,7 @@
-"""LoRA on every family: the chosen projections get adapters, only they (and a
-head when asked) train, merging gives a plain model with the same outputs, and
-an adapter file loads onto its own base model only."""
+"""LoRA on every family and variant (ModernBERT, DINOv2: tests/_families.py's
+VARIANTS): the chosen projections get adapters, only they (and a head when
+asked) train, merging gives a plain model with the same outputs, and an
+adapter file loads onto its own base model only."""
 
 import os
 import re
@@ -17,6 +18,8 @@ from keras_attn.models import merge_lora
 from keras_attn.models import save_lora_weights
 from _families import FAMILIES
 from _families import NAMES
+from _families import TABLE
+from _families import VARIANT_NAMES
 from _families import outputs as _outputs
 from test_case import to_numpy
 
@@ -36,10 +39,10 @@ def _perturb_adapters(model, seed=0):
         layer.lora_kernel_b.assign(rng.normal(0, 0.5, layer.lora_kernel_b.shape).astype("float32"))
 
 
-@pytest.mark.parametrize("family", NAMES)
+@pytest.mark.parametrize("family", NAMES + VARIANT_NAMES)
 def test_adapters_train_alone_and_merge_into_a_plain_model(family, tmp_path):
-    inputs, heads = FAMILIES[family].inputs(), FAMILIES[family].heads
-    model = FAMILIES[family].build()
+    inputs, heads = TABLE[family].inputs(), TABLE[family].heads
+    model = TABLE[family].build()
     base = _outputs(model, inputs)
     base_count = len(model.weights)
     chosen = enable_lora(model, rank=2, train_also=heads)

@@ -1,4 +1,5 @@
-"""int8 on every family: `model.quantize("int8")` (Keras) reaches every
+"""int8 on every family and variant (ModernBERT, DINOv2: tests/_families.py's
+VARIANTS): `model.quantize("int8")` (Keras) reaches every
 projection of every block, the quantized model stays close to the float one,
 and its `.keras` file loads quantized with the same outputs: the families
 record the quantized layers in their config (`dtype_policy_with_quantization`).
@@ -13,6 +14,8 @@ import pytest
 
 from _families import FAMILIES
 from _families import NAMES
+from _families import TABLE
+from _families import VARIANT_NAMES
 from _families import outputs
 from keras_attn import _keras_compat
 
@@ -49,10 +52,10 @@ def _seeded(family):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("family", NAMES)
+@pytest.mark.parametrize("family", NAMES + VARIANT_NAMES)
 def test_int8_reaches_every_projection_and_survives_saving(family, tmp_path):
-    inputs = FAMILIES[family].inputs()
-    original = _seeded(FAMILIES[family])
+    inputs = TABLE[family].inputs()
+    original = _seeded(TABLE[family])
     float_outputs = outputs(original, inputs)
     # A deployment loads model.keras and quantizes it without calling it
     # first: Keras refuses to quantize a layer that is not built (the
