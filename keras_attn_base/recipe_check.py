@@ -48,6 +48,13 @@ def check_recipe_early(recipe, overrides=()):
     task = data.get("task")
     branch = schema.get("discriminator", {}).get("mapping", {}).get(task) \
         if isinstance(task, str) else None
+    if isinstance(branch, dict):  # a task of several families: a union on `family`
+        families = branch.get("discriminator", {}).get("mapping", {})
+        family = data.get("family")
+        branch = families.get(family) if isinstance(family, str) else None
+        if branch is None:
+            raise RecipeError(f"Recipe key `family` must be one of {sorted(families)} for "
+                              f"task {task!r}. Received: family={family!r}")
     if branch is None:
         return
     validator = jsonschema.Draft202012Validator({"$defs": schema["$defs"], "$ref": branch})

@@ -37,10 +37,11 @@ from keras_attn.zoo.runs import write_text
 from keras_attn.zoo.tasks import TASKS
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-FAMILIES = ("vit", "bert", "transformer", "conformer")
+FAMILIES = ("vit", "bert", "modernbert", "transformer", "conformer")
 TITLES = {
     "vit": "Vision Transformer",
     "bert": "BERT",
+    "modernbert": "ModernBERT",
     "transformer": "Transformer (Attention Is All You Need)",
     "conformer": "Conformer",
 }

@@ -1,4 +1,7 @@
 """Export a BERT text classifier as a SavedModel with two entry points.
+A ModernBERT classifier (inputs `token_ids` and `padding_mask`, no
+segment ids) is exported the same way, `serve_ids(token_ids,
+padding_mask)`.
 
 - `serve(text)`: a `(B,)` string tensor in; WordPiece tokenization and
   `[CLS] text [SEP]` packing run inside the graph; class probabilities
@@ -23,6 +26,9 @@ from keras_attn.export.saved_model import named_outputs
 from keras_attn.export.saved_model import require_tensorflow_backend
 from keras_attn_base.quiet_tensorflow import tensorflow_module
 
+# The inputs of the classifiers this exports: BERT's, ModernBERT's.
+INPUT_NAMES = (("token_ids", "segment_ids", "padding_mask"), ("token_ids", "padding_mask"))
+
 
 def export_text_classifier(model, tokenizer, path, sequence_length=128, format="saved_model",
                            precision="float32", class_names=None):
@@ -40,7 +46,8 @@ def export_text_classifier(model, tokenizer, path, sequence_length=128, format="
 
     Args:
         model: a `BertSequenceClassifier` (or any model from the three BERT
-            inputs to `(B, K)` logits).
+            inputs to `(B, K)` logits), or a `ModernBertSequenceClassifier`
+            (from `token_ids` and `padding_mask`: no segment ids in or out).
         tokenizer: the `keras_hub.tokenizers.WordPieceTokenizer` of its
             vocabulary (`[PAD]`, `[CLS]` and `[SEP]` in the vocabulary).
         path: the SavedModel directory.
@@ -64,18 +71,15 @@ def export_text_classifier(model, tokenizer, path, sequence_length=128, format="
 
     from keras_attn.export._wordpiece_graph import WordPieceGraph
 
-    names = ("token_ids", "segment_ids", "padding_mask")
     inputs = model.input if isinstance(model.input, dict) else {}
-    if set(inputs) != set(names):
+    names = next((names for names in INPUT_NAMES if set(inputs) == set(names)), None)
+    if names is None:
         raise ValueError(
             "The model must take a dict of the BERT inputs token_ids, "
-            "segment_ids and padding_mask (a model without segment ids, such as a "
-            "ModernBertSequenceClassifier, exports with export_saved_model or "
-            "export_portable, token ids in). Received: model.input="
-            f"{model.input!r}"
+            "segment_ids and padding_mask (ModernBERT's: token_ids and padding_mask). "
+            f"Received: model.input={model.input!r}"
         )
-    backbone = getattr(model, "backbone", None)
-    max_length = backbone.bert_config.max_sequence_length if backbone else None
+    max_length = _max_length(model)
     if max_length is not None and sequence_length > max_length:
         raise ValueError(
             f"`sequence_length` must be at most the model's max_sequence_length="
@@ -85,7 +89,7 @@ def export_text_classifier(model, tokenizer, path, sequence_length=128, format="
     class_names = check_class_names(class_names, model.output_shape[-1])
     if format != "saved_model":
         return _export_portable(model, tokenizer, path, sequence_length, format, precision,
-                                class_names)
+                                class_names, names)
     wordpiece = WordPieceGraph(tokenizer)
     text_spec = tf.TensorSpec((None,), tf.string, name="text")
     # Traced once here, checked, and called as this one function by every
@@ -94,32 +98,38 @@ def export_text_classifier(model, tokenizer, path, sequence_length=128, format="
                        input_signature=[text_spec], autograph=False)  # see traced_as_written
     check_core_ops(pack.get_concrete_function())
 
-    def probabilities(token_ids, segment_ids, padding_mask):
-        logits = model(
-            {"token_ids": token_ids, "segment_ids": segment_ids,
-             "padding_mask": padding_mask},
-            training=False,
-        )
+    def model_inputs(text):
+        return {name: value for name, value in zip(INPUT_NAMES[0], pack(text))
+                if name in names}
+
+    def probabilities(inputs):
+        logits = model(inputs, training=False)
         return tf.nn.softmax(tf.cast(logits, "float32"), axis=-1)
 
     def serve_text(text):
-        return probabilities(*pack(text))
+        return probabilities(model_inputs(text))
 
     def named(text):
-        token_ids, segment_ids, padding_mask = pack(text)
-        logits = model({"token_ids": token_ids, "segment_ids": segment_ids,
-                        "padding_mask": padding_mask}, training=False)
-        return named_outputs(logits, class_names)
+        return named_outputs(model(model_inputs(text), training=False), class_names)
 
-    def serve_ids(token_ids, segment_ids, padding_mask):
+    def checked_ids(inputs):
         # Checked here, not inside the model: there the mismatch is an
         # "Incompatible shapes" of an Add deep in the embeddings.
+        token_ids = inputs["token_ids"]
         checks = [tf.debugging.assert_equal(
             tf.shape(other), tf.shape(token_ids),
             message=f"keras_attn: `{name}` must have the shape (B, T) of `token_ids`")
-            for name, other in (("segment_ids", segment_ids), ("padding_mask", padding_mask))]
+            for name, other in inputs.items() if name != "token_ids"]
         with tf.control_dependencies(checks):
-            return probabilities(tf.identity(token_ids), segment_ids, padding_mask)
+            return probabilities(dict(inputs, token_ids=tf.identity(token_ids)))
+
+    if len(names) == 3:
+        def serve_ids(token_ids, segment_ids, padding_mask):
+            return checked_ids({"token_ids": token_ids, "segment_ids": segment_ids,
+                                "padding_mask": padding_mask})
+    else:
+        def serve_ids(token_ids, padding_mask):
+            return checked_ids({"token_ids": token_ids, "padding_mask": padding_mask})
 
     ids_spec = [tf.TensorSpec((None, None), tf.int32, name=name) for name in names]
     return export_saved_model(
@@ -200,12 +210,12 @@ def _graph_functions(graph_def):
 
 
 def _export_portable(model, tokenizer, path, sequence_length, format, precision,
-                     class_names=None):
+                     class_names=None, names=None):
     import keras
 
     from keras_attn.export.portable import export_portable
 
-    names = ("token_ids", "segment_ids", "padding_mask")
+    names = names or INPUT_NAMES[0]
     inputs = {name: keras.Input((None,), dtype="int32", name=name) for name in names}
     logits = model(inputs, training=False)
     probabilities = keras.ops.softmax(keras.ops.cast(logits, "float32"), axis=-1)
@@ -228,6 +238,8 @@ def _export_portable(model, tokenizer, path, sequence_length, format, precision,
         "segment_ids": "0 for every token of a single text",
         "padding_mask": "1 where token_ids is not pad_id, else 0",
     }
+    if "segment_ids" not in names:
+        del preprocessing["segment_ids"]
     return export_portable(serving, path, format, precision, preprocessing=preprocessing,
                            files={"vocab.txt": "".join(token + "\n" for token in vocabulary)},
                            axes={name: ["batch", "length"] for name in names},
@@ -236,5 +248,6 @@ def _export_portable(model, tokenizer, path, sequence_length, format, precision,
 
 def _max_length(model):
     backbone = getattr(model, "backbone", None)
-    config = getattr(backbone, "bert_config", None)
+    config = getattr(backbone, "bert_config", None) or getattr(backbone, "modernbert_config",
+                                                               None)
     return None if config is None else int(config.max_sequence_length)

@@ -58,7 +58,7 @@ def validate_recipe(recipe, name=None):
         tasks = known[family]
         expected = repr(tasks[0]) if len(tasks) == 1 else f"one of {tasks}"
         raise _error("task", f"must be {expected} for family {family!r}", task)
-    model = schema.recipe_model(TASKS[task])
+    model = schema.recipe_model(TASKS[task], family)
     try:
         resolved = model.model_validate(recipe).model_dump()
     except pydantic.ValidationError as error:

@@ -36,10 +36,15 @@ DOCS_FILE = "RECIPES.md"
 
 
 def json_schema():
-    """The JSON Schema of every task's recipes (a union on `task`)."""
+    """The JSON Schema of every task's recipes (a union on `task`; a task
+    of several families, a union of those on `family`)."""
     from keras_attn.zoo.tasks import TASKS
 
-    models = [recipe_model(task) for task in TASKS.values()]
+    models = []
+    for task in TASKS.values():
+        members = [recipe_model(task, family) for family in task.family_fields()]
+        models.append(members[0] if len(members) == 1 else
+                      Annotated[Union[tuple(members)], Field(discriminator="family")])
     union = Annotated[Union[tuple(models)], Field(discriminator="task")]
     schema = pydantic.TypeAdapter(union).json_schema()
     return {
@@ -182,11 +187,29 @@ def markdown():
             rows, _ = _rows(own, section, skip)
             if rows:
                 lines += [f"### `{section}`", "", *_table(own, section, skip=skip, depth=4)]
-        overrides = model.model_fields["model"].annotation.model_fields["overrides"].annotation
-        lines += ["### `model.overrides`", "",
-                  "The defaults are the config class's; `model.preset` sets its own.", "",
-                  *_table(overrides, "model.overrides")]
+        lines += _overrides_table(model)
+        for family, set_fields in list(task.family_fields().items())[1:]:
+            model = recipe_model(task, family)
+            lines += [
+                f"## {task.name} (family `{family}`)", "",
+                f"The keys of {task.name} above, with a model of the {family} family: "
+                f"`{family_api(family)[2].__name__}`; the task sets "
+                f"{', '.join(f'`{name}`' for name in set_fields)} from its data.", "",
+            ]
+            evaluation = task.evaluation_class(family)
+            if evaluation is not task.Evaluation:
+                skip = tuple(name for name in Evaluation.model_fields if name != "metric")
+                lines += ["### `evaluation`", "",
+                          *_table(evaluation, "evaluation", skip=skip, depth=4)]
+            lines += _overrides_table(model)
     return "\n".join(lines).rstrip() + "\n"
+
+
+def _overrides_table(model):
+    overrides = model.model_fields["model"].annotation.model_fields["overrides"].annotation
+    return ["### `model.overrides`", "",
+            "The defaults are the config class's; `model.preset` sets its own.", "",
+            *_table(overrides, "model.overrides")]
 
 
 def write(directory):

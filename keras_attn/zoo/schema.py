@@ -618,20 +618,26 @@ class Recipe(Section):
 
 
 @functools.lru_cache(maxsize=None)
-def recipe_model(task):
-    """The pydantic model of a recipe of `task` (a `Task` subclass)."""
+def recipe_model(task, family=None):
+    """The pydantic model of a recipe of `task` (a `Task` subclass) with a
+    model of `family` (None: the task's own `family`; another of its
+    `other_families`)."""
+    family = task.family if family is None else family
+    set_fields = task.family_fields()[family]
+    evaluation = task.evaluation_class(family)
+    own = family == task.family
     return pydantic.create_model(
-        f"{task.__name__}Recipe",
+        f"{task.__name__}Recipe" if own else f"{task.__name__}{family.title()}Recipe",
         __base__=Recipe,
-        __doc__=f"A recipe of the {task.name} task (family {task.family}).",
-        family=(Literal[task.family], field(description="The model family.")),
+        __doc__=f"A recipe of the {task.name} task (family {family}).",
+        family=(Literal[family], field(description="The model family.")),
         task=(Literal[task.name], field(description="The task.")),
-        model=(model_section(task.family, tuple(task.set_fields)),
+        model=(model_section(family, set_fields),
                field(description="A preset of the family and overrides of its config.")),
         data=(task.Data, field(description="The data set and the task's data keys.")),
         training=(task.Training, field(description="Batching, optimizer, schedule, precision.")),
-        evaluation=(task.Evaluation, Field(default_factory=task.Evaluation,
-                                           description="The test metric and its settings.")),
+        evaluation=(evaluation, Field(default_factory=evaluation,
+                                      description="The test metric and its settings.")),
     )
 
 

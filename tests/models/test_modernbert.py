@@ -95,3 +95,21 @@ def test_bad_configs_are_refused_by_name():
         get_modernbert_config("modernbert_base", local_window=0)
     with pytest.raises(ValueError, match="num_heads"):
         get_modernbert_config("modernbert_base", num_heads=5)
+
+
+def test_the_masked_lm_reads_packed_rows_as_its_examples_alone():
+    # Two examples packed in one row (packed_segment_ids 1, 2; positions
+    # restart) get the logits each gets alone: no attention between them.
+    backbone = ModernBertBackbone(vocabulary_size=32, num_layers=2, num_heads=2, hidden_dim=8,
+                                  intermediate_dim=12, local_window=4, pad_id=0)
+    model = ModernBertMaskedLM(backbone)
+    first, second = np.array([[2, 5, 7, 9, 3]]), np.array([[2, 11, 13, 3]])
+    row = np.concatenate([first, second, [[0]]], axis=1)
+    packed = {"token_ids": row, "padding_mask": (row != 0).astype("int32"),
+              "packed_segment_ids": np.array([[1] * 5 + [2] * 4 + [0]]),
+              "positions": np.array([[0, 1, 2, 3, 4, 0, 1, 2, 3, 0]])}
+    logits = to_numpy(model(packed))
+    assert logits.shape == (1, 10, 32)
+    for ids, start in ((first, 0), (second, 5)):
+        alone = to_numpy(model({"token_ids": ids, "padding_mask": np.ones_like(ids)}))
+        np.testing.assert_allclose(logits[:, start:start + ids.shape[1]], alone, atol=1e-5)

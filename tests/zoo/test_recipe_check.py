@@ -97,3 +97,16 @@ def test_what_the_schema_cannot_place_is_left_to_the_complete_check(tmp_path, te
     assert check_recipe_early(str(path)) is None
     with pytest.raises(RecipeError):
         load_recipe(str(path))
+
+
+def test_a_task_of_two_families_is_checked_against_its_familys_branch():
+    # masked_lm builds a BERT or a ModernBERT: the recipe's family picks
+    # the model keys it is checked against.
+    with pytest.raises(RecipeError, match=r"Unknown recipe key `model\.overrides\.num_segments`"):
+        check_recipe_early("modernbert_tiny_pydoc", ["model.overrides.num_segments=2"])
+    with pytest.raises(RecipeError, match=r"Unknown recipe key `model\.overrides\.local_window`"):
+        check_recipe_early("bert_tiny_pydoc", ["model.overrides.local_window=32"])
+    with pytest.raises(RecipeError, match=r"Recipe key `family` must be one of \['bert', "
+                                          r"'modernbert'\] for task 'masked_lm'\. "
+                                          r"Received: family='vit'"):
+        check_recipe_early("modernbert_tiny_pydoc", ["family=\"vit\""])

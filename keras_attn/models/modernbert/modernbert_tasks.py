@@ -12,6 +12,8 @@ from keras_attn._checks import get_activation
 from keras_attn._guard import IdSpec
 from keras_attn.layers.activations import serialize_activation
 from keras_attn.models._task import BackboneTask
+from keras_attn.models.bert.bert_backbone import PACKED_INPUT_NAMES
+from keras_attn.models.bert.bert_backbone import packed_inputs
 from keras_attn.models.modernbert.modernbert_backbone import ModernBertBackbone
 from keras_attn.models.modernbert.modernbert_backbone import modernbert_initializer
 
@@ -122,6 +124,11 @@ class ModernBertMaskedLM(_ModernBertTask):
     Inputs: the backbone's (`token_ids`, `padding_mask`).
     Outputs: `(B, T, V)` logits. Targets for `fit`: `(B, T)` token ids,
     weighted by a `sample_weight` that is 1 at the masked positions.
+
+    Packed rows (docs/packing.md): with the backbone's optional
+    `packed_segment_ids` and `positions` inputs, each example of a row is
+    encoded alone (its own attention, its own rotary positions); the logits
+    stay `(B, T, V)`, one per position of the row.
     """
 
     def __init__(self, backbone, **kwargs):
@@ -141,6 +148,30 @@ class ModernBertMaskedLM(_ModernBertTask):
 
         # === Config ===
         self.backbone = backbone
+
+    def call(self, inputs, training=None, mask=None):
+        self.check_input_keys(inputs)  # a dict is read by name, never by position
+        if packed_inputs(inputs) is None:  # the functional graph
+            return super().call(inputs, training=training, mask=mask)
+        backbone = self.backbone
+        sequence = backbone(
+            {name: inputs[name] for name in ("token_ids", "padding_mask") + PACKED_INPUT_NAMES},
+            training=training)["sequence_output"]
+        return self.get_layer("mlm_head")(sequence,
+                                          embeddings=backbone.token_embedding.embeddings)
+
+    def compute_output_spec(self, inputs, training=None, mask=None):
+        # Known shapes: a symbolic run of the packed path would not be the
+        # functional graph.
+        if packed_inputs(inputs) is None:
+            return super().compute_output_spec(inputs, training=training, mask=mask)
+        token_ids = inputs["token_ids"]
+        return keras.KerasTensor(
+            (token_ids.shape[0], token_ids.shape[1],
+             self.backbone.modernbert_config.vocabulary_size), self.compute_dtype)
+
+    def optional_input_names(self):
+        return PACKED_INPUT_NAMES  # the classifier reads the functional graph only
 
     def compile(self, optimizer="adam", loss="auto", metrics="auto",
                 weighted_metrics="auto", **kwargs):

@@ -34,11 +34,13 @@ TASKS = find_tasks()
 
 
 def families():
-    """{family: [its tasks]}."""
+    """{family: [its tasks]} (a task that builds several families is in
+    each: `Task.other_families`)."""
     found = {}
     for task in TASKS.values():
-        found.setdefault(task.family, []).append(task.name)
-    return found
+        for family in task.family_fields():
+            found.setdefault(family, []).append(task.name)
+    return {family: sorted(names) for family, names in found.items()}
 
 
 def make_task(recipe):

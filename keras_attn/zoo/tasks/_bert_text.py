@@ -25,6 +25,8 @@ from keras_attn.zoo.tasks.base import batch_count
 
 PRETRAINED = "training.pretrained"
 BERT_INPUTS = ("token_ids", "segment_ids", "padding_mask")
+MODERNBERT_INPUTS = ("token_ids", "padding_mask")
+MODERNBERT = "modernbert"
 _RUN_FILES = ("recipe.json", "model.keras", "vocab.txt")
 _HF_FILES = ("config.json", "model.safetensors", "vocab.txt")
 
@@ -69,9 +71,10 @@ class BertTextTraining(schema.Training):
         None, description="null: a new backbone (model.preset + overrides) and a vocabulary "
                           "learned from the training texts. A directory: fine-tune its "
                           "backbone with its vocabulary (model.overrides must then be "
-                          "empty): a finished run of the masked_lm task (recipe.json, "
-                          "model.keras, vocab.txt) or a Hugging Face BERT directory "
-                          "(config.json, model.safetensors, vocab.txt).")
+                          "empty): a finished run of the masked_lm task of the recipe's "
+                          "family (recipe.json, model.keras, vocab.txt) or, for the bert "
+                          "family, a Hugging Face BERT directory (config.json, "
+                          "model.safetensors, vocab.txt).")
 
 
 def _lines(path):
@@ -110,19 +113,47 @@ def take(values, indices):
 
 
 class BertTextTask(Task):
-    """The base of the BERT fine-tuning tasks (in memory, deterministic)."""
+    """The base of the BERT fine-tuning tasks (in memory, deterministic).
+    A subclass that also builds ModernBERT names it in `other_families`
+    (`{MODERNBERT: ("vocabulary_size", "pad_id")}`) and gives its model
+    (`modernbert_model_class`): its rows then have no `segment_ids`."""
 
     family = "bert"
     Training = BertTextTraining
     set_fields = ("vocabulary_size",)
     model_class = None  # BertSequenceClassifier / BertTokenClassifier
+    modernbert_model_class = None  # ModernBertSequenceClassifier
+
+    @property
+    def modernbert(self):
+        return self.model_family == MODERNBERT
+
+    def input_names(self):
+        """The model's inputs (and the prepared rows' keys)."""
+        return MODERNBERT_INPUTS if self.modernbert else BERT_INPUTS
+
+    def _config(self, preset, overrides):
+        """The family's config of `preset` with `overrides`, the vocabulary's
+        size (and ModernBERT's `pad_id`, the vocabulary's `[PAD]`)."""
+        overrides = dict(overrides, vocabulary_size=len(self.vocabulary))
+        if self.modernbert:
+            from keras_attn.models.modernbert import get_modernbert_config
+
+            return get_modernbert_config(preset, **overrides, pad_id=self._pad_id())
+        from keras_attn.models.bert import get_bert_config
+
+        return get_bert_config(preset, **overrides)
+
+    def _pad_id(self):
+        from keras_attn.data.text import SPECIAL_TOKENS
+
+        if self.vocabulary[0] is None:  # assume_data_sizes: the learned order
+            return SPECIAL_TOKENS.index("[PAD]")
+        return self.vocabulary.index("[PAD]")
 
     # === Data ===
 
     def load_data(self):
-        from keras_attn.models.bert import get_bert_config
-        from keras_attn.models.bert import replace_bert_config
-
         if self.embedded:
             splits = self._embedded_splits()
         elif self.files:
@@ -139,10 +170,8 @@ class BertTextTask(Task):
             self.vocabulary = text.train_wordpiece_vocabulary(
                 self._training_texts(splits["train"][0]), self.data["vocabulary_size"])
             self.tokenizer = text.make_tokenizer(self.vocabulary)
-            config = get_bert_config(self.recipe["model"]["preset"],
-                                     **self.recipe["model"]["overrides"])
-            self.model_config = replace_bert_config(config,
-                                                    vocabulary_size=len(self.vocabulary))
+            self.model_config = self._config(self.recipe["model"]["preset"],
+                                             self.recipe["model"]["overrides"])
         length = self.data["sequence_length"]
         if self.model_config.max_sequence_length < length:
             raise ValueError(
@@ -167,6 +196,9 @@ class BertTextTask(Task):
             labels = np.asarray(labels, "int32")
         batches = [keras.tree.map_structure(np.asarray, batch)
                    for batch in self._batches(inputs, labels, batch_size=1024)]
+        if self.modernbert:  # no segment ids
+            batches = [({name: batch[0][name] for name in MODERNBERT_INPUTS}, *batch[1:])
+                       for batch in batches]
         rows = keras.tree.map_structure(lambda *parts: np.concatenate(parts), *batches)
         arrays, start = dict.fromkeys(("train", "validation", "test")), 0
         for split in present:
@@ -184,8 +216,6 @@ class BertTextTask(Task):
         return tf.data.Dataset.from_tensor_slices(arrays).batch(self.batch_size)
 
     def _load_pretrained_vocabulary(self):
-        from keras_attn.models.bert import get_bert_config
-
         path = self.pretrained
         kind = pretrained_kind(path)
         overrides = self.recipe["model"]["overrides"]
@@ -197,11 +227,22 @@ class BertTextTask(Task):
             from keras_attn.data import text
 
             with open(os.path.join(path, "recipe.json"), encoding="utf-8") as handle:
-                theirs = json.load(handle)["model"]
+                theirs = json.load(handle)
+            family = theirs.get("family", "bert")
+            if family != self.model_family:
+                raise ValueError(
+                    f"Recipe key `{PRETRAINED}` names a run of the {family!r} family; this "
+                    f"recipe's family is {self.model_family!r}. Received: "
+                    f"{PRETRAINED}={path!r}")
             self.vocabulary = _lines(os.path.join(path, "vocab.txt"))
             self.tokenizer = text.make_tokenizer(self.vocabulary)
-            self.model_config = get_bert_config(theirs["preset"], **theirs.get("overrides", {}),
-                                                vocabulary_size=len(self.vocabulary))
+            self.model_config = self._config(theirs["model"]["preset"],
+                                             theirs["model"].get("overrides", {}))
+        elif self.modernbert:
+            raise ValueError(
+                f"Recipe key `{PRETRAINED}` of a modernbert recipe must be a masked_lm run "
+                "of the modernbert family (a Hugging Face ModernBERT directory has a BPE "
+                f"tokenizer, which this task does not read). Received: {PRETRAINED}={path!r}")
         else:
             from keras_attn.convert.bert import bert_config_from_hf
             from keras_attn.convert.bert import load_hf_bert_tokenizer
@@ -291,12 +332,15 @@ class BertTextTask(Task):
                     config=dataclasses.asdict(self.model_config))
 
     def use_prepared(self, state):
-        from keras_attn.models.bert import BertConfig
+        if self.modernbert:
+            from keras_attn.models.modernbert import ModernBertConfig as config_class
+        else:
+            from keras_attn.models.bert import BertConfig as config_class
 
         self.vocabulary = state["vocabulary"]
         self.class_names = state["class_names"]
         self.num_classes = len(self.class_names)
-        self.model_config = BertConfig(**state["config"])
+        self.model_config = config_class(**state["config"])
         self.pretrained = self.training.get("pretrained")
         super().use_prepared(state)
 
@@ -307,9 +351,15 @@ class BertTextTask(Task):
 
         if self.pretrained:
             backbone = self._pretrained_backbone()
+        elif self.modernbert:
+            from keras_attn.models.modernbert import build_modernbert
+
+            backbone = build_modernbert(preset, vocabulary_size=len(self.vocabulary),
+                                        pad_id=self._pad_id(), **overrides)
         else:
             backbone = build_bert(preset, vocabulary_size=len(self.vocabulary), **overrides)
-        return self.model_class(backbone, num_classes=self.num_classes)
+        model_class = self.modernbert_model_class if self.modernbert else self.model_class
+        return model_class(backbone, num_classes=self.num_classes)
 
     def _pretrained_backbone(self):
         import keras

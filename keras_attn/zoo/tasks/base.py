@@ -26,6 +26,7 @@ FAMILY_MODULES = {
     "bert": "keras_attn.models.bert",
     "transformer": "keras_attn.models.transformer",
     "conformer": "keras_attn.models.conformer",
+    "modernbert": "keras_attn.models.modernbert",
 }
 
 
@@ -100,6 +101,11 @@ class Task:
       is a `Literal` of the task's metrics, the first the default;
     - `set_fields`: the family config fields the task sets from its data
       (`model.overrides` may not set them);
+    - `other_families`: `{family: its set_fields}` of the other model
+      families the task builds (a recipe's `family` picks one: its
+      `model.preset` and overrides are that family's; the instance's
+      `model_family` is the recipe's), and `evaluation_class(family)` when
+      a family has other metrics;
     - `embedded_data` and `metric_names`: the embedded data set and the
       metrics in a few words, for the zoo's table (models/make_table.py).
 
@@ -119,11 +125,26 @@ class Task:
     Training = schema.Training
     Evaluation = schema.Evaluation
     set_fields = ()
+    other_families = {}
     embedded_data = None
     metric_names = {}
 
+    @classmethod
+    def family_fields(cls):
+        """`{family: the config fields the task sets from its data}` of
+        every family the task builds, its own `family` first."""
+        return {cls.family: tuple(cls.set_fields),
+                **{family: tuple(fields) for family, fields in cls.other_families.items()}}
+
+    @classmethod
+    def evaluation_class(cls, family):
+        """The `Evaluation` of the task's recipes of `family` (by default
+        the task's own)."""
+        return cls.Evaluation
+
     def __init__(self, recipe):
         self.recipe = recipe
+        self.model_family = recipe.get("family", self.family)
         self.data = recipe["data"]
         self.training = recipe["training"]
         self.evaluation = recipe["evaluation"]

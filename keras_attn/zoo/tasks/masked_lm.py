@@ -17,6 +17,16 @@ Metrics: held-out masked-LM loss, accuracy and perplexity, NSP accuracy.
 Export: the pretrainer, `serve(token_ids, segment_ids, padding_mask,
 mask_positions) -> {"mlm": (B, P, V) logits, "nsp": (B, 2) logits}`; the
 run directory gets `vocab.txt`.
+
+Family `modernbert` (a recipe in models/modernbert/): a
+`ModernBertMaskedLM` on the same examples, vocabulary, masks and packing
+(the held-out masks are the BERT recipe's), without next-sentence
+prediction and without segment ids: a batch is `{"token_ids",
+"padding_mask"}` (with packing also `packed_segment_ids` and `positions`),
+the targets `(B, T)` ids weighted 1 at the masked positions and 0
+elsewhere, so the masked-LM loss is the mean over the same predictions.
+Metrics: masked-LM loss, accuracy and perplexity. Export:
+`serve(token_ids, padding_mask) -> {"mlm": (B, T, V) logits}`.
 """
 
 from typing import Literal
@@ -33,6 +43,8 @@ from keras_attn.zoo.tasks.base import process_positions
 from keras_attn_base.quiet_tensorflow import traced_as_written
 
 INPUTS = ("token_ids", "segment_ids", "padding_mask", "mask_positions")
+MODERNBERT_INPUTS = ("token_ids", "padding_mask")
+MODERNBERT = "modernbert"
 # The pretrainer's NSP slots per row when nothing is packed (its default).
 UNPACKED_MAX_SEGMENTS = 8
 
@@ -79,19 +91,83 @@ class MaskedLMEvaluation(schema.Evaluation):
         "mlm_loss", description="On the held-out documents, masks fixed by the seed.")
 
 
+class ModernBertMaskedLMEvaluation(schema.Evaluation):
+    metric: Literal["mlm_loss", "mlm_accuracy", "mlm_perplexity"] = field(
+        "mlm_loss", description="On the held-out documents, masks fixed by the seed "
+                                "(no next-sentence prediction).")
+
+
+def modernbert_batch(x, y, sample_weight):
+    """A BERT pretraining batch (`mask_positions`, `{"mlm", "nsp"}` targets)
+    as `ModernBertMaskedLM` takes it, in a `tf.data` map: `{"token_ids",
+    "padding_mask"[, "packed_segment_ids", "positions"]}`, the `(B, T)` ids
+    at the masked positions and their weights (0 elsewhere)."""
+    import tensorflow as tf
+
+    length = tf.shape(x["token_ids"])[1]
+    chosen = tf.one_hot(x["mask_positions"], length, dtype=tf.int32) * tf.cast(
+        sample_weight["mlm"] > 0, tf.int32)[..., None]  # (B, P, T)
+    targets = tf.reduce_sum(chosen * tf.cast(y["mlm"], tf.int32)[..., None], axis=1)
+    weights = tf.cast(tf.reduce_max(chosen, axis=1), tf.float32)  # (B, T)
+    inputs = {name: x[name] for name in MODERNBERT_INPUTS + ("packed_segment_ids", "positions")
+              if name in x}
+    return inputs, targets, weights
+
+
 class MaskedLM(Task):
     name = "masked_lm"
     family = "bert"
     Data = MaskedLMData
     Evaluation = MaskedLMEvaluation
     set_fields = ("vocabulary_size",)
+    other_families = {MODERNBERT: ("vocabulary_size", "pad_id")}
     embedded_data = "CPython pydoc topics"
     metric_names = {"mlm_accuracy": "MLM accuracy", "mlm_loss": "held-out MLM loss",
                     "mlm_perplexity": "MLM perplexity", "nsp_accuracy": "NSP accuracy"}
 
+    @classmethod
+    def evaluation_class(cls, family):
+        return ModernBertMaskedLMEvaluation if family == MODERNBERT else cls.Evaluation
+
+    @property
+    def modernbert(self):
+        return self.model_family == MODERNBERT
+
+    def _config(self):
+        """The model config: the recipe's preset and overrides with the
+        vocabulary's size (and, for ModernBERT, its `[PAD]` id)."""
+        overrides = dict(self.recipe["model"]["overrides"], vocabulary_size=len(self.vocabulary))
+        if self.modernbert:
+            from keras_attn.models.modernbert import get_modernbert_config
+
+            return get_modernbert_config(self.recipe["model"]["preset"], **overrides,
+                                         pad_id=self._pad_id())
+        from keras_attn.models.bert import get_bert_config
+
+        return get_bert_config(self.recipe["model"]["preset"], **overrides)
+
+    def _pad_id(self):
+        from keras_attn.data.text import SPECIAL_TOKENS
+
+        if self.vocabulary[0] is None:  # assume_data_sizes: the learned order
+            return SPECIAL_TOKENS.index("[PAD]")
+        return self.vocabulary.index("[PAD]")
+
+    def _inputs(self):
+        return MODERNBERT_INPUTS if self.modernbert else INPUTS
+
+    def _for_model(self, dataset):
+        """`dataset` as the recipe's model takes it (ModernBERT: see
+        `modernbert_batch`)."""
+        if not self.modernbert:
+            return dataset
+        import tensorflow as tf
+
+        return dataset.map(traced_as_written(modernbert_batch),
+                           num_parallel_calls=tf.data.AUTOTUNE)
+
     def load_data(self):
         from keras_attn.data import text
-        from keras_attn.models.bert import get_bert_config
 
         data = self.data
         if self.embedded:
@@ -133,8 +209,7 @@ class MaskedLM(Task):
             round(data["sequence_length"] * data["mask_rate"]) + 4
         )
         self.batches_per_epoch = batch_count(len(self.train_pairs[2]), self.batch_size)
-        overrides = dict(self.recipe["model"]["overrides"], vocabulary_size=len(self.vocabulary))
-        config = get_bert_config(self.recipe["model"]["preset"], **overrides)
+        config = self._config()
         if config.max_sequence_length < data["sequence_length"]:
             raise ValueError(
                 "Recipe key `data.sequence_length` must be at most the model's "
@@ -248,18 +323,19 @@ class MaskedLM(Task):
 
         rows.pop("example_ids")
         dataset = tf.data.Dataset.from_tensor_slices(rows).batch(self.batch_size).enumerate()
-        return dataset.map(traced_as_written(to_batch if positions is None else some_rows),
-                           num_parallel_calls=tf.data.AUTOTUNE).prefetch(tf.data.AUTOTUNE)
+        dataset = dataset.map(traced_as_written(to_batch if positions is None else some_rows),
+                              num_parallel_calls=tf.data.AUTOTUNE)
+        return self._for_model(dataset).prefetch(tf.data.AUTOTUNE)
 
     def _dataset(self, pairs, epoch, shuffle, positions=None):
         from keras_attn.data import text
 
-        return text.pretraining_dataset(
+        return self._for_model(text.pretraining_dataset(
             *pairs, self.tokenizer, sequence_length=self.data["sequence_length"],
             batch_size=self.batch_size, mask_rate=self.data["mask_rate"],
             max_predictions=self.max_predictions, shuffle=shuffle, seed=self.seed, epoch=epoch,
             rows=positions, weightless=self.weightless_rows if positions else None,
-        )
+        ))
 
     def train_dataset_fn(self, epoch):
         self.prepare()
@@ -296,18 +372,23 @@ class MaskedLM(Task):
                     max_predictions=self.max_predictions, max_segments=self.max_segments)
 
     def use_prepared(self, state):
-        from keras_attn.models.bert import get_bert_config
-
         self.vocabulary = state["vocabulary"]
         self.max_predictions = state["max_predictions"]
         self.max_segments = state.get("max_segments", UNPACKED_MAX_SEGMENTS)
-        overrides = dict(self.recipe["model"]["overrides"], vocabulary_size=len(self.vocabulary))
-        self.model_config = get_bert_config(self.recipe["model"]["preset"], **overrides)
+        self.model_config = self._config()
         super().use_prepared(state)
 
     def make_model(self, preset, overrides):
         from keras_attn.models.bert import BertPretrainer
         from keras_attn.models.bert import build_bert
+
+        if self.modernbert:
+            from keras_attn.models.modernbert import ModernBertMaskedLM
+            from keras_attn.models.modernbert import build_modernbert
+
+            return ModernBertMaskedLM(build_modernbert(
+                preset, vocabulary_size=len(self.vocabulary), pad_id=self._pad_id(),
+                **overrides))
 
         backbone = build_bert(preset, vocabulary_size=len(self.vocabulary), **overrides)
         return BertPretrainer(backbone, max_segments=self.max_segments)
@@ -317,10 +398,30 @@ class MaskedLM(Task):
         self.max_segments = UNPACKED_MAX_SEGMENTS  # NSP slots: no weights
 
     def compile_arguments(self, model):
-        return {}  # BertPretrainer.compile fills in its losses and metrics
+        if not self.modernbert:
+            return {}  # BertPretrainer.compile fills in its losses and metrics
+        import keras
+
+        from keras_attn.training.metrics import Perplexity
+
+        # BertPretrainer's masked-LM loss and metrics, over the (B, T)
+        # weights: 1 at the masked positions (and none on a filler row).
+        return {"loss": keras.losses.SparseCategoricalCrossentropy(
+                    from_logits=True, reduction="mean_with_sample_weight"),
+                "metrics": None,
+                "weighted_metrics": [keras.metrics.SparseCategoricalAccuracy(name="accuracy"),
+                                     Perplexity(name="perplexity")]}
 
     def evaluate(self, model):
         return self.evaluate_batches(model, self.test_data())
+
+    def evaluate_batches(self, model, batches):
+        metrics = super().evaluate_batches(model, batches)
+        if not self.modernbert:
+            return metrics
+        # The BERT recipes' names: one output, "mlm".
+        return {("mlm_" + name if name in ("loss", "accuracy", "perplexity") else name): value
+                for name, value in metrics.items()}
 
     def export(self, model, path, format="saved_model", precision="float32"):
         self.check_export_format(format, precision)
@@ -330,15 +431,13 @@ class MaskedLM(Task):
 
         from keras_attn.export import export_saved_model
 
-        def serve(token_ids, segment_ids, padding_mask, mask_positions):
-            outputs = model(
-                {"token_ids": token_ids, "segment_ids": segment_ids,
-                 "padding_mask": padding_mask, "mask_positions": mask_positions},
-                training=False,
-            )
+        names = self._inputs()
+
+        def serve(*inputs):
+            outputs = self._named_outputs(model(dict(zip(names, inputs)), training=False))
             return {name: tf.cast(value, "float32") for name, value in outputs.items()}
 
-        signature = [tf.TensorSpec((None, None), tf.int32, name=name) for name in INPUTS]
+        signature = [tf.TensorSpec((None, None), tf.int32, name=name) for name in names]
         return export_saved_model(model, path, input_signature=signature, serving_fn=serve)
 
     def _export_portable(self, model, path, format, precision):
@@ -347,18 +446,26 @@ class MaskedLM(Task):
         from keras_attn.export.portable import export_portable
 
         self.prepare()
-        inputs = {name: keras.Input((None,), dtype="int32", name=name) for name in INPUTS}
-        outputs = model(inputs, training=False)
+        names = self._inputs()
+        inputs = {name: keras.Input((None,), dtype="int32", name=name) for name in names}
+        outputs = self._named_outputs(model(inputs, training=False))
         outputs = {name: keras.ops.cast(value, "float32") for name, value in outputs.items()}
-        serving = keras.Model([inputs[name] for name in INPUTS], outputs,
+        serving = keras.Model([inputs[name] for name in names], outputs,
                               name="masked_lm_serving")
         vocabulary = list(self.vocabulary)
+        preprocessing = {"vocabulary": "vocab.txt (WordPiece)",
+                         "mask_positions": "indices of the [MASK] tokens, padded with 0",
+                         "mask_id": vocabulary.index("[MASK]"),
+                         "pad_id": vocabulary.index("[PAD]")}
+        if self.modernbert:
+            del preprocessing["mask_positions"]  # logits at every position
         return export_portable(
             serving, path, format, precision, files={"vocab.txt": "".join(t + "\n" for t in vocabulary)},
-            preprocessing={"vocabulary": "vocab.txt (WordPiece)",
-                           "mask_positions": "indices of the [MASK] tokens, padded with 0",
-                           "mask_id": vocabulary.index("[MASK]"),
-                           "pad_id": vocabulary.index("[PAD]")})
+            preprocessing=preprocessing)
+
+    def _named_outputs(self, outputs):
+        """The model's outputs as a dict (ModernBERT's logits: `"mlm"`)."""
+        return {"mlm": outputs} if self.modernbert else outputs
 
     def assets(self):
         self.prepare()
@@ -367,12 +474,12 @@ class MaskedLM(Task):
     def example_inputs(self):
         self.prepare()
         x, _, _ = next(iter(self._dataset(self.test_pairs, 0, shuffle=False)))
-        return {name: np.asarray(x[name])[:4] for name in INPUTS}
+        return {name: np.asarray(x[name])[:4] for name in self._inputs()}
 
     def reference_outputs(self, model, inputs):
-        outputs = model.predict(dict(inputs), verbose=0)
+        outputs = self._named_outputs(model.predict(dict(inputs), verbose=0))
         return {name: np.asarray(value, "float32") for name, value in outputs.items()}
 
     def served_outputs(self, loaded, inputs):
-        outputs = loaded.serve(*[inputs[name] for name in INPUTS])
+        outputs = loaded.serve(*[inputs[name] for name in self._inputs()])
         return {name: np.asarray(value) for name, value in outputs.items()}

@@ -15,6 +15,11 @@ backbone's (`training.pretrained`). Metric: test accuracy. Export: raw
 strings in, class probabilities out (`keras_attn.export.
 export_text_classifier`; ONNX and LiteRT take the token ids); the run
 directory gets `vocab.txt` and `labels.txt`.
+
+Family `modernbert` (a recipe in models/modernbert/): a
+`ModernBertSequenceClassifier` (`[CLS]` pooling) on the same rows without
+`segment_ids`, the vocabulary learned as for BERT or a modernbert masked_lm
+run's (`training.pretrained`).
 """
 
 from typing import Literal
@@ -23,7 +28,7 @@ import numpy as np
 
 from keras_attn.zoo import schema
 from keras_attn.zoo.schema import field
-from keras_attn.zoo.tasks._bert_text import BERT_INPUTS
+from keras_attn.zoo.tasks._bert_text import MODERNBERT
 from keras_attn.zoo.tasks._bert_text import BertTextData
 from keras_attn.zoo.tasks._bert_text import BertTextTask
 
@@ -75,6 +80,7 @@ class TextClassification(BertTextTask):
     Data = TextClassificationData
     Evaluation = TextClassificationEvaluation
     embedded_data = "sentences of 4 CPython help topics"
+    other_families = {MODERNBERT: ("vocabulary_size", "pad_id")}
     metric_names = {"accuracy": "accuracy"}
 
     def _embedded_splits(self):
@@ -156,6 +162,12 @@ class TextClassification(BertTextTask):
 
         return BertSequenceClassifier
 
+    @property
+    def modernbert_model_class(self):
+        from keras_attn.models.modernbert import ModernBertSequenceClassifier
+
+        return ModernBertSequenceClassifier
+
     # === Export: raw strings (SavedModel) or token ids (ONNX, LiteRT) ===
 
     def export(self, model, path, format="saved_model", precision="float32"):
@@ -174,7 +186,7 @@ class TextClassification(BertTextTask):
         `serve` is checked against the Keras model by `example_inputs`."""
         correct = total = 0
         for x, labels in self.test_data():
-            ids = {name: np.asarray(x[name], "int32") for name in BERT_INPUTS}
+            ids = {name: np.asarray(x[name], "int32") for name in self.input_names()}
             probabilities = np.asarray(serve(ids)["probabilities"])
             correct += int(np.sum(probabilities.argmax(-1) == np.asarray(labels)))
             total += len(labels)
@@ -185,13 +197,15 @@ class TextClassification(BertTextTask):
         return {"text": np.array(self.splits["test"][0][:8], dtype=object)}
 
     def _token_ids(self, inputs):
+        names = self.input_names()
         if "text" not in inputs:
-            return {name: inputs[name] for name in BERT_INPUTS}
+            return {name: inputs[name] for name in names}
         from keras_attn.data import text
 
         packed = text.pack_pairs(self.tokenizer, self.data["sequence_length"])(
             list(inputs["text"]))
-        return {name: np.asarray(value) for name, value in zip(BERT_INPUTS, packed)}
+        packed = dict(zip(("token_ids", "segment_ids", "padding_mask"), packed))
+        return {name: np.asarray(packed[name]) for name in names}
 
     def reference_outputs(self, model, inputs):
         import keras
@@ -203,4 +217,5 @@ class TextClassification(BertTextTask):
     def served_outputs(self, loaded, inputs):
         if "text" in inputs:
             return {"probabilities": np.asarray(loaded.serve(list(inputs["text"])))}
-        return {"probabilities": np.asarray(loaded.serve_ids(*(inputs[n] for n in BERT_INPUTS)))}
+        return {"probabilities": np.asarray(
+            loaded.serve_ids(*(inputs[n] for n in self.input_names())))}
