@@ -4,6 +4,9 @@ Prints a table of ratios (never run as a test).
 
 Run:  python benchmarks/serving.py [--rows bert,vit] [--batches 1,32] [--rounds 10]
       python benchmarks/serving.py --smoke      (tiny shapes: checks the script)
+      python benchmarks/serving.py --int8       (adds the ONNX export quantized by
+                                                 onnxruntime's quantize_dynamic: its
+                                                 agreement is printed, not required)
       (TensorFlow backend: the SavedModel, ONNX and LiteRT exports need it)
 
 Rows: BERT-base shapes (12 layers, 768 wide, 12 heads, vocabulary 30522) as a
@@ -153,8 +156,26 @@ def export_all(model, kind, tmp):
     return paths
 
 
-def runtimes(model, kind, paths, inputs, peer_call, threads):
-    """`{name: () -> probabilities}` for one batch of inputs."""
+INT8 = "ONNX Runtime int8"
+
+
+def quantize_onnx(paths, tmp):
+    """onnxruntime's dynamic int8 quantization (`quantize_dynamic`: int8
+    weights, activations quantized per call) of the ONNX export, as a
+    file beside it: a serving-side option, not one of `keras_attn.export`'s
+    precisions."""
+    from onnxruntime.quantization import QuantType
+    from onnxruntime.quantization import quantize_dynamic
+
+    file = os.path.join(tmp, os.path.basename(paths["onnx"]) + "_int8.onnx")
+    quantize_dynamic(os.path.join(paths["onnx"], "model.onnx"), file,
+                     weight_type=QuantType.QInt8)
+    return file
+
+
+def runtimes(model, kind, paths, inputs, peer_call, threads, int8=None):
+    """`{name: () -> probabilities}` for one batch of inputs (with `int8`,
+    the quantized ONNX file, its row too)."""
     import tensorflow as tf
 
     from keras_attn.export import Artifact
@@ -185,9 +206,18 @@ def runtimes(model, kind, paths, inputs, peer_call, threads):
     def artifact_call(format):
         return lambda: artifacts[format](**inputs)["probabilities"]
 
-    return {"Keras (XLA)": keras_call, "SavedModel": saved_model_call,
-            "ONNX Runtime": artifact_call("onnx"), "LiteRT": artifact_call("litert"),
-            PEER: peer_call}, loaded
+    fns = {"Keras (XLA)": keras_call, "SavedModel": saved_model_call,
+           "ONNX Runtime": artifact_call("onnx"), "LiteRT": artifact_call("litert")}
+    if int8:
+        import onnxruntime
+
+        options = onnxruntime.SessionOptions()
+        options.intra_op_num_threads = threads
+        session = onnxruntime.InferenceSession(int8, options,
+                                               providers=["CPUExecutionProvider"])
+        fns[INT8] = lambda: session.run(["probabilities"], inputs)[0]
+    fns[PEER] = peer_call
+    return fns, loaded
 
 
 def main(argv=None):
@@ -197,6 +227,8 @@ def main(argv=None):
     parser.add_argument("--rounds", type=int, default=10)
     parser.add_argument("--threads", type=int, default=os.cpu_count())
     parser.add_argument("--smoke", action="store_true", help="tiny shapes, 2 rounds")
+    parser.add_argument("--int8", action="store_true",
+                        help="also the ONNX export quantized by onnxruntime's quantize_dynamic")
     args = parser.parse_args(argv)
     if keras.backend.backend() != "tensorflow":
         raise SystemExit("The exports need the TensorFlow backend (KERAS_BACKEND=tensorflow).")
@@ -215,14 +247,21 @@ def main(argv=None):
             title, model, kind, make_inputs, peer_fn = ROWS[key](args.smoke, tmp)
             print(f"{title}: {model.count_params():,} parameters", flush=True)
             paths = export_all(model, kind, tmp)
+            int8 = quantize_onnx(paths, tmp) if args.int8 else None
             for batch in batches:
                 inputs = make_inputs(batch)
-                fns, _ = runtimes(model, kind, paths, inputs, peer_fn(inputs), args.threads)
+                fns, _ = runtimes(model, kind, paths, inputs, peer_fn(inputs), args.threads,
+                                  int8)
                 expected = fns[PEER]()
                 for name, fn in fns.items():  # the same function everywhere
                     got = np.asarray(fn())
                     gap = float(np.abs(got - expected).max())
-                    if gap > 1e-3:
+                    if name == INT8:  # not the same function: how far it is, reported
+                        agree = float((got.argmax(-1) == expected.argmax(-1)).mean())
+                        print(f"  batch {batch}: {INT8} vs {PEER}: max difference "
+                              f"{gap:.2e}, top class the same on {agree:.0%} of rows",
+                              flush=True)
+                    elif gap > 1e-3:
                         raise RuntimeError(f"{name} differs from {PEER} by {gap:.2e}")
                 times = time_rounds(fns, rounds)
                 for name in fns:

@@ -311,6 +311,28 @@ def build_before_first_trace(model, x, y=None, sample_weight=None):
         if model.built and model.optimizer is not None and not model.optimizer.built:
             model.optimizer.build(model.trainable_variables)
 
+
+# --- tf2onnx as Keras's ONNX export prepares it (keras_attn.export.portable
+# converts with tf2onnx itself; Keras offers its patch only inside model.export).
+def patch_tf2onnx():
+    """`tf2onnx`, patched as Keras's own ONNX export patches it before
+    converting (for NumPy 2: `np.object` and tf2onnx's constant folding);
+    `keras_attn.export.portable` calls tf2onnx itself, on a function of the
+    inputs and the weights (Keras's `model.export` freezes the weights into
+    the graph tf2onnx rewrites, which copies them at every pass)."""
+    import warnings
+
+    with warnings.catch_warnings():
+        # The patch module asks NumPy for the removed `np.object` when
+        # imported: a FutureWarning about Keras's code, not the model's.
+        warnings.filterwarnings("ignore", message=".*np.object.*", category=FutureWarning)
+        from keras.src.export.tf2onnx_lib import patch_tf2onnx as _patch
+
+        _patch()
+        import tf2onnx
+    return tf2onnx
+
+
 # The packages that register classes, once this module is whole.
 from keras_attn._registration import register_all as _register_all  # noqa: E402
 

@@ -903,7 +903,7 @@ def _model_frames(model_config, frame_step):
                 "subsampling")
     from keras_attn.models.conformer.conformer_config import ConformerConfig
     from keras_attn.models.conformer.conformer_config import feature_frames
-    from keras_attn.models.conformer.conformer_model import encoder_length
+    from keras_attn.models.conformer.conformer_config import encoder_length
 
     if not isinstance(model_config, ConformerConfig):
         raise ValueError("Invalid value for argument `model_config`: a ConformerConfig (a "

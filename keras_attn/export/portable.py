@@ -1,6 +1,8 @@
-"""ONNX and LiteRT export: a serving model written with Keras's own
-`model.export(format="onnx" | "litert")` (tf2onnx; the TensorFlow Lite
-converter), into a directory that also holds `serving.json`, the contract
+"""ONNX and LiteRT export: a serving model converted by tf2onnx (from a
+function of its inputs and weights, the weights then written as the ONNX
+initializers: `_convert_onnx`) or by Keras's own
+`model.export(format="litert")` (the TensorFlow Lite converter), into a
+directory that also holds `serving.json`, the contract
 a server needs: each input's name, dtype and shape (-1 where any size is
 accepted), each output's, the precision, and the task's pre-processing
 (for a text classifier, the tokenizer's settings beside its `vocab.txt`).
@@ -37,7 +39,6 @@ import json
 import os
 import shutil
 import tempfile
-import warnings
 
 FORMATS = ("saved_model", "onnx", "litert")
 PORTABLE_FORMATS = ("onnx", "litert")
@@ -98,13 +99,10 @@ def _require_packages(format):
         )
 
 
-def _rename_onnx_outputs(file, names):
+def _rename_onnx_outputs(model, names):
     """tf2onnx names the graph outputs after TensorFlow tensors
     ("Identity:0"); a server reads them by name, so they get the model's
     output names (in the order of the flattened outputs)."""
-    import onnx
-
-    model = onnx.load(file)
     outputs = list(model.graph.output)
     if len(outputs) != len(names):
         raise RuntimeError(f"Expected {len(names)} ONNX outputs, the graph has {len(outputs)}")
@@ -116,7 +114,6 @@ def _rename_onnx_outputs(file, names):
         node.input[:] = [renames.get(name, name) for name in node.input]
     for output in outputs:
         output.name = renames[output.name]
-    onnx.save(model, file)
 
 
 def _served_inputs(serving):
@@ -256,18 +253,16 @@ def export_portable(serving, path, format, precision="float32", preprocessing=No
         file = os.path.join(target, FILES[format])
         signature = _input_signature(serving)
         if format == "onnx":
-            with warnings.catch_warnings():
-                # Keras's tf2onnx patch module asks NumPy for the removed
-                # `np.object` when imported: a FutureWarning about Keras's
-                # code, printed to every user of the export, not a problem
-                # of the model being exported.
-                warnings.filterwarnings("ignore", message=".*np.object.*",
-                                        category=FutureWarning)
-                serving.export(file, format="onnx", input_signature=signature,
-                               verbose=verbose)
-            _rename_onnx_outputs(file, [o["name"] for o in contract["outputs"]])
+            graph, weights = _convert_onnx(serving, signature)
+            _rename_onnx_outputs(graph, [o["name"] for o in contract["outputs"]])
             if precision == "float16":
-                _onnx_to_float16(file)
+                weights = _onnx_to_float16(graph, weights)
+            _write_onnx(graph, weights, file)
+            del graph, weights
+            if precision == "float16":
+                import onnx
+
+                onnx.checker.check_model(file)
         else:
             serving.export(file, format="litert", input_signature=signature, verbose=verbose,
                            **_litert_options(precision))
@@ -286,11 +281,114 @@ def export_portable(serving, path, format, precision="float32", preprocessing=No
     return path
 
 
-def _onnx_to_float16(file):
+def _convert_onnx(serving, signature):
+    """`(model, weights)`: `serving` converted by tf2onnx into an ONNX
+    `ModelProto` without its weights, and `[(name, value)]`, the
+    initializers `_write_onnx` adds to it (`value()` reads one weight).
+
+    tf2onnx converts a function of the served inputs *and of the weights*
+    (`serving.stateless_call`), so the graphs it freezes, folds and rewrites
+    hold no weight. Converted as Keras's `model.export` converts (the
+    weights frozen into constants), BERT-base's export grew past 11 GB:
+    grappler folds a frozen copy of every weight, and each of tf2onnx's
+    ~12 optimizer passes copies every constant into its node protos again,
+    copies that protobuf's C runtime (upb) keeps until the whole node is
+    freed. onnxruntime folds what the graph computes from the initializers
+    alone (a transposed kernel) when it loads the model, as tf2onnx would
+    have folded it."""
+    import keras
+    import tensorflow as tf
+
+    from keras_attn._keras_compat import patch_tf2onnx
+
+    tf2onnx = patch_tf2onnx()
+    specs = keras.tree.map_structure(
+        lambda spec: tf.TensorSpec(spec.shape, spec.dtype, name=spec.name), signature)
+    trainable, non_trainable = serving.trainable_variables, serving.non_trainable_variables
+    variables = {f"{WEIGHT_PREFIX}{i}": variable
+                 for i, variable in enumerate(trainable + non_trainable)}
+    # Each weight's shape is set inside the function, not by its input:
+    # grappler (which tf2onnx runs twice) feeds every input of a known shape
+    # a tensor of zeros of that shape, a copy of the weights each time.
+    weight_specs = [tf.TensorSpec([None] * len(variable.shape), variable.dtype, name=name)
+                    for name, variable in variables.items()]
+    shapes = [variable.shape for variable in variables.values()]
+    count = len(trainable)
+
+    def call(*args):
+        inputs = args[:-1]
+        values = [tf.ensure_shape(value, shape) for value, shape in zip(args[-1], shapes)]
+        outputs, _ = serving.stateless_call(values[:count], values[count:], *inputs,
+                                            training=False)
+        return outputs
+
+    function = tf.function(call, input_signature=[*specs, weight_specs], autograph=False)
+    model, _ = tf2onnx.convert.from_function(function, [*specs, weight_specs])
+    graph = model.graph
+    served = [x for x in graph.input if not x.name.startswith(WEIGHT_PREFIX)]
+    del graph.input[:]
+    graph.input.extend(served)
+    used = _consumed_names(graph)  # a variable the call never reads is left out
+    weights = [(name, _reader(variable)) for name, variable in variables.items()
+               if name in used]
+    return model, weights
+
+
+# The names of the weights while tf2onnx converts (graph inputs), then of
+# their initializers.
+WEIGHT_PREFIX = "keras_attn_weight_"
+
+
+def _reader(variable):
+    import keras
+    import numpy as np
+
+    return lambda: np.asarray(keras.ops.convert_to_numpy(variable.value))
+
+
+def _consumed_names(graph):
+    """The names every node of `graph` and of its subgraphs (loop bodies)
+    reads."""
+    import onnx
+
+    names, graphs = set(), [graph]
+    while graphs:
+        current = graphs.pop()
+        names.update(y.name for y in current.output)
+        for node in current.node:
+            names.update(node.input)
+            graphs.extend(attribute.g for attribute in node.attribute
+                          if attribute.type == onnx.AttributeProto.GRAPH)
+    return names
+
+
+def _write_onnx(model, weights, file):
+    """Writes `model` with `weights` (`[(name, value)]`, `value()` an array)
+    added as initializers of its main graph, one weight in memory at a time:
+    two serialized ONNX models written one after the other parse as one
+    model, their fields merged (protobuf's rule for a message field that
+    occurs twice), so each weight is written as a model of a graph that
+    holds only that initializer. `onnx.save` would serialize the whole model
+    into one string beside the model's own copy of every weight."""
+    import onnx
+    from onnx import numpy_helper
+
+    with open(file, "wb") as stream:
+        stream.write(model.SerializeToString())
+        for name, value in weights:
+            tensor = numpy_helper.from_array(value(), name)
+            stream.write(onnx.ModelProto(graph=onnx.GraphProto(initializer=[tensor]))
+                         .SerializeToString())
+            del tensor
+
+
+def _onnx_to_float16(model, weights):
     """Stores the ONNX model's float32 weights in float16, each followed by
     a Cast back to float32: the file holds half the bytes and the
     arithmetic stays float32, which is what LiteRT's float16 option does
-    (onnxruntime folds the casts when it loads the model).
+    (onnxruntime folds the casts when it loads the model). Changes `model`'s
+    initializers in place and returns `weights` (`_convert_onnx`'s) with
+    their new names and values.
 
     Written here: onnxconverter-common converts the arithmetic to float16
     as well, which ran over 10 minutes without finishing on the speech
@@ -304,34 +402,52 @@ def _onnx_to_float16(file):
     from onnx import helper
     from onnx import numpy_helper
 
-    model = onnx.load(file)
-    graphs, count = [model.graph], 0
+    count = 0
+
+    def stored_name(value):
+        """The float16 weight's name, or None for a weight kept as it is."""
+        nonlocal count
+        if (value.dtype != np.float32 or value.size < 16
+                or not np.isfinite(value.astype("float16")).all()):
+            return None
+        # Short names: tf2onnx's run to ~100 characters, a tiny model's
+        # graph would grow by as much as its weights shrink.
+        count += 1
+        return f"keras_attn_f16/{count}"
+
+    def cast(stored, name):
+        return helper.make_node("Cast", [stored], [name], to=onnx.TensorProto.FLOAT)
+
+    converted, casts = [], []
+    for name, value in weights:  # each read once here, once when written
+        stored = stored_name(value())
+        if stored is None:
+            converted.append((name, value))
+            continue
+        converted.append((stored, lambda value=value: value().astype("float16")))
+        casts.append(cast(stored, name))
+    graphs = [(model.graph, casts)]
     while graphs:
-        graph = graphs.pop()
-        casts, kept = [], []
+        graph, casts = graphs.pop()
+        kept = []
         for initializer in graph.initializer:
             value = numpy_helper.to_array(initializer)
-            if (initializer.data_type != onnx.TensorProto.FLOAT or value.size < 16
-                    or not np.isfinite(value.astype("float16")).all()):
+            stored = None if initializer.data_type != onnx.TensorProto.FLOAT \
+                else stored_name(value)
+            if stored is None:
                 kept.append(initializer)
                 continue
-            # Short names: tf2onnx's run to ~100 characters, a tiny model's
-            # graph would grow by as much as its weights shrink.
-            count += 1
-            stored = numpy_helper.from_array(value.astype("float16"), f"keras_attn_f16/{count}")
-            kept.append(stored)
-            casts.append(helper.make_node("Cast", [stored.name], [initializer.name],
-                                          to=onnx.TensorProto.FLOAT))
+            kept.append(numpy_helper.from_array(value.astype("float16"), stored))
+            casts.append(cast(stored, initializer.name))
         del graph.initializer[:]
         graph.initializer.extend(kept)
         nodes = casts + list(graph.node)  # the casts first: the order stays topological
         del graph.node[:]
         graph.node.extend(nodes)
         for node in graph.node:  # loop bodies (the translator's search)
-            graphs.extend(attribute.g for attribute in node.attribute
+            graphs.extend((attribute.g, []) for attribute in node.attribute
                           if attribute.type == onnx.AttributeProto.GRAPH)
-    onnx.checker.check_model(model)
-    onnx.save(model, file)
+    return converted
 
 
 def _litert_options(precision):

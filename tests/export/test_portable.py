@@ -360,3 +360,40 @@ def test_a_dict_input_model_exports_and_scores_as_in_keras(tmp_path, format):
     assert sorted(got) == sorted(expected)
     for name in expected:
         np.testing.assert_allclose(got[name], expected[name], atol=1e-5, err_msg=name)
+
+
+def test_onnx_weights_reach_the_file_as_initializers_without_passing_through_tf2onnx(
+        tmp_path, monkeypatch):
+    # Keras's own conversion froze every weight into the graph tf2onnx
+    # rewrites (grappler and ~12 optimizer passes, each copying them):
+    # BERT-base's export grew past 11 GB (issue 60). tf2onnx now converts a
+    # function of the inputs and the weights, which are written as the
+    # model's initializers: the same values, once each.
+    import onnx
+    import tf2onnx
+    from onnx import numpy_helper
+
+    functions = []
+    convert = tf2onnx.convert.from_function
+
+    def spy(function, input_signature=None, **kwargs):
+        functions.append(function.get_concrete_function(*input_signature))
+        return convert(function, input_signature, **kwargs)
+
+    monkeypatch.setattr(tf2onnx.convert, "from_function", spy)
+    features = keras.Input((3,), name="features")
+    hidden = keras.layers.LayerNormalization()(keras.layers.Dense(4)(features))
+    serving = keras.Model(features, {"probabilities": keras.ops.softmax(
+        keras.layers.Dense(2)(hidden))})
+    randomize(serving)
+    path = export_portable(serving, tmp_path / "m", "onnx")
+    assert len(functions) == 1 and list(functions[0].captured_inputs) == []
+    stored = [numpy_helper.to_array(tensor)
+              for tensor in onnx.load(os.path.join(path, "model.onnx")).graph.initializer]
+    for variable in serving.weights:
+        value = to_numpy(variable)
+        assert sum(x.shape == value.shape and np.array_equal(x, value) for x in stored) == 1, \
+            variable.path
+    x = np.random.default_rng(1).normal(size=(2, 3)).astype("float32")
+    np.testing.assert_allclose(Artifact(path)(features=x)["probabilities"],
+                               to_numpy(serving(x)["probabilities"]), atol=1e-6)

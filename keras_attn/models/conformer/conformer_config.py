@@ -297,6 +297,19 @@ def feature_frames(config, samples):
     return 1 + samples // config.frame_step
 
 
+def encoder_length(config, length):
+    """Encoder (logit) frames from `length` feature frames, through the
+    subsampling of `config` (`subsampled_length` or, for
+    `subsampling="fast"`, `fast_subsampled_length`): an int, a NumPy array
+    or a tensor."""
+    from keras_attn.layers.conv_subsampling import subsampled_length
+    from keras_attn.layers.fast_conv_subsampling import fast_subsampled_length
+
+    if config.subsampling == "fast":
+        return fast_subsampled_length(length)
+    return subsampled_length(length)
+
+
 def get_conformer_config(config=DEFAULT_PRESET, **overrides):
     """A `ConformerConfig` from a config, a preset name or a dict of fields,
     with `overrides` (fields) applied; an unknown name or field is a

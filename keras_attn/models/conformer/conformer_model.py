@@ -41,9 +41,7 @@ from keras_attn.layers.conformer_block import ConformerBlock
 from keras_attn.layers.conv_subsampling import SUBSAMPLING
 from keras_attn.layers.conv_subsampling import ConvSubsampling
 from keras_attn.layers.conv_subsampling import subsampled_segment_ids
-from keras_attn.layers.conv_subsampling import subsampled_length
 from keras_attn.layers.fast_conv_subsampling import FastConvSubsampling
-from keras_attn.layers.fast_conv_subsampling import fast_subsampled_length
 from keras_attn.layers.log_mel_features import LogMelFeatures
 from keras_attn.layers.log_mel_features import outside_lengths
 from keras_attn.layers.parakeet_log_mel_features import ParakeetLogMelFeatures
@@ -54,6 +52,7 @@ from keras_attn.models.conformer.conformer_config import DEFAULT_PRESET
 from keras_attn.models.conformer.conformer_config import DYNAMIC_CHUNK_MAX
 from keras_attn.models.conformer.conformer_config import ConformerConfig
 from keras_attn.models.conformer.conformer_config import check_vocabulary_size
+from keras_attn.models.conformer.conformer_config import encoder_length
 from keras_attn.models.conformer.conformer_config import feature_frames
 from keras_attn.models.conformer.conformer_config import get_conformer_config
 
@@ -706,15 +705,6 @@ class ConformerCTC(GuardedModel, ConfigModel, keras.Model):
         broken = ops.any(ops.logical_and(
             ops.expand_dims(valid, -1), ops.logical_not(ops.isfinite(logits))), axis=(1, 2))
         return ops.where(ops.expand_dims(broken, 1), -2, decoded[0])
-
-
-def encoder_length(config, length):
-    """Encoder (logit) frames from `length` feature frames, through the
-    subsampling of `config` (`subsampled_length` or, for
-    `subsampling="fast"`, `fast_subsampled_length`)."""
-    if config.subsampling == "fast":
-        return fast_subsampled_length(length)
-    return subsampled_length(length)
 
 
 def greedy_chunk_tokens(logits, real, last):

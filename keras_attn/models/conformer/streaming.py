@@ -28,7 +28,7 @@ from keras import ops
 from keras_attn._checks import check_positive_int
 from keras_attn.layers.conformer_block import ConformerBlock
 from keras_attn.layers.fast_conv_subsampling import FastConvSubsampling
-from keras_attn.models.conformer.conformer_model import encoder_length
+from keras_attn.models.conformer.conformer_config import encoder_length
 from keras_attn.layers.log_mel_features import outside_lengths
 from keras_attn._guard import concrete_value
 from keras_attn.layers.streaming import check_audio_range
