@@ -264,6 +264,12 @@ def export_portable(serving, path, format, precision="float32", preprocessing=No
 
                 onnx.checker.check_model(file)
         else:
+            if not isinstance(serving.output, dict):
+                # The converter names a lone output "output_0": a dict gives it
+                # the contract's name, as the ONNX outputs are renamed.
+                import keras
+
+                serving = keras.Model(serving.input, {"probabilities": serving.output})
             serving.export(file, format="litert", input_signature=signature, verbose=verbose,
                            **_litert_options(precision))
         for name, content in (files or {}).items():

@@ -362,6 +362,18 @@ def test_a_dict_input_model_exports_and_scores_as_in_keras(tmp_path, format):
         np.testing.assert_allclose(got[name], expected[name], atol=1e-5, err_msg=name)
 
 
+@pytest.mark.parametrize("format", ["onnx", "litert"])
+def test_a_lone_output_is_served_under_the_contracts_name(tmp_path, format):
+    # LiteRT named it "output_0" while serving.json said "probabilities", and
+    # the artifact refused to load.
+    model = FAMILIES["vit"].build()
+    x = FAMILIES["vit"].inputs(size=2)
+    artifact = Artifact(export_portable(model, tmp_path / format, format))
+    got = artifact(**{artifact.input_names[0]: np.asarray(x, "float32")})
+    assert sorted(got) == ["probabilities"]
+    np.testing.assert_allclose(got["probabilities"], to_numpy(model(x)), atol=1e-5)
+
+
 def test_onnx_weights_reach_the_file_as_initializers_without_passing_through_tf2onnx(
         tmp_path, monkeypatch):
     # Keras's own conversion froze every weight into the graph tf2onnx
