@@ -478,6 +478,16 @@ def test_a_clip_too_short_for_its_transcript_is_refused_naming_it(tmp_path):
                                                                               "test": 2}
     with pytest.raises(ValueError, match=r"`frame_step`.*Received: frame_step=0"):
         data.load_speech_files(str(tmp_path), frame_step=0)
+    # The model's own config counts its frames (a FastConformer's 8x): refused
+    # at the default 4x count above, and a model_config that is not one is named.
+    from keras_attn.models.conformer import get_conformer_config
+
+    fast = get_conformer_config("conformer_tiny", subsampling="fast")
+    refused(r"short\.wav is too short.*its 8x subsampling", data.load_speech_files,
+            str(tmp_path), model_config=fast)
+    with pytest.raises(ValueError, match=r"`model_config`: a ConformerConfig.*"
+                                         r"Received: model_config=dict"):
+        data.load_speech_files(str(tmp_path), model_config={"subsampling": "fast"})
 
 
 def test_resampled_audio_stays_in_the_range_the_models_take(tmp_path):
