@@ -123,19 +123,33 @@ def _streaming_section(text):
             for line in lines if line.startswith("| [")]
 
 
-def test_streaming_rows_are_the_recorded_runs_results():
+# The streaming recipes, each with its offline counterpart and the latency
+# of a chunk of `size` encoder frames in ms: the chunk plus the front end's
+# look-ahead. The Conformer (40 ms frames) reads 2 feature frames (10 ms
+# each) past the chunk; the FastConformer (80 ms frames) stops one feature
+# frame short of its chunk's end; both add half a 512-sample FFT (16 ms).
+STREAMING_RECIPES = {
+    "conformer_tiny_digits_streaming": ("conformer_tiny_digits", lambda size: 40 * size + 20 + 16),
+    "fastconformer_tiny_digits_streaming": ("fastconformer_tiny_digits",
+                                            lambda size: 80 * size - 10 + 16),
+}
+
+
+@pytest.mark.parametrize("name", sorted(STREAMING_RECIPES))
+def test_streaming_rows_are_the_recorded_runs_results(name):
     # Every streamed chunk size of the recipe has its row, whose WER and
     # latency are the recorded run's (models/results/), and the offline row
     # the run's metric with the configured chunk mask.
     make_table = _make_table()
-    name = "conformer_tiny_digits_streaming"
+    offline_name, latency_ms = STREAMING_RECIPES[name]
     with open(os.path.join(MODELS, "conformer", name + ".json")) as handle:
         recipe = json.load(handle)
     with open(os.path.join(MODELS, "results", name + ".json")) as handle:
         metrics = json.load(handle)["metrics"]
-    with open(os.path.join(MODELS, "results", "conformer_tiny_digits.json")) as handle:
+    with open(os.path.join(MODELS, "results", offline_name + ".json")) as handle:
         offline_wer = json.load(handle)["metrics"]["wer"]
-    rows = [row for row in _streaming_section(make_table.render()) if name in row[0]]
+    rows = [row for row in _streaming_section(make_table.render())
+            if row[0].startswith(f"[{name}]")]
     sizes = recipe["evaluation"]["streaming_chunk_sizes"]
     assert len(rows) == 1 + len(sizes)
     chunk_size = recipe["model"]["overrides"]["chunk_size"]
@@ -145,11 +159,23 @@ def test_streaming_rows_are_the_recorded_runs_results():
         assert row[1:4] == [f"streamed, chunks of {size} frames",
                             f"{metrics[f'latency_ms_chunk_{size}']:.0f} ms",
                             f"WER {metrics[f'wer_chunk_{size}']:.4f}"]
-        # The latency is the chunk (40 ms a frame) plus the front end's
-        # look-ahead: 2 feature frames (10 ms each) and half a 512-sample FFT.
-        assert metrics[f"latency_ms_chunk_{size}"] == 40 * size + 20 + 16
+        assert metrics[f"latency_ms_chunk_{size}"] == latency_ms(size)
     assert {row[4] for row in rows} == {
-        f"WER {offline_wer:.4f} ([conformer_tiny_digits](conformer/conformer_tiny_digits.json))"}
+        f"WER {offline_wer:.4f} ([{offline_name}](conformer/{offline_name}.json))"}
+
+
+@pytest.mark.parametrize("subsampling,frame_ms,look_ahead_ms", [("conv", 40, 36),
+                                                                ("fast", 80, 6)])
+def test_streaming_latency_follows_the_subsampling(subsampling, frame_ms, look_ahead_ms):
+    # The latency recorded for each streamed chunk size: the chunk's encoder
+    # frames (80 ms each for the FastConformer's 8x subsampling, not the
+    # Conformer's 40 ms) plus the front end's look-ahead (docs/streaming.md).
+    from keras_attn.models.conformer import get_conformer_config
+    from keras_attn.zoo.tasks.speech_ctc import streaming_latency_ms
+
+    config = get_conformer_config("conformer_tiny", subsampling=subsampling)
+    for size in (1, 2, 4, 8, 16):
+        assert streaming_latency_ms(config, size) == frame_ms * size + look_ahead_ms
 
 
 def test_streaming_rows_read_each_chunk_size_from_the_results_file(tmp_path):

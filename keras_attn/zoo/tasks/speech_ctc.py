@@ -108,10 +108,16 @@ class SpeechCTCEvaluation(schema.Evaluation):
 
 def streaming_latency_ms(config, chunk_size):
     """Algorithmic latency of streaming in chunks of `chunk_size` encoder
-    frames: the chunk (4 feature frames per encoder frame) plus the front
-    end's look-ahead (the subsampling's 2 extra feature frames and half an
-    FFT window), in ms (docs/streaming.md)."""
-    samples = (4 * chunk_size + 2) * config.frame_step + config.fft_length // 2
+    frames, in ms (docs/streaming.md): the feature frame the chunk's last
+    encoder frame reads last, whose window ends half an FFT after its
+    centre. `ConvSubsampling` (4 feature frames per encoder frame) reads 2
+    frames past the chunk; the FastConformer's `subsampling="fast"` (8 per
+    encoder frame) stops 1 frame short of it."""
+    if config.subsampling == "fast":
+        last_frame = 8 * chunk_size - 1
+    else:
+        last_frame = 4 * chunk_size + 2
+    samples = last_frame * config.frame_step + config.fft_length // 2
     return 1000.0 * samples / config.sampling_rate
 
 
@@ -391,7 +397,8 @@ class SpeechCTC(Task):
 
     def _streamed_decoder(self, model, chunk_size):
         """Greedy token ids of a batch streamed in pieces of one attention
-        chunk each (`chunk_size` x 4 x frame_step samples), the last padded."""
+        chunk each (`chunk_size` x 4 x frame_step samples, 8 x for the
+        FastConformer), the last padded."""
         from keras_attn.models.conformer import ConformerStreamer
         from keras_attn.models.conformer.conformer_model import ctc_greedy_ids
 
