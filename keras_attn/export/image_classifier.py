@@ -30,8 +30,8 @@ def export_image_classifier(model, path, format="saved_model", precision="float3
             `"litert"` (`model.onnx` / `model.tflite` with `serving.json`;
             input "images" uint8 `(B, S, S, C)`, any batch; output
             "probabilities" float32 `(B, K)`); see `keras_attn.export.portable`.
-        precision: `"float32"` or `"float16"` (weights); LiteRT also `"int8"`
-            (dynamic-range) weights.
+        precision: `"float32"`, `"float16"` (weights) or `"int8"` (dynamic-range:
+            int8 weights; ONNX through onnxruntime's `quantize_dynamic`).
         class_names: the name of each class, in output order (K strings),
             carried inside the export: `assets/labels.txt` of the SavedModel
             (line i names probability i), `"labels"` of `serving.json`.

@@ -37,7 +37,7 @@ def export_speech_recognizer(model, path, strategy="greedy", beam_width=16,
     """
     from keras_attn.export.portable import check_format
 
-    check_format(format, precision)
+    check_format(format, precision, onnx_int8=False)
     require_tensorflow_backend("export_speech_recognizer")
     if strategy not in ("greedy", "beam_search"):
         raise ValueError(

@@ -103,7 +103,7 @@ def export_streaming(model, path, format, precision="float32", chunk_size=None,
     if format not in PORTABLE_FORMATS:
         raise ValueError(f"The streaming step is exported as {PORTABLE_FORMATS}. "
                          f"Received: format={format!r}")
-    check_format(format, precision)
+    check_format(format, precision, onnx_int8=False)
     require_tensorflow_backend("export_streaming")
     batch_size = check_positive_int("batch_size", batch_size)
     streamer = model.streamer(chunk_size)  # a ValueError for a model that cannot stream

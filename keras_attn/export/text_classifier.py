@@ -53,7 +53,8 @@ def export_text_classifier(model, tokenizer, path, sequence_length=128, format="
         path: the SavedModel directory.
         sequence_length: length strings are packed (padded or truncated) to.
         format: `"saved_model"`, `"onnx"` or `"litert"`.
-        precision: `"float32"` or `"float16"` (weights); LiteRT also `"int8"`.
+        precision: `"float32"`, `"float16"` (weights) or `"int8"` (dynamic-range:
+            int8 weights; ONNX through onnxruntime's `quantize_dynamic`).
         class_names: the name of each class, in output order (K strings),
             carried inside the export: `assets/labels.txt` of the SavedModel
             (line i names probability i), `"labels"` of `serving.json`.

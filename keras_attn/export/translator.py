@@ -89,7 +89,7 @@ def export_translator(
     """
     from keras_attn.export.portable import check_format
 
-    check_format(format, precision)
+    check_format(format, precision, onnx_int8=False)
     require_tensorflow_backend("export_translator")
     tf = tensorflow_module()
 

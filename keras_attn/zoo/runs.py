@@ -913,8 +913,8 @@ def export(run_dir, output=None, format="saved_model", precision="float32", stre
     subprocess when this one is another). `"onnx"`, `"litert"`: the same
     serving model as `model.onnx` / `model.tflite` with `serving.json`
     (`keras_attn.export.portable`), to `<run_dir>/onnx` or `<run_dir>/litert`.
-    `precision`: `"float16"` weights (ONNX, LiteRT) or LiteRT's
-    dynamic-range `"int8"` (default `"float32"`).
+    `precision`: `"float16"` weights (ONNX, LiteRT) or dynamic-range
+    `"int8"` (LiteRT; ONNX for the classifiers) (default `"float32"`).
     `format="hf"`: a Hugging Face directory of a BERT or ViT run
     (`keras_attn.convert.save_hf_bert` with the run's tokenizer,
     `save_hf_vit`), to `output` (default `<run_dir>/hf`), on any backend.

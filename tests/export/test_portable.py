@@ -320,8 +320,8 @@ def test_refusals_name_the_argument(tmp_path):
     vit = FAMILIES["vit"].build()
     with pytest.raises(ValueError, match="format='tflite'"):
         export_image_classifier(vit, tmp_path / "a", format="tflite")
-    with pytest.raises(ValueError, match="precision='int8'"):  # LiteRT's converter alone
-        export_image_classifier(vit, tmp_path / "a", format="onnx", precision="int8")
+    with pytest.raises(ValueError, match="precision='bfloat16'"):
+        export_image_classifier(vit, tmp_path / "a", format="onnx", precision="bfloat16")
     with pytest.raises(ValueError, match="precision='int8'"):
         export_image_classifier(vit, tmp_path / "a", precision="int8")  # SavedModel
     (tmp_path / "file").write_text("x")
@@ -409,3 +409,70 @@ def test_onnx_weights_reach_the_file_as_initializers_without_passing_through_tf2
     x = np.random.default_rng(1).normal(size=(2, 3)).astype("float32")
     np.testing.assert_allclose(Artifact(path)(features=x)["probabilities"],
                                to_numpy(serving(x)["probabilities"]), atol=1e-6)
+
+
+def count_ops(file):
+    import collections
+
+    import onnx
+
+    return collections.Counter(node.op_type for node in onnx.load(file).graph.node)
+
+
+@pytest.mark.large
+def test_int8_onnx_quantizes_every_projection_and_answers_near_the_float_model(tmp_path):
+    # onnxruntime's quantize_dynamic skips a Gemm and a weight behind a
+    # Reshape (tf2onnx's einsum projections): the export folds and rewrites
+    # them first, so every kernel of the model is an int8 product.
+    backbone = FAMILIES["bert"].backbone(vocabulary_size=len(VOCAB), num_layers=1,
+                                         max_sequence_length=16)
+    model = randomize(BertSequenceClassifier(backbone, num_classes=3))
+    rng = np.random.default_rng(0)
+    tokenizer = text.make_tokenizer(VOCAB)
+    paths = {precision: export_text_classifier(model, tokenizer, tmp_path / precision,
+                                               sequence_length=12, format="onnx",
+                                               precision=precision)
+             for precision in ("float32", "int8")}
+    ops = count_ops(os.path.join(paths["int8"], "model.onnx"))
+    kernels = [w for w in model.weights if w.path.endswith("kernel")]
+    assert len(kernels) == 8  # q, k, v, output, two feed-forward, pooler, classifier
+    assert ops["MatMulInteger"] == len(kernels) and ops["Gemm"] == 0, ops
+    with open(os.path.join(paths["int8"], "serving.json")) as stream:
+        assert json.load(stream)["precision"] == "int8"
+    assert sorted(os.listdir(tmp_path)) == ["float32", "int8"]  # nothing left beside
+
+    ids = rng.integers(5, len(VOCAB), (16, 12)).astype("int32")
+    ids[:, 0], ids[:, -1] = 2, 3
+    ids[8:, 6:] = 0  # padded rows too
+    batch = {"token_ids": ids, "segment_ids": np.zeros_like(ids),
+             "padding_mask": (ids != 0).astype("int32")}
+    expected = softmax(to_numpy(model(batch)))
+    assert np.ptp(expected, axis=0).max() > 0.02
+    got = {p: Artifact(path)(**batch)["probabilities"] for p, path in paths.items()}
+    np.testing.assert_allclose(got["float32"], expected, atol=1e-5)
+    gap = np.abs(got["int8"] - expected).max()
+    assert 0 < gap < 0.01, gap  # quantized: close (0.0025 here), not equal
+    assert (got["int8"].argmax(-1) == expected.argmax(-1)).mean() >= 0.9
+
+    # The image classifier: the patch convolution quantized too.
+    vit = build_vit("vit_tiny_16", image_size=16, patch_size=4, num_channels=3, num_layers=1,
+                    hidden_dim=32, num_heads=2, intermediate_dim=64, num_classes=5)
+    for variable in vit.weights:
+        variable.assign(variable + rng.normal(0, 0.05, variable.shape).astype(variable.dtype))
+    path = export_image_classifier(vit, tmp_path / "vit", format="onnx", precision="int8")
+    ops = count_ops(os.path.join(path, "model.onnx"))
+    assert ops["ConvInteger"] == 1 and ops["Conv"] == 0, ops
+    images = rng.integers(0, 256, (4, 16, 16, 3)).astype("uint8")
+    reference = softmax(to_numpy(vit(images.astype("float32"))))
+    gap = np.abs(Artifact(path)(images=images)["probabilities"] - reference).max()
+    assert 0 < gap < 0.01, gap  # 0.0037 here
+
+
+@pytest.mark.parametrize("export", ["speech_recognizer", "translator"])
+def test_int8_onnx_is_refused_where_its_answers_are_untested(tmp_path, export):
+    exporter = {"speech_recognizer": export_speech_recognizer,
+                "translator": lambda *a, **k: export_translator(*a, start_id=1, end_id=2, **k)}
+    with pytest.raises(ValueError, match=r"`precision` must be one of \('float32', 'float16'\) "
+                                         r"for format='onnx'. Received: precision='int8'"):
+        exporter[export](None, tmp_path / "out", format="onnx", precision="int8")
+    assert not os.path.exists(tmp_path / "out")
