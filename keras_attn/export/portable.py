@@ -264,6 +264,7 @@ def export_portable(serving, path, format, precision="float32", preprocessing=No
         signature = _input_signature(serving)
         if format == "onnx":
             graph, weights = _convert_onnx(serving, signature)
+            _refuse_unconverted_ops(graph)
             _rename_onnx_outputs(graph, [o["name"] for o in contract["outputs"]])
             if precision == "float16":
                 weights = _onnx_to_float16(graph, weights)
@@ -350,6 +351,28 @@ def _convert_onnx(serving, signature):
     weights = [(name, _reader(variable)) for name, variable in variables.items()
                if name in used]
     return model, weights
+
+
+def _refuse_unconverted_ops(model):
+    """`ValueError` naming the TensorFlow ops tf2onnx left in `model` (it
+    logs "Unsupported ops" and writes them into the ONNX graph as they are:
+    a file onnxruntime refuses to load, found here rather than by the
+    server)."""
+    import onnx
+
+    left, graphs = set(), [model.graph]
+    while graphs:
+        graph = graphs.pop()
+        for node in graph.node:
+            if node.domain in ("", "ai.onnx") and not onnx.defs.has(node.op_type):
+                left.add(node.op_type)
+            graphs.extend(attribute.g for attribute in node.attribute
+                          if attribute.type == onnx.AttributeProto.GRAPH)
+    if left:
+        raise ValueError(
+            f"tf2onnx could not convert the ops {sorted(left)} of the model to ONNX: the "
+            f"file would not load in onnxruntime. Export to LiteRT, or compute them with "
+            f"ops ONNX has. Received: a model whose graph holds {sorted(left)}")
 
 
 # The names of the weights while tf2onnx converts (graph inputs), then of

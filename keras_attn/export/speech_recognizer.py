@@ -17,9 +17,9 @@ def export_speech_recognizer(model, path, strategy="greedy", beam_width=16,
     "token_ids" int32 `(B, T')` (greedy: `ctc_greedy_ids`, -1 after each
     transcript, T' the utterance frames after subsampling), "logits" and
     "logit_lengths" (for a server's own beam search). The log-mel front end
-    computes its STFT as a convolution there (`LogMelFeatures(stft=...)`:
-    the converters cannot take the FFT). Greedy only: the beam search is
-    TensorFlow's CTC kernel.
+    computes its STFT as a convolution there (`LogMelFeatures(stft=...)`,
+    `ParakeetLogMelFeatures(stft=...)`: the converters cannot take the
+    FFT). Greedy only: the beam search is TensorFlow's CTC kernel.
 
     Args:
         model: a `ConformerCTC` (anything with a `decode(inputs, strategy,
@@ -72,6 +72,7 @@ def _export_portable(model, path, format, precision):
 
     from keras_attn.export.portable import export_portable
     from keras_attn.layers import LogMelFeatures
+    from keras_attn.layers import ParakeetLogMelFeatures
     from keras_attn.models.conformer.conformer_model import ctc_greedy_ids
 
     class GreedyIds(keras.layers.Layer):
@@ -88,7 +89,8 @@ def _export_portable(model, path, format, precision):
             "The model must take raw audio ({'waveform', 'waveform_length'}; a Conformer "
             "built with input_type='features' takes features). Received: "
             f"model.input={model.input!r}")
-    front_ends = [layer for layer in sublayers(model) if isinstance(layer, LogMelFeatures)]
+    front_ends = [layer for layer in sublayers(model)
+                  if isinstance(layer, (LogMelFeatures, ParakeetLogMelFeatures))]
     modes = [layer.stft for layer in front_ends]
     try:
         # The model is traced again when it is converted: the switch holds

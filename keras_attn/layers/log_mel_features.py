@@ -52,6 +52,33 @@ def int32_or_minus_one(lengths):
     return np.where(outside, -1, values).astype("int32") if outside.any() else lengths
 
 
+def windowed_dft_kernel(window):
+    """`(N, 1, 2F)` float32, `F = N // 2 + 1`: the cosines and minus the
+    sines of the `N`-point DFT times `window` (`(N,)`, the FFT's length; a
+    shorter window zero-padded around its centre), the kernel with which
+    `stft_power_by_convolution` computes an STFT. NumPy: a constant
+    wherever it is converted, in any trace."""
+    window = np.asarray(window, "float64")
+    n = window.shape[0]
+    angles = 2 * np.pi * np.outer(np.arange(n), np.arange(n // 2 + 1)) / n
+    kernel = np.concatenate([window[:, None] * np.cos(angles),
+                             -window[:, None] * np.sin(angles)], axis=1)
+    return kernel[:, None, :].astype("float32")
+
+
+def stft_power_by_convolution(padded, kernel, frame_step):
+    """The power spectrum `|X|^2` `(B, T, F)` of the uncentred frames of
+    `padded` `(B, N)` (frame `t` is samples `t * frame_step ..` + the FFT's
+    length), the DFT as a strided convolution with `kernel`
+    (`windowed_dft_kernel`, `(N, 1, 2F)`). The front ends' exportable STFT:
+    tf2onnx refuses the Real/Imag ops after an RFFT and LiteRT has no
+    builtin for them, while a convolution is everywhere. The FFT's numbers
+    within float32 rounding (tested)."""
+    spectrum = ops.conv(ops.expand_dims(padded, -1), kernel, strides=frame_step)  # (B, T, 2F)
+    bins = kernel.shape[-1] // 2
+    return ops.square(spectrum[..., :bins]) + ops.square(spectrum[..., bins:])
+
+
 class WaveformLengths:
     """Mixed into the front ends (before `keras.layers.Layer`): a NumPy
     `waveform_length` past int32 becomes -1 (NaN features, as any length
@@ -240,11 +267,9 @@ class LogMelFeatures(WaveformLengths, keras.layers.Layer):
     def _mel_power_by_convolution(self, waveform):
         """What `keras.layers.MelSpectrogram` computes (centred STFT with
         reflect padding, periodic Hann window, power, mel matrix), with the
-        DFT as a strided convolution whose kernels are the windowed cosines
-        and sines. Written here because the converters cannot take the FFT:
-        tf2onnx refuses the Real/Imag ops after RFFT and LiteRT has no
-        builtin for them, while a convolution and a matmul are everywhere.
-        Equal to the FFT path within float32 rounding (tested)."""
+        DFT as a strided convolution (`stft_power_by_convolution`), which
+        the converters can take. Equal to the FFT path within float32
+        rounding (tested)."""
         n = self.fft_length
         x = ops.pad(waveform, [[0, 0], [n // 2, n // 2]], mode="reflect")
         return ops.transpose(self._power_by_convolution(x), (0, 2, 1))
@@ -256,9 +281,7 @@ class LogMelFeatures(WaveformLengths, keras.layers.Layer):
         streaming export passes both, computed at run time)."""
         if kernel is None:
             kernel = ops.convert_to_tensor(self._dft_kernel())  # (N, 1, 2F)
-        spectrum = ops.conv(ops.expand_dims(padded, -1), kernel, strides=self.frame_step)  # (B, T, 2F)
-        bins = self.fft_length // 2 + 1
-        power = ops.square(spectrum[..., :bins]) + ops.square(spectrum[..., bins:])
+        power = stft_power_by_convolution(padded, kernel, self.frame_step)  # (B, T, F)
         return ops.matmul(power, self._mel_matrix() if mel_matrix is None else mel_matrix)
 
     def _dft_kernel(self):
@@ -267,13 +290,10 @@ class LogMelFeatures(WaveformLengths, keras.layers.Layer):
         array is a constant wherever it is converted)."""
         if getattr(self, "_dft_kernel_cache", None) is None:
             n, length = self.fft_length, self.frame_length
-            window = np.zeros(n)
+            window = np.zeros(n)  # the periodic Hann window, centred in the FFT
             start = (n - length) // 2
             window[start:start + length] = 0.5 - 0.5 * np.cos(2 * np.pi * np.arange(length) / length)
-            angles = 2 * np.pi * np.outer(np.arange(n), np.arange(n // 2 + 1)) / n
-            kernel = np.concatenate([window[:, None] * np.cos(angles),
-                                     -window[:, None] * np.sin(angles)], axis=1)
-            self._dft_kernel_cache = kernel[:, None, :].astype("float32")
+            self._dft_kernel_cache = windowed_dft_kernel(window)
         return self._dft_kernel_cache
 
     def _mel_matrix(self):

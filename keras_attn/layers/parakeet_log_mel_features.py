@@ -5,11 +5,15 @@ import keras
 import numpy as np
 from keras import ops
 
+from keras_attn._checks import check_choice
 from keras_attn._checks import check_positive_float
 from keras_attn._checks import check_positive_int
 from keras_attn._checks import check_rate
+from keras_attn.layers.log_mel_features import STFT_MODES
 from keras_attn.layers.log_mel_features import WaveformLengths
 from keras_attn.layers.log_mel_features import outside_lengths
+from keras_attn.layers.log_mel_features import stft_power_by_convolution
+from keras_attn.layers.log_mel_features import windowed_dft_kernel
 
 # What NeMo adds to the mel power before the logarithm: far below speech's
 # mel power, and the log of silence stays finite (log(2**-24) = -16.6).
@@ -74,7 +78,8 @@ class ParakeetLogMelFeatures(WaveformLengths, keras.layers.Layer):
     2. a centred STFT: `fft_length // 2` zeros on each side (not a
        reflection), frames of `fft_length` every `frame_step` samples, the
        symmetric Hann window of `frame_length` centred in them; the power
-       `|X|^2`;
+       `|X|^2` (by the backend's FFT, or with `stft="convolution"` by a
+       strided convolution, which ONNX and LiteRT can hold);
     3. Slaney mel filters (`slaney_mel_filters`), then `log(mel + 2**-24)`;
     4. over the utterance's `(L + 2 * (fft_length // 2) - fft_length) //
        frame_step` valid frames (`L // frame_step` for an even FFT: one
@@ -89,9 +94,10 @@ class ParakeetLogMelFeatures(WaveformLengths, keras.layers.Layer):
     valid frame gets zeros (transformers' divides 0 by 0 there); a
     `waveform_length` outside `[0, N]` gives NaN features.
 
-    The mel matrix and the window are NumPy constants made here: not
-    weights (a checkpoint holds none of them, and `.keras` files stay as
-    they were), and Keras has no Slaney filter bank to build them from.
+    The mel matrix, the window and the convolution's DFT kernel are NumPy
+    constants made here: not weights (a checkpoint holds none of them, and
+    `.keras` files stay as they were), and Keras has no Slaney filter bank
+    to build them from.
 
     Args:
         sampling_rate: audio sampling rate in Hz.
@@ -102,6 +108,11 @@ class ParakeetLogMelFeatures(WaveformLengths, keras.layers.Layer):
         preemphasis: the pre-emphasis coefficient in [0, 1), or None for
             none (Parakeet's checkpoints: 0.97).
         epsilon: added to each bin's standard deviation.
+        stft: `"fft"` (`keras.ops.stft`) or `"convolution"` (the DFT as a
+            strided convolution, as `LogMelFeatures(stft=...)`: the same
+            numbers within float32 rounding, and a graph ONNX and LiteRT can
+            hold; the ONNX / LiteRT speech export switches to it). No
+            weights depend on it.
         **kwargs: base layer arguments.
 
     Call arguments:
@@ -131,6 +142,7 @@ class ParakeetLogMelFeatures(WaveformLengths, keras.layers.Layer):
         fft_length=512,
         preemphasis=None,
         epsilon=1e-5,
+        stft="fft",
         **kwargs,
     ):
         super().__init__(**kwargs)
@@ -146,6 +158,8 @@ class ParakeetLogMelFeatures(WaveformLengths, keras.layers.Layer):
             )
         self.preemphasis = None if preemphasis is None else check_rate("preemphasis", preemphasis)
         self.epsilon = check_positive_float("epsilon", epsilon)
+        # Not a weight: ONNX and LiteRT export switch it to "convolution".
+        self.stft = check_choice("stft", stft, STFT_MODES)
         self._window = symmetric_hann(self.frame_length, self.fft_length)
         self._mel_matrix = slaney_mel_filters(self.num_mel_bins, self.fft_length,
                                               self.sampling_rate)
@@ -177,10 +191,14 @@ class ParakeetLogMelFeatures(WaveformLengths, keras.layers.Layer):
                                  0.0)
         half = self.fft_length // 2
         padded = ops.pad(waveform, [[0, 0], [half, half]])  # centred, zeros at both ends
-        real, imag = ops.stft(padded, sequence_length=self.fft_length,
-                              sequence_stride=self.frame_step, fft_length=self.fft_length,
-                              window=self._window, center=False)  # (B, T, F) each
-        power = ops.square(real) + ops.square(imag)
+        if self.stft == "fft":
+            real, imag = ops.stft(padded, sequence_length=self.fft_length,
+                                  sequence_stride=self.frame_step, fft_length=self.fft_length,
+                                  window=self._window, center=False)  # (B, T, F) each
+            power = ops.square(real) + ops.square(imag)
+        else:
+            power = stft_power_by_convolution(
+                padded, ops.convert_to_tensor(self._dft_kernel()), self.frame_step)
         mel = ops.matmul(power, ops.convert_to_tensor(self._mel_matrix))  # (B, T, M)
         features = ops.log(mel + LOG_GUARD)
         steps = ops.shape(features)[1]
@@ -194,6 +212,13 @@ class ParakeetLogMelFeatures(WaveformLengths, keras.layers.Layer):
         features = (features - mean) / (std + self.epsilon) * valid
         features = ops.where(ops.expand_dims(bad, (1, 2)), float("nan"), features)
         return ops.cast(features, self.compute_dtype)
+
+    def _dft_kernel(self):
+        """`windowed_dft_kernel` of the layer's window, made once (NumPy:
+        safe to reuse in any trace)."""
+        if getattr(self, "_dft_kernel_cache", None) is None:
+            self._dft_kernel_cache = windowed_dft_kernel(self._window)
+        return self._dft_kernel_cache
 
     def compute_output_shape(self, waveform_shape, waveform_length_shape=None):
         samples = waveform_shape[1]
@@ -213,6 +238,7 @@ class ParakeetLogMelFeatures(WaveformLengths, keras.layers.Layer):
                 "fft_length": self.fft_length,
                 "preemphasis": self.preemphasis,
                 "epsilon": self.epsilon,
+                "stft": self.stft,
             }
         )
         return config

@@ -248,6 +248,53 @@ def test_speech_recognizer_decodes_the_same_tokens_in_onnx_runtime_and_litert(tm
         export_speech_recognizer(model, tmp_path / "beam", strategy="beam_search", format="onnx")
 
 
+@pytest.mark.large
+def test_parakeet_front_end_serves_the_logits_of_the_model_in_every_format(tmp_path):
+    """A FastConformer with Parakeet's front end (`ParakeetLogMelFeatures`):
+    its FFT (`keras.ops.stft`) once made an ONNX file that onnxruntime
+    refuses to load (tf2onnx cannot take the Real / Imag ops after an
+    RFFT); the export computes it as a convolution, as for `LogMelFeatures`.
+    SavedModel, ONNX and LiteRT serve the Keras model's logits and tokens
+    on a padded batch of two lengths."""
+    import tensorflow as tf
+
+    model = build_conformer("parakeet_ctc_tiny", vocabulary_size=12, num_layers=1,
+                            hidden_dim=16, subsampling_filters=8, kernel_size=5,
+                            num_mel_bins=20, freq_mask_width=8)
+    rng = np.random.default_rng(0)
+    for variable in model.trainable_weights:
+        if "kernel" in variable.path or "embeddings" in variable.path:
+            fan_in = variable.shape[-2] if len(variable.shape) > 1 else 1
+            variable.assign(rng.normal(0, 0.3 / np.sqrt(fan_in), variable.shape)
+                            .astype(variable.dtype))
+    # Tones that change every 50 ms, the second row reversed and cut at 5000
+    # samples (noise after it: any padding).
+    tones = np.repeat(rng.uniform(100, 4000, 10), 800)
+    waveform = 0.3 * np.sin(2 * np.pi * np.cumsum(tones) / 16000) + rng.normal(0, 0.02, (2, 8000))
+    waveform[1] = waveform[1, ::-1]
+    waveform[1, 5000:] = rng.normal(0, 0.1, 3000)
+    batch = {"waveform": waveform.astype("float32"),
+             "waveform_length": np.array([8000, 5000], "int32")}
+    # A head centred on the frames' mean logits, so that the tokens vary.
+    head = model.get_layer("ctc_logits")
+    kernel, bias = (to_numpy(w) for w in head.weights)
+    head.set_weights([kernel, bias * 0])
+    head.set_weights([kernel * 20, -20 * to_numpy(model(batch)["logits"])[0].mean(0)])
+    logits = to_numpy(model(batch)["logits"])
+    tokens = to_numpy(model.decode(batch))
+    assert len({t for t in tokens.ravel().tolist() if t >= 0}) >= 2, tokens
+
+    saved = tf.saved_model.load(str(export_speech_recognizer(model, tmp_path / "saved_model")))
+    served = saved.serve(batch["waveform"], batch["waveform_length"])["token_ids"]
+    np.testing.assert_array_equal(served.numpy(), tokens)
+    paths = [export_speech_recognizer(model, tmp_path / f, format=f) for f in ("onnx", "litert")]
+    for path, got in zip(paths, run_in_runtimes(tmp_path, [(p, batch) for p in paths])):
+        assert isinstance(got, dict), got  # the runtime's error, if any
+        np.testing.assert_allclose(got["logits"], logits, atol=1e-4, err_msg=str(path))
+        np.testing.assert_array_equal(got["token_ids"], tokens)
+    assert model.get_layer("log_mel").stft == "fft"  # the switch is put back
+
+
 def _reversing_transformer():
     """A Transformer trained for three epochs to reverse 1-5 ids: random weights
     repeat one token whatever the source (every beam alike, no end), which
@@ -475,4 +522,15 @@ def test_int8_onnx_is_refused_where_its_answers_are_untested(tmp_path, export):
     with pytest.raises(ValueError, match=r"`precision` must be one of \('float32', 'float16'\) "
                                          r"for format='onnx'. Received: precision='int8'"):
         exporter[export](None, tmp_path / "out", format="onnx", precision="int8")
+    assert not os.path.exists(tmp_path / "out")
+
+
+def test_an_op_onnx_lacks_is_refused_not_written(tmp_path):
+    # tf2onnx leaves an op it cannot convert in the graph (logging it): the
+    # file would not load in onnxruntime (the Parakeet front end's RFFT did).
+    inputs = keras.Input((16,), name="waveform")
+    spectrum = keras.ops.abs(keras.ops.rfft(inputs)[0])
+    model = keras.Model(inputs, keras.layers.Dense(2)(spectrum))
+    with pytest.raises(ValueError, match=r"could not convert the ops \[.*RFFT.*\]"):
+        export_portable(model, tmp_path / "out", "onnx")
     assert not os.path.exists(tmp_path / "out")

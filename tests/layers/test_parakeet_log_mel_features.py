@@ -29,7 +29,7 @@ def test_parakeet_log_mel_layer(tmp_path):
         ParakeetLogMelFeatures,
         init_kwargs={"sampling_rate": 8000, "num_mel_bins": 12, "frame_length": 200,
                      "frame_step": 80, "fft_length": 256, "preemphasis": 0.9,
-                     "epsilon": 1e-3},
+                     "epsilon": 1e-3, "stft": "convolution"},
         input_data={"waveform": batch, "waveform_length": np.array([1600, 900], "int32")},
         expected_output_shape=(2, 21, 12),
         expected_num_trainable_weights=0,
@@ -55,6 +55,10 @@ def test_features_equal_transformers_feature_extractor():
     # Float32 arithmetic in another order (measured: 4e-5 on values up to ~5).
     np.testing.assert_allclose(ours, features, atol=1e-4)
     assert np.abs(features[0]).max() > 2.0  # normalised, not zeros
+    # The STFT as a convolution (what ONNX and LiteRT run): the same features.
+    layer.stft = "convolution"
+    np.testing.assert_allclose(to_numpy(layer(batch, np.array(LENGTHS, "int32"))), features,
+                               atol=1e-4)
     reference = mel_filter_bank(num_frequency_bins=257, num_mel_filters=20, min_frequency=0.0,
                                 max_frequency=8000.0, sampling_rate=16000, norm="slaney",
                                 mel_scale="slaney", dtype=np.float32)
@@ -89,3 +93,5 @@ def test_bad_arguments_are_refused_by_name():
         ParakeetLogMelFeatures(fft_length=256)
     with pytest.raises(ValueError, match=r"preemphasis=1.0"):
         ParakeetLogMelFeatures(preemphasis=1.0)
+    with pytest.raises(ValueError, match=r"Received: stft='rfft'"):
+        ParakeetLogMelFeatures(stft="rfft")

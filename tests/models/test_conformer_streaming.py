@@ -516,3 +516,10 @@ def test_the_parakeet_front_end_does_not_stream_waveforms():
         get_conformer_config("parakeet_ctc_tiny", **fields)
     config = get_conformer_config("parakeet_ctc_tiny", input_type="features", **fields)
     assert (config.subsampling, config.chunk_size) == ("fast", 2)
+    # An offline model (streaming, and its ONNX / LiteRT streaming export,
+    # start from `streamer`) is refused for its front end, by name.
+    model = build_conformer("parakeet_ctc_tiny", vocabulary_size=5, num_layers=1,
+                            hidden_dim=16, subsampling_filters=8, num_mel_bins=20,
+                            freq_mask_width=8, causal_conv=True)
+    with pytest.raises(ValueError, match=r"Received: a model with front_end='parakeet'"):
+        model.streamer(2)

@@ -400,6 +400,15 @@ class ConformerCTC(GuardedModel, ConfigModel, keras.Model):
         from keras_attn.models.conformer.streaming import ConformerStreamer
 
         config = self.conformer_config
+        if config.input_type == "waveform" and config.front_end == "parakeet":
+            # Named first: a chunk_size would be refused for the same reason.
+            raise ValueError(
+                "A model on waveforms streams with the package's front end "
+                "(front_end='log_mel', feature_normalization='none'); the \"parakeet\" "
+                "front end normalises each feature over the whole utterance, which a "
+                "stream cannot know. Received: a model with front_end='parakeet', "
+                "input_type='waveform'"
+            )
         if config.chunk_size is None:
             raise ValueError(
                 "Invalid value for argument `chunk_size`: streaming needs a model built "
