@@ -43,6 +43,20 @@ memory is its own and JAX and PyTorch never share an allocator):
   multiple of the kernel's 8, and of the explicit `softmax(QK^T)V` path,
   each with the fused kernels its compiled program calls (cuDNN's custom
   calls), or "XLA ops" where none.
+- `modernbert`: ModernBERT-base masked-LM training at length 1,024
+  (a 128-token window in two blocks of three, global attention in the
+  third; 30% of positions predicted, ModernBERT's masking rate; logits
+  over the whole vocabulary at every position on both sides, as
+  `ModernBertForMaskedLM` computes them by default): tokens/s and MFU for
+  keras_attn's `ModernBertMaskedLM` against transformers'
+  `ModernBertForMaskedLM` (bf16 autocast, SDPA attention). No dropout on
+  either side (the release's).
+- `modernbert_inference`: the ModernBERT-base backbone's forward pass at
+  ModernBERT's longest rows, 8,192 tokens (tokens/s, MFU of a third of a
+  training step's FLOPs), against transformers' `ModernBertModel` (bf16
+  autocast, SDPA, `no_grad`). Both ModernBERT cases count the PaLM FLOPs
+  with every block's attention over the whole row: both sides compute a
+  local block as full attention under a banded mask.
 - `memory`: BERT-base at length 512: the largest batch that fits on the
   device without and with rematerialisation of each transformer block
   (`build_bert(..., remat=True)`), read off XLA's compiled memory analysis
@@ -92,8 +106,8 @@ from _flops import attention_flops  # noqa: E402
 from _flops import dense_bf16_peak  # noqa: E402
 from _flops import transformer_flops_per_token  # noqa: E402
 
-CASES = ("bert128", "bert512", "vit", "transformer_big", "conformer_large", "attention",
-         "memory")
+CASES = ("bert128", "bert512", "vit", "transformer_big", "conformer_large", "modernbert",
+         "modernbert_inference", "attention", "memory")
 
 
 # === Sizes ===
@@ -115,6 +129,9 @@ def sizes(smoke):
             "conformer": dict(num_layers=2, hidden_dim=64, num_heads=2, kernel_size=15,
                               num_mel_bins=40, vocabulary_size=31),
             "conformer_batch": (2, 200, 20),
+            "modernbert": dict(vocabulary_size=1000, num_layers=3, num_heads=2, hidden_dim=64,
+                               intermediate_dim=96, local_window=16, pad_id=0),
+            "modernbert_batch": {"modernbert": (2, 64), "modernbert_inference": (2, 128)},
             # 17 is not a multiple of the kernel's 8: the padded path runs too.
             "attention": dict(lengths=(17, 64), tokens=256, heads=2, head_dim=16),
             "memory_batches": (2, 4),
@@ -138,6 +155,12 @@ def sizes(smoke):
         # (utterances, frames of 10 ms: 16 s, labels an utterance: about
         # six word pieces a second).
         "conformer_batch": (32, 1600, 100),
+        # The modernbert_base preset's sizes, written out for the PyTorch
+        # peer (whose process imports no Keras); (rows, tokens): 16k tokens
+        # a training step, 32k a forward pass.
+        "modernbert": dict(vocabulary_size=50368, num_layers=22, num_heads=12, hidden_dim=768,
+                           intermediate_dim=1152, local_window=128, pad_id=50283),
+        "modernbert_batch": {"modernbert": (16, 1024), "modernbert_inference": (4, 8192)},
         # BERT's 128 and 512, ViT-B/16's 197 (224 px) and 577 (384 px), and
         # the long lengths of the FlashAttention benchmark.
         "attention": dict(lengths=(128, 197, 512, 577, 1024, 2048, 4096, 8192), tokens=16384,
@@ -409,6 +432,84 @@ def run_conformer_jax(smoke):
             "loss": loss}
 
 
+def _modernbert_inputs(case, smoke):
+    """`(token_ids, labels, weights)` `(B, T)` NumPy arrays, the same for
+    every implementation: ids past the special ones, a label and weight 1
+    at 30% of the positions (ModernBERT's masking rate), 0 elsewhere."""
+    s = sizes(smoke)
+    batch, length = s["modernbert_batch"][case]
+    vocab = s["modernbert"]["vocabulary_size"]
+    rng = np.random.default_rng(0)
+    # Below the released vocabulary's special ids (50,280 on).
+    token_ids = rng.integers(5, min(vocab, 50280), (batch, length)).astype("int32")
+    weights = (rng.random((batch, length)) < 0.3).astype("float32")
+    labels = np.where(weights > 0, token_ids, 0).astype("int32")
+    return token_ids, labels, weights
+
+
+def _masked_ce(labels, weights, logits):
+    """Cross-entropy over the positions of weight 1 (float32)."""
+    from keras import ops
+
+    log_probs = ops.log_softmax(ops.cast(logits, "float32"), axis=-1)
+    picked = ops.take_along_axis(log_probs, ops.expand_dims(labels, -1), axis=-1)[..., 0]
+    return -ops.sum(picked * weights) / ops.maximum(ops.sum(weights), 1.0)
+
+
+def time_jax_calls(fn, args, steps, rounds):
+    """Median seconds per call of a jitted `fn(*args)`, after a compiling
+    call and one warm-up round."""
+    import jax
+
+    jax.block_until_ready(fn(*args))  # compile
+    times = []
+    for r in range(rounds + 1):
+        start = time.perf_counter()
+        for _ in range(steps):
+            out = fn(*args)
+        jax.block_until_ready(out)
+        if r:
+            times.append((time.perf_counter() - start) / steps)
+    return statistics.median(times)
+
+
+def run_modernbert_jax(case, smoke):
+    """keras_attn's `ModernBertMaskedLM` training step (`modernbert`) or
+    its backbone's jitted forward pass (`modernbert_inference`)."""
+    keras = _jax_setup()
+    import jax
+    import jax.numpy as jnp
+
+    from keras_attn.models.modernbert import ModernBertMaskedLM
+    from keras_attn.models.modernbert import build_modernbert
+
+    s = sizes(smoke)
+    token_ids, labels, weights = _modernbert_inputs(case, smoke)
+    batch, length = token_ids.shape
+    x = {"token_ids": jnp.asarray(token_ids), "padding_mask": jnp.ones((batch, length), "int32")}
+    keras.utils.set_random_seed(0)
+    backbone = build_modernbert("modernbert_base", **s["modernbert"])
+    result = {"batch": batch, "length": length}
+    if case == "modernbert_inference":
+        def forward(trainable, non_trainable, x):
+            out, _ = backbone.stateless_call(trainable, non_trainable, x, training=False)
+            return out["sequence_output"]
+
+        args = ([v.value for v in backbone.trainable_variables],
+                [v.value for v in backbone.non_trainable_variables], x)
+        seconds = time_jax_calls(jax.jit(forward), args, s["steps"], s["rounds"])
+        return dict(result, seconds_per_step=seconds, parameters=_trainable(backbone))
+    model = ModernBertMaskedLM(backbone)
+    y = (jnp.asarray(labels), jnp.asarray(weights))
+
+    def loss_fn(y, logits):
+        return _masked_ce(y[0], y[1], logits)
+
+    step, state = make_jax_train_step(model, loss_fn)
+    seconds, loss = time_jax_steps(step, state, x, y, s["steps"], s["rounds"])
+    return dict(result, seconds_per_step=seconds, parameters=_trainable(model), loss=loss)
+
+
 def fused_kernels(compiled_text):
     """The fused attention kernels a compiled XLA program calls: its custom
     calls whose target names cuDNN's attention (`__cudnn$fmha...`) or a
@@ -418,7 +519,7 @@ def fused_kernels(compiled_text):
 
 
 def run_attention_jax(smoke):
-    keras = _jax_setup()
+    _jax_setup()
     import jax
     import jax.numpy as jnp
 
@@ -847,6 +948,51 @@ def run_conformer_torch(smoke, compile_model=False):
     return dict(result, batch=int(features.shape[0]), length=int(features.shape[1]))
 
 
+def run_modernbert_torch(case, smoke, compile_model=False):
+    """transformers' `ModernBertForMaskedLM` training step (`modernbert`)
+    or `ModernBertModel`'s forward pass (`modernbert_inference`) at
+    keras_attn's sizes, on the same token ids and masked positions."""
+    import torch
+    import transformers
+
+    s = sizes(smoke)
+    cfg = s["modernbert"]
+    token_ids, labels, weights = _modernbert_inputs(case, smoke)
+    batch, length = token_ids.shape
+    device = _torch_device()
+    torch.manual_seed(0)
+    config = transformers.ModernBertConfig(
+        vocab_size=cfg["vocabulary_size"], hidden_size=cfg["hidden_dim"],
+        num_hidden_layers=cfg["num_layers"], num_attention_heads=cfg["num_heads"],
+        intermediate_size=cfg["intermediate_dim"], global_attn_every_n_layers=3,
+        local_attention=cfg["local_window"], max_position_embeddings=8192,
+        pad_token_id=cfg["pad_id"], bos_token_id=1, eos_token_id=2, cls_token_id=1,
+        sep_token_id=2, attn_implementation="sdpa")
+    inputs = {"input_ids": torch.as_tensor(token_ids, dtype=torch.long, device=device),
+              "attention_mask": torch.ones((batch, length), dtype=torch.long, device=device)}
+    if case == "modernbert_inference":
+        model = transformers.ModernBertModel(config).to(device).eval()
+        forward = torch.compile(model) if compile_model else model
+
+        def call():
+            with torch.no_grad(), torch.autocast(device.type, dtype=torch.bfloat16):
+                return forward(**inputs).last_hidden_state
+
+        start = time.perf_counter()
+        call()  # torch.compile compiles here
+        first = time.perf_counter() - start
+        seconds = _time_torch(call, s["steps"], s["rounds"], device)
+        return {"seconds_per_step": seconds, "first_step_seconds": first, "batch": batch,
+                "length": length, "parameters": sum(p.numel() for p in model.parameters()),
+                "peak_bytes": _torch_peak(device)}
+    model = transformers.ModernBertForMaskedLM(config).to(device).train()
+    targets = torch.as_tensor(np.where(weights > 0, labels, -100), dtype=torch.long,
+                              device=device)
+    result = _torch_train(model, lambda forward: forward(**inputs, labels=targets).loss, smoke,
+                          compile_model)
+    return dict(result, batch=batch, length=length)
+
+
 # === One run in a subprocess ===
 
 TORCH_PEERS = {"transformers": "transformers", "timm": "timm", "marian": "transformers",
@@ -873,6 +1019,8 @@ def run_one(spec, smoke, deadline=None):
             result = run_marian_torch(smoke, compile_model)
         elif case == "conformer_large":
             result = run_conformer_torch(smoke, compile_model)
+        elif case.startswith("modernbert"):
+            result = run_modernbert_torch(case, smoke, compile_model)
         else:
             raise ValueError(f"No PyTorch peer for case {case!r}")
         package = TORCH_PEERS[base]
@@ -891,6 +1039,8 @@ def run_one(spec, smoke, deadline=None):
         result = run_transformer_jax(base, smoke)
     elif case == "conformer_large":
         result = run_conformer_jax(smoke)
+    elif case.startswith("modernbert"):
+        result = run_modernbert_jax(case, smoke)
     elif case == "attention":
         result = run_attention_jax(smoke)
     elif case == "memory":
@@ -914,6 +1064,8 @@ PLAN = {
     "vit": ["keras_attn", "keras_hub", "timm"],
     "transformer_big": ["keras_attn", "marian"],
     "conformer_large": ["keras_attn", "torchaudio"],
+    "modernbert": ["keras_attn", "transformers"],
+    "modernbert_inference": ["keras_attn", "transformers"],
     "attention": ["keras_attn"],
     "memory": ["no_remat", "remat"],
 }
@@ -993,7 +1145,8 @@ def table(results, smoke):
     lines = ["| case | implementation | throughput | MFU | keras_attn time / this | peak GiB | notes |",
              "|---|---|---|---|---|---|---|"]
     s = sizes(smoke)
-    for case in ("bert128", "bert512", "vit", "transformer_big", "conformer_large"):
+    for case in ("bert128", "bert512", "vit", "transformer_big", "conformer_large",
+                 "modernbert", "modernbert_inference"):
         runs = {k.split(":")[1]: v for k, v in results.items() if k.split(":")[0] == case}
         if not runs:
             continue
@@ -1016,6 +1169,17 @@ def table(results, smoke):
                 flops_step = batch * tokens * transformer_flops_per_token(
                     ours.get("parameters", r["parameters"]), cfg["num_layers"],
                     cfg["hidden_dim"], tokens)
+            elif case.startswith("modernbert"):
+                # The PaLM count with every block's attention over the whole
+                # row (both sides compute the local blocks as masked full
+                # attention); a forward pass is a third of a training step.
+                cfg = s["modernbert"]
+                unit, per_step = "tokens/s", batch * r["length"]
+                flops_step = per_step * transformer_flops_per_token(
+                    ours.get("parameters", r["parameters"]), cfg["num_layers"],
+                    cfg["hidden_dim"], r["length"])
+                if case == "modernbert_inference":
+                    flops_step /= 3
             elif case == "transformer_big":
                 unit, per_step, flops_step = "target tokens/s", batch * r["length"], None
             else:

@@ -276,6 +276,32 @@ def test_gpu_table_has_the_translation_and_speech_peers_and_the_kernels():
     assert "| 197 | 83 | fused (backend's choice) | 300 | __cudnn$fmhaSoftmax |" in text
 
 
+
+def test_gpu_modernbert_rows_count_tokens_and_a_forward_pass_as_a_third_of_a_step():
+    assert gpu.plan(["modernbert", "modernbert_inference"]) == [
+        "modernbert:keras_attn", "modernbert:transformers", "modernbert:transformers+compile",
+        "modernbert_inference:keras_attn", "modernbert_inference:transformers",
+        "modernbert_inference:transformers+compile"]
+    n, backbone = 149_655_232, 149_014_272
+    results = {
+        "modernbert:keras_attn": {"seconds_per_step": 0.1, "batch": 16, "length": 1024,
+                                  "parameters": n, "device": "NVIDIA H200"},
+        "modernbert:transformers+compile": {"seconds_per_step": 0.125, "batch": 16,
+                                            "length": 1024, "parameters": n,
+                                            "device": "NVIDIA H200", "first_step_seconds": 40},
+        "modernbert_inference:keras_attn": {"seconds_per_step": 0.2, "batch": 4, "length": 8192,
+                                            "parameters": backbone, "device": "NVIDIA H200"},
+    }
+    text = gpu.table(results, smoke=False)
+    step = 16 * 1024 * (6 * n + 12 * 22 * 768 * 1024)
+    assert f"| modernbert | keras_attn | 163,840 tokens/s | {step / 0.1 / 989.4e12:.1%} |" in text
+    assert (f"| modernbert | transformers+compile | 131,072 tokens/s | "
+            f"{step / 0.125 / 989.4e12:.1%} | 0.80 |") in text
+    forward = 4 * 8192 * (6 * backbone + 12 * 22 * 768 * 8192) / 3
+    assert (f"| modernbert_inference | keras_attn | 163,840 tokens/s | "
+            f"{forward / 0.2 / 989.4e12:.1%} |") in text
+
+
 # === benchmarks/streaming.py ===
 
 

@@ -18,6 +18,7 @@ from keras_attn.convert.bert import load_hf_bert_task
 from keras_attn.convert.bert import load_hf_bert_tokenizer
 from keras_attn.convert.bert import load_hf_roberta
 from keras_attn.convert.bert import load_hf_roberta_tokenizer
+from keras_attn.convert.bert import load_hf_xlm_roberta_tokenizer
 from keras_attn.convert.bert import save_hf_bert
 from keras_attn.convert.bpe import load_hf_bpe_tokenizer
 from keras_attn.convert.dinov2 import dinov2_config_from_hf
@@ -58,6 +59,7 @@ __all__ = [
     "load_hf_roberta",
     "load_hf_roberta_tokenizer",
     "load_hf_vit",
+    "load_hf_xlm_roberta_tokenizer",
     "save_hf",
     "save_hf_bert",
     "save_hf_dinov2",

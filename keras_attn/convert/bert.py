@@ -22,6 +22,8 @@ checkpoints (`cls.*`, `classifier.*`, `qa_outputs.*`) are dropped by the
 backbone loader, which names them in a warning.
 """
 
+import base64
+import binascii
 import os
 import warnings
 
@@ -384,12 +386,167 @@ def load_hf_roberta_tokenizer(path, sequence_length=None):
         Words are split with GPT-2's pattern in eager calls as in
         `tf.data` (see `load_hf_bpe_tokenizer`).
         XLM-R's SentencePiece model (`sentencepiece.bpe.model`) is not this
-        format: a directory without `vocab.json` and `merges.txt` is a
-        `ValueError`.
+        format (`load_hf_xlm_roberta_tokenizer` reads it): a directory
+        without `vocab.json` and `merges.txt` is a `ValueError`.
     """
     from keras_attn.convert.bpe import tokenizer_from_vocab_and_merges
 
     return tokenizer_from_vocab_and_merges(path, sequence_length)
+
+
+_XLM_SENTENCEPIECE = "sentencepiece.bpe.model"
+# fairseq's dictionary puts <s> <pad> </s> <unk> first and the SentencePiece
+# pieces after them, one id on: keras-hub's tokenizer does the same shift for
+# a model whose first three pieces are these.
+_XLM_FIRST_PIECES = ["<unk>", "<s>", "</s>"]
+
+
+def _xlm_refuse(file, key, value, why):
+    raise ValueError(f"{file}: {why}. Received: {key}={value!r}")
+
+
+def _sentencepiece_from_unigram(file):
+    """The serialised SentencePiece model of XLM-R's `tokenizer.json` (a
+    Unigram model in fairseq's id order, SentencePiece's precompiled
+    normaliser, whitespace split and a `▁` before each word), so that
+    keras-hub's tokenizer reads it; anything else is refused by name."""
+    from sentencepiece import sentencepiece_model_pb2 as spm_model
+
+    spec = read_config(os.path.dirname(file), os.path.basename(file))
+    model = spec.get("model") if isinstance(spec.get("model"), dict) else {}
+    if model.get("type") != "Unigram":
+        _xlm_refuse(file, "model.type", model.get("type"),
+                    "XLM-R's tokenizer.json holds a Unigram model")
+    if model.get("byte_fallback"):
+        _xlm_refuse(file, "model.byte_fallback", True,
+                    "keras-hub's XLM-R tokenizer has no byte fallback")
+    vocab = model.get("vocab") or []
+    specials = ["<s>", "<pad>", "</s>", "<unk>"]
+    if [entry[0] for entry in vocab[:4]] != specials or vocab[-1][0] != "<mask>":
+        pieces = [entry[0] for entry in vocab[:4]] + ["...", vocab[-1][0] if vocab else None]
+        _xlm_refuse(file, "model.vocab", pieces,
+                    f"XLM-R's pieces follow {specials} and end with <mask>")
+    if model.get("unk_id") != 3:
+        _xlm_refuse(file, "model.unk_id", model.get("unk_id"), "XLM-R's <unk> is id 3")
+    extra = [t.get("content") for t in spec.get("added_tokens") or []
+             if t.get("content") not in specials + ["<mask>"]]
+    if extra:
+        _xlm_refuse(file, "added_tokens", extra,
+                    "keras-hub's XLM-R tokenizer has only <s> <pad> </s> <unk> <mask>")
+    normalizer = spec.get("normalizer")
+    if not isinstance(normalizer, dict) or normalizer.get("type") != "Precompiled":
+        _xlm_refuse(file, "normalizer", normalizer,
+                    "SentencePiece's precompiled normaliser is read, nothing else")
+    metaspace = {"type": "Metaspace", "replacement": "\u2581", "prepend_scheme": "always",
+                 "split": True}
+    expected = {"type": "Sequence", "pretokenizers": [{"type": "WhitespaceSplit"}, metaspace]}
+    if spec.get("pre_tokenizer") != expected:
+        _xlm_refuse(file, "pre_tokenizer", spec.get("pre_tokenizer"),
+                    f"SentencePiece splits as {expected} only")
+    proto = spm_model.ModelProto()
+    proto.trainer_spec.model_type = spm_model.TrainerSpec.UNIGRAM
+    proto.trainer_spec.unk_id, proto.trainer_spec.bos_id = 0, 1
+    proto.trainer_spec.eos_id, proto.trainer_spec.pad_id = 2, -1
+    piece = spm_model.ModelProto.SentencePiece
+    for text, score, kind in ([("<unk>", 0.0, piece.UNKNOWN), ("<s>", 0.0, piece.CONTROL),
+                               ("</s>", 0.0, piece.CONTROL)]
+                              + [(text, score, piece.NORMAL) for text, score in vocab[4:-1]]):
+        entry = proto.pieces.add()
+        entry.piece, entry.score, entry.type = text, score, kind
+    try:
+        charsmap = base64.b64decode(normalizer.get("precompiled_charsmap") or "", validate=True)
+    except (binascii.Error, TypeError):
+        _xlm_refuse(file, "normalizer.precompiled_charsmap", "(not base64)",
+                    "the precompiled normaliser is SentencePiece's, in base64")
+    proto.normalizer_spec.name = "nmt_nfkc"
+    proto.normalizer_spec.precompiled_charsmap = charsmap
+    proto.normalizer_spec.add_dummy_prefix = True
+    proto.normalizer_spec.remove_extra_whitespaces = True
+    proto.normalizer_spec.escape_whitespaces = True
+    return proto.SerializeToString()
+
+
+def load_hf_xlm_roberta_tokenizer(path, sequence_length=None):
+    """The SentencePiece tokenizer of a Hugging Face XLM-R directory as
+    keras-hub's `XLMRobertaTokenizer`: from its `sentencepiece.bpe.model`
+    (the checkpoints', e.g. `xlm-roberta-base`'s, beside `tokenizer.json`),
+    else from `tokenizer.json` alone (what transformers 5's
+    `XLMRobertaTokenizer.save_pretrained` writes: the same Unigram pieces
+    and scores and SentencePiece's normaliser, from which the SentencePiece
+    model is rebuilt).
+
+    Args:
+        path: the directory.
+        sequence_length: pad / truncate the token ids to this length; None
+            gives ragged ids.
+
+    Returns:
+        A `keras_hub.models.XLMRobertaTokenizer` whose ids equal
+        `transformers.XLMRobertaTokenizer.from_pretrained(path)(text,
+        add_special_tokens=False)`: fairseq's order (`<s>` 0, `<pad>` 1,
+        `</s>` 2, `<unk>` 3, the model's pieces from 4, `<mask>` last,
+        `tokenizer.mask_token_id`). It adds no `<s>` / `</s>`: a packer does
+        (`keras_hub.layers.StartEndPacker`). Where the ids differ: a special
+        token written in the text (`"<mask>"`) is split into pieces, where
+        transformers gives its id; put masks in by id. XLM-R's released
+        model is a Unigram one (whatever its file's name says); transformers
+        5 reads any SentencePiece file as Unigram (its pieces' scores), the
+        SentencePiece model keeps its own kind: a BPE-kind file can give
+        other ids for some words.
+
+    Raises:
+        ValueError: the directory has neither file (both named with the
+            directory); a `sentencepiece.bpe.model` that is not a
+            SentencePiece model or whose first pieces are not `<unk>`, `<s>`,
+            `</s>` (the order keras-hub's id shift assumes); a
+            `tokenizer.json` that is not XLM-R's as transformers writes it
+            (the key and the value named: another model than Unigram, byte
+            fallback, another normaliser or pre-tokenizer, special tokens
+            out of fairseq's order, added tokens beyond the five); or
+            `tokenizer_config.json`'s `add_prefix_space` false
+            (SentencePiece always puts a space before the text).
+
+    Example:
+
+        tokenizer = load_hf_xlm_roberta_tokenizer("path/to/xlm-roberta-base")
+        ids = tokenizer("The cat sat.")
+    """
+    import keras_hub
+    import sentencepiece
+
+    path = os.fspath(path)
+    file = os.path.join(path, _XLM_SENTENCEPIECE)
+    if not os.path.exists(file) and not os.path.exists(os.path.join(path, "tokenizer.json")):
+        raise ValueError(
+            f"{file} does not exist, nor does tokenizer.json: XLM-R's tokenizer is read from "
+            f"its SentencePiece model or the tokenizers library's file. Received: path={path!r}"
+        )
+    settings_file = os.path.join(path, "tokenizer_config.json")
+    if os.path.exists(settings_file):
+        value = read_config(path, "tokenizer_config.json").get("add_prefix_space", True)
+        if value is not True:
+            raise ValueError(
+                f"{settings_file}: SentencePiece always puts a space before the text; "
+                f"add_prefix_space must be true. Received: add_prefix_space={value!r}"
+            )
+    if os.path.exists(file):
+        with open(file, "rb") as stream:
+            proto = stream.read()
+    else:
+        file = os.path.join(path, "tokenizer.json")
+        proto = _sentencepiece_from_unigram(file)
+    try:
+        model = sentencepiece.SentencePieceProcessor(model_proto=proto)
+    except (RuntimeError, OSError) as error:
+        raise ValueError(f"{file} is not a SentencePiece model: {error}") from None
+    first = [model.id_to_piece(i) for i in range(min(3, model.get_piece_size()))]
+    if first != _XLM_FIRST_PIECES:
+        raise ValueError(
+            f"{file}: XLM-R's ids are the SentencePiece model's shifted past fairseq's "
+            f"specials, for a model whose first pieces are {_XLM_FIRST_PIECES}. "
+            f"Received: first pieces {first}"
+        )
+    return keras_hub.models.XLMRobertaTokenizer(proto=proto, sequence_length=sequence_length)
 
 
 def _read_lowercase(path, vocabulary):
@@ -641,5 +798,6 @@ __all__ = [
     "load_hf_bert_tokenizer",
     "load_hf_roberta",
     "load_hf_roberta_tokenizer",
+    "load_hf_xlm_roberta_tokenizer",
     "save_hf_bert",
 ]

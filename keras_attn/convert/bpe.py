@@ -196,7 +196,9 @@ def _from_tokenizer_json(path, sequence_length):
     model = spec.get("model")
     kind = model.get("type") if isinstance(model, dict) else None
     if kind != "BPE":
-        _refuse(file, "model.type", kind, "only a byte-pair-encoding model is read")
+        _refuse(file, "model.type", kind, "only a byte-pair-encoding model is read"
+                + (" (XLM-R's Unigram: load_hf_xlm_roberta_tokenizer reads the directory's "
+                   "sentencepiece.bpe.model)" if kind == "Unigram" else ""))
     for key, value in _BPE_FIXED.items():
         if model.get(key, value) not in (value, "" if value is None else value):
             _refuse(file, f"model.{key}", model[key],

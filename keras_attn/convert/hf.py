@@ -60,7 +60,9 @@ def load_hf(directory):
     Tokenizers are not loaded here: `load_hf_bert_tokenizer(directory)`
     reads BERT's vocabulary, `load_hf_bpe_tokenizer(directory)` a byte-level
     BPE (ModernBERT's `tokenizer.json`, RoBERTa's `vocab.json` and
-    `merges.txt`), `MarianTokenizer(directory)` Marian's.
+    `merges.txt`), `load_hf_xlm_roberta_tokenizer(directory)` XLM-R's
+    SentencePiece model (`sentencepiece.bpe.model`, or `tokenizer.json`),
+    `MarianTokenizer(directory)` Marian's.
 
     Raises:
         ValueError: an architecture or model type none of these is (named

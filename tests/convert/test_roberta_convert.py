@@ -202,3 +202,47 @@ def test_roberta_tokenizer_equals_transformers(tmp_path):
     os.remove(tmp_path / "merges.txt")
     with pytest.raises(ValueError, match="merges.txt does not exist"):
         load_hf_roberta_tokenizer(str(tmp_path))
+
+
+@pytest.mark.backend_independent
+def test_xlm_roberta_tokenizer_equals_transformers(tmp_path):
+    import io
+
+    import sentencepiece
+    import transformers
+
+    from keras_attn.convert import load_hf_bpe_tokenizer
+    from keras_attn.convert import load_hf_xlm_roberta_tokenizer
+
+    # A tiny SentencePiece model in XLM-R's layout (<unk> <s> </s> first).
+    text = ["the quick brown fox jumps over the lazy dog", "the earth is round",
+            "a tokenizer splits words into pieces", "keras runs on three backends"] * 10
+    proto = io.BytesIO()
+    sentencepiece.SentencePieceTrainer.train(
+        sentence_iterator=iter(text), model_writer=proto, vocab_size=60, unk_id=0, bos_id=1,
+        eos_id=2, pad_id=-1, hard_vocab_limit=False, minloglevel=2)
+    (tmp_path / "sentencepiece.bpe.model").write_bytes(proto.getvalue())
+    theirs = transformers.XLMRobertaTokenizer.from_pretrained(str(tmp_path))
+    # transformers 5 saves tokenizer.json alone: the same tokenizer, rebuilt.
+    saved = tmp_path / "saved"
+    theirs.save_pretrained(str(saved))
+    assert not (saved / "sentencepiece.bpe.model").exists()
+    for ours in (load_hf_xlm_roberta_tokenizer(str(tmp_path)),
+                 load_hf_xlm_roberta_tokenizer(str(saved))):
+        for sentence in ["the quick brown fox", "zebras quizzed xylophones",
+                         "hello  world\tkeras", "Ünïcode café"]:  # unknown words and characters
+            expected = theirs(sentence, add_special_tokens=False)["input_ids"]
+            assert to_numpy(ours(sentence)).tolist() == expected, sentence
+        assert ours.mask_token_id == theirs.mask_token_id
+    with pytest.raises(ValueError, match="Unigram.*load_hf_xlm_roberta_tokenizer"):
+        load_hf_bpe_tokenizer(str(saved))
+    spec = json.loads((saved / "tokenizer.json").read_text())
+    spec["normalizer"] = None
+    (saved / "tokenizer.json").write_text(json.dumps(spec))
+    with pytest.raises(ValueError, match="json: SentencePiece's precompiled.*normalizer=None"):
+        load_hf_xlm_roberta_tokenizer(str(saved))
+    with pytest.raises(ValueError, match="sentencepiece.bpe.model does not exist, nor does"):
+        load_hf_xlm_roberta_tokenizer(str(tmp_path / "missing"))
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps({"add_prefix_space": False}))
+    with pytest.raises(ValueError, match="add_prefix_space=False"):
+        load_hf_xlm_roberta_tokenizer(str(tmp_path))
