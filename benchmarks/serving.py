@@ -2,30 +2,40 @@
 transformers on PyTorch, same shapes and the same weights, in one process.
 Prints a table of ratios (never run as a test).
 
-Run:  python benchmarks/serving.py [--rows bert,vit] [--batches 1,32] [--rounds 10]
+Run:  python benchmarks/serving.py [--rows bert,vit] [--batches 1,8] [--rounds 10]
       python benchmarks/serving.py --smoke      (tiny shapes: checks the script)
-      python benchmarks/serving.py --int8       (adds the ONNX export quantized by
-                                                 onnxruntime's quantize_dynamic: its
-                                                 agreement is printed, not required)
+      python benchmarks/serving.py --int8       (adds the int8 exports, ONNX and
+                                                 LiteRT `precision="int8"`, and
+                                                 transformers under PyTorch's dynamic
+                                                 int8: their agreement is printed,
+                                                 not required)
+      python benchmarks/serving.py --peer-threads 1,2 --no-compile
       (TensorFlow backend: the SavedModel, ONNX and LiteRT exports need it)
 
 Rows: BERT-base shapes (12 layers, 768 wide, 12 heads, vocabulary 30522) as a
 sequence classifier at length 128, and ViT-B/16 at 224 pixels with 1000
-classes; batch 1 (latency) and batch 32 (throughput). keras_attn serves each
+classes; batch 1 (latency) and batch 8 (throughput). keras_attn serves each
 model four ways: the Keras model (`predict_on_batch`, XLA), the SavedModel
 of `keras_attn.export` (`tf.saved_model.load`), ONNX Runtime and LiteRT
 (`keras_attn.export.Artifact`, float32). The peer is the same model in
-transformers (`BertForSequenceClassification`, `ViTForImageClassification`,
-eager PyTorch under `torch.inference_mode`), written from the Keras weights
-by `keras_attn.convert.save_hf_bert` / `save_hf_vit`, so every runtime
-computes the same function: the script checks that the probabilities agree
-(1e-3) before timing anything.
+transformers (`BertForSequenceClassification`, `ViTForImageClassification`
+under `torch.inference_mode`), written from the Keras weights by
+`keras_attn.convert.save_hf_bert` / `save_hf_vit`, so every runtime computes
+the same function: the script checks that the probabilities agree (1e-3)
+before timing anything. transformers runs eager at each of `--peer-threads`
+and under `torch.compile` (inductor) at `--threads`; the fastest of these
+(the median of its rounds) is "transformers' best", the peer every ratio is
+taken against. With `--int8`, transformers quantized by PyTorch's dynamic
+int8 (`torch.ao.quantization.quantize_dynamic` of every `nn.Linear`) is
+timed too, a row beside the int8 artifacts (not a candidate for the best
+float peer).
 
 Each round calls every runtime once, in an order rotated from round to
 round, so a change in the machine's load hits all of them alike; a row's
 ratio is the median of the rounds' runtime / peer ratios with its 95%
 interval (`_stats.py`), "faster" / "slower" only when the whole interval is
-below / above 1.00. Every runtime gets the machine's cores (`--threads`).
+below / above 1.00. keras_attn's runtimes get `--threads` (default: the
+machine's cores).
 """
 
 import argparse
@@ -46,7 +56,8 @@ sys.path.insert(1, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from _stats import paired_ratio  # noqa: E402
 from _stats import time_rounds  # noqa: E402
 
-PEER = "transformers (PyTorch)"
+PEER = "transformers"  # the prefix of every peer's name
+INT8_PEER = "transformers, PyTorch dynamic int8"
 
 
 def softmax(x):
@@ -79,19 +90,19 @@ def bert_row(smoke, tmp):
         return {"token_ids": ids, "segment_ids": np.zeros_like(ids),
                 "padding_mask": np.ones_like(ids)}
 
-    def peer_fn(inputs):
+    def peer_fn(inputs, module):
         tensors = {"input_ids": torch.from_numpy(inputs["token_ids"].astype("int64")),
                    "token_type_ids": torch.from_numpy(inputs["segment_ids"].astype("int64")),
                    "attention_mask": torch.from_numpy(inputs["padding_mask"].astype("int64"))}
 
         def call():
             with torch.inference_mode():
-                return softmax(peer(**tensors).logits.numpy())
+                return softmax(module(**tensors).logits.numpy())
         return call
 
     title = (f"BERT-base shapes, sequence classifier, length {length}" if not smoke
              else "BERT (smoke sizes)")
-    return title, model, "text", make_inputs, peer_fn
+    return title, model, "text", make_inputs, peer, peer_fn
 
 
 def vit_row(smoke, tmp):
@@ -114,7 +125,7 @@ def vit_row(smoke, tmp):
         images = np.random.default_rng(batch).integers(0, 256, (batch, size, size, 3))
         return {"images": images.astype("uint8")}
 
-    def peer_fn(inputs):
+    def peer_fn(inputs, module):
         # transformers' ViT takes normalised channels-first pixels: the
         # rescaling our model does inside ((x / 127.5) - 1) is done here,
         # once, outside the timed call.
@@ -123,59 +134,72 @@ def vit_row(smoke, tmp):
 
         def call():
             with torch.inference_mode():
-                return softmax(peer(pixel_values=pixels).logits.numpy())
+                return softmax(module(pixel_values=pixels).logits.numpy())
         return call
 
     title = "ViT-B/16, 224 pixels, 1000 classes" if not smoke else "ViT (smoke sizes)"
-    return title, model, "image", make_inputs, peer_fn
+    return title, model, "image", make_inputs, peer, peer_fn
 
 
 ROWS = {"bert": bert_row, "vit": vit_row}
 
 
-def export_all(model, kind, tmp):
-    """The three exported directories of `model` (TensorFlow backend)."""
+# The exports timed: (format, precision) -> the runtime's name in the table.
+ARTIFACTS = {("onnx", "float32"): "ONNX Runtime", ("litert", "float32"): "LiteRT"}
+INT8_ARTIFACTS = {("onnx", "int8"): "ONNX Runtime int8", ("litert", "int8"): "LiteRT int8"}
+
+
+def export_all(model, kind, tmp, int8):
+    """`{(format, precision): directory}` of `model`'s exports (TensorFlow
+    backend): the SavedModel, ONNX and LiteRT, and with `int8` the int8
+    ONNX and LiteRT."""
     from keras_attn.export import export_image_classifier
     from keras_attn.export import export_text_classifier
 
     paths = {}
-    for format in ("saved_model", "onnx", "litert"):
-        path = os.path.join(tmp, f"{kind}_{format}")
+    for format, precision in [("saved_model", "float32"), *ARTIFACTS,
+                              *(INT8_ARTIFACTS if int8 else ())]:
+        path = os.path.join(tmp, f"{kind}_{format}_{precision}")
         start = time.perf_counter()
         if kind == "image":
-            export_image_classifier(model, path, format=format)
+            export_image_classifier(model, path, format=format, precision=precision)
         else:
             import keras_hub
 
             vocabulary = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + [
                 f"w{i}" for i in range(model.backbone.bert_config.vocabulary_size - 5)]
             tokenizer = keras_hub.tokenizers.WordPieceTokenizer(vocabulary=vocabulary)
-            export_text_classifier(model, tokenizer, path, format=format)
-        print(f"  exported {format} in {time.perf_counter() - start:.0f} s", flush=True)
-        paths[format] = path
+            export_text_classifier(model, tokenizer, path, format=format, precision=precision)
+        print(f"  exported {format} {precision} in {time.perf_counter() - start:.0f} s",
+              flush=True)
+        paths[format, precision] = path
     return paths
 
 
-INT8 = "ONNX Runtime int8"
+def peers(peer, peer_fn, inputs, peer_threads, threads, compiled, int8):
+    """`{name: () -> probabilities}`: transformers eager at each thread
+    count, under `torch.compile` (`compiled`, built once per row), and with
+    `int8` PyTorch's dynamic int8."""
+    import torch
+
+    def at(call, n):
+        def run():
+            torch.set_num_threads(n)
+            return call()
+        return run
+
+    fns = {f"{PEER}, eager, {n} thread{'s' if n > 1 else ''}": at(peer_fn(inputs, peer), n)
+           for n in peer_threads}
+    if compiled is not None:
+        fns[f"{PEER}, torch.compile, {threads} threads"] = at(peer_fn(inputs, compiled), threads)
+    if int8 is not None:
+        fns[INT8_PEER] = at(peer_fn(inputs, int8), threads)
+    return fns
 
 
-def quantize_onnx(paths, tmp):
-    """onnxruntime's dynamic int8 quantization (`quantize_dynamic`: int8
-    weights, activations quantized per call) of the ONNX export, as a
-    file beside it: a serving-side option, not one of `keras_attn.export`'s
-    precisions."""
-    from onnxruntime.quantization import QuantType
-    from onnxruntime.quantization import quantize_dynamic
-
-    file = os.path.join(tmp, os.path.basename(paths["onnx"]) + "_int8.onnx")
-    quantize_dynamic(os.path.join(paths["onnx"], "model.onnx"), file,
-                     weight_type=QuantType.QInt8)
-    return file
-
-
-def runtimes(model, kind, paths, inputs, peer_call, threads, int8=None):
-    """`{name: () -> probabilities}` for one batch of inputs (with `int8`,
-    the quantized ONNX file, its row too)."""
+def runtimes(model, kind, paths, inputs, threads):
+    """`{name: () -> probabilities}` of keras_attn's runtimes for one batch
+    of inputs."""
     import tensorflow as tf
 
     from keras_attn.export import Artifact
@@ -189,7 +213,7 @@ def runtimes(model, kind, paths, inputs, peer_call, threads, int8=None):
     def keras_call():
         return softmax(np.asarray(model.predict_on_batch(keras_inputs), "float32"))
 
-    loaded = tf.saved_model.load(paths["saved_model"])
+    loaded = tf.saved_model.load(paths["saved_model", "float32"])
     if kind == "image":
         tensors = [tf.constant(inputs["images"])]
         endpoint = loaded.serve
@@ -201,81 +225,101 @@ def runtimes(model, kind, paths, inputs, peer_call, threads, int8=None):
     def saved_model_call():
         return endpoint(*tensors).numpy()
 
-    artifacts = {f: Artifact(paths[f], num_threads=threads) for f in ("onnx", "litert")}
+    def artifact_call(path):
+        artifact = Artifact(path, num_threads=threads)
+        return lambda: artifact(**inputs)["probabilities"]
 
-    def artifact_call(format):
-        return lambda: artifacts[format](**inputs)["probabilities"]
-
-    fns = {"Keras (XLA)": keras_call, "SavedModel": saved_model_call,
-           "ONNX Runtime": artifact_call("onnx"), "LiteRT": artifact_call("litert")}
-    if int8:
-        import onnxruntime
-
-        options = onnxruntime.SessionOptions()
-        options.intra_op_num_threads = threads
-        session = onnxruntime.InferenceSession(int8, options,
-                                               providers=["CPUExecutionProvider"])
-        fns[INT8] = lambda: session.run(["probabilities"], inputs)[0]
-    fns[PEER] = peer_call
+    fns = {"Keras (XLA)": keras_call, "SavedModel": saved_model_call}
+    for key, name in {**ARTIFACTS, **INT8_ARTIFACTS}.items():
+        if key in paths:
+            fns[name] = artifact_call(paths[key])
     return fns, loaded
 
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", default=",".join(ROWS))
-    parser.add_argument("--batches", default="1,32")
+    parser.add_argument("--batches", default="1,8")
     parser.add_argument("--rounds", type=int, default=10)
     parser.add_argument("--threads", type=int, default=os.cpu_count())
+    parser.add_argument("--peer-threads", default=None,
+                        help="transformers' eager thread counts (default: 1 up to --threads)")
+    parser.add_argument("--no-compile", action="store_true",
+                        help="leave transformers under torch.compile out")
     parser.add_argument("--smoke", action="store_true", help="tiny shapes, 2 rounds")
     parser.add_argument("--int8", action="store_true",
-                        help="also the ONNX export quantized by onnxruntime's quantize_dynamic")
+                        help="also the int8 exports (ONNX, LiteRT) and PyTorch's dynamic int8")
     args = parser.parse_args(argv)
     if keras.backend.backend() != "tensorflow":
         raise SystemExit("The exports need the TensorFlow backend (KERAS_BACKEND=tensorflow).")
     import tensorflow as tf
     import torch
 
-    torch.set_num_threads(args.threads)
+    peer_threads = ([int(n) for n in args.peer_threads.split(",")] if args.peer_threads
+                    else list(range(1, args.threads + 1)))
     tf.config.threading.set_intra_op_parallelism_threads(args.threads)
     rounds = 2 if args.smoke else args.rounds
     batches = [int(b) for b in args.batches.split(",")]
     print(f"keras {keras.__version__}, tensorflow {tf.__version__}, torch {torch.__version__}, "
-          f"{os.cpu_count()} CPUs, {args.threads} threads per runtime", flush=True)
-    table = []
+          f"{os.cpu_count()} CPUs, {args.threads} threads per keras_attn runtime, "
+          f"transformers eager at {peer_threads} threads"
+          f"{'' if args.no_compile else f' and compiled at {args.threads}'}", flush=True)
+    table, summary = [], []
     with tempfile.TemporaryDirectory() as tmp:
         for key in args.rows.split(","):
-            title, model, kind, make_inputs, peer_fn = ROWS[key](args.smoke, tmp)
+            title, model, kind, make_inputs, peer, peer_fn = ROWS[key](args.smoke, tmp)
             print(f"{title}: {model.count_params():,} parameters", flush=True)
-            paths = export_all(model, kind, tmp)
-            int8 = quantize_onnx(paths, tmp) if args.int8 else None
+            paths = export_all(model, kind, tmp, args.int8)
+            compiled = None if args.no_compile else torch.compile(peer)
+            int8_peer = (torch.ao.quantization.quantize_dynamic(
+                peer, {torch.nn.Linear}, dtype=torch.qint8) if args.int8 else None)
             for batch in batches:
                 inputs = make_inputs(batch)
-                fns, _ = runtimes(model, kind, paths, inputs, peer_fn(inputs), args.threads,
-                                  int8)
-                expected = fns[PEER]()
-                for name, fn in fns.items():  # the same function everywhere
-                    got = np.asarray(fn())
+                fns, _ = runtimes(model, kind, paths, inputs, args.threads)
+                peer_fns = peers(peer, peer_fn, inputs, peer_threads, args.threads, compiled,
+                                 int8_peer)
+                start = time.perf_counter()
+                expected = next(iter(peer_fns.values()))()
+                for name, fn in {**fns, **peer_fns}.items():  # the same function everywhere
+                    got = np.asarray(fn())  # (the compiled peer compiles here)
                     gap = float(np.abs(got - expected).max())
-                    if name == INT8:  # not the same function: how far it is, reported
+                    if "int8" in name:  # not the same function: how far it is, reported
                         agree = float((got.argmax(-1) == expected.argmax(-1)).mean())
-                        print(f"  batch {batch}: {INT8} vs {PEER}: max difference "
+                        print(f"  batch {batch}: {name} vs float transformers: max difference "
                               f"{gap:.2e}, top class the same on {agree:.0%} of rows",
                               flush=True)
                     elif gap > 1e-3:
                         raise RuntimeError(f"{name} differs from {PEER} by {gap:.2e}")
-                times = time_rounds(fns, rounds)
-                for name in fns:
-                    ratio, lo, hi, verdict = paired_ratio(times[name], times[PEER])
-                    table.append((title, batch, name, statistics.median(times[name]) * 1e3,
-                                  ratio, lo, hi, "" if name == PEER else verdict))
-                best = min(fns, key=lambda name: statistics.median(times[name]))
-                print(f"  batch {batch}: fastest {best}", flush=True)
+                print(f"  batch {batch}: checked in {time.perf_counter() - start:.0f} s",
+                      flush=True)
+                times = time_rounds({**fns, **peer_fns}, rounds)
+                median = {name: statistics.median(t) for name, t in times.items()}
+                best_peer = min((n for n in peer_fns if n != INT8_PEER), key=median.get)
+                for name in [*fns, *peer_fns]:
+                    ratio, lo, hi, verdict = paired_ratio(times[name], times[best_peer])
+                    table.append((title, batch, name, median[name] * 1e3, ratio, lo, hi,
+                                  "" if name == best_peer else verdict))
+                for label, names in (("float", [n for n in fns if "int8" not in n]),
+                                     ("any precision", list(fns))):
+                    best = min(names, key=median.get)
+                    ratio = paired_ratio(times[best], times[best_peer])
+                    summary.append((title, batch, label, best, best_peer, ratio))
+                print(f"  batch {batch}: fastest keras_attn runtime "
+                      f"{min(fns, key=median.get)}, fastest peer {best_peer}", flush=True)
     print()
-    print(f"| model | batch | runtime | ms per batch | vs {PEER} | 95% interval | verdict |")
+    print("| model | batch | runtime | ms per batch | vs transformers' best | 95% interval "
+          "| verdict |")
     print("|---|---|---|---|---|---|---|")
     for title, batch, name, ms, ratio, lo, hi, verdict in table:
         print(f"| {title} | {batch} | {name} | {ms:.1f} | {ratio:.3f} | {lo:.3f}-{hi:.3f} "
               f"| {verdict} |")
+    print()
+    print("| model | batch | keras_attn's best | transformers' best | time ratio (95%) "
+          "| speed-up |")
+    print("|---|---|---|---|---|---|")
+    for title, batch, label, best, best_peer, (ratio, lo, hi, _) in summary:
+        print(f"| {title} | {batch} | {best} ({label}) | {best_peer} | {ratio:.3f} "
+              f"({lo:.3f}-{hi:.3f}) | {1 / ratio:.2f}x |")
 
 
 if __name__ == "__main__":
