@@ -53,13 +53,56 @@ def config_float(config, key, file, default=_MISSING):
     return _field(config, key, float, default, file)
 
 
+SAFETENSORS = "model.safetensors"
+SAFETENSORS_INDEX = "model.safetensors.index.json"
+
+
+class LoadedTensors(dict):
+    """`{name: np.ndarray}` of a directory's weights (what `read_safetensors`
+    returns), with the file to name in messages: `file` for the checkpoint
+    as a whole (`model.safetensors`, or the index of a sharded one) and
+    `file_of(name)` for one tensor (the shard holding it)."""
+
+    def __init__(self, file, shards=None):
+        super().__init__()
+        self.file = file
+        self.shards = shards  # {name: shard path}, None for one file
+
+    def file_of(self, name):
+        if self.shards is None:
+            return self.file
+        return self.shards.get(name, self.file)
+
+
 def read_safetensors(directory):
-    """`{name: np.ndarray}` of `<directory>/model.safetensors`."""
+    """`{name: np.ndarray}` (a `LoadedTensors`) of `<directory>/model.safetensors`,
+    or of the shards that `<directory>/model.safetensors.index.json` names
+    (what `save_pretrained` writes above its `max_shard_size`: each tensor
+    name of its "weight_map" -> the file in `directory` holding it).
+
+    A directory holding both reads `model.safetensors` and ignores the
+    index, as transformers' `from_pretrained` does for a local directory.
+    A sharded checkpoint is checked before any tensor is read: a malformed
+    index, a shard the index names that does not exist, a tensor the index
+    names that its shard does not hold, or a tensor a shard holds that the
+    index does not name (or puts in another shard) is a `ValueError` naming
+    the file and the key. Each shard's arrays go into the one dict as they
+    are (nothing is copied).
+    """
+    path = os.path.join(directory, SAFETENSORS)
+    if not os.path.exists(path):
+        if os.path.exists(os.path.join(directory, SAFETENSORS_INDEX)):
+            return _read_shards(directory)
+        raise ValueError(f"{path} does not exist (nor {SAFETENSORS_INDEX}, the index of a "
+                         f"sharded checkpoint). Received: path={directory!r}")
+    tensors = LoadedTensors(path)
+    tensors.update(_load(path, directory))
+    return tensors
+
+
+def _load(path, directory):
     from safetensors.numpy import load_file
 
-    path = os.path.join(directory, "model.safetensors")
-    if not os.path.exists(path):
-        raise ValueError(f"{path} does not exist. Received: path={directory!r}")
     try:
         return load_file(path)
     except Exception as error:  # SafetensorError, or an OSError of a cut file
@@ -69,14 +112,76 @@ def read_safetensors(directory):
         ) from None
 
 
+def _read_shards(directory):
+    from safetensors import safe_open
+
+    index = os.path.join(directory, SAFETENSORS_INDEX)
+    weight_map = read_config(directory, SAFETENSORS_INDEX).get("weight_map")
+    if not isinstance(weight_map, dict) or not weight_map:
+        raise ValueError(f"{index}: 'weight_map' must be a non-empty object of tensor name -> "
+                         f"shard file. Received: weight_map={_short(weight_map)}")
+    shards = {}  # shard name -> the tensor names the index puts there
+    for name, shard in weight_map.items():
+        if (not isinstance(shard, str) or shard in ("", ".", "..")
+                or os.path.basename(shard) != shard or "/" in shard or "\\" in shard):
+            raise ValueError(f"{index}: 'weight_map' must name a file of {directory} for "
+                             f"each tensor. Received: {name!r} -> {shard!r}")
+        shards.setdefault(shard, set()).add(name)
+    for shard, names in sorted(shards.items()):
+        if not os.path.isfile(os.path.join(directory, shard)):
+            raise ValueError(f"{index} names the shard {shard!r} (holding {min(names)!r}), "
+                             f"which does not exist. Received: path={directory!r}")
+    # Every shard's header first: a wrong key in the last shard is refused
+    # before gigabytes are read.
+    for shard, names in sorted(shards.items()):
+        path = os.path.join(directory, shard)
+        try:
+            with safe_open(path, framework="numpy") as stream:
+                held = set(stream.keys())
+        except Exception as error:
+            raise ValueError(
+                f"{path} cannot be read as safetensors (truncated or not a safetensors "
+                f"file): {error}. Received: path={directory!r}"
+            ) from None
+        missing = sorted(names - held)
+        if missing:
+            raise ValueError(f"{index} puts tensor {missing[0]!r} in {shard}, which does not "
+                             f"hold it ({len(missing)} such). Received: {len(held)} tensors "
+                             f"in {path}")
+        extra = sorted(held - names)
+        if extra:
+            name = extra[0]
+            where = (f"which {index} puts in {weight_map[name]}" if name in weight_map
+                     else f"which {index} does not name")
+            raise ValueError(f"{path} holds tensor {name!r}, {where} ({len(extra)} such). "
+                             f"Received: path={directory!r}")
+    tensors = LoadedTensors(index, {name: os.path.join(directory, shard)
+                                 for name, shard in weight_map.items()})
+    for shard in sorted(shards):
+        tensors.update(_load(os.path.join(directory, shard), directory))
+    return tensors
+
+
+def _short(value):
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
 class Tensors:
     """The checkpoint's tensors, handed out with an exact shape check; what
-    was never asked for is reported by `check_all_used`."""
+    was never asked for is reported by `check_all_used`. Messages name
+    `file` (`model.safetensors`, or the index of a sharded checkpoint) and,
+    for one tensor, `file_of(key)` (the shard holding it)."""
 
     def __init__(self, tensors, directory):
         self.tensors = tensors
-        self.file = os.path.join(directory, "model.safetensors")
+        self.file = getattr(tensors, "file", None) or os.path.join(directory, SAFETENSORS)
         self.used = set()
+
+    def file_of(self, key):
+        if isinstance(self.tensors, LoadedTensors):
+            return self.tensors.file_of(key)
+        return self.file
 
     def get(self, key, shape):
         if key not in self.tensors:
@@ -85,12 +190,12 @@ class Tensors:
         value = self.tensors[key]
         if tuple(value.shape) != tuple(shape):
             raise ValueError(
-                f"{self.file}: tensor {key!r} has shape {tuple(value.shape)} but "
+                f"{self.file_of(key)}: tensor {key!r} has shape {tuple(value.shape)} but "
                 f"config.json implies {tuple(shape)}. Received: {key}.shape={tuple(value.shape)}"
             )
         self.check_finite(key)
         self.used.add(key)
-        return value.astype("float32")
+        return value.astype("float32", copy=False)  # a float32 tensor is not held twice
 
     def check_finite(self, key):
         """`ValueError` naming the file and `key` when the tensor holds a NaN
@@ -104,8 +209,8 @@ class Tensors:
             if not finite.all():
                 bad = int(finite.size - np.count_nonzero(finite))
                 raise ValueError(
-                    f"{self.file}: tensor {key!r} holds {bad} non-finite value(s) (NaN or "
-                    f"infinity); the checkpoint is corrupt or its training diverged. "
+                    f"{self.file_of(key)}: tensor {key!r} holds {bad} non-finite value(s) "
+                    f"(NaN or infinity); the checkpoint is corrupt or its training diverged. "
                     f"Received: {key}.shape={tuple(value.shape)}"
                 )
 

@@ -285,7 +285,8 @@ def load_hf_bert_backbone(path, drop_heads=True):
     (or a RoBERTa / XLM-R one: `model_type` "roberta" or "xlm-roberta").
 
     Args:
-        path: directory with `config.json` and `model.safetensors`.
+        path: directory with `config.json` and `model.safetensors` (or
+            its shards: `read_safetensors`).
         drop_heads: skip the task heads of a `BertFor...` / `RobertaFor...`
             checkpoint (`cls.*`, `classifier.*`, `qa_outputs.*`,
             `lm_head.*`), naming them in a warning; False makes their
@@ -315,7 +316,7 @@ def load_hf_bert_backbone(path, drop_heads=True):
     entries = _backbone_layout(model, ckpt.prefix, pooler)[0]
     plan = read_entries(entries, ckpt, model, unread)  # raises before anything is assigned
     dropped = ckpt.check_all_used(BUFFERS, HEADS if drop_heads else ())
-    file = os.path.join(path, "model.safetensors")
+    file = ckpt.file
     if dropped:
         heads = sorted({".".join(k.split(".")[:2]) for k in dropped})
         warnings.warn(

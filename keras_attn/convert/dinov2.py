@@ -155,9 +155,10 @@ def load_hf_dinov2(path, include_classifier=True, image_size=None):
     directory's weights.
 
     Args:
-        path: directory with `config.json` and `model.safetensors` (and,
+        path: directory with `config.json` and `model.safetensors` (or its
+            shards: `read_safetensors`), and,
             optionally, `preprocessor_config.json`, whose `image_mean` /
-            `image_std` pick `pixel_normalization`; ImageNet's without it).
+            `image_std` pick `pixel_normalization`; ImageNet's without it.
         include_classifier: load the head of a
             `Dinov2WithRegistersForImageClassification` (logits out, from
             the [CLS] vector and the mean patch token). False, or a

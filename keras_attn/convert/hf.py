@@ -40,8 +40,9 @@ _MODEL_TYPES = {"bert": "bert", "roberta": "bert", "xlm-roberta": "bert", "vit":
 
 def load_hf(directory):
     """The keras_attn model, task head included, of a Hugging Face
-    directory (`config.json` and `model.safetensors`, what
-    `save_pretrained` writes).
+    directory (`config.json` and `model.safetensors`, or the shards its
+    `model.safetensors.index.json` names: what `save_pretrained` writes;
+    with both, `model.safetensors` is read, as by `from_pretrained`).
 
     | `architectures` in config.json | keras_attn model (loader) |
     |---|---|

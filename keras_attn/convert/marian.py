@@ -172,8 +172,8 @@ def _check_sinusoids(tensors, config):
             stored.shape[0], config.hidden_dim, layout="concatenated"))
         if stored.shape != expected.shape or not np.allclose(stored, expected, atol=1e-4):
             raise ValueError(
-                f"{tensors.file}: {name!r} is not the sinusoid table Marian computes (sines, "
-                "then cosines): a model with learned or other positions cannot be loaded "
+                f"{tensors.file_of(name)}: {name!r} is not the sinusoid table Marian computes "
+                "(sines, then cosines): a model with learned or other positions cannot be loaded "
                 f"as a Marian model. Received: {name}.shape={tuple(stored.shape)}"
             )
         tensors.used.add(name)
@@ -185,7 +185,8 @@ def load_hf_marian(path, tokenizer=True):
 
     Args:
         path: a `MarianMTModel` directory: `config.json`,
-            `model.safetensors`, and for the tokenizer `source.spm`,
+            `model.safetensors` (or its shards: `read_safetensors`), and
+            for the tokenizer `source.spm`,
             `target.spm` and `vocab.json`.
         tokenizer: also load the `MarianTokenizer`; False returns the model
             alone.

@@ -275,7 +275,8 @@ def load_hf_modernbert(path):
     """A keras_attn ModernBERT with the weights of a Hugging Face directory.
 
     Args:
-        path: directory with `config.json` and `model.safetensors` of a
+        path: directory with `config.json` and `model.safetensors` (or its
+            shards: `read_safetensors`) of a
             `ModernBertModel`, a `ModernBertForMaskedLM` or a
             `ModernBertForSequenceClassification` (without `architectures`
             in `config.json`, the tensors' names tell).

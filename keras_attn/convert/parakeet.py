@@ -269,7 +269,8 @@ def load_hf_parakeet(path, input_type=None):
     Hugging Face `ParakeetForCTC` directory.
 
     Args:
-        path: directory with `config.json` and `model.safetensors`, and
+        path: directory with `config.json` and `model.safetensors` (or its
+            shards: `read_safetensors`), and
             optionally the feature extractor's `preprocessor_config.json`.
         input_type: `"waveform"`: the model takes 16 kHz audio
             (`{"waveform", "waveform_length"}`) and computes the features

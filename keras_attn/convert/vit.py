@@ -17,7 +17,6 @@ warning); a malformed file is a `ValueError` naming the file and the key.
 """
 
 import dataclasses
-import os
 import warnings
 
 from keras_attn._keras_compat import sublayers
@@ -149,7 +148,8 @@ def load_hf_vit(path, include_classifier=True):
     """Builds a `ViT` and loads the weights of a Hugging Face ViT directory.
 
     Args:
-        path: directory with `config.json` and `model.safetensors`.
+        path: directory with `config.json` and `model.safetensors` (or
+            its shards: `read_safetensors`).
         include_classifier: load the `classifier` head of a
             `ViTForImageClassification` (logits out). False, or a checkpoint
             without a head (`ViTModel`), gives the backbone (`(B, D)` out).
@@ -171,7 +171,7 @@ def load_hf_vit(path, include_classifier=True):
     dropped = tensors.check_all_used(dropped=(prefix + "pooler.", "classifier."))
     if dropped:
         warnings.warn(
-            f"{os.path.join(path, 'model.safetensors')}: not loaded (by choice): "
+            f"{tensors.file}: not loaded (by choice): "
             f"{', '.join(sorted({k.rsplit('.', 1)[0] for k in dropped}))}",
             stacklevel=2,
         )

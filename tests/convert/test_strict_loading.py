@@ -37,12 +37,25 @@ def checkpoints(tmp_path_factory):
                                  num_hidden_layers=2, num_attention_heads=2,
                                  intermediate_size=24, num_labels=3)
     root = tmp_path_factory.mktemp("strict")
+    bert_model = transformers.BertModel(bert).eval()
+    vit_model = transformers.ViTForImageClassification(vit).eval()
     return {
-        "bert": _save(transformers.BertModel(bert).eval(), root / "bert"),
+        "bert": _save(bert_model, root / "bert"),
         "bert_pretraining": _save(transformers.BertForPreTraining(bert).eval(),
                                   root / "bert_pretraining"),
-        "vit": _save(transformers.ViTForImageClassification(vit).eval(), root / "vit"),
+        "vit": _save(vit_model, root / "vit"),
+        # The same models in shards of <= 8 KB: model-0000i-of-0000N.safetensors and
+        # model.safetensors.index.json, as save_pretrained writes a big checkpoint.
+        "bert_sharded": _save_sharded(bert_model, root / "bert_sharded"),
+        "vit_sharded": _save_sharded(vit_model, root / "vit_sharded"),
     }
+
+
+def _save_sharded(model, path):
+    model.save_pretrained(str(path), max_shard_size="8KB")
+    assert not (path / "model.safetensors").exists()
+    assert len(list(path.glob("model-*-of-*.safetensors"))) >= 2
+    return path
 
 
 LOADERS = {"bert": load_hf_bert_backbone, "vit": load_hf_vit}
@@ -158,3 +171,124 @@ def test_a_tensor_that_is_not_finite_is_refused_by_name(family, bad, checkpoints
 
         with pytest.raises(ValueError, match=re.escape(f"tensor {key!r} holds 1 non-finite")):
             load_hf_bert(str(path))
+
+
+# === Sharded checkpoints (model.safetensors.index.json) ===
+
+
+@pytest.mark.parametrize("family", ["bert", "vit"])
+def test_a_sharded_checkpoint_loads_as_the_single_file_does(family, checkpoints):
+    import numpy as np
+
+    from keras_attn.convert import load_hf
+    from test_case import to_numpy
+
+    one = load_hf(str(checkpoints[family]))
+    sharded = load_hf(str(checkpoints[family + "_sharded"]))
+    assert type(sharded) is type(one)
+    for a, b in zip(one.weights, sharded.weights, strict=True):
+        np.testing.assert_array_equal(to_numpy(a), to_numpy(b), err_msg=a.path)
+    rng = np.random.default_rng(0)
+    if family == "bert":
+        ids = rng.integers(0, 50, (2, 7)).astype("int32")
+        x = {"token_ids": ids, "segment_ids": np.zeros_like(ids),
+             "padding_mask": np.ones_like(ids)}
+        outputs = one(x)["sequence_output"], sharded(x)["sequence_output"]
+    else:
+        x = rng.uniform(0, 255, (2, 8, 8, 3)).astype("float32")
+        outputs = one(x), sharded(x)
+    np.testing.assert_array_equal(*(to_numpy(o) for o in outputs))
+
+
+def test_errors_of_a_sharded_checkpoint_name_the_shard_or_the_index(checkpoints, tmp_path):
+    import re
+
+    path = _copy(checkpoints["bert_sharded"], tmp_path)
+    index_file = path / "model.safetensors.index.json"
+    index = json.loads(index_file.read_text())
+    key = "encoder.layer.1.attention.self.query.weight"
+    shard = path / index["weight_map"][key]
+    tensors = load_file(str(shard))
+    tensors[key][3, 5] = float("nan")
+    save_file(tensors, str(shard))
+    with pytest.raises(ValueError, match=re.escape(
+            f"{shard}: tensor {key!r} holds 1 non-finite value(s)")):
+        load_hf_bert_backbone(str(path))
+    # A tensor the config implies that neither the index nor a shard holds.
+    del tensors[key]
+    save_file(tensors, str(shard))
+    del index["weight_map"][key]
+    index_file.write_text(json.dumps(index))
+    with pytest.raises(ValueError, match=re.escape(f"{index_file} has no tensor {key!r}")):
+        load_hf_bert_backbone(str(path))
+
+
+def test_model_safetensors_is_read_before_an_index(checkpoints, tmp_path):
+    """transformers' from_pretrained reads a local model.safetensors first."""
+    from keras_attn.convert._checkpoint import read_safetensors
+
+    path = _copy(checkpoints["bert"], tmp_path)
+    (path / "model.safetensors.index.json").write_text(
+        json.dumps({"weight_map": {"x": "model-00001-of-00002.safetensors"}}))
+    tensors = read_safetensors(str(path))
+    assert tensors.file == str(path / "model.safetensors")
+    assert "embeddings.word_embeddings.weight" in tensors
+
+
+def _hand_made(path, shards, weight_map):
+    """A sharded directory of tiny tensors: `shards` {file: [names]}."""
+    import numpy as np
+
+    path.mkdir()
+    for file, names in shards.items():
+        save_file({n: np.full((2,), i, "float32") for i, n in enumerate(names)},
+                  str(path / file))
+    index = weight_map if isinstance(weight_map, str) else json.dumps(
+        {"metadata": {}, "weight_map": weight_map})
+    (path / "model.safetensors.index.json").write_text(index)
+    return path
+
+
+A, B = "model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors"
+
+
+@pytest.mark.parametrize(
+    "shards, weight_map, message",
+    [
+        ({A: ["a"]}, {"a": A, "b": B},
+         r"index.json names the shard 'model-00002-of-00002.safetensors' \(holding 'b'\), "
+         r"which does not exist"),
+        ({A: ["a"], B: ["c"]}, {"a": A, "b": A, "c": B},
+         r"index.json puts tensor 'b' in model-00001-of-00002.safetensors, which does not "
+         r"hold it"),
+        ({A: ["a", "c"], B: ["c"]}, {"a": A, "c": B},
+         r"model-00001-of-00002.safetensors holds tensor 'c', which .*index.json puts in "
+         r"model-00002-of-00002.safetensors"),
+        ({A: ["a", "z"]}, {"a": A},
+         r"model-00001-of-00002.safetensors holds tensor 'z', which .*index.json does not "
+         r"name"),
+        ({A: ["a"]}, "{not json", r"index.json is not valid JSON"),
+        ({A: ["a"]}, json.dumps({"metadata": {}}), r"index.json: 'weight_map' must be"),
+        ({A: ["a"]}, {"a": 1}, r"index.json: 'weight_map' must name a file .* 'a' -> 1"),
+        ({A: ["a"]}, {"a": "../" + A}, r"'weight_map' must name a file .* 'a' -> '\.\./"),
+    ],
+    ids=["missing_shard", "missing_tensor", "in_another_shard", "unnamed_tensor",
+         "not_json", "no_weight_map", "not_a_file_name", "outside_the_directory"],
+)
+def test_a_sharded_checkpoint_that_does_not_match_its_index_is_refused(shards, weight_map,
+                                                                        message, tmp_path):
+    from keras_attn.convert._checkpoint import read_safetensors
+
+    path = _hand_made(tmp_path / "sharded", shards, weight_map)
+    with pytest.raises(ValueError, match=message):
+        read_safetensors(str(path))
+
+
+def test_a_missing_shard_is_refused_before_a_model_is_built(checkpoints, tmp_path):
+    from keras_attn.convert import load_hf
+
+    path = _copy(checkpoints["bert_sharded"], tmp_path)
+    last = sorted(path.glob("model-*-of-*.safetensors"))[-1]
+    last.unlink()
+    with pytest.raises(ValueError, match=rf"index.json names the shard '{last.name}'"):
+        load_hf(str(path))

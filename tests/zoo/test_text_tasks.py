@@ -196,9 +196,26 @@ def test_a_pretrained_backbone_brings_its_weights_and_vocabulary(tmp_path):
 
     backbone, vocabulary = _fake_masked_lm_run(tmp_path / "pretrained")
     save_hf_bert(backbone, str(tmp_path / "hf"), tokenizer=text.make_tokenizer(vocabulary))
+    # The same directory with its weights in two shards and their index.
+    from safetensors.numpy import load_file
+    from safetensors.numpy import save_file
+
+    sharded = tmp_path / "sharded"
+    sharded.mkdir()
+    for name in os.listdir(tmp_path / "hf"):
+        if name != "model.safetensors":
+            (sharded / name).write_bytes((tmp_path / "hf" / name).read_bytes())
+    tensors = load_file(str(tmp_path / "hf" / "model.safetensors"))
+    names, weight_map = sorted(tensors), {}
+    for index, part in enumerate((names[::2], names[1::2])):
+        file = f"model-0000{index + 1}-of-00002.safetensors"
+        save_file({name: tensors[name] for name in part}, str(sharded / file))
+        weight_map.update({name: file for name in part})
+    (sharded / "model.safetensors.index.json").write_text(json.dumps({"weight_map": weight_map}))
+
     data = {"dataset": f"files:{review_folder(tmp_path)}", "text_key": "review"}
     embeddings = backbone.get_layer("token_embedding").get_weights()[0]
-    for source in ("pretrained", "hf"):
+    for source in ("pretrained", "hf", "sharded"):
         recipe = write_recipe(tmp_path, "text_classification", data)
         task = make_task(load_recipe(recipe, [
             f"training.pretrained={tmp_path / source}", "data.sequence_length=16",

@@ -97,11 +97,15 @@ def pretrained_kind(path):
                 f"Recipe key `{PRETRAINED}` names a run of the {task!r} task; a backbone "
                 f"comes from a masked_lm run. Received: {PRETRAINED}={path!r}")
         return "run"
-    if os.path.isdir(path) and has(_HF_FILES):
+    # The weights in one file or in shards with their index (read_safetensors).
+    sharded = [name if name != "model.safetensors" else "model.safetensors.index.json"
+               for name in _HF_FILES]
+    if os.path.isdir(path) and (has(_HF_FILES) or has(sharded)):
         return "hf"
     raise ValueError(
         f"Recipe key `{PRETRAINED}` must be a finished run directory of the masked_lm task "
-        f"({', '.join(_RUN_FILES)}) or a Hugging Face BERT directory ({', '.join(_HF_FILES)}). "
+        f"({', '.join(_RUN_FILES)}) or a Hugging Face BERT directory ({', '.join(_HF_FILES)}; "
+        f"or the weights' shards and model.safetensors.index.json). "
         f"Received: {PRETRAINED}={path!r}")
 
 
