@@ -553,6 +553,9 @@ def _train_locked(recipe, output, distribute, export, verbose, prepared=None):
         parameters = model.count_params()
         steps = task.steps_per_epoch
         _announce(recipe, model, parameters, steps, layout, output if writer else None)
+        note = task.model_note()
+        if note and writer:
+            print(note, flush=True)
         trainer = ResumableTrainer(
             os.path.join(output, CHECKPOINTS),
             checkpoint_every=training["checkpoint_every"],

@@ -398,13 +398,17 @@ class Training(Section):
                           "instead; the run's model.keras is the merged model, adapters.npz "
                           "the adapters and trained layers alone.")
 
+    # Optional keys left out of the resolved recipe while null: recipes
+    # without them (LoRA, a task's `pretrained` added later) resolve as
+    # before (same fingerprint: their runs resume).
+    null_left_out: ClassVar[tuple] = ("lora",)
+
     @pydantic.model_serializer(mode="wrap")
-    def _without_null_lora(self, handler):
-        # Recipes without LoRA resolve as before (same fingerprint: their
-        # runs resume).
+    def _without_null_keys(self, handler):
         dumped = handler(self)
-        if dumped.get("lora") is None:
-            dumped.pop("lora", None)
+        for key in self.null_left_out:
+            if key in dumped and dumped[key] is None:
+                dumped.pop(key)
         return dumped
 
     @pydantic.field_validator("jit_compile", mode="before")

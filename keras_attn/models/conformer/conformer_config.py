@@ -28,6 +28,12 @@ SUBSAMPLINGS = ("conv", "fast")
 # decibels); "parakeet": ParakeetLogMelFeatures, the features NVIDIA's
 # Parakeet checkpoints were trained on (transformers' ParakeetFeatureExtractor).
 FRONT_ENDS = ("log_mel", "parakeet")
+# The fields `ConformerCTC.with_vocabulary` (a trained encoder under a new
+# CTC head) may set anew: none holds a weight or changes what one computes at
+# inference. The regularisation a fine-tuning chooses, rematerialisation, and
+# whether the model takes waveforms or the same front end's features.
+FINE_TUNING_FIELDS = ("dropout", "attention_dropout", "freq_mask_count", "freq_mask_width",
+                      "time_mask_count", "time_mask_ratio", "remat", "input_type")
 # Dynamic chunk training (WeNet U2, Zhang et al. 2020, section 2.3): in
 # training, a batch attends to the whole utterance with probability 1/2, else
 # in chunks of a size drawn uniformly in 1..DYNAMIC_CHUNK_MAX encoder frames.

@@ -50,11 +50,13 @@ from keras_attn.layers.spec_augment import SpecAugment
 from keras_attn.layers.streaming import chunk_mask_of
 from keras_attn.models.conformer.conformer_config import DEFAULT_PRESET
 from keras_attn.models.conformer.conformer_config import DYNAMIC_CHUNK_MAX
+from keras_attn.models.conformer.conformer_config import FINE_TUNING_FIELDS
 from keras_attn.models.conformer.conformer_config import ConformerConfig
 from keras_attn.models.conformer.conformer_config import check_vocabulary_size
 from keras_attn.models.conformer.conformer_config import encoder_length
 from keras_attn.models.conformer.conformer_config import feature_frames
 from keras_attn.models.conformer.conformer_config import get_conformer_config
+from keras_attn.models.conformer.conformer_config import replace_conformer_config
 
 
 class _BatchMean(keras.losses.Loss):
@@ -295,6 +297,71 @@ class ConformerCTC(GuardedModel, ConfigModel, keras.Model):
 
     def label_specs(self):
         return {None: IdSpec(0, self.vocabulary_size + 1, "1..V, 0 pads")}
+
+    # === A new vocabulary (fine-tuning) ===
+
+    def with_vocabulary(self, vocabulary_size, dtype=None, **overrides):
+        """A new `ConformerCTC` with this model's encoder and a fresh CTC
+        head over another vocabulary: what transformers'
+        `from_pretrained(..., vocab_size=N, ignore_mismatched_sizes=True)`
+        gives, e.g. a Parakeet checkpoint (1,024 SentencePiece tokens) to
+        fine-tune on your transcripts' characters.
+
+        Every weight but the head's (`ctc_logits`) is copied by its path,
+        the BatchNorm statistics included; the head is drawn anew (seeded by
+        `keras.utils.set_random_seed`). This model is left as it is.
+
+        Args:
+            vocabulary_size: the new labels 1..V (0 is the CTC blank): the
+                head has `vocabulary_size + 1` outputs.
+            dtype: the new model's dtype policy (e.g. `"mixed_bfloat16"`);
+                None: this model's.
+            **overrides: fields of `FINE_TUNING_FIELDS` to set anew
+                (`dropout`, `attention_dropout`, SpecAugment's mask counts
+                and widths, `remat`, `input_type`): none holds a weight.
+
+        Returns:
+            A `ConformerCTC` of this model's config with `vocabulary_size`
+            and `overrides`.
+
+        Raises:
+            ValueError: a `vocabulary_size` that is not a positive int, an
+                override of another field (it would change the encoder), or
+                a model whose weights are not those its config builds (e.g.
+                with LoRA adapters: merge them first).
+
+        Example:
+
+        >>> model = build_conformer("parakeet_ctc_tiny", vocabulary_size=1024)
+        >>> mine = model.with_vocabulary(28)  # a-z, apostrophe and space
+        >>> mine.output["logits"].shape
+        (None, None, 29)
+        """
+        check_vocabulary_size("vocabulary_size", vocabulary_size, allow_none=False)
+        for name, value in overrides.items():
+            if name not in FINE_TUNING_FIELDS:
+                raise ValueError(
+                    f"`with_vocabulary` keeps the encoder as trained: only "
+                    f"{', '.join(FINE_TUNING_FIELDS)} may be set anew. Received: "
+                    f"{name}={value!r}")
+        config = replace_conformer_config(self.conformer_config,
+                                          vocabulary_size=vocabulary_size, **overrides)
+        model = ConformerCTC(**dataclasses.asdict(config),
+                             dtype=self.dtype_policy if dtype is None else dtype,
+                             name=self.name)
+        head = "ctc_logits/"
+        ours = {v.path: v for v in self.weights if not v.path.startswith(head)}
+        theirs = {v.path: v for v in model.weights if not v.path.startswith(head)}
+        if set(ours) != set(theirs):
+            extra, missing = sorted(set(ours) - set(theirs)), sorted(set(theirs) - set(ours))
+            raise ValueError(
+                "`with_vocabulary` needs a model holding the weights its config builds: "
+                f"this one has {extra[:3]} beyond them and lacks {missing[:3]} (LoRA "
+                "adapters? `merge_lora` first). Received: a model of "
+                f"{len(ours)} encoder weights for {len(theirs)}")
+        for path, variable in theirs.items():
+            variable.assign(ours[path].value)
+        return model
 
     def optional_input_names(self):
         # Refused for a waveform model by `call`, naming why.

@@ -22,6 +22,7 @@ from keras_attn.zoo import schema
 from keras_attn.zoo.schema import field
 from keras_attn.zoo.tasks.base import Task
 from keras_attn.zoo.tasks.base import batch_count
+from keras_attn.zoo.tasks.base import pretrained_source
 
 PRETRAINED = "training.pretrained"
 BERT_INPUTS = ("token_ids", "segment_ids", "padding_mask")
@@ -86,27 +87,8 @@ def pretrained_kind(path):
     """"run" (a finished masked_lm run) or "hf" (a Hugging Face BERT
     directory) for `training.pretrained`; a `ValueError` naming the key
     otherwise."""
-    def has(files):
-        return all(os.path.isfile(os.path.join(path, name)) for name in files)
-
-    if os.path.isdir(path) and has(_RUN_FILES):
-        with open(os.path.join(path, "recipe.json"), encoding="utf-8") as handle:
-            task = json.load(handle).get("task")
-        if task != "masked_lm":
-            raise ValueError(
-                f"Recipe key `{PRETRAINED}` names a run of the {task!r} task; a backbone "
-                f"comes from a masked_lm run. Received: {PRETRAINED}={path!r}")
-        return "run"
-    # The weights in one file or in shards with their index (read_safetensors).
-    sharded = [name if name != "model.safetensors" else "model.safetensors.index.json"
-               for name in _HF_FILES]
-    if os.path.isdir(path) and (has(_HF_FILES) or has(sharded)):
-        return "hf"
-    raise ValueError(
-        f"Recipe key `{PRETRAINED}` must be a finished run directory of the masked_lm task "
-        f"({', '.join(_RUN_FILES)}) or a Hugging Face BERT directory ({', '.join(_HF_FILES)}; "
-        f"or the weights' shards and model.safetensors.index.json). "
-        f"Received: {PRETRAINED}={path!r}")
+    return pretrained_source(path, PRETRAINED, "masked_lm", _RUN_FILES, _HF_FILES,
+                             "Hugging Face BERT", "a backbone")
 
 
 def take(values, indices):

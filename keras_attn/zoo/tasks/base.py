@@ -14,6 +14,7 @@ task.export(model, path)              # the serving SavedModel
 """
 
 import math
+import os
 import warnings
 
 import numpy as np
@@ -326,6 +327,12 @@ class Task:
                         train_also=lora["train_also"])
         return model
 
+    def model_note(self):
+        """A line for the run's log on where the model's weights come from
+        when they are not all drawn from the seed (a checkpoint under a new
+        head), or None."""
+        return None
+
     def served_model(self, model):
         """The model a run saves as model.keras, evaluates and exports, from
         the model that trained (`build_model`'s): the same model, except for
@@ -598,3 +605,35 @@ def _map_structure(function, structure):
 def batch_count(examples, batch_size):
     """Batches in one pass when the last one may be partial."""
     return math.ceil(examples / batch_size)
+
+
+def pretrained_source(path, key, run_task, run_files, hf_files, hf_what, noun):
+    """"run" (a finished run of the `run_task` task: its directory holds
+    `run_files`) or "hf" (a Hugging Face directory holding `hf_files`, the
+    weights in `model.safetensors` or in shards with
+    `model.safetensors.index.json`) for the recipe key `key` (a fine-tuning's
+    `training.pretrained`); a `ValueError` naming the key otherwise: a run
+    of another task (the `noun` it would bring comes from a `run_task` run),
+    or a directory that is neither (`hf_what` names the Hugging Face kind)."""
+    import json
+
+    def has(files):
+        return all(os.path.isfile(os.path.join(path, name)) for name in files)
+
+    if os.path.isdir(path) and has(run_files):
+        with open(os.path.join(path, "recipe.json"), encoding="utf-8") as handle:
+            task = json.load(handle).get("task")
+        if task != run_task:
+            raise ValueError(
+                f"Recipe key `{key}` names a run of the {task!r} task; {noun} comes from a "
+                f"{run_task} run. Received: {key}={path!r}")
+        return "run"
+    sharded = ["model.safetensors.index.json" if name == "model.safetensors" else name
+               for name in hf_files]
+    if os.path.isdir(path) and (has(hf_files) or has(sharded)):
+        return "hf"
+    raise ValueError(
+        f"Recipe key `{key}` must be a finished run directory of the {run_task} task "
+        f"({', '.join(run_files)}) or a {hf_what} directory ({', '.join(hf_files)}; or the "
+        f"weights' shards and model.safetensors.index.json). Received: {key}={path!r}")
+

@@ -19,8 +19,16 @@ shuffled every epoch: a features-input twin of the model trains on them,
 and the run saves, evaluates and exports the waveform model with the
 twin's weights (`served_model`). Validation and test stay unpacked
 (docs/packing.md).
+
+With `training.pretrained` (a Hugging Face `ParakeetForCTC` directory, or a
+finished speech_ctc run), the model is that checkpoint's encoder under a new
+CTC head over the recipe's vocabulary (`ConformerCTC.with_vocabulary`): the
+checkpoint's config, not `model.preset`, and `model.overrides` only of the
+fields that hold no weight (`FINE_TUNING_FIELDS`).
 """
 
+import json
+import os
 from typing import Literal
 from typing import Optional
 
@@ -32,8 +40,13 @@ from keras_attn.zoo.schema import field
 from keras_attn.zoo.tasks.base import Task
 from keras_attn.zoo.tasks.base import batch_count
 from keras_attn.zoo.tasks.base import in_memory_rows_fn
+from keras_attn.zoo.tasks.base import pretrained_source
 
 LETTERS = tuple("abcdefghijklmnopqrstuvwxyz' ")
+PRETRAINED = "training.pretrained"
+_RUN_FILES = ("recipe.json", "model.keras")
+_HF_FILES = ("config.json", "model.safetensors")
+_HF_ARCHITECTURE = "ParakeetForCTC"
 
 
 class SpeechCTCData(schema.TfdsSplits):
@@ -106,6 +119,59 @@ class SpeechCTCEvaluation(schema.Evaluation):
                         "(chunk plus the front end's look-ahead).")
 
 
+class SpeechCTCTraining(schema.Training):
+    # Added after the task's first runs: left out while null, so that their
+    # resolved recipes (fingerprints) are unchanged and they resume.
+    null_left_out = ("lora", "pretrained")
+
+    pretrained: Optional[str] = field(
+        None, description="null: a new model (model.preset + overrides). A directory: "
+                          "fine-tune its encoder under a new CTC head over this recipe's "
+                          "vocabulary (the checkpoint's head is replaced): a Hugging Face "
+                          "ParakeetForCTC directory (config.json, model.safetensors; "
+                          "16 kHz audio through its own front end) or a finished speech_ctc "
+                          "run (recipe.json, model.keras). The model is the checkpoint's "
+                          "(model.preset is not read); model.overrides may set only "
+                          "dropout, attention_dropout, the SpecAugment masks and remat.")
+
+
+def pretrained_kind(path):
+    """"hf" (a Hugging Face `ParakeetForCTC` directory) or "run" (a
+    finished speech_ctc run) for `training.pretrained`; a `ValueError`
+    naming the key otherwise."""
+    kind = pretrained_source(path, PRETRAINED, "speech_ctc", _RUN_FILES, _HF_FILES,
+                             f"Hugging Face {_HF_ARCHITECTURE}", "an encoder")
+    if kind == "hf":
+        with open(os.path.join(path, "config.json"), encoding="utf-8") as handle:
+            architectures = json.load(handle).get("architectures") or []
+        if _HF_ARCHITECTURE not in architectures:
+            raise ValueError(
+                f"Recipe key `{PRETRAINED}` names a Hugging Face directory of "
+                f"{architectures}; the speech_ctc task fine-tunes a {_HF_ARCHITECTURE}. "
+                f"Received: {PRETRAINED}={path!r}")
+    return kind
+
+
+def _run_config(path):
+    """The `ConformerConfig` of a run's model.keras (its saved config: a
+    run that was itself fine-tuned from a checkpoint has the checkpoint's,
+    which its recipe's `model` section does not say)."""
+    import dataclasses
+    import zipfile
+
+    from keras_attn.models.conformer import ConformerConfig
+
+    with zipfile.ZipFile(os.path.join(path, "model.keras")) as archive:
+        saved = json.loads(archive.read("config.json"))
+    fields = {f.name for f in dataclasses.fields(ConformerConfig)}
+    config = saved.get("config", {})
+    if saved.get("class_name") != "ConformerCTC":
+        raise ValueError(
+            f"Recipe key `{PRETRAINED}` names a run whose model.keras holds a "
+            f"{saved.get('class_name')!r}, not a ConformerCTC. Received: {PRETRAINED}={path!r}")
+    return ConformerConfig(**{k: v for k, v in config.items() if k in fields})
+
+
 def streaming_latency_ms(config, chunk_size):
     """Algorithmic latency of streaming in chunks of `chunk_size` encoder
     frames, in ms (docs/streaming.md): the feature frame the chunk's last
@@ -125,6 +191,7 @@ class SpeechCTC(Task):
     name = "speech_ctc"
     family = "conformer"
     Data = SpeechCTCData
+    Training = SpeechCTCTraining
     Evaluation = SpeechCTCEvaluation
     set_fields = ("vocabulary_size",)
     embedded_data = "eSpeak NG spoken digits"
@@ -139,10 +206,76 @@ class SpeechCTC(Task):
     # (the features the front end gives on another backend would not be the
     # same to the bit).
 
+    @property
+    def pretrained(self):
+        """`training.pretrained`: a checkpoint directory, or None."""
+        return self.training.get("pretrained")
+
+    def _checkpoint_config(self):
+        """The `ConformerConfig` of `training.pretrained` as this task trains
+        it (waveforms in, the recipe's `FINE_TUNING_FIELDS` overrides; the
+        vocabulary still the checkpoint's), every other override refused by
+        name; None without one. Made once."""
+        if not self.pretrained:
+            return None
+        if getattr(self, "_checkpoint", None) is None:
+            from keras_attn.models.conformer import replace_conformer_config
+            from keras_attn.models.conformer.conformer_config import FINE_TUNING_FIELDS
+
+            overrides = dict(self.recipe["model"]["overrides"])
+            for key, value in overrides.items():
+                if key not in FINE_TUNING_FIELDS or key == "input_type":
+                    allowed = [f for f in FINE_TUNING_FIELDS if f != "input_type"]
+                    raise ValueError(
+                        f"Recipe key `model.overrides.{key}` cannot be set with {PRETRAINED}: "
+                        "the encoder is the checkpoint's (only "
+                        f"{', '.join(allowed)} may be set for fine-tuning). "
+                        f"Received: model.overrides.{key}={value!r}")
+            path = self.pretrained
+            if pretrained_kind(path) == "hf":
+                from keras_attn.convert.parakeet import parakeet_config_from_hf
+
+                config = parakeet_config_from_hf(path, input_type="waveform")
+            else:
+                config = _run_config(path)
+            self._checkpoint = replace_conformer_config(config, input_type="waveform",
+                                                        **overrides)
+        return self._checkpoint
+
+    def _model_config(self):
+        """The config of the model this recipe trains, the vocabulary's size set."""
+        from keras_attn.models.conformer import get_conformer_config
+        from keras_attn.models.conformer import replace_conformer_config
+
+        if self.pretrained:
+            return replace_conformer_config(self._checkpoint_config(),
+                                            vocabulary_size=len(self.vocabulary))
+        return get_conformer_config(
+            self.recipe["model"]["preset"], vocabulary_size=len(self.vocabulary),
+            **self.recipe["model"]["overrides"],
+        )
+
+    def model_note(self):
+        if not self.pretrained:
+            return None
+        kind = "Hugging Face ParakeetForCTC" if pretrained_kind(self.pretrained) == "hf" \
+            else "speech_ctc run"
+        return (f"{PRETRAINED}: the encoder of the {kind} {self.pretrained} (its config; "
+                f"model.preset is not read) under a new CTC head of "
+                f"{len(self.vocabulary) + 1} outputs (this recipe's {len(self.vocabulary)} "
+                "characters and the blank): the checkpoint's own head is replaced")
+
     def load_data(self):
         from keras_attn.data import speech
         from keras_attn.models.conformer import get_conformer_config
 
+        checkpoint = self._checkpoint_config()  # refused overrides before any audio is read
+        if checkpoint is not None and self.data.get("packing") \
+                and checkpoint.subsampling == "fast":
+            raise ValueError(
+                f"Recipe key `data.packing` cannot be true with this {PRETRAINED}: packed rows "
+                "are not built for its FastConformer subsampling yet (subsampling=\"fast\"). "
+                "Received: data.packing=True")
         if self.embedded:
             self.vocabulary = speech.DIGIT_VOCABULARY
             waveforms, transcripts = speech.load_spoken_digits(self.data["utterances"],
@@ -158,13 +291,15 @@ class SpeechCTC(Task):
             from keras_attn.data import files
 
             # A clip too short for its transcript (the model's front end and
-            # subsampling, 4x or 8x) is refused naming its file, here rather
-            # than as a NaN loss at step 1.
-            config = get_conformer_config(self.recipe["model"]["preset"],
-                                          **self.recipe["model"]["overrides"])
+            # subsampling, 4x or 8x; a checkpoint's own) is refused naming its
+            # file, here rather than as a NaN loss at step 1. The audio is
+            # read at the model's rate (a checkpoint's: 16 kHz for Parakeet).
+            config = checkpoint or get_conformer_config(self.recipe["model"]["preset"],
+                                                        **self.recipe["model"]["overrides"])
             splits = files.speech_files(self.files, seed=self.seed,
                                         audio_field=self.data["audio_key"] or "audio",
                                         text_field=self.data["text_key"] or "text",
+                                        sampling_rate=config.sampling_rate,
                                         model_config=config)
             self.vocabulary = self._file_vocabulary(splits)
             self.train_split, self.test_split = splits["train"], splits["test"]
@@ -175,10 +310,7 @@ class SpeechCTC(Task):
             self.tfds_builder()
             examples = self.tfds_examples(self.data["train_split"])
             self.batches_per_epoch = max(1, examples // self.batch_size)
-        self.model_config = get_conformer_config(
-            self.recipe["model"]["preset"], vocabulary_size=len(self.vocabulary),
-            **self.recipe["model"]["overrides"],
-        )
+        self.model_config = self._model_config()
         if self.data.get("packing"):  # absent when false (the resolved recipe leaves it out)
             self._pack_training_utterances()
 
@@ -357,7 +489,28 @@ class SpeechCTC(Task):
     def _build(self, preset, overrides):
         from keras_attn.models.conformer import build_conformer
 
+        if self.pretrained:
+            return self._pretrained_model(overrides)
         return build_conformer(preset, vocabulary_size=len(self.vocabulary), **overrides)
+
+    def _pretrained_model(self, overrides):
+        """The checkpoint's encoder under a new CTC head over the recipe's
+        vocabulary (`ConformerCTC.with_vocabulary`), with the recipe's
+        fine-tuning overrides (and the packed twin's `input_type`)."""
+        import keras
+
+        path = self.pretrained
+        if pretrained_kind(path) == "hf":
+            from keras_attn.convert.parakeet import load_hf_parakeet
+
+            checkpoint = load_hf_parakeet(path)  # features without preprocessor_config.json
+        else:
+            checkpoint = keras.saving.load_model(os.path.join(path, "model.keras"),
+                                                 compile=False)
+        fields = {"input_type": "waveform", **overrides}
+        # In the recipe's precision (build_model set it), not the run's.
+        return checkpoint.with_vocabulary(len(self.vocabulary),
+                                          dtype=keras.config.dtype_policy(), **fields)
 
     def assume_data_sizes(self):
         from keras_attn.data import files
@@ -544,13 +697,9 @@ class SpeechCTC(Task):
 
     def use_prepared(self, state):
         from keras_attn.data import speech
-        from keras_attn.models.conformer import get_conformer_config
 
         self.vocabulary = speech.DIGIT_VOCABULARY
-        self.model_config = get_conformer_config(
-            self.recipe["model"]["preset"], vocabulary_size=len(self.vocabulary),
-            **self.recipe["model"]["overrides"],
-        )
+        self.model_config = self._model_config()
         waveforms = self._prepared_waveforms()
         if self._digest(waveforms) != state["waveforms_sha256"]:
             raise ValueError(
