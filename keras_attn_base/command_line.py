@@ -101,7 +101,8 @@ def build_parser(handlers):
                                  "directory (BERT and ViT runs)"}),
         (("--precision",), {"choices": ("float32", "float16", "int8"), "default": "float32",
                             "help": "weights of the export: float32 (default), float16 "
-                                    "(onnx, litert) or int8 (litert; dynamic range)"}),
+                                    "(onnx, litert) or int8 (onnx, litert; dynamic range; ONNX: "
+                                    "the text and image classifiers)"}),
         (STREAMING, {"action": "store_true", "dest": "streaming",
                      "help": "onnx, litert (a streaming Conformer run): the streaming "
                              "step, one audio chunk and the state tensors in, tokens and "
