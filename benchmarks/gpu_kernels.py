@@ -18,33 +18,28 @@ private API takes its seed as a static int).
     KERAS_BACKEND=jax python3 benchmarks/gpu_kernels.py --out $OUT
 
 On a CPU every cuDNN path reports its error; `--smoke` shrinks the sizes.
+
+`--kernel-module` checks and times the kernel module instead
+(`keras_attn/kernels/attention.py`, issue 61): `attend` with right-padded
+masks through its own dispatch (which must name "jax_lengths" and call
+cuDNN's fused attention on a GPU), forced to each of its kernels, and
+today's route, each against the explicit reference (outputs and gradients
+on the rows that count; bf16 within 0.03 / 4% of the largest gradient, the
+first device run's noise being 0.0156 / 1.5-2%). It writes
+gpu_kernel_module.json / .md with a verdict and exits 1 when a check fails:
+
+    KERAS_BACKEND=jax python3 benchmarks/gpu_kernels.py --kernel-module --out $OUT
 """
 
 import argparse
 import json
 import os
-import statistics
 import sys
-import time
 
 import numpy as np
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
-
-
-def _time(compiled, args, steps, rounds):
-    import jax
-
-    jax.block_until_ready(compiled(*args))
-    times = []
-    for _ in range(rounds + 1):
-        start = time.perf_counter()
-        for _ in range(steps):
-            out = compiled(*args)
-        jax.block_until_ready(out)
-        times.append((time.perf_counter() - start) / steps)
-    return statistics.median(times[1:])
 
 
 def main(argv=None):
@@ -53,6 +48,8 @@ def main(argv=None):
     parser.add_argument("--tokens", type=int, default=16384)
     parser.add_argument("--smoke", action="store_true")
     parser.add_argument("--out", default=None)
+    parser.add_argument("--kernel-module", action="store_true",
+                        help="check and time keras_attn/kernels' attention kernels")
     args = parser.parse_args(argv)
     os.environ.setdefault("KERAS_BACKEND", "jax")
     import jax
@@ -62,6 +59,8 @@ def main(argv=None):
     sys.path.insert(0, HERE)
     from _flops import attention_flops
     from gpu import fused_kernels
+    from gpu import time_jax_calls
+    from keras_attn.kernels import attention as _kernels
     from keras_attn.layers.scaled_dot_product_attention import fused_dot_product_attention
     from keras_attn.layers.scaled_dot_product_attention import scaled_dot_product_attention
 
@@ -73,7 +72,9 @@ def main(argv=None):
     out_dir = args.out or os.path.join(HERE, "results")
     os.makedirs(out_dir, exist_ok=True)
     rows = []
-    info = {"device": str(jax.devices()[0].device_kind), "jax": jax.__version__}
+    stem = "gpu_kernel_module" if args.kernel_module else "gpu_kernels"
+    info = {"device": str(jax.devices()[0].device_kind), "jax": jax.__version__,
+            "platform": jax.devices()[0].platform}
     print(info, flush=True)
 
     def dropout(probs, rate, key):
@@ -142,6 +143,25 @@ def main(argv=None):
                     kv_offsets=offsets, scale=scale, mask_type=cudnn.MaskType.PADDING),
                 ref_packed),
         }
+        if args.kernel_module:
+            keys = jnp.asarray(keep)  # (B, T), right-padded
+
+            def attend(kernel=None, queries=False):
+                return lambda q, k, v: _kernels.attend(
+                    q, k, v, query_mask=keys if queries else None, key_mask=keys,
+                    right_padded=True, kernel=kernel)
+
+            chosen = _kernels.choose_kernel(q, k, v, key_mask=keys, right_padded=True)
+            paths = {
+                "today: keras.ops, padding as a bias": paths[
+                    "today: keras.ops, padding as a bias"],
+                f"attend, key mask (dispatch: {chosen})": (attend(), ref_padded),
+                "attend, query + key masks (dispatch: {})".format(_kernels.choose_kernel(
+                    q, k, v, query_mask=keys, key_mask=keys, right_padded=True)): (
+                    attend(queries=True), ref_padded),
+                "attend, key mask, forced jax_lengths": (attend("jax_lengths"), ref_padded),
+                "attend, key mask, forced keras_ops": (attend("keras_ops"), ref_padded),
+            }
         valid = jnp.asarray(keep)[:, :, None, None]
         flops = attention_flops(batch, heads, length, dim, backward=True)
         for name, (fn, reference) in paths.items():
@@ -160,7 +180,7 @@ def main(argv=None):
                 compiled = grad.lower(q, k, v).compile()
                 kernels = fused_kernels(compiled.as_text())
                 row["kernel"] = ", ".join(kernels) if kernels else "XLA ops"
-                seconds = _time(compiled, (q, k, v), steps, rounds)
+                seconds = time_jax_calls(compiled, (q, k, v), steps, rounds)
                 row.update(ms=seconds * 1e3, tflops=flops / seconds / 1e12)
                 if reference is not None:
                     def ref_loss(q, k, v, reference=reference):
@@ -190,14 +210,16 @@ def main(argv=None):
                     row["differs_on_new_input"] = bool(jnp.any(a != c))
             except Exception as e:  # noqa: BLE001 - recorded, not hidden
                 row["error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"
+            if args.kernel_module:
+                _judge(row, dtype, gpu=info["platform"] == "gpu")
             rows.append(row)
             print(json.dumps(row), flush=True)
-            with open(os.path.join(out_dir, "gpu_kernels.json"), "w", encoding="utf-8") as h:
+            with open(os.path.join(out_dir, f"{stem}.json"), "w", encoding="utf-8") as h:
                 json.dump({"info": info, "rows": rows}, h, indent=1)
     lines = ["| T | batch | path | kernel | ms (fwd+bwd) | TFLOP/s | max |out - ref| | "
              "max rel grad diff | notes |", "|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
-        notes = r.get("error", "")
+        notes = r.get("error", "") or r.get("verdict", "")
         if "same_mask_twice" in r:
             notes = (f"same dropout mask on two calls: {r['same_mask_twice']}; "
                      f"mean |out| {r['mean_abs_out']:.4f}")
@@ -206,10 +228,35 @@ def main(argv=None):
             f"{r.get('ms', float('nan')):.3f} | {r.get('tflops', float('nan')):.1f} | "
             f"{r.get('max_abs_out', '')} | {r.get('max_rel_grad', '')} | {notes} |")
     text = "\n".join(lines)
-    with open(os.path.join(out_dir, "gpu_kernels.md"), "w", encoding="utf-8") as h:
+    failed = [r for r in rows if r.get("verdict", "ok") != "ok"]
+    if args.kernel_module:
+        text += f"\n\nkernel module: {len(rows) - len(failed)} of {len(rows)} rows ok"
+    with open(os.path.join(out_dir, f"{stem}.md"), "w", encoding="utf-8") as h:
         h.write(f"{info}\n\n{text}\n")
     print(text)
+    return 1 if failed else 0
+
+
+def _judge(row, dtype, gpu):
+    """`row["verdict"]`: "ok", or what failed: the outputs or gradients off
+    the reference by more than `dtype`'s noise, an error, or (on a GPU) the
+    dispatch not choosing "jax_lengths" or that kernel not compiling to
+    cuDNN's fused attention."""
+    out_tol, grad_tol = (0.03, 0.04) if dtype == "bfloat16" else (1e-4, 1e-4)
+    problems = []
+    if "error" in row:
+        problems.append("error")
+    elif "max_abs_out" in row:
+        if not row["max_abs_out"] <= out_tol:
+            problems.append(f"outputs off by {row['max_abs_out']:.3g} > {out_tol}")
+        if not row["max_rel_grad"] <= grad_tol:
+            problems.append(f"gradients off by {row['max_rel_grad']:.3g} > {grad_tol}")
+    if gpu and "dispatch" in row["path"] and "jax_lengths" not in row["path"]:
+        problems.append("the dispatch did not choose jax_lengths")
+    if gpu and "jax_lengths" in row["path"] and "fmha" not in row.get("kernel", ""):
+        problems.append("no cuDNN fused attention in the compiled step")
+    row["verdict"] = "; ".join(problems) or "ok"
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

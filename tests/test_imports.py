@@ -4,7 +4,9 @@
   only, so a Keras upgrade that moves one breaks one file;
 - no module imports another package's underscore module (package-level
   private modules `keras_attn._x` are shared by all);
-- layers and model builders import no TensorFlow, JAX or PyTorch;
+- layers and model builders import no TensorFlow, JAX or PyTorch, but for
+  the kernel module (`keras_attn/kernels/attention.py`), which imports JAX
+  inside the functions that run on JAX only;
 - dependencies run one way: the command line (`keras_attn_cli`) calls the
   library, which never imports it; `keras_attn_base` (what needs no Keras)
   imports the standard library only; the package-level private helpers
@@ -86,13 +88,32 @@ def test_no_module_imports_another_packages_private_module():
     assert not found
 
 
-@pytest.mark.parametrize("package", ["keras_attn.layers", "keras_attn.models"])
+# The one exception (issue 61): the kernel module calls a backend's own fast
+# attention, importing that backend inside the function that runs only on it.
+KERNEL_MODULE = "keras_attn.kernels.attention"
+KERNEL_BACKENDS = {"jax"}
+
+
+@pytest.mark.parametrize("package", ["keras_attn.layers", "keras_attn.models", "keras_attn.kernels"])
 def test_layers_and_models_import_no_backend_framework(package):
     found = [f"{name}:{line} {target}" for name, path in MODULES.items()
-             if name == package or name.startswith(package + ".")
+             if (name == package or name.startswith(package + ".")) and name != KERNEL_MODULE
              for line, target in _imports(path)
              if target.split(".")[0] in ("tensorflow", "jax", "torch")]
     assert not found
+
+
+def test_the_kernel_module_imports_its_backend_inside_functions_only():
+    path = MODULES[KERNEL_MODULE]
+    with open(path, encoding="utf-8") as handle:
+        tree = ast.parse(handle.read(), path)
+    top = [node for node in tree.body if isinstance(node, (ast.Import, ast.ImportFrom))]
+    at_top = [f"{node.lineno} {alias.name}" for node in top for alias in node.names
+              if (getattr(node, "module", None) or alias.name).split(".")[0]
+              in ("tensorflow", "jax", "torch")]
+    backends = {target.split(".")[0] for _, target in _imports(path)} & {
+        "tensorflow", "jax", "torch"}
+    assert not at_top and backends == KERNEL_BACKENDS
 
 
 # === Dependencies run one way ===

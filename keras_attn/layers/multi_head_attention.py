@@ -31,9 +31,6 @@ from keras_attn.layers.scaled_dot_product_attention import (
     fused_attention_supports,
 )
 from keras_attn.layers.scaled_dot_product_attention import (
-    fused_dot_product_attention,
-)
-from keras_attn.layers.scaled_dot_product_attention import (
     normalize_attention_mask,
 )
 from keras_attn.layers.scaled_dot_product_attention import (
@@ -671,7 +668,13 @@ class MultiHeadAttention(SpecFromCall, keras.layers.Layer):
             return scaled_dot_product_attention(
                 q, k, v, mask=mask, dropout=self.dropout, training=training,
                 seed_generator=self.seed_generator, return_attention_scores=True)
-        attended = fused_dot_product_attention(
+        # The kernel module's dispatch (issue 61): with the one merged mask
+        # it takes today's keras.ops route on every backend and device.
+        # Imported here: keras_attn.kernels builds on this package's masking
+        # and attention helpers (a module-level import would be a cycle).
+        from keras_attn.kernels import attend
+
+        attended = attend(
             q, k, v, mask=mask, is_causal=is_causal, flash_attention=self.flash_attention)
         return attended, None
 
