@@ -6,6 +6,8 @@ pairs for next-sentence prediction, and `tf.data` pipelines that pack
 documents (lists of sentences)
  -> make_sentence_pairs: B follows A (label 1) half of the time, else a
     random sentence of another document (label 0)
+ (or make_document_segments: a document's sentences in order, joined up to
+    the length, one segment, no next-sentence label: RoBERTa's inputs)
  -> pretraining_dataset: WordPiece -> MultiSegmentPacker -> batch
     -> dynamic_masking (new masks every epoch, stateless draws)
     -> (x, y, sample_weight)
@@ -142,6 +144,42 @@ def make_sentence_pairs(documents, seed=0):
                 second.append(rng.choice(documents[other]))
                 labels.append(0)
     return first, second, np.asarray(labels, "int32")
+
+
+def make_document_segments(documents, tokenizer, sequence_length):
+    """Single-segment texts for masked-LM pretraining without next-sentence
+    prediction: RoBERTa's DOC-SENTENCES inputs (Liu et al., 2019, section
+    4.2) at `sequence_length`. The sentences of each document, in order,
+    are joined while `[CLS] text [SEP]` fits in `sequence_length` tokens of
+    `tokenizer`; an example never crosses a document boundary, and a
+    sentence longer than that is an example alone (cut when packed).
+    Deterministic: every sentence is in exactly one example.
+
+    Returns:
+        A list of strings (the sentences of an example joined by a space,
+        which WordPiece tokenizes as the sentences one after another).
+    """
+    budget = sequence_length - 2  # [CLS] and [SEP]
+    pack = pack_pairs(tokenizer, sequence_length)
+    sentences = [sentence for document in documents for sentence in document]
+    lengths = []
+    for start in range(0, len(sentences), 1024):
+        _, _, padding_mask = pack(tf.constant(sentences[start:start + 1024]))
+        lengths.extend(np.asarray(padding_mask).sum(axis=1) - 2)
+    segments, index = [], 0
+    for document in documents:
+        current, used = [], 0
+        for sentence in document:
+            length = int(lengths[index])
+            index += 1
+            if current and used + length > budget:
+                segments.append(" ".join(current))
+                current, used = [], 0
+            current.append(sentence)
+            used += length
+        if current:
+            segments.append(" ".join(current))
+    return segments
 
 
 def _token_id(tokenizer, token):
@@ -324,6 +362,10 @@ def pretraining_dataset(
     and `weightless(batch, positions < size)` makes the filler rows count
     for nothing.
 
+    With `second` and `labels` None: single segments `[CLS] text [SEP]`
+    (segment ids 0) and the masked LM alone (RoBERTa's objective, for
+    `BertPretrainer(next_sentence=False)`): no "nsp" target or weight.
+
     Returns:
         A dataset of batches: `x` = token_ids (masked), segment_ids,
         padding_mask, mask_positions `(B, max_predictions)`;
@@ -332,9 +374,16 @@ def pretraining_dataset(
     """
     pack = pack_pairs(tokenizer, sequence_length)
     mask_tokens = dynamic_masking(tokenizer, mask_rate, max_predictions, seed=seed)
+    single = second is None
+    if single != (labels is None):
+        raise ValueError("Single segments (masked LM alone) need both `second` and `labels` "
+                         f"None. Received: second is None: {second is None}, labels is None: "
+                         f"{labels is None}")
+    if single:  # the pairs' columns and batching; only `first` is packed
+        second, labels = first, np.zeros(len(first), "int32")
 
     def to_example(first, second, label, mask_seed=None, kept=None, size=None):
-        token_ids, segment_ids, padding_mask = pack(first, second)
+        token_ids, segment_ids, padding_mask = pack(first, None if single else second)
         masked = mask_tokens(token_ids, mask_seed, rows=kept, batch_size=size)
         x = {
             "token_ids": tf.cast(masked["token_ids"], "int32"),
@@ -347,6 +396,8 @@ def pretraining_dataset(
             "mlm": tf.cast(masked["mask_weights"], "float32"),
             "nsp": tf.ones_like(label, "float32"),
         }
+        if single:
+            del y["nsp"], weight["nsp"]
         return x, y, weight
 
     if rows is not None and (epoch is None or weightless is None):

@@ -268,11 +268,13 @@ class Data(Section):
     def _without_the_other_kind(self, handler):
         kind = dataset_kind(self.dataset)
         fields = type(self).model_fields
-        # `packing: false` (the tasks that pack) is left out: unpacked recipes
-        # resolve as before (the same fingerprint: their runs resume).
+        # `packing: false` (the tasks that pack) and masked_lm's
+        # `next_sentence: true` are left out: recipes without them resolve
+        # as before (the same fingerprint: their runs resume).
         return {key: value for key, value in handler(self).items()
                 if (key not in fields or for_kind(fields[key], kind))
-                and not (key == "packing" and value is False)}
+                and not (key == "packing" and value is False)
+                and not (key == "next_sentence" and value is True)}
 
 
 class TfdsSplits(Data):

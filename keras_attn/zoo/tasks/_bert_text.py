@@ -120,7 +120,8 @@ class BertTextTask(Task):
 
     def _config(self, preset, overrides):
         """The family's config of `preset` with `overrides`, the vocabulary's
-        size (and ModernBERT's `pad_id`, the vocabulary's `[PAD]`)."""
+        size (and ModernBERT's `pad_id`, the vocabulary's `[PAD]`; a BERT
+        config with RoBERTa's `padding_id` must name that `[PAD]`)."""
         overrides = dict(overrides, vocabulary_size=len(self.vocabulary))
         if self.modernbert:
             from keras_attn.models.modernbert import get_modernbert_config
@@ -128,7 +129,13 @@ class BertTextTask(Task):
             return get_modernbert_config(preset, **overrides, pad_id=self._pad_id())
         from keras_attn.models.bert import get_bert_config
 
-        return get_bert_config(preset, **overrides)
+        config = get_bert_config(preset, **overrides)
+        if config.padding_id is not None and config.padding_id != self._pad_id():
+            raise ValueError(
+                "Recipe key `model.overrides.padding_id` must be the vocabulary's [PAD] id, "
+                f"{self._pad_id()} (RoBERTa's positions are counted past it). "
+                f"Received: padding_id={config.padding_id}")
+        return config
 
     def _pad_id(self):
         from keras_attn.data.text import SPECIAL_TOKENS

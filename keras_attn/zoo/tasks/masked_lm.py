@@ -27,6 +27,17 @@ the targets `(B, T)` ids weighted 1 at the masked positions and 0
 elsewhere, so the masked-LM loss is the mean over the same predictions.
 Metrics: masked-LM loss, accuracy and perplexity. Export:
 `serve(token_ids, padding_mask) -> {"mlm": (B, T, V) logits}`.
+
+`data.next_sentence: false` (RoBERTa's objective; a recipe in models/bert/
+with RoBERTa's positions, `model.overrides.padding_id` the vocabulary's
+`[PAD]`): no sentence pairs and no next-sentence prediction. Each example
+is one segment `[CLS] text [SEP]`, a document's sentences in order joined
+while they fit (`text.make_document_segments`, RoBERTa's DOC-SENTENCES;
+held-out examples the same way from their documents), masked as above
+(new masks every epoch); the bert family's model is
+`BertPretrainer(next_sentence=False)`, its batches without the "nsp"
+target, its export `{"mlm": ...}` alone. ModernBERT takes the same
+examples. Not with `data.packing`.
 """
 
 from typing import Literal
@@ -70,12 +81,25 @@ class MaskedLMData(schema.Data):
     text_key: str = field("text", only="tfds", description="The feature with the text.")
     max_documents: Optional[int] = field(
         None, ge=1, le=schema.MAX_SIZE, description="Read only the first ones (null: all; quick experiments).")
+    next_sentence: bool = field(
+        True, description="false: RoBERTa's objective: no sentence pairs and no next-sentence "
+                          "prediction; each example one segment, a document's sentences in "
+                          "order joined up to `sequence_length` (the bert family's model: "
+                          "`BertPretrainer(next_sentence=False)`). Not with `packing`.")
     packing: bool = field(
         False, description="Train on packed rows: each epoch's examples packed into rows of "
                            "`sequence_length` (best-fit decreasing over the epoch, a function "
                            "of the seed and the epoch; `training.batch_size` counts rows), "
                            "with BERT's packed inputs. Validation and test stay padded, one "
                            "example per row: the metrics mean what they mean unpacked.")
+
+    @pydantic.model_validator(mode="after")
+    def _single_segments_unpacked(self):
+        if not self.next_sentence and self.packing:
+            raise schema.key_error("next_sentence", "false is not supported with "
+                                   "`data.packing` true (packed rows carry sentence pairs)",
+                                   self.next_sentence)
+        return self
 
     @pydantic.field_validator("validation_documents")
     @classmethod
@@ -129,13 +153,29 @@ class MaskedLM(Task):
     def evaluation_class(cls, family):
         return ModernBertMaskedLMEvaluation if family == MODERNBERT else cls.Evaluation
 
+    def __init__(self, recipe):
+        super().__init__(recipe)
+        if not self.next_sentence and self.evaluation["metric"] == "nsp_accuracy":
+            raise ValueError(
+                "Recipe key `data.next_sentence` is false: there is no next-sentence "
+                "prediction for evaluation.metric='nsp_accuracy' to measure. "
+                "Received: data.next_sentence=False")
+
     @property
     def modernbert(self):
         return self.model_family == MODERNBERT
 
+    @property
+    def next_sentence(self):
+        """Sentence pairs and next-sentence prediction (BERT), or single
+        segments and the masked LM alone (`data.next_sentence: false`)."""
+        return self.data.get("next_sentence", True)  # absent when true
+
     def _config(self):
         """The model config: the recipe's preset and overrides with the
-        vocabulary's size (and, for ModernBERT, its `[PAD]` id)."""
+        vocabulary's size (and, for ModernBERT, its `[PAD]` id). A BERT
+        config with RoBERTa's positions (`padding_id`) must count them past
+        the vocabulary's `[PAD]`."""
         overrides = dict(self.recipe["model"]["overrides"], vocabulary_size=len(self.vocabulary))
         if self.modernbert:
             from keras_attn.models.modernbert import get_modernbert_config
@@ -144,7 +184,19 @@ class MaskedLM(Task):
                                          pad_id=self._pad_id())
         from keras_attn.models.bert import get_bert_config
 
-        return get_bert_config(self.recipe["model"]["preset"], **overrides)
+        config = get_bert_config(self.recipe["model"]["preset"], **overrides)
+        if config.padding_id is not None and config.padding_id != self._pad_id():
+            raise ValueError(
+                "Recipe key `model.overrides.padding_id` must be the learned vocabulary's "
+                f"[PAD] id, {self._pad_id()} (RoBERTa's positions are counted past it; "
+                f"preset {self.recipe['model']['preset']!r} has its own vocabulary's). "
+                f"Received: padding_id={config.padding_id}")
+        if self.next_sentence and config.num_segments < 2:
+            raise ValueError(
+                "Recipe key `data.next_sentence` must be false for a model with "
+                f"num_segments={config.num_segments} (sentence pairs need segments 0 and "
+                "1). Received: data.next_sentence=True")
+        return config
 
     def _pad_id(self):
         from keras_attn.data.text import SPECIAL_TOKENS
@@ -191,16 +243,27 @@ class MaskedLM(Task):
         sentences = [s for document in train_documents for s in document]
         self.vocabulary = text.train_wordpiece_vocabulary(sentences, data["vocabulary_size"])
         self.tokenizer = text.make_tokenizer(self.vocabulary)
-        self.train_pairs = text.make_sentence_pairs(train_documents, seed=self.seed)
-        self.test_pairs = text.make_sentence_pairs(test_documents, seed=self.seed + 1)
-        self.validation_pairs = (
-            text.make_sentence_pairs(validation_documents, seed=self.seed + 2)
-            if validations else None
-        )
+        if not self.next_sentence:
+            # Single segments, (texts, None, None) for pretraining_dataset.
+            def segments(documents):
+                texts = text.make_document_segments(documents, self.tokenizer,
+                                                    data["sequence_length"])
+                return texts, None, None
+
+            self.train_pairs = segments(train_documents)
+            self.test_pairs = segments(test_documents)
+            self.validation_pairs = segments(validation_documents) if validations else None
+        else:
+            self.train_pairs = text.make_sentence_pairs(train_documents, seed=self.seed)
+            self.test_pairs = text.make_sentence_pairs(test_documents, seed=self.seed + 1)
+            self.validation_pairs = (
+                text.make_sentence_pairs(validation_documents, seed=self.seed + 2)
+                if validations else None
+            )
         for key, pairs in (("data.test_documents", self.test_pairs),
                            ("data.validation_documents", self.validation_pairs),
                            ("data.max_documents", self.train_pairs)):
-            if pairs is not None and not len(pairs[2]):
+            if pairs is not None and not len(pairs[0]):
                 raise ValueError(
                     f"Recipe key `{key}` gives documents without a sentence pair (each "
                     f"has one sentence). Received: {key}={data[key.split('.')[1]]!r}"
@@ -208,7 +271,7 @@ class MaskedLM(Task):
         self.max_predictions = data["max_predictions"] or (
             round(data["sequence_length"] * data["mask_rate"]) + 4
         )
-        self.batches_per_epoch = batch_count(len(self.train_pairs[2]), self.batch_size)
+        self.batches_per_epoch = batch_count(len(self.train_pairs[0]), self.batch_size)
         config = self._config()
         if config.max_sequence_length < data["sequence_length"]:
             raise ValueError(
@@ -391,7 +454,8 @@ class MaskedLM(Task):
                 **overrides))
 
         backbone = build_bert(preset, vocabulary_size=len(self.vocabulary), **overrides)
-        return BertPretrainer(backbone, max_segments=self.max_segments)
+        return BertPretrainer(backbone, max_segments=self.max_segments,
+                              next_sentence=self.next_sentence)
 
     def assume_data_sizes(self):
         self.vocabulary = [None] * self.data["vocabulary_size"]  # the size asked for
@@ -417,7 +481,7 @@ class MaskedLM(Task):
 
     def evaluate_batches(self, model, batches):
         metrics = super().evaluate_batches(model, batches)
-        if not self.modernbert:
+        if self.next_sentence and not self.modernbert:
             return metrics
         # The BERT recipes' names: one output, "mlm".
         return {("mlm_" + name if name in ("loss", "accuracy", "perplexity") else name): value
