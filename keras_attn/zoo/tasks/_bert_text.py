@@ -91,6 +91,38 @@ def pretrained_kind(path):
                              "Hugging Face BERT", "a backbone")
 
 
+def vocabulary_pad_id(vocabulary):
+    """The `[PAD]` id of a learned vocabulary (its special tokens' order
+    when the sizes are assumed before the vocabulary is learned)."""
+    from keras_attn.data.text import SPECIAL_TOKENS
+
+    if vocabulary[0] is None:  # assume_data_sizes: the learned order
+        return SPECIAL_TOKENS.index("[PAD]")
+    return vocabulary.index("[PAD]")
+
+
+def text_model_config(modernbert, preset, overrides, vocabulary):
+    """The family's config of `preset` with `overrides` and the
+    vocabulary's size (ModernBERT's `pad_id` the vocabulary's `[PAD]`); a
+    BERT config with RoBERTa's positions (`padding_id`) must count them past
+    that `[PAD]`: a `ValueError` naming the key otherwise."""
+    overrides = dict(overrides, vocabulary_size=len(vocabulary))
+    pad_id = vocabulary_pad_id(vocabulary)
+    if modernbert:
+        from keras_attn.models.modernbert import get_modernbert_config
+
+        return get_modernbert_config(preset, **overrides, pad_id=pad_id)
+    from keras_attn.models.bert import get_bert_config
+
+    config = get_bert_config(preset, **overrides)
+    if config.padding_id is not None and config.padding_id != pad_id:
+        raise ValueError(
+            f"Recipe key `model.overrides.padding_id` must be the learned vocabulary's [PAD] "
+            f"id, {pad_id} (RoBERTa's positions are counted past it; preset {preset!r} has "
+            f"its own vocabulary's). Received: padding_id={config.padding_id}")
+    return config
+
+
 def take(values, indices):
     """The `indices` of a list or an array, as its kind."""
     if isinstance(values, np.ndarray):
@@ -119,30 +151,10 @@ class BertTextTask(Task):
         return MODERNBERT_INPUTS if self.modernbert else BERT_INPUTS
 
     def _config(self, preset, overrides):
-        """The family's config of `preset` with `overrides`, the vocabulary's
-        size (and ModernBERT's `pad_id`, the vocabulary's `[PAD]`; a BERT
-        config with RoBERTa's `padding_id` must name that `[PAD]`)."""
-        overrides = dict(overrides, vocabulary_size=len(self.vocabulary))
-        if self.modernbert:
-            from keras_attn.models.modernbert import get_modernbert_config
-
-            return get_modernbert_config(preset, **overrides, pad_id=self._pad_id())
-        from keras_attn.models.bert import get_bert_config
-
-        config = get_bert_config(preset, **overrides)
-        if config.padding_id is not None and config.padding_id != self._pad_id():
-            raise ValueError(
-                "Recipe key `model.overrides.padding_id` must be the vocabulary's [PAD] id, "
-                f"{self._pad_id()} (RoBERTa's positions are counted past it). "
-                f"Received: padding_id={config.padding_id}")
-        return config
+        return text_model_config(self.modernbert, preset, overrides, self.vocabulary)
 
     def _pad_id(self):
-        from keras_attn.data.text import SPECIAL_TOKENS
-
-        if self.vocabulary[0] is None:  # assume_data_sizes: the learned order
-            return SPECIAL_TOKENS.index("[PAD]")
-        return self.vocabulary.index("[PAD]")
+        return vocabulary_pad_id(self.vocabulary)
 
     # === Data ===
 

@@ -48,6 +48,8 @@ import pydantic
 
 from keras_attn.zoo import schema
 from keras_attn.zoo.schema import field
+from keras_attn.zoo.tasks._bert_text import text_model_config
+from keras_attn.zoo.tasks._bert_text import vocabulary_pad_id
 from keras_attn.zoo.tasks.base import Task
 from keras_attn.zoo.tasks.base import batch_count
 from keras_attn.zoo.tasks.base import process_positions
@@ -172,26 +174,11 @@ class MaskedLM(Task):
         return self.data.get("next_sentence", True)  # absent when true
 
     def _config(self):
-        """The model config: the recipe's preset and overrides with the
-        vocabulary's size (and, for ModernBERT, its `[PAD]` id). A BERT
-        config with RoBERTa's positions (`padding_id`) must count them past
-        the vocabulary's `[PAD]`."""
-        overrides = dict(self.recipe["model"]["overrides"], vocabulary_size=len(self.vocabulary))
-        if self.modernbert:
-            from keras_attn.models.modernbert import get_modernbert_config
-
-            return get_modernbert_config(self.recipe["model"]["preset"], **overrides,
-                                         pad_id=self._pad_id())
-        from keras_attn.models.bert import get_bert_config
-
-        config = get_bert_config(self.recipe["model"]["preset"], **overrides)
-        if config.padding_id is not None and config.padding_id != self._pad_id():
-            raise ValueError(
-                "Recipe key `model.overrides.padding_id` must be the learned vocabulary's "
-                f"[PAD] id, {self._pad_id()} (RoBERTa's positions are counted past it; "
-                f"preset {self.recipe['model']['preset']!r} has its own vocabulary's). "
-                f"Received: padding_id={config.padding_id}")
-        if self.next_sentence and config.num_segments < 2:
+        """The model config (`text_model_config`); sentence pairs need a
+        model of two segments."""
+        config = text_model_config(self.modernbert, self.recipe["model"]["preset"],
+                                   self.recipe["model"]["overrides"], self.vocabulary)
+        if self.next_sentence and not self.modernbert and config.num_segments < 2:
             raise ValueError(
                 "Recipe key `data.next_sentence` must be false for a model with "
                 f"num_segments={config.num_segments} (sentence pairs need segments 0 and "
@@ -199,11 +186,7 @@ class MaskedLM(Task):
         return config
 
     def _pad_id(self):
-        from keras_attn.data.text import SPECIAL_TOKENS
-
-        if self.vocabulary[0] is None:  # assume_data_sizes: the learned order
-            return SPECIAL_TOKENS.index("[PAD]")
-        return self.vocabulary.index("[PAD]")
+        return vocabulary_pad_id(self.vocabulary)
 
     def _inputs(self):
         return MODERNBERT_INPUTS if self.modernbert else INPUTS
