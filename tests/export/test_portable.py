@@ -500,19 +500,34 @@ def test_int8_onnx_quantizes_every_projection_and_answers_near_the_float_model(t
     gap = np.abs(got["int8"] - expected).max()
     assert 0 < gap < 0.01, gap  # quantized: close (0.0025 here), not equal
     assert (got["int8"].argmax(-1) == expected.argmax(-1)).mean() >= 0.9
+    # Each token's activations get their own scale: a row's answer is the
+    # same alone, in its batch, and whatever its padding holds (one scale
+    # per tensor moved them by 4e-3).
+    assert ops["DynamicQuantizeLinear"] == 0, ops
+    int8 = Artifact(paths["int8"])
+    alone = np.concatenate([int8(**{k: v[i:i + 1] for k, v in batch.items()})["probabilities"]
+                            for i in (0, 8, 15)])
+    np.testing.assert_allclose(alone, got["int8"][[0, 8, 15]], atol=1e-6)
+    other_padding = dict(batch, token_ids=np.where(ids == 0, 7, ids).astype("int32"))
+    np.testing.assert_allclose(int8(**other_padding)["probabilities"], got["int8"], atol=1e-6)
 
-    # The image classifier: the patch convolution quantized too.
+    # The image classifier: every projection quantized, the patch
+    # convolution kept float (its int8 input would take one scale for the
+    # whole batch); an image's answer the same alone.
     vit = build_vit("vit_tiny_16", image_size=16, patch_size=4, num_channels=3, num_layers=1,
                     hidden_dim=32, num_heads=2, intermediate_dim=64, num_classes=5)
     for variable in vit.weights:
         variable.assign(variable + rng.normal(0, 0.05, variable.shape).astype(variable.dtype))
     path = export_image_classifier(vit, tmp_path / "vit", format="onnx", precision="int8")
     ops = count_ops(os.path.join(path, "model.onnx"))
-    assert ops["ConvInteger"] == 1 and ops["Conv"] == 0, ops
+    assert ops["ConvInteger"] == 0 and ops["Conv"] == 1 and ops["MatMulInteger"] == 7, ops
     images = rng.integers(0, 256, (4, 16, 16, 3)).astype("uint8")
     reference = softmax(to_numpy(vit(images.astype("float32"))))
-    gap = np.abs(Artifact(path)(images=images)["probabilities"] - reference).max()
-    assert 0 < gap < 0.01, gap  # 0.0037 here
+    served = Artifact(path)(images=images)["probabilities"]
+    gap = np.abs(served - reference).max()
+    assert 0 < gap < 0.01, gap
+    np.testing.assert_allclose(Artifact(path)(images=images[2:3])["probabilities"], served[2:3],
+                               atol=1e-6)
 
 
 @pytest.mark.parametrize("export", ["speech_recognizer", "translator"])
