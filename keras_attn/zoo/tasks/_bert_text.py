@@ -94,9 +94,11 @@ def pretrained_kind(path):
 def vocabulary_pad_id(vocabulary):
     """The `[PAD]` id of a learned vocabulary (its special tokens' order
     when the sizes are assumed before the vocabulary is learned)."""
-    from keras_attn.data.text import SPECIAL_TOKENS
-
     if vocabulary[0] is None:  # assume_data_sizes: the learned order
+        # Imported here: keras_attn.data.text imports TensorFlow, which a
+        # run from prepared files does without.
+        from keras_attn.data.text import SPECIAL_TOKENS
+
         return SPECIAL_TOKENS.index("[PAD]")
     return vocabulary.index("[PAD]")
 
@@ -107,14 +109,14 @@ def text_model_config(modernbert, preset, overrides, vocabulary):
     BERT config with RoBERTa's positions (`padding_id`) must count them past
     that `[PAD]`: a `ValueError` naming the key otherwise."""
     overrides = dict(overrides, vocabulary_size=len(vocabulary))
-    pad_id = vocabulary_pad_id(vocabulary)
     if modernbert:
         from keras_attn.models.modernbert import get_modernbert_config
 
-        return get_modernbert_config(preset, **overrides, pad_id=pad_id)
+        return get_modernbert_config(preset, **overrides, pad_id=vocabulary_pad_id(vocabulary))
     from keras_attn.models.bert import get_bert_config
 
     config = get_bert_config(preset, **overrides)
+    pad_id = None if config.padding_id is None else vocabulary_pad_id(vocabulary)
     if config.padding_id is not None and config.padding_id != pad_id:
         raise ValueError(
             f"Recipe key `model.overrides.padding_id` must be the learned vocabulary's [PAD] "
