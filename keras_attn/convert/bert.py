@@ -7,8 +7,8 @@ RoBERTa is BERT's encoder with its positions counted past the padding id
 RoBERTa classification head's `dense` is the backbone's pooler
 (`pooled_dense`: the same tanh layer on the first token).
 
-The directory holds `config.json`, `model.safetensors` and `vocab.txt`
-(`tokenizer_config.json` optional). The weights are read with NumPy and
+The directory holds `config.json`, `model.safetensors` and `vocab.txt` or
+`tokenizer.json` (`tokenizer_config.json` optional). The weights are read with NumPy and
 `safetensors` only (neither torch nor transformers is needed); the tokenizer
 is a `keras_hub.tokenizers.WordPieceTokenizer` (TensorFlow), imported only
 when asked for.
@@ -337,33 +337,52 @@ def load_hf_bert_backbone(path, drop_heads=True):
 
 
 def load_hf_bert_tokenizer(path, sequence_length=None, lowercase=None):
-    """The WordPiece tokenizer of a Hugging Face BERT directory.
+    """The WordPiece tokenizer of a Hugging Face BERT directory, with the
+    ids of transformers 5's `BertTokenizer.from_pretrained(path)(text,
+    add_special_tokens=False)`.
 
     Args:
-        path: directory with `vocab.txt` (and optionally
-            `tokenizer_config.json`).
+        path: directory with `tokenizer.json` (what transformers 5's
+            `save_pretrained` writes) or `vocab.txt` (transformers 4's
+            layout; both: they must hold the same vocabulary), and
+            optionally `tokenizer_config.json`.
         sequence_length: pad / truncate the token ids to this length; None
             gives ragged ids.
-        lowercase: None reads `do_lower_case` from `tokenizer_config.json`
-            (then `config.json`); without either, a vocabulary with no
-            upper-case letter means an uncased model.
+        lowercase: None reads `do_lower_case` from `tokenizer_config.json`,
+            else `tokenizer.json`'s normaliser, else `config.json`; without
+            any, a vocabulary with no upper-case letter means an uncased
+            model.
 
     Returns:
-        A `keras_hub.tokenizers.WordPieceTokenizer` (accents are stripped
-        when lower-casing, as BERT's uncased tokenizer does).
-    """
-    import keras_hub
+        A `keras_hub.tokenizers.WordPieceTokenizer` that follows
+        `BertTokenizer`'s options: `do_lower_case`, `strip_accents` (None:
+        stripped when lower-casing), `tokenize_chinese_chars`, `unk_token`
+        (and `tokenizer.json`'s `continuing_subword_prefix`). A blank line of
+        `vocab.txt` is a token, as in transformers (the ids after it count
+        it). It adds no `[CLS]` / `[SEP]`: a packer does. transformers 5
+        ignores `never_split`, and so does this tokenizer. Where the ids can
+        differ: a special token written in the text (`"[MASK]"`) is split
+        into pieces, where transformers gives its id (put it in by id);
+        lower-casing is keras-hub's Unicode case folding (NFKC: `"ﬁ"`,
+        full-width letters, `"ß"` fold further than transformers'
+        lower-casing); a space other than ASCII's (U+00A0, U+3000) joins
+        words; a control or format character (U+200B) splits a word, where
+        transformers deletes it and keeps the word whole; a word is unknown
+        past 100 UTF-8 bytes (transformers: 100 characters).
 
-    with open(os.path.join(path, "vocab.txt"), encoding="utf-8") as f:
-        vocabulary = [line.rstrip("\n") for line in f if line.rstrip("\n")]
-    if lowercase is None:
-        lowercase = _read_lowercase(path, vocabulary)
-    return keras_hub.tokenizers.WordPieceTokenizer(
-        vocabulary=vocabulary,
-        sequence_length=sequence_length,
-        lowercase=lowercase,
-        strip_accents=lowercase,
-    )
+    Raises:
+        ValueError: neither file; a malformed file (the file, the entry and
+            its value named: invalid JSON, an id that is not an integer, a
+            token listed twice, a missing `model`); a setting keras-hub's
+            tokenizer does not compute (another model, normaliser or
+            pre-tokenizer, `clean_text` false, `max_input_chars_per_word`
+            other than 100); special tokens the vocabulary does not hold or
+            whose ids disagree; `tokenizer_config.json` and `tokenizer.json`
+            that disagree.
+    """
+    from keras_attn.convert.wordpiece import wordpiece_tokenizer
+
+    return wordpiece_tokenizer(path, sequence_length=sequence_length, lowercase=lowercase)
 
 
 def load_hf_roberta_tokenizer(path, sequence_length=None):
@@ -550,18 +569,6 @@ def load_hf_xlm_roberta_tokenizer(path, sequence_length=None):
     return keras_hub.models.XLMRobertaTokenizer(proto=proto, sequence_length=sequence_length)
 
 
-def _read_lowercase(path, vocabulary):
-    for name in ("tokenizer_config.json", "config.json"):
-        if os.path.exists(os.path.join(path, name)):
-            value = read_config(path, name).get("do_lower_case")
-            if value is not None:
-                return bool(value)
-    plain = [t for t in vocabulary if not (t.startswith("[") and t.endswith("]"))]
-    return not any(ch.isupper() for token in plain for ch in token)
-
-
-
-
 def load_hf_bert(path, sequence_length=None):
     """`(backbone, tokenizer)` from a Hugging Face BERT directory; see
     `load_hf_bert_backbone` and `load_hf_bert_tokenizer`."""
@@ -694,8 +701,10 @@ def save_hf_bert(model, directory, tokenizer=None, overwrite=False):
         directory: where to write; created, or replaced when `overwrite`.
             Written atomically (a new directory takes its place at the end).
         tokenizer: optional `keras_hub.tokenizers.WordPieceTokenizer`
-            (`load_hf_bert_tokenizer`'s): its vocabulary and case handling
-            are written for `transformers.BertTokenizer`.
+            (`load_hf_bert_tokenizer`'s): its vocabulary, case, accent and
+            Chinese-character handling and unknown token are written for
+            `transformers.BertTokenizer` (one that continues words other
+            than with `##` is refused).
         overwrite: replace an existing non-empty `directory` that holds an
             earlier Hugging Face export (any other directory is refused).
 
@@ -780,6 +789,15 @@ def _tokenizer_files(tokenizer, config):
     }
     if bool(tokenizer.strip_accents) != lowercase:  # BertTokenizer's default follows the case
         settings["strip_accents"] = bool(tokenizer.strip_accents)
+    if not tokenizer.split_on_cjk:
+        settings["tokenize_chinese_chars"] = False
+    if tokenizer.oov_token != "[UNK]":
+        settings["unk_token"] = tokenizer.oov_token
+    if tokenizer.suffix_indicator != "##":  # vocab.txt's WordPiece continues words with "##"
+        raise ValueError(
+            "Invalid value for argument `tokenizer`: BertTokenizer's vocab.txt continues words "
+            "with '##' only. Received: tokenizer.suffix_indicator="
+            f"{tokenizer.suffix_indicator!r}")
     return {"vocab.txt": "\n".join(vocabulary) + "\n",
             "tokenizer_config.json": json_text(settings)}
 
