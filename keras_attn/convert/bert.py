@@ -366,9 +366,10 @@ def load_hf_bert_tokenizer(path, sequence_length=None, lowercase=None):
         lower-casing is keras-hub's Unicode case folding (NFKC: `"ﬁ"`,
         full-width letters, `"ß"` fold further than transformers'
         lower-casing); a space other than ASCII's (U+00A0, U+3000) joins
-        words; a control or format character (U+200B) splits a word, where
-        transformers deletes it and keeps the word whole; a word is unknown
-        past 100 UTF-8 bytes (transformers: 100 characters).
+        words; a control or format character (U+200B) splits a word and
+        U+FFFD stays in it, where transformers deletes both and keeps the
+        word whole; a word is unknown past 100 UTF-8 bytes (transformers:
+        100 characters).
 
     Raises:
         ValueError: neither file; a malformed file (the file, the entry and
