@@ -124,6 +124,9 @@ MALFORMED = {
         r"tokenizer\.json: .*Received: post_processor\.special_tokens\['\[CLS\]'\]\.ids=\[7\]"),
     "files disagree": (_edit_json("tokenizer_config.json", lambda s: _set(s, ["do_lower_case"], False)),
                        r"tokenizer_config\.json.*tokenizer\.json.*Received: do_lower_case=False"),
+    "vocab.txt beside": (lambda saved: (saved / "vocab.txt").write_text(
+        "\n".join(VOCAB[:5] + VOCAB[6:]) + "\n", encoding="utf-8"),
+        r"vocab\.txt: .*tokenizer\.json.*its id 5 is ''\. Received: line 6='the'"),
     "setting type": (_edit_json("tokenizer_config.json", lambda s: _set(s, ["strip_accents"], "no")),
                      r"tokenizer_config\.json: .*Received: strip_accents='no'"),
     "special token": (_edit_json("tokenizer_config.json", lambda s: _set(s, ["mask_token"], "<mask>")),
