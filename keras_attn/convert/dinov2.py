@@ -5,10 +5,13 @@ The keras_attn model is a `ViT` with the DINOv2 options (`num_register_tokens`,
 `layer_scale_init`, `feed_forward="swiglu"` where the checkpoint has SwiGLU,
 `pixel_normalization="imagenet"`; `pooling="cls_gap"` for the classifier,
 whose linear head reads the [CLS] vector concatenated with the mean patch
-token). It takes raw `(B, H, W, C)` pixels in [0, 255] and normalises them
-itself, so `hf(pixel_values=((x / 255 - mean) / std).transpose(0, 3, 1, 2))`
-equals it (the last hidden state before pooling is the output of the layer
-`final_layer_norm`).
+token). It takes raw `(B, H, W, C)` pixels in [0, 255] and rescales and
+normalises them itself as the directory's `BitImageProcessor`
+(`preprocessor_config.json`) says, so `hf(**processor(x, return_tensors="pt"))`
+equals it for images of the processor's crop size, the model's input size
+(the last hidden state before pooling is the output of the layer
+`final_layer_norm`). The model does not resize or crop: images of another
+size are prepared as the processor's `size` / `resample` / `crop_size` say.
 
 transformers interpolates the position grid to every input size on the fly
 (bicubic, antialiased); the Keras model has one input size, and
@@ -26,8 +29,6 @@ the Keras model does not have; a checkpoint that asks for it loads without it
 """
 
 import dataclasses
-import json
-import os
 
 from keras_attn.convert._checkpoint import Entry
 from keras_attn.convert._checkpoint import Tensors
@@ -39,13 +40,14 @@ from keras_attn.convert._checkpoint import read_config
 from keras_attn.convert._checkpoint import read_entries
 from keras_attn.convert._checkpoint import read_safetensors
 from keras_attn.convert._checkpoint import write_directory
+from keras_attn.convert._image_processor import processor_statistics
+from keras_attn.convert._image_processor import read_image_processor
 from keras_attn.convert.vit import attention_entries
 from keras_attn.convert.vit import embedding_entries
 from keras_attn.convert.vit import entry_helpers
 from keras_attn.models.vit import ViTConfig
 from keras_attn.models.vit import build_vit
 from keras_attn.models.vit import resize_vit
-from keras_attn.models.vit.vit_config import PIXEL_STATISTICS
 
 _FILE = "config.json"
 _PREFIX = "dinov2_with_registers."  # the backbone inside ...ForImageClassification
@@ -57,28 +59,6 @@ def swiglu_hidden_dim(hidden_dim, mlp_ratio):
     mlp_ratio`, rounded up to a multiple of 8 (its parameter count stays
     that of the GELU MLP)."""
     return (int(int(hidden_dim * mlp_ratio) * 2 / 3) + 7) // 8 * 8
-
-
-def _pixel_normalization(directory):
-    """The `pixel_normalization` of `preprocessor_config.json`; "imagenet"
-    (DINOv2's image processor) when the directory has none."""
-    path = os.path.join(directory, "preprocessor_config.json")
-    if not os.path.exists(path):
-        return "imagenet"
-    try:
-        with open(path, encoding="utf-8") as stream:
-            processor = json.load(stream)
-    except (OSError, ValueError) as error:
-        raise ValueError(f"{path} cannot be read as JSON ({error}). "
-                         f"Received: path={directory!r}") from None
-    mean, std = processor.get("image_mean"), processor.get("image_std")
-    for name, (known_mean, known_std) in PIXEL_STATISTICS.items():
-        if (isinstance(mean, list) and isinstance(std, list) and len(mean) == len(std) == 3
-                and all(abs(a - b) < 1e-6 for a, b in zip(mean + std, known_mean + known_std))):
-            return name
-    raise ValueError(
-        f"{path}: the Keras model normalises pixels with one of {sorted(PIXEL_STATISTICS)} "
-        f"({PIXEL_STATISTICS}). Received: image_mean={mean!r}, image_std={std!r}")
 
 
 def dinov2_config_from_hf(hf_config, num_classes=None):
@@ -156,15 +136,20 @@ def load_hf_dinov2(path, include_classifier=True, image_size=None):
 
     Args:
         path: directory with `config.json` and `model.safetensors` (or its
-            shards: `read_safetensors`), and,
-            optionally, `preprocessor_config.json`, whose `image_mean` /
-            `image_std` pick `pixel_normalization`; ImageNet's without it.
+            shards: `read_safetensors`), and, optionally, the image
+            processor's `preprocessor_config.json`, whose rescaling and
+            normalisation (`do_rescale`, `rescale_factor`, `do_normalize`,
+            `image_mean`, `image_std`) the model's first layer does;
+            ImageNet's without it.
         include_classifier: load the head of a
             `Dinov2WithRegistersForImageClassification` (logits out, from
             the [CLS] vector and the mean patch token). False, or a
             `Dinov2WithRegistersModel`, gives the backbone, `(B, D)` out: the
             [CLS] vector (transformers' `pooler_output`).
-        image_size: None for the checkpoint's `image_size`; else the input
+        image_size: None for the size the processor gives its model
+            (`crop_size`, as `BitImageProcessor` center-crops; its `size`
+            without the crop), or the checkpoint's `image_size` where the
+            processor fixes none or there is no processor; else the input
             size of the model returned, its position grid resampled as
             transformers does for that size (`resize_vit`,
             `"bicubic_antialias"`).
@@ -178,12 +163,16 @@ def load_hf_dinov2(path, include_classifier=True, image_size=None):
             assigned then).
     """
     hf_config = read_config(path)
+    processing = read_image_processor(path, config_int(hf_config, "num_channels", _FILE, 3),
+                                      "BitImageProcessor", "imagenet")
     raw = read_safetensors(path)
     prefix = _PREFIX if any(k.startswith(_PREFIX) for k in raw) else ""
     has_head = include_classifier and "classifier.weight" in raw
     num_classes = raw["classifier.weight"].shape[0] if has_head else None
-    config = dataclasses.replace(dinov2_config_from_hf(hf_config, num_classes),
-                                 pixel_normalization=_pixel_normalization(path))
+    config = dinov2_config_from_hf(hf_config, num_classes)
+    config = dataclasses.replace(config, **processing.fields)
+    if image_size is None:
+        image_size = processing.size
     model = build_vit(config)
     tensors = Tensors(raw, path)
     plan = read_entries(_layout(model, prefix), tensors, model)  # before any assignment
@@ -278,7 +267,7 @@ def save_hf_dinov2(model, directory, overwrite=False):
         hf_config["num_labels"] = config.num_classes
         hf_config["id2label"] = {str(i): f"LABEL_{i}" for i in range(config.num_classes)}
         hf_config["label2id"] = {f"LABEL_{i}": i for i in range(config.num_classes)}
-    mean, std = PIXEL_STATISTICS[config.pixel_normalization]
+    mean, std = processor_statistics(config)
     processor = {
         "image_processor_type": "BitImageProcessor",
         "do_resize": True,

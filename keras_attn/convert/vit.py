@@ -4,11 +4,16 @@ The directory holds `config.json` and `model.safetensors` (what
 `save_pretrained` writes). Only NumPy and `safetensors` are used to read it;
 neither torch nor transformers is needed.
 
-Hugging Face models take normalised `(B, C, H, W)` pixel values
-(`(x / 255 - 0.5) / 0.5` with the default `ViTImageProcessor`); the Keras ViT
-takes raw `(B, H, W, C)` pixels in [0, 255] and does the same rescaling
-itself, so `hf(pixel_values=(x / 127.5 - 1).transpose(0, 3, 1, 2))` equals
-`keras_vit(x)`.
+Hugging Face models take normalised `(B, C, H, W)` pixel values, prepared
+by the directory's image processor (`preprocessor_config.json`; `(x / 255 -
+0.5) / 0.5` with the default `ViTImageProcessor`); the Keras ViT takes raw
+`(B, H, W, C)` pixels in [0, 255] and rescales and normalises them itself as
+that processor says (`do_rescale`, `rescale_factor`, `do_normalize`,
+`image_mean`, `image_std`: `keras_attn.convert._image_processor`), so
+`hf(**processor(images, return_tensors="pt"))` equals `keras_vit(images)`
+for images of the model's size. The processor's `size` must be that size
+(the model does not resize); without the file the default processor's
+[-1, 1] is assumed.
 
 Every tensor must have exactly the shape `config.json` implies before it is
 laid out for Keras, and every tensor must be used (the `ViTModel` pooler and,
@@ -31,6 +36,9 @@ from keras_attn.convert._checkpoint import read_entries
 from keras_attn.convert._checkpoint import read_safetensors
 from keras_attn.convert._checkpoint import transposed
 from keras_attn.convert._checkpoint import write_directory
+from keras_attn.convert._image_processor import check_image_size
+from keras_attn.convert._image_processor import processor_statistics
+from keras_attn.convert._image_processor import read_image_processor
 from keras_attn.models.vit import ViTConfig
 from keras_attn.models.vit import build_vit
 
@@ -149,7 +157,10 @@ def load_hf_vit(path, include_classifier=True):
 
     Args:
         path: directory with `config.json` and `model.safetensors` (or
-            its shards: `read_safetensors`).
+            its shards: `read_safetensors`), and optionally the image
+            processor's `preprocessor_config.json`, whose rescaling and
+            normalisation the model's first layer does (the default
+            `ViTImageProcessor`'s [-1, 1] without it).
         include_classifier: load the `classifier` head of a
             `ViTForImageClassification` (logits out). False, or a checkpoint
             without a head (`ViTModel`), gives the backbone (`(B, D)` out).
@@ -158,8 +169,17 @@ def load_hf_vit(path, include_classifier=True):
 
     Returns:
         The Keras `ViT`.
+
+    Raises:
+        ValueError: a malformed checkpoint, or a `preprocessor_config.json`
+            the model cannot follow (another processor class, statistics not
+            one per channel, an output size other than `image_size`), named
+            by file, key and value.
     """
     config = vit_config_from_hf(read_config(path))
+    processing = read_image_processor(path, config.num_channels, "ViTImageProcessor", "half")
+    check_image_size(processing, config.image_size, "config.json image_size")
+    config = dataclasses.replace(config, **processing.fields)
     raw = read_safetensors(path)
     # ViTForImageClassification prefixes the backbone with "vit.".
     prefix = "vit." if any(k.startswith("vit.") for k in raw) else ""
@@ -183,15 +203,15 @@ def load_hf_vit(path, include_classifier=True):
 def save_hf_vit(model, directory, overwrite=False):
     """Writes a keras_attn `ViT` as a Hugging Face directory:
     `config.json`, `model.safetensors` (float32) and
-    `preprocessor_config.json` (the [-1, 1] rescaling the Keras model does
-    itself).
+    `preprocessor_config.json` (the rescaling and normalisation the Keras
+    model does itself: `AutoImageProcessor` loads it).
 
     A model with a classifier is written as a `ViTForImageClassification`;
     a backbone (`num_classes=None`) as a `ViTModel` without the pooler that
     keras_attn's ViT does not have: load it with
     `transformers.ViTModel.from_pretrained(directory, add_pooling_layer=False)`.
     Either loads with no missing or unexpected key, and
-    `hf(pixel_values=(x / 127.5 - 1).transpose(0, 3, 1, 2))` equals `model(x)`
+    `hf(**processor(x, return_tensors="pt"))` equals `model(x)`
     (logits, or for the backbone the final-norm [CLS] token,
     `last_hidden_state[:, 0]`).
 
@@ -221,14 +241,12 @@ def save_hf_vit(model, directory, overwrite=False):
             f"`model` must be a keras_attn ViT (build_vit). Received: model={type(model).__name__}"
         )
     if (config.num_register_tokens or config.layer_scale_init is not None
-            or config.feed_forward != "gelu" or config.pixel_normalization != "half"):
+            or config.feed_forward != "gelu"):
         raise ValueError(
-            "Hugging Face's ViT has no register tokens, LayerScale or SwiGLU and takes "
-            "pixels normalised to [-1, 1]: write a DINOv2 ViT with "
-            "keras_attn.convert.save_hf (save_hf_dinov2). Received: "
+            "Hugging Face's ViT has no register tokens, LayerScale or SwiGLU: write a "
+            "DINOv2 ViT with keras_attn.convert.save_hf (save_hf_dinov2). Received: "
             f"num_register_tokens={config.num_register_tokens}, "
-            f"layer_scale_init={config.layer_scale_init}, feed_forward={config.feed_forward!r}, "
-            f"pixel_normalization={config.pixel_normalization!r}"
+            f"layer_scale_init={config.layer_scale_init}, feed_forward={config.feed_forward!r}"
         )
     if config.pooling != "cls":
         raise ValueError(
@@ -260,6 +278,7 @@ def save_hf_vit(model, directory, overwrite=False):
         hf_config["num_labels"] = config.num_classes
         hf_config["id2label"] = {str(i): f"LABEL_{i}" for i in range(config.num_classes)}
         hf_config["label2id"] = {f"LABEL_{i}": i for i in range(config.num_classes)}
+    mean, std = processor_statistics(config)
     processor = {
         "image_processor_type": "ViTImageProcessor",
         "do_resize": True,
@@ -268,8 +287,8 @@ def save_hf_vit(model, directory, overwrite=False):
         "do_rescale": True,
         "rescale_factor": 1 / 255,
         "do_normalize": True,
-        "image_mean": [0.5] * config.num_channels,
-        "image_std": [0.5] * config.num_channels,
+        "image_mean": mean,
+        "image_std": std,
     }
     tensors = {
         entry.name: entry.to_hf(np.asarray(ops.convert_to_numpy(entry.variable), "float32"))

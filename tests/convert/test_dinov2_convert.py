@@ -134,3 +134,61 @@ def test_writers_without_dinov2s_options_refuse_a_dinov2_model(tmp_path):
     with pytest.raises(ValueError, match=r"Received: num_register_tokens=4, pooling='cls_gap'"):
         to_keras_hub(model)
     assert not (tmp_path / "vit").exists()
+
+
+# BitImageProcessors whose pixels differ from ImageNet's normalisation.
+PROCESSORS = {
+    "clip_default": {},  # BitImageProcessor's own default statistics (CLIP's)
+    "no_normalize": dict(do_normalize=False, image_mean=[0.485, 0.456, 0.406],
+                         image_std=[0.229, 0.224, 0.225]),
+    "no_rescale": dict(do_rescale=False, rescale_factor=0.5,
+                       image_mean=[100.0, 120.0, 140.0], image_std=[60.0, 50.0, 70.0]),
+}
+
+
+@pytest.mark.parametrize("processor", list(PROCESSORS.values()), ids=list(PROCESSORS))
+def test_logits_follow_the_image_processor(tmp_path, processor):
+    """keras_attn on raw uint8 images = BitImageProcessor + model, at the
+    processor's crop size (24, the checkpoint's 16 interpolated), and
+    save_hf_dinov2 writes a processor that gives transformers the same pixels."""
+    import torch
+    import transformers
+    hf = hf_model(transformers.Dinov2WithRegistersForImageClassification, num_labels=3)
+    hf.save_pretrained(tmp_path / "hf")
+    transformers.BitImageProcessor(size={"shortest_edge": 24},
+                                   crop_size={"height": 24, "width": 24},
+                                   **processor).save_pretrained(tmp_path / "hf")
+    images = pixels(24, seed=3)
+    hf_processor = transformers.AutoImageProcessor.from_pretrained(tmp_path / "hf")
+    with torch.no_grad():
+        expected = hf(**hf_processor(list(images), return_tensors="pt")).logits.numpy()
+    model = load_hf_dinov2(str(tmp_path / "hf"))
+    assert model.vit_config.image_size == 24
+    got = to_numpy(model(images))
+    np.testing.assert_allclose(got, expected, atol=1e-4)
+    np.testing.assert_array_equal(got.argmax(-1), expected.argmax(-1))
+    save_hf(model, tmp_path / "out")
+    again = transformers.Dinov2WithRegistersForImageClassification.from_pretrained(
+        tmp_path / "out").eval()
+    written = transformers.AutoImageProcessor.from_pretrained(tmp_path / "out")
+    with torch.no_grad():
+        logits = again(**written(list(images), return_tensors="pt")).logits.numpy()
+    np.testing.assert_allclose(logits, got, atol=1e-4)
+
+
+@pytest.mark.backend_independent  # refused before any weight is read
+def test_an_image_processor_the_model_cannot_follow_is_refused(tmp_path):
+    import json
+    import transformers
+    config = hf_model(transformers.Dinov2WithRegistersModel).config
+    (tmp_path / "config.json").write_text(config.to_json_string())
+    for fields, received in (
+            ({"crop_size": {"height": 24, "width": 20}},
+             r"crop_size=\{'height': 24, 'width': 20\}"),
+            ({"do_rescale": 1}, r"do_rescale=1"),
+            ({"image_processor_type": "ConvNextImageProcessor"},
+             r"image_processor_type='ConvNextImageProcessor'")):
+        processor = dict({"image_processor_type": "BitImageProcessor"}, **fields)
+        (tmp_path / "preprocessor_config.json").write_text(json.dumps(processor))
+        with pytest.raises(ValueError, match=r"preprocessor_config.json: .*Received: " + received):
+            load_hf_dinov2(str(tmp_path))

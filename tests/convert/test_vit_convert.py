@@ -108,3 +108,68 @@ def test_checkpoint_missing_a_tensor(tmp_path):
     save_file(tensors, str(tmp_path / "model.safetensors"))
     with pytest.raises(ValueError, match=rf"has no tensor '{missing}'"):
         load_hf_vit(str(tmp_path))
+
+
+IMAGENET = ([0.485, 0.456, 0.406], [0.229, 0.224, 0.225])
+# Each a processor whose pixels differ from the default [-1, 1].
+PROCESSORS = {
+    "imagenet": dict(image_mean=IMAGENET[0], image_std=IMAGENET[1]),
+    "no_normalize": dict(do_normalize=False),
+    "no_rescale": dict(do_rescale=False, rescale_factor=0.5,
+                       image_mean=[100.0, 120.0, 140.0], image_std=[60.0, 50.0, 70.0]),
+}
+
+
+@pytest.mark.parametrize("processor", list(PROCESSORS.values()), ids=list(PROCESSORS))
+def test_logits_follow_the_image_processor(tmp_path, processor):
+    """keras_attn on raw uint8 images = transformers' processor + model, and
+    save_hf_vit writes a processor that gives transformers the same pixels."""
+    import torch
+    import transformers
+    from keras_attn.convert import save_hf_vit
+    hf = random_hf(transformers.ViTForImageClassification,
+                   hf_config(num_labels=5, num_channels=3))
+    hf.save_pretrained(tmp_path / "hf")
+    transformers.ViTImageProcessor(size={"height": 30, "width": 30},
+                                   **processor).save_pretrained(tmp_path / "hf")
+    images = np.random.default_rng(2).integers(0, 256, (3, 30, 30, 3)).astype("uint8")
+    hf_processor = transformers.AutoImageProcessor.from_pretrained(tmp_path / "hf")
+    inputs = hf_processor(list(images), return_tensors="pt")
+    with torch.no_grad():
+        expected = hf(**inputs).logits.numpy()
+    model = load_hf_vit(str(tmp_path / "hf"))
+    got = to_numpy(model(images))
+    np.testing.assert_allclose(got, expected, atol=1e-4)
+    np.testing.assert_array_equal(got.argmax(-1), expected.argmax(-1))
+    save_hf_vit(model, tmp_path / "out")
+    again = transformers.ViTForImageClassification.from_pretrained(tmp_path / "out").eval()
+    processor = transformers.AutoImageProcessor.from_pretrained(tmp_path / "out")
+    with torch.no_grad():
+        written = again(**processor(list(images), return_tensors="pt")).logits.numpy()
+    np.testing.assert_allclose(written, got, atol=1e-4)
+
+
+REFUSED = [  # (fields, the message's "Received: ..."), by key
+    ({"image_processor_type": "CLIPImageProcessor"},
+     r"image_processor_type='CLIPImageProcessor'"),
+    ({"image_std": [0.5, 0.0, 0.5]}, r"image_std=\[0.5, 0.0, 0.5\]"),
+    ({"image_mean": [0.5, 0.5]}, r"image_mean=\[0.5, 0.5\]"),
+    ({"rescale_factor": 0}, r"rescale_factor=0"),
+    ({"do_normalize": "yes"}, r"do_normalize='yes'"),
+    ({"size": {"height": 60, "width": 60}}, r"size=\{'height': 60, 'width': 60\}"),
+    ({"size": {"height": 30, "width": 24}}, r"size=\{'height': 30, 'width': 24\}"),
+]
+
+
+@pytest.mark.backend_independent  # refused before any weight is read
+@pytest.mark.parametrize("fields,received", REFUSED, ids=[
+    "type", "std_zero", "mean_per_channel", "rescale_factor", "do_normalize", "size",
+    "not_square"])
+def test_an_image_processor_the_model_cannot_follow_is_refused(tmp_path, fields, received):
+    import json
+    (tmp_path / "config.json").write_text(json.dumps(hf_config(num_channels=3).to_dict()))
+    processor = dict({"image_processor_type": "ViTImageProcessor",
+                      "size": {"height": 30, "width": 30}}, **fields)
+    (tmp_path / "preprocessor_config.json").write_text(json.dumps(processor))
+    with pytest.raises(ValueError, match=r"preprocessor_config.json: .*Received: " + received):
+        load_hf_vit(str(tmp_path))

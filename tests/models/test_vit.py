@@ -313,6 +313,18 @@ def test_imagenet_pixel_normalization():
     np.testing.assert_allclose(out, (np.array([[0.0, 0.5, 1.0]] * 2) - mean) / std, atol=1e-5)
 
 
+def test_custom_pixel_normalization_survives_a_saved_config():
+    """(x - pixel_mean) / pixel_std per channel, in the input's units; a
+    saved config's lists come back as the same tuples."""
+    model = tiny(pixel_normalization="custom", pixel_mean=[100, 120.0, 140.0],
+                 pixel_std=(60.0, 50.0, 70.0))
+    out = to_numpy(model.get_layer("rescaling")(np.array([[0.0, 127.5, 255.0]])))
+    np.testing.assert_allclose(out, [[-100 / 60, 7.5 / 50, 115 / 70]], atol=1e-6)
+    again = type(model).from_config(model.get_config())
+    assert again.vit_config == model.vit_config
+    assert again.vit_config.pixel_mean == (100.0, 120.0, 140.0)
+
+
 @pytest.mark.parametrize("overrides, match", [
     ({"num_register_tokens": -1}, r"Received: num_register_tokens=-1"),
     ({"num_register_tokens": 2, "pooling": "gap"}, r"pooling='gap', num_register_tokens=2"),
@@ -320,6 +332,14 @@ def test_imagenet_pixel_normalization():
     ({"pixel_normalization": "clip"}, r"Received: pixel_normalization='clip'"),
     ({"feed_forward": "geglu"}, r"Received: feed_forward='geglu'"),
     ({"layer_scale_init": 0.0}, r"Received: layer_scale_init=0.0"),
+    ({"pixel_normalization": "custom"}, r"Received: pixel_mean=None"),
+    ({"pixel_normalization": "custom", "pixel_mean": (1.0, 2.0), "pixel_std": (1.0, 1.0)},
+     r"num_channels=3\)\. Received: pixel_mean=\(1.0, 2.0\)"),
+    ({"pixel_normalization": "custom", "pixel_mean": (0.0,) * 3, "pixel_std": (1.0, 0.0, 1.0)},
+     r"Received: pixel_std=\(1.0, 0.0, 1.0\)"),
+    ({"pixel_std": (1.0, 1.0, 1.0)}, r"pixel_normalization='half', pixel_std="),
+    ({"pixel_normalization": "custom", "pixel_mean": "0", "pixel_std": (1.0,) * 3},
+     r"Received: pixel_mean='0'"),
 ])
 def test_bad_dinov2_options(overrides, match):
     with pytest.raises(ValueError, match=match):

@@ -7,6 +7,7 @@ the backbone alone is smaller by `1000 * (hidden_dim + 1)`.
 """
 
 import dataclasses
+import math
 import numbers
 
 from keras_attn.models._config import ModelConfig
@@ -23,7 +24,7 @@ from keras_attn.models._config import resolve_config
 
 POOLINGS = ("cls", "gap", "cls_gap")
 FEED_FORWARDS = ("gelu", "swiglu")
-PIXEL_NORMALIZATIONS = ("half", "imagenet")
+PIXEL_NORMALIZATIONS = ("half", "imagenet", "custom")
 # (mean, std) per channel of the pixels scaled to [0, 1].
 PIXEL_STATISTICS = {
     "half": ((0.5, 0.5, 0.5), (0.5, 0.5, 0.5)),
@@ -43,6 +44,21 @@ def _non_negative_int(name, value):
 
 def _optional_positive_float(name, value):
     return None if value is None else positive_float(name, value)
+
+
+def _optional_floats(name, value):
+    """None, or a tuple of finite floats (a list, as a saved config holds it,
+    is made a tuple by `ViTConfig.__post_init__`)."""
+    if value is None:
+        return None
+    if (not isinstance(value, tuple)
+            or not all(isinstance(v, numbers.Real) and not isinstance(v, bool)
+                       and math.isfinite(v) for v in value)):
+        raise ValueError(
+            f"Invalid value for argument `{name}`: it must be None or one finite number "
+            f"per channel. Received: {name}={value!r}"
+        )
+    return value
 
 
 @dataclasses.dataclass(frozen=True)
@@ -84,7 +100,17 @@ class ViTConfig(ModelConfig):
         pixel_normalization: what the first layer does to the [0, 255]
             pixels: `"half"`, `x / 127.5 - 1` (mean = std = 0.5, the
             reference ViT); `"imagenet"`, `(x / 255 - mean) / std` with the
-            ImageNet statistics (DINOv2's image processor). RGB only.
+            ImageNet statistics (DINOv2's image processor; RGB only);
+            `"custom"`, `(x - pixel_mean) / pixel_std` per channel (any
+            image processor's rescaling and normalisation:
+            `keras_attn.convert` loads them from `preprocessor_config.json`).
+        pixel_mean: with `pixel_normalization="custom"`, `num_channels`
+            numbers subtracted from the input pixels, in the input's units
+            (ImageNet's mean is `(123.675, 116.28, 103.53)` on [0, 255]);
+            None otherwise.
+        pixel_std: with `"custom"`, `num_channels` positive numbers the
+            centred pixels are divided by, in the input's units; None
+            otherwise.
         remat: rematerialise each encoder block in training (gradient
             checkpointing): its activations are recomputed in the backward
             pass instead of stored. Less memory for about one more forward
@@ -109,8 +135,38 @@ class ViTConfig(ModelConfig):
     layer_scale_init: float = field(None, _optional_positive_float)
     feed_forward: str = field("gelu", one_of(FEED_FORWARDS))
     pixel_normalization: str = field("half", one_of(PIXEL_NORMALIZATIONS))
+    pixel_mean: tuple = field(None, _optional_floats)
+    pixel_std: tuple = field(None, _optional_floats)
+
+    def __post_init__(self):
+        # A saved config (JSON) holds the statistics as lists.
+        for name in ("pixel_mean", "pixel_std"):
+            if isinstance(getattr(self, name), list):
+                object.__setattr__(self, name, tuple(getattr(self, name)))
+        super().__post_init__()
+        for name in ("pixel_mean", "pixel_std"):
+            if getattr(self, name) is not None:
+                object.__setattr__(self, name, tuple(float(v) for v in getattr(self, name)))
 
     def check_relations(self):
+        custom = self.pixel_normalization == "custom"
+        for name in ("pixel_mean", "pixel_std"):
+            value = getattr(self, name)
+            if custom and (value is None or len(value) != self.num_channels):
+                raise ValueError(
+                    f"`pixel_normalization=\"custom\"` needs `{name}` with one number per "
+                    f"channel (num_channels={self.num_channels}). Received: {name}={value!r}"
+                )
+            if not custom and value is not None:
+                raise ValueError(
+                    f"`{name}` is read with `pixel_normalization=\"custom\"` only. Received: "
+                    f"pixel_normalization={self.pixel_normalization!r}, {name}={value!r}"
+                )
+        if custom and min(self.pixel_std) <= 0:
+            raise ValueError(
+                "Invalid value for argument `pixel_std`: every channel's must be > 0. "
+                f"Received: pixel_std={self.pixel_std!r}"
+            )
         if self.num_register_tokens and self.pooling == "gap":
             raise ValueError(
                 "Register tokens follow the [CLS] token: `pooling=\"gap\"` has none. "

@@ -2,7 +2,7 @@
 
 ```
 images (B, H, W, C) uint8 or float pixels in [0, 255]
- -> Rescaling to [-1, 1] (or ImageNet stats)   "rescaling"
+ -> Rescaling to [-1, 1] (or other stats)      "rescaling"
  -> Conv2D P x P, stride P                     "patch_embedding"   (B, H/P, W/P, D)
  -> Reshape                                    "patch_flatten"     (B, T, D)
  -> prepend [CLS] (pooling != "gap")           "class_token"       (B, 1 + T, D)
@@ -140,6 +140,9 @@ class ViT(GuardedModel, ConfigModel, keras.Model):
         # === Layers ===
         if config.pixel_normalization == "half":
             scale, offset = 1.0 / 127.5, -1.0
+        elif config.pixel_normalization == "custom":  # (x - mean) / std, per channel
+            scale = [1.0 / s for s in config.pixel_std]
+            offset = [-m / s for m, s in zip(config.pixel_mean, config.pixel_std)]
         else:  # (x / 255 - mean) / std, per channel
             mean, std = PIXEL_STATISTICS[config.pixel_normalization]
             scale = [1.0 / (255.0 * s) for s in std]
