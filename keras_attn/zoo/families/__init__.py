@@ -69,7 +69,9 @@ class TextFamily:
 
     Class attributes:
         name: the key in `FAMILIES`; `title` its name in words.
-        recipe_family: the recipe `family` it builds (`name` by default).
+        recipe_family: the recipe `family` it builds (RoBERTa's and
+            XLM-R's: "bert"); the family named so is the one its recipes
+            get (`text_family`).
         model_type: `config.json`'s `model_type` of its Hugging Face
             directories.
         tokenizer_kind: its own tokenizer, `"wordpiece"`,
