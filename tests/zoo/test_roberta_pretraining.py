@@ -64,14 +64,16 @@ def test_a_text_task_counts_roberta_positions_past_its_vocabularys_pad():
     # padding_id (1, its BPE vocabulary's <pad>) is not a learned
     # vocabulary's [PAD] (0), so it is refused, not silently kept.
     from keras_attn.data.text import SPECIAL_TOKENS
-    from keras_attn.zoo.tasks._bert_text import text_model_config
+    from keras_attn.zoo.families import text_family
+
+    text_model_config = text_family("bert").model_config
 
     vocabulary = list(SPECIAL_TOKENS) + ["the", "cat"]
     tiny = {"num_layers": 1, "hidden_dim": 16, "num_heads": 2, "intermediate_dim": 24}
     with pytest.raises(ValueError, match=r"^Recipe key `model.overrides.padding_id` must be "
                                          r"the learned vocabulary's \[PAD\] id, 0 .*preset "
                                          r"'roberta_base'.*Received: padding_id=1$"):
-        text_model_config(False, "roberta_base", tiny, vocabulary)
-    config = text_model_config(False, "roberta_base", dict(tiny, padding_id=0), vocabulary)
+        text_model_config("roberta_base", tiny, vocabulary)
+    config = text_model_config("roberta_base", dict(tiny, padding_id=0), vocabulary)
     assert (config.padding_id, config.vocabulary_size) == (0, len(vocabulary))
-    assert text_model_config(False, "bert_tiny", tiny, vocabulary).padding_id is None
+    assert text_model_config("bert_tiny", tiny, vocabulary).padding_id is None

@@ -11,23 +11,20 @@ gives its pipeline (`_batches`), through which every example is tokenized
 and packed once, at load time; the epochs are permutations of those rows.
 """
 
-import json
-import os
 from typing import Optional
 
 import numpy as np
 import pydantic
 
 from keras_attn.zoo import schema
+from keras_attn.zoo.families import PRETRAINED
+from keras_attn.zoo.families import task_families
+from keras_attn.zoo.families import text_family
 from keras_attn.zoo.schema import field
 from keras_attn.zoo.tasks.base import Task
 from keras_attn.zoo.tasks.base import batch_count
 from keras_attn.zoo.tasks.base import pretrained_source
 
-PRETRAINED = "training.pretrained"
-BERT_INPUTS = ("token_ids", "segment_ids", "padding_mask")
-MODERNBERT_INPUTS = ("token_ids", "padding_mask")
-MODERNBERT = "modernbert"
 _RUN_FILES = ("recipe.json", "model.keras", "vocab.txt")
 _HF_FILES = ("config.json", "model.safetensors", "vocab.txt")
 
@@ -78,51 +75,12 @@ class BertTextTraining(schema.Training):
                           "model.safetensors, vocab.txt).")
 
 
-def _lines(path):
-    with open(path, encoding="utf-8") as handle:
-        return [line.rstrip("\n") for line in handle if line.rstrip("\n")]
-
-
 def pretrained_kind(path):
     """"run" (a finished masked_lm run) or "hf" (a Hugging Face BERT
     directory) for `training.pretrained`; a `ValueError` naming the key
     otherwise."""
     return pretrained_source(path, PRETRAINED, "masked_lm", _RUN_FILES, _HF_FILES,
                              "Hugging Face BERT", "a backbone")
-
-
-def vocabulary_pad_id(vocabulary):
-    """The `[PAD]` id of a learned vocabulary (its special tokens' order
-    when the sizes are assumed before the vocabulary is learned)."""
-    if vocabulary[0] is None:  # assume_data_sizes: the learned order
-        # Imported here: keras_attn.data.text imports TensorFlow, which a
-        # run from prepared files does without.
-        from keras_attn.data.text import SPECIAL_TOKENS
-
-        return SPECIAL_TOKENS.index("[PAD]")
-    return vocabulary.index("[PAD]")
-
-
-def text_model_config(modernbert, preset, overrides, vocabulary):
-    """The family's config of `preset` with `overrides` and the
-    vocabulary's size (ModernBERT's `pad_id` the vocabulary's `[PAD]`); a
-    BERT config with RoBERTa's positions (`padding_id`) must count them past
-    that `[PAD]`: a `ValueError` naming the key otherwise."""
-    overrides = dict(overrides, vocabulary_size=len(vocabulary))
-    if modernbert:
-        from keras_attn.models.modernbert import get_modernbert_config
-
-        return get_modernbert_config(preset, **overrides, pad_id=vocabulary_pad_id(vocabulary))
-    from keras_attn.models.bert import get_bert_config
-
-    config = get_bert_config(preset, **overrides)
-    pad_id = None if config.padding_id is None else vocabulary_pad_id(vocabulary)
-    if config.padding_id is not None and config.padding_id != pad_id:
-        raise ValueError(
-            f"Recipe key `model.overrides.padding_id` must be the learned vocabulary's [PAD] "
-            f"id, {pad_id} (RoBERTa's positions are counted past it; preset {preset!r} has "
-            f"its own vocabulary's). Received: padding_id={config.padding_id}")
-    return config
 
 
 def take(values, indices):
@@ -132,31 +90,40 @@ def take(values, indices):
     return [values[i] for i in indices]
 
 
-class BertTextTask(Task):
-    """The base of the BERT fine-tuning tasks (in memory, deterministic).
-    A subclass that also builds ModernBERT names it in `other_families`
-    (`{MODERNBERT: ("vocabulary_size", "pad_id")}`) and gives its model
-    (`modernbert_model_class`): its rows then have no `segment_ids`."""
+class TextFamilyTask(Task):
+    """A task of the text encoder families (`keras_attn.zoo.families`):
+    the recipe's family object (`self.text_family`) builds its config and
+    models. The families that build the task are those naming it in their
+    `tasks` (`family`, the bert family, the task's own): its `set_fields`
+    and `other_families` are theirs."""
 
     family = "bert"
-    Training = BertTextTraining
-    set_fields = ("vocabulary_size",)
-    model_class = None  # BertSequenceClassifier / BertTokenClassifier
-    modernbert_model_class = None  # ModernBertSequenceClassifier
 
-    @property
-    def modernbert(self):
-        return self.model_family == MODERNBERT
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        if cls.name is not None:
+            families = task_families(cls.name)
+            cls.set_fields = families.pop(cls.family)
+            cls.other_families = families
+
+    def __init__(self, recipe):
+        super().__init__(recipe)
+        self.text_family = text_family(self.model_family)
+
+
+class BertTextTask(TextFamilyTask):
+    """The base of the BERT fine-tuning tasks (in memory, deterministic);
+    a subclass gives its model (`build_head(backbone)`, asking
+    `self.text_family`)."""
+
+    Training = BertTextTraining
 
     def input_names(self):
         """The model's inputs (and the prepared rows' keys)."""
-        return MODERNBERT_INPUTS if self.modernbert else BERT_INPUTS
+        return self.text_family.inputs
 
     def _config(self, preset, overrides):
-        return text_model_config(self.modernbert, preset, overrides, self.vocabulary)
-
-    def _pad_id(self):
-        return vocabulary_pad_id(self.vocabulary)
+        return self.text_family.model_config(preset, overrides, self.vocabulary)
 
     # === Data ===
 
@@ -203,9 +170,10 @@ class BertTextTask(Task):
             labels = np.asarray(labels, "int32")
         batches = [keras.tree.map_structure(np.asarray, batch)
                    for batch in self._batches(inputs, labels, batch_size=1024)]
-        if self.modernbert:  # no segment ids
-            batches = [({name: batch[0][name] for name in MODERNBERT_INPUTS}, *batch[1:])
-                       for batch in batches]
+        # The family's inputs (the pipelines make BERT's: ModernBERT has no
+        # segment ids).
+        batches = [({name: batch[0][name] for name in self.input_names()}, *batch[1:])
+                   for batch in batches]
         rows = keras.tree.map_structure(lambda *parts: np.concatenate(parts), *batches)
         arrays, start = dict.fromkeys(("train", "validation", "test")), 0
         for split in present:
@@ -230,33 +198,8 @@ class BertTextTask(Task):
             raise ValueError(
                 f"Recipe key `model.overrides` must be empty with {PRETRAINED} (the backbone "
                 f"is the pretrained one). Received: model.overrides={overrides!r}")
-        if kind == "run":
-            from keras_attn.data import text
-
-            with open(os.path.join(path, "recipe.json"), encoding="utf-8") as handle:
-                theirs = json.load(handle)
-            family = theirs.get("family", "bert")
-            if family != self.model_family:
-                raise ValueError(
-                    f"Recipe key `{PRETRAINED}` names a run of the {family!r} family; this "
-                    f"recipe's family is {self.model_family!r}. Received: "
-                    f"{PRETRAINED}={path!r}")
-            self.vocabulary = _lines(os.path.join(path, "vocab.txt"))
-            self.tokenizer = text.make_tokenizer(self.vocabulary)
-            self.model_config = self._config(theirs["model"]["preset"],
-                                             theirs["model"].get("overrides", {}))
-        elif self.modernbert:
-            raise ValueError(
-                f"Recipe key `{PRETRAINED}` of a modernbert recipe must be a masked_lm run "
-                "of the modernbert family (a Hugging Face ModernBERT directory has a BPE "
-                f"tokenizer, which this task does not read). Received: {PRETRAINED}={path!r}")
-        else:
-            from keras_attn.convert.bert import bert_config_from_hf
-            from keras_attn.convert.bert import load_hf_bert_tokenizer
-
-            self.tokenizer = load_hf_bert_tokenizer(path)
-            self.vocabulary = list(self.tokenizer.get_vocabulary())
-            self.model_config = bert_config_from_hf(path)
+        self.tokenizer, self.vocabulary, self.model_config = \
+            self.text_family.read_pretrained(path, kind)
 
     def _split_rows(self, splits):
         """`splits` with a seeded `validation_fraction` of train held out
@@ -339,45 +282,26 @@ class BertTextTask(Task):
                     config=dataclasses.asdict(self.model_config))
 
     def use_prepared(self, state):
-        if self.modernbert:
-            from keras_attn.models.modernbert import ModernBertConfig as config_class
-        else:
-            from keras_attn.models.bert import BertConfig as config_class
-
         self.vocabulary = state["vocabulary"]
         self.class_names = state["class_names"]
         self.num_classes = len(self.class_names)
-        self.model_config = config_class(**state["config"])
+        self.model_config = self.text_family.config_from_dict(state["config"])
         self.pretrained = self.training.get("pretrained")
         super().use_prepared(state)
 
     # === Model ===
 
     def make_model(self, preset, overrides):
-        from keras_attn.models.bert import build_bert
-
         if self.pretrained:
-            backbone = self._pretrained_backbone()
-        elif self.modernbert:
-            from keras_attn.models.modernbert import build_modernbert
-
-            backbone = build_modernbert(preset, vocabulary_size=len(self.vocabulary),
-                                        pad_id=self._pad_id(), **overrides)
+            backbone = self.text_family.pretrained_backbone(self.pretrained,
+                                                            pretrained_kind(self.pretrained))
         else:
-            backbone = build_bert(preset, vocabulary_size=len(self.vocabulary), **overrides)
-        model_class = self.modernbert_model_class if self.modernbert else self.model_class
-        return model_class(backbone, num_classes=self.num_classes)
+            backbone = self.text_family.backbone(preset, overrides, self.vocabulary)
+        return self.build_head(backbone)
 
-    def _pretrained_backbone(self):
-        import keras
-
-        path = self.pretrained
-        if pretrained_kind(path) == "hf":
-            from keras_attn.convert.bert import load_hf_bert_backbone
-
-            return load_hf_bert_backbone(path)
-        return keras.saving.load_model(os.path.join(path, "model.keras"),
-                                       compile=False).backbone
+    def build_head(self, backbone):
+        """The task's model of `backbone` (`self.num_classes` classes)."""
+        raise NotImplementedError
 
     def compile_arguments(self, model):
         return {}  # the BERT task models' own losses and metrics ("auto")

@@ -22,15 +22,6 @@ import numpy as np
 from keras_attn.zoo import schema
 from keras_attn_base.quiet_tensorflow import traced_as_written
 
-FAMILY_MODULES = {
-    "vit": "keras_attn.models.vit",
-    "bert": "keras_attn.models.bert",
-    "transformer": "keras_attn.models.transformer",
-    "conformer": "keras_attn.models.conformer",
-    "modernbert": "keras_attn.models.modernbert",
-}
-
-
 def warmup_steps(schedule, total_steps):
     """The schedule's warmup in steps (a value below 1 is a fraction of
     `total_steps`, rounded down as the examples do)."""
@@ -405,7 +396,8 @@ class Task:
 
         import keras
 
-        importlib.import_module(FAMILY_MODULES[self.recipe["family"]])  # registers the classes
+        # The family's package (keras_attn.models.<family>) registers its classes.
+        importlib.import_module(f"keras_attn.models.{self.recipe['family']}")
         self.prepare()
         keras.config.set_dtype_policy(self.training["precision"])
         return self.compile(keras.saving.load_model(path, compile=False))

@@ -40,6 +40,7 @@ target, its export `{"mlm": ...}` alone. ModernBERT takes the same
 examples. Not with `data.packing`.
 """
 
+import functools
 from typing import Literal
 from typing import Optional
 
@@ -47,17 +48,13 @@ import numpy as np
 import pydantic
 
 from keras_attn.zoo import schema
+from keras_attn.zoo.families import text_family
 from keras_attn.zoo.schema import field
-from keras_attn.zoo.tasks._bert_text import text_model_config
-from keras_attn.zoo.tasks._bert_text import vocabulary_pad_id
-from keras_attn.zoo.tasks.base import Task
+from keras_attn.zoo.tasks._bert_text import TextFamilyTask
 from keras_attn.zoo.tasks.base import batch_count
 from keras_attn.zoo.tasks.base import process_positions
 from keras_attn_base.quiet_tensorflow import traced_as_written
 
-INPUTS = ("token_ids", "segment_ids", "padding_mask", "mask_positions")
-MODERNBERT_INPUTS = ("token_ids", "padding_mask")
-MODERNBERT = "modernbert"
 # The pretrainer's NSP slots per row when nothing is packed (its default).
 UNPACKED_MAX_SEGMENTS = 8
 
@@ -117,43 +114,31 @@ class MaskedLMEvaluation(schema.Evaluation):
         "mlm_loss", description="On the held-out documents, masks fixed by the seed.")
 
 
-class ModernBertMaskedLMEvaluation(schema.Evaluation):
-    metric: Literal["mlm_loss", "mlm_accuracy", "mlm_perplexity"] = field(
-        "mlm_loss", description="On the held-out documents, masks fixed by the seed "
-                                "(no next-sentence prediction).")
+@functools.lru_cache(maxsize=None)
+def masked_lm_only_evaluation(prefix):
+    """The `Evaluation` of a family whose masked LM does not predict the
+    next sentence, named after its config (`ModernBertMaskedLMEvaluation`)."""
+    return pydantic.create_model(
+        f"{prefix}MaskedLMEvaluation", __base__=schema.Evaluation,
+        metric=(Literal["mlm_loss", "mlm_accuracy", "mlm_perplexity"], field(
+            "mlm_loss", description="On the held-out documents, masks fixed by the seed "
+                                    "(no next-sentence prediction).")))
 
 
-def modernbert_batch(x, y, sample_weight):
-    """A BERT pretraining batch (`mask_positions`, `{"mlm", "nsp"}` targets)
-    as `ModernBertMaskedLM` takes it, in a `tf.data` map: `{"token_ids",
-    "padding_mask"[, "packed_segment_ids", "positions"]}`, the `(B, T)` ids
-    at the masked positions and their weights (0 elsewhere)."""
-    import tensorflow as tf
-
-    length = tf.shape(x["token_ids"])[1]
-    chosen = tf.one_hot(x["mask_positions"], length, dtype=tf.int32) * tf.cast(
-        sample_weight["mlm"] > 0, tf.int32)[..., None]  # (B, P, T)
-    targets = tf.reduce_sum(chosen * tf.cast(y["mlm"], tf.int32)[..., None], axis=1)
-    weights = tf.cast(tf.reduce_max(chosen, axis=1), tf.float32)  # (B, T)
-    inputs = {name: x[name] for name in MODERNBERT_INPUTS + ("packed_segment_ids", "positions")
-              if name in x}
-    return inputs, targets, weights
-
-
-class MaskedLM(Task):
+class MaskedLM(TextFamilyTask):
     name = "masked_lm"
-    family = "bert"
     Data = MaskedLMData
     Evaluation = MaskedLMEvaluation
-    set_fields = ("vocabulary_size",)
-    other_families = {MODERNBERT: ("vocabulary_size", "pad_id")}
     embedded_data = "CPython pydoc topics"
     metric_names = {"mlm_accuracy": "MLM accuracy", "mlm_loss": "held-out MLM loss",
                     "mlm_perplexity": "MLM perplexity", "nsp_accuracy": "NSP accuracy"}
 
     @classmethod
     def evaluation_class(cls, family):
-        return ModernBertMaskedLMEvaluation if family == MODERNBERT else cls.Evaluation
+        if text_family(family).next_sentence_prediction:
+            return cls.Evaluation
+        return masked_lm_only_evaluation(schema.family_api(family)[2].__name__
+                                         .removesuffix("Config"))
 
     def __init__(self, recipe):
         super().__init__(recipe)
@@ -164,42 +149,37 @@ class MaskedLM(Task):
                 "Received: data.next_sentence=False")
 
     @property
-    def modernbert(self):
-        return self.model_family == MODERNBERT
-
-    @property
     def next_sentence(self):
         """Sentence pairs and next-sentence prediction (BERT), or single
         segments and the masked LM alone (`data.next_sentence: false`)."""
         return self.data.get("next_sentence", True)  # absent when true
 
+    @property
+    def predicts_next_sentence(self):
+        """The model predicts the next sentence: sentence pairs, and a
+        family whose masked LM does."""
+        return self.next_sentence and self.text_family.next_sentence_prediction
+
     def _config(self):
-        """The model config (`text_model_config`); sentence pairs need a
-        model of two segments."""
-        config = text_model_config(self.modernbert, self.recipe["model"]["preset"],
-                                   self.recipe["model"]["overrides"], self.vocabulary)
-        if self.next_sentence and not self.modernbert and config.num_segments < 2:
+        """The family's model config; sentence pairs need a model of two
+        segments when it predicts the next sentence."""
+        config = self.text_family.model_config(self.recipe["model"]["preset"],
+                                               self.recipe["model"]["overrides"],
+                                               self.vocabulary)
+        if self.predicts_next_sentence and config.num_segments < 2:
             raise ValueError(
                 "Recipe key `data.next_sentence` must be false for a model with "
                 f"num_segments={config.num_segments} (sentence pairs need segments 0 and "
                 "1). Received: data.next_sentence=True")
         return config
 
-    def _pad_id(self):
-        return vocabulary_pad_id(self.vocabulary)
-
     def _inputs(self):
-        return MODERNBERT_INPUTS if self.modernbert else INPUTS
+        return self.text_family.masked_lm_inputs()
 
     def _for_model(self, dataset):
-        """`dataset` as the recipe's model takes it (ModernBERT: see
-        `modernbert_batch`)."""
-        if not self.modernbert:
-            return dataset
-        import tensorflow as tf
-
-        return dataset.map(traced_as_written(modernbert_batch),
-                           num_parallel_calls=tf.data.AUTOTUNE)
+        """`dataset` as the recipe's model takes it (the family's
+        `masked_lm_batches`)."""
+        return self.text_family.masked_lm_batches(dataset)
 
     def load_data(self):
         from keras_attn.data import text
@@ -425,46 +405,22 @@ class MaskedLM(Task):
         super().use_prepared(state)
 
     def make_model(self, preset, overrides):
-        from keras_attn.models.bert import BertPretrainer
-        from keras_attn.models.bert import build_bert
-
-        if self.modernbert:
-            from keras_attn.models.modernbert import ModernBertMaskedLM
-            from keras_attn.models.modernbert import build_modernbert
-
-            return ModernBertMaskedLM(build_modernbert(
-                preset, vocabulary_size=len(self.vocabulary), pad_id=self._pad_id(),
-                **overrides))
-
-        backbone = build_bert(preset, vocabulary_size=len(self.vocabulary), **overrides)
-        return BertPretrainer(backbone, max_segments=self.max_segments,
-                              next_sentence=self.next_sentence)
+        backbone = self.text_family.backbone(preset, overrides, self.vocabulary)
+        return self.text_family.masked_lm(backbone, self.max_segments, self.next_sentence)
 
     def assume_data_sizes(self):
         self.vocabulary = [None] * self.data["vocabulary_size"]  # the size asked for
         self.max_segments = UNPACKED_MAX_SEGMENTS  # NSP slots: no weights
 
     def compile_arguments(self, model):
-        if not self.modernbert:
-            return {}  # BertPretrainer.compile fills in its losses and metrics
-        import keras
-
-        from keras_attn.training.metrics import Perplexity
-
-        # BertPretrainer's masked-LM loss and metrics, over the (B, T)
-        # weights: 1 at the masked positions (and none on a filler row).
-        return {"loss": keras.losses.SparseCategoricalCrossentropy(
-                    from_logits=True, reduction="mean_with_sample_weight"),
-                "metrics": None,
-                "weighted_metrics": [keras.metrics.SparseCategoricalAccuracy(name="accuracy"),
-                                     Perplexity(name="perplexity")]}
+        return self.text_family.masked_lm_compile_arguments()
 
     def evaluate(self, model):
         return self.evaluate_batches(model, self.test_data())
 
     def evaluate_batches(self, model, batches):
         metrics = super().evaluate_batches(model, batches)
-        if self.next_sentence and not self.modernbert:
+        if self.predicts_next_sentence:
             return metrics
         # The BERT recipes' names: one output, "mlm".
         return {("mlm_" + name if name in ("loss", "accuracy", "perplexity") else name): value
@@ -504,15 +460,15 @@ class MaskedLM(Task):
                          "mask_positions": "indices of the [MASK] tokens, padded with 0",
                          "mask_id": vocabulary.index("[MASK]"),
                          "pad_id": vocabulary.index("[PAD]")}
-        if self.modernbert:
+        if "mask_positions" not in names:
             del preprocessing["mask_positions"]  # logits at every position
         return export_portable(
             serving, path, format, precision, files={"vocab.txt": "".join(t + "\n" for t in vocabulary)},
             preprocessing=preprocessing)
 
     def _named_outputs(self, outputs):
-        """The model's outputs as a dict (ModernBERT's logits: `"mlm"`)."""
-        return {"mlm": outputs} if self.modernbert else outputs
+        """The model's outputs as a dict (`{"mlm": ...[, "nsp": ...]}`)."""
+        return self.text_family.masked_lm_outputs(outputs)
 
     def assets(self):
         self.prepare()

@@ -28,7 +28,6 @@ import numpy as np
 
 from keras_attn.zoo import schema
 from keras_attn.zoo.schema import field
-from keras_attn.zoo.tasks._bert_text import MODERNBERT
 from keras_attn.zoo.tasks._bert_text import BertTextData
 from keras_attn.zoo.tasks._bert_text import BertTextTask
 
@@ -80,7 +79,6 @@ class TextClassification(BertTextTask):
     Data = TextClassificationData
     Evaluation = TextClassificationEvaluation
     embedded_data = "sentences of 4 CPython help topics"
-    other_families = {MODERNBERT: ("vocabulary_size", "pad_id")}
     metric_names = {"accuracy": "accuracy"}
 
     def _embedded_splits(self):
@@ -156,17 +154,8 @@ class TextClassification(BertTextTask):
             features = tfds.builder(self.tfds_name).info.features
             self.num_classes = features[self.data["label_key"]].num_classes
 
-    @property
-    def model_class(self):
-        from keras_attn.models.bert import BertSequenceClassifier
-
-        return BertSequenceClassifier
-
-    @property
-    def modernbert_model_class(self):
-        from keras_attn.models.modernbert import ModernBertSequenceClassifier
-
-        return ModernBertSequenceClassifier
+    def build_head(self, backbone):
+        return self.text_family.sequence_classifier(backbone, self.num_classes)
 
     # === Export: raw strings (SavedModel) or token ids (ONNX, LiteRT) ===
 

@@ -24,7 +24,6 @@ import pydantic
 
 from keras_attn.zoo import schema
 from keras_attn.zoo.schema import field
-from keras_attn.zoo.tasks._bert_text import BERT_INPUTS
 from keras_attn.zoo.tasks._bert_text import BertTextData
 from keras_attn.zoo.tasks._bert_text import BertTextTask
 
@@ -123,18 +122,8 @@ class TokenClassification(BertTextTask):
             features = tfds.builder(self.tfds_name).info.features
             self.num_classes = features[self._tag_field()].feature.num_classes
 
-    @property
-    def model_class(self):
-        from keras_attn.models.bert import BertTokenClassifier
-
-        return BertTokenClassifier
-
-    def make_model(self, preset, overrides):
-        model = super().make_model(preset, overrides)
-        # The tags come from the sequence output: the pooler gets no gradient
-        # (frozen, so that Keras does not warn about it at every step).
-        model.backbone.get_layer("pooled_dense").trainable = False
-        return model
+    def build_head(self, backbone):
+        return self.text_family.token_classifier(backbone, self.num_classes)
 
     # === Export: token ids in, tag probabilities out ===
 
@@ -152,18 +141,19 @@ class TokenClassification(BertTextTask):
 
         self.check_export_format(format, precision)
 
-        def serve(token_ids, segment_ids, padding_mask):
-            logits = model({"token_ids": token_ids, "segment_ids": segment_ids,
-                            "padding_mask": padding_mask}, training=False)
+        names = self.input_names()
+
+        def serve(*inputs):
+            logits = model(dict(zip(names, inputs)), training=False)
             return {"probabilities": tf.nn.softmax(tf.cast(logits, "float32"), axis=-1)}
 
-        signature = [tf.TensorSpec((None, None), tf.int32, name=name) for name in BERT_INPUTS]
+        signature = [tf.TensorSpec((None, None), tf.int32, name=name) for name in names]
         return export_saved_model(model, path, input_signature=signature, serving_fn=serve)
 
     def evaluate_served(self, serve):
         correct = total = 0.0
         for x, tags, weights in self.test_data():
-            inputs = {name: np.asarray(x[name], "int32") for name in BERT_INPUTS}
+            inputs = {name: np.asarray(x[name], "int32") for name in self.input_names()}
             predicted = np.asarray(serve(inputs)["probabilities"]).argmax(-1)
             weights = np.asarray(weights)
             correct += float(np.sum((predicted == np.asarray(tags)) * weights))
@@ -173,7 +163,7 @@ class TokenClassification(BertTextTask):
     def example_inputs(self):
         self.prepare()
         x, _, _ = next(iter(self.test_data()))
-        return {name: np.asarray(x[name], "int32")[:4] for name in BERT_INPUTS}
+        return {name: np.asarray(x[name], "int32")[:4] for name in self.input_names()}
 
     def reference_outputs(self, model, inputs):
         import keras
@@ -182,5 +172,5 @@ class TokenClassification(BertTextTask):
         return {"probabilities": np.asarray(keras.ops.softmax(logits.astype("float32"), -1))}
 
     def served_outputs(self, loaded, inputs):
-        outputs = loaded.serve(*(inputs[name] for name in BERT_INPUTS))
+        outputs = loaded.serve(*(inputs[name] for name in self.input_names()))
         return {"probabilities": np.asarray(outputs["probabilities"])}
