@@ -215,17 +215,11 @@ _MASK_TOKEN = "_dinov2_mask_token"
 
 
 def _swiglu_ratio(hidden_dim, width):
-    """An `mlp_ratio` whose SwiGLU width (`swiglu_hidden_dim`, transformers'
-    arithmetic) is `width`: an integer ratio where one fits, else
-    `h / hidden_dim` for an `h` with `int(hidden_dim * ratio) == h`; None
-    when no ratio gives `width`."""
-    for ratio in range(1, 65):
+    """The integer `mlp_ratio` (transformers 5 takes no other) whose SwiGLU
+    width (`swiglu_hidden_dim`, transformers' arithmetic) is `width`; None
+    when none gives it."""
+    for ratio in range(1, 4 * max(1, width // hidden_dim) + 5):
         if swiglu_hidden_dim(hidden_dim, ratio) == width:
-            return ratio
-    # int(h * 2 / 3) lies in (width - 8, width]: h in [1.5 (width - 7), 1.5 width + 2].
-    for h in range(max(1, (3 * (width - 7)) // 2), (3 * width) // 2 + 3):
-        ratio = h / hidden_dim
-        if int(hidden_dim * ratio) == h and swiglu_hidden_dim(hidden_dim, ratio) == width:
             return ratio
     return None
 
@@ -246,8 +240,8 @@ def save_hf_dinov2(model, directory, overwrite=False):
 
     The model must have LayerScale (transformers' DINOv2 always has); a
     GELU MLP must be `int(mlp_ratio) * hidden_dim` wide, a SwiGLU one of
-    `swiglu_hidden_dim(hidden_dim, mlp_ratio)` for some `mlp_ratio` (an
-    integer where one fits; what transformers' config can say).
+    `swiglu_hidden_dim(hidden_dim, mlp_ratio)` for an integer `mlp_ratio`
+    (what transformers' config can say).
     `embeddings.mask_token`, which keras_attn's model does not have, is
     the loaded checkpoint's (`load_hf_dinov2` keeps it on the model), else
     zeros (transformers' initial value).
@@ -275,8 +269,8 @@ def save_hf_dinov2(model, directory, overwrite=False):
         if ratio is None:
             raise ValueError(
                 "transformers' SwiGLU width is swiglu_hidden_dim(hidden_dim, mlp_ratio), a "
-                f"multiple of 8; no mlp_ratio gives {F}. Received: intermediate_dim={F}, "
-                f"hidden_dim={D}")
+                f"multiple of 8; no integer mlp_ratio gives {F}. "
+                f"Received: intermediate_dim={F}, hidden_dim={D}")
     else:
         if F % D:
             raise ValueError(
