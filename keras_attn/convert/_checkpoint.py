@@ -209,7 +209,8 @@ def check_sizes(tensors, directory, sizes, layers=(), file="config.json"):
                        f"it has no layer {min(set(range(value)) - set(held))}")
             raise ValueError(
                 f"{where}: {key}={value!r} disagrees with the checkpoint, which holds "
-                f"{len(held)} layers ({prefix}0 to {prefix}{max(held)}; {example}). "
+                f"{len(held)} layer{'s' * (len(held) != 1)} ({prefix}0 to {prefix}{max(held)}; "
+                f"{example}). "
                 f"Received: {key}={value!r}")
 
 

@@ -118,7 +118,8 @@ CASES = [
     ("ParakeetForCTC", "encoder_config.intermediate_size", BIG,
      r"'encoder.layers.0.feed_forward1.linear1.weight' has shape \(24, 16\)"),
     ("MarianMTModel", "d_model", 32, r"'model.shared.weight' has shape \(30, 16\)"),
-    ("MarianMTModel", "decoder_layers", 10**6, r"holds 1 layers"),
+    ("MarianMTModel", "decoder_layers", 10**6, r"holds 1 layer \(model.decoder.layers.0 "
+                                               r"to model.decoder.layers.0; it has no layer 1"),
 ]
 
 
