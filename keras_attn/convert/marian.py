@@ -170,7 +170,8 @@ def _check_sizes(config, tensors, path):
                       {0: ("max_position_embeddings", config.max_sequence_length), 1: d_model}))
     check_sizes(tensors, path, sizes, [
         ("encoder_layers", config.num_encoder_layers, "model.encoder.layers."),
-        ("decoder_layers", config.num_decoder_layers, "model.decoder.layers.")])
+        ("decoder_layers", config.num_decoder_layers, "model.decoder.layers.")],
+        optional=_SINUSOIDS)  # computed: a checkpoint may leave them out
 
 
 def _check_sinusoids(tensors, config):

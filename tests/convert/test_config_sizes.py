@@ -145,6 +145,31 @@ def test_a_size_the_tensors_disagree_with_is_refused_before_building(
         load(str(path))
 
 
+def test_a_missing_tensor_is_refused_before_building(saved, tmp_path, monkeypatch):
+    import shutil
+
+    from safetensors.numpy import load_file
+    from safetensors.numpy import save_file
+
+    path = tmp_path / "bert"
+    shutil.copytree(saved["BertModel"][1], path)
+    tensors = load_file(str(path / "model.safetensors"))
+    del tensors["embeddings.word_embeddings.weight"]  # nothing left to say the size
+    save_file(tensors, str(path / "model.safetensors"))
+    _edit(path, vocab_size=BIG)
+    _never_built(monkeypatch, bert_convert, "build_bert")
+    with pytest.raises(ValueError, match=r"has no tensor 'embeddings.word_embeddings.weight'"):
+        bert_convert.load_hf_bert_backbone(str(path))
+    _edit(path, vocab_size=40, num_hidden_layers=10**6)  # and no layer at all
+    tensors = load_file(str(saved["BertModel"][1] / "model.safetensors"))
+    save_file({k: v for k, v in tensors.items() if not k.startswith("encoder.")},
+              str(path / "model.safetensors"))
+    with pytest.raises(ValueError, match=r"num_hidden_layers=1000000 disagrees with the "
+                                         r"checkpoint, which holds 0 layers \(it has no "
+                                         r"layer 0\)"):
+        bert_convert.load_hf_bert_backbone(str(path))
+
+
 @pytest.mark.parametrize("key", ["is_decoder", "add_cross_attention"])
 @pytest.mark.parametrize("model_type", ["bert", "roberta", "xlm-roberta"])
 def test_a_decoder_or_cross_attention_config_is_refused_by_name(key, model_type, saved,
