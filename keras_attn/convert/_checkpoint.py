@@ -162,6 +162,66 @@ def _read_shards(directory):
     return tensors
 
 
+def check_sizes(tensors, directory, sizes, layers=(), optional=(), file="config.json"):
+    """Refuses a config whose sizes disagree with the checkpoint's tensors,
+    before the model is built: a `vocab_size` of 10**9 over a table of
+    30522 rows would otherwise allocate the 10**9 rows (an out-of-memory
+    error, or minutes of building, that names nothing).
+
+    `tensors`: the checkpoint's `{name: array}` (`read_safetensors`; only
+    the shapes are read). `sizes`: `(name, shape, keys)`, the shape the
+    config implies for tensor `name`, and `keys` `{axis: (key, value)}` the
+    config key each axis comes from. `layers`: `(key, value, prefix)`, the
+    checkpoint must hold layers `prefix0.` to `prefix{value-1}.` and no
+    other. A tensor of `sizes` the checkpoint does not hold is refused
+    (the loader's message) unless `optional` names it (one a checkpoint
+    may leave out). A `ValueError` names `directory/file`, the key, its
+    value and the tensor's shape; a tensor of another rank, or another size
+    on an axis no key sets, gets the loader's shape message.
+    """
+    where = os.path.join(directory, file)
+    for key, value, prefix in layers:
+        held = {}  # layer index -> a tensor of it
+        for name in sorted(tensors):
+            if name.startswith(prefix):
+                index = name[len(prefix):].split(".", 1)[0]
+                if index.isdigit():
+                    held.setdefault(int(index), name)
+        if set(held) != set(range(value)):
+            extra = sorted(set(held) - set(range(value)))
+            example = (f"tensor {held[extra[0]]!r} is of layer {extra[0]}" if extra else
+                       f"it has no layer {min(set(range(value)) - set(held))}")
+            span = f"{prefix}0 to {prefix}{max(held)}; " if held else ""
+            raise ValueError(
+                f"{where}: {key}={value!r} disagrees with the checkpoint, which holds "
+                f"{len(held)} layer{'s' * (len(held) != 1)} ({span}{example}). "
+                f"Received: {key}={value!r}")
+    for name, expected, keys in sizes:
+        if name not in tensors:
+            if name in optional:
+                continue
+            # Named here, not after building: the sizes it would have checked
+            # could be any.
+            checkpoint = getattr(tensors, "file", None) or os.path.join(directory, SAFETENSORS)
+            raise ValueError(f"{checkpoint} has no tensor {name!r}, which the config implies. "
+                             f"Received: path={directory!r}")
+        shape, expected = tuple(tensors[name].shape), tuple(expected)
+        if shape == expected:
+            continue
+        source = tensors.file_of(name) if hasattr(tensors, "file_of") else SAFETENSORS
+        wrong = [axis for axis in range(len(shape))
+                 if len(shape) == len(expected) and shape[axis] != expected[axis]]
+        if not wrong or any(axis not in keys for axis in wrong):  # another rank or layout
+            raise ValueError(
+                f"{source}: tensor {name!r} has shape {shape} but config.json implies "
+                f"{expected}. Received: {name}.shape={shape}")
+        key, value = keys[wrong[0]]
+        raise ValueError(
+            f"{where}: {key}={value!r} disagrees with the checkpoint: tensor {name!r} has "
+            f"shape {shape} but config.json implies {expected} (in {source}). "
+            f"Received: {key}={value!r}, {name}.shape={shape}")
+
+
 def _short(value):
     text = repr(value)
     return text if len(text) <= 80 else text[:77] + "..."

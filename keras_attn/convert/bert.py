@@ -30,6 +30,7 @@ import warnings
 from keras_attn._keras_compat import sublayers
 from keras_attn.convert._checkpoint import Entry
 from keras_attn.convert._checkpoint import Tensors
+from keras_attn.convert._checkpoint import check_sizes
 from keras_attn.convert._checkpoint import config_float
 from keras_attn.convert._checkpoint import config_int
 from keras_attn.convert._checkpoint import json_text
@@ -69,11 +70,22 @@ def bert_config_from_hf(hf_config):
             f"(the activations keras_attn's BERT computes). Received: hidden_act={act!r}"
         )
     position = hf_config.get("position_embedding_type", "absolute")
-    if position != "absolute":
+    if position != "absolute":  # transformers 4's relative_key(_query): other logits
         raise ValueError(
-            "Only absolute (learned) position embeddings are supported. "
+            "config.json: only absolute (learned) position embeddings are computed. "
             f"Received: position_embedding_type={position!r}"
         )
+    # A decoder (BertLMHeadModel, a causal RoBERTa) attends to earlier tokens
+    # only, and a cross-attention block adds a sublayer: keras_attn's BERT is a
+    # two-way encoder and would answer differently without an error.
+    for key, meaning in (("is_decoder", "a causal (left-to-right) decoder"),
+                         ("add_cross_attention", "blocks with cross-attention")):
+        value = hf_config.get(key, False)
+        if value is not False:
+            raise ValueError(
+                f"config.json: {key} makes {meaning}; keras_attn's BERT is a two-way "
+                f"encoder and computes {key}=false only. Received: {key}={value!r}"
+            )
     file = "config.json"
     model_type = hf_config.get("model_type", "bert")
     if model_type not in _MODEL_TYPES:
@@ -107,6 +119,24 @@ def bert_config_from_hf(hf_config):
         activation=_FROM_HF_ACTIVATION[act],
         padding_id=padding_id,
     )
+
+
+def _check_sizes(config, ckpt, path):
+    """The config's sizes against the checkpoint's tensors, before the model
+    is built (`check_sizes`)."""
+    p = ckpt.prefix + "embeddings."
+    layer = ckpt.prefix + "encoder.layer."
+    V, D, F = config.vocabulary_size, config.hidden_dim, config.intermediate_dim
+    hidden = (1, ("hidden_size", D))
+    check_sizes(ckpt.tensors, path, [
+        (p + "word_embeddings.weight", (V, D), dict([(0, ("vocab_size", V)), hidden])),
+        (p + "position_embeddings.weight", (config.position_rows(), D),
+         dict([(0, ("max_position_embeddings", config.position_rows())), hidden])),
+        (p + "token_type_embeddings.weight", (config.num_segments, D),
+         dict([(0, ("type_vocab_size", config.num_segments)), hidden])),
+        (layer + "0.intermediate.dense.weight", (F, D),
+         dict([(0, ("intermediate_size", F)), hidden])),
+    ], [("num_hidden_layers", config.num_layers, layer)])
 
 
 # The `model_type`s of the family and the prefix of their backbone inside a
@@ -310,6 +340,7 @@ def load_hf_bert_backbone(path, drop_heads=True):
     hf_config = read_config(path)
     config = bert_config_from_hf(hf_config)
     ckpt = _Checkpoint(read_safetensors(path), path, hf_config.get("model_type", "bert"))
+    _check_sizes(config, ckpt, path)
     model = build_bert(config)
     pooler = ckpt.prefix + "pooler.dense.weight" in ckpt.tensors
     unread = [] if pooler else model.get_layer("pooled_dense").weights
@@ -620,6 +651,7 @@ def load_hf_bert_task(path):
             f"go with model_type={model_type!r}. Received: architectures={architectures!r}"
         )
     ckpt = _Checkpoint(read_safetensors(path), path, model_type)
+    _check_sizes(config, ckpt, path)
     backbone = build_bert(config)
     kind = known[architecture]
     if kind == "BertBackbone":

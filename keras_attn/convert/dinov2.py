@@ -21,9 +21,10 @@ with the same interpolated table.
 
 Read with NumPy and `safetensors` only. Every tensor is checked against the
 shape `config.json` implies before anything is assigned, and every tensor is
-used: the only one skipped is `embeddings.mask_token`, which transformers
-uses for masked-image pretraining only (`bool_masked_pos`), never in a forward
-pass of an image. Stochastic depth (`drop_path_rate`) is a training setting
+used: `embeddings.mask_token`, which transformers uses for masked-image
+pretraining only (`bool_masked_pos`), never in a forward pass of an image,
+is no weight of the Keras model: the loader keeps it on the model and
+`save_hf_dinov2` writes it back. Stochastic depth (`drop_path_rate`) is a training setting
 the Keras model does not have; a checkpoint that asks for it loads without it
 (equal outputs in inference).
 """
@@ -43,6 +44,7 @@ from keras_attn.convert._checkpoint import write_directory
 from keras_attn.convert._image_processor import processor_statistics
 from keras_attn.convert._image_processor import read_image_processor
 from keras_attn.convert.vit import attention_entries
+from keras_attn.convert.vit import check_vit_sizes
 from keras_attn.convert.vit import embedding_entries
 from keras_attn.convert.vit import entry_helpers
 from keras_attn.models.vit import ViTConfig
@@ -173,16 +175,42 @@ def load_hf_dinov2(path, include_classifier=True, image_size=None):
     config = dataclasses.replace(config, **processing.fields)
     if image_size is None:
         image_size = processing.size
+    swiglu = config.feed_forward == "swiglu"
+    check_vit_sizes(config, raw, path, prefix,
+                    ("mlp_ratio", hf_config.get("mlp_ratio", 4),
+                     "mlp.weights_out.weight" if swiglu else "mlp.fc2.weight", 1))
     model = build_vit(config)
     tensors = Tensors(raw, path)
     plan = read_entries(_layout(model, prefix), tensors, model)  # before any assignment
-    ignored = (prefix + "embeddings.mask_token",)
-    tensors.check_all_used(ignored=ignored + (() if include_classifier else ("classifier.",)))
+    mask_token = prefix + "embeddings.mask_token"
+    if mask_token in raw:  # no weight of the Keras model: carried to save_hf_dinov2
+        mask_token = tensors.get(mask_token, (1, config.hidden_dim))
+    else:
+        mask_token = None
+    tensors.check_all_used(dropped=() if include_classifier else ("classifier.",))
     for variable, array in plan:
         variable.assign(array)
     if image_size is not None and image_size != config.image_size:
         model = resize_vit(model, image_size, interpolation="bicubic_antialias")
+    if mask_token is not None:
+        setattr(model, _MASK_TOKEN, mask_token.astype("float32"))
     return model
+
+
+# The attribute of a loaded model holding the checkpoint's
+# `embeddings.mask_token` (used by masked-image pretraining only; the Keras
+# ViT has no such weight), which `save_hf_dinov2` writes back.
+_MASK_TOKEN = "_dinov2_mask_token"
+
+
+def _swiglu_ratio(hidden_dim, width):
+    """The integer `mlp_ratio` (transformers 5 takes no other) whose SwiGLU
+    width (`swiglu_hidden_dim`, transformers' arithmetic) is `width`; None
+    when none gives it."""
+    for ratio in range(1, 4 * max(1, width // hidden_dim) + 5):
+        if swiglu_hidden_dim(hidden_dim, ratio) == width:
+            return ratio
+    return None
 
 
 def is_dinov2(config):
@@ -201,9 +229,11 @@ def save_hf_dinov2(model, directory, overwrite=False):
 
     The model must have LayerScale (transformers' DINOv2 always has); a
     GELU MLP must be `int(mlp_ratio) * hidden_dim` wide, a SwiGLU one of
-    `swiglu_hidden_dim(hidden_dim, 4)` (what transformers' config can say).
+    `swiglu_hidden_dim(hidden_dim, mlp_ratio)` for an integer `mlp_ratio`
+    (what transformers' config can say).
     `embeddings.mask_token`, which keras_attn's model does not have, is
-    written as zeros (transformers' initial value).
+    the loaded checkpoint's (`load_hf_dinov2` keeps it on the model), else
+    zeros (transformers' initial value).
 
     Returns:
         The absolute path of `directory`.
@@ -224,11 +254,12 @@ def save_hf_dinov2(model, directory, overwrite=False):
     D, F = config.hidden_dim, config.intermediate_dim
     swiglu = config.feed_forward == "swiglu"
     if swiglu:
-        ratio = 4
-        if F != swiglu_hidden_dim(D, ratio):
+        ratio = _swiglu_ratio(D, F)
+        if ratio is None:
             raise ValueError(
-                "transformers' SwiGLU width is swiglu_hidden_dim(hidden_dim, mlp_ratio); with "
-                f"mlp_ratio=4 it is {swiglu_hidden_dim(D, ratio)}. Received: intermediate_dim={F}")
+                "transformers' SwiGLU width is swiglu_hidden_dim(hidden_dim, mlp_ratio), a "
+                f"multiple of 8; no integer mlp_ratio gives {F}. "
+                f"Received: intermediate_dim={F}, hidden_dim={D}")
     else:
         if F % D:
             raise ValueError(
@@ -286,7 +317,12 @@ def save_hf_dinov2(model, directory, overwrite=False):
         entry.name: entry.to_hf(np.asarray(ops.convert_to_numpy(entry.variable), "float32"))
         for entry in entries
     }
-    tensors[prefix + "embeddings.mask_token"] = np.zeros((1, D), "float32")
+    # The loaded checkpoint's mask token (load_hf_dinov2 carries it), else
+    # transformers' initial zeros.
+    mask_token = getattr(model, _MASK_TOKEN, None)
+    if mask_token is None or np.shape(mask_token) != (1, D):
+        mask_token = np.zeros((1, D), "float32")
+    tensors[prefix + "embeddings.mask_token"] = np.asarray(mask_token, "float32")
     files = {"config.json": json_text(hf_config),
              "preprocessor_config.json": json_text(processor)}
     return write_directory(directory, files, tensors, overwrite=overwrite)

@@ -25,6 +25,7 @@ import json
 import os
 
 from keras_attn.convert._checkpoint import Tensors
+from keras_attn.convert._checkpoint import check_sizes
 from keras_attn.convert._checkpoint import config_float
 from keras_attn.convert._checkpoint import config_int
 from keras_attn.convert._checkpoint import read_config
@@ -155,6 +156,24 @@ _TIED = ("model.encoder.embed_tokens.", "model.decoder.embed_tokens.", "lm_head.
 _SINUSOIDS = ("model.encoder.embed_positions.weight", "model.decoder.embed_positions.weight")
 
 
+def _check_sizes(config, tensors, path):
+    """The config's sizes against the checkpoint's tensors, before the model
+    is built (`check_sizes`)."""
+    V, D, F = config.vocabulary_size, config.hidden_dim, config.intermediate_dim
+    d_model = ("d_model", D)
+    sizes = [("model.shared.weight", (V, D), {0: ("vocab_size", V), 1: d_model})]
+    for stack in ("encoder", "decoder"):
+        sizes.append((f"model.{stack}.layers.0.fc1.weight", (F, D),
+                      {0: (f"{stack}_ffn_dim", F), 1: d_model}))
+    for name in _SINUSOIDS:
+        sizes.append((name, (config.max_sequence_length, D),
+                      {0: ("max_position_embeddings", config.max_sequence_length), 1: d_model}))
+    check_sizes(tensors, path, sizes, [
+        ("encoder_layers", config.num_encoder_layers, "model.encoder.layers."),
+        ("decoder_layers", config.num_decoder_layers, "model.decoder.layers.")],
+        optional=_SINUSOIDS)  # computed: a checkpoint may leave them out
+
+
 def _check_sinusoids(tensors, config):
     """A checkpoint that stores its position table must hold the sinusoids
     the model computes (anything else would be ignored silently)."""
@@ -211,6 +230,7 @@ def load_hf_marian(path, tokenizer=True):
                          f"Received: model_type={hf_config.get('model_type')!r}")
     config, start_id, end_id = transformer_config_from_marian(hf_config)
     tensors = Tensors(read_safetensors(path), path)
+    _check_sizes(config, tensors.tensors, path)
     model = Transformer(**dataclasses.asdict(config))
     plan = _plan(model, config, tensors)  # raises before anything is assigned
     _check_sinusoids(tensors, config)

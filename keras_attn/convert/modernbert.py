@@ -20,6 +20,7 @@ import numpy as np
 from keras_attn.convert._checkpoint import Entry
 from keras_attn.convert._checkpoint import Tensors
 from keras_attn.convert._checkpoint import config_float
+from keras_attn.convert._checkpoint import check_sizes
 from keras_attn.convert._checkpoint import config_int
 from keras_attn.convert._checkpoint import json_text
 from keras_attn.convert._checkpoint import layer_weights
@@ -125,11 +126,6 @@ def modernbert_config_from_hf(hf_config):
                 f"{_FILE}: keras_attn's ModernBERT computes {key}={value} only. "
                 f"Received: {key}={hf_config[key]!r}")
     activation = _activation(hf_config, "hidden_activation")
-    if _activation(hf_config, "classifier_activation") != activation:
-        raise ValueError(
-            f"{_FILE}: the head's activation must be the blocks' one. Received: "
-            f"classifier_activation={hf_config.get('classifier_activation')!r}, "
-            f"hidden_activation={hf_config.get('hidden_activation')!r}")
     num_layers = config_int(hf_config, "num_hidden_layers", _FILE)
     pad = hf_config.get("pad_token_id")
     return ModernBertConfig(
@@ -257,6 +253,31 @@ def _architecture(hf_config, tensors, path):
     return "ModernBertModel"
 
 
+def _check_head_activation(hf_config, activation):
+    """The heads (`ModernBertPredictionHead`, of the masked LM and the
+    classifier) apply `classifier_activation`; keras_attn's apply the blocks'
+    activation. A `ModernBertModel` has no head: its (default)
+    `classifier_activation` is not read."""
+    if _activation(hf_config, "classifier_activation") != activation:
+        raise ValueError(
+            f"{_FILE}: the head's activation must be the blocks' one. Received: "
+            f"classifier_activation={hf_config.get('classifier_activation', 'gelu')!r}, "
+            f"hidden_activation={hf_config.get('hidden_activation', 'gelu')!r}")
+
+
+def _check_sizes(config, tensors, path):
+    """The config's sizes against the checkpoint's tensors, before the model
+    is built (`check_sizes`)."""
+    prefix = "model." if any(k.startswith("model.") for k in tensors) else ""
+    V, D, F = config.vocabulary_size, config.hidden_dim, config.intermediate_dim
+    check_sizes(tensors, path, [
+        (prefix + "embeddings.tok_embeddings.weight", (V, D),
+         {0: ("vocab_size", V), 1: ("hidden_size", D)}),
+        (prefix + "layers.0.mlp.Wo.weight", (D, F),
+         {0: ("hidden_size", D), 1: ("intermediate_size", F)}),
+    ], [("num_hidden_layers", config.num_layers, prefix + "layers.")])
+
+
 def _classifier(hf_config, backbone):
     file = _FILE
     labels = hf_config.get("id2label") or {}
@@ -301,8 +322,11 @@ def load_hf_modernbert(path):
     tensors = read_safetensors(path)
     architecture = _architecture(hf_config, tensors, path)
     ckpt = Tensors(tensors, path)
-    backbone = build_modernbert(config)
     kind = _ARCHITECTURES[architecture]
+    if kind != "ModernBertBackbone":
+        _check_head_activation(hf_config, config.activation)
+    _check_sizes(config, tensors, path)
+    backbone = build_modernbert(config)
     if kind == "ModernBertMaskedLM":
         model = ModernBertMaskedLM(backbone)
         if "decoder.weight" in tensors:  # a tied copy: must be the embedding table

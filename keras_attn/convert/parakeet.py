@@ -32,6 +32,7 @@ from keras_attn.convert._checkpoint import json_text
 from keras_attn.convert._checkpoint import write_directory
 from keras_attn.convert._checkpoint import Tensors
 from keras_attn.convert._checkpoint import config_float
+from keras_attn.convert._checkpoint import check_sizes
 from keras_attn.convert._checkpoint import config_int
 from keras_attn.convert._checkpoint import layer_weights
 from keras_attn.convert._checkpoint import read_config
@@ -315,7 +316,11 @@ def load_hf_parakeet(path, input_type=None):
     if input_type is None:
         input_type = "features" if preprocessor is None else "waveform"
     config = parakeet_config_from_hf(hf_config, preprocessor, input_type)
+    # Parakeet's layerdrop skips whole blocks in training only: the Keras
+    # model has no such option; the value is kept for save_hf_parakeet.
+    layerdrop = config_float(hf_config["encoder_config"], "layerdrop", _FILE, 0.0)
     ckpt = Tensors(read_safetensors(path), path)
+    _check_sizes(config, ckpt.tensors, path)
     model = build_conformer(config)
     plan = read_entries(_layout(model), ckpt, model)  # raises before anything is assigned
     # BatchNorm's step counter is no weight; the sinusoids are recomputed.
@@ -323,7 +328,31 @@ def load_hf_parakeet(path, input_type=None):
         f"encoder.layers.{i}.conv.norm.num_batches_tracked" for i in range(config.num_layers)))
     for variable, array in plan:
         variable.assign(array.astype(variable.dtype))
+    setattr(model, _LAYERDROP, layerdrop)
     return model
+
+
+# The attribute of a loaded model holding its config.json's
+# encoder_config.layerdrop, which save_hf_parakeet writes back.
+_LAYERDROP = "_parakeet_layerdrop"
+
+
+def _check_sizes(config, tensors, path):
+    """The config's sizes against the checkpoint's tensors, before the model
+    is built (`check_sizes`); the encoder's keys are under `encoder_config`."""
+    V, D, F = config.vocabulary_size + 1, config.hidden_dim, config.intermediate_dim
+    C, K = config.subsampling_filters, config.kernel_size
+    hidden = ("encoder_config.hidden_size", D)
+    block = "encoder.layers.0."
+    check_sizes(tensors, path, [
+        ("ctc_head.weight", (V, D, 1), {0: ("vocab_size", V), 1: hidden}),
+        (block + "feed_forward1.linear1.weight", (F, D),
+         {0: ("encoder_config.intermediate_size", F), 1: hidden}),
+        (block + "conv.depthwise_conv.weight", (D, 1, K),
+         {0: hidden, 2: ("encoder_config.conv_kernel_size", K)}),
+        ("encoder.subsampling.layers.0.weight", (C, 1, 3, 3),
+         {0: ("encoder_config.subsampling_conv_channels", C)}),
+    ], [("encoder_config.num_hidden_layers", config.num_layers, "encoder.layers.")])
 
 
 # ConformerConfig fields a ParakeetForCTC computes with one value only.
@@ -399,7 +428,9 @@ def save_hf_parakeet(model, directory, overwrite=False):
         "activation_dropout": config.dropout,
         "attention_dropout": config.attention_dropout,
         "dropout_positions": 0.0,
-        "layerdrop": 0.0,  # keras_attn's blocks are never skipped
+        # keras_attn's blocks are never skipped; a loaded checkpoint's value
+        # (a training setting of transformers) is written back as it was.
+        "layerdrop": float(getattr(model, _LAYERDROP, 0.0)),
         "max_position_embeddings": 5000,
         "initializer_range": 0.02,
         **_FIXED,

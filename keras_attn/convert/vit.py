@@ -28,6 +28,7 @@ from keras_attn._keras_compat import sublayers
 from keras_attn.convert._checkpoint import Entry
 from keras_attn.convert._checkpoint import Tensors
 from keras_attn.convert._checkpoint import config_float
+from keras_attn.convert._checkpoint import check_sizes
 from keras_attn.convert._checkpoint import config_int
 from keras_attn.convert._checkpoint import json_text
 from keras_attn.convert._checkpoint import layer_weights
@@ -90,6 +91,28 @@ def entry_helpers(entries, width):
         entries.append(Entry(name + ".bias", (width,), beta))
 
     return dense, norm
+
+
+def check_vit_sizes(config, tensors, path, prefix, intermediate):
+    """A ViT config's sizes against the checkpoint's tensors, before the
+    model is built (`check_sizes`): `prefix` is the backbone's ("vit." in
+    a classifier), `intermediate` `(key, value, name, axis)` the tensor of
+    block 0 whose `axis` (0 or 1, the other is `hidden_dim`) is the MLP's
+    width, which `key` sets."""
+    D, C, P = config.hidden_dim, config.num_channels, config.patch_size
+    T = config.num_patches + 1
+    embeddings = prefix + "embeddings."
+    key, value, name, axis = intermediate
+    F = config.intermediate_dim
+    check_sizes(tensors, path, [
+        (embeddings + "patch_embeddings.projection.weight", (D, C, P, P),
+         {0: ("hidden_size", D), 1: ("num_channels", C), 2: ("patch_size", P),
+          3: ("patch_size", P)}),
+        (embeddings + "position_embeddings", (1, T, D),
+         {1: ("image_size", config.image_size), 2: ("hidden_size", D)}),
+        (f"{prefix}encoder.layer.0.{name}", (F, D) if axis == 0 else (D, F),
+         {axis: (key, value), 1 - axis: ("hidden_size", D)}),
+    ], [("num_hidden_layers", config.num_layers, prefix + "encoder.layer.")])
 
 
 def embedding_entries(model, embeddings):
@@ -186,6 +209,8 @@ def load_hf_vit(path, include_classifier=True):
     tensors = Tensors(raw, path)
     has_head = "classifier.weight" in raw and include_classifier
     num_classes = raw["classifier.weight"].shape[0] if has_head else None
+    check_vit_sizes(config, raw, path, prefix,
+                    ("intermediate_size", config.intermediate_dim, "intermediate.dense.weight", 0))
     model = build_vit(dataclasses.replace(config, num_classes=num_classes))
     plan = read_entries(_layout(model, prefix), tensors, model)  # before any assignment
     dropped = tensors.check_all_used(dropped=(prefix + "pooler.", "classifier."))

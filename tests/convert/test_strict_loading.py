@@ -82,8 +82,10 @@ def test_fewer_layers_in_the_config_than_in_the_checkpoint_is_refused(family, ch
                                                                       tmp_path):
     path = _copy(checkpoints[family], tmp_path)
     _edit_config(path, num_hidden_layers=1)
-    with pytest.raises(ValueError, match=r"tensor\(s\) the model built from config.json has "
-                                         r"no place for.*encoder.layer.1."):
+    # Refused before the model is built (check_sizes), the key and the layers named.
+    with pytest.raises(ValueError, match=r"config.json: num_hidden_layers=1 disagrees with the "
+                                         r"checkpoint, which holds 2 layers .*encoder.layer.0 "
+                                         r"to .*encoder.layer.1"):
         LOADERS[family](str(path))
 
 

@@ -104,3 +104,15 @@ def test_an_override_that_would_change_the_encoder_is_refused_by_name():
         model.with_vocabulary(8, hidden_dim=32)
     with pytest.raises(ValueError, match=r"Received: kernel_size=3$"):
         model.with_vocabulary(8, kernel_size=3)
+
+
+def test_a_vocabulary_above_the_ceiling_is_refused_before_building():
+    from keras_attn.models.conformer.conformer_model import MAX_NEW_VOCABULARY
+
+    model = build_conformer("conformer_tiny", vocabulary_size=4, num_layers=1)
+    # 10**9 labels would be a (hidden_dim, 10**9 + 1) kernel: refused, not allocated.
+    with pytest.raises(ValueError, match=r"`vocabulary_size` must be at most 1,048,576 .*"
+                                         r"Received: vocabulary_size=1000000000$"):
+        model.with_vocabulary(10**9)
+    with pytest.raises(ValueError, match=rf"Received: vocabulary_size={MAX_NEW_VOCABULARY + 1}"):
+        model.with_vocabulary(MAX_NEW_VOCABULARY + 1)

@@ -58,6 +58,12 @@ from keras_attn.models.conformer.conformer_config import feature_frames
 from keras_attn.models.conformer.conformer_config import get_conformer_config
 from keras_attn.models.conformer.conformer_config import replace_conformer_config
 
+# The most labels `ConformerCTC.with_vocabulary` gives a new head: 2**20, four
+# times the largest published text vocabularies (~256k); a CTC vocabulary is
+# a few thousand. Above it the head's (hidden_dim, V + 1) kernel would be
+# built before anything says the number is wrong.
+MAX_NEW_VOCABULARY = 2**20
+
 
 class _BatchMean(keras.losses.Loss):
     """The mean of per-example losses (`y_pred`), reduced as Keras reduces a
@@ -325,7 +331,9 @@ class ConformerCTC(GuardedModel, ConfigModel, keras.Model):
             and `overrides`.
 
         Raises:
-            ValueError: a `vocabulary_size` that is not a positive int, an
+            ValueError: a `vocabulary_size` that is not a positive int or is
+                above `MAX_NEW_VOCABULARY` (2**20, checked before the head is
+                built), an
                 override of another field (it would change the encoder), or
                 a model whose weights are not those its config builds (e.g.
                 with LoRA adapters: merge them first).
@@ -338,6 +346,13 @@ class ConformerCTC(GuardedModel, ConfigModel, keras.Model):
         (None, None, 29)
         """
         check_vocabulary_size("vocabulary_size", vocabulary_size, allow_none=False)
+        if vocabulary_size > MAX_NEW_VOCABULARY:
+            # Checked before anything is built: 10**9 labels would allocate a
+            # (hidden_dim, 10**9 + 1) head, an out-of-memory error naming nothing.
+            raise ValueError(
+                f"`vocabulary_size` must be at most {MAX_NEW_VOCABULARY:,} (2**20, four times "
+                "the largest published text vocabularies, ~256k; a CTC vocabulary is a few "
+                f"thousand labels). Received: vocabulary_size={vocabulary_size}")
         for name, value in overrides.items():
             if name not in FINE_TUNING_FIELDS:
                 raise ValueError(
