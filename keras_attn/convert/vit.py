@@ -17,6 +17,7 @@ warning); a malformed file is a `ValueError` naming the file and the key.
 """
 
 import dataclasses
+import os
 import warnings
 
 from keras_attn._keras_compat import sublayers
@@ -24,6 +25,8 @@ from keras_attn.convert._checkpoint import Entry
 from keras_attn.convert._checkpoint import Tensors
 from keras_attn.convert._checkpoint import config_float
 from keras_attn.convert._checkpoint import config_int
+from keras_attn.convert._checkpoint import hf_class_names
+from keras_attn.convert._checkpoint import hf_label_fields
 from keras_attn.convert._checkpoint import json_text
 from keras_attn.convert._checkpoint import layer_weights
 from keras_attn.convert._checkpoint import read_config
@@ -31,8 +34,8 @@ from keras_attn.convert._checkpoint import read_entries
 from keras_attn.convert._checkpoint import read_safetensors
 from keras_attn.convert._checkpoint import transposed
 from keras_attn.convert._checkpoint import write_directory
+from keras_attn.models.vit import ViT
 from keras_attn.models.vit import ViTConfig
-from keras_attn.models.vit import build_vit
 
 
 def vit_config_from_hf(hf_config):
@@ -151,22 +154,29 @@ def load_hf_vit(path, include_classifier=True):
         path: directory with `config.json` and `model.safetensors` (or
             its shards: `read_safetensors`).
         include_classifier: load the `classifier` head of a
-            `ViTForImageClassification` (logits out). False, or a checkpoint
-            without a head (`ViTModel`), gives the backbone (`(B, D)` out).
+            `ViTForImageClassification` (logits out; its `class_names` from
+            `id2label`, None for the defaults `LABEL_i`). False, or a
+            checkpoint without a head (`ViTModel`), gives the backbone
+            (`(B, D)` out).
             The `ViTModel` pooler (a tanh Dense that ViT classification does
             not use) is never loaded.
 
     Returns:
         The Keras `ViT`.
     """
-    config = vit_config_from_hf(read_config(path))
+    hf_config = read_config(path)
+    config = vit_config_from_hf(hf_config)
     raw = read_safetensors(path)
     # ViTForImageClassification prefixes the backbone with "vit.".
     prefix = "vit." if any(k.startswith("vit.") for k in raw) else ""
     tensors = Tensors(raw, path)
     has_head = "classifier.weight" in raw and include_classifier
     num_classes = raw["classifier.weight"].shape[0] if has_head else None
-    model = build_vit(dataclasses.replace(config, num_classes=num_classes))
+    class_names = None
+    if has_head:  # the names of the head's classes (checked against it)
+        _, class_names = hf_class_names(hf_config, os.path.join(path, "config.json"), num_classes)
+    model = ViT(**dataclasses.asdict(dataclasses.replace(config, num_classes=num_classes)),
+                class_names=class_names)
     plan = read_entries(_layout(model, prefix), tensors, model)  # before any assignment
     dropped = tensors.check_all_used(dropped=(prefix + "pooler.", "classifier."))
     if dropped:
@@ -180,7 +190,7 @@ def load_hf_vit(path, include_classifier=True):
     return model
 
 
-def save_hf_vit(model, directory, overwrite=False):
+def save_hf_vit(model, directory, overwrite=False, class_names=None):
     """Writes a keras_attn `ViT` as a Hugging Face directory:
     `config.json`, `model.safetensors` (float32) and
     `preprocessor_config.json` (the [-1, 1] rescaling the Keras model does
@@ -202,15 +212,19 @@ def save_hf_vit(model, directory, overwrite=False):
             (atomically).
         overwrite: replace an existing non-empty `directory` that holds an
             earlier Hugging Face export (any other directory is refused).
+        class_names: the classifier's class names, in output order, written
+            as `id2label` (and its inverse `label2id`); default: the
+            model's `class_names`, else `LABEL_0`, `LABEL_1`, ...
 
     Returns:
         The absolute path of `directory`.
 
     Raises:
         ValueError: not a ViT, a GAP-pooled ViT (Hugging Face's classifies
-            from the [CLS] token), a quantized or LoRA-adapted layer, or an
-            existing non-empty directory without `overwrite` (nothing is
-            written then).
+            from the [CLS] token), a quantized or LoRA-adapted layer,
+            `class_names` that are not the classifier's (or for a backbone),
+            or an existing non-empty directory without `overwrite` (nothing
+            is written then).
     """
     import numpy as np
     from keras import ops
@@ -256,10 +270,7 @@ def save_hf_vit(model, directory, overwrite=False):
         "encoder_stride": config.patch_size,
         "dtype": "float32",
     }
-    if head:
-        hf_config["num_labels"] = config.num_classes
-        hf_config["id2label"] = {str(i): f"LABEL_{i}" for i in range(config.num_classes)}
-        hf_config["label2id"] = {f"LABEL_{i}": i for i in range(config.num_classes)}
+    hf_config.update(hf_label_fields(config.num_classes, model.class_names, class_names))
     processor = {
         "image_processor_type": "ViTImageProcessor",
         "do_resize": True,
