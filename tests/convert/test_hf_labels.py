@@ -113,3 +113,28 @@ def test_a_label_map_that_does_not_fit_the_head_is_refused_by_name(kind, tmp_pat
             json.dump(config, stream)
         with pytest.raises(ValueError, match=r"config\.json: .*" + message):
             load_hf(source)
+
+
+def test_class_names_that_do_not_fit_the_model_are_refused_by_name(tmp_path):
+    from keras_attn.models.bert import BertTokenClassifier
+    from keras_attn.models.bert import build_bert
+    from keras_attn.models.vit import ViT
+    from keras_attn.models.vit import resize_vit
+
+    sizes = dict(image_size=8, patch_size=4, hidden_dim=8, num_layers=1, num_heads=2,
+                 intermediate_dim=8)
+    with pytest.raises(ValueError, match=r"no classes to name. Received: class_names=\['a'\]"):
+        ViT(**sizes, class_names=["a"])
+    with pytest.raises(ValueError, match=r"`class_names`: it must be a list of the model's 2 "
+                                         r"classes.*Received: class_names=\['a', 'a'\]"):
+        ViT(**sizes, num_classes=2, class_names=["a", "a"])
+    # resize_vit keeps them (load_hf_dinov2(image_size=) resizes).
+    model = ViT(**sizes, num_classes=2, class_names=("cat", "dog"))
+    assert resize_vit(model, 12).class_names == ["cat", "dog"]
+    backbone = build_bert("bert_tiny", vocabulary_size=20, num_layers=1, hidden_dim=8,
+                          num_heads=2, intermediate_dim=8, max_sequence_length=8)
+    with pytest.raises(ValueError, match=r"Received: class_names=\['B-PER'\]"):
+        BertTokenClassifier(backbone, num_classes=2, class_names=["B-PER"])
+    with pytest.raises(ValueError, match=r"no classifier head. Received: class_names=\['a'\]"):
+        save_hf(backbone, tmp_path / "backbone", class_names=["a"])
+    assert not (tmp_path / "backbone").exists()
