@@ -74,6 +74,26 @@ def check_choice(name, value, choices):
     return value
 
 
+def check_class_names(name, value, num_classes):
+    """The name of each of a classifier's `num_classes` outputs, in output
+    order: a list (or tuple) of distinct, non-empty strings of one line each
+    (a line of labels.txt, a key of Hugging Face's `label2id`), returned as
+    a list; None stays None."""
+    if value is None:
+        return None
+    names = list(value) if isinstance(value, (list, tuple)) else None
+    if (names is None or len(names) != num_classes
+            or not all(isinstance(n, str) and n and "\n" not in n and "\r" not in n
+                       for n in names)
+            or len(set(names)) != len(names)):
+        raise ValueError(
+            f"Invalid value for argument `{name}`: it must be a list of the model's "
+            f"{num_classes} classes: distinct, non-empty strings of one line each, in output "
+            f"order. Received: {name}={value!r}"
+        )
+    return names
+
+
 def check_flash_attention(value):
     if value not in (None, True, False):
         raise ValueError(

@@ -53,6 +53,56 @@ def config_float(config, key, file, default=_MISSING):
     return _field(config, key, float, default, file)
 
 
+def hf_class_names(hf_config, file, num_classes=None):
+    """`(num_classes, class_names)` of a classifier's `config.json`: the
+    names its `id2label` gives classes `0..num_classes-1`, or None when it
+    has none or transformers' default names (`LABEL_i`). `num_classes`:
+    the head's size where the tensors tell it (the image classifiers'); None
+    reads it from `num_labels`, else the length of `id2label`, else 2.
+
+    A label map that does not fit the head is a `ValueError` naming `file`,
+    the key and the value: `id2label` not an object, its length not the
+    head's, a key that is not one of the ids `0..num_classes-1` (or repeats
+    one), a name that is not a non-empty string of one line, or a name
+    given to two ids. `label2id` is not read: it is `id2label`'s inverse
+    (`save_hf` writes it so), and an old one left beside renamed classes
+    is common."""
+    id2label = hf_config.get("id2label")
+    if id2label is None:
+        id2label = {}
+    if not isinstance(id2label, dict):
+        raise ValueError(f"{file}: 'id2label' must be an object of class id -> name. "
+                         f"Received: id2label={_short(id2label)}")
+    if num_classes is None:
+        num_classes = config_int(hf_config, "num_labels", file, len(id2label) or 2)
+    if not id2label:
+        return num_classes, None
+    if len(id2label) != num_classes:
+        raise ValueError(f"{file}: 'id2label' has {len(id2label)} names but the classifier has "
+                         f"{num_classes} classes (num_labels, or the classifier's tensor). "
+                         f"Received: id2label={_short(id2label)}")
+    names = [None] * num_classes
+    ids = {}  # name -> its id
+    for key, name in id2label.items():
+        try:
+            index = int(key)
+        except ValueError:
+            index = -1
+        if not 0 <= index < num_classes or names[index] is not None:
+            raise ValueError(f"{file}: the keys of 'id2label' must be the class ids 0 to "
+                             f"{num_classes - 1}, each once. Received: id2label[{key!r}]={name!r}")
+        if not isinstance(name, str) or not name or "\n" in name or "\r" in name:
+            raise ValueError(f"{file}: each name in 'id2label' must be a non-empty string of one "
+                             f"line. Received: id2label[{key!r}]={name!r}")
+        if name in ids:
+            raise ValueError(f"{file}: 'id2label' names the class {name!r} twice (ids "
+                             f"{ids[name]} and {index}). Received: id2label[{key!r}]={name!r}")
+        names[index], ids[name] = name, index
+    if names == [f"LABEL_{i}" for i in range(num_classes)]:
+        return num_classes, None
+    return num_classes, names
+
+
 SAFETENSORS = "model.safetensors"
 SAFETENSORS_INDEX = "model.safetensors.index.json"
 
@@ -462,6 +512,26 @@ def write_directory(directory, files, tensors, overwrite=False):
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return directory
+
+
+def hf_label_fields(num_classes, model_names, class_names=None):
+    """config.json's `num_labels`, `id2label` and `label2id` (its inverse)
+    for a classifier of `num_classes` classes: the names `class_names` (the
+    writer's argument) if given, else the model's own (`model_names`), else
+    transformers' defaults `LABEL_i`. `num_classes` None (a model without a
+    head) gives no fields, and refuses `class_names`."""
+    from keras_attn._checks import check_class_names
+
+    if num_classes is None:
+        if class_names is not None:
+            raise ValueError("Invalid value for argument `class_names`: the model has no "
+                             f"classifier head. Received: class_names={class_names!r}")
+        return {}
+    names = (check_class_names("class_names", class_names, num_classes) or model_names
+             or [f"LABEL_{i}" for i in range(num_classes)])
+    return {"num_labels": num_classes,
+            "id2label": {str(i): name for i, name in enumerate(names)},
+            "label2id": {name: i for i, name in enumerate(names)}}
 
 
 def json_text(value):

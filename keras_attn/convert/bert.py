@@ -33,6 +33,8 @@ from keras_attn.convert._checkpoint import Tensors
 from keras_attn.convert._checkpoint import check_sizes
 from keras_attn.convert._checkpoint import config_float
 from keras_attn.convert._checkpoint import config_int
+from keras_attn.convert._checkpoint import hf_class_names
+from keras_attn.convert._checkpoint import hf_label_fields
 from keras_attn.convert._checkpoint import json_text
 from keras_attn.convert._checkpoint import layer_weights
 from keras_attn.convert._checkpoint import read_config
@@ -622,8 +624,11 @@ def load_hf_bert_task(path):
 
     and the `XLMRoberta...` classes as their `Roberta...` ones. Every tensor
     must be used and have the shape the config implies (`ValueError`
-    otherwise, before any weight is assigned). `save_hf_bert` writes such
-    directories.
+    otherwise, before any weight is assigned). A classifier's `class_names`
+    are the names of `id2label` (None for transformers' defaults
+    `LABEL_i`); a label map that does not fit the head is a `ValueError`
+    naming config.json, the key and the value (`hf_class_names`).
+    `save_hf_bert` writes such directories, the names included.
     """
     from keras_attn.models.bert import BertPretrainer
     from keras_attn.models.bert import BertSequenceClassifier
@@ -659,13 +664,13 @@ def load_hf_bert_task(path):
     elif kind in ("BertPretrainer", "BertMaskedLM"):
         model = BertPretrainer(backbone, next_sentence=kind == "BertPretrainer")
     else:
-        labels = hf_config.get("id2label") or {}
-        num_classes = config_int(hf_config, "num_labels", "config.json", len(labels) or 2)
+        num_classes, class_names = hf_class_names(hf_config, os.path.join(path, "config.json"))
         dropout = hf_config.get("classifier_dropout")
         if dropout is None:
             dropout = config.dropout
         task = BertSequenceClassifier if kind == "BertSequenceClassifier" else BertTokenClassifier
-        model = task(backbone, num_classes=num_classes, dropout=dropout)
+        model = task(backbone, num_classes=num_classes, dropout=dropout,
+                     class_names=class_names)
     # The pooler of a token classifier or a masked LM is not in its checkpoint.
     unread = [] if _ARCHITECTURES[kind][2] else backbone.get_layer("pooled_dense").weights
     plan = read_entries(_layout(model, ckpt.prefix)[1], ckpt, model, unread)
@@ -706,7 +711,7 @@ def load_hf_roberta(path):
     return load_hf_bert_task(path)
 
 
-def save_hf_bert(model, directory, tokenizer=None, overwrite=False):
+def save_hf_bert(model, directory, tokenizer=None, overwrite=False, class_names=None):
     """Writes a keras_attn BERT model as a Hugging Face directory.
 
     `config.json` and `model.safetensors` (float32), and, given a
@@ -740,15 +745,19 @@ def save_hf_bert(model, directory, tokenizer=None, overwrite=False):
             than with `##` is refused).
         overwrite: replace an existing non-empty `directory` that holds an
             earlier Hugging Face export (any other directory is refused).
+        class_names: a classifier's class names, in output order, written
+            as `id2label` (and its inverse `label2id`); default: the
+            model's `class_names`, else `LABEL_0`, `LABEL_1`, ...
 
     Returns:
         The absolute path of `directory`.
 
     Raises:
         ValueError: another model type, a quantized or LoRA-adapted layer, a
-            tokenizer whose vocabulary size is not the model's, or an
-            existing non-empty directory without `overwrite` (nothing is
-            written then).
+            tokenizer whose vocabulary size is not the model's,
+            `class_names` that are not the classifier's (or for a model
+            without classes), or an existing non-empty directory without
+            `overwrite` (nothing is written then).
     """
     import numpy as np
     from keras import ops
@@ -792,10 +801,9 @@ def save_hf_bert(model, directory, tokenizer=None, overwrite=False):
     if roberta:  # positions past the padding id (bos/eos: RoBERTa's <s> and </s>)
         hf_config.update(model_type="roberta", pad_token_id=config.padding_id,
                          bos_token_id=0, eos_token_id=2)
+    hf_config.update(hf_label_fields(getattr(model, "num_classes", None),
+                                     getattr(model, "class_names", None), class_names))
     if hasattr(model, "num_classes"):
-        hf_config["num_labels"] = model.num_classes
-        hf_config["id2label"] = {str(i): f"LABEL_{i}" for i in range(model.num_classes)}
-        hf_config["label2id"] = {f"LABEL_{i}": i for i in range(model.num_classes)}
         hf_config["classifier_dropout"] = model.dropout
     files = {"config.json": json_text(hf_config)}
     if tokenizer is not None:

@@ -35,6 +35,8 @@ from keras_attn.convert._checkpoint import Entry
 from keras_attn.convert._checkpoint import Tensors
 from keras_attn.convert._checkpoint import config_float
 from keras_attn.convert._checkpoint import config_int
+from keras_attn.convert._checkpoint import hf_class_names
+from keras_attn.convert._checkpoint import hf_label_fields
 from keras_attn.convert._checkpoint import json_text
 from keras_attn.convert._checkpoint import layer_weights
 from keras_attn.convert._checkpoint import read_config
@@ -47,8 +49,8 @@ from keras_attn.convert.vit import attention_entries
 from keras_attn.convert.vit import check_vit_sizes
 from keras_attn.convert.vit import embedding_entries
 from keras_attn.convert.vit import entry_helpers
+from keras_attn.models.vit import ViT
 from keras_attn.models.vit import ViTConfig
-from keras_attn.models.vit import build_vit
 from keras_attn.models.vit import resize_vit
 
 _FILE = "config.json"
@@ -145,7 +147,8 @@ def load_hf_dinov2(path, include_classifier=True, image_size=None):
             ImageNet's without it.
         include_classifier: load the head of a
             `Dinov2WithRegistersForImageClassification` (logits out, from
-            the [CLS] vector and the mean patch token). False, or a
+            the [CLS] vector and the mean patch token; its `class_names`
+            from `id2label`, None for the defaults `LABEL_i`). False, or a
             `Dinov2WithRegistersModel`, gives the backbone, `(B, D)` out: the
             [CLS] vector (transformers' `pooler_output`).
         image_size: None for the size the processor gives its model
@@ -171,6 +174,9 @@ def load_hf_dinov2(path, include_classifier=True, image_size=None):
     prefix = _PREFIX if any(k.startswith(_PREFIX) for k in raw) else ""
     has_head = include_classifier and "classifier.weight" in raw
     num_classes = raw["classifier.weight"].shape[0] if has_head else None
+    class_names = None
+    if has_head:  # the names of the head's classes (checked against it)
+        _, class_names = hf_class_names(hf_config, os.path.join(path, _FILE), num_classes)
     config = dinov2_config_from_hf(hf_config, num_classes)
     config = dataclasses.replace(config, **processing.fields)
     if image_size is None:
@@ -179,7 +185,7 @@ def load_hf_dinov2(path, include_classifier=True, image_size=None):
     check_vit_sizes(config, raw, path, prefix,
                     ("mlp_ratio", hf_config.get("mlp_ratio", 4),
                      "mlp.weights_out.weight" if swiglu else "mlp.fc2.weight", 1))
-    model = build_vit(config)
+    model = ViT(**dataclasses.asdict(config), class_names=class_names)
     tensors = Tensors(raw, path)
     plan = read_entries(_layout(model, prefix), tensors, model)  # before any assignment
     mask_token = prefix + "embeddings.mask_token"
@@ -220,7 +226,7 @@ def is_dinov2(config):
             or config.feed_forward == "swiglu" or config.pooling == "cls_gap")
 
 
-def save_hf_dinov2(model, directory, overwrite=False):
+def save_hf_dinov2(model, directory, overwrite=False, class_names=None):
     """Writes a DINOv2 `ViT` as a Hugging Face directory transformers loads
     with no missing or unexpected key: a
     `Dinov2WithRegistersForImageClassification` (a model with a head, which
@@ -233,7 +239,9 @@ def save_hf_dinov2(model, directory, overwrite=False):
     (what transformers' config can say).
     `embeddings.mask_token`, which keras_attn's model does not have, is
     the loaded checkpoint's (`load_hf_dinov2` keeps it on the model), else
-    zeros (transformers' initial value).
+    zeros (transformers' initial value). A classifier's `id2label` (and its
+    inverse `label2id`) are `class_names` if given, else the model's
+    `class_names`, else `LABEL_0`, `LABEL_1`, ...
 
     Returns:
         The absolute path of `directory`.
@@ -294,10 +302,7 @@ def save_hf_dinov2(model, directory, overwrite=False):
         "initializer_range": 0.02,
         "dtype": "float32",
     }
-    if head:
-        hf_config["num_labels"] = config.num_classes
-        hf_config["id2label"] = {str(i): f"LABEL_{i}" for i in range(config.num_classes)}
-        hf_config["label2id"] = {f"LABEL_{i}": i for i in range(config.num_classes)}
+    hf_config.update(hf_label_fields(config.num_classes, model.class_names, class_names))
     mean, std = processor_statistics(config)
     processor = {
         "image_processor_type": "BitImageProcessor",

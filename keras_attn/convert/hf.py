@@ -58,6 +58,8 @@ def load_hf(directory):
     | `ParakeetForCTC` | `ConformerCTC` with `subsampling="fast"`: waveforms in with `preprocessor_config.json`, else log-mel features (`load_hf_parakeet`) |
 
     Without `architectures`, `model_type` picks the family's base model.
+    A classifier's `class_names` are the names of `id2label` (None for
+    transformers' defaults `LABEL_i`), which `save_hf` writes back.
     Tokenizers are not loaded here: `load_hf_bert_tokenizer(directory)`
     reads BERT's vocabulary, `load_hf_bpe_tokenizer(directory)` a byte-level
     BPE (ModernBERT's `tokenizer.json`, RoBERTa's `vocab.json` and
@@ -129,7 +131,10 @@ def save_hf(model, directory, overwrite=False, **kwargs):
             `ConformerCTC` that `save_hf_parakeet` writes.
         directory: where to write (atomically).
         overwrite: replace an earlier Hugging Face export there.
-        **kwargs: the family writer's own options (`tokenizer=` for BERT).
+        **kwargs: the family writer's own options (`tokenizer=` for BERT;
+            `class_names=` for a classifier: the names written as
+            `id2label` and `label2id`, by default the model's own
+            `class_names`, else `LABEL_i`).
 
     Returns:
         The absolute path of `directory`.

@@ -22,6 +22,8 @@ from keras_attn.convert._checkpoint import Tensors
 from keras_attn.convert._checkpoint import config_float
 from keras_attn.convert._checkpoint import check_sizes
 from keras_attn.convert._checkpoint import config_int
+from keras_attn.convert._checkpoint import hf_class_names
+from keras_attn.convert._checkpoint import hf_label_fields
 from keras_attn.convert._checkpoint import json_text
 from keras_attn.convert._checkpoint import layer_weights
 from keras_attn.convert._checkpoint import read_config
@@ -278,10 +280,9 @@ def _check_sizes(config, tensors, path):
     ], [("num_hidden_layers", config.num_layers, prefix + "layers.")])
 
 
-def _classifier(hf_config, backbone):
+def _classifier(hf_config, backbone, path):
     file = _FILE
-    labels = hf_config.get("id2label") or {}
-    num_classes = config_int(hf_config, "num_labels", file, len(labels) or 2)
+    num_classes, class_names = hf_class_names(hf_config, os.path.join(path, _FILE))
     pooling = hf_config.get("classifier_pooling", "cls")
     if pooling not in _POOLINGS:
         raise ValueError(
@@ -289,7 +290,7 @@ def _classifier(hf_config, backbone):
             f"Received: classifier_pooling={pooling!r}")
     dropout = config_float(hf_config, "classifier_dropout", file, 0.0)
     return ModernBertSequenceClassifier(backbone, num_classes=num_classes, pooling=pooling,
-                                        dropout=dropout)
+                                        dropout=dropout, class_names=class_names)
 
 
 def load_hf_modernbert(path):
@@ -307,7 +308,7 @@ def load_hf_modernbert(path):
         `last_hidden_state`) for `ModernBertModel`; a `ModernBertMaskedLM`
         for `ModernBertForMaskedLM` and a `ModernBertSequenceClassifier`
         (`num_labels` classes, `classifier_pooling`, `classifier_dropout`;
-        the label names are not kept) for
+        `class_names` from `id2label`, None for the defaults `LABEL_i`) for
         `ModernBertForSequenceClassification`, whose logits equal
         transformers'.
 
@@ -340,7 +341,7 @@ def load_hf_modernbert(path):
                     "embeddings; keras_attn's ModernBERT ties them. Received: "
                     "an untied decoder")
     elif kind == "ModernBertSequenceClassifier":
-        model = _classifier(hf_config, backbone)
+        model = _classifier(hf_config, backbone, path)
     else:
         model = backbone
     plan = read_entries(_layout(model)[1], ckpt, model)  # raises before anything is assigned
@@ -401,7 +402,7 @@ def _to_hf_config(config):
     return hf_config
 
 
-def save_hf_modernbert(model, directory, overwrite=False):
+def save_hf_modernbert(model, directory, overwrite=False, class_names=None):
     """Writes a keras_attn ModernBERT model as a Hugging Face directory.
 
     `config.json` and `model.safetensors` (float32):
@@ -412,7 +413,7 @@ def save_hf_modernbert(model, directory, overwrite=False):
     |---|---|
     | `ModernBertBackbone` | `ModernBertModel` |
     | `ModernBertMaskedLM` | `ModernBertForMaskedLM` (decoder tied to the embeddings) |
-    | `ModernBertSequenceClassifier` | `ModernBertForSequenceClassification` (`num_labels`, `classifier_pooling`, `classifier_dropout`; labels `LABEL_i`) |
+    | `ModernBertSequenceClassifier` | `ModernBertForSequenceClassification` (`num_labels`, `classifier_pooling`, `classifier_dropout`; `id2label` and `label2id` from `class_names`) |
 
     The tokenizer's special-token ids other than padding (`cls_token_id`,
     ...) are not part of the model: they are written as the release's
@@ -425,15 +426,19 @@ def save_hf_modernbert(model, directory, overwrite=False):
             Written atomically (a new directory takes its place at the end).
         overwrite: replace an existing non-empty `directory` that holds an
             earlier Hugging Face export (any other directory is refused).
+        class_names: the classifier's class names, in output order, written
+            as `id2label` (and its inverse `label2id`); default: the
+            model's `class_names`, else `LABEL_0`, `LABEL_1`, ...
 
     Returns:
         The absolute path of `directory`.
 
     Raises:
         ValueError: another model type, an activation transformers'
-            ModernBERT does not have, a quantized or LoRA-adapted layer, or
-            an existing non-empty directory without `overwrite` (each
-            named; nothing is written then).
+            ModernBERT does not have, a quantized or LoRA-adapted layer,
+            `class_names` that are not the classifier's (or for a model
+            without classes), or an existing non-empty directory without
+            `overwrite` (each named; nothing is written then).
     """
     from keras import ops
 
@@ -441,10 +446,10 @@ def save_hf_modernbert(model, directory, overwrite=False):
     backbone = model if isinstance(model, ModernBertBackbone) else model.backbone
     hf_config = {"architectures": [architecture],
                  **_to_hf_config(backbone.modernbert_config)}
-    if isinstance(model, ModernBertSequenceClassifier):
-        hf_config["num_labels"] = model.num_classes
-        hf_config["id2label"] = {str(i): f"LABEL_{i}" for i in range(model.num_classes)}
-        hf_config["label2id"] = {f"LABEL_{i}": i for i in range(model.num_classes)}
+    head = isinstance(model, ModernBertSequenceClassifier)
+    hf_config.update(hf_label_fields(model.num_classes if head else None,
+                                     model.class_names if head else None, class_names))
+    if head:
         hf_config["classifier_pooling"] = model.pooling
         hf_config["classifier_dropout"] = model.dropout
     # A fused tensor (attn.Wqkv) is several entries: their rows, stacked in order.

@@ -22,6 +22,7 @@ warning); a malformed file is a `ValueError` naming the file and the key.
 """
 
 import dataclasses
+import os
 import warnings
 
 from keras_attn._keras_compat import sublayers
@@ -30,6 +31,8 @@ from keras_attn.convert._checkpoint import Tensors
 from keras_attn.convert._checkpoint import config_float
 from keras_attn.convert._checkpoint import check_sizes
 from keras_attn.convert._checkpoint import config_int
+from keras_attn.convert._checkpoint import hf_class_names
+from keras_attn.convert._checkpoint import hf_label_fields
 from keras_attn.convert._checkpoint import json_text
 from keras_attn.convert._checkpoint import layer_weights
 from keras_attn.convert._checkpoint import read_config
@@ -40,8 +43,8 @@ from keras_attn.convert._checkpoint import write_directory
 from keras_attn.convert._image_processor import check_image_size
 from keras_attn.convert._image_processor import processor_statistics
 from keras_attn.convert._image_processor import read_image_processor
+from keras_attn.models.vit import ViT
 from keras_attn.models.vit import ViTConfig
-from keras_attn.models.vit import build_vit
 
 
 def vit_config_from_hf(hf_config):
@@ -185,8 +188,10 @@ def load_hf_vit(path, include_classifier=True):
             normalisation the model's first layer does (the default
             `ViTImageProcessor`'s [-1, 1] without it).
         include_classifier: load the `classifier` head of a
-            `ViTForImageClassification` (logits out). False, or a checkpoint
-            without a head (`ViTModel`), gives the backbone (`(B, D)` out).
+            `ViTForImageClassification` (logits out; its `class_names` from
+            `id2label`, None for the defaults `LABEL_i`). False, or a
+            checkpoint without a head (`ViTModel`), gives the backbone
+            (`(B, D)` out).
             The `ViTModel` pooler (a tanh Dense that ViT classification does
             not use) is never loaded.
 
@@ -199,7 +204,8 @@ def load_hf_vit(path, include_classifier=True):
             one per channel, an output size other than `image_size`), named
             by file, key and value.
     """
-    config = vit_config_from_hf(read_config(path))
+    hf_config = read_config(path)
+    config = vit_config_from_hf(hf_config)
     processing = read_image_processor(path, config.num_channels, "ViTImageProcessor", "half")
     check_image_size(processing, config.image_size, "config.json image_size")
     config = dataclasses.replace(config, **processing.fields)
@@ -209,9 +215,13 @@ def load_hf_vit(path, include_classifier=True):
     tensors = Tensors(raw, path)
     has_head = "classifier.weight" in raw and include_classifier
     num_classes = raw["classifier.weight"].shape[0] if has_head else None
+    class_names = None
+    if has_head:  # the names of the head's classes (checked against it)
+        _, class_names = hf_class_names(hf_config, os.path.join(path, "config.json"), num_classes)
     check_vit_sizes(config, raw, path, prefix,
                     ("intermediate_size", config.intermediate_dim, "intermediate.dense.weight", 0))
-    model = build_vit(dataclasses.replace(config, num_classes=num_classes))
+    model = ViT(**dataclasses.asdict(dataclasses.replace(config, num_classes=num_classes)),
+                class_names=class_names)
     plan = read_entries(_layout(model, prefix), tensors, model)  # before any assignment
     dropped = tensors.check_all_used(dropped=(prefix + "pooler.", "classifier."))
     if dropped:
@@ -225,7 +235,7 @@ def load_hf_vit(path, include_classifier=True):
     return model
 
 
-def save_hf_vit(model, directory, overwrite=False):
+def save_hf_vit(model, directory, overwrite=False, class_names=None):
     """Writes a keras_attn `ViT` as a Hugging Face directory:
     `config.json`, `model.safetensors` (float32) and
     `preprocessor_config.json` (the rescaling and normalisation the Keras
@@ -247,15 +257,19 @@ def save_hf_vit(model, directory, overwrite=False):
             (atomically).
         overwrite: replace an existing non-empty `directory` that holds an
             earlier Hugging Face export (any other directory is refused).
+        class_names: the classifier's class names, in output order, written
+            as `id2label` (and its inverse `label2id`); default: the
+            model's `class_names`, else `LABEL_0`, `LABEL_1`, ...
 
     Returns:
         The absolute path of `directory`.
 
     Raises:
         ValueError: not a ViT, a GAP-pooled ViT (Hugging Face's classifies
-            from the [CLS] token), a quantized or LoRA-adapted layer, or an
-            existing non-empty directory without `overwrite` (nothing is
-            written then).
+            from the [CLS] token), a quantized or LoRA-adapted layer,
+            `class_names` that are not the classifier's (or for a backbone),
+            or an existing non-empty directory without `overwrite` (nothing
+            is written then).
     """
     import numpy as np
     from keras import ops
@@ -299,10 +313,7 @@ def save_hf_vit(model, directory, overwrite=False):
         "encoder_stride": config.patch_size,
         "dtype": "float32",
     }
-    if head:
-        hf_config["num_labels"] = config.num_classes
-        hf_config["id2label"] = {str(i): f"LABEL_{i}" for i in range(config.num_classes)}
-        hf_config["label2id"] = {f"LABEL_{i}": i for i in range(config.num_classes)}
+    hf_config.update(hf_label_fields(config.num_classes, model.class_names, class_names))
     mean, std = processor_statistics(config)
     processor = {
         "image_processor_type": "ViTImageProcessor",

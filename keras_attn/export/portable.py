@@ -75,18 +75,9 @@ def check_class_names(class_names, num_classes):
     """`class_names` as a list of `num_classes` distinct non-empty strings
     without a line break (each one line of labels.txt, the name of an output
     index), or None; `ValueError` naming the argument otherwise."""
-    if class_names is None:
-        return None
-    names = list(class_names) if isinstance(class_names, (list, tuple)) else None
-    if (names is None or len(names) != num_classes
-            or not all(isinstance(n, str) and n and "\n" not in n and "\r" not in n
-                       for n in names)
-            or len(set(names)) != len(names)):
-        raise ValueError(
-            f"`class_names` must be a list of the model's {num_classes} classes: distinct, "
-            f"non-empty strings of one line each, in output order. "
-            f"Received: class_names={class_names!r}")
-    return names
+    from keras_attn._checks import check_class_names as check
+
+    return check("class_names", class_names, num_classes)
 
 
 def labels_text(class_names):

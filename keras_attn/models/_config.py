@@ -177,7 +177,7 @@ def dtype_policy_with_quantization(model, base=None):
 MODEL_ARGUMENTS = ("name", "trainable")
 
 
-def config_arguments(config_class, family):
+def config_arguments(config_class, family, extra=()):
     """Wraps a model's `__init__(self, config, dtype=None, **kwargs)` so that
     the model takes the fields of `config_class` as keyword (or positional)
     arguments with the config's defaults, then `dtype` and the
@@ -185,15 +185,20 @@ def config_arguments(config_class, family):
     ...)`, as keras-hub's backbones take theirs. `inspect.signature`,
     `help()` and Keras's serialization see those arguments. The wrapped
     `__init__` receives the config they make (checked when it is made); an
-    unknown keyword is a `ValueError` that names it and the valid fields."""
+    unknown keyword is a `ValueError` that names it and the valid fields.
+
+    `extra`: names of the model's own keyword arguments that are not
+    architecture (default None; a classifier's `class_names`), passed to
+    `__init__` as they are, after `dtype`."""
     fields = dataclasses.fields(config_class)
     Parameter = inspect.Parameter
     signature = inspect.Signature(
         [Parameter("self", Parameter.POSITIONAL_OR_KEYWORD)]
         + [Parameter(f.name, Parameter.POSITIONAL_OR_KEYWORD, default=f.default)
            for f in fields]
-        + [Parameter("dtype", Parameter.POSITIONAL_OR_KEYWORD, default=None),
-           Parameter("kwargs", Parameter.VAR_KEYWORD)]
+        + [Parameter(name, Parameter.POSITIONAL_OR_KEYWORD, default=None)
+           for name in ("dtype",) + tuple(extra)]
+        + [Parameter("kwargs", Parameter.VAR_KEYWORD)]
     )
 
     def wrap(init):
@@ -206,7 +211,8 @@ def config_arguments(config_class, family):
                 if key not in MODEL_ARGUMENTS})
             config = config_class(**{f.name: arguments[f.name] for f in fields
                                      if f.name in arguments})
-            init(self, config, dtype=arguments.get("dtype"), **model_kwargs)
+            own = {name: arguments[name] for name in extra if name in arguments}
+            init(self, config, dtype=arguments.get("dtype"), **own, **model_kwargs)
 
         __init__.__signature__ = signature
         return __init__

@@ -859,10 +859,15 @@ def _export_hf(run_dir, path):
 
     check_replaceable(path, hf_directory_kind(), "output")
     _, task, model, source = load_run(run_dir)
+    # A classifier's class names (the data's, as in labels.txt) as id2label;
+    # None for a run without (a masked LM, or images prepared before the
+    # names were kept): the model's own, else LABEL_i.
+    class_names = getattr(task, "class_names", None)
     if family == "bert":
-        save_hf_bert(model, path, tokenizer=getattr(task, "tokenizer", None), overwrite=True)
+        save_hf_bert(model, path, tokenizer=getattr(task, "tokenizer", None), overwrite=True,
+                     class_names=class_names)
     else:
-        save_hf_vit(model, path, overwrite=True)
+        save_hf_vit(model, path, overwrite=True, class_names=class_names)
     return path, source
 
 
@@ -920,7 +925,8 @@ def export(run_dir, output=None, format="saved_model", precision="float32", stre
     `"int8"` (LiteRT; ONNX for the classifiers) (default `"float32"`).
     `format="hf"`: a Hugging Face directory of a BERT or ViT run
     (`keras_attn.convert.save_hf_bert` with the run's tokenizer,
-    `save_hf_vit`), to `output` (default `<run_dir>/hf`), on any backend.
+    `save_hf_vit`; a classifier's `id2label` the names of its classes, as
+    in labels.txt), to `output` (default `<run_dir>/hf`), on any backend.
     `streaming=True` (a streaming Conformer run; `"onnx"` or `"litert"`):
     the streaming step with its state tensors, chunk by chunk
     (`keras_attn.export.streaming`), to `<run_dir>/<format>_streaming`.

@@ -99,7 +99,7 @@ def test_the_class_names_travel_inside_every_export(tmp_path):
     assert Artifact(tmp_path / "plain").labels is None
 
     for bad in (names[:4], names[:4] + ["cat"], names[:4] + [""], names[:4] + ["a\nb"], "cat"):
-        with pytest.raises(ValueError, match=r"`class_names` must be a list of the model's 5 "
+        with pytest.raises(ValueError, match=r"`class_names`: it must be a list of the model's 5 "
                                              r"classes.*Received: class_names="):
             export_image_classifier(model, tmp_path / "bad", class_names=bad)
     assert not (tmp_path / "bad").exists()

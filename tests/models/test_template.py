@@ -96,6 +96,8 @@ def test_the_same_errors_in_every_family(family):
 
 MODELS = {"bert": models.BertBackbone, "vit": models.ViT, "transformer": models.Transformer,
           "conformer": models.ConformerCTC}
+# A model's own arguments that are not architecture (after `dtype`, default None).
+OWN = {"vit": ["class_names"]}
 
 
 @pytest.mark.parametrize("family", FAMILIES)
@@ -105,7 +107,8 @@ def test_the_constructor_takes_the_config_fields_with_the_config_defaults(family
     fields = [(field.name, field.default) for field in dataclasses.fields(config_class)]
     assert [(p.name, p.default) for p in parameters[:len(fields)]] == fields
     assert [(p.name, p.default, p.kind) for p in parameters[len(fields):]] == [
-        ("dtype", None, inspect.Parameter.POSITIONAL_OR_KEYWORD),
+        (name, None, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+        for name in ["dtype"] + OWN.get(family, [])] + [
         ("kwargs", inspect.Parameter.empty, inspect.Parameter.VAR_KEYWORD)]
     # Keras reads the same signature from `__init__` (auto-config, get_config checks).
     assert list(inspect.signature(MODELS[family].__init__).parameters)[1:] == [
@@ -119,7 +122,7 @@ def test_get_config_is_the_config_fields_and_from_config_rebuilds_them(family):
     expected = get_config(sorted(presets)[0], **tiny, dropout=0.0)
     model = MODELS[family](**dataclasses.asdict(expected), name="tiny")
     config = model.get_config()
-    assert sorted(config) == sorted({"name", "trainable", "dtype"}
+    assert sorted(config) == sorted({"name", "trainable", "dtype", *OWN.get(family, [])}
                                     | {f.name for f in dataclasses.fields(expected)})
     assert {key: config[key] for key in dataclasses.asdict(expected)} == \
         dataclasses.asdict(expected)

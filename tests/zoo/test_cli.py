@@ -121,6 +121,8 @@ def _check_hf_export(run, name, task, model, capsys):
     hf_class = transformers.BertForPreTraining if bert else transformers.ViTForImageClassification
     hf, info = hf_class.from_pretrained(run / "hf", output_loading_info=True)
     assert not any(info.values()), info
+    if not bert:  # the classes' names, as in labels.txt
+        assert hf.config.id2label == {d: str(d) for d in range(10)}
     hf.eval()
     if bert:
         text = "The interpreter reads the source file."

@@ -116,6 +116,16 @@ def test_text_classification_from_a_csv_folder_trains_evaluates_and_serves_raw_s
         task.class_names[i] for i in answer["logits"].numpy().argmax(-1)]
     assert len(task.splits["train"][0]) == 24 and task.splits["validation"] is None
     assert list(inputs) == ["text"] and served.shape == (6, 2)  # raw strings in
+    # `keras-attn export RUN --format hf`: the names as id2label, which
+    # transformers reads.
+    import transformers
+
+    from keras_attn import zoo
+
+    path, _ = zoo.export(str(run), format="hf")
+    config = transformers.AutoConfig.from_pretrained(path)
+    assert config.id2label == {0: "bad", 1: "good"}
+    assert config.label2id == {"bad": 0, "good": 1}
 
 
 @pytest.mark.slow

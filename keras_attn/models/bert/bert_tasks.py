@@ -11,6 +11,7 @@ import keras
 from keras_attn._guard import IdSpec
 from keras_attn._guard import check_ids
 from keras_attn._checks import check_bool
+from keras_attn._checks import check_class_names
 from keras_attn._checks import check_positive_int
 from keras_attn._checks import check_rate
 from keras_attn.models._task import BackboneTask
@@ -235,13 +236,14 @@ class _BertClassifier(_BertTask):
     """A backbone output (`_output`) -> Dropout -> Dense(num_classes): the
     construction the sequence and token classifiers share."""
 
-    _task_args = ("num_classes", "dropout")
+    _task_args = ("num_classes", "dropout", "class_names")
     _output = None
 
-    def __init__(self, backbone, num_classes, dropout=0.1, **kwargs):
+    def __init__(self, backbone, num_classes, dropout=0.1, class_names=None, **kwargs):
         backbone = _check_backbone(backbone)
         num_classes = check_positive_int("num_classes", num_classes)
         dropout = check_rate("dropout", dropout)
+        class_names = check_class_names("class_names", class_names, num_classes)
 
         # === Layers ===
         classifier_dropout = keras.layers.Dropout(
@@ -264,6 +266,7 @@ class _BertClassifier(_BertTask):
         self.backbone = backbone
         self.num_classes = num_classes
         self.dropout = dropout
+        self.class_names = class_names
 
 
 @keras.saving.register_keras_serializable(package="keras_attn")
@@ -274,6 +277,8 @@ class BertSequenceClassifier(_BertClassifier):
         backbone: a `BertBackbone`.
         num_classes: K.
         dropout: rate before the classifier (0.1 in BERT fine-tuning).
+        class_names: optional name of each class, in output order (K distinct
+            strings; `save_hf` writes them as Hugging Face's `id2label`).
 
     Outputs: `(B, K)` logits. Targets for `fit`: `(B,)` int labels.
     """
@@ -297,6 +302,8 @@ class BertTokenClassifier(_BertClassifier):
         backbone: a `BertBackbone`.
         num_classes: K.
         dropout: rate before the classifier.
+        class_names: optional name of each class, in output order (K distinct
+            strings; `save_hf` writes them as Hugging Face's `id2label`).
 
     Outputs: `(B, T, K)` logits. Targets for `fit`: `(B, T)` int labels with
     `sample_weight` = the padding mask, so that padding counts in neither

@@ -5,6 +5,7 @@ import keras
 from keras import ops
 
 from keras_attn._checks import check_choice
+from keras_attn._checks import check_class_names
 from keras_attn._checks import check_positive_float
 from keras_attn._checks import check_positive_int
 from keras_attn._checks import check_rate
@@ -246,6 +247,8 @@ class ModernBertSequenceClassifier(_ModernBertTask):
             `classifier_pooling`.
         dropout: rate before the classifier (Hugging Face's
             `classifier_dropout`, 0 in the release).
+        class_names: optional name of each class, in output order (K distinct
+            strings; `save_hf` writes them as Hugging Face's `id2label`).
 
     The head's activation and LayerNorm epsilon are the backbone's.
 
@@ -265,13 +268,15 @@ class ModernBertSequenceClassifier(_ModernBertTask):
     (1, 3)
     """
 
-    _task_args = ("num_classes", "pooling", "dropout")
+    _task_args = ("num_classes", "pooling", "dropout", "class_names")
 
-    def __init__(self, backbone, num_classes, pooling="cls", dropout=0.0, **kwargs):
+    def __init__(self, backbone, num_classes, pooling="cls", dropout=0.0, class_names=None,
+                 **kwargs):
         config = _check_backbone(backbone).modernbert_config
         num_classes = check_positive_int("num_classes", num_classes)
         pooling = check_choice("pooling", pooling, POOLINGS)
         dropout = check_rate("dropout", dropout)
+        class_names = check_class_names("class_names", class_names, num_classes)
         dtype = backbone.dtype_policy
 
         # === Layers ===
@@ -304,6 +309,7 @@ class ModernBertSequenceClassifier(_ModernBertTask):
         self.num_classes = num_classes
         self.pooling = pooling
         self.dropout = dropout
+        self.class_names = class_names
 
     def compile(self, optimizer="adam", loss="auto", metrics="auto", **kwargs):
         """"auto": sparse cross-entropy on the logits, and accuracy."""

@@ -23,6 +23,7 @@ import dataclasses
 import keras
 from keras import ops
 
+from keras_attn._checks import check_class_names
 from keras_attn._guard import GuardedModel
 from keras_attn._guard import IdSpec
 from keras_attn.models._config import ConfigModel
@@ -114,8 +115,10 @@ class ViT(GuardedModel, ConfigModel, keras.Model):
     rescaling to [-1, 1] (the reference ViT and Hugging Face preprocessing,
     mean = std = 0.5) is the model's first layer, so an exported model takes
     raw pixels. With a head, `compile()` defaults to the sparse cross-entropy
-    on the logits and accuracy. The arguments are the fields of `ViTConfig`;
-    prefer `build_vit("vit_base_16", num_classes=...)`.
+    on the logits and accuracy. The arguments are the fields of `ViTConfig`
+    and, for a model with a head, the optional `class_names` (the name of
+    each class in output order, distinct strings: `save_hf` writes them as
+    Hugging Face's `id2label`); prefer `build_vit("vit_base_16", num_classes=...)`.
 
     Example:
 
@@ -132,8 +135,13 @@ class ViT(GuardedModel, ConfigModel, keras.Model):
 
     config_attribute = "vit_config"
 
-    @config_arguments(ViTConfig, "ViT")
-    def __init__(self, config, dtype=None, **kwargs):
+    @config_arguments(ViTConfig, "ViT", extra=("class_names",))
+    def __init__(self, config, dtype=None, class_names=None, **kwargs):
+        if config.num_classes is None and class_names is not None:
+            raise ValueError(
+                "Invalid value for argument `class_names`: a ViT without a head "
+                f"(num_classes=None) has no classes to name. Received: class_names={class_names!r}")
+        class_names = check_class_names("class_names", class_names, config.num_classes)
         grid, width = config.grid_size, config.hidden_dim
         num_tokens = config.num_patches + (0 if config.pooling == "gap" else 1)
 
@@ -232,6 +240,10 @@ class ViT(GuardedModel, ConfigModel, keras.Model):
 
         # === Config ===
         self.vit_config = config
+        self.class_names = class_names
+
+    def get_config(self):
+        return dict(super().get_config(), class_names=self.class_names)
 
     def label_specs(self):
         num_classes = self.vit_config.num_classes

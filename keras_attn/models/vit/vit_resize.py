@@ -120,7 +120,8 @@ def resize_vit(model, image_size, interpolation="bilinear"):
     check_choice("interpolation", interpolation, INTERPOLATIONS)
     old_config = model.vit_config
     config = dataclasses.replace(old_config, image_size=image_size)
-    new_model = ViT(**dataclasses.asdict(config), dtype=model.dtype_policy)
+    new_model = ViT(**dataclasses.asdict(config), class_names=model.class_names,
+                    dtype=model.dtype_policy)
     for layer in new_model.layers:
         if not layer.weights:
             continue
