@@ -30,6 +30,7 @@ the Keras model does not have; a checkpoint that asks for it loads without it
 """
 
 import dataclasses
+import os
 
 from keras_attn.convert._checkpoint import Entry
 from keras_attn.convert._checkpoint import Tensors
