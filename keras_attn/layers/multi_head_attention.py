@@ -521,7 +521,7 @@ class MultiHeadAttention(SpecFromCall, keras.layers.Layer):
         query_mask, bad_query = checked_mask(query_mask, "query_mask")
         value_mask, bad_value = checked_mask(value_mask, "value_mask")
         key_mask, bad_key = checked_mask(key_mask, "key_mask")
-        attention_mask, bad_attention = checked_mask(attention_mask, "attention_mask")
+        attention_mask, bad_attention = checked_mask(attention_mask, "attention_mask", pairwise=True)
         invalid = (bad_query, bad_value, bad_key, bad_attention)
         if segment_ids is not None:
             # Padding is segment 0: the masks follow the ids, and a mask given

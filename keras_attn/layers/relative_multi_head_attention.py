@@ -195,7 +195,7 @@ class RelativeMultiHeadAttention(SpecFromCall, keras.layers.Layer):
             padding_mask = get_keras_mask(inputs)
         batch, length = inputs.shape[0], inputs.shape[1]
         padding_mask, bad_padding = checked_mask(padding_mask, "padding_mask")
-        attention_mask, bad_attention = checked_mask(attention_mask, "attention_mask")
+        attention_mask, bad_attention = checked_mask(attention_mask, "attention_mask", pairwise=True)
         masks = []
         if padding_mask is not None:
             check_static_shape("padding_mask", padding_mask, (batch, length), "(B, T)")

@@ -363,7 +363,7 @@ class TransformerBlock(SpecFromCall, RematCall, ResidualSublayers, keras.layers.
         if padding_mask is None and attention_mask is None:
             padding_mask = get_keras_mask(inputs)
         padding_mask, bad_padding = checked_mask(padding_mask, "padding_mask")
-        attention_mask, bad_attention = checked_mask(attention_mask, "attention_mask")
+        attention_mask, bad_attention = checked_mask(attention_mask, "attention_mask", pairwise=True)
         # Checked here to name this block's argument; the attention layer
         # checks again and makes a bad example NaN inside a graph.
         padding_mask = agreeing_padding_mask(
