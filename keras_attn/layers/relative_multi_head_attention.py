@@ -11,11 +11,11 @@ from keras_attn._checks import check_positive_int
 from keras_attn._checks import check_rate
 from keras_attn._checks import check_static_shape
 from keras_attn.layers._projection import einsum_projection
-from keras_attn.layers.masking import checked_mask
-from keras_attn.layers.masking import get_keras_mask
-from keras_attn.layers.masking import merge_masks
-from keras_attn.layers.masking import nan_where
-from keras_attn.layers.scaled_dot_product_attention import (
+from keras_attn.ops.masking import checked_mask
+from keras_attn.ops.masking import get_keras_mask
+from keras_attn.ops.masking import merge_masks
+from keras_attn.ops.masking import nan_where
+from keras_attn.ops.attention import (
     scaled_dot_product_attention,
 )
 from keras_attn.layers.sinusoidal_positional_encoding import (

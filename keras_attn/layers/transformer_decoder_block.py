@@ -4,10 +4,10 @@ import keras
 
 from keras_attn._keras_compat import SpecFromCall
 from keras_attn._remat import RematCall
-from keras_attn.layers.masking import agreeing_padding_mask
-from keras_attn.layers.masking import checked_mask
-from keras_attn.layers.masking import get_keras_mask
-from keras_attn.layers.masking import nan_where
+from keras_attn.ops.masking import agreeing_padding_mask
+from keras_attn.ops.masking import checked_mask
+from keras_attn.ops.masking import get_keras_mask
+from keras_attn.ops.masking import nan_where
 from keras_attn.layers.transformer_block import ResidualSublayers
 
 

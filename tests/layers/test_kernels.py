@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 from keras import ops
 
-from keras_attn.kernels import attention as _kernels
+from keras_attn.ops import kernels as _kernels
 from keras_attn.layers import fused_dot_product_attention
 from keras_attn.layers import scaled_dot_product_attention
-from keras_attn.layers.masking import causal_mask
+from keras_attn.ops.masking import causal_mask
 
 N, H = 2, 8
 

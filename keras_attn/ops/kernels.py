@@ -16,7 +16,7 @@ layers call `attend`, which picks one kernel by name:
 - `"keras_ops"`: everything else, `fused_dot_product_attention` (the route
   the layers took before this module).
 
-Masks hold booleans or exactly 0 and 1, as in the layers (`checked_mask`):
+Masks hold booleans or exactly 0 and 1, as in the layers (`masking.checked_mask`):
 another value (0.5, 2, NaN) is a `ValueError` naming the argument where its
 values exist, and makes the examples that hold it NaN inside a compiled
 function, where nothing can raise.
@@ -39,11 +39,11 @@ import keras
 from keras import ops
 
 from keras_attn._checks import static_dim
-from keras_attn.layers.masking import checked_mask
-from keras_attn.layers.masking import merge_masks
-from keras_attn.layers.masking import nan_where
-from keras_attn.layers.scaled_dot_product_attention import KERNEL_LENGTH_MULTIPLE
-from keras_attn.layers.scaled_dot_product_attention import fused_dot_product_attention
+from keras_attn.ops.attention import KERNEL_LENGTH_MULTIPLE
+from keras_attn.ops.attention import fused_dot_product_attention
+from keras_attn.ops.masking import checked_mask
+from keras_attn.ops.masking import merge_masks
+from keras_attn.ops.masking import nan_where
 
 KERAS_OPS = "keras_ops"
 JAX_LENGTHS = "jax_lengths"
