@@ -523,9 +523,9 @@ def run_attention_jax(smoke):
     import jax
     import jax.numpy as jnp
 
-    from keras_attn.layers.scaled_dot_product_attention import KERNEL_LENGTH_MULTIPLE
-    from keras_attn.layers.scaled_dot_product_attention import fused_dot_product_attention
-    from keras_attn.layers.scaled_dot_product_attention import scaled_dot_product_attention
+    from keras_attn.ops.attention import KERNEL_LENGTH_MULTIPLE
+    from keras_attn.ops.attention import fused_dot_product_attention
+    from keras_attn.ops.attention import scaled_dot_product_attention
 
     s = sizes(smoke)
     a = s["attention"]

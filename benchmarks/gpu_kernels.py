@@ -20,7 +20,7 @@ private API takes its seed as a static int).
 On a CPU every cuDNN path reports its error; `--smoke` shrinks the sizes.
 
 `--kernel-module` checks and times the kernel module instead
-(`keras_attn/kernels/attention.py`, issue 61): `attend` with right-padded
+(`keras_attn/ops/kernels.py`, issue 61): `attend` with right-padded
 masks through its own dispatch (which must name "jax_lengths" and call
 cuDNN's fused attention on a GPU), forced to each of its kernels, and
 today's route, each against the explicit reference (outputs and gradients
@@ -49,7 +49,7 @@ def main(argv=None):
     parser.add_argument("--smoke", action="store_true")
     parser.add_argument("--out", default=None)
     parser.add_argument("--kernel-module", action="store_true",
-                        help="check and time keras_attn/kernels' attention kernels")
+                        help="check and time the attention kernels of keras_attn/ops/kernels.py")
     args = parser.parse_args(argv)
     os.environ.setdefault("KERAS_BACKEND", "jax")
     import jax
@@ -60,9 +60,9 @@ def main(argv=None):
     from _flops import attention_flops
     from gpu import fused_kernels
     from gpu import time_jax_calls
-    from keras_attn.kernels import attention as _kernels
-    from keras_attn.layers.scaled_dot_product_attention import fused_dot_product_attention
-    from keras_attn.layers.scaled_dot_product_attention import scaled_dot_product_attention
+    from keras_attn.ops import kernels as _kernels
+    from keras_attn.ops.attention import fused_dot_product_attention
+    from keras_attn.ops.attention import scaled_dot_product_attention
 
     heads, dim = (2, 8) if args.smoke else (12, 64)
     tokens = 256 if args.smoke else args.tokens

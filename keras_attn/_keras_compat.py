@@ -12,7 +12,7 @@ import keras
 
 # --- Implicit masks (`tensor._keras_mask`): Keras 3 propagates masks through
 # these two functions and keeps them out of `keras.*`; a layer that builds a
-# new tensor must carry its input's mask on by hand (`keras_attn.layers.masking`).
+# new tensor must carry its input's mask on by hand (`keras_attn.ops.masking`).
 try:
     from keras.src.backend import get_keras_mask
     from keras.src.backend import set_keras_mask

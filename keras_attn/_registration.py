@@ -24,11 +24,16 @@ PACKAGES = ("keras_attn._guard", "keras_attn.layers", "keras_attn.models",
             "keras_attn.training")
 
 
+# Below the layers, imported by them, and registering at its end too.
+BELOW = ("keras_attn.ops",)
+
+
 def _below_or_registering(name):
-    """`PACKAGES` and the private modules at the package's top
+    """`PACKAGES`, `BELOW` and the private modules at the package's top
     (`keras_attn._keras_compat`, ...), which `PACKAGES` import: while one of
     them is half imported, importing `PACKAGES` would meet it half made."""
-    return name in PACKAGES or (name.startswith("keras_attn._") and name.count(".") == 1)
+    return name in PACKAGES + BELOW or (
+        name.startswith("keras_attn._") and name.count(".") == 1)
 
 
 def _half_imported():

@@ -4,14 +4,16 @@
   only, so a Keras upgrade that moves one breaks one file;
 - no module imports another package's underscore module (package-level
   private modules `keras_attn._x` are shared by all);
-- layers and model builders import no TensorFlow, JAX or PyTorch, but for
-  the kernel module (`keras_attn/kernels/attention.py`), which imports JAX
-  inside the functions that run on JAX only;
+- the attention ops, layers and model builders import no TensorFlow, JAX or
+  PyTorch, but for the kernel module (`keras_attn/ops/kernels.py`), which
+  imports JAX inside the functions that run on JAX only;
 - dependencies run one way: the command line (`keras_attn_cli`) calls the
   library, which never imports it; `keras_attn_base` (what needs no Keras)
   imports the standard library only; the package-level private helpers
   (`keras_attn/_*.py`) sit below the subpackages and import none of them;
-  no module imports the package's own `__init__`.
+  no module imports the package's own `__init__`;
+- the subpackages stand on floors (`FLOORS`): a package imports only
+  packages on lower floors, so no two packages import each other.
 
 One test imports: the modules `keras-attn --help` and `list` need import no
 Keras.
@@ -90,11 +92,11 @@ def test_no_module_imports_another_packages_private_module():
 
 # The one exception (issue 61): the kernel module calls a backend's own fast
 # attention, importing that backend inside the function that runs only on it.
-KERNEL_MODULE = "keras_attn.kernels.attention"
+KERNEL_MODULE = "keras_attn.ops.kernels"
 KERNEL_BACKENDS = {"jax"}
 
 
-@pytest.mark.parametrize("package", ["keras_attn.layers", "keras_attn.models", "keras_attn.kernels"])
+@pytest.mark.parametrize("package", ["keras_attn.ops", "keras_attn.layers", "keras_attn.models"])
 def test_layers_and_models_import_no_backend_framework(package):
     found = [f"{name}:{line} {target}" for name, path in MODULES.items()
              if (name == package or name.startswith(package + ".")) and name != KERNEL_MODULE
@@ -178,18 +180,86 @@ def test_no_import_circles():
                    keras_attn_cli=os.path.join(ROOT, "keras_attn_cli.py"))
     graph = {name: set(_explicit_edges(path, modules)) - {name}
              for name, path in modules.items()}
+    assert not _circles(graph)
+
+
+def _circles(graph):
+    """Each path from a node of `graph` ({node: set of nodes}) through its
+    edges back to itself."""
     circles = []
-    for start in graph:  # a path from a module's imports back to the module
+    for start in graph:
         seen, stack = set(), [(start, (start,))]
         while stack:
             name, path = stack.pop()
-            for target in graph[name]:
+            for target in graph.get(name, ()):
                 if target == start:
                     circles.append(" -> ".join(path + (start,)))
                 elif target not in seen:
                     seen.add(target)
                     stack.append((target, path + (target,)))
-    assert not circles
+    return circles
+
+
+# The floors of the package, lowest first: a module imports only modules of
+# its own package or of a package on a lower floor (anywhere in the file,
+# inside functions too). "_private" is keras_attn/_*.py and errors.py;
+# "keras_attn" is the package's own __init__, its face (it loads the
+# others by name, on first use). training holds losses, metrics, schedules
+# and the trainer, which the models' task heads use and which know no model:
+# a caller hands it what depends on one (model_parallel's layout map).
+FLOORS = (
+    ("_private",),
+    ("ops",),  # masks, scaled dot-product, rotary, kernels
+    ("layers", "training"),
+    ("models",),
+    ("convert", "data", "export", "viz"),
+    ("zoo",),
+    ("keras_attn",),
+)
+# Upward imports allowed on purpose, "importer -> imported" (modules): none.
+UPWARD_EXCEPTIONS = {}
+
+
+def _floor_package(name):
+    parts = name.split(".")
+    if len(parts) == 1:
+        return "keras_attn"
+    return "_private" if parts[1].startswith("_") or parts[1] == "errors" else parts[1]
+
+
+def _package_imports():
+    """`{(importer package, imported package): ["module -> module", ...]}`
+    between different packages of keras_attn."""
+    found = {}
+    for name, path in MODULES.items():
+        for target in sorted(set(_explicit_edges(path, MODULES))):
+            pair = (_floor_package(name), _floor_package(target))
+            if pair[0] != pair[1] and f"{name} -> {target}" not in UPWARD_EXCEPTIONS:
+                found.setdefault(pair, []).append(f"{name} -> {target}")
+    return found
+
+
+def test_every_package_stands_on_one_floor():
+    packages = {_floor_package(name) for name in MODULES}
+    floors = [package for floor in FLOORS for package in floor]
+    assert sorted(floors) == sorted(set(floors)) == sorted(packages)
+
+
+def test_packages_import_only_lower_floors():
+    # Before issue 69: layers.multi_head_attention -> kernels (kernels imported
+    # layers.masking: a circle, dodged by a lazy import) and
+    # training.distribute -> models.parallel.
+    level = {package: i for i, floor in enumerate(FLOORS) for package in floor}
+    found = [f"{level[a]}:{a} -> {level[b]}:{b}: {edges[0]}"
+             for (a, b), edges in _package_imports().items() if level[a] <= level[b]]
+    assert not found
+
+
+def test_no_circles_between_packages():
+    graph = {}
+    for a, b in _package_imports():
+        graph.setdefault(a, set()).add(b)
+    assert not _circles(graph)
 
 
 def _version_literals(path):

@@ -64,7 +64,7 @@ from keras import ops
 from keras_attn.export.portable import PORTABLE_FORMATS
 from keras_attn.export.portable import check_format
 from keras_attn.layers.log_mel_features import REBASE_FRAMES
-from keras_attn.layers.masking import nan_where
+from keras_attn.ops.masking import nan_where
 from keras_attn.models.conformer.conformer_model import greedy_chunk_tokens
 
 # Feature frames per encoder frame (ConvSubsampling's two stride-2 convolutions).

@@ -1,6 +1,12 @@
 """Reusable attention layers, written with `keras.ops` only (TensorFlow, JAX
 and PyTorch backends)."""
 
+# The attention functions live below the layers, in keras_attn.ops; these
+# public names stay here too.
+from keras_attn.ops.attention import fused_dot_product_attention
+from keras_attn.ops.attention import scaled_dot_product_attention
+from keras_attn.ops.masking import causal_mask
+
 from keras_attn.layers.activations import gelu
 from keras_attn.layers.class_token import ClassToken
 from keras_attn.layers.conformer_block import ConformerBlock
@@ -12,17 +18,10 @@ from keras_attn.layers.fast_conv_subsampling import fast_subsampled_length
 from keras_attn.layers.feed_forward import FeedForward
 from keras_attn.layers.log_mel_features import LogMelFeatures
 from keras_attn.layers.parakeet_log_mel_features import ParakeetLogMelFeatures
-from keras_attn.layers.masking import causal_mask
 from keras_attn.layers.multi_head_attention import MultiHeadAttention
 from keras_attn.layers.position_embedding import PositionEmbedding
 from keras_attn.layers.relative_multi_head_attention import (
     RelativeMultiHeadAttention,
-)
-from keras_attn.layers.scaled_dot_product_attention import (
-    fused_dot_product_attention,
-)
-from keras_attn.layers.scaled_dot_product_attention import (
-    scaled_dot_product_attention,
 )
 from keras_attn.layers.sinusoidal_positional_encoding import (
     SinusoidalPositionalEncoding,

@@ -15,12 +15,12 @@ from keras_attn._checks import check_rate
 from keras_attn.layers.conformer_conv_module import NORMS
 from keras_attn.layers.conformer_conv_module import ConformerConvModule
 from keras_attn.layers.feed_forward import FeedForward
-from keras_attn.layers.masking import checked_mask
-from keras_attn.layers.masking import checked_segment_ids
-from keras_attn.layers.masking import get_keras_mask
-from keras_attn.layers.masking import merge_masks
-from keras_attn.layers.masking import nan_where
-from keras_attn.layers.masking import segment_mask
+from keras_attn.ops.masking import checked_mask
+from keras_attn.ops.masking import checked_segment_ids
+from keras_attn.ops.masking import get_keras_mask
+from keras_attn.ops.masking import merge_masks
+from keras_attn.ops.masking import nan_where
+from keras_attn.ops.masking import segment_mask
 from keras_attn.layers.relative_multi_head_attention import RelativeMultiHeadAttention
 from keras_attn.layers.streaming import check_built
 

@@ -11,11 +11,11 @@ from keras_attn._checks import check_positive_float
 from keras_attn._checks import check_positive_int
 from keras_attn._checks import check_rate
 from keras_attn._checks import check_static_shape
-from keras_attn.layers.masking import checked_mask
-from keras_attn.layers.masking import checked_segment_ids
-from keras_attn.layers.masking import merge_masks
-from keras_attn.layers.masking import get_keras_mask
-from keras_attn.layers.masking import nan_where
+from keras_attn.ops.masking import checked_mask
+from keras_attn.ops.masking import checked_segment_ids
+from keras_attn.ops.masking import merge_masks
+from keras_attn.ops.masking import get_keras_mask
+from keras_attn.ops.masking import nan_where
 from keras_attn.layers.streaming import check_built
 from keras_attn.layers.streaming import check_state_tensor
 
@@ -76,7 +76,7 @@ class ConformerConvModule(SpecFromCall, keras.layers.Layer):
         training: whether BatchNorm uses batch statistics and dropout is on.
         segment_ids: optional `(B, T)` int ids of packed rows (1..k for the
             k utterances of a row, 0 for padding; see
-            `keras_attn.layers.masking.SEGMENT_RULE`). The frames of segment
+            `keras_attn.ops.masking.SEGMENT_RULE`). The frames of segment
             0 are padding; a given `padding_mask` may mark more (the gaps
             between utterances). An invalid packing is a `ValueError`
             eagerly and NaN for that row in a graph.

@@ -8,9 +8,9 @@ from keras_attn._keras_compat import SpecFromCall
 from keras_attn._clone import for_sublayer
 from keras_attn._checks import check_positive_int
 from keras_attn._checks import check_static_shape
-from keras_attn.layers.masking import checked_mask
-from keras_attn.layers.masking import get_keras_mask
-from keras_attn.layers.masking import nan_where
+from keras_attn.ops.masking import checked_mask
+from keras_attn.ops.masking import get_keras_mask
+from keras_attn.ops.masking import nan_where
 from keras_attn.layers.streaming import check_built
 from keras_attn.layers.streaming import check_state_tensor
 

@@ -12,30 +12,25 @@ from keras_attn._checks import check_rate
 from keras_attn._checks import check_static_shape
 from keras_attn._checks import static_dim
 from keras_attn.layers._projection import einsum_projection
-from keras_attn.layers._rotary import apply_rotary
-from keras_attn.layers._rotary import check_rotary_head_dim
-from keras_attn.layers._rotary import check_rotary_theta
-from keras_attn.layers._rotary import segment_positions
-from keras_attn.layers.masking import causal_mask
-from keras_attn.layers.masking import checked_agreement
-from keras_attn.layers.masking import checked_mask
-from keras_attn.layers.masking import checked_positions
-from keras_attn.layers.masking import checked_segment_ids
-from keras_attn.layers.masking import get_keras_mask
-from keras_attn.layers.masking import local_mask
-from keras_attn.layers.masking import merge_masks
-from keras_attn.layers.masking import nan_where
-from keras_attn.layers.masking import segment_mask
-from keras_attn.layers.masking import set_keras_mask
-from keras_attn.layers.scaled_dot_product_attention import (
-    fused_attention_supports,
-)
-from keras_attn.layers.scaled_dot_product_attention import (
-    normalize_attention_mask,
-)
-from keras_attn.layers.scaled_dot_product_attention import (
-    scaled_dot_product_attention,
-)
+from keras_attn.ops.attention import fused_attention_supports
+from keras_attn.ops.attention import normalize_attention_mask
+from keras_attn.ops.attention import scaled_dot_product_attention
+from keras_attn.ops.kernels import attend
+from keras_attn.ops.masking import causal_mask
+from keras_attn.ops.masking import checked_agreement
+from keras_attn.ops.masking import checked_mask
+from keras_attn.ops.masking import checked_positions
+from keras_attn.ops.masking import checked_segment_ids
+from keras_attn.ops.masking import get_keras_mask
+from keras_attn.ops.masking import local_mask
+from keras_attn.ops.masking import merge_masks
+from keras_attn.ops.masking import nan_where
+from keras_attn.ops.masking import segment_mask
+from keras_attn.ops.masking import set_keras_mask
+from keras_attn.ops.rotary import apply_rotary
+from keras_attn.ops.rotary import check_rotary_head_dim
+from keras_attn.ops.rotary import check_rotary_theta
+from keras_attn.ops.rotary import segment_positions
 
 
 def _check_rank(name, shape):
@@ -521,7 +516,7 @@ class MultiHeadAttention(SpecFromCall, keras.layers.Layer):
         query_mask, bad_query = checked_mask(query_mask, "query_mask")
         value_mask, bad_value = checked_mask(value_mask, "value_mask")
         key_mask, bad_key = checked_mask(key_mask, "key_mask")
-        attention_mask, bad_attention = checked_mask(attention_mask, "attention_mask")
+        attention_mask, bad_attention = checked_mask(attention_mask, "attention_mask", pairwise=True)
         invalid = (bad_query, bad_value, bad_key, bad_attention)
         if segment_ids is not None:
             # Padding is segment 0: the masks follow the ids, and a mask given
@@ -670,10 +665,6 @@ class MultiHeadAttention(SpecFromCall, keras.layers.Layer):
                 seed_generator=self.seed_generator, return_attention_scores=True)
         # The kernel module's dispatch (issue 61): with the one merged mask
         # it takes today's keras.ops route on every backend and device.
-        # Imported here: keras_attn.kernels builds on this package's masking
-        # and attention helpers (a module-level import would be a cycle).
-        from keras_attn.kernels import attend
-
         attended = attend(
             q, k, v, mask=mask, is_causal=is_causal, flash_attention=self.flash_attention)
         return attended, None

@@ -7,9 +7,9 @@ from keras import ops
 
 from keras_attn._checks import check_positive_int
 from keras_attn._checks import check_static_shape
-from keras_attn.layers.masking import checked_positions
-from keras_attn.layers.masking import checked_segment_ids
-from keras_attn.layers.masking import nan_where
+from keras_attn.ops.masking import checked_positions
+from keras_attn.ops.masking import checked_segment_ids
+from keras_attn.ops.masking import nan_where
 
 
 @keras.saving.register_keras_serializable(package="keras_attn")

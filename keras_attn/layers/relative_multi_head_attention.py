@@ -11,11 +11,11 @@ from keras_attn._checks import check_positive_int
 from keras_attn._checks import check_rate
 from keras_attn._checks import check_static_shape
 from keras_attn.layers._projection import einsum_projection
-from keras_attn.layers.masking import checked_mask
-from keras_attn.layers.masking import get_keras_mask
-from keras_attn.layers.masking import merge_masks
-from keras_attn.layers.masking import nan_where
-from keras_attn.layers.scaled_dot_product_attention import (
+from keras_attn.ops.masking import checked_mask
+from keras_attn.ops.masking import get_keras_mask
+from keras_attn.ops.masking import merge_masks
+from keras_attn.ops.masking import nan_where
+from keras_attn.ops.attention import (
     scaled_dot_product_attention,
 )
 from keras_attn.layers.sinusoidal_positional_encoding import (
@@ -195,7 +195,7 @@ class RelativeMultiHeadAttention(SpecFromCall, keras.layers.Layer):
             padding_mask = get_keras_mask(inputs)
         batch, length = inputs.shape[0], inputs.shape[1]
         padding_mask, bad_padding = checked_mask(padding_mask, "padding_mask")
-        attention_mask, bad_attention = checked_mask(attention_mask, "attention_mask")
+        attention_mask, bad_attention = checked_mask(attention_mask, "attention_mask", pairwise=True)
         masks = []
         if padding_mask is not None:
             check_static_shape("padding_mask", padding_mask, (batch, length), "(B, T)")

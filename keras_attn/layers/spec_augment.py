@@ -5,7 +5,7 @@ from keras import ops
 from keras import random
 
 from keras_attn._checks import check_rate
-from keras_attn.layers.masking import get_keras_mask
+from keras_attn.ops.masking import get_keras_mask
 
 
 def _check_count(name, value):

@@ -13,14 +13,14 @@ from keras_attn._checks import check_positive_float
 from keras_attn._checks import check_positive_int
 from keras_attn._checks import check_rate
 from keras_attn._checks import get_activation
-from keras_attn.layers._rotary import check_rotary_head_dim
-from keras_attn.layers._rotary import check_rotary_theta
+from keras_attn.ops.rotary import check_rotary_head_dim
+from keras_attn.ops.rotary import check_rotary_theta
 from keras_attn.layers.activations import serialize_activation
 from keras_attn.layers.feed_forward import FeedForward
-from keras_attn.layers.masking import agreeing_padding_mask
-from keras_attn.layers.masking import checked_mask
-from keras_attn.layers.masking import get_keras_mask
-from keras_attn.layers.masking import nan_where
+from keras_attn.ops.masking import agreeing_padding_mask
+from keras_attn.ops.masking import checked_mask
+from keras_attn.ops.masking import get_keras_mask
+from keras_attn.ops.masking import nan_where
 from keras_attn.layers.multi_head_attention import MultiHeadAttention
 
 NORM_POSITIONS = ("post", "pre")
@@ -363,7 +363,7 @@ class TransformerBlock(SpecFromCall, RematCall, ResidualSublayers, keras.layers.
         if padding_mask is None and attention_mask is None:
             padding_mask = get_keras_mask(inputs)
         padding_mask, bad_padding = checked_mask(padding_mask, "padding_mask")
-        attention_mask, bad_attention = checked_mask(attention_mask, "attention_mask")
+        attention_mask, bad_attention = checked_mask(attention_mask, "attention_mask", pairwise=True)
         # Checked here to name this block's argument; the attention layer
         # checks again and makes a bad example NaN inside a graph.
         padding_mask = agreeing_padding_mask(

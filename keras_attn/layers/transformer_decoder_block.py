@@ -4,10 +4,10 @@ import keras
 
 from keras_attn._keras_compat import SpecFromCall
 from keras_attn._remat import RematCall
-from keras_attn.layers.masking import agreeing_padding_mask
-from keras_attn.layers.masking import checked_mask
-from keras_attn.layers.masking import get_keras_mask
-from keras_attn.layers.masking import nan_where
+from keras_attn.ops.masking import agreeing_padding_mask
+from keras_attn.ops.masking import checked_mask
+from keras_attn.ops.masking import get_keras_mask
+from keras_attn.ops.masking import nan_where
 from keras_attn.layers.transformer_block import ResidualSublayers
 
 
@@ -208,10 +208,10 @@ class TransformerDecoderBlock(SpecFromCall, RematCall, ResidualSublayers, keras.
             encoder_padding_mask = get_keras_mask(encoder_sequence)
         decoder_padding_mask, bad_1 = checked_mask(decoder_padding_mask, "decoder_padding_mask")
         decoder_attention_mask, bad_2 = checked_mask(
-            decoder_attention_mask, "decoder_attention_mask")
+            decoder_attention_mask, "decoder_attention_mask", pairwise=True)
         encoder_padding_mask, bad_3 = checked_mask(encoder_padding_mask, "encoder_padding_mask")
         encoder_attention_mask, bad_4 = checked_mask(
-            encoder_attention_mask, "encoder_attention_mask")
+            encoder_attention_mask, "encoder_attention_mask", pairwise=True)
         invalid = (bad_1, bad_2, bad_3, bad_4)
         decoder_padding_mask = agreeing_padding_mask(
             decoder_padding_mask, decoder_segment_ids, "decoder_padding_mask",

@@ -1,5 +1,5 @@
 """What the model families share to check packed rows (docs/packing.md)
-beyond the layers' own checks (`keras_attn.layers.masking`)."""
+beyond the layers' own checks (`keras_attn.ops.masking`)."""
 
 import numpy as np
 from keras import ops

@@ -664,16 +664,17 @@ def parse_distribute(value):
 
 
 @contextlib.contextmanager
-def model_parallel(mesh_shape, model_or_config, devices=None):
+def model_parallel(mesh_shape, layout_map, devices=None):
     """Runs the block model parallel (JAX); yields the number of data
     replicas.
 
     A `(data, model)` device mesh over `devices` (default: every device,
     `keras.distribution.list_devices()`, after `keras.distribution.initialize()`
     when a multi-process launcher set its variables, as in `data_parallel`),
-    with the family's `keras_attn.models.layout_map`: each attention layer
+    with the `keras.distribution.LayoutMap` that `layout_map` makes for it
+    (the family's `keras_attn.models.layout_map`: each attention layer
     sharded over its heads, each feed-forward over its inner width, token
-    embeddings over the vocabulary, the rest replicated. Each batch is split
+    embeddings over the vocabulary, the rest replicated). Each batch is split
     over the `data` axis (keep it a multiple of M). Build, compile, train and
     save the model inside the block; the previous distribution is put back
     after it.
@@ -681,17 +682,18 @@ def model_parallel(mesh_shape, model_or_config, devices=None):
     Args:
         mesh_shape: `(M, N)`: M data replicas times N model shards; M x N
             must be the number of devices.
-        model_or_config: what `layout_map` takes: the family config the
-            model will be built from, or a model of the same configuration.
+        layout_map: `layout_map(device_mesh, model_axis)` -> the layout of
+            the model's weights, e.g. `functools.partial(
+            keras_attn.models.layout_map, config)` for the family config the
+            model will be built from (the caller names the model: training
+            sits below the models and imports none).
         devices: Keras JAX device names instead of every device.
 
     Raises:
         ValueError: on a backend other than JAX, when M x N is not the
-            number of devices, or when the heads or the inner width do not
-            divide over N (from `layout_map`).
+            number of devices, or what `layout_map` raises (the models' own:
+            heads or an inner width that do not divide over N).
     """
-    from keras_attn.models.parallel import layout_map
-
     backend = keras.backend.backend()
     if backend != "jax":
         raise ValueError(
@@ -710,7 +712,7 @@ def model_parallel(mesh_shape, model_or_config, devices=None):
         )
     mesh = keras.distribution.DeviceMesh((data, shards), ("batch", "model"), devices)
     distribution = keras.distribution.ModelParallel(
-        layout_map=layout_map(model_or_config, mesh, "model"), batch_dim_name="batch"
+        layout_map=layout_map(mesh, "model"), batch_dim_name="batch"
     )
     previous = keras.distribution.distribution()
     keras.distribution.set_distribution(distribution)

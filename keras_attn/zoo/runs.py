@@ -37,6 +37,7 @@ subprocess, from model.keras.
 """
 
 import datetime
+import functools
 import glob
 import json
 import math
@@ -521,6 +522,7 @@ def _train_locked(recipe, output, distribute, export, verbose, prepared=None):
 
     from keras_attn.training.distribute import data_parallel
     from keras_attn.training.distribute import describe_replicas
+    from keras_attn.models import layout_map
     from keras_attn.training.distribute import model_parallel
     from keras_attn.training.resumable import ResumableTrainer
     from keras_attn.data.checks import data_check_errors
@@ -534,7 +536,8 @@ def _train_locked(recipe, output, distribute, export, verbose, prepared=None):
         # The layout follows the model's sizes, which the data can set (the
         # vocabulary, the classes): the data is loaded first.
         task.prepare()
-        distribution = model_parallel(distribute, task.model_config)
+        distribution = model_parallel(
+            distribute, functools.partial(layout_map, task.model_config))
     else:
         # Each process is fed its rows of every batch (`process_rows`).
         distribution = data_parallel(distribute == "data_parallel", auto_shard_dataset=False)

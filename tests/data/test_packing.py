@@ -9,8 +9,8 @@ import pytest
 from keras_attn.data import pack_rows
 from keras_attn.data import pack_sequences
 from keras_attn.data import packing_fill
-from keras_attn.layers.masking import checked_positions
-from keras_attn.layers.masking import checked_segment_ids
+from keras_attn.ops.masking import checked_positions
+from keras_attn.ops.masking import checked_segment_ids
 
 pytestmark = pytest.mark.backend_independent
 

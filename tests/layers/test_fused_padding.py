@@ -8,9 +8,9 @@ from keras import ops
 
 from keras_attn.layers import fused_dot_product_attention
 from keras_attn.layers import scaled_dot_product_attention
-from keras_attn.layers.masking import causal_mask
-from keras_attn.layers.scaled_dot_product_attention import KERNEL_LENGTH_MULTIPLE
-from keras_attn.layers.scaled_dot_product_attention import default_length_multiple
+from keras_attn.ops.masking import causal_mask
+from keras_attn.ops.attention import KERNEL_LENGTH_MULTIPLE
+from keras_attn.ops.attention import default_length_multiple
 
 B, N, H = 2, 2, 4
 
@@ -152,7 +152,7 @@ def test_the_kernel_route_hands_the_kernel_a_mask_of_full_query_and_key_axes(
     import sys
 
     # The package exports a function of the module's name.
-    module = sys.modules["keras_attn.layers.scaled_dot_product_attention"]
+    module = sys.modules["keras_attn.ops.attention"]
     seen = []
     real = module.ops.dot_product_attention
 

@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 from keras import ops
 
-from keras_attn.kernels import attention as _kernels
+from keras_attn.ops import kernels as _kernels
 from keras_attn.layers import fused_dot_product_attention
 from keras_attn.layers import scaled_dot_product_attention
-from keras_attn.layers.masking import causal_mask
+from keras_attn.ops.masking import causal_mask
 
 N, H = 2, 8
 
@@ -157,3 +157,69 @@ def test_the_lengths_kernel_is_refused_off_jax():
     q, k, v = _inputs(1, 8, 8)
     with pytest.raises(ValueError, match=f"backend='{keras.backend.backend()}'"):
         _kernels.attend(q, k, v, key_mask=np.ones((1, 8), bool), kernel="jax_lengths")
+
+
+# Issue 68: a mask holds booleans or exactly 0 and 1, in `attend` as in the
+# layers (docs/bad_input.md): 0.5, 2 or NaN is never read as True.
+_MASK_SHAPES = {"mask": (3, 1, 4, 4), "query_mask": (3, 4), "key_mask": (3, 4)}
+
+
+def _bad_mask(argument, value):
+    """Inputs and one mask argument of ones whose example 1 holds `value`."""
+    q, k, v = _inputs(3, 4, 4)
+    mask = np.ones(_MASK_SHAPES[argument], "float32")
+    mask[(1,) + (0,) * (mask.ndim - 1)] = value
+    return q, k, v, {argument: mask}
+
+
+def _compiled(fn, monkeypatch):
+    """`fn` inside a compiled function, where no check can raise: `jax.jit`,
+    `tf.function`; on PyTorch `fn` runs eagerly while `torch.compile`'s
+    signal says it is being traced (the signal `concrete_value` reads): a
+    real `torch.compile` of `attend` takes 13-25 s here (graph breaks in
+    Keras's torch ops), and gave the same answers when run by hand."""
+    if keras.backend.backend() == "jax":
+        import jax
+
+        return jax.jit(fn)
+    if keras.backend.backend() == "tensorflow":
+        import tensorflow as tf
+
+        return tf.function(fn, autograph=False)  # autograph's conversion: 10 s
+    import torch
+
+    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
+    return fn
+
+
+@pytest.mark.parametrize("value", [0.5, 2.0, np.nan])
+@pytest.mark.parametrize("argument", list(_MASK_SHAPES))
+def test_attend_refuses_mask_values_other_than_0_1(argument, value):
+    q, k, v, masks = _bad_mask(argument, value)
+    with pytest.raises(ValueError, match=rf"`{argument}` must be boolean or hold only 0 and "
+                                         rf"1.*Received: {argument} with values {value}"):
+        _kernels.attend(q, k, v, **masks)
+
+
+def _attend_with_masks(q, k, v, mask, query_mask, key_mask):
+    return _kernels.attend(q, k, v, mask=mask, query_mask=query_mask, key_mask=key_mask)
+
+
+@pytest.mark.parametrize("value", [0.5, 2.0, np.nan])
+def test_a_bad_mask_value_in_a_compiled_function_makes_that_example_nan(value, monkeypatch):
+    """Example 0's `mask`, 1's `query_mask` and 2's `key_mask` hold `value`:
+    those examples are NaN, example 3 is the answer of its masks."""
+    q, k, v = _inputs(4, 4, 4)
+    masks = [np.ones((4,) + shape[1:], "float32")
+             for shape in _MASK_SHAPES.values()]
+    for example, mask in enumerate(masks):
+        mask[(example,) + (0,) * (mask.ndim - 1)] = value
+    masks[1][3, 3] = masks[2][3, 2] = 0  # example 3: a padded query and key
+    got = ops.convert_to_numpy(_compiled(_attend_with_masks, monkeypatch)(
+        *map(ops.convert_to_tensor, [q, k, v] + masks)))
+    monkeypatch.undo()
+    assert np.isnan(got[:3]).all()
+    want = ops.convert_to_numpy(_kernels.attend(
+        q, k, v, query_mask=masks[1] == 1, key_mask=masks[2] == 1))
+    assert np.isfinite(want[3]).all()
+    np.testing.assert_allclose(got[3], want[3], atol=1e-5)

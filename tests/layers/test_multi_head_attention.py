@@ -256,7 +256,7 @@ def test_cache_index_without_cache():
 
 
 def test_callers_tensor_keeps_its_mask():
-    from keras_attn.layers.masking import get_keras_mask
+    from keras_attn.ops.masking import get_keras_mask
 
     x = keras.layers.Embedding(10, 8, mask_zero=True)(np.array([[1, 2, 0]]))
     MultiHeadAttention(num_heads=2)(x)
@@ -313,7 +313,7 @@ def test_rotary_equals_transformers_modernbert():
     modernbert = pytest.importorskip("transformers.models.modernbert.modeling_modernbert")
     from transformers import ModernBertConfig
 
-    from keras_attn.layers._rotary import apply_rotary
+    from keras_attn.ops.rotary import apply_rotary
 
     config = ModernBertConfig(hidden_size=32, num_attention_heads=2, num_hidden_layers=3,
                               global_rope_theta=160000.0, local_rope_theta=10000.0)
@@ -423,7 +423,7 @@ def test_window_is_transformers_sliding_window():
     ModernBERT (`local_attention=w`, `sliding_window = w // 2`) sees."""
     torch = pytest.importorskip("torch")
     masking_utils = pytest.importorskip("transformers.masking_utils")
-    from keras_attn.layers.masking import local_mask
+    from keras_attn.ops.masking import local_mask
 
     for window in (2, 4, 7):
         theirs = masking_utils.sliding_window_bidirectional_overlay(window // 2)

@@ -15,9 +15,9 @@ from keras_attn.layers import PositionEmbedding
 from keras_attn.layers import SinusoidalPositionalEncoding
 from keras_attn.layers import TransformerBlock
 from keras_attn.layers import TransformerDecoderBlock
-from keras_attn.layers.masking import checked_positions
-from keras_attn.layers.masking import checked_segment_ids
-from keras_attn.layers.masking import segment_mask
+from keras_attn.ops.masking import checked_positions
+from keras_attn.ops.masking import checked_segment_ids
+from keras_attn.ops.masking import segment_mask
 from test_case import assert_all_close
 from test_case import call_at_once
 from test_case import to_numpy

@@ -322,7 +322,7 @@ def test_rotary_equals_keras_hub_rotary_embedding():
     """`MultiHeadAttention(rotary_theta=...)` turns its queries and keys as
     keras-hub's `RotaryEmbedding(max_wavelength=theta)` turns a tensor, at
     packed positions too."""
-    from keras_attn.layers._rotary import apply_rotary
+    from keras_attn.ops.rotary import apply_rotary
 
     x = rand(B, 7, N, 6)  # (B, T, N, H)
     positions = np.array([[0, 1, 2, 0, 1, 2, 3], [0, 1, 2, 3, 4, 5, 6]], "int32")

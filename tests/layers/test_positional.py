@@ -129,7 +129,7 @@ def test_non_positive_max_sequence_length():
 
 
 def test_causal_mask_refuses_negative_lengths():
-    from keras_attn.layers.masking import causal_mask
+    from keras_attn.ops.masking import causal_mask
 
     for args, name in (((-1, 3), "query_length"), ((2, -1), "key_length")):
         with pytest.raises(ValueError, match=rf"`{name}` must be a non-negative integer. "

@@ -82,8 +82,11 @@ def _spec(variable):
 
 
 def main():
+    import functools
+
     import keras
 
+    from keras_attn.models import layout_map
     from keras_attn.training.distribute import model_parallel
 
     assert len(keras.distribution.list_devices()) == 8, keras.distribution.list_devices()
@@ -94,7 +97,7 @@ def main():
         _compile(single, arguments)
         weights = single.get_weights()
         single_losses = _two_steps(single, x, y)
-        with model_parallel((2, 4), config):
+        with model_parallel((2, 4), functools.partial(layout_map, config)):
             model = build()
             _compile(model, arguments)
             model.set_weights(weights)

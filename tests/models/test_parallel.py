@@ -2,6 +2,7 @@
 how much memory a device keeps, the same training steps as one device, and
 the errors for sizes that do not divide."""
 
+import functools
 import json
 import os
 import re
@@ -197,11 +198,11 @@ def test_model_parallel_needs_jax_or_the_right_device_count():
     config = get_vit_config("vit_tiny_16", num_heads=4)
     if keras.backend.backend() != "jax":
         with pytest.raises(ValueError, match="runs on the jax backend"):
-            with model_parallel((1, 2), config):
+            with model_parallel((1, 2), functools.partial(layout_map, config)):
                 pass
     else:
         devices = len(keras.distribution.list_devices())
         with pytest.raises(ValueError, match=f"needs {devices + 1} devices and there are {devices}"):
-            with model_parallel((1, devices + 1), config):
+            with model_parallel((1, devices + 1), functools.partial(layout_map, config)):
                 pass
     assert keras.distribution.distribution() is None

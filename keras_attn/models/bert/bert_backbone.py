@@ -29,9 +29,9 @@ from keras_attn._guard import check_ids
 from keras_attn.models._config import ConfigModel
 from keras_attn.models._config import config_arguments
 from keras_attn._remat import remat_scope
-from keras_attn.layers.masking import checked_positions
-from keras_attn.layers.masking import checked_segment_ids
-from keras_attn.layers.masking import nan_where
+from keras_attn.ops.masking import checked_positions
+from keras_attn.ops.masking import checked_segment_ids
+from keras_attn.ops.masking import nan_where
 from keras_attn.layers.position_embedding import PositionEmbedding
 from keras_attn.layers.position_embedding import packed_positions
 from keras_attn.layers.transformer_block import TransformerBlock
@@ -84,7 +84,7 @@ def _encode(layer, config, token_ids, segment_ids, padding_mask,
     for i in range(config.num_layers):
         # The int mask as given: each block reads it as booleans, and a
         # value other than 0/1 makes that example NaN inside a graph
-        # (`keras_attn.layers.masking.checked_mask`), never a 1.
+        # (`keras_attn.ops.masking.checked_mask`), never a 1.
         block = layer(f"transformer_block_{i}")
         if packed_segment_ids is None:
             x = block(x, padding_mask=padding_mask, training=training)
@@ -224,7 +224,7 @@ class BertBackbone(GuardedModel, ConfigModel, keras.Model):
             position of each token in its example (restarting at 0).
 
     Every example of a packed row gets the outputs it gets alone; a packing
-    that is not valid (see `keras_attn.layers.masking.SEGMENT_RULE`) is a
+    that is not valid (see `keras_attn.ops.masking.SEGMENT_RULE`) is a
     `ValueError` in an eager call and NaN for that row inside a compiled
     step.
 

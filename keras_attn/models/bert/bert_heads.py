@@ -10,7 +10,7 @@ from keras_attn._checks import check_positive_float
 from keras_attn._checks import check_positive_int
 from keras_attn._checks import get_activation
 from keras_attn.layers.activations import serialize_activation
-from keras_attn.layers.masking import nan_where
+from keras_attn.ops.masking import nan_where
 
 
 @keras.saving.register_keras_serializable(package="keras_attn")

@@ -31,9 +31,9 @@ from keras_attn.models._config import ConfigModel
 from keras_attn.models._config import config_arguments
 from keras_attn._remat import remat_scope
 from keras_attn._checks import check_static_shape
-from keras_attn.layers.masking import integer_ids
-from keras_attn.layers.masking import checked_positions
-from keras_attn.layers.masking import nan_where
+from keras_attn.ops.masking import integer_ids
+from keras_attn.ops.masking import checked_positions
+from keras_attn.ops.masking import nan_where
 from keras_attn.models._packing import any_invalid
 from keras_attn.models._packing import packed_inputs
 from keras_attn.models._packing import refused
@@ -217,7 +217,7 @@ class ConformerCTC(GuardedModel, ConfigModel, keras.Model):
     its last), and the loss is the mean over the batch's utterances of
     their CTC losses, as for the same utterances padded one per row (with
     `sample_weight` `(B,)`, each utterance weighs its row's weight). A bad
-    packing (see `keras_attn.layers.masking.SEGMENT_RULE`, an utterance not
+    packing (see `keras_attn.ops.masking.SEGMENT_RULE`, an utterance not
     starting at a multiple of 4) is a `ValueError` naming the input in an
     eager call and NaN for that row in a compiled step.
     """

@@ -25,9 +25,9 @@ from keras_attn._guard import GuardedModel
 from keras_attn._guard import IdSpec
 from keras_attn._guard import MaskSpec
 from keras_attn._remat import remat_scope
-from keras_attn.layers.masking import checked_positions
-from keras_attn.layers.masking import checked_segment_ids
-from keras_attn.layers.masking import nan_where
+from keras_attn.ops.masking import checked_positions
+from keras_attn.ops.masking import checked_segment_ids
+from keras_attn.ops.masking import nan_where
 from keras_attn.layers.transformer_block import TransformerBlock
 from keras_attn.models._config import ConfigModel
 from keras_attn.models._config import config_arguments

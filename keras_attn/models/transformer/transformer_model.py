@@ -44,9 +44,9 @@ from keras_attn.models._packing import any_invalid
 from keras_attn.models._packing import packed_inputs
 from keras_attn.models._packing import refused
 from keras_attn._remat import remat_scope
-from keras_attn.layers.masking import checked_positions
-from keras_attn.layers.masking import checked_segment_ids
-from keras_attn.layers.masking import nan_where
+from keras_attn.ops.masking import checked_positions
+from keras_attn.ops.masking import checked_segment_ids
+from keras_attn.ops.masking import nan_where
 from keras_attn.layers.position_embedding import PositionEmbedding
 from keras_attn.layers.sinusoidal_positional_encoding import (
     SinusoidalPositionalEncoding,
@@ -218,7 +218,7 @@ class Transformer(GuardedModel, ConfigModel, keras.Model):
     segment `k` of its source row. Each example of a packed row gets the
     logits, the loss (labels packed like `target_ids`, padded with `pad_id`)
     and the gradient it gets alone. A packing that is not valid (see
-    `keras_attn.layers.masking.SEGMENT_RULE`), rows with different numbers of
+    `keras_attn.ops.masking.SEGMENT_RULE`), rows with different numbers of
     segments on the two sides, or a pad id inside a segment is a `ValueError`
     naming the input in an eager call and NaN logits for that row inside a
     compiled step. Without them (a list or a dict of the two ids) the

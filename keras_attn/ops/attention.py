@@ -13,8 +13,8 @@ from keras import random
 from keras_attn._checks import check_positive_int
 from keras_attn._checks import check_rate
 from keras_attn._checks import static_dim
-from keras_attn.layers.masking import causal_mask
-from keras_attn.layers.masking import merge_masks
+from keras_attn.ops.masking import causal_mask
+from keras_attn.ops.masking import merge_masks
 
 # Masked logits are replaced (not offset) by this value, and the softmax runs
 # in float32 or wider, so the constant never overflows float16 or bfloat16.

@@ -64,7 +64,7 @@ def local_mask(query_length, key_length, window, offset=0):
     return ops.abs(rows - cols) <= window // 2
 
 
-def checked_mask(mask, name):
+def checked_mask(mask, name, pairwise=False):
     """`mask` as booleans, and the examples for which it is invalid.
 
     A boolean mask passes as it is. A numeric one must hold only 0 and 1: a
@@ -72,9 +72,13 @@ def checked_mask(mask, name):
     (an eager call), another value is a `ValueError` naming `name`. Inside a
     traced graph (`fit` on a `tf.data` pipeline, a SavedModel, an ONNX or
     LiteRT model), where nothing can raise, `invalid` is True for each example
-    (`(B,)`; a scalar for a `(T, S)` mask, which every example shares) whose
-    mask holds another value, and the caller makes that example's output NaN
-    (`nan_where`): never the answer of a mask of ones.
+    (`(B,)`, or `(1,)` for a mask that broadcasts over the batch; a scalar
+    for a `pairwise` mask of rank 2, `(T, S)`, which every example shares)
+    whose mask holds another value, and the caller makes that example's
+    output NaN (`nan_where`): never the answer of a mask of ones.
+
+    `pairwise`: the mask is `(T, S)`, `(B, T, S)` or `(B|1, N|1, T, S)` (an
+    attention mask), not a padding mask `(B, L)`.
 
     Returns:
         `(mask, invalid)`: the boolean mask (None for None) and `invalid`
@@ -91,7 +95,7 @@ def checked_mask(mask, name):
     mask = ops.convert_to_tensor(mask)
     wrong = ops.logical_and(ops.not_equal(mask, 0), ops.not_equal(mask, 1))
     rank = len(mask.shape)
-    invalid = ops.any(wrong) if rank < 3 and name == "attention_mask" else ops.any(
+    invalid = ops.any(wrong) if rank < 3 and pairwise else ops.any(
         wrong, axis=tuple(range(1, rank)))
     return ops.not_equal(mask, 0), invalid
 

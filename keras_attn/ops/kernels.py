@@ -16,6 +16,11 @@ layers call `attend`, which picks one kernel by name:
 - `"keras_ops"`: everything else, `fused_dot_product_attention` (the route
   the layers took before this module).
 
+Masks hold booleans or exactly 0 and 1, as in the layers (`masking.checked_mask`):
+another value (0.5, 2, NaN) is a `ValueError` naming the argument where its
+values exist, and makes the examples that hold it NaN inside a compiled
+function, where nothing can raise.
+
 Lengths are never guessed: without the caller's promise a padding mask takes
 `"keras_ops"`, and with it each example's mask is still checked inside the
 graph, by every kernel (so a CPU run shows what the GPU gives); an example
@@ -34,10 +39,11 @@ import keras
 from keras import ops
 
 from keras_attn._checks import static_dim
-from keras_attn.layers.masking import merge_masks
-from keras_attn.layers.masking import nan_where
-from keras_attn.layers.scaled_dot_product_attention import KERNEL_LENGTH_MULTIPLE
-from keras_attn.layers.scaled_dot_product_attention import fused_dot_product_attention
+from keras_attn.ops.attention import KERNEL_LENGTH_MULTIPLE
+from keras_attn.ops.attention import fused_dot_product_attention
+from keras_attn.ops.masking import checked_mask
+from keras_attn.ops.masking import merge_masks
+from keras_attn.ops.masking import nan_where
 
 KERAS_OPS = "keras_ops"
 JAX_LENGTHS = "jax_lengths"
@@ -100,10 +106,12 @@ def attend(query, key, value, *, mask=None, query_mask=None, key_mask=None,
         query: `(B, T, N, H)`.
         key: `(B, S, N, H)`.
         value: `(B, S, N, Hv)`.
-        mask: optional boolean mask broadcastable to `(B, N, T, S)`.
+        mask: optional mask broadcastable to `(B, N, T, S)`.
         query_mask: optional `(B, T)` padding mask of the queries (True =
             real): a padded query's output is zero.
         key_mask: optional `(B, S)` padding mask of the keys.
+            Each mask holds booleans or only 0 and 1 (see the module's
+            docstring for another value).
         is_causal: query `i` sees keys `j <= i` only.
         scale: multiplier of the logits; defaults to `1 / sqrt(H)`.
         flash_attention: passed to `keras.ops.dot_product_attention`; False
@@ -122,6 +130,10 @@ def attend(query, key, value, *, mask=None, query_mask=None, key_mask=None,
     query = ops.convert_to_tensor(query)
     key = ops.convert_to_tensor(key)
     value = ops.convert_to_tensor(value)
+    mask, bad_mask = checked_mask(mask, "mask", pairwise=True)
+    query_mask, bad_query = checked_mask(query_mask, "query_mask")
+    key_mask, bad_key = checked_mask(key_mask, "key_mask")
+    output = None
     chosen = kernel
     if kernel is None:
         chosen = choose_kernel(
@@ -137,11 +149,23 @@ def attend(query, key, value, *, mask=None, query_mask=None, key_mask=None,
                 "as `query_mask` / `key_mask` only. Received: "
                 f"backend={keras.backend.backend()!r}, mask={'None' if mask is None else 'a mask'}")
         try:
-            return _jax_lengths(query, key, value, query_mask, key_mask, is_causal, scale,
-                                "cudnn" if _default_device_is_gpu() else "xla")
+            output = _jax_lengths(query, key, value, query_mask, key_mask, is_causal, scale,
+                                  "cudnn" if _default_device_is_gpu() else "xla")
         except Exception:  # noqa: BLE001 - the reference below gives the same answer
             if kernel is not None:  # forced: say why it cannot run
                 raise
+    if output is None:
+        output = _keras_ops(query, key, value, mask, query_mask, key_mask, is_causal, scale,
+                            flash_attention, right_padded)
+    for bad in (bad_mask, bad_query, bad_key):
+        output = nan_where(bad, output)
+    return output
+
+
+def _keras_ops(query, key, value, mask, query_mask, key_mask, is_causal, scale,
+               flash_attention, right_padded):
+    """The `"keras_ops"` kernel: `fused_dot_product_attention` with the
+    masks merged (boolean here)."""
     # The promise is checked here too, so that a CPU run shows what a GPU
     # run of the same program gives.
     invalid = _broken_promise(query_mask, key_mask) if right_padded else None

@@ -3,8 +3,8 @@ rows' positions they rotate by.
 
 Written here, not taken from keras-hub's `RotaryEmbedding` (which gives the
 same numbers, tests/layers/test_peer_compatibility.py): importing keras-hub
-imports TensorFlow, which `keras_attn.layers` must not need (a JAX GPU machine
-has none).
+imports TensorFlow, which `keras_attn.ops` and the layers must not need (a
+JAX GPU machine has none).
 
 Shape legend: B batch, T length, N heads, H head dim.
 """
