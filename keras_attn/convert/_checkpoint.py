@@ -29,6 +29,12 @@ def read_config(directory, file="config.json"):
     return config
 
 
+def refuse(file, key, value, why):
+    """Raises the `ValueError` of a malformed entry: the file, what is wrong
+    and the key with the value received."""
+    raise ValueError(f"{file}: {why}. Received: {key}={value!r}")
+
+
 def _field(config, key, kind, default, file):
     value = config.get(key, default)
     if value is _MISSING:

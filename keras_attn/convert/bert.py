@@ -28,6 +28,7 @@ import os
 import warnings
 
 from keras_attn._keras_compat import sublayers
+from keras_attn.convert._checkpoint import refuse
 from keras_attn.convert._checkpoint import Entry
 from keras_attn.convert._checkpoint import Tensors
 from keras_attn.convert._checkpoint import check_sizes
@@ -455,9 +456,6 @@ _XLM_SENTENCEPIECE = "sentencepiece.bpe.model"
 _XLM_FIRST_PIECES = ["<unk>", "<s>", "</s>"]
 
 
-def _xlm_refuse(file, key, value, why):
-    raise ValueError(f"{file}: {why}. Received: {key}={value!r}")
-
 
 def _sentencepiece_from_unigram(file):
     """The serialised SentencePiece model of XLM-R's `tokenizer.json` (a
@@ -469,33 +467,33 @@ def _sentencepiece_from_unigram(file):
     spec = read_config(os.path.dirname(file), os.path.basename(file))
     model = spec.get("model") if isinstance(spec.get("model"), dict) else {}
     if model.get("type") != "Unigram":
-        _xlm_refuse(file, "model.type", model.get("type"),
+        refuse(file, "model.type", model.get("type"),
                     "XLM-R's tokenizer.json holds a Unigram model")
     if model.get("byte_fallback"):
-        _xlm_refuse(file, "model.byte_fallback", True,
+        refuse(file, "model.byte_fallback", True,
                     "keras-hub's XLM-R tokenizer has no byte fallback")
     vocab = model.get("vocab") or []
     specials = ["<s>", "<pad>", "</s>", "<unk>"]
     if [entry[0] for entry in vocab[:4]] != specials or vocab[-1][0] != "<mask>":
         pieces = [entry[0] for entry in vocab[:4]] + ["...", vocab[-1][0] if vocab else None]
-        _xlm_refuse(file, "model.vocab", pieces,
+        refuse(file, "model.vocab", pieces,
                     f"XLM-R's pieces follow {specials} and end with <mask>")
     if model.get("unk_id") != 3:
-        _xlm_refuse(file, "model.unk_id", model.get("unk_id"), "XLM-R's <unk> is id 3")
+        refuse(file, "model.unk_id", model.get("unk_id"), "XLM-R's <unk> is id 3")
     extra = [t.get("content") for t in spec.get("added_tokens") or []
              if t.get("content") not in specials + ["<mask>"]]
     if extra:
-        _xlm_refuse(file, "added_tokens", extra,
+        refuse(file, "added_tokens", extra,
                     "keras-hub's XLM-R tokenizer has only <s> <pad> </s> <unk> <mask>")
     normalizer = spec.get("normalizer")
     if not isinstance(normalizer, dict) or normalizer.get("type") != "Precompiled":
-        _xlm_refuse(file, "normalizer", normalizer,
+        refuse(file, "normalizer", normalizer,
                     "SentencePiece's precompiled normaliser is read, nothing else")
     metaspace = {"type": "Metaspace", "replacement": "\u2581", "prepend_scheme": "always",
                  "split": True}
     expected = {"type": "Sequence", "pretokenizers": [{"type": "WhitespaceSplit"}, metaspace]}
     if spec.get("pre_tokenizer") != expected:
-        _xlm_refuse(file, "pre_tokenizer", spec.get("pre_tokenizer"),
+        refuse(file, "pre_tokenizer", spec.get("pre_tokenizer"),
                     f"SentencePiece splits as {expected} only")
     proto = spm_model.ModelProto()
     proto.trainer_spec.model_type = spm_model.TrainerSpec.UNIGRAM
@@ -510,7 +508,7 @@ def _sentencepiece_from_unigram(file):
     try:
         charsmap = base64.b64decode(normalizer.get("precompiled_charsmap") or "", validate=True)
     except (binascii.Error, TypeError):
-        _xlm_refuse(file, "normalizer.precompiled_charsmap", "(not base64)",
+        refuse(file, "normalizer.precompiled_charsmap", "(not base64)",
                     "the precompiled normaliser is SentencePiece's, in base64")
     proto.normalizer_spec.name = "nmt_nfkc"
     proto.normalizer_spec.precompiled_charsmap = charsmap

@@ -12,6 +12,7 @@ gives other ids.
 import os
 import warnings
 
+from keras_attn.convert._checkpoint import refuse
 from keras_attn.convert._checkpoint import read_config
 
 _FILE = "tokenizer.json"
@@ -50,9 +51,6 @@ def byte_pair_tokenizer(vocabulary, merges, sequence_length=None, add_prefix_spa
         return keras_hub.tokenizers.BytePairTokenizer(**kwargs)
 
 
-def _refuse(file, key, value, why):
-    raise ValueError(f"{file}: {why}. Received: {key}={value!r}")
-
 
 def _read_json(file):
     """The JSON object of `file`; a `ValueError` naming it otherwise."""
@@ -68,11 +66,11 @@ def _byte_level(file, pre_tokenizer):
             pre_tokenizer = steps[0]
     kind = pre_tokenizer.get("type") if isinstance(pre_tokenizer, dict) else None
     if kind != "ByteLevel":
-        _refuse(file, "pre_tokenizer.type", kind,
+        refuse(file, "pre_tokenizer.type", kind,
                 "keras-hub's BytePairTokenizer splits words as the ByteLevel pre-tokenizer "
                 "(GPT-2's pattern) only")
     if not pre_tokenizer.get("use_regex", True):
-        _refuse(file, "pre_tokenizer.use_regex", False,
+        refuse(file, "pre_tokenizer.use_regex", False,
                 "keras-hub's BytePairTokenizer always splits with GPT-2's pattern")
     return bool(pre_tokenizer.get("add_prefix_space", False))
 
@@ -89,7 +87,7 @@ def _merges(file, merges):
         else:
             pair = None
         if pair is None or len(pair) != 2 or not all(pair):
-            _refuse(file, "model.merges[...]", rule,
+            refuse(file, "model.merges[...]", rule,
                     "each merge must be two tokens without spaces (keras-hub writes a rule "
                     "as 'a b')")
         rules.append(" ".join(pair))
@@ -146,12 +144,12 @@ def _added_tokens(file, added, vocabulary, named=()):
     for token in added or []:
         content, token_id = token.get("content"), token.get("id")
         if not isinstance(content, str) or not content or not isinstance(token_id, int):
-            _refuse(file, "added_tokens[...]", token, "an added token needs a content and an id")
+            refuse(file, "added_tokens[...]", token, "an added token needs a content and an id")
         if vocabulary.setdefault(content, token_id) != token_id:
-            _refuse(file, f"added_tokens[{content!r}].id", token_id,
+            refuse(file, f"added_tokens[{content!r}].id", token_id,
                     f"the vocabulary gives {content!r} the id {vocabulary[content]}")
         if token.get("single_word"):
-            _refuse(file, f"added_tokens[{content!r}].single_word", True,
+            refuse(file, f"added_tokens[{content!r}].single_word", True,
                     "keras-hub matches an added token anywhere in the text, inside words too")
         stripped = [side for side in ("lstrip", "rstrip") if token.get(side)]
         if stripped:
@@ -196,23 +194,23 @@ def _from_tokenizer_json(path, sequence_length):
     model = spec.get("model")
     kind = model.get("type") if isinstance(model, dict) else None
     if kind != "BPE":
-        _refuse(file, "model.type", kind, "only a byte-pair-encoding model is read"
+        refuse(file, "model.type", kind, "only a byte-pair-encoding model is read"
                 + (" (XLM-R's Unigram: load_hf_xlm_roberta_tokenizer reads the directory's "
                    "sentencepiece.bpe.model)" if kind == "Unigram" else ""))
     for key, value in _BPE_FIXED.items():
         if model.get(key, value) not in (value, "" if value is None else value):
-            _refuse(file, f"model.{key}", model[key],
+            refuse(file, f"model.{key}", model[key],
                     f"keras-hub's BytePairTokenizer computes {key}={value!r} only")
     normalizer = spec.get("normalizer")
     if normalizer is not None and (not isinstance(normalizer, dict)
                                    or normalizer.get("type") != "NFC"):
-        _refuse(file, "normalizer", normalizer,
+        refuse(file, "normalizer", normalizer,
                 "keras-hub's BytePairTokenizer does not normalise the text (NFC alone is read, "
                 "see load_hf_bpe_tokenizer)")
     add_prefix_space = _byte_level(file, spec.get("pre_tokenizer"))
     vocabulary = model.get("vocab")
     if not isinstance(vocabulary, dict) or not vocabulary:
-        _refuse(file, "model.vocab", type(vocabulary).__name__,
+        refuse(file, "model.vocab", type(vocabulary).__name__,
                 "the vocabulary must be an object of token: id")
     vocabulary = dict(vocabulary)
     merges = _merges(file, model.get("merges") or [])

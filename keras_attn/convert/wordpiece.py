@@ -11,8 +11,8 @@ file, the key and the value, never a tokenizer that gives other ids.
 
 import os
 
+from keras_attn.convert._checkpoint import refuse
 from keras_attn.convert._checkpoint import read_config
-from keras_attn.convert.bpe import _refuse
 
 _VOCAB, _JSON, _SETTINGS = "vocab.txt", "tokenizer.json", "tokenizer_config.json"
 
@@ -34,7 +34,7 @@ def _flag(file, key, value, nullable=False):
     """`value` if it is a boolean (or None where `nullable`)."""
     if isinstance(value, bool) or (nullable and value is None):
         return value
-    _refuse(file, key, value, "must be true or false" + (" or null" if nullable else ""))
+    refuse(file, key, value, "must be true or false" + (" or null" if nullable else ""))
 
 
 def _token_name(file, key, value):
@@ -42,7 +42,7 @@ def _token_name(file, key, value):
     if isinstance(value, dict):
         value = value.get("content")
     if not isinstance(value, str) or not value:
-        _refuse(file, key, value, "a special token is a non-empty string")
+        refuse(file, key, value, "a special token is a non-empty string")
     return value
 
 
@@ -58,7 +58,7 @@ def _read_vocab_txt(file):
     first = {}
     for index, token in enumerate(tokens):
         if token in first:  # transformers would keep the second id, leaving the first unused
-            _refuse(file, f"line {index + 1}", token,
+            refuse(file, f"line {index + 1}", token,
                     f"each token is listed once; this one is on line {first[token] + 1} too")
         first[token] = index
     return tokens
@@ -69,11 +69,11 @@ def _vocab_from_json(file, model):
     a non-negative integer, each once, none missing."""
     vocab = model.get("vocab")
     if not isinstance(vocab, dict) or not vocab:
-        _refuse(file, "model.vocab", type(vocab).__name__,
+        refuse(file, "model.vocab", type(vocab).__name__,
                 "the vocabulary must be a non-empty object of token: id")
     for token, token_id in vocab.items():
         if isinstance(token_id, bool) or not isinstance(token_id, int):
-            _refuse(file, f"model.vocab[{token!r}]", token_id, "an id is an integer")
+            refuse(file, f"model.vocab[{token!r}]", token_id, "an id is an integer")
     tokens = [None] * len(vocab)
     for token, token_id in vocab.items():
         if not 0 <= token_id < len(vocab) or tokens[token_id] is not None:
@@ -81,7 +81,7 @@ def _vocab_from_json(file, model):
                 why = f"{tokens[token_id]!r} has it too"
             else:
                 why = f"no token has id {min(set(range(len(vocab))) - set(vocab.values()))}"
-            _refuse(file, f"model.vocab[{token!r}]", token_id,
+            refuse(file, f"model.vocab[{token!r}]", token_id,
                     f"the ids of {len(vocab)} tokens are 0 to {len(vocab) - 1}, each once: {why}")
         tokens[token_id] = token
     return tokens
@@ -93,17 +93,17 @@ def _check_added_tokens(file, spec, ids):
     row for it, and keras-hub's tokenizer would not know it)."""
     added = spec.get("added_tokens") or []
     if not isinstance(added, list):
-        _refuse(file, "added_tokens", type(added).__name__, "the added tokens are a list")
+        refuse(file, "added_tokens", type(added).__name__, "the added tokens are a list")
     for token in added:
         content = token.get("content") if isinstance(token, dict) else None
         if not isinstance(content, str) or not content:
-            _refuse(file, "added_tokens[...]", token, "an added token needs a content and an id")
+            refuse(file, "added_tokens[...]", token, "an added token needs a content and an id")
         if content not in ids:
-            _refuse(file, f"added_tokens[{content!r}].id", token.get("id"),
+            refuse(file, f"added_tokens[{content!r}].id", token.get("id"),
                     "an added token past model.vocab has no row in the model and is unknown to "
                     "keras-hub's tokenizer")
         if ids[content] != token.get("id"):
-            _refuse(file, f"added_tokens[{content!r}].id", token.get("id"),
+            refuse(file, f"added_tokens[{content!r}].id", token.get("id"),
                     f"model.vocab gives {content!r} the id {ids[content]}")
 
 
@@ -118,22 +118,22 @@ def _check_post_processor(file, processor, ids):
         for key, pair in pairs.items():
             if (not isinstance(pair, list) or len(pair) != 2
                     or ids.get(pair[0], -1) != pair[1]):
-                _refuse(file, f"post_processor.{key}", pair,
+                refuse(file, f"post_processor.{key}", pair,
                         "a [token, id] pair whose id is the vocabulary's")
     elif kind == "TemplateProcessing":
         specials = processor.get("special_tokens")
         if not isinstance(specials, dict):
-            _refuse(file, "post_processor.special_tokens", specials,
+            refuse(file, "post_processor.special_tokens", specials,
                     "an object of token: {ids, tokens}")
         for name, entry in specials.items():
             tokens = entry.get("tokens") if isinstance(entry, dict) else None
             token_ids = entry.get("ids") if isinstance(entry, dict) else None
             if (not isinstance(tokens, list) or not isinstance(token_ids, list)
                     or [ids.get(token, -1) for token in tokens] != token_ids):
-                _refuse(file, f"post_processor.special_tokens[{name!r}].ids", token_ids,
+                refuse(file, f"post_processor.special_tokens[{name!r}].ids", token_ids,
                         f"the vocabulary's ids of {tokens!r}")
     else:
-        _refuse(file, "post_processor.type", kind,
+        refuse(file, "post_processor.type", kind,
                 "BERT's post-processor is TemplateProcessing or BertProcessing")
 
 
@@ -144,27 +144,27 @@ def _from_tokenizer_json(file):
     spec = read_config(os.path.dirname(file), os.path.basename(file))
     model = spec.get("model")
     if not isinstance(model, dict):
-        _refuse(file, "model", model, "a tokenizer.json holds its model (WordPiece for BERT)")
+        refuse(file, "model", model, "a tokenizer.json holds its model (WordPiece for BERT)")
     if model.get("type") != "WordPiece":
-        _refuse(file, "model.type", model.get("type"),
+        refuse(file, "model.type", model.get("type"),
                 "BERT's tokenizer is a WordPiece model (load_hf_bpe_tokenizer reads a BPE one)")
     vocabulary = _vocab_from_json(file, model)
     limit = model.get("max_input_chars_per_word", _WORD_LIMIT)
     if limit != _WORD_LIMIT or isinstance(limit, bool):
-        _refuse(file, "model.max_input_chars_per_word", limit,
+        refuse(file, "model.max_input_chars_per_word", limit,
                 f"keras-hub's tokenizer makes longer words than {_WORD_LIMIT} the unknown token, "
                 "no other length")
     prefix = model.get("continuing_subword_prefix", "##")
     if not isinstance(prefix, str) or not prefix:
-        _refuse(file, "model.continuing_subword_prefix", prefix,
+        refuse(file, "model.continuing_subword_prefix", prefix,
                 "the prefix of a word's later pieces is a non-empty string")
     normalizer = spec.get("normalizer")
     if not isinstance(normalizer, dict) or normalizer.get("type") != "BertNormalizer":
-        _refuse(file, "normalizer.type",
+        refuse(file, "normalizer.type",
                 normalizer.get("type") if isinstance(normalizer, dict) else normalizer,
                 "keras-hub's WordPieceTokenizer normalises as BERT's BertNormalizer only")
     if _flag(file, "normalizer.clean_text", normalizer.get("clean_text", True)) is False:
-        _refuse(file, "normalizer.clean_text", False,
+        refuse(file, "normalizer.clean_text", False,
                 "keras-hub's WordPieceTokenizer always drops control characters")
     options = {}
     for option, (key, default) in _OPTIONS.items():
@@ -176,14 +176,14 @@ def _from_tokenizer_json(file):
         pre_tokenizer = steps[0] if len(steps) == 1 else pre_tokenizer
     kind = pre_tokenizer.get("type") if isinstance(pre_tokenizer, dict) else pre_tokenizer
     if kind != "BertPreTokenizer":
-        _refuse(file, "pre_tokenizer.type", kind,
+        refuse(file, "pre_tokenizer.type", kind,
                 "keras-hub's WordPieceTokenizer splits words as BertPreTokenizer only")
     ids = {token: index for index, token in enumerate(vocabulary)}
     _check_added_tokens(file, spec, ids)
     _check_post_processor(file, spec.get("post_processor"), ids)
     unk = model.get("unk_token", "[UNK]")
     if not isinstance(unk, str) or unk not in ids:
-        _refuse(file, "model.unk_token", unk, "the unknown token must be in the vocabulary")
+        refuse(file, "model.unk_token", unk, "the unknown token must be in the vocabulary")
     return vocabulary, options, {"unk_token": unk, "suffix_indicator": prefix}
 
 
@@ -212,7 +212,7 @@ def _same_vocabulary(vocab_file, tokens, json_file, vocabulary):
                      min(len(tokens), len(vocabulary)))
         theirs = vocabulary[index] if index < len(vocabulary) else None
         mine = tokens[index] if index < len(tokens) else None
-        _refuse(vocab_file, f"line {index + 1}", mine,
+        refuse(vocab_file, f"line {index + 1}", mine,
                 f"{json_file} holds the same vocabulary as vocab.txt, or one of them only; "
                 f"its id {index} is {theirs!r}")
 
@@ -252,21 +252,21 @@ def wordpiece_tokenizer(path, sequence_length=None, lowercase=None):
     merged = dict(options, **named)
     for option in options:  # the two files of one tokenizer must agree
         if _effective(options, option) != _effective(merged, option):
-            _refuse(files[_SETTINGS], option, merged[option],
+            refuse(files[_SETTINGS], option, merged[option],
                     f"{files[_JSON]}'s normalizer gives {option} "
                     f"{_effective(options, option)!r}; the two files must agree")
     unk = tokens.get("unk_token", model["unk_token"])
     if found[_JSON] and unk != model["unk_token"]:
-        _refuse(files[_SETTINGS], "unk_token", unk,
+        refuse(files[_SETTINGS], "unk_token", unk,
                 f"{files[_JSON]}'s model.unk_token is {model['unk_token']!r}; the two files "
                 "must agree")
     ids = set(vocabulary)
     for key, token in tokens.items():
         if token not in ids:
-            _refuse(files[_SETTINGS], key, token,
+            refuse(files[_SETTINGS], key, token,
                     f"the vocabulary ({_JSON if found[_JSON] else _VOCAB}) does not hold it")
     if unk not in ids:
-        _refuse(files[_VOCAB], "unk_token", unk,
+        refuse(files[_VOCAB], "unk_token", unk,
                 "BertTokenizer's unknown token (by default) must be in the vocabulary")
     if lowercase is None:
         lowercase = merged.get("do_lower_case")
