@@ -20,8 +20,7 @@ import os
 import sys
 
 # The packages whose import registers the classes a saved model names.
-PACKAGES = ("keras_attn._guard", "keras_attn.layers", "keras_attn.models",
-            "keras_attn.training")
+PACKAGES = ("keras_attn.layers", "keras_attn.models", "keras_attn.training")
 
 
 def _below_or_registering(name):

@@ -16,8 +16,8 @@ import pytest
 from _families import FAMILIES
 from _families import SAMPLES_PER_STEP
 from _families import with_value as _with
-from keras_attn._guard import NonFiniteLossError
-from keras_attn._guard import SkipNonFiniteSteps
+from keras_attn.errors import NonFiniteLossError
+from keras_attn.training.nonfinite import SkipNonFiniteSteps
 from keras_attn.layers import subsampled_length
 from keras_attn.models.bert import BertSequenceClassifier
 from keras_attn.models.conformer import build_conformer

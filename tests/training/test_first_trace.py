@@ -9,7 +9,7 @@ import keras
 import numpy as np
 import pytest
 
-import keras_attn._guard as guard
+import keras_attn.models._guarded as guard
 from keras_attn.models import build_vit
 
 pytestmark = pytest.mark.tf_only

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from keras_attn import _keras_compat
-from keras_attn._guard import NonFiniteLossError
-from keras_attn._guard import keras_arguments
+from keras_attn.errors import NonFiniteLossError
+from keras_attn.models._guarded import keras_arguments
 from keras_attn.models.vit import build_vit
 
 CLASSES = 3
