@@ -21,6 +21,7 @@ import numpy as np
 from keras_attn._epochs import bucket_batch_count
 from keras_attn._epochs import epoch_permutation
 from keras_attn._epochs import epoch_seed
+from keras_attn.data._zoo_extra import import_zoo_package
 from keras_attn_base.quiet_tensorflow import tensorflow_module
 from keras_attn_base.quiet_tensorflow import traced_as_written
 
@@ -40,7 +41,7 @@ class _Espeak:
     """The process-wide eSpeak NG engine (the C library is a singleton)."""
 
     def __init__(self):
-        import espeakng_loader
+        espeakng_loader = import_zoo_package("espeakng_loader")
 
         self._lib = ctypes.cdll.LoadLibrary(espeakng_loader.get_library_path())
         data_path = espeakng_loader.get_data_path().encode()
