@@ -30,6 +30,7 @@ OVERRIDES = {
     "vit": dict(num_classes=None, dropout=0.1),
     "transformer": dict(num_encoder_layers=2, num_decoder_layers=2),
     "conformer": dict(freq_mask_width=4),
+    "modernbert": dict(dropout=0.1),
 }
 INPUTS = {family: FAMILIES[family].inputs(size=2, **OVERRIDES[family]) for family in NAMES}
 
@@ -43,6 +44,7 @@ BLOCKS = {
     "vit": ["transformer_block_0", "transformer_block_1"],
     "transformer": ["encoder_block_0", "encoder_block_1", "decoder_block_0", "decoder_block_1"],
     "conformer": ["conformer_block_0", "conformer_block_1"],
+    "modernbert": ["transformer_block_0", "transformer_block_1"],
 }
 
 
