@@ -59,7 +59,7 @@ class _ThenRegister(importlib.abc.Loader):
         return self.loader.create_module(spec)
 
     def exec_module(self, module):
-        from keras_attn_base.quiet_tensorflow import holding_back_notices
+        from keras_attn._base.quiet_tensorflow import holding_back_notices
 
         _remove_finder()
         module.__spec__.loader = module.__loader__ = self.loader

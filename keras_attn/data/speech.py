@@ -22,8 +22,8 @@ from keras_attn._epochs import bucket_batch_count
 from keras_attn._epochs import epoch_permutation
 from keras_attn._epochs import epoch_seed
 from keras_attn.data._zoo_extra import import_zoo_package
-from keras_attn_base.quiet_tensorflow import tensorflow_module
-from keras_attn_base.quiet_tensorflow import traced_as_written
+from keras_attn._base.quiet_tensorflow import tensorflow_module
+from keras_attn._base.quiet_tensorflow import traced_as_written
 
 DIGIT_VOCABULARY = tuple("0123456789")
 VOICES = ("en", "en-us", "en+f3", "en+m3", "en+f2", "en-gb-scotland")

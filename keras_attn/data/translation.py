@@ -37,8 +37,8 @@ from keras_attn.data.scoring import END_ID  # noqa: F401
 from keras_attn.data.scoring import PAD_ID  # noqa: F401
 from keras_attn.data.scoring import START_ID  # noqa: F401
 from keras_attn.data.scoring import evaluate_translations  # noqa: F401
-from keras_attn_base.quiet_tensorflow import tensorflow_module
-from keras_attn_base.quiet_tensorflow import traced_as_written
+from keras_attn._base.quiet_tensorflow import tensorflow_module
+from keras_attn._base.quiet_tensorflow import traced_as_written
 
 tf = tensorflow_module()  # import tensorflow, its start-up notices held back
 

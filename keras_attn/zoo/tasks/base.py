@@ -20,7 +20,7 @@ import warnings
 import numpy as np
 
 from keras_attn.zoo import schema
-from keras_attn_base.quiet_tensorflow import traced_as_written
+from keras_attn._base.quiet_tensorflow import traced_as_written
 
 FAMILY_MODULES = {
     "vit": "keras_attn.models.vit",

@@ -53,7 +53,7 @@ from keras_attn.zoo.tasks._bert_text import vocabulary_pad_id
 from keras_attn.zoo.tasks.base import Task
 from keras_attn.zoo.tasks.base import batch_count
 from keras_attn.zoo.tasks.base import process_positions
-from keras_attn_base.quiet_tensorflow import traced_as_written
+from keras_attn._base.quiet_tensorflow import traced_as_written
 
 INPUTS = ("token_ids", "segment_ids", "padding_mask", "mask_positions")
 MODERNBERT_INPUTS = ("token_ids", "padding_mask")
