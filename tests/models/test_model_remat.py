@@ -13,7 +13,6 @@ from keras import ops
 from _families import FAMILIES
 from _families import NAMES
 from keras_attn.models.bert import BertBackbone
-from keras_attn.models.bert import build_bert
 from keras_attn.models.vit import ViT
 from keras_attn.zoo import recipe as recipes
 from test_case import assert_all_close
@@ -107,7 +106,7 @@ def test_remat_must_be_a_bool(family, value):
 
 
 def test_constructors_take_remat_and_default_to_off():
-    assert build_bert("bert_tiny", num_layers=1).bert_config.remat is False
+    assert FAMILIES["bert"].backbone(num_layers=1).bert_config.remat is False
     assert BertBackbone(vocabulary_size=20, num_layers=1, num_heads=2, hidden_dim=8,
                         intermediate_dim=16, remat=True).bert_config.remat is True
     assert ViT(image_size=8, patch_size=4, hidden_dim=8, num_layers=1, num_heads=2,
