@@ -8,7 +8,7 @@ Here (TensorFlow installed), once, into a git-ignored folder that a device
 call carries (the four small recipes: about 8.5 MiB, 3 minutes on 2 cores):
 
     for r in vit_tiny_digits bert_tiny_pydoc transformer_numbers conformer_tiny_digits; do
-        python -m keras_attn_cli prepare $r --out .prep/$r; done
+        python -m keras_attn.cli prepare $r --out .prep/$r; done
 
 On the GPU machine (the prefix of ../shared/gpu/README.md first), carrying
 `.whl` and `.prep`:

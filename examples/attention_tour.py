@@ -22,7 +22,7 @@ import argparse
 import os
 import time
 
-from keras_attn_base.quiet_tensorflow import import_tensorflow_quietly
+from keras_attn._base.quiet_tensorflow import import_tensorflow_quietly
 
 # Before Keras: TensorFlow's C++ start-up notices (absl, oneDNN, CUDA) held back.
 import_tensorflow_quietly()

@@ -42,7 +42,7 @@ import os
 import resource
 import time
 
-from keras_attn_base.quiet_tensorflow import import_tensorflow_quietly  # noqa: E402
+from keras_attn._base.quiet_tensorflow import import_tensorflow_quietly  # noqa: E402
 
 # Before Keras: TensorFlow's C++ start-up notices (absl, oneDNN, CUDA) held back.
 import_tensorflow_quietly()

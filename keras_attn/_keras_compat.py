@@ -30,7 +30,7 @@ except ImportError:  # pragma: no cover - reorganised Keras
 
 # --- Optimizer state created outside Keras's tracking: the decorator Keras's
 # own `LossScaleOptimizer.build` uses, so that the step guard's counters do not
-# become tracked (and saved) attributes twice (`keras_attn._guard`).
+# become tracked (and saved) attributes twice (`keras_attn.training.nonfinite`).
 try:
     from keras.src.utils.tracking import no_automatic_dependency_tracking
 except ImportError:  # pragma: no cover - reorganised Keras
@@ -41,8 +41,8 @@ except ImportError:  # pragma: no cover - reorganised Keras
 
 # --- `keras.optimizers.LossScaleOptimizer`'s step hooks: it checks each step's
 # gradients and calls one of these (stateful on TensorFlow and PyTorch, inside
-# tf.distribute's merge call too; stateless on JAX). `_guard.SkipNonFiniteSteps`
-# overrides them to skip a step without scaling its loss; Keras has no public
+# tf.distribute's merge call too; stateless on JAX).
+# `keras_attn.training.nonfinite.SkipNonFiniteSteps` overrides them to skip a step without scaling its loss; Keras has no public
 # hook for that. A Keras without them is refused at import, not run with the
 # parent's loss scaling instead.
 LOSS_SCALE_STEP_HOOKS = (

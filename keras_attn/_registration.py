@@ -20,8 +20,7 @@ import os
 import sys
 
 # The packages whose import registers the classes a saved model names.
-PACKAGES = ("keras_attn._guard", "keras_attn.layers", "keras_attn.models",
-            "keras_attn.training")
+PACKAGES = ("keras_attn.layers", "keras_attn.models", "keras_attn.training")
 
 
 # Below the layers, imported by them, and registering at its end too.
@@ -65,7 +64,7 @@ class _ThenRegister(importlib.abc.Loader):
         return self.loader.create_module(spec)
 
     def exec_module(self, module):
-        from keras_attn_base.quiet_tensorflow import holding_back_notices
+        from keras_attn._base.quiet_tensorflow import holding_back_notices
 
         _remove_finder()
         module.__spec__.loader = module.__loader__ = self.loader

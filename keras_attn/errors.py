@@ -1,5 +1,5 @@
 """The exception classes of keras_attn, for callers that catch by type
-(defined in `keras_attn_base.errors`, which imports no Keras, so that the
+(defined in `keras_attn._base.errors`, which imports no Keras, so that the
 command line raises the same classes before Keras is imported).
 
 Every class derives from `KerasAttnError`. The ones for bad input are also
@@ -22,12 +22,12 @@ Every class derives from `KerasAttnError`. The ones for bad input are also
 True
 """
 
-# `X as X`: re-exported (the names are those of keras_attn_base.errors.__all__).
-from keras_attn_base.errors import CorruptCheckpointError as CorruptCheckpointError
-from keras_attn_base.errors import DataCheckError as DataCheckError
-from keras_attn_base.errors import DataFileError as DataFileError
-from keras_attn_base.errors import KerasAttnError as KerasAttnError
-from keras_attn_base.errors import NonFiniteLossError as NonFiniteLossError
-from keras_attn_base.errors import RecipeError as RecipeError
-from keras_attn_base.errors import RunDirectoryError as RunDirectoryError
-from keras_attn_base.errors import __all__  # noqa: F401  (the same names)
+# `X as X`: re-exported (the names are those of keras_attn._base.errors.__all__).
+from keras_attn._base.errors import CorruptCheckpointError as CorruptCheckpointError
+from keras_attn._base.errors import DataCheckError as DataCheckError
+from keras_attn._base.errors import DataFileError as DataFileError
+from keras_attn._base.errors import KerasAttnError as KerasAttnError
+from keras_attn._base.errors import NonFiniteLossError as NonFiniteLossError
+from keras_attn._base.errors import RecipeError as RecipeError
+from keras_attn._base.errors import RunDirectoryError as RunDirectoryError
+from keras_attn._base.errors import __all__  # noqa: F401  (the same names)

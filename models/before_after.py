@@ -13,7 +13,7 @@ recipe logs one), A dashed and B solid.
         --json models/results/initialization_before_after.json \
         --figure docs/initialization_before_after.png
 
-Each run is `python -m keras_attn_cli train RECIPE --no-export` inside its
+Each run is `python -m keras_attn.cli train RECIPE --no-export` inside its
 worktree (that revision's recipe, that revision's code); a run already
 finished in `--work` is read, not repeated, and an interrupted one resumes.
 """
@@ -46,7 +46,7 @@ def train(tree, recipe, output):
     results = os.path.join(output, "results.json")
     if not os.path.isfile(results):
         environment = dict(os.environ, PYTHONPATH=tree, KERAS_BACKEND="tensorflow")
-        subprocess.run([sys.executable, "-m", "keras_attn_cli", "train", recipe,
+        subprocess.run([sys.executable, "-m", "keras_attn.cli", "train", recipe,
                         "--output", output, "--no-export", "--verbose", "2"],
                        cwd=tree, env=environment, check=True)
     with open(results) as file:

@@ -31,7 +31,7 @@ import shutil
 import sys
 import tempfile
 
-from keras_attn_base.zoo_files import recipe_paths
+from keras_attn._base.zoo_files import recipe_paths
 from keras_attn.zoo.runs import write_json
 from keras_attn.zoo.runs import write_text
 from keras_attn.zoo.tasks import TASKS

@@ -6,7 +6,7 @@ import os
 import pytest
 
 from keras_attn import errors
-from keras_attn._guard import NonFiniteLossError
+from keras_attn.training.nonfinite import NonFiniteLossError
 from keras_attn.training.checkpoints import CorruptCheckpointError
 from keras_attn.zoo import runs
 from keras_attn.zoo.recipe import parse_override
@@ -21,7 +21,7 @@ def test_every_class_is_a_keras_attn_error_and_a_value_error():
         assert issubclass(cls, errors.KerasAttnError), name
         if cls is not errors.KerasAttnError:
             assert issubclass(cls, ValueError), name
-    # Their old homes name the same classes.
+    # The modules that raise them name the same classes.
     assert NonFiniteLossError is errors.NonFiniteLossError
     assert CorruptCheckpointError is errors.CorruptCheckpointError
 

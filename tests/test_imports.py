@@ -7,8 +7,8 @@
 - the attention ops, layers and model builders import no TensorFlow, JAX or
   PyTorch, but for the kernel module (`keras_attn/ops/kernels.py`), which
   imports JAX inside the functions that run on JAX only;
-- dependencies run one way: the command line (`keras_attn_cli`) calls the
-  library, which never imports it; `keras_attn_base` (what needs no Keras)
+- dependencies run one way: the command line (`keras_attn.cli`) calls the
+  library, which never imports it; `keras_attn._base` (what needs no Keras)
   imports the standard library only; the package-level private helpers
   (`keras_attn/_*.py`) sit below the subpackages and import none of them;
   no module imports the package's own `__init__`;
@@ -124,20 +124,21 @@ def test_the_kernel_module_imports_its_backend_inside_functions_only():
 def test_the_library_never_imports_its_command_line():
     found = [f"{name}:{line} {target}" for name, path in MODULES.items()
              for line, target in _imports(path)
-             if target.split(".")[0] == "keras_attn_cli"]
+             if name != "keras_attn.cli"
+             and (target == "keras_attn.cli" or target.startswith("keras_attn.cli."))]
     assert not found
 
 
 def test_the_keras_free_part_imports_the_standard_library_only():
     # And jsonschema, in the early recipe check only (inside its function:
     # `train` and `prepare` load it, `--help` and `list` do not).
-    base = dict(_modules(os.path.join(ROOT, "keras_attn_base")))
-    assert "keras_attn_base.zoo_files" in base
-    allowed = {"keras_attn_base.recipe_check": {"jsonschema"}}
+    base = dict(_modules(os.path.join(PACKAGE, "_base")))
+    assert "keras_attn._base.zoo_files" in base
+    allowed = {"keras_attn._base.recipe_check": {"jsonschema"}}
     found = [f"{name}:{line} {target}" for name, path in base.items()
              for line, target in _imports(path)
              if target.split(".")[0] not in sys.stdlib_module_names
-             and target.split(".")[0] != "keras_attn_base"
+             and not target.startswith("keras_attn._base")
              and target.split(".")[0] not in allowed.get(name, ())]
     assert not found
 
@@ -175,9 +176,8 @@ def _explicit_edges(path, modules):
 
 def test_no_import_circles():
     # Before issue 40: keras_attn -> training -> checkpoints -> keras_attn (for
-    # __version__), and keras_attn_cli -> zoo.prepared -> zoo.runs -> keras_attn_cli.
-    modules = dict(MODULES, **dict(_modules(os.path.join(ROOT, "keras_attn_base"))),
-                   keras_attn_cli=os.path.join(ROOT, "keras_attn_cli.py"))
+    # __version__), and keras_attn.cli -> zoo.prepared -> zoo.runs -> keras_attn.cli.
+    modules = MODULES
     graph = {name: set(_explicit_edges(path, modules)) - {name}
              for name, path in modules.items()}
     assert not _circles(graph)
@@ -214,7 +214,7 @@ FLOORS = (
     ("models",),
     ("convert", "data", "export", "viz"),
     ("zoo",),
-    ("keras_attn",),
+    ("cli", "keras_attn"),  # the command line calls the library; nothing imports it
 )
 # Upward imports allowed on purpose, "importer -> imported" (modules): none.
 UPWARD_EXCEPTIONS = {}
@@ -284,10 +284,10 @@ def test_the_version_is_stated_once():
 
 
 def test_help_and_list_modules_import_no_keras():
-    code = ("import sys, keras_attn_cli, keras_attn_base.zoo_files, "
-            "keras_attn_base.quiet_tensorflow\n"
-            "heavy = ('keras', 'tensorflow', 'jax', 'torch', 'keras_attn', 'pydantic', 'numpy',\n"
-            "         'jsonschema')\n"
+    code = ("import sys, keras_attn.cli, keras_attn._base.zoo_files, "
+            "keras_attn._base.quiet_tensorflow\n"
+            "heavy = ('keras', 'tensorflow', 'jax', 'torch', 'pydantic', 'numpy', 'jsonschema',\n"
+            "         'keras_attn.layers', 'keras_attn.models', 'keras_attn.zoo')\n"
             "print(sorted(name for name in heavy if name in sys.modules))")
     environment = dict(os.environ, PYTHONPATH=os.pathsep.join(
         [ROOT, os.environ.get("PYTHONPATH", "")]))
@@ -331,7 +331,7 @@ def test_tensorflow_loads_quietly_through_the_data_modules_on_jax():
 
 def test_the_data_and_export_modules_import_tensorflow_quietly():
     """keras_attn.data and keras_attn.export take TensorFlow from
-    keras_attn_base.quiet_tensorflow.tensorflow_module() (quiet on every
+    keras_attn._base.quiet_tensorflow.tensorflow_module() (quiet on every
     backend), except portable.py, which runtime-only machines load by path
     without the package (its TensorFlow import runs only in an export)."""
     offenders = []

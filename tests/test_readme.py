@@ -201,7 +201,7 @@ for _request in sys.stdin:
         os.environ.clear()
         os.environ.update(_environ)
         for _name in [n for n in sys.modules
-                      if n.split(".")[0] in ("keras_attn", "keras_attn_base")]:
+                      if n.split(".")[0] == "keras_attn"]:
             del sys.modules[_name]
         for _registry, _kept in ((_registration.GLOBAL_CUSTOM_NAMES, _names),
                                  (_registration.GLOBAL_CUSTOM_OBJECTS, _objects)):

@@ -14,8 +14,8 @@ import contextlib
 from keras_attn._guard import IdSpec
 from keras_attn._guard import MaskSpec
 from keras_attn.errors import DataCheckError
-from keras_attn_base.quiet_tensorflow import tensorflow_module
-from keras_attn_base.quiet_tensorflow import traced_as_written
+from keras_attn._base.quiet_tensorflow import tensorflow_module
+from keras_attn._base.quiet_tensorflow import traced_as_written
 
 DATA_CHECK = "keras_attn data check:"
 

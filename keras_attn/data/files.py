@@ -40,7 +40,7 @@ import re
 from typing import Optional
 
 import numpy as np
-from keras_attn_base.errors import DataFileError
+from keras_attn._base.errors import DataFileError
 
 SPLITS = ("train", "validation", "test")
 TABLE_SUFFIXES = (".csv", ".jsonl")

@@ -13,8 +13,8 @@ import keras
 
 from keras_attn._epochs import epoch_permutation
 from keras_attn._epochs import epoch_seed
-from keras_attn_base.quiet_tensorflow import tensorflow_module
-from keras_attn_base.quiet_tensorflow import traced_as_written
+from keras_attn._base.quiet_tensorflow import tensorflow_module
+from keras_attn._base.quiet_tensorflow import traced_as_written
 
 tf = tensorflow_module()  # import tensorflow, its start-up notices held back
 

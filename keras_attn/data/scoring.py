@@ -4,6 +4,8 @@ TensorFlow: the translation task's BLEU where TensorFlow is not installed
 
 import numpy as np
 
+from keras_attn.data._zoo_extra import import_zoo_package
+
 # The translation data's special ids: its vocabularies start with
 # keras_attn.data.translation.SPECIAL_TOKENS, "[PAD]", "[START]", "[END]".
 PAD_ID, START_ID, END_ID = 0, 1, 2
@@ -20,7 +22,7 @@ def evaluate_translations(hypotheses, references, tokenize="13a"):
     Returns:
         `{"bleu": 0..100, "exact_match": 0..1}`.
     """
-    import sacrebleu
+    sacrebleu = import_zoo_package("sacrebleu")
 
     hypotheses, references = list(hypotheses), list(references)
     if len(hypotheses) != len(references) or not references:

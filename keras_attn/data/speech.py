@@ -21,8 +21,9 @@ import numpy as np
 from keras_attn._epochs import bucket_batch_count
 from keras_attn._epochs import epoch_permutation
 from keras_attn._epochs import epoch_seed
-from keras_attn_base.quiet_tensorflow import tensorflow_module
-from keras_attn_base.quiet_tensorflow import traced_as_written
+from keras_attn.data._zoo_extra import import_zoo_package
+from keras_attn._base.quiet_tensorflow import tensorflow_module
+from keras_attn._base.quiet_tensorflow import traced_as_written
 
 DIGIT_VOCABULARY = tuple("0123456789")
 VOICES = ("en", "en-us", "en+f3", "en+m3", "en+f2", "en-gb-scotland")
@@ -40,7 +41,7 @@ class _Espeak:
     """The process-wide eSpeak NG engine (the C library is a singleton)."""
 
     def __init__(self):
-        import espeakng_loader
+        espeakng_loader = import_zoo_package("espeakng_loader")
 
         self._lib = ctypes.cdll.LoadLibrary(espeakng_loader.get_library_path())
         data_path = espeakng_loader.get_data_path().encode()

@@ -29,6 +29,7 @@ import numpy as np
 from keras_attn._epochs import bucket_batch_count
 from keras_attn._epochs import epoch_permutation
 from keras_attn._epochs import epoch_seed
+from keras_attn.data._zoo_extra import import_zoo_package
 from keras_attn.data import wordpiece
 # The special ids are defined with the TensorFlow-free decoding; this module
 # offers them and evaluate_translations as before.
@@ -36,8 +37,8 @@ from keras_attn.data.scoring import END_ID  # noqa: F401
 from keras_attn.data.scoring import PAD_ID  # noqa: F401
 from keras_attn.data.scoring import START_ID  # noqa: F401
 from keras_attn.data.scoring import evaluate_translations  # noqa: F401
-from keras_attn_base.quiet_tensorflow import tensorflow_module
-from keras_attn_base.quiet_tensorflow import traced_as_written
+from keras_attn._base.quiet_tensorflow import tensorflow_module
+from keras_attn._base.quiet_tensorflow import traced_as_written
 
 tf = tensorflow_module()  # import tensorflow, its start-up notices held back
 
@@ -50,7 +51,7 @@ UNK_ID = 3
 
 def number_pairs(numbers):
     """`[(english words, Japanese numerals)]` for the given integers."""
-    from num2words import num2words
+    num2words = import_zoo_package("num2words").num2words
 
     return [(num2words(int(n), lang="en"), num2words(int(n), lang="ja")) for n in numbers]
 

@@ -8,7 +8,7 @@ constants of the data pipelines), lower-casing, and CJK characters split
 apart. TensorFlow only: imported lazily, never by `import keras_attn`.
 """
 
-from keras_attn_base.quiet_tensorflow import tensorflow_module
+from keras_attn._base.quiet_tensorflow import tensorflow_module
 
 tf = tensorflow_module()  # import tensorflow, its start-up notices held back
 

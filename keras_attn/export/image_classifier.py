@@ -15,7 +15,7 @@ model trained on JAX or PyTorch: save it as `.keras` and export it there).
 from keras_attn.export.saved_model import export_saved_model
 from keras_attn.export.saved_model import named_outputs
 from keras_attn.export.saved_model import require_tensorflow_backend
-from keras_attn_base.quiet_tensorflow import tensorflow_module
+from keras_attn._base.quiet_tensorflow import tensorflow_module
 
 
 def export_image_classifier(model, path, format="saved_model", precision="float32",

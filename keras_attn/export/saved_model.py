@@ -8,7 +8,7 @@ import tempfile
 from keras_attn._directories import DirectoryKind
 from keras_attn._directories import check_replaceable
 from keras_attn._directories import replace_directory
-from keras_attn_base.quiet_tensorflow import tensorflow_module
+from keras_attn._base.quiet_tensorflow import tensorflow_module
 
 
 def _spec(x, name=None):

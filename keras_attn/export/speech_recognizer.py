@@ -4,7 +4,7 @@ waveforms and returns token ids: a SavedModel, ONNX or LiteRT."""
 from keras_attn._keras_compat import sublayers
 from keras_attn.export.saved_model import export_saved_model
 from keras_attn.export.saved_model import require_tensorflow_backend
-from keras_attn_base.quiet_tensorflow import tensorflow_module
+from keras_attn._base.quiet_tensorflow import tensorflow_module
 
 
 def export_speech_recognizer(model, path, strategy="greedy", beam_width=16,

@@ -24,7 +24,7 @@ export refuses a graph that would need any other op. TensorFlow backend only
 from keras_attn.export.saved_model import export_saved_model
 from keras_attn.export.saved_model import named_outputs
 from keras_attn.export.saved_model import require_tensorflow_backend
-from keras_attn_base.quiet_tensorflow import tensorflow_module
+from keras_attn._base.quiet_tensorflow import tensorflow_module
 
 # The inputs of the classifiers this exports: BERT's, ModernBERT's.
 INPUT_NAMES = (("token_ids", "segment_ids", "padding_mask"), ("token_ids", "padding_mask"))

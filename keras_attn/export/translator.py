@@ -24,7 +24,7 @@ the SavedModel is core TensorFlow: `import tensorflow` alone loads it.
 from keras_attn._keras_compat import sublayers
 from keras_attn.export.saved_model import export_saved_model
 from keras_attn.export.saved_model import require_tensorflow_backend
-from keras_attn_base.quiet_tensorflow import tensorflow_module
+from keras_attn._base.quiet_tensorflow import tensorflow_module
 
 # The start of the `InvalidArgumentError` of a `translate` call whose search
 # gave an id that is no piece (see `export_translator`).

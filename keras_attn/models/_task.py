@@ -4,13 +4,13 @@ classifiers and masked-LM models)."""
 import keras
 
 from keras_attn import _keras_compat
-from keras_attn._guard import GuardedModel
 from keras_attn.models._config import dtype_policy_with_quantization
+from keras_attn.models._guarded import GuardedModel
 
 
 class BackboneTask(GuardedModel, keras.Model):
     """What the task models share: the backbone's inputs and checks
-    (`keras_attn._guard.GuardedModel`), logits out (a loss that reads
+    (`keras_attn.models._guarded.GuardedModel`), logits out (a loss that reads
     probabilities is refused), and a config of the backbone (a nested
     object) and the constructor's other arguments (`_task_args`)."""
 

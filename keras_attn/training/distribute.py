@@ -51,7 +51,7 @@ import warnings
 import keras
 
 from keras_attn import _keras_compat
-from keras_attn_base.quiet_tensorflow import traced_as_written
+from keras_attn._base.quiet_tensorflow import traced_as_written
 
 # Read by `keras.distribution.initialize()` (keras/src/distribution/distribution_lib.py).
 JAX_PROCESS_ENV = (

@@ -81,7 +81,7 @@ from keras_attn._keras_compat import get_global_seed_generator
 from keras_attn._keras_compat import random_seed_dtype
 from keras_attn._keras_compat import set_global_seed_generator
 
-from keras_attn._guard import StopOnNonFiniteLoss
+from keras_attn.training.nonfinite import StopOnNonFiniteLoss
 from keras_attn._checks import check_positive_int
 from keras_attn.training import checkpoints
 from keras_attn.training import distribute

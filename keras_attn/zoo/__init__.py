@@ -1,7 +1,7 @@
 """The model zoo: training recipes (`models/<family>/<name>.json`), their
 validation (`recipe`), the task adapters that train, evaluate and export
 them (`tasks`), and a run's life from recipe to results (`runs`). The
-`keras-attn` command line (`keras_attn_cli`) is a thin layer over these
+`keras-attn` command line (`keras_attn.cli`) is a thin layer over these
 functions; they know nothing of it:
 
     from keras_attn import zoo
@@ -19,6 +19,6 @@ from keras_attn.zoo.runs import export
 from keras_attn.zoo.prepared import prepare
 from keras_attn.zoo.runs import load_run
 from keras_attn.zoo.runs import train
-from keras_attn_base.zoo_files import list_recipes  # JSON only, no Keras
+from keras_attn._base.zoo_files import list_recipes  # JSON only, no Keras
 
 __all__ = ["evaluate", "export", "list_recipes", "load_run", "prepare", "train"]

@@ -529,7 +529,7 @@ def prepare(recipe, overrides=(), output=None, verbose=True):
     from keras_attn.training.checkpoints import atomic_write_json
     from keras_attn.zoo.recipe import load_recipe
     from keras_attn.zoo.tasks import make_task
-    from keras_attn_base.zoo_files import locate_recipe
+    from keras_attn._base.zoo_files import locate_recipe
 
     recipe = load_recipe(locate_recipe(recipe), overrides)
     task = make_task(recipe)

@@ -22,11 +22,11 @@ import pydantic
 from keras_attn.errors import RecipeError
 from keras_attn.zoo import schema
 # Reading a recipe file and applying `--set` overrides need no Keras: they
-# live in keras_attn_base, which the command line's early check uses too.
-from keras_attn_base.recipe_files import apply_overrides  # noqa: F401  (API)
-from keras_attn_base.recipe_files import key_error as _error
-from keras_attn_base.recipe_files import parse_override  # noqa: F401  (API)
-from keras_attn_base.recipe_files import read_recipe_file
+# live in keras_attn._base, which the command line's early check uses too.
+from keras_attn._base.recipe_files import apply_overrides  # noqa: F401  (API)
+from keras_attn._base.recipe_files import key_error as _error
+from keras_attn._base.recipe_files import parse_override  # noqa: F401  (API)
+from keras_attn._base.recipe_files import read_recipe_file
 
 # Documentation only: not part of a run's fingerprint.
 DOCUMENTATION_KEYS = ("description", "expected", "paper")

@@ -48,19 +48,19 @@ import time
 
 from keras_attn._version import __version__
 from keras_attn.errors import RunDirectoryError
-from keras_attn_base.quiet_tensorflow import tensorflow_installed
-from keras_attn_base.zoo_files import ADAPTERS
-from keras_attn_base.zoo_files import CHECKPOINTS
-from keras_attn_base.zoo_files import CURVES
-from keras_attn_base.zoo_files import EXPORT_RUN
-from keras_attn_base.zoo_files import MODEL
-from keras_attn_base.zoo_files import RECIPE
-from keras_attn_base.zoo_files import RESULTS
-from keras_attn_base.zoo_files import SAVED_MODEL
-from keras_attn_base.zoo_files import TIMES
-from keras_attn_base.zoo_files import locate_recipe
-from keras_attn_base.zoo_files import models_directory  # noqa: F401  (zoo.reference reads it here)
-from keras_attn_base.zoo_files import read_json
+from keras_attn._base.quiet_tensorflow import tensorflow_installed
+from keras_attn._base.zoo_files import ADAPTERS
+from keras_attn._base.zoo_files import CHECKPOINTS
+from keras_attn._base.zoo_files import CURVES
+from keras_attn._base.zoo_files import EXPORT_RUN
+from keras_attn._base.zoo_files import MODEL
+from keras_attn._base.zoo_files import RECIPE
+from keras_attn._base.zoo_files import RESULTS
+from keras_attn._base.zoo_files import SAVED_MODEL
+from keras_attn._base.zoo_files import TIMES
+from keras_attn._base.zoo_files import locate_recipe
+from keras_attn._base.zoo_files import models_directory  # noqa: F401  (zoo.reference reads it here)
+from keras_attn._base.zoo_files import read_json
 
 
 # === Files ===
@@ -877,7 +877,7 @@ def _export_hf(run_dir, path):
 # The child of `export_on_tensorflow`: TensorFlow imported quietly before Keras
 # (which imports it on its TensorFlow backend), then `export` on that backend.
 _EXPORT_CHILD = """import sys
-from keras_attn_base.quiet_tensorflow import import_tensorflow_quietly
+from keras_attn._base.quiet_tensorflow import import_tensorflow_quietly
 import_tensorflow_quietly()
 from keras_attn.zoo.runs import _export_in_child
 sys.exit(_export_in_child(*sys.argv[1:]))

@@ -42,9 +42,9 @@ import numpy as np
 
 from keras_attn.data.files import resample
 from keras_attn.data.files import wav_samples
-from keras_attn_base.errors import DataFileError
-from keras_attn_base.zoo_files import MODEL
-from keras_attn_base.zoo_files import RECIPE
+from keras_attn._base.errors import DataFileError
+from keras_attn._base.zoo_files import MODEL
+from keras_attn._base.zoo_files import RECIPE
 
 # ConvSubsampling's first output frame reads 7 feature frames.
 _MIN_FRAMES = 7
@@ -79,7 +79,7 @@ class Transcriber:
     """
 
     def __init__(self, run_dir):
-        from keras_attn_base.zoo_files import read_json
+        from keras_attn._base.zoo_files import read_json
         from keras_attn.zoo.recipe import validate_recipe
         from keras_attn.zoo.runs import load_run
         from keras_attn.zoo.tasks import make_task

@@ -2,7 +2,8 @@
 
 Built from the public builders and constructor arguments only, so that
 `make_fixtures.py` (today's code) and the test (any later code) build the
-same architecture.
+same architecture. Not the tiny models of tests/_families.py: the saved
+fixtures hold weights of exactly these sizes, which must not follow the table.
 """
 
 import keras

@@ -15,7 +15,7 @@ import sys
 import numpy as np
 import pytest
 
-import keras_attn_cli as cli
+import keras_attn.cli as cli
 from _families import FAMILIES
 from keras_attn.data import text
 from keras_attn.export import export_image_classifier
@@ -401,7 +401,7 @@ def test_an_earlier_export_is_replaced_and_any_other_directory_kept(exports, tmp
 
 def _run_dir(path, seed, model_bytes=None):
     from keras_attn.zoo.recipe import load_recipe
-    from keras_attn_base.zoo_files import recipe_paths
+    from keras_attn._base.zoo_files import recipe_paths
 
     recipe = load_recipe(recipe_paths()["vit_tiny_digits"], [f"training.seed={seed}"])
     os.makedirs(path)

@@ -56,7 +56,7 @@ def _softmax(logits):
 def test_modernbert_classifier_scores_as_in_keras_as_a_saved_model_and_in_litert(tmp_path):
     import tensorflow as tf
 
-    modernbert = VARIANTS["modernbert"]
+    modernbert = TABLE["modernbert"]
     model = _randomized(modernbert.build())
     # 9 tokens (past the local window of 4) with padding, and 5.
     x = modernbert.inputs(size=3, length=9, fill="zeros")

@@ -16,10 +16,11 @@ import pytest
 from _families import FAMILIES
 from _families import SAMPLES_PER_STEP
 from _families import with_value as _with
-from keras_attn._guard import NonFiniteLossError
-from keras_attn._guard import SkipNonFiniteSteps
+from keras_attn.errors import NonFiniteLossError
+from keras_attn.training.nonfinite import SkipNonFiniteSteps
 from keras_attn.layers import subsampled_length
 from keras_attn.models.bert import BertSequenceClassifier
+from keras_attn.models.modernbert import ModernBertSequenceClassifier
 from keras_attn.models.conformer import build_conformer
 
 V = 40
@@ -30,6 +31,7 @@ SIZES = {
     "transformer": dict(vocabulary_size=V),
     "conformer": dict(vocabulary_size=5, num_layers=1),
     "vit": dict(image_size=8, num_layers=1),
+    "modernbert": dict(num_layers=1, max_sequence_length=12),
 }
 
 
@@ -145,6 +147,8 @@ def _assert_step_skipped(model, x, y, non_trainable=True, input_error=None):
 def good_data(model):
     if isinstance(model, BertSequenceClassifier):
         return bert_data()
+    if isinstance(model, ModernBertSequenceClassifier):
+        return _data("modernbert", 4, 8)
     if model.name == "vit":
         return vit_data()
     if hasattr(model, "transformer_config"):
@@ -184,6 +188,19 @@ def test_bert_bad_ids_in_a_compiled_step_change_nothing(name, value, compiled):
     x, y = bert_data()
     _assert_step_skipped(model, _with(x, name, (0, 3), value), y,
                          input_error=rf"`{name}` must lie in .*Received: .*{value}")
+
+
+@pytest.mark.parametrize("bad", ["token_ids", "labels"])
+@SHARED
+def test_modernbert_bad_ids_and_labels_in_a_compiled_step_change_nothing(bad, compiled):
+    model = compiled("modernbert")
+    assert isinstance(model.optimizer, SkipNonFiniteSteps)
+    x, y = _data("modernbert", 4, 8)
+    if bad == "labels":
+        _assert_step_skipped(model, x, _label(y, 3))
+    else:
+        _assert_step_skipped(model, _with(x, "token_ids", (0, 3), V), y,
+                             input_error=rf"`token_ids` must lie in .*Received: .*{V}")
 
 
 @SHARED

@@ -6,7 +6,6 @@ import pytest
 
 from keras_attn.layers import gelu
 from keras_attn.models.bert import BERT_PRESETS
-from keras_attn.models.bert import BertConfig
 from keras_attn.models.bert import build_bert
 from keras_attn.models.bert import check_token_ids
 from keras_attn.models.bert import get_bert_config
@@ -16,14 +15,13 @@ from _families import with_value
 from test_case import run_model_test
 from test_case import to_numpy
 
-TINY = dict(
-    vocabulary_size=60, num_layers=2, num_heads=2, hidden_dim=16,
-    intermediate_dim=32, max_sequence_length=24,
-)
+# The table's tiny backbone with the vocabulary and the length this file's
+# batches and messages name.
+TINY = dict(vocabulary_size=60, max_sequence_length=24)
 
 
 def tiny(**overrides):
-    return build_bert(BertConfig(**{**TINY, **overrides}))
+    return FAMILIES["bert"].backbone(**{**TINY, **overrides})
 
 
 def batch(batch_size=2, length=7, vocabulary_size=60, seed=0, pad=0):

@@ -5,13 +5,12 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from keras_attn.models.bert import BertConfig
 from keras_attn.models.bert import BertMaskedLMHead
 from keras_attn.models.bert import BertPretrainer
 from keras_attn.models.bert import BertSequenceClassifier
 from keras_attn.models.bert import BertTokenClassifier
 from keras_attn.training import Perplexity
-from keras_attn.models.bert import build_bert
+from _families import FAMILIES
 from test_case import run_layer_test
 from test_case import to_numpy
 
@@ -19,8 +18,7 @@ V, B, T, P = 50, 8, 10, 3
 
 
 def backbone():
-    return build_bert(BertConfig(vocabulary_size=V, num_layers=1, num_heads=2, hidden_dim=16,
-                                 intermediate_dim=32, max_sequence_length=16))
+    return FAMILIES["bert"].backbone(vocabulary_size=V, num_layers=1)
 
 
 def features(seed=0):

@@ -13,11 +13,11 @@ import numpy as np
 import pytest
 
 from _families import FAMILIES
+from _families import NAMES
 from _families import outputs
 from keras_attn.models import BertPretrainer
 from keras_attn.models import BertTokenClassifier
 
-FAMILY_NAMES = ("bert", "vit", "transformer", "conformer")
 
 
 def _family(name):
@@ -63,7 +63,7 @@ def _compiled(model, x, y=None):
     return str(predicted.value), str(fitted.value)
 
 
-@pytest.mark.parametrize("name", FAMILY_NAMES)
+@pytest.mark.parametrize("name", NAMES)
 def test_an_unknown_key_is_refused_by_name_eagerly_and_compiled(name):
     model, x, y = _family(name)
     extra = dict(x, attention_mask=np.zeros((2, 3), "int32"))

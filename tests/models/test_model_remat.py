@@ -13,7 +13,6 @@ from keras import ops
 from _families import FAMILIES
 from _families import NAMES
 from keras_attn.models.bert import BertBackbone
-from keras_attn.models.bert import build_bert
 from keras_attn.models.vit import ViT
 from keras_attn.zoo import recipe as recipes
 from test_case import assert_all_close
@@ -30,6 +29,7 @@ OVERRIDES = {
     "vit": dict(num_classes=None, dropout=0.1),
     "transformer": dict(num_encoder_layers=2, num_decoder_layers=2),
     "conformer": dict(freq_mask_width=4),
+    "modernbert": dict(dropout=0.1),
 }
 INPUTS = {family: FAMILIES[family].inputs(size=2, **OVERRIDES[family]) for family in NAMES}
 
@@ -43,6 +43,7 @@ BLOCKS = {
     "vit": ["transformer_block_0", "transformer_block_1"],
     "transformer": ["encoder_block_0", "encoder_block_1", "decoder_block_0", "decoder_block_1"],
     "conformer": ["conformer_block_0", "conformer_block_1"],
+    "modernbert": ["transformer_block_0", "transformer_block_1"],
 }
 
 
@@ -105,7 +106,7 @@ def test_remat_must_be_a_bool(family, value):
 
 
 def test_constructors_take_remat_and_default_to_off():
-    assert build_bert("bert_tiny", num_layers=1).bert_config.remat is False
+    assert FAMILIES["bert"].backbone(num_layers=1).bert_config.remat is False
     assert BertBackbone(vocabulary_size=20, num_layers=1, num_heads=2, hidden_dim=8,
                         intermediate_dim=16, remat=True).bert_config.remat is True
     assert ViT(image_size=8, patch_size=4, hidden_dim=8, num_layers=1, num_heads=2,

@@ -1,22 +1,60 @@
 """ModernBERT's backbone, masked-LM model and config (the numbers
 against transformers are in tests/convert/test_modernbert_convert.py)."""
 
+import dataclasses
+
 import numpy as np
 import pytest
 
-from keras_attn.models.modernbert import ModernBertBackbone
 from keras_attn.models.modernbert import ModernBertMaskedLM
 from keras_attn.models.modernbert import ModernBertSequenceClassifier
+from _families import FAMILIES
+from _families import with_value
+from test_case import run_model_test
 from test_case import to_numpy
 
 RNG = np.random.default_rng(3)
+# The table's tiny ModernBERT (two blocks: a global one without its
+# attention LayerNorm, then a local one with a window of 4).
+MODERNBERT = FAMILIES["modernbert"]
+
+
+def test_the_tiny_classifier_passes_the_model_harness(tmp_path):
+    # What every family's tiny model passes (tests/test_case.py): config and
+    # .keras round trips, an example's outputs the same alone, in its batch
+    # and with other padding (both modes), mixed precision, a fit step, and
+    # bad inputs and labels refused in every entry point.
+    overrides = dict(dropout=0.0)
+    config = MODERNBERT.config(**overrides)
+    vocabulary, longest = config.vocabulary_size, config.max_sequence_length
+    x, y = MODERNBERT.batch(size=3, **overrides)
+    float_mask = dict(x, padding_mask=x["padding_mask"].astype("float32"))
+    bad_inputs = [
+        (with_value(x, "token_ids", (0, 3), vocabulary),
+         rf"`token_ids` must lie in \[0, {vocabulary}\).*out of range: {vocabulary}"),
+        (with_value(x, "token_ids", (0, 3), -1),
+         rf"`token_ids` must lie in \[0, {vocabulary}\).*out of range: -1"),
+        (with_value(float_mask, "padding_mask", (0, 3), 0.4),
+         r"`padding_mask` must be boolean or hold only 0 and 1.*0.4"),
+        (MODERNBERT.inputs(size=3, length=longest + 1),
+         f"longer than the model's max_sequence_length={longest}"),
+        ({k: v[:, :0] for k, v in x.items()}, "has length 0"),
+    ]
+    bad_y = y.copy()
+    bad_y[0] = 3
+    bad_labels = [(bad_y, r"`labels` must lie in \[0, 3\).*out of range: 3")]
+    run_model_test(
+        lambda: MODERNBERT.build(**overrides), x, y, crop=MODERNBERT.crop, tmp_path=tmp_path,
+        bad_inputs=bad_inputs, bad_labels=bad_labels,
+        expected_config=dataclasses.asdict(config),
+        more_batches=[MODERNBERT.inputs(size=3, fill="zeros", **overrides)],
+    )
 
 
 def test_the_models_save_and_load(tmp_path):
     import keras
 
-    backbone = ModernBertBackbone(vocabulary_size=32, num_layers=2, num_heads=2, hidden_dim=8,
-                                  intermediate_dim=12, local_window=4, pad_id=0)
+    backbone = MODERNBERT.backbone()
     model = ModernBertMaskedLM(backbone)
     ids = np.array([[3, 5, 7, 9, 11, 13]])
     inputs = {"token_ids": ids, "padding_mask": np.ones_like(ids)}
@@ -35,8 +73,7 @@ def test_the_models_save_and_load(tmp_path):
 def test_the_classifier_trains_saves_and_loads(tmp_path):
     import keras
 
-    backbone = ModernBertBackbone(vocabulary_size=32, num_layers=2, num_heads=2, hidden_dim=8,
-                                  intermediate_dim=12, local_window=4, pad_id=0)
+    backbone = MODERNBERT.backbone()
     model = ModernBertSequenceClassifier(backbone, num_classes=3, pooling="mean", dropout=0.2)
     ids = np.array([[3, 5, 7, 9, 11, 13], [4, 6, 8, 0, 0, 0]])
     inputs = {"token_ids": ids, "padding_mask": ids != 0}
@@ -55,8 +92,7 @@ def test_the_classifier_trains_saves_and_loads(tmp_path):
 
 def test_a_row_of_padding_only_is_refused_and_nan_where_nothing_raises():
     # Its answer would come from the padding's ids (docs/bad_input.md).
-    backbone = ModernBertBackbone(vocabulary_size=32, num_layers=2, num_heads=2, hidden_dim=8,
-                                  intermediate_dim=12, local_window=4, pad_id=0)
+    backbone = MODERNBERT.backbone()
     model = ModernBertSequenceClassifier(backbone, num_classes=3)
     ids = np.array([[3, 5, 7, 9], [4, 6, 8, 10]])
     inputs = {"token_ids": ids, "padding_mask": np.array([[1, 1, 1, 0], [0, 0, 0, 0]])}
@@ -80,8 +116,7 @@ def test_a_row_of_padding_only_is_refused_and_nan_where_nothing_raises():
     ({"dropout": 1.5}, r"Received: dropout=1.5"),
 ])
 def test_bad_classifier_arguments_are_refused_by_name(kwargs, match):
-    backbone = ModernBertBackbone(vocabulary_size=32, num_layers=1, num_heads=2, hidden_dim=8,
-                                  intermediate_dim=12, local_window=4, pad_id=0)
+    backbone = MODERNBERT.backbone(num_layers=1)
     with pytest.raises(ValueError, match=match):
         ModernBertSequenceClassifier(backbone, **{"num_classes": 2, **kwargs})
 
@@ -100,8 +135,7 @@ def test_bad_configs_are_refused_by_name():
 def test_the_masked_lm_reads_packed_rows_as_its_examples_alone():
     # Two examples packed in one row (packed_segment_ids 1, 2; positions
     # restart) get the logits each gets alone: no attention between them.
-    backbone = ModernBertBackbone(vocabulary_size=32, num_layers=2, num_heads=2, hidden_dim=8,
-                                  intermediate_dim=12, local_window=4, pad_id=0)
+    backbone = MODERNBERT.backbone()
     model = ModernBertMaskedLM(backbone)
     first, second = np.array([[2, 5, 7, 9, 3]]), np.array([[2, 11, 13, 3]])
     row = np.concatenate([first, second, [[0]]], axis=1)
@@ -109,7 +143,7 @@ def test_the_masked_lm_reads_packed_rows_as_its_examples_alone():
               "packed_segment_ids": np.array([[1] * 5 + [2] * 4 + [0]]),
               "positions": np.array([[0, 1, 2, 3, 4, 0, 1, 2, 3, 0]])}
     logits = to_numpy(model(packed))
-    assert logits.shape == (1, 10, 32)
+    assert logits.shape == (1, 10, MODERNBERT.tiny["vocabulary_size"])
     for ids, start in ((first, 0), (second, 5)):
         alone = to_numpy(model({"token_ids": ids, "padding_mask": np.ones_like(ids)}))
         np.testing.assert_allclose(logits[:, start:start + ids.shape[1]], alone, atol=1e-5)

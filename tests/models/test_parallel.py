@@ -23,7 +23,9 @@ from keras_attn.training.distribute import parse_distribute
 from test_case import jax_cpu_devices_flags
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-FAMILIES = NAMES  # the table's (tests/_families.py), run by _parallel_worker.py
+# The table's (tests/_families.py), run by _parallel_worker.py; ModernBERT has
+# no layout map yet (keras_attn.models.parallel covers the four families).
+FAMILIES = [name for name in NAMES if name != "modernbert"]
 MODEL_SHARDS = 4
 
 # What the issue asks for, stated here independently of the module's table:

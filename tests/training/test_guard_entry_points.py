@@ -8,16 +8,15 @@ import numpy as np
 import pytest
 
 from keras_attn import _keras_compat
-from keras_attn._guard import NonFiniteLossError
-from keras_attn._guard import keras_arguments
-from keras_attn.models.vit import build_vit
+from keras_attn.errors import NonFiniteLossError
+from keras_attn.models._guarded import keras_arguments
+from _families import FAMILIES
 
 CLASSES = 3
 
 
 def _model():
-    model = build_vit("vit_tiny_16", num_classes=CLASSES, image_size=8, patch_size=4,
-                      num_layers=1, hidden_dim=16, num_heads=2, intermediate_dim=32)
+    model = FAMILIES["vit"].build(image_size=8, num_layers=1, num_classes=CLASSES)
     model.compile(optimizer="adam")
     return model
 

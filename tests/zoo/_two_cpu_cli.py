@@ -11,7 +11,7 @@ def main():
     tf.config.set_logical_device_configuration(
         cpu, [tf.config.LogicalDeviceConfiguration()] * 2
     )
-    import keras_attn_cli as cli
+    import keras_attn.cli as cli
 
     return cli.main(sys.argv[1:])
 

@@ -13,9 +13,9 @@ from _tiny import SMALL
 from _tiny import tiny_overrides
 from test_case import TWO_JAX_CPU_DEVICES
 from test_case import jax_cpu_devices_flags
-import keras_attn_cli as cli
+import keras_attn.cli as cli
 from keras_attn.zoo import runs
-from keras_attn_base import zoo_files
+from keras_attn._base import zoo_files
 
 pytestmark = pytest.mark.tf_only
 RESULT_KEYS = {"name", "metric", "value", "metrics", "train_seconds", "epochs", "steps", "data",
@@ -34,7 +34,7 @@ DISTRIBUTED_JIT = ["training.jit_compile=true"]
 def _cli(*args, cwd, timeout=600):
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3",
                PYTHONPATH=os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]))
-    return subprocess.run([sys.executable, "-m", "keras_attn_cli", *map(str, args)],
+    return subprocess.run([sys.executable, "-m", "keras_attn.cli", *map(str, args)],
                           capture_output=True, text=True, timeout=timeout, cwd=cwd, env=env)
 
 
@@ -394,18 +394,19 @@ def _python(code, cwd, **env):
 
 
 def test_help_list_and_argument_errors_import_neither_keras_nor_tensorflow(tmp_path):
-    """They answer at once: nothing heavy is imported (issue 20), not even
-    the `keras_attn` package (the launcher reads the zoo with
-    `keras_attn_base`)."""
+    """They answer at once: nothing heavy is imported (issue 20), and of
+    `keras_attn` only its Keras-free `__init__` and `_base` (the launcher
+    reads the zoo with `keras_attn._base`), not the zoo, layers or models."""
     code = (
-        "import sys, keras_attn_cli as cli\n"
+        "import sys, keras_attn.cli as cli\n"
         "for argv in (['--help'], ['train', '--help'], ['list', '--family', 'nope'], ['evaluate']):\n"
         "    try:\n"
         "        cli.main(argv)\n"
         "    except SystemExit as exit_:\n"
         "        print('status', ' '.join(argv), exit_.code)\n"
         "print('status list', cli.main(['list']))\n"
-        "heavy = ('keras', 'tensorflow', 'jax', 'torch', 'keras_attn', 'pydantic')\n"
+        "heavy = ('keras', 'tensorflow', 'jax', 'torch', 'pydantic', 'keras_attn.zoo',\n"
+        "         'keras_attn.layers', 'keras_attn.models')\n"
         "print('imported:', sorted(name for name in heavy if name in sys.modules))\n"
     )
     result = _python(code, tmp_path)
@@ -435,13 +436,13 @@ def test_tensorflow_start_up_notices_are_held_back_and_nothing_else(tmp_path):
         "machine, GPU will not be used.\\n'\n"
         "         b'E0000 something real went wrong\\n')\n"
     )
-    code = ("from keras_attn_base.quiet_tensorflow import import_holding_back_notices; "
+    code = ("from keras_attn._base.quiet_tensorflow import import_holding_back_notices; "
             "import_holding_back_notices('noisy'); print('after')")
     result = _python(code, tmp_path, PYTHONPATH=os.pathsep.join([ROOT, str(tmp_path)]))
     assert result.returncode == 0 and result.stdout == "after\n", result.stderr
     assert result.stderr == "E0000 something real went wrong\n"
     # The real one, without TF_CPP_MIN_LOG_LEVEL in the environment.
-    code = ("from keras_attn_base.quiet_tensorflow import import_tensorflow_quietly; "
+    code = ("from keras_attn._base.quiet_tensorflow import import_tensorflow_quietly; "
             "import_tensorflow_quietly(); import tensorflow as tf; "
             "print(float(tf.reduce_sum(tf.constant([1.0, 2.0]))))")
     result = _python(code, tmp_path)
@@ -492,7 +493,7 @@ def test_console_script_is_declared():
     config = configparser.ConfigParser()
     config.read(os.path.join(ROOT, "setup.cfg"))
     scripts = config["options.entry_points"]["console_scripts"]
-    assert "keras-attn = keras_attn_cli:main" in scripts
+    assert "keras-attn = keras_attn.cli:main" in scripts
 
 
 # === The command line never leaves a run broken ===

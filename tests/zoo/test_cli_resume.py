@@ -33,7 +33,7 @@ def _command(run):
     # --no-export: the weights are compared; the SavedModel is tested by
     # test_cli.py's end-to-end runs.
     sets = [item for value in SETTINGS for item in ("--set", value)]
-    return [sys.executable, "-m", "keras_attn_cli", "train", "vit_tiny_digits",
+    return [sys.executable, "-m", "keras_attn.cli", "train", "vit_tiny_digits",
             "--output", str(run), "--verbose", "2", "--no-export", *sets]
 
 

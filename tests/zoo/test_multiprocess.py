@@ -50,7 +50,7 @@ def _free_port():
 
 def _command(output, extra=(), recipe=RECIPE, sets=SETS):
     sets = [item for value in list(sets) + list(extra) for item in ("--set", value)]
-    return [sys.executable, "-m", "keras_attn_cli", "train", recipe, "--output", str(output),
+    return [sys.executable, "-m", "keras_attn.cli", "train", recipe, "--output", str(output),
             "--verbose", "0", "--distribute", "--no-export", *sets]
 
 
@@ -145,7 +145,7 @@ def _check_the_survivor_and_its_checkpoint(tmp_path, run, code, log):
     kept_time = os.stat(kept_path).st_mtime_ns
     # The checkpoint of two processes holds whole arrays: one process reads it.
     evaluated = subprocess.run(
-        [sys.executable, "-m", "keras_attn_cli", "evaluate", str(run), "--json"], cwd=tmp_path,
+        [sys.executable, "-m", "keras_attn.cli", "evaluate", str(run), "--json"], cwd=tmp_path,
         env=_env(), capture_output=True, text=True, timeout=TIMEOUT)
     assert evaluated.returncode == 0, evaluated.stderr[-3000:]
     source = json.loads(evaluated.stdout.strip().splitlines()[-1])["source"]

@@ -42,7 +42,7 @@ def _start(tmp_path, outputs, tag):
     processes = []
     for rank, output in enumerate(outputs):
         log = open(tmp_path / f"{tag}{rank}.txt", "w+")
-        command = [sys.executable, "-m", "keras_attn_cli", "train", RECIPE, "--output",
+        command = [sys.executable, "-m", "keras_attn.cli", "train", RECIPE, "--output",
                    str(output), "--verbose", "0", "--distribute", "model_parallel:1x2",
                    "--no-export", *sets]
         processes.append(subprocess.Popen(
@@ -170,7 +170,7 @@ def test_model_parallel_across_two_processes_one_run_reloads_resumes_refuses_per
     assert alone_at[0] == "ckpt-00000004"
     log = open(tmp_path / "alone.txt", "w+")
     one = subprocess.Popen(
-        [sys.executable, "-m", "keras_attn_cli", "train", RECIPE, "--output", str(alone),
+        [sys.executable, "-m", "keras_attn.cli", "train", RECIPE, "--output", str(alone),
          "--verbose", "0", "--no-export",
          *[item for value in SETS for item in ("--set", value)]],
         cwd=tmp_path, stdout=log, stderr=subprocess.STDOUT, env=_env())

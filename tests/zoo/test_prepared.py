@@ -194,15 +194,15 @@ def test_training_from_prepared_files_is_training_from_tf_data(prepared, tmp_pat
                                       keras.ops.convert_to_numpy(a))
 
 
-# Runs `keras_attn_cli.main(argv)` for each `[argv, log]` of the JSON list
+# Runs `keras_attn.cli.main(argv)` for each `[argv, log]` of the JSON list
 # `sys.argv[1]`, its standard output written to `log`; prints the statuses.
 _CLI_RUNS = """
 import contextlib, json, sys
-import keras_attn_cli
+import keras_attn.cli
 statuses = []
 for argv, log in json.loads(sys.argv[1]):
     with open(log, "w") as out, contextlib.redirect_stdout(out):
-        statuses.append(keras_attn_cli.main(argv))
+        statuses.append(keras_attn.cli.main(argv))
 print(json.dumps(statuses))
 """
 
@@ -579,12 +579,12 @@ def test_the_command_line_refuses_it_with_status_2(tmp_path, capsys):
     exit status 2, the message names the directory, the file survives.
     (`keras-attn` is `sys.exit(main())`: main's status is the exit status;
     called here, a TensorFlow start-up less.)"""
-    import keras_attn_cli
+    import keras_attn.cli
 
     directory = tmp_path / "d"
     directory.mkdir()
     (directory / "important.txt").write_text("x\n")
-    status = keras_attn_cli.main(["prepare", "vit_tiny_digits", "--out", str(directory)])
+    status = keras_attn.cli.main(["prepare", "vit_tiny_digits", "--out", str(directory)])
     out, err = capsys.readouterr()
     assert status == 2, (out[-2000:], err[-2000:])
     assert (f"keras-attn prepare: error: `output` (--out) {directory} is not empty and is not "

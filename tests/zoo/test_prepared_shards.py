@@ -298,7 +298,7 @@ def _run_jobs(tmp_path, jobs):
                 "KERAS_DISTRIBUTION_NUM_PROCESSES": "2", "KERAS_DISTRIBUTION_PROCESS_ID": str(rank)}
             log = open(tmp_path / name, "w+")
             started.append(subprocess.Popen(
-                [sys.executable, "-m", "keras_attn_cli", "train", RECIPE, "--output", str(output),
+                [sys.executable, "-m", "keras_attn.cli", "train", RECIPE, "--output", str(output),
                  "--data", data, "--verbose", "0", "--distribute", "--no-export", *sets],
                 cwd=tmp_path, stdout=log, stderr=subprocess.STDOUT, env=_env(**extra)))
             started[-1].log = log

@@ -1,4 +1,4 @@
-"""The command line's early recipe check (keras_attn_base.recipe_check):
+"""The command line's early recipe check (keras_attn._base.recipe_check):
 what the published JSON Schema refuses is refused before Keras is imported,
 in the complete check's words for unknown and missing keys; every zoo recipe
 passes it."""
@@ -9,9 +9,9 @@ import sys
 
 import pytest
 
-from keras_attn_base.errors import RecipeError
-from keras_attn_base.recipe_check import check_recipe_early
-from keras_attn_base.zoo_files import recipe_paths
+from keras_attn._base.errors import RecipeError
+from keras_attn._base.recipe_check import check_recipe_early
+from keras_attn._base.zoo_files import recipe_paths
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 VIT = os.path.join(ROOT, "models", "vit", "vit_tiny_digits.json")
@@ -55,8 +55,8 @@ def test_unknown_and_missing_keys_read_as_the_complete_check_words_them():
 
 
 def test_the_command_line_refuses_a_typo_without_importing_keras():
-    code = ("import sys, keras_attn_cli\n"
-            "status = keras_attn_cli.main(['train', 'vit_tiny_digits', '--set', "
+    code = ("import sys, keras_attn.cli\n"
+            "status = keras_attn.cli.main(['train', 'vit_tiny_digits', '--set', "
             "'training.epoch=3'])\n"
             "heavy = ('keras', 'tensorflow', 'jax', 'torch', 'keras_attn', 'pydantic')\n"
             "print(status, sorted(name for name in heavy if name in sys.modules))")

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from _tiny import tiny_overrides
-import keras_attn_cli as cli
+import keras_attn.cli as cli
 from keras_attn.zoo.transcribe import Transcriber
 from keras_attn.zoo.transcribe import read_wav
 from keras_attn.zoo.transcribe import transcribe

@@ -36,12 +36,11 @@ def installed(tmp_path_factory):
     base = tmp_path_factory.mktemp("wheel")
     source = base / "source"  # a copy: building writes build/ and egg-info
     source.mkdir()
-    for name in ("setup.cfg", "pyproject.toml", "README.md", "keras_attn_cli.py"):
+    for name in ("setup.cfg", "pyproject.toml", "README.md"):
         shutil.copy(os.path.join(ROOT, name), source)
     ignore = shutil.ignore_patterns("__pycache__", "*.egg-info", "runs", "results.json")
-    for package in ("keras_attn", "keras_attn_base"):
-        shutil.copytree(os.path.join(ROOT, package), source / package, symlinks=True,
-                        ignore=ignore)
+    shutil.copytree(os.path.join(ROOT, "keras_attn"), source / "keras_attn", symlinks=True,
+                    ignore=ignore)
     shutil.copytree(os.path.join(ROOT, "models"), source / "models", ignore=ignore)
     _run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--quiet", "-w", base / "dist",
           source], cwd=base)
@@ -57,10 +56,10 @@ def _cli(site, cwd, *args):
     # The wheel's package first on the path, the environment's dependencies
     # after it; the checkout is nowhere on the path and not the directory.
     env = dict(os.environ, PYTHONPATH=str(site))
-    code = ("import importlib.util, sys, keras_attn_cli; status = keras_attn_cli.main(sys.argv[1:]); "
+    code = ("import importlib.util, sys, keras_attn.cli; status = keras_attn.cli.main(sys.argv[1:]); "
             "print('package:', importlib.util.find_spec('keras_attn').origin); "
-            "print('launcher:', keras_attn_cli.__file__); "
-            "print('base:', importlib.util.find_spec('keras_attn_base').origin); "
+            "print('launcher:', keras_attn.cli.__file__); "
+            "print('base:', importlib.util.find_spec('keras_attn._base').origin); "
             "print('keras imported:', 'keras' in sys.modules); sys.exit(status)")
     return _run([sys.executable, "-c", code, *args], cwd=cwd, env=env)
 

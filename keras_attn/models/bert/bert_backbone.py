@@ -22,7 +22,6 @@ import keras
 import numpy as np  # noqa: F401  (the doctests use it)
 from keras import ops
 
-from keras_attn._guard import GuardedModel
 from keras_attn._guard import IdSpec
 from keras_attn._guard import MaskSpec
 from keras_attn._guard import check_ids
@@ -35,6 +34,7 @@ from keras_attn.ops.masking import nan_where
 from keras_attn.layers.position_embedding import PositionEmbedding
 from keras_attn.layers.position_embedding import packed_positions
 from keras_attn.layers.transformer_block import TransformerBlock
+from keras_attn.models._guarded import GuardedModel
 from keras_attn.models.bert.bert_config import DEFAULT_PRESET
 from keras_attn.models.bert.bert_config import BertConfig
 from keras_attn.models.bert.bert_config import get_bert_config
@@ -235,7 +235,7 @@ class BertBackbone(GuardedModel, ConfigModel, keras.Model):
     Concrete inputs are checked (`ValueError` for a token or segment id out
     of range, a `padding_mask` that is not boolean or 0/1, a length past
     `max_sequence_length`); inside a compiled step, where nothing can raise,
-    such ids give NaN outputs instead (see `keras_attn._guard`).
+    such ids give NaN outputs instead (see `keras_attn.models._guarded`).
 
     Example:
 

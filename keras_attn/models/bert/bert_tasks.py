@@ -46,7 +46,7 @@ def _sparse_ce(**kwargs):
 
 class _BertTask(BackboneTask):
     """The task models' shared base (`BackboneTask`), with class labels.
-    Inputs and labels are checked as `keras_attn._guard.GuardedModel`
+    Inputs and labels are checked as `keras_attn.models._guarded.GuardedModel`
     says."""
 
     def label_specs(self):

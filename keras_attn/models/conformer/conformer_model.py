@@ -23,7 +23,6 @@ import numpy as np
 from keras import ops
 
 from keras_attn._keras_compat import SpecFromCall
-from keras_attn._guard import GuardedModel
 from keras_attn._guard import IdSpec
 from keras_attn._guard import check_ids
 from keras_attn._guard import concrete_value
@@ -34,6 +33,7 @@ from keras_attn._checks import check_static_shape
 from keras_attn.ops.masking import integer_ids
 from keras_attn.ops.masking import checked_positions
 from keras_attn.ops.masking import nan_where
+from keras_attn.models._guarded import GuardedModel
 from keras_attn.models._packing import any_invalid
 from keras_attn.models._packing import packed_inputs
 from keras_attn.models._packing import refused

@@ -21,7 +21,6 @@ import keras
 import numpy as np  # noqa: F401  (the doctests use it)
 from keras import ops
 
-from keras_attn._guard import GuardedModel
 from keras_attn._guard import IdSpec
 from keras_attn._guard import MaskSpec
 from keras_attn._remat import remat_scope
@@ -31,6 +30,7 @@ from keras_attn.ops.masking import nan_where
 from keras_attn.layers.transformer_block import TransformerBlock
 from keras_attn.models._config import ConfigModel
 from keras_attn.models._config import config_arguments
+from keras_attn.models._guarded import GuardedModel
 from keras_attn.models.bert.bert_backbone import PACKED_INPUT_NAMES
 from keras_attn.models.bert.bert_backbone import packed_inputs
 from keras_attn.models.modernbert.modernbert_config import DEFAULT_PRESET

@@ -35,11 +35,11 @@ import numpy as np
 from keras import ops
 
 from keras_attn._clone import for_sublayer
-from keras_attn._guard import GuardedModel
 from keras_attn._guard import IdSpec
 from keras_attn._guard import concrete_value
 from keras_attn.models._config import ConfigModel
 from keras_attn.models._config import config_arguments
+from keras_attn.models._guarded import GuardedModel
 from keras_attn.models._packing import any_invalid
 from keras_attn.models._packing import packed_inputs
 from keras_attn.models._packing import refused
@@ -205,7 +205,7 @@ class Transformer(GuardedModel, ConfigModel, keras.Model):
     Concrete inputs and labels are checked (`ValueError` for an id outside
     the vocabulary, a length past `max_sequence_length` with learned
     positions); inside a compiled step such ids give NaN outputs and a NaN
-    loss, and the step is skipped (see `keras_attn._guard`). The arguments are the fields of `TransformerConfig`; prefer
+    loss, and the step is skipped (see `keras_attn.models._guarded`). The arguments are the fields of `TransformerConfig`; prefer
     `build_transformer("transformer_base", ...)`.
 
     Packed rows (docs/packing.md): call the model on a dict of

@@ -24,7 +24,6 @@ import keras
 from keras import ops
 
 from keras_attn._checks import check_class_names
-from keras_attn._guard import GuardedModel
 from keras_attn._guard import IdSpec
 from keras_attn.models._config import ConfigModel
 from keras_attn.models._config import config_arguments
@@ -32,6 +31,7 @@ from keras_attn._remat import remat_scope
 from keras_attn.layers.class_token import ClassToken
 from keras_attn.layers.position_embedding import PositionEmbedding
 from keras_attn.layers.transformer_block import TransformerBlock
+from keras_attn.models._guarded import GuardedModel
 from keras_attn.models.vit.vit_config import PIXEL_STATISTICS
 from keras_attn.models.vit.vit_config import ViTConfig
 from keras_attn.models.vit.vit_config import get_vit_config

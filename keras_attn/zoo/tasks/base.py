@@ -20,7 +20,7 @@ import warnings
 import numpy as np
 
 from keras_attn.zoo import schema
-from keras_attn_base.quiet_tensorflow import traced_as_written
+from keras_attn._base.quiet_tensorflow import traced_as_written
 
 def warmup_steps(schedule, total_steps):
     """The schedule's warmup in steps (a value below 1 is a fraction of

@@ -19,7 +19,7 @@ from keras_attn.zoo.schema import field
 from keras_attn.zoo.tasks.base import Task
 from keras_attn.zoo.tasks.base import batch_count
 from keras_attn.zoo.tasks.base import process_positions
-from keras_attn_base.quiet_tensorflow import traced_as_written
+from keras_attn._base.quiet_tensorflow import traced_as_written
 
 _SHARE = dict(ge=0, le=0.99)
 

@@ -53,7 +53,7 @@ from keras_attn.zoo.schema import field
 from keras_attn.zoo.tasks._bert_text import TextFamilyTask
 from keras_attn.zoo.tasks.base import batch_count
 from keras_attn.zoo.tasks.base import process_positions
-from keras_attn_base.quiet_tensorflow import traced_as_written
+from keras_attn._base.quiet_tensorflow import traced_as_written
 
 # The pretrainer's NSP slots per row when nothing is packed (its default).
 UNPACKED_MAX_SEGMENTS = 8

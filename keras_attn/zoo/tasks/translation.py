@@ -24,7 +24,7 @@ from keras_attn.zoo.schema import field
 from keras_attn.zoo.tasks.base import Task
 from keras_attn.zoo.tasks.base import batch_count
 from keras_attn.zoo.tasks.base import in_memory_rows_fn
-from keras_attn_base.quiet_tensorflow import traced_as_written
+from keras_attn._base.quiet_tensorflow import traced_as_written
 
 # The embedded numbers are a permutation of 1..max_number held in memory
 # (8 bytes each): 10**7 is 80 MB.

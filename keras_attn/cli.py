@@ -11,7 +11,7 @@ keras-attn transcribe RUN_DIR AUDIO.wav [--streaming [--chunk-ms N]]
 keras-attn list [--family F]
 ```
 
-It only parses arguments (declared in `keras_attn_base.command_line`) and
+It only parses arguments (declared in `keras_attn._base.command_line`) and
 prints: each command is a call of
 `keras_attn.zoo` (`train`, `prepare`, `evaluate`, `export`, `list_recipes`),
 whose docstrings say what it does (resuming a killed run, refusing a
@@ -21,11 +21,12 @@ nothing of this module: its errors name Python arguments (`output`), which
 `in_flags` names as given here (`--output`). An error prints its message
 and exits with status 2 (KERAS_ATTN_TRACEBACK=1 shows the traceback).
 
-Outside the `keras_attn` package because `import keras_attn` imports Keras
-(it registers every saved class for `keras.saving.load_model`), a few
-seconds, which `--help`, `list` and argument errors do not need: this module
-imports `keras_attn_base` (the library's Keras-free part) at once and
-`keras_attn` only in the commands that need it.
+`--help`, `list` and argument errors need no Keras: this module imports
+`keras_attn._base` (the library's Keras-free part) at once (the package's
+`__init__` loads no Keras either) and the rest of `keras_attn` only in the
+commands that need it. The library never imports this module
+(`tests/test_imports.py`); it was the top-level `keras_attn_cli` while
+`import keras_attn` imported Keras.
 """
 
 import json
@@ -33,15 +34,15 @@ import os
 import re
 import sys
 
-from keras_attn_base import command_line
-from keras_attn_base.quiet_tensorflow import import_tensorflow_quietly
-from keras_attn_base.recipe_check import check_recipe_early
-from keras_attn_base.zoo_files import CURVES
-from keras_attn_base.zoo_files import MODEL
-from keras_attn_base.zoo_files import RESULTS
-from keras_attn_base.zoo_files import SAVED_MODEL
-from keras_attn_base.zoo_files import list_recipes
-from keras_attn_base.zoo_files import models_directory
+from keras_attn._base import command_line
+from keras_attn._base.quiet_tensorflow import import_tensorflow_quietly
+from keras_attn._base.recipe_check import check_recipe_early
+from keras_attn._base.zoo_files import CURVES
+from keras_attn._base.zoo_files import MODEL
+from keras_attn._base.zoo_files import RESULTS
+from keras_attn._base.zoo_files import SAVED_MODEL
+from keras_attn._base.zoo_files import list_recipes
+from keras_attn._base.zoo_files import models_directory
 
 
 def in_flags(message, flags):
@@ -182,7 +183,7 @@ def list_command(args):
 
 
 def build_parser():
-    """The parser of every subcommand (declared in keras_attn_base.command_line)."""
+    """The parser of every subcommand (declared in keras_attn._base.command_line)."""
     return command_line.build_parser({"train": train, "prepare": prepare, "evaluate": evaluate,
                                       "export": export, "transcribe": transcribe,
                                       "list": list_command})

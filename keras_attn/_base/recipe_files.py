@@ -1,14 +1,14 @@
 """Reading a recipe file and applying `--set` overrides: the part of the
 recipe machinery that needs neither Keras nor pydantic, shared by
 `keras_attn.zoo.recipe` (which validates completely) and the command line's
-early check (`keras_attn_base.recipe_check`, before Keras is imported)."""
+early check (`keras_attn._base.recipe_check`, before Keras is imported)."""
 
 import copy
 import json
 import math
 import os
 
-from keras_attn_base.errors import RecipeError
+from keras_attn._base.errors import RecipeError
 
 
 def key_error(key, expectation, value):

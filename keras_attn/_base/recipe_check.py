@@ -18,11 +18,11 @@ import importlib.util
 import json
 import os
 
-from keras_attn_base.errors import RecipeError
-from keras_attn_base.recipe_files import apply_overrides
-from keras_attn_base.recipe_files import read_recipe_file
-from keras_attn_base.zoo_files import locate_recipe
-from keras_attn_base.zoo_files import models_directory
+from keras_attn._base.errors import RecipeError
+from keras_attn._base.recipe_files import apply_overrides
+from keras_attn._base.recipe_files import read_recipe_file
+from keras_attn._base.zoo_files import locate_recipe
+from keras_attn._base.zoo_files import models_directory
 
 SCHEMA_FILE = "recipe.schema.json"
 

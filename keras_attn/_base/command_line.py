@@ -2,7 +2,7 @@
 
 `build_parser(handlers)` returns the argparse parser of every subcommand;
 `handlers` maps each subcommand's name to the function the launcher
-(`keras_attn_cli`) runs for it. Declared here, apart from the launcher's
+(`keras_attn.cli`) runs for it. Declared here, apart from the launcher's
 parsing-and-printing code, so that the launcher stays short as commands are
 added, and so that `--help` and argument errors answer with the standard
 library only. Each subcommand's parser records `flags` (argument name ->
@@ -13,7 +13,7 @@ arguments by their flags.
 import argparse
 import re
 
-from keras_attn_base.zoo_files import recipe_families
+from keras_attn._base.zoo_files import recipe_families
 
 
 # One flag for the streaming mode of every command (`export`, `transcribe`);

@@ -1,6 +1,6 @@
 """The exception classes of keras_attn, documented (and re-exported) in
 `keras_attn.errors`; defined here, without Keras, so that the command line's
-early recipe check (`keras_attn_base.recipe_check`) raises the same classes.
+early recipe check (`keras_attn._base.recipe_check`) raises the same classes.
 """
 
 
