@@ -3,10 +3,12 @@
 ```
 images (B, H, W, C) uint8 or float pixels in [0, 255]
  -> Rescaling to [-1, 1] (or ImageNet stats)   "rescaling"
+ -> P divides H and W (any-size models only)   "patch_size_check"
  -> Conv2D P x P, stride P                     "patch_embedding"   (B, H/P, W/P, D)
  -> Reshape                                    "patch_flatten"     (B, T, D)
  -> prepend [CLS] (pooling != "gap")           "class_token"       (B, 1 + T, D)
  -> + learned positions                        "position_embedding"
+    (the grid resampled to H/P x W/P with `position_interpolation`)
  -> R registers after [CLS] (R > 0)            "register_tokens"   (B, 1 + R + T, D)
  -> Dropout                                    "embedding_dropout"
  -> L x pre-norm TransformerBlock (GELU)       "transformer_block_{i}"
@@ -35,6 +37,8 @@ from keras_attn.models.vit.vit_config import PIXEL_STATISTICS
 from keras_attn.models.vit.vit_config import ViTConfig
 from keras_attn.models.vit.vit_config import get_vit_config
 from keras_attn.models.vit.vit_config import DEFAULT_PRESET
+from keras_attn.models.vit.vit_positions import InterpolatedPositionEmbedding
+from keras_attn.models.vit.vit_positions import PatchSizeCheck
 
 
 class _Pooling(keras.layers.Layer):
@@ -136,6 +140,7 @@ class ViT(GuardedModel, ConfigModel, keras.Model):
     def __init__(self, config, dtype=None, **kwargs):
         grid, width = config.grid_size, config.hidden_dim
         num_tokens = config.num_patches + (0 if config.pooling == "gap" else 1)
+        any_size = config.position_interpolation is not None
 
         # === Layers ===
         if config.pixel_normalization == "half":
@@ -157,15 +162,26 @@ class ViT(GuardedModel, ConfigModel, keras.Model):
             name="patch_embedding",
         )
         patch_flatten = keras.layers.Reshape(
-            (grid * grid, width), dtype=dtype, name="patch_flatten"
+            (-1 if any_size else grid * grid, width), dtype=dtype, name="patch_flatten"
         )
         class_token = ClassToken(dtype=dtype, name="class_token")
-        position_embedding = PositionEmbedding(
-            num_tokens,
-            initializer=keras.initializers.RandomNormal(stddev=0.02),
-            dtype=dtype,
-            name="position_embedding",
-        )
+        position_initializer = keras.initializers.RandomNormal(stddev=0.02)
+        if any_size:
+            # The same table (name, shape, initializer) resampled to each
+            # input's patch grid: the weights are those of the fixed size.
+            position_embedding = InterpolatedPositionEmbedding(
+                grid,
+                num_tokens - config.num_patches,
+                config.position_interpolation,
+                initializer=position_initializer,
+                dtype=dtype,
+                name="position_embedding",
+            )
+        else:
+            position_embedding = PositionEmbedding(
+                num_tokens, initializer=position_initializer, dtype=dtype,
+                name="position_embedding",
+            )
         add_positions = keras.layers.Add(dtype=dtype, name="add_position_embedding")
         embedding_dropout = keras.layers.Dropout(
             config.dropout, dtype=dtype, name="embedding_dropout"
@@ -197,15 +213,21 @@ class ViT(GuardedModel, ConfigModel, keras.Model):
         # === Functional Model ===
         # Any dtype is accepted and cast to float by the rescaling layer; the
         # declared float32 keeps uint8 pixels exact.
-        images = keras.Input(
-            shape=(config.image_size, config.image_size, config.num_channels), name="images"
-        )
+        # With `position_interpolation`, the height and width are free (None):
+        # one model, like transformers' ViT with `interpolate_pos_encoding=True`
+        # and its DINOv2, takes every size at inference, and trains at the
+        # native size as the fixed-size model does (see docs/vit.md).
+        side = None if any_size else config.image_size
+        images = keras.Input(shape=(side, side, config.num_channels), name="images")
         x = rescaling(images)
-        x = patch_embedding(x)  # (B, H/P, W/P, D)
-        x = patch_flatten(x)  # (B, T, D), T = (H/P) * (W/P)
+        if any_size:
+            x = PatchSizeCheck(config.patch_size, dtype=dtype, name="patch_size_check")(x)
+        grid_tokens = patch_embedding(x)  # (B, H/P, W/P, D)
+        x = patch_flatten(grid_tokens)  # (B, T, D), T = (H/P) * (W/P)
         if config.pooling != "gap":
             x = class_token(x)  # (B, 1 + T, D)
-        x = add_positions([x, position_embedding(x)])
+        positions = position_embedding(grid_tokens if any_size else x)  # (B, 1 + T, D)
+        x = add_positions([x, positions])
         if config.num_register_tokens:
             x = _RegisterTokens(config.num_register_tokens, dtype=dtype,
                                 name="register_tokens")(x)  # (B, 1 + R + T, D)
