@@ -11,7 +11,9 @@ equals it (the last hidden state before pooling is the output of the layer
 `final_layer_norm`).
 
 transformers interpolates the position grid to every input size on the fly
-(bicubic, antialiased); the Keras model has one input size, and
+(bicubic, antialiased); `load_hf_dinov2(path, interpolate_pos_encoding=True)`
+gives the Keras model that does the same (`position_interpolation=
+"bicubic_antialias"`). By default the Keras model has one input size, and
 `resize_vit(model, size, interpolation="bicubic_antialias")` (or
 `load_hf_dinov2(path, image_size=size)`) makes the model of another size
 with the same interpolated table.
@@ -29,6 +31,7 @@ import dataclasses
 import json
 import os
 
+from keras_attn._checks import check_bool
 from keras_attn.convert._checkpoint import Entry
 from keras_attn.convert._checkpoint import Tensors
 from keras_attn.convert._checkpoint import config_float
@@ -150,7 +153,8 @@ def _layout(model, prefix):
     return entries
 
 
-def load_hf_dinov2(path, include_classifier=True, image_size=None):
+def load_hf_dinov2(path, include_classifier=True, image_size=None,
+                   interpolate_pos_encoding=False):
     """Builds a DINOv2-with-registers `ViT` and loads a Hugging Face
     directory's weights.
 
@@ -168,6 +172,13 @@ def load_hf_dinov2(path, include_classifier=True, image_size=None):
             size of the model returned, its position grid resampled as
             transformers does for that size (`resize_vit`,
             `"bicubic_antialias"`).
+        interpolate_pos_encoding: True: the model takes images of any height
+            and width the patch size divides, as transformers' DINOv2 does,
+            its position grid resampled to each input's as transformers does
+            (`position_interpolation="bicubic_antialias"`). False (the
+            default): one input size, the checkpoint's or `image_size`, which
+            keeps the input shape static (for exports). Not with
+            `image_size`.
 
     Returns:
         The Keras `ViT`.
@@ -177,6 +188,12 @@ def load_hf_dinov2(path, include_classifier=True, image_size=None):
             over, or a config option the model does not compute (nothing is
             assigned then).
     """
+    check_bool("interpolate_pos_encoding", interpolate_pos_encoding)
+    if interpolate_pos_encoding and image_size is not None:
+        raise ValueError(
+            "Invalid value for argument `image_size`: a model that interpolates its "
+            "position grid to every input takes every size; give one of the two. "
+            f"Received: image_size={image_size!r}, interpolate_pos_encoding=True")
     hf_config = read_config(path)
     raw = read_safetensors(path)
     prefix = _PREFIX if any(k.startswith(_PREFIX) for k in raw) else ""
@@ -184,6 +201,8 @@ def load_hf_dinov2(path, include_classifier=True, image_size=None):
     num_classes = raw["classifier.weight"].shape[0] if has_head else None
     config = dataclasses.replace(dinov2_config_from_hf(hf_config, num_classes),
                                  pixel_normalization=_pixel_normalization(path))
+    if interpolate_pos_encoding:
+        config = dataclasses.replace(config, position_interpolation="bicubic_antialias")
     model = build_vit(config)
     tensors = Tensors(raw, path)
     plan = read_entries(_layout(model, prefix), tensors, model)  # before any assignment

@@ -19,6 +19,7 @@ warning); a malformed file is a `ValueError` naming the file and the key.
 import dataclasses
 import warnings
 
+from keras_attn._checks import check_bool
 from keras_attn._keras_compat import sublayers
 from keras_attn.convert._checkpoint import Entry
 from keras_attn.convert._checkpoint import Tensors
@@ -144,7 +145,7 @@ def _layout(model, prefix):
     return entries
 
 
-def load_hf_vit(path, include_classifier=True):
+def load_hf_vit(path, include_classifier=True, interpolate_pos_encoding=False):
     """Builds a `ViT` and loads the weights of a Hugging Face ViT directory.
 
     Args:
@@ -155,11 +156,20 @@ def load_hf_vit(path, include_classifier=True):
             without a head (`ViTModel`), gives the backbone (`(B, D)` out).
             The `ViTModel` pooler (a tanh Dense that ViT classification does
             not use) is never loaded.
+        interpolate_pos_encoding: False: the model takes the checkpoint's
+            `image_size` only. True: it takes images of any height and width
+            the patch size divides, its position grid resampled to each, and
+            equals transformers' `model(pixel_values,
+            interpolate_pos_encoding=True)` (`position_interpolation=
+            "bicubic"`); the weights are the same.
 
     Returns:
         The Keras `ViT`.
     """
+    check_bool("interpolate_pos_encoding", interpolate_pos_encoding)
     config = vit_config_from_hf(read_config(path))
+    if interpolate_pos_encoding:
+        config = dataclasses.replace(config, position_interpolation="bicubic")
     raw = read_safetensors(path)
     # ViTForImageClassification prefixes the backbone with "vit.".
     prefix = "vit." if any(k.startswith("vit.") for k in raw) else ""
