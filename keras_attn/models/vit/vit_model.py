@@ -37,8 +37,8 @@ from keras_attn.models.vit.vit_config import PIXEL_STATISTICS
 from keras_attn.models.vit.vit_config import ViTConfig
 from keras_attn.models.vit.vit_config import get_vit_config
 from keras_attn.models.vit.vit_config import DEFAULT_PRESET
-from keras_attn.models.vit.vit_positions import InterpolatedPositionEmbedding
-from keras_attn.models.vit.vit_positions import PatchSizeCheck
+from keras_attn.models.vit.vit_positions import _InterpolatedPositionEmbedding
+from keras_attn.models.vit.vit_positions import _PatchSizeCheck
 
 
 class _Pooling(keras.layers.Layer):
@@ -169,7 +169,7 @@ class ViT(GuardedModel, ConfigModel, keras.Model):
         if any_size:
             # The same table (name, shape, initializer) resampled to each
             # input's patch grid: the weights are those of the fixed size.
-            position_embedding = InterpolatedPositionEmbedding(
+            position_embedding = _InterpolatedPositionEmbedding(
                 grid,
                 num_tokens - config.num_patches,
                 config.position_interpolation,
@@ -221,7 +221,7 @@ class ViT(GuardedModel, ConfigModel, keras.Model):
         images = keras.Input(shape=(side, side, config.num_channels), name="images")
         x = rescaling(images)
         if any_size:
-            x = PatchSizeCheck(config.patch_size, dtype=dtype, name="patch_size_check")(x)
+            x = _PatchSizeCheck(config.patch_size, dtype=dtype, name="patch_size_check")(x)
         grid_tokens = patch_embedding(x)  # (B, H/P, W/P, D)
         x = patch_flatten(grid_tokens)  # (B, T, D), T = (H/P) * (W/P)
         if config.pooling != "gap":

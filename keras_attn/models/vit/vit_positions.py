@@ -84,7 +84,7 @@ def resample_grid(grid, height, width, interpolation):
     return ops.einsum("jw,iwd->ijd", columns, grid)  # (h, w, D)
 
 
-class InterpolatedPositionEmbedding(keras.layers.Layer):
+class _InterpolatedPositionEmbedding(keras.layers.Layer):
     """The ViT's learned `(num_prefix_tokens + g * g, D)` position table,
     its patch rows resampled to the patch grid of each input.
 
@@ -162,7 +162,7 @@ class InterpolatedPositionEmbedding(keras.layers.Layer):
         return config
 
 
-class PatchSizeCheck(keras.layers.Layer):
+class _PatchSizeCheck(keras.layers.Layer):
     """Passes images whose height and width are whole multiples of the patch
     size, and refuses the others: a `ValueError` naming `images` when the
     size is known while tracing (eager calls, `jax.jit`, torch); NaN outputs
@@ -170,7 +170,7 @@ class PatchSizeCheck(keras.layers.Layer):
     raised. transformers' patch convolution would drop the pixels past the
     last whole patch without a word.
 
-    Private to the ViT, as `InterpolatedPositionEmbedding`.
+    Private to the ViT, as `_InterpolatedPositionEmbedding`.
     """
 
     def __init__(self, patch_size, **kwargs):
