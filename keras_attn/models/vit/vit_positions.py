@@ -1,6 +1,6 @@
-"""ViT position embeddings for images of any size: the `(g, g, D)` grid of
-learned patch positions resampled to the input's patch grid on every call,
-as transformers' `interpolate_pos_encoding` does.
+"""The resampling of a ViT's `(g, g, D)` grid of learned patch positions to
+another patch grid, as transformers' `interpolate_pos_encoding` does (the ViT
+of any input size calls it on every input: vit_model.py).
 
 torch's bicubic (`F.interpolate(mode="bicubic", align_corners=False)`, what
 transformers' ViT uses) is cubic convolution with a = -0.75 and border
@@ -13,9 +13,6 @@ order of torch's CPU kernel: equal to torch's to float32 rounding on every
 backend.
 """
 
-import numbers
-
-import keras
 from keras import ops
 
 
@@ -82,119 +79,3 @@ def resample_grid(grid, height, width, interpolation):
     columns = resampling_matrix(grid_size, width, interpolation)  # (w, g)
     grid = ops.einsum("ih,hwd->iwd", rows, ops.cast(grid, "float32"))  # (h, g, D)
     return ops.einsum("jw,iwd->ijd", columns, grid)  # (h, w, D)
-
-
-class _InterpolatedPositionEmbedding(keras.layers.Layer):
-    """The ViT's learned `(num_prefix_tokens + g * g, D)` position table,
-    its patch rows resampled to the patch grid of each input.
-
-    The table is the one `PositionEmbedding` holds (same weight name and
-    shape), so the weights, checkpoints and parameter count are those of the
-    fixed-size ViT; at the native `g x g` grid it returns the table as it is.
-    The prefix row ([CLS]) has no place on the grid and is kept.
-
-    Private to the ViT: only `ViT` builds it, from its config.
-
-    Args:
-        grid_size: g, the patches per side the table was trained for.
-        num_prefix_tokens: 1 with a [CLS] token, 0 without.
-        interpolation: `"bicubic"` or `"bicubic_antialias"`.
-        initializer: initializer of the table.
-
-    Call arguments:
-        inputs: the patch embeddings `(B, h, w, D)`.
-
-    Returns:
-        `(B, num_prefix_tokens + h * w, D)`, to add to the flattened patches
-        (with [CLS] first).
-    """
-
-    def __init__(self, grid_size, num_prefix_tokens, interpolation, initializer="zeros",
-                 **kwargs):
-        super().__init__(**kwargs)
-        self.grid_size = grid_size
-        self.num_prefix_tokens = num_prefix_tokens
-        self.interpolation = interpolation
-        self.initializer = keras.initializers.get(initializer)
-
-    def build(self, inputs_shape):
-        self.position_embeddings = self.add_weight(
-            name="embeddings",
-            shape=(self.num_prefix_tokens + self.grid_size**2, inputs_shape[-1]),
-            initializer=self.initializer,
-            trainable=True,
-        )
-        self.built = True
-
-    @property
-    def max_sequence_length(self):
-        """The rows of the table (`PositionEmbedding`'s name for it)."""
-        return self.num_prefix_tokens + self.grid_size**2
-
-    def call(self, inputs):
-        batch, height, width, dim = ops.shape(inputs)
-        table = self.position_embeddings
-        native = all(isinstance(n, numbers.Integral) and n == self.grid_size
-                     for n in (height, width))
-        if not native:
-            g, prefix = self.grid_size, self.num_prefix_tokens
-            grid = ops.reshape(table[prefix:], (g, g, dim))
-            grid = resample_grid(grid, height, width, self.interpolation)  # (h, w, D)
-            grid = ops.reshape(ops.cast(grid, table.dtype), (-1, dim))  # (h * w, D)
-            table = ops.concatenate([table[:prefix], grid], axis=0)
-        table = ops.cast(table, self.compute_dtype)[None]  # (1, prefix + h * w, D)
-        return ops.broadcast_to(table, (batch, ops.shape(table)[1], dim))
-
-    def compute_output_shape(self, inputs_shape):
-        batch, height, width, dim = inputs_shape
-        length = None if height is None or width is None else height * width
-        length = None if length is None else self.num_prefix_tokens + length
-        return (batch, length, dim)
-
-    def get_config(self):
-        config = super().get_config()
-        config.update({
-            "grid_size": self.grid_size,
-            "num_prefix_tokens": self.num_prefix_tokens,
-            "interpolation": self.interpolation,
-            "initializer": keras.initializers.serialize(self.initializer),
-        })
-        return config
-
-
-class _PatchSizeCheck(keras.layers.Layer):
-    """Passes images whose height and width are whole multiples of the patch
-    size, and refuses the others: a `ValueError` naming `images` when the
-    size is known while tracing (eager calls, `jax.jit`, torch); NaN outputs
-    when only a TensorFlow graph knows it at run time, where no error can be
-    raised. transformers' patch convolution would drop the pixels past the
-    last whole patch without a word.
-
-    Private to the ViT, as `_InterpolatedPositionEmbedding`.
-    """
-
-    def __init__(self, patch_size, **kwargs):
-        super().__init__(**kwargs)
-        self.patch_size = patch_size
-
-    def call(self, inputs):
-        shape = ops.shape(inputs)
-        height, width, p = shape[1], shape[2], self.patch_size
-        if isinstance(height, numbers.Integral) and isinstance(width, numbers.Integral):
-            if height % p or width % p or not (height and width):
-                raise ValueError(
-                    f"Invalid value for argument `images`: the patch size {p} must divide "
-                    "the height and width of the images (the model cuts whole patches). "
-                    f"Received: images.shape={tuple(inputs.shape)}")
-            return inputs
-        fits = ops.logical_and(ops.equal(height % p, 0), ops.equal(width % p, 0))
-        fits = ops.logical_and(fits, ops.greater(height * width, 0))
-        return ops.where(fits, inputs, ops.full_like(inputs, float("nan")))
-
-    def compute_output_shape(self, inputs_shape):
-        return tuple(inputs_shape)
-
-    def get_config(self):
-        config = super().get_config()
-        config["patch_size"] = self.patch_size
-        return config
