@@ -14,7 +14,9 @@ equals it for images of the processor's crop size, the model's input size
 size are prepared as the processor's `size` / `resample` / `crop_size` say.
 
 transformers interpolates the position grid to every input size on the fly
-(bicubic, antialiased); the Keras model has one input size, and
+(bicubic, antialiased); `load_hf_dinov2(path, interpolate_pos_encoding=True)`
+gives the Keras model that does the same (`position_interpolation=
+"bicubic_antialias"`). By default the Keras model has one input size, and
 `resize_vit(model, size, interpolation="bicubic_antialias")` (or
 `load_hf_dinov2(path, image_size=size)`) makes the model of another size
 with the same interpolated table.
@@ -32,6 +34,7 @@ the Keras model does not have; a checkpoint that asks for it loads without it
 import dataclasses
 import os
 
+from keras_attn._checks import check_bool
 from keras_attn.convert._checkpoint import Entry
 from keras_attn.convert._checkpoint import Tensors
 from keras_attn.convert._checkpoint import config_float
@@ -135,7 +138,8 @@ def _layout(model, prefix):
     return entries
 
 
-def load_hf_dinov2(path, include_classifier=True, image_size=None):
+def load_hf_dinov2(path, include_classifier=True, image_size=None,
+                   interpolate_pos_encoding=False):
     """Builds a DINOv2-with-registers `ViT` and loads a Hugging Face
     directory's weights.
 
@@ -159,6 +163,13 @@ def load_hf_dinov2(path, include_classifier=True, image_size=None):
             size of the model returned, its position grid resampled as
             transformers does for that size (`resize_vit`,
             `"bicubic_antialias"`).
+        interpolate_pos_encoding: True: the model takes images of any height
+            and width the patch size divides, as transformers' DINOv2 does,
+            its position grid resampled to each input's as transformers does
+            (`position_interpolation="bicubic_antialias"`). False (the
+            default): one input size, the checkpoint's or `image_size`, which
+            keeps the input shape static (for exports). Not with
+            `image_size`.
 
     Returns:
         The Keras `ViT`.
@@ -168,6 +179,12 @@ def load_hf_dinov2(path, include_classifier=True, image_size=None):
             over, or a config option the model does not compute (nothing is
             assigned then).
     """
+    check_bool("interpolate_pos_encoding", interpolate_pos_encoding)
+    if interpolate_pos_encoding and image_size is not None:
+        raise ValueError(
+            "Invalid value for argument `image_size`: a model that interpolates its "
+            "position grid to every input takes every size; give one of the two. "
+            f"Received: image_size={image_size!r}, interpolate_pos_encoding=True")
     hf_config = read_config(path)
     processing = read_image_processor(path, config_int(hf_config, "num_channels", _FILE, 3),
                                       "BitImageProcessor", "imagenet")
@@ -180,12 +197,14 @@ def load_hf_dinov2(path, include_classifier=True, image_size=None):
         _, class_names = hf_class_names(hf_config, os.path.join(path, _FILE), num_classes)
     config = dinov2_config_from_hf(hf_config, num_classes)
     config = dataclasses.replace(config, **processing.fields)
-    if image_size is None:
-        image_size = processing.size
+    if image_size is None and not interpolate_pos_encoding:
+        image_size = processing.size  # an any-size model keeps the checkpoint's grid
     swiglu = config.feed_forward == "swiglu"
     check_vit_sizes(config, raw, path, prefix,
                     ("mlp_ratio", hf_config.get("mlp_ratio", 4),
                      "mlp.weights_out.weight" if swiglu else "mlp.fc2.weight", 1))
+    if interpolate_pos_encoding:
+        config = dataclasses.replace(config, position_interpolation="bicubic_antialias")
     model = ViT(**dataclasses.asdict(config), class_names=class_names)
     tensors = Tensors(raw, path)
     plan = read_entries(_layout(model, prefix), tensors, model)  # before any assignment

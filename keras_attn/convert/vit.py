@@ -25,6 +25,7 @@ import dataclasses
 import os
 import warnings
 
+from keras_attn._checks import check_bool
 from keras_attn._keras_compat import sublayers
 from keras_attn.convert._checkpoint import Entry
 from keras_attn.convert._checkpoint import Tensors
@@ -178,7 +179,7 @@ def _layout(model, prefix):
     return entries
 
 
-def load_hf_vit(path, include_classifier=True):
+def load_hf_vit(path, include_classifier=True, interpolate_pos_encoding=False):
     """Builds a `ViT` and loads the weights of a Hugging Face ViT directory.
 
     Args:
@@ -194,6 +195,12 @@ def load_hf_vit(path, include_classifier=True):
             (`(B, D)` out).
             The `ViTModel` pooler (a tanh Dense that ViT classification does
             not use) is never loaded.
+        interpolate_pos_encoding: False: the model takes the checkpoint's
+            `image_size` only. True: it takes images of any height and width
+            the patch size divides, its position grid resampled to each, and
+            equals transformers' `model(pixel_values,
+            interpolate_pos_encoding=True)` (`position_interpolation=
+            "bicubic"`); the weights are the same.
 
     Returns:
         The Keras `ViT`.
@@ -204,11 +211,14 @@ def load_hf_vit(path, include_classifier=True):
             one per channel, an output size other than `image_size`), named
             by file, key and value.
     """
+    check_bool("interpolate_pos_encoding", interpolate_pos_encoding)
     hf_config = read_config(path)
     config = vit_config_from_hf(hf_config)
     processing = read_image_processor(path, config.num_channels, "ViTImageProcessor", "half")
     check_image_size(processing, config.image_size, "config.json image_size")
     config = dataclasses.replace(config, **processing.fields)
+    if interpolate_pos_encoding:
+        config = dataclasses.replace(config, position_interpolation="bicubic")
     raw = read_safetensors(path)
     # ViTForImageClassification prefixes the backbone with "vit.".
     prefix = "vit." if any(k.startswith("vit.") for k in raw) else ""

@@ -192,3 +192,36 @@ def test_an_image_processor_the_model_cannot_follow_is_refused(tmp_path):
         (tmp_path / "preprocessor_config.json").write_text(json.dumps(processor))
         with pytest.raises(ValueError, match=r"preprocessor_config.json: .*Received: " + received):
             load_hf_dinov2(str(tmp_path))
+
+
+@pytest.mark.parametrize("head", [False, True], ids=["model", "classifier"])
+def test_any_size_matches_transformers(tmp_path, head):
+    """`interpolate_pos_encoding=True`: every size the patch divides, the
+    position grid resampled as transformers' DINOv2 does (it always does)."""
+    import torch
+    import transformers
+    cls = (transformers.Dinov2WithRegistersForImageClassification if head
+           else transformers.Dinov2WithRegistersModel)
+    hf = hf_model(cls, **({"num_labels": 3} if head else {}))
+    hf.save_pretrained(tmp_path)
+    model = load_hf_dinov2(str(tmp_path), interpolate_pos_encoding=True)
+    assert model.vit_config.position_interpolation == "bicubic_antialias"
+    rng = np.random.default_rng(3)
+    # The native 4 x 4 grid of 4 x 4 patches, then 6 x 8 and 3 x 5 (antialiased).
+    for height, width in ((SIZE, SIZE), (24, 32), (12, 20)):
+        images = rng.integers(0, 256, (2, height, width, 3)).astype("uint8")
+        with torch.no_grad():
+            out = hf(pixel_values=hf_pixels(images))
+        if head:
+            np.testing.assert_allclose(to_numpy(model(images)), out.logits.numpy(), atol=1e-5)
+        else:
+            np.testing.assert_allclose(hidden_states(model, images),
+                                       out.last_hidden_state.numpy(), atol=1e-5)
+    with pytest.raises(ValueError, match=r"Received: images.shape=\(2, 18, 16, 3\)"):
+        model(rng.integers(0, 256, (2, 18, 16, 3)).astype("uint8"))
+
+
+@pytest.mark.backend_independent  # refused before any file is read
+def test_a_fixed_and_an_any_size_model_at_once_is_refused(tmp_path):
+    with pytest.raises(ValueError, match=r"Received: image_size=24, interpolate_pos_encoding=True"):
+        load_hf_dinov2(str(tmp_path), image_size=24, interpolate_pos_encoding=True)

@@ -173,3 +173,35 @@ def test_an_image_processor_the_model_cannot_follow_is_refused(tmp_path, fields,
     (tmp_path / "preprocessor_config.json").write_text(json.dumps(processor))
     with pytest.raises(ValueError, match=r"preprocessor_config.json: .*Received: " + received):
         load_hf_vit(str(tmp_path))
+
+
+@pytest.mark.parametrize("head", [False, True], ids=["ViTModel", "ViTForImageClassification"])
+def test_any_size_matches_interpolate_pos_encoding(tmp_path, head):
+    """`interpolate_pos_encoding=True`: one model for every size the patch
+    divides, as transformers' with `interpolate_pos_encoding=True`."""
+    import keras
+    import torch
+    import transformers
+    cls = transformers.ViTForImageClassification if head else transformers.ViTModel
+    hf = random_hf(cls, hf_config(num_labels=5) if head else hf_config())
+    hf.save_pretrained(tmp_path, safe_serialization=True)
+    model = load_hf_vit(str(tmp_path), interpolate_pos_encoding=True)
+    assert model.vit_config.position_interpolation == "bicubic"
+    out = model if head else keras.Model(model.input, model.get_layer("final_layer_norm").output)
+    rng = np.random.default_rng(2)
+    # The native 5 x 5 grid of 6 x 6 patches, then 7 x 9 and 3 x 5.
+    for height, width in ((30, 30), (42, 54), (18, 30)):
+        images = rng.integers(0, 256, (2, height, width, 2)).astype("uint8")
+        with torch.no_grad():
+            hf_out = hf(pixel_values=hf_inputs(images), interpolate_pos_encoding=True)
+        expected = (hf_out.logits if head else hf_out.last_hidden_state).numpy()
+        np.testing.assert_allclose(to_numpy(out(images)), expected, atol=1e-5)
+    with pytest.raises(ValueError, match=r"patch size 6 must divide .*"
+                                         r"Received: images.shape=\(2, 30, 32, 2\)"):
+        model(rng.integers(0, 256, (2, 30, 32, 2)).astype("uint8"))
+
+
+@pytest.mark.backend_independent
+def test_interpolate_pos_encoding_must_be_a_flag(tmp_path):
+    with pytest.raises(ValueError, match=r"Received: interpolate_pos_encoding='yes'"):
+        load_hf_vit(str(tmp_path), interpolate_pos_encoding="yes")

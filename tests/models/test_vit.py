@@ -25,9 +25,9 @@ def tiny(**overrides):
     return build_vit(ViTConfig(**{**TINY, **overrides}))
 
 
-def images(batch=2, size=32, channels=3, dtype="uint8", seed=0):
+def images(batch=2, size=32, channels=3, dtype="uint8", seed=0, width=None):
     rng = np.random.default_rng(seed)
-    return rng.integers(0, 256, (batch, size, size, channels)).astype(dtype)
+    return rng.integers(0, 256, (batch, size, width or size, channels)).astype(dtype)
 
 
 def test_the_tiny_classifier_passes_the_model_harness(tmp_path):
@@ -279,10 +279,13 @@ DINO = dict(num_register_tokens=3, layer_scale_init=0.5, feed_forward="swiglu",
 
 
 def test_dinov2_options_pass_the_model_harness(tmp_path):
+    # At any input size, as transformers' DINOv2 (the harness runs it at its
+    # native size: config, .keras file, batching, mixed precision, a fit step).
+    options = {**DINO, "position_interpolation": "bicubic_antialias"}
     family = FAMILIES["vit"]
-    x, y = family.batch(size=3, **DINO)
-    run_model_test(lambda: family.build(**DINO), x, y, crop=family.crop,
-                   tmp_path=tmp_path, expected_config=dataclasses.asdict(family.config(**DINO)))
+    x, y = family.batch(size=3, **options)
+    run_model_test(lambda: family.build(**options), x, y, crop=family.crop,
+                   tmp_path=tmp_path, expected_config=dataclasses.asdict(family.config(**options)))
 
 
 def test_registers_follow_the_class_token_without_positions():
@@ -354,3 +357,92 @@ def test_antialiased_bicubic_interpolation_keeps_constants_and_the_same_size():
         assert got.shape == (1 + new * new, 4)
         np.testing.assert_allclose(got[0], 7.0)
         np.testing.assert_allclose(got[1:], 2.0, atol=1e-6)
+
+
+# === Any input size: the position grid resampled to each input's, as transformers ===
+
+
+def torch_resized(grid, height, width, interpolation):
+    """transformers' resampling of a `(g, g, D)` position grid: torch's
+    bicubic (ViT) or antialiased bicubic (DINOv2) on `(1, D, g, g)`."""
+    import torch
+    out = torch.nn.functional.interpolate(
+        torch.from_numpy(grid).permute(2, 0, 1)[None], size=(height, width), mode="bicubic",
+        align_corners=False, antialias=interpolation == "bicubic_antialias")
+    return out[0].permute(1, 2, 0).numpy()
+
+
+@pytest.mark.parametrize("interpolation", ["bicubic", "bicubic_antialias"])
+def test_position_grid_resampling_equals_torchs(interpolation):
+    from keras_attn.models.vit.vit_positions import resample_grid
+    grid = np.random.default_rng(2).normal(size=(4, 4, 3)).astype("float32")
+    for height, width in ((6, 8), (3, 2), (9, 4), (4, 4)):  # larger, smaller, both, same
+        np.testing.assert_allclose(to_numpy(resample_grid(grid, height, width, interpolation)),
+                                   torch_resized(grid, height, width, interpolation), atol=1e-5)
+    # resize_vit's square resampling is the same (keras.ops.image.resize's
+    # bicubic is another kernel on TensorFlow and JAX).
+    table = np.concatenate([np.ones((1, 3), "float32"), grid.reshape(16, 3)])
+    got = to_numpy(interpolate_position_embeddings(table, 4, 6, interpolation=interpolation))
+    np.testing.assert_allclose(got[1:].reshape(6, 6, 3),
+                               torch_resized(grid, 6, 6, interpolation), atol=1e-5)
+
+
+@pytest.mark.parametrize("pooling, interpolation",
+                         [("cls", "bicubic"), ("gap", "bicubic_antialias")])
+def test_an_any_size_vit_is_the_fixed_one_at_its_size_and_resamples_at_others(
+        pooling, interpolation):
+    fixed = tiny(num_classes=3, pooling=pooling)
+    model = tiny(num_classes=3, pooling=pooling, position_interpolation=interpolation)
+    assert model.input_shape == (None, None, None, 3)
+    assert model.count_params() == fixed.count_params()
+    assert [(w.path, w.shape) for w in model.weights] == [
+        (w.path, w.shape) for w in fixed.weights]
+    model.set_weights(fixed.get_weights())
+    np.testing.assert_array_equal(to_numpy(model(images())), to_numpy(fixed(images())))
+    # 24 x 40 pixels: a 3 x 5 grid of 8 x 8 patches from the 4 x 4 table.
+    wide = images(size=24, width=40, seed=3)
+    assert to_numpy(model(wide)).shape == (2, 3)
+    table = to_numpy(model.get_layer("position_embedding").position_embeddings)
+    prefix = 1 if pooling == "cls" else 0
+    positions = keras.Model(model.input, model.get_layer("position_embedding").output)
+    got = to_numpy(positions(wide))
+    assert got.shape == (2, prefix + 15, 16)
+    np.testing.assert_array_equal(got[:, :prefix], np.broadcast_to(table[:prefix], (2, prefix, 16)))
+    want = torch_resized(table[prefix:].reshape(4, 4, 16), 3, 5, interpolation)
+    np.testing.assert_allclose(got[0, prefix:].reshape(3, 5, 16), want, atol=1e-5)
+
+
+def test_an_any_size_vit_round_trips_through_a_keras_file(tmp_path):
+    model = tiny(num_classes=3, **DINO, position_interpolation="bicubic_antialias")
+    model.get_layer("position_embedding").position_embeddings.assign(
+        np.random.default_rng(4).normal(size=(17, 16)).astype("float32"))
+    path = str(tmp_path / "vit.keras")
+    model.save(path)
+    again = keras.saving.load_model(path)
+    assert again.vit_config.position_interpolation == "bicubic_antialias"
+    wide = images(size=40, width=16, seed=5)
+    np.testing.assert_allclose(to_numpy(again(wide)), to_numpy(model(wide)), atol=1e-6)
+
+
+def test_sizes_an_any_size_vit_refuses():
+    model = tiny(position_interpolation="bicubic")
+    with pytest.raises(ValueError, match=r"patch size 8 must divide the height and width"
+                                         r".*Received: images.shape=\(2, 36, 32, 3\)"):
+        model(images(size=36, width=32))
+    # Without the option a model takes its own size only, as before.
+    with pytest.raises(ValueError, match=r"expected shape=\(None, 32, 32, 3\), "
+                                         r"found shape=\(2, 24, 40, 3\)"):
+        tiny()(images(size=24, width=40))
+    with pytest.raises(ValueError, match=r"Received: position_interpolation='bilinear'"):
+        ViTConfig(**TINY, position_interpolation="bilinear")
+
+
+@pytest.mark.tf_only
+def test_an_unknown_size_in_a_tensorflow_graph_that_the_patch_does_not_divide_gives_nan():
+    import tensorflow as tf
+    model = tiny(num_classes=3, position_interpolation="bicubic")
+    serve = tf.function(model, input_signature=[tf.TensorSpec((None, None, None, 3))])
+    for size, width in ((24, 40), (32, 32)):
+        x = images(size=size, width=width, dtype="float32")
+        np.testing.assert_allclose(serve(x).numpy(), to_numpy(model(x)), atol=1e-6)
+    assert np.isnan(serve(images(size=36, width=32, dtype="float32")).numpy()).all()

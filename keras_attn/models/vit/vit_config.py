@@ -25,6 +25,10 @@ from keras_attn.models._config import resolve_config
 POOLINGS = ("cls", "gap", "cls_gap")
 FEED_FORWARDS = ("gelu", "swiglu")
 PIXEL_NORMALIZATIONS = ("half", "imagenet", "custom")
+# How a model of any input size resamples its position grid (vit_positions.py):
+# "bicubic" as transformers' ViT (`interpolate_pos_encoding=True`),
+# "bicubic_antialias" as transformers' DINOv2 (always).
+POSITION_INTERPOLATIONS = ("bicubic", "bicubic_antialias")
 # (mean, std) per channel of the pixels scaled to [0, 1].
 PIXEL_STATISTICS = {
     "half": ((0.5, 0.5, 0.5), (0.5, 0.5, 0.5)),
@@ -61,13 +65,24 @@ def _optional_floats(name, value):
     return value
 
 
+def _optional_interpolation(name, value):
+    if value is not None and value not in POSITION_INTERPOLATIONS:
+        raise ValueError(
+            f"Invalid value for argument `{name}`: it must be None or one of "
+            f"{list(POSITION_INTERPOLATIONS)}. Received: {name}={value!r}"
+        )
+    return value
+
+
 @dataclasses.dataclass(frozen=True)
 class ViTConfig(ModelConfig):
     """ViT hyper-parameters; the fields are the arguments of `ViT` /
     `build_vit`, checked when a config is made.
 
     Attributes:
-        image_size: height = width of the input images in pixels.
+        image_size: height = width of the input images in pixels; with
+            `position_interpolation`, the size the position table was
+            trained for (the native grid).
         patch_size: side P of the square patches; must divide `image_size`.
         num_channels: channels of the input images (3 for RGB, 1 for grey).
         hidden_dim: model width D.
@@ -111,6 +126,17 @@ class ViTConfig(ModelConfig):
         pixel_std: with `"custom"`, `num_channels` positive numbers the
             centred pixels are divided by, in the input's units; None
             otherwise.
+        position_interpolation: None: the model takes `image_size` x
+            `image_size` images only (its input shape says so, and another
+            size is refused). `"bicubic"` or `"bicubic_antialias"`: it takes
+            images of any height and width that `patch_size` divides (others
+            are a `ValueError` naming `images`); the patch rows of the
+            position table are resampled to each input's patch grid on the
+            fly, as transformers' ViT with `interpolate_pos_encoding=True`
+            (`"bicubic"`) and transformers' DINOv2 (`"bicubic_antialias"`)
+            do, and equal theirs to float32 rounding on every backend. The
+            weights, parameter count and native-size outputs are the same
+            either way.
         remat: rematerialise each encoder block in training (gradient
             checkpointing): its activations are recomputed in the backward
             pass instead of stored. Less memory for about one more forward
@@ -147,6 +173,7 @@ class ViTConfig(ModelConfig):
         for name in ("pixel_mean", "pixel_std"):
             if getattr(self, name) is not None:
                 object.__setattr__(self, name, tuple(float(v) for v in getattr(self, name)))
+    position_interpolation: str = field(None, _optional_interpolation)
 
     def check_relations(self):
         custom = self.pixel_normalization == "custom"

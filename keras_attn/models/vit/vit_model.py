@@ -3,10 +3,12 @@
 ```
 images (B, H, W, C) uint8 or float pixels in [0, 255]
  -> Rescaling to [-1, 1] (or other stats)      "rescaling"
+ -> P divides H and W (any-size models only)   "patch_size_check"
  -> Conv2D P x P, stride P                     "patch_embedding"   (B, H/P, W/P, D)
  -> Reshape                                    "patch_flatten"     (B, T, D)
  -> prepend [CLS] (pooling != "gap")           "class_token"       (B, 1 + T, D)
  -> + learned positions                        "position_embedding"
+    (the grid resampled to H/P x W/P with `position_interpolation`)
  -> R registers after [CLS] (R > 0)            "register_tokens"   (B, 1 + R + T, D)
  -> Dropout                                    "embedding_dropout"
  -> L x pre-norm TransformerBlock (GELU)       "transformer_block_{i}"
@@ -19,6 +21,7 @@ images (B, H, W, C) uint8 or float pixels in [0, 255]
 """
 
 import dataclasses
+import numbers
 
 import keras
 from keras import ops
@@ -36,6 +39,7 @@ from keras_attn.models.vit.vit_config import PIXEL_STATISTICS
 from keras_attn.models.vit.vit_config import ViTConfig
 from keras_attn.models.vit.vit_config import get_vit_config
 from keras_attn.models.vit.vit_config import DEFAULT_PRESET
+from keras_attn.models.vit.vit_positions import resample_grid
 
 
 class _Pooling(keras.layers.Layer):
@@ -106,6 +110,122 @@ class _RegisterTokens(keras.layers.Layer):
         return config
 
 
+class _InterpolatedPositionEmbedding(keras.layers.Layer):
+    """The ViT's learned `(num_prefix_tokens + g * g, D)` position table,
+    its patch rows resampled to the patch grid of each input.
+
+    The table is the one `PositionEmbedding` holds (same weight name and
+    shape), so the weights, checkpoints and parameter count are those of the
+    fixed-size ViT; at the native `g x g` grid it returns the table as it is.
+    The prefix row ([CLS]) has no place on the grid and is kept.
+
+    Private, as `_RegisterTokens`: only `ViT` builds it.
+
+    Args:
+        grid_size: g, the patches per side the table was trained for.
+        num_prefix_tokens: 1 with a [CLS] token, 0 without.
+        interpolation: `"bicubic"` or `"bicubic_antialias"`.
+        initializer: initializer of the table.
+
+    Call arguments:
+        inputs: the patch embeddings `(B, h, w, D)`.
+
+    Returns:
+        `(B, num_prefix_tokens + h * w, D)`, to add to the flattened patches
+        (with [CLS] first).
+    """
+
+    def __init__(self, grid_size, num_prefix_tokens, interpolation, initializer="zeros",
+                 **kwargs):
+        super().__init__(**kwargs)
+        self.grid_size = grid_size
+        self.num_prefix_tokens = num_prefix_tokens
+        self.interpolation = interpolation
+        self.initializer = keras.initializers.get(initializer)
+
+    def build(self, inputs_shape):
+        self.position_embeddings = self.add_weight(
+            name="embeddings",
+            shape=(self.num_prefix_tokens + self.grid_size**2, inputs_shape[-1]),
+            initializer=self.initializer,
+            trainable=True,
+        )
+        self.built = True
+
+    @property
+    def max_sequence_length(self):
+        """The rows of the table (`PositionEmbedding`'s name for it)."""
+        return self.num_prefix_tokens + self.grid_size**2
+
+    def call(self, inputs):
+        batch, height, width, dim = ops.shape(inputs)
+        table = self.position_embeddings
+        native = all(isinstance(n, numbers.Integral) and n == self.grid_size
+                     for n in (height, width))
+        if not native:
+            g, prefix = self.grid_size, self.num_prefix_tokens
+            grid = ops.reshape(table[prefix:], (g, g, dim))
+            grid = resample_grid(grid, height, width, self.interpolation)  # (h, w, D)
+            grid = ops.reshape(ops.cast(grid, table.dtype), (-1, dim))  # (h * w, D)
+            table = ops.concatenate([table[:prefix], grid], axis=0)
+        table = ops.cast(table, self.compute_dtype)[None]  # (1, prefix + h * w, D)
+        return ops.broadcast_to(table, (batch, ops.shape(table)[1], dim))
+
+    def compute_output_shape(self, inputs_shape):
+        batch, height, width, dim = inputs_shape
+        length = None if height is None or width is None else height * width
+        length = None if length is None else self.num_prefix_tokens + length
+        return (batch, length, dim)
+
+    def get_config(self):
+        config = super().get_config()
+        config.update({
+            "grid_size": self.grid_size,
+            "num_prefix_tokens": self.num_prefix_tokens,
+            "interpolation": self.interpolation,
+            "initializer": keras.initializers.serialize(self.initializer),
+        })
+        return config
+
+
+class _PatchSizeCheck(keras.layers.Layer):
+    """Passes images whose height and width are whole multiples of the patch
+    size, and refuses the others: a `ValueError` naming `images` when the
+    size is known while tracing (eager calls, `jax.jit`, torch); NaN outputs
+    when only a TensorFlow graph knows it at run time, where no error can be
+    raised. transformers' patch convolution would drop the pixels past the
+    last whole patch without a word.
+
+    Private, as `_RegisterTokens`: only `ViT` builds it.
+    """
+
+    def __init__(self, patch_size, **kwargs):
+        super().__init__(**kwargs)
+        self.patch_size = patch_size
+
+    def call(self, inputs):
+        shape = ops.shape(inputs)
+        height, width, p = shape[1], shape[2], self.patch_size
+        if isinstance(height, numbers.Integral) and isinstance(width, numbers.Integral):
+            if height % p or width % p or not (height and width):
+                raise ValueError(
+                    f"Invalid value for argument `images`: the patch size {p} must divide "
+                    "the height and width of the images (the model cuts whole patches). "
+                    f"Received: images.shape={tuple(inputs.shape)}")
+            return inputs
+        fits = ops.logical_and(ops.equal(height % p, 0), ops.equal(width % p, 0))
+        fits = ops.logical_and(fits, ops.greater(height * width, 0))
+        return ops.where(fits, inputs, ops.full_like(inputs, float("nan")))
+
+    def compute_output_shape(self, inputs_shape):
+        return tuple(inputs_shape)
+
+    def get_config(self):
+        config = super().get_config()
+        config["patch_size"] = self.patch_size
+        return config
+
+
 @keras.saving.register_keras_serializable(package="keras_attn")
 class ViT(GuardedModel, ConfigModel, keras.Model):
     """Vision Transformer: images in, `(B, num_classes)` logits (or the
@@ -144,6 +264,7 @@ class ViT(GuardedModel, ConfigModel, keras.Model):
         class_names = check_class_names("class_names", class_names, config.num_classes)
         grid, width = config.grid_size, config.hidden_dim
         num_tokens = config.num_patches + (0 if config.pooling == "gap" else 1)
+        any_size = config.position_interpolation is not None
 
         # === Layers ===
         if config.pixel_normalization == "half":
@@ -168,15 +289,26 @@ class ViT(GuardedModel, ConfigModel, keras.Model):
             name="patch_embedding",
         )
         patch_flatten = keras.layers.Reshape(
-            (grid * grid, width), dtype=dtype, name="patch_flatten"
+            (-1 if any_size else grid * grid, width), dtype=dtype, name="patch_flatten"
         )
         class_token = ClassToken(dtype=dtype, name="class_token")
-        position_embedding = PositionEmbedding(
-            num_tokens,
-            initializer=keras.initializers.RandomNormal(stddev=0.02),
-            dtype=dtype,
-            name="position_embedding",
-        )
+        position_initializer = keras.initializers.RandomNormal(stddev=0.02)
+        if any_size:
+            # The same table (name, shape, initializer) resampled to each
+            # input's patch grid: the weights are those of the fixed size.
+            position_embedding = _InterpolatedPositionEmbedding(
+                grid,
+                num_tokens - config.num_patches,
+                config.position_interpolation,
+                initializer=position_initializer,
+                dtype=dtype,
+                name="position_embedding",
+            )
+        else:
+            position_embedding = PositionEmbedding(
+                num_tokens, initializer=position_initializer, dtype=dtype,
+                name="position_embedding",
+            )
         add_positions = keras.layers.Add(dtype=dtype, name="add_position_embedding")
         embedding_dropout = keras.layers.Dropout(
             config.dropout, dtype=dtype, name="embedding_dropout"
@@ -208,15 +340,21 @@ class ViT(GuardedModel, ConfigModel, keras.Model):
         # === Functional Model ===
         # Any dtype is accepted and cast to float by the rescaling layer; the
         # declared float32 keeps uint8 pixels exact.
-        images = keras.Input(
-            shape=(config.image_size, config.image_size, config.num_channels), name="images"
-        )
+        # With `position_interpolation`, the height and width are free (None):
+        # one model, like transformers' ViT with `interpolate_pos_encoding=True`
+        # and its DINOv2, takes every size at inference, and trains at the
+        # native size as the fixed-size model does (see docs/vit.md).
+        side = None if any_size else config.image_size
+        images = keras.Input(shape=(side, side, config.num_channels), name="images")
         x = rescaling(images)
-        x = patch_embedding(x)  # (B, H/P, W/P, D)
-        x = patch_flatten(x)  # (B, T, D), T = (H/P) * (W/P)
+        if any_size:
+            x = _PatchSizeCheck(config.patch_size, dtype=dtype, name="patch_size_check")(x)
+        grid_tokens = patch_embedding(x)  # (B, H/P, W/P, D)
+        x = patch_flatten(grid_tokens)  # (B, T, D), T = (H/P) * (W/P)
         if config.pooling != "gap":
             x = class_token(x)  # (B, 1 + T, D)
-        x = add_positions([x, position_embedding(x)])
+        positions = position_embedding(grid_tokens if any_size else x)  # (B, 1 + T, D)
+        x = add_positions([x, positions])
         if config.num_register_tokens:
             x = _RegisterTokens(config.num_register_tokens, dtype=dtype,
                                 name="register_tokens")(x)  # (B, 1 + R + T, D)

@@ -12,42 +12,9 @@ from keras import ops
 
 from keras_attn._checks import check_choice
 from keras_attn.models.vit.vit_model import ViT
+from keras_attn.models.vit.vit_positions import resample_grid
 
 INTERPOLATIONS = ("bilinear", "bicubic", "bicubic_antialias")
-
-
-def _cubic(x, a=-0.5):
-    """Keys' cubic convolution kernel (a = -0.5, PIL's and torch's
-    antialiased bicubic)."""
-    x = abs(x)
-    if x < 1.0:
-        return ((a + 2.0) * x - (a + 3.0)) * x * x + 1.0
-    if x < 2.0:
-        return (((x - 5.0) * x + 8.0) * x - 4.0) * a
-    return 0.0
-
-
-def antialiased_bicubic_matrix(in_size, out_size):
-    """The `(out_size, in_size)` matrix of the separable antialiased bicubic
-    resampling of PIL and of `torch.nn.functional.interpolate(mode="bicubic",
-    antialias=True, align_corners=False)` (what transformers' DINOv2 uses on
-    its position grid): half-pixel centres, the kernel widened by the scale
-    when shrinking, taps outside the input dropped and each row's weights
-    renormalised to sum to 1 (no edge padding)."""
-    import numpy as np
-
-    scale = in_size / out_size
-    support = 2.0 * max(scale, 1.0)
-    inverse = 1.0 / max(scale, 1.0)
-    matrix = np.zeros((out_size, in_size), "float64")
-    for i in range(out_size):
-        center = scale * (i + 0.5)
-        first = max(int(center - support + 0.5), 0)
-        last = min(int(center + support + 0.5), in_size)
-        taps = [_cubic((j - center + 0.5) * inverse) for j in range(first, last)]
-        total = sum(taps)
-        matrix[i, first:last] = [t / total for t in taps] if total else taps
-    return matrix
 
 
 def interpolate_position_embeddings(
@@ -61,10 +28,13 @@ def interpolate_position_embeddings(
         grid_size: g, patches per side of `table`.
         new_grid_size: patches per side wanted.
         num_prefix_tokens: 1 with a [CLS] token, 0 without (`pooling="gap"`).
-        interpolation: `"bilinear"` or `"bicubic"` (half-pixel centres, as
-            `keras.ops.image.resize`), or `"bicubic_antialias"`, the resampling
-            of transformers' DINOv2 (`antialiased_bicubic_matrix`), the same on
-            every backend.
+        interpolation: `"bilinear"` (half-pixel centres, as
+            `keras.ops.image.resize`); `"bicubic"`, torch's bicubic (a =
+            -0.75, borders clamped: transformers' ViT with
+            `interpolate_pos_encoding=True`); `"bicubic_antialias"`, torch's
+            antialiased bicubic (transformers' DINOv2). The bicubic ones are
+            torch's on every backend (`keras.ops.image.resize`'s bicubic is
+            Keys' a = -0.5 on TensorFlow and JAX: another answer).
 
     Returns:
         The `(num_prefix_tokens + new_grid_size**2, D)` table.
@@ -80,12 +50,9 @@ def interpolate_position_embeddings(
         return table
     prefix = table[:num_prefix_tokens]  # (1, D) or (0, D)
     width = tuple(table.shape)[-1]
-    if interpolation == "bicubic_antialias":
+    if interpolation != "bilinear":
         grid = ops.reshape(table[num_prefix_tokens:], (grid_size, grid_size, width))
-        matrix = ops.convert_to_tensor(
-            antialiased_bicubic_matrix(grid_size, new_grid_size), grid.dtype)
-        # Rows, then columns: (g', g) x (g, g, D) x (g', g) -> (g', g', D).
-        grid = ops.einsum("ih,hwd,jw->ijd", matrix, grid, matrix)
+        grid = resample_grid(grid, new_grid_size, new_grid_size, interpolation)  # (g', g', D)
         grid = ops.reshape(grid, (new_grid_size * new_grid_size, width))
         return ops.concatenate([ops.cast(prefix, grid.dtype), grid], axis=0)
     grid = ops.reshape(table[num_prefix_tokens:], (1, grid_size, grid_size, width))
