@@ -239,7 +239,7 @@ def _longest_first(first, second, budget):
     kept whole and the longer cut to the rest if the shorter takes at most
     half; else both cut to half (the odd token to the longer, to the second
     when they are as long). Returns the two kept lengths."""
-    shorter, longer = tf.minimum(first, second), tf.maximum(first, second)
+    shorter = tf.minimum(first, second)
     kept_longer = tf.where(shorter > budget, shorter, tf.maximum(shorter, budget - shorter))
     kept_shorter = shorter
     both = kept_shorter + kept_longer > budget

@@ -251,8 +251,8 @@ def test_a_model_with_other_inputs_is_refused_naming_them(tmp_path):
     with pytest.raises(ValueError, match=r"Invalid value for argument `model`.*Received: "
                                          r"model=.* with inputs \['images'\]"):
         images = keras.Input((4,), name="images")
-        data.load_text_classification_files(path, vocabulary_size=80,
-                                            model=keras.Model(images, keras.layers.Dense(2)(images)))
+        model = keras.Model(images, keras.layers.Dense(2)(images))
+        data.load_text_classification_files(path, vocabulary_size=80, model=model)
 
 
 # === Token classification ===
