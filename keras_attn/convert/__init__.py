@@ -8,6 +8,9 @@ models, both ways.
     from keras_attn.convert import load_hf_bert_backbone, save_hf_bert
     backbone = load_hf_bert_backbone("path/to/bert-base-uncased")
     save_hf_bert(classifier, "path/to/out", tokenizer=tokenizer)  # BertForSequenceClassification
+
+    from keras_attn.convert import load_hf_tokenizer
+    tokenizer = load_hf_tokenizer("path/to/any-text-directory")  # WordPiece, BPE, SentencePiece
 """
 
 from keras_attn.convert._checkpoint import hf_directory_kind  # noqa: F401  (for the zoo's export check)
@@ -37,6 +40,7 @@ from keras_attn.convert.modernbert import save_hf_modernbert
 from keras_attn.convert.parakeet import load_hf_parakeet
 from keras_attn.convert.parakeet import parakeet_config_from_hf
 from keras_attn.convert.parakeet import save_hf_parakeet
+from keras_attn.convert.tokenizers import load_hf_tokenizer
 from keras_attn.convert.vit import load_hf_vit
 from keras_attn.convert.vit import save_hf_vit
 from keras_attn.convert.vit import vit_config_from_hf
@@ -58,6 +62,7 @@ __all__ = [
     "load_hf_parakeet",
     "load_hf_roberta",
     "load_hf_roberta_tokenizer",
+    "load_hf_tokenizer",
     "load_hf_vit",
     "load_hf_xlm_roberta_tokenizer",
     "save_hf",

@@ -395,20 +395,29 @@ def _wordpiece(tokenizer, vocabulary_size, texts, train_vocabulary, make_tokeniz
 def load_text_classification_files(path, tokenizer=None, vocabulary_size=1000,
                                    sequence_length=128, batch_size=32, validation_fraction=0.0,
                                    seed=0, text_field="text", label_field="label",
-                                   second_text_field=None):
+                                   second_text_field=None, model=None):
     """Text classification from your CSV / JSONL files.
 
     Each row has a text and a label (an integer class id, or a class name);
     with `second_text_field`, a second text (a pair task: `[CLS] a [SEP] b
-    [SEP]`). The batches are `keras_attn.data.text.classification_dataset`'s,
-    for `BertSequenceClassifier`.
+    [SEP]`, RoBERTa's `<s> a </s></s> b </s>`). The batches are
+    `keras_attn.data.text.classification_dataset`'s: the tokenizer's own
+    special tokens and padding id, cut as transformers' `truncation=True,
+    max_length=sequence_length`, and the inputs `model` reads. Tokenized
+    once: the packed examples are cached in memory (`sequence_length`
+    int32 per input and example), so an epoch after the first costs what
+    the model costs; the training set is shuffled again at every pass.
 
     Args:
         path: a CSV / JSONL file, or a folder with `train.csv|jsonl` and
             optionally `validation.*` and `test.*`.
-        tokenizer: a WordPiece tokenizer (e.g. `load_hf_bert_tokenizer(dir)`
-            for a converted checkpoint); None learns a vocabulary of
-            `vocabulary_size` from the training texts.
+        tokenizer: the checkpoint's tokenizer (`keras_attn.convert.
+            load_hf_tokenizer(dir)`: WordPiece, byte-level BPE,
+            SentencePiece; or any keras-hub tokenizer with
+            `start_token_id` / `end_token_id` / `pad_token_id`, or BERT's or
+            RoBERTa's special tokens in its vocabulary); None learns a
+            WordPiece vocabulary of `vocabulary_size` from the training
+            texts.
         vocabulary_size: the size of the learned vocabulary.
         sequence_length: the packed length.
         batch_size: examples per batch.
@@ -417,12 +426,16 @@ def load_text_classification_files(path, tokenizer=None, vocabulary_size=1000,
         seed: the hold-out's and the shuffle's seed.
         text_field, label_field, second_text_field: the column (CSV) or
             field (JSONL) names.
+        model: the model the batches are for: `x` holds its inputs
+            (`token_ids`, `padding_mask`, and `segment_ids` where it takes
+            them: not ModernBERT); None gives all three (BERT's).
 
     Returns:
         A `FilesData`; `class_names[i]` is the label of class `i`.
     """
     from keras_attn.data import text
 
+    names = text.input_names(model)
     fields = [text_field, label_field] + ([second_text_field] if second_text_field else [])
     rows = table_rows(path, {name: LABEL if name == label_field else TEXT for name in fields},
                       validation_fraction, seed)
@@ -438,7 +451,7 @@ def load_text_classification_files(path, tokenizer=None, vocabulary_size=1000,
             [str(row[text_field]) for row in rows[split]], labels[split], tokenizer,
             sequence_length=sequence_length, batch_size=batch_size, shuffle=split == "train",
             seed=seed, second_texts=[str(row[second_text_field]) for row in rows[split]]
-            if second_text_field else None)
+            if second_text_field else None, inputs=names)
 
     return FilesData(*(batches(split) for split in SPLITS), class_names=class_names,
                      vocabulary=vocabulary, tokenizer=tokenizer,
@@ -484,7 +497,7 @@ def tagged_rows(path, validation_fraction=0.0, seed=0, tokens_field="tokens",
 def load_token_classification_files(path, tokenizer=None, vocabulary_size=1000,
                                     sequence_length=128, batch_size=32,
                                     validation_fraction=0.0, seed=0, tokens_field="tokens",
-                                    tags_field="tags"):
+                                    tags_field="tags", model=None):
     """Token classification (tagging) from your CSV / JSONL files.
 
     Each row has words and one tag per word: JSON lists in JSONL
@@ -499,7 +512,9 @@ def load_token_classification_files(path, tokenizer=None, vocabulary_size=1000,
     Args:
         path: a CSV / JSONL file, or a folder with `train.csv|jsonl` and
             optionally `validation.*` and `test.*`.
-        tokenizer: a WordPiece tokenizer; None learns a vocabulary of
+        tokenizer: as `load_text_classification_files` (a byte-level BPE
+            one reads each word after a space, as transformers'
+            `add_prefix_space=True`); None learns a WordPiece vocabulary of
             `vocabulary_size` from the training words.
         vocabulary_size: as `load_text_classification_files`.
         sequence_length: the packed length.
@@ -507,6 +522,7 @@ def load_token_classification_files(path, tokenizer=None, vocabulary_size=1000,
         validation_fraction: as `load_text_classification_files`.
         seed: as `load_text_classification_files`.
         tokens_field, tags_field: the column or field names.
+        model: as `load_text_classification_files`.
 
     Returns:
         A `FilesData` of `(x, tags, sample_weight)` batches for
@@ -514,6 +530,7 @@ def load_token_classification_files(path, tokenizer=None, vocabulary_size=1000,
     """
     from keras_attn.data import text
 
+    names = text.input_names(model)
     words, tag_ids, class_names = tagged_rows(path, validation_fraction, seed, tokens_field,
                                               tags_field)
     tokenizer, vocabulary = _wordpiece(
@@ -525,7 +542,7 @@ def load_token_classification_files(path, tokenizer=None, vocabulary_size=1000,
             return None
         return text.token_classification_dataset(
             words[split], tag_ids[split], tokenizer, sequence_length=sequence_length,
-            batch_size=batch_size, shuffle=split == "train", seed=seed)
+            batch_size=batch_size, shuffle=split == "train", seed=seed, inputs=names)
 
     return FilesData(*(batches(split) for split in SPLITS), class_names=class_names,
                      vocabulary=vocabulary, tokenizer=tokenizer,

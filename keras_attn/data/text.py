@@ -199,31 +199,145 @@ def _check_ids(token_ids, vocabulary_size):
         return tf.cast(token_ids, "int32")
 
 
-def pack_pairs(tokenizer, sequence_length):
+def text_form(tokenizer):
+    """`(start, end, pad, pair separator ids, second segment id)` of a
+    tokenizer: its own `start_token_id`, `end_token_id`, `pad_token_id`
+    (and `pair_separator_ids`, `second_segment_id`, which
+    `keras_attn.convert.load_hf_tokenizer` sets from the directory) where
+    it has them (keras-hub's model tokenizers have the first three), else
+    BERT's `[CLS]` `[SEP]` `[PAD]` or RoBERTa's `<s>` `</s>` `<pad>` from its
+    vocabulary. A pair is BERT's `[CLS] A [SEP] B [SEP]` (B's segment id 1)
+    or RoBERTa's and XLM-R's `<s> A </s></s> B </s>` (segment ids 0), as
+    transformers packs them."""
+    names = ("start_token_id", "end_token_id", "pad_token_id")
+    ids = [getattr(tokenizer, name, None) for name in names]
+    if any(i is None for i in ids):
+        vocabulary = set(tokenizer.get_vocabulary())
+        for tokens in (("[CLS]", "[SEP]", "[PAD]"), ("<s>", "</s>", "<pad>")):
+            if set(tokens) <= vocabulary:
+                ids = [_token_id(tokenizer, token) for token in tokens]
+                break
+        else:
+            raise ValueError(
+                "Invalid value for argument `tokenizer`: the text packer needs its start, end "
+                "and padding tokens: attributes start_token_id, end_token_id and pad_token_id "
+                "(keras_attn.convert.load_hf_tokenizer sets them), or [CLS] [SEP] [PAD] or "
+                "<s> </s> <pad> in its vocabulary. Received: tokenizer="
+                f"{type(tokenizer).__name__} without them")
+    start, end, pad = (int(i) for i in ids)
+    separator = getattr(tokenizer, "pair_separator_ids", None)
+    second = getattr(tokenizer, "second_segment_id", None)
+    if separator is None or second is None:
+        roberta = tokenizer.id_to_token(start) == "<s>"
+        separator, second = ((end, end), 0) if roberta else ((end,), 1)
+    return start, end, pad, tuple(int(i) for i in separator), int(second)
+
+
+def _longest_first(first, second, budget):
+    """transformers' (the tokenizers library's) `truncation=True` of a pair
+    to `budget` tokens, per row: nothing when both fit; else the shorter
+    kept whole and the longer cut to the rest if the shorter takes at most
+    half; else both cut to half (the odd token to the longer, to the second
+    when they are as long). Returns the two kept lengths."""
+    shorter = tf.minimum(first, second)
+    kept_longer = tf.where(shorter > budget, shorter, tf.maximum(shorter, budget - shorter))
+    kept_shorter = shorter
+    both = kept_shorter + kept_longer > budget
+    half = tf.cast(budget // 2, shorter.dtype)
+    kept_shorter = tf.where(both, half, kept_shorter)
+    kept_longer = tf.where(both, half + budget % 2, kept_longer)
+    swap = first > second
+    fits = first + second <= budget
+    kept_first = tf.where(fits, first, tf.where(swap, kept_longer, kept_shorter))
+    kept_second = tf.where(fits, second, tf.where(swap, kept_shorter, kept_longer))
+    return tf.minimum(first, kept_first), tf.minimum(second, kept_second)
+
+
+def _head(pieces, lengths):
+    """The first `lengths[i]` pieces of each row of a ragged `pieces`."""
+    starts = pieces.row_starts()
+    index = tf.ragged.range(starts, starts + tf.cast(lengths, starts.dtype)).flat_values
+    return tf.RaggedTensor.from_row_lengths(tf.gather(pieces.flat_values, index),
+                                            tf.cast(lengths, starts.dtype))
+
+
+def _column(values, rows, dtype):
+    """`values` as the same ragged columns of each of `rows` rows."""
+    return tf.RaggedTensor.from_tensor(tf.tile(tf.constant([values], dtype), [rows, 1]))
+
+
+def pack_pairs(tokenizer, sequence_length, truncate="round_robin"):
     """A function `(first, second) -> (token_ids, segment_ids, padding_mask)`
-    that tokenizes a batch of string pairs and packs
-    `[CLS] A [SEP] B [SEP]`, truncating the longer segment first
-    (`round_robin`) to fit `sequence_length`."""
+    that tokenizes a batch of string pairs (or single texts) and packs them
+    with the tokenizer's own special tokens (`text_form`): `[CLS] A [SEP] B
+    [SEP]`, or RoBERTa's `<s> A </s></s> B </s>`, padded with its padding id
+    to `sequence_length`.
+
+    `truncate`: `"longest_first"` cuts a pair as transformers'
+    `truncation=True, max_length=sequence_length` does (`_longest_first`),
+    so the ids equal its tokenizer's; `"round_robin"` (keras-hub's
+    `MultiSegmentPacker`, BERT pretraining's) takes a token of each in turn.
+    A single text keeps its first tokens either way."""
     import keras_hub
 
-    packer = keras_hub.layers.MultiSegmentPacker(
-        sequence_length=sequence_length,
-        start_value=_token_id(tokenizer, "[CLS]"),
-        end_value=_token_id(tokenizer, "[SEP]"),
-        pad_value=_token_id(tokenizer, "[PAD]"),
-        truncate="round_robin",
-    )
-    pad = _token_id(tokenizer, "[PAD]")
+    start, end, pad, separator, second_segment = text_form(tokenizer)
     vocabulary_size = int(tokenizer.vocabulary_size())
+    if truncate not in ("round_robin", "longest_first"):
+        raise ValueError("Invalid value for argument `truncate`: 'round_robin' or "
+                         f"'longest_first'. Received: truncate={truncate!r}")
+    packer = keras_hub.layers.MultiSegmentPacker(
+        sequence_length=sequence_length, start_value=start, end_value=end,
+        sep_value=list(separator), pad_value=pad, truncate="round_robin")
+
+    def finish(token_ids, segment_ids, padding_mask):
+        token_ids = _check_ids(token_ids, vocabulary_size)
+        if second_segment == 0:
+            segment_ids = tf.zeros_like(segment_ids)
+        return token_ids, tf.cast(segment_ids, "int32"), tf.cast(padding_mask, "int32")
+
+    def ragged(pieces):
+        # keras-hub's eager calls give Python lists of ids, tf.data ragged tensors.
+        if isinstance(pieces, (list, tuple)):
+            return tf.ragged.constant(pieces, dtype="int32", ragged_rank=1)
+        return pieces if isinstance(pieces, tf.RaggedTensor) else \
+            tf.RaggedTensor.from_tensor(pieces)
 
     def pack(first, second=None):
-        segments = (tokenizer(first),) if second is None else (tokenizer(first), tokenizer(second))
-        token_ids, segment_ids = packer(segments)
-        token_ids = _check_ids(token_ids, vocabulary_size)
-        padding_mask = tf.cast(token_ids != pad, "int32")
-        return token_ids, tf.cast(segment_ids, "int32"), padding_mask
+        segments = [ragged(tokenizer(first))]
+        if second is not None:
+            segments.append(ragged(tokenizer(second)))
+        if truncate == "round_robin" or second is None:
+            token_ids, segment_ids = packer(tuple(segments))
+            padding_mask = tf.sequence_mask(
+                _packed_lengths(segments, len(separator), sequence_length), sequence_length)
+            return finish(token_ids, segment_ids, padding_mask)
+        a, b = segments
+        specials = 2 + len(separator)
+        kept_a, kept_b = _longest_first(a.row_lengths(), b.row_lengths(),
+                                        sequence_length - specials)
+        a, b = _head(a, kept_a), _head(b, kept_b)
+        rows = a.nrows()
+        dtype = a.dtype
+        token_ids = tf.concat([_column([start], rows, dtype), a,
+                               _column(list(separator), rows, dtype), b,
+                               _column([end], rows, dtype)], axis=1)
+        first_length = 1 + kept_a + len(separator)
+        segment_ids = tf.concat([
+            tf.zeros_like(tf.ragged.range(first_length)),
+            tf.ones_like(tf.ragged.range(kept_b + 1))], axis=1)
+        shape = [None, sequence_length]
+        return finish(token_ids.to_tensor(pad, shape=shape), segment_ids.to_tensor(0, shape=shape),
+                      tf.sequence_mask(first_length + kept_b + 1, sequence_length))
 
     return pack
+
+
+def _packed_lengths(segments, separator, sequence_length):
+    """The length of each packed row (`MultiSegmentPacker`'s): the segments
+    cut to fit, with a start, the separators and an end."""
+    specials = 2 + separator * (len(segments) - 1)
+    total = sum(s.row_lengths() for s in segments) + specials
+    return tf.minimum(total, sequence_length)
 
 
 def dynamic_masking(tokenizer, mask_rate=0.15, max_predictions=20, seed=None):
@@ -438,26 +552,66 @@ def pretraining_dataset(
         traced_as_written(to_example), num_parallel_calls=AUTOTUNE).prefetch(AUTOTUNE)
 
 
+INPUTS = ("token_ids", "segment_ids", "padding_mask")
+# Examples tokenized together before the cache (one map call each).
+_TOKENIZE_BATCH = 1024
+
+
+def input_names(model=None):
+    """The inputs of `model` a text pipeline makes: its input names (a
+    Keras model's `model.input` dict, or `model.inputs`' names), each one of
+    `INPUTS`; all of `INPUTS` without a model (BERT's)."""
+    if model is None:
+        return INPUTS
+    inputs = getattr(model, "input", None)
+    try:
+        names = list(inputs) if isinstance(inputs, dict) else [t.name for t in model.inputs]
+    except (AttributeError, TypeError, ValueError):
+        names = None
+    if not names or not set(names) <= set(INPUTS) or "token_ids" not in names:
+        raise ValueError(
+            f"Invalid value for argument `model`: a text model whose inputs are token_ids and "
+            f"some of {list(INPUTS[1:])}. Received: model={type(model).__name__} with inputs "
+            f"{names}")
+    return tuple(name for name in INPUTS if name in names)
+
+
+def _cached(dataset, count, to_example, batch_size, shuffle, seed, batch=None):
+    """`dataset`'s examples tokenized once (in chunks, `to_example`),
+    cached in memory, then shuffled at every pass (as the raw examples were:
+    the same seed and buffer give the same order) and batched."""
+    chunks = (batch or tf.data.Dataset.batch)(dataset, _TOKENIZE_BATCH)
+    dataset = chunks.map(traced_as_written(to_example), num_parallel_calls=AUTOTUNE)
+    dataset = dataset.unbatch().cache()
+    if shuffle:
+        dataset = dataset.shuffle(count, seed=seed)
+    return dataset.batch(batch_size).prefetch(AUTOTUNE)
+
+
 def classification_dataset(texts, labels, tokenizer, sequence_length=128,
-                           batch_size=32, shuffle=False, seed=None, second_texts=None):
-    """A dataset of `(x, labels)` for `BertSequenceClassifier`:
-    `[CLS] text [SEP]` (or `[CLS] text [SEP] second [SEP]`), padded to
-    `sequence_length`."""
-    pack = pack_pairs(tokenizer, sequence_length)
+                           batch_size=32, shuffle=False, seed=None, second_texts=None,
+                           inputs=INPUTS):
+    """A dataset of `(x, labels)` for a sequence classifier: `[CLS] text
+    [SEP]` (or `[CLS] text [SEP] second [SEP]`), with the tokenizer's own
+    special tokens and padding (`text_form`: RoBERTa's `<s> A </s></s> B
+    </s>`), padded to `sequence_length` and cut as transformers'
+    `truncation=True, max_length=sequence_length` (`pack_pairs`'s
+    `"longest_first"`); `x` holds `inputs` (`input_names(model)`).
+
+    Tokenized once: the packed examples are cached in memory (each input
+    `sequence_length` int32 per example, and its label) and shuffled from
+    there at every pass."""
+    pack = pack_pairs(tokenizer, sequence_length, truncate="longest_first")
     labels = np.asarray(labels, "int32")
     columns = (list(texts),) if second_texts is None else (list(texts), list(second_texts))
 
     def to_example(*args):
         *strings, label = args
-        token_ids, segment_ids, padding_mask = pack(*strings)
-        x = {"token_ids": token_ids, "segment_ids": segment_ids, "padding_mask": padding_mask}
-        return x, label
+        packed = dict(zip(INPUTS, pack(*strings)))
+        return {name: packed[name] for name in inputs}, label
 
     dataset = tf.data.Dataset.from_tensor_slices(columns + (labels,))
-    if shuffle:
-        dataset = dataset.shuffle(len(labels), seed=seed)
-    return dataset.batch(batch_size).map(
-        traced_as_written(to_example), num_parallel_calls=AUTOTUNE).prefetch(AUTOTUNE)
+    return _cached(dataset, len(labels), to_example, batch_size, shuffle, seed)
 
 
 def align_word_labels(tokenizer, words, tags):
@@ -492,7 +646,7 @@ def align_word_labels(tokenizer, words, tags):
 
 
 def token_classification_dataset(words, tags, tokenizer, sequence_length=128, batch_size=32,
-                                 shuffle=False, seed=None):
+                                 shuffle=False, seed=None, inputs=INPUTS):
     """A dataset of `(x, labels, sample_weight)` for `BertTokenClassifier`.
 
     Each example is a list of words with one integer label per word. The
@@ -501,7 +655,12 @@ def token_classification_dataset(words, tags, tokenizer, sequence_length=128, ba
     `[SEP]` and padding (`align_word_labels`), so the loss and the accuracy
     count each word once. Packed as `[CLS] pieces [SEP]` with keras-hub's
     `StartEndPacker`, truncated (the last words first) and padded to
-    `sequence_length`.
+    `sequence_length`, with the tokenizer's own start, end and padding
+    tokens (`text_form`); `x` holds `inputs` (`input_names(model)`). A
+    byte-level BPE tokenizer reads each word after a space (`"Ġword"`), as
+    transformers' `is_split_into_words=True` with `add_prefix_space=True`
+    (the only way it splits words for RoBERTa). Tokenized once and cached
+    in memory, as `classification_dataset`.
 
     Args:
         words: a list of examples, each a list of word strings.
@@ -543,23 +702,36 @@ def token_classification_dataset(words, tags, tokenizer, sequence_length=128, ba
             sequence_length=sequence_length, start_value=start, end_value=end, pad_value=pad,
             return_padding_mask=False)
 
-    pad = _token_id(tokenizer, "[PAD]")
-    pack_ids = packer(_token_id(tokenizer, "[CLS]"), _token_id(tokenizer, "[SEP]"), pad)
+    start, end, pad, _, _ = text_form(tokenizer)
+    pack_ids = packer(start, end, pad)
     pack_labels = packer(0, 0, 0)  # labels and weights: 0 on [CLS], [SEP], padding
+    pack_mask = packer(1, 1, 0)
     vocabulary_size = int(tokenizer.vocabulary_size())
+    spaced = _prefix_space(tokenizer)
 
     def to_example(batch_words, batch_tags):
+        if spaced:
+            batch_words = batch_words.with_flat_values(
+                tf.strings.join([" ", batch_words.flat_values]))
         piece_ids, labels, weights = align_word_labels(tokenizer, batch_words, batch_tags)
         token_ids = _check_ids(pack_ids(piece_ids), vocabulary_size)
-        x = {"token_ids": token_ids, "segment_ids": tf.zeros_like(token_ids),
-             "padding_mask": tf.cast(token_ids != pad, "int32")}
-        return x, tf.cast(pack_labels(labels), "int32"), tf.cast(pack_labels(weights), "float32")
+        packed = {"token_ids": token_ids, "segment_ids": tf.zeros_like(token_ids),
+                  "padding_mask": tf.cast(pack_mask(tf.ones_like(piece_ids)), "int32")}
+        return ({name: packed[name] for name in inputs}, tf.cast(pack_labels(labels), "int32"),
+                tf.cast(pack_labels(weights), "float32"))
 
     dataset = tf.data.Dataset.from_tensor_slices((
         tf.ragged.constant(words, dtype=tf.string, ragged_rank=1),
         tf.ragged.constant(tags, dtype=tf.int32, ragged_rank=1),
     ))
-    if shuffle:
-        dataset = dataset.shuffle(len(words), seed=seed)
-    return dataset.ragged_batch(batch_size).map(
-        traced_as_written(to_example), num_parallel_calls=AUTOTUNE).prefetch(AUTOTUNE)
+    return _cached(dataset, len(words), to_example, batch_size, shuffle, seed,
+                   batch=tf.data.Dataset.ragged_batch)
+
+
+def _prefix_space(tokenizer):
+    """Whether words need a space before them: a byte-level BPE tokenizer
+    (keras-hub's `BytePairTokenizer`) that does not add one itself."""
+    import keras_hub
+
+    return (isinstance(tokenizer, keras_hub.tokenizers.BytePairTokenizer)
+            and not getattr(tokenizer, "add_prefix_space", False))

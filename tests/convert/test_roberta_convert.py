@@ -178,21 +178,12 @@ def test_bert_masked_lm_directory_loads_as_a_backbone_and_as_its_task(tmp_path_f
 
 @pytest.mark.backend_independent
 def test_roberta_tokenizer_equals_transformers(tmp_path):
-    import transformers
-    from transformers.convert_slow_tokenizer import bytes_to_unicode
+    from _hf_tokenizers import roberta_files
 
     # A byte-level BPE vocabulary: the 256 byte symbols, a few merges.
-    merges = ["Ġ t", "h e", "Ġt he", "a t", "Ġ c", "Ġc at", "Ġ s", "Ġs at", "o n", "Ġ on",
-              "Ġ Ġ"]
-    vocabulary = {"<s>": 0, "<pad>": 1, "</s>": 2, "<unk>": 3}
-    for token in list(bytes_to_unicode().values()) + [m.replace(" ", "") for m in merges]:
-        vocabulary.setdefault(token, len(vocabulary))
-    vocabulary["<mask>"] = len(vocabulary)
-    (tmp_path / "vocab.json").write_text(json.dumps(vocabulary))
-    (tmp_path / "merges.txt").write_text("#version: 0.2\n" + "\n".join(merges) + "\n")
+    theirs = roberta_files(tmp_path, ["Ġ t", "h e", "Ġt he", "a t", "Ġ c", "Ġc at", "Ġ s",
+                                      "Ġs at", "o n", "Ġ on", "Ġ Ġ"])
     ours = load_hf_roberta_tokenizer(str(tmp_path))
-    theirs = transformers.RobertaTokenizer(str(tmp_path / "vocab.json"),
-                                           str(tmp_path / "merges.txt"))
     # Two spaces before a word ("ĠĠ" is in the vocabulary): keras-hub's default
     # eager split (Llama 3's pattern) keeps them together, GPT-2's does not.
     for text in ["the cat sat on the mat.", "The Cat  sat!", "a <mask> sat", "héllo 12",

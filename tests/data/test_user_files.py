@@ -142,6 +142,119 @@ def test_a_hugging_face_style_tokenizer_is_used_as_given(tmp_path):
     assert given.tokenizer is own.tokenizer and given.vocabulary == own.vocabulary
 
 
+# === Any Hugging Face tokenizer (issue 70) ===
+
+# A RoBERTa model reads all three inputs (segment ids 0, one row), a
+# ModernBERT one no segment ids.
+TEXT_PAIRS = [("the cat sat on the great mat, I loved it", "a dull fox", "good"),
+         ("a dull fox", "the quick brown fox jumps over the lazy dog again", "bad"),
+         ("great", "wonderful acting", "good"),
+         ("the lazy dog jumps over the quick brown fox and the cat", "dull", "bad")] * 3
+
+
+def hf_model(kind, vocabulary_size, sequence_length):
+    """The tiny classifier of `kind`'s family: BERT's (BERT), RoBERTa's
+    (RoBERTa, XLM-R: a BERT backbone with padding_id 1 and one segment
+    row), ModernBERT's."""
+    from _families import VARIANTS
+
+    from keras_attn.models import BertSequenceClassifier
+
+    size = dict(vocabulary_size=vocabulary_size, max_sequence_length=sequence_length)
+    if kind == "modernbert":
+        return VARIANTS["modernbert"].build(**size, pad_id=3, dropout=0.0)
+    extra = {} if kind == "bert" else dict(padding_id=1, num_segments=1)
+    backbone = FAMILIES["bert"].backbone(num_layers=1, **size, **extra)
+    return BertSequenceClassifier(backbone, num_classes=2)
+
+
+def rows(x, names):
+    """The rows of a batch's inputs `names`, side by side, sorted (the
+    training batches are shuffled)."""
+    return sorted(map(tuple, np.concatenate([np.asarray(x[name]) for name in names], 1)))
+
+
+@pytest.mark.parametrize("kind", ["bert", "roberta", "modernbert", "xlm_roberta"])
+def test_any_hf_tokenizer_gives_transformers_ids_and_the_inputs_the_model_reads(tmp_path, kind):
+    import transformers
+    from _hf_tokenizers import save_tokenizer
+
+    from keras_attn.convert import load_hf_tokenizer
+
+    directory = save_tokenizer(tmp_path, kind)
+    tokenizer = load_hf_tokenizer(directory)
+    theirs = transformers.AutoTokenizer.from_pretrained(directory)
+    length = 12  # pairs cut both ways (transformers' longest first), single texts too
+    model = hf_model(kind, int(tokenizer.vocabulary_size()), length)
+    path = write_csv(tmp_path / "pairs.csv", ["text", "second", "label"], TEXT_PAIRS)
+    loaded = data.load_text_classification_files(
+        path, tokenizer=tokenizer, sequence_length=length, batch_size=len(TEXT_PAIRS),
+        second_text_field="second", model=model)
+    x, _ = next(iter(loaded.train))
+    assert sorted(x) == sorted(model.input)
+    names = {"token_ids": "input_ids", "padding_mask": "attention_mask",
+             "segment_ids": "token_type_ids"}
+    for second in ([b for _, b, _ in TEXT_PAIRS], None):
+        expected = theirs([a for a, _, _ in TEXT_PAIRS], second, truncation=True,
+                          max_length=length, padding="max_length", return_token_type_ids=True)
+        assert rows(x, list(x)) == rows({k: expected[names[k]] for k in x}, list(x))
+        # Single texts, packed as the loader packs them.
+        x = dict(zip(data.text.INPUTS, data.text.pack_pairs(tokenizer, length, "longest_first")(
+            tf.constant([a for a, _, _ in TEXT_PAIRS]))))
+        x = {name: x[name] for name in model.input}
+    if kind in ("roberta", "modernbert"):  # the model trains on what the loader gives
+        keras.utils.set_random_seed(0)
+        model.compile(optimizer=keras.optimizers.Adam(1e-3))
+        history = model.fit(loaded.train, epochs=1, verbose=0)
+        assert np.isfinite(history.history["loss"][0])
+
+
+class CountingTokenizer:
+    """A tokenizer that counts the texts it tokenizes, in the graph (a
+    tf.data map traces the Python call once)."""
+
+    def __init__(self, inner):
+        self.inner = inner
+        self.texts = tf.Variable(0, dtype=tf.int64)
+
+    def __call__(self, texts):
+        texts = tf.convert_to_tensor(texts)
+        with tf.control_dependencies([self.texts.assign_add(tf.size(texts, tf.int64))]):
+            return self.inner(tf.identity(texts))
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+
+def test_texts_are_tokenized_once_and_shuffled_at_every_epoch(tmp_path):
+    path = write_csv(tmp_path / "reviews.csv", ["text", "label"], SENTENCES)
+    own = data.load_text_classification_files(path, vocabulary_size=80, sequence_length=16)
+    counting = CountingTokenizer(own.tokenizer)
+    loaded = data.load_text_classification_files(path, tokenizer=counting, sequence_length=16,
+                                                 batch_size=4, seed=0)
+    epochs = [np.concatenate([x["token_ids"].numpy() for x, _ in loaded.train])
+              for _ in range(2)]
+    assert int(counting.texts.numpy()) == len(SENTENCES)  # once, not once an epoch
+    assert sorted(map(tuple, epochs[0])) == sorted(map(tuple, epochs[1]))
+    assert not np.array_equal(epochs[0], epochs[1])  # a new order each epoch
+    # The order of the examples is that of the shuffle of the raw rows.
+    order = list(tf.data.Dataset.range(len(SENTENCES)).shuffle(len(SENTENCES), seed=0)
+                 .as_numpy_iterator())
+    unshuffled = next(iter(data.classification_dataset(
+        [t for t, _ in SENTENCES], [0] * len(SENTENCES), own.tokenizer, sequence_length=16,
+        batch_size=len(SENTENCES))))[0]["token_ids"].numpy()
+    np.testing.assert_array_equal(epochs[0], unshuffled[order])
+
+
+def test_a_model_with_other_inputs_is_refused_naming_them(tmp_path):
+    path = write_csv(tmp_path / "reviews.csv", ["text", "label"], SENTENCES)
+    with pytest.raises(ValueError, match=r"Invalid value for argument `model`.*Received: "
+                                         r"model=.* with inputs \['images'\]"):
+        images = keras.Input((4,), name="images")
+        model = keras.Model(images, keras.layers.Dense(2)(images))
+        data.load_text_classification_files(path, vocabulary_size=80, model=model)
+
+
 # === Token classification ===
 
 TAGGED = [(["John", "lives", "in", "Paris"], ["B-PER", "O", "O", "B-LOC"]),
