@@ -68,7 +68,7 @@ class ModernBert(TextFamily):
     def masked_lm_batches(self, dataset):
         import tensorflow as tf
 
-        from keras_attn_base.quiet_tensorflow import traced_as_written
+        from keras_attn._base.quiet_tensorflow import traced_as_written
 
         return dataset.map(traced_as_written(modernbert_batch),
                            num_parallel_calls=tf.data.AUTOTUNE)
