@@ -199,21 +199,24 @@ def _check_ids(token_ids, vocabulary_size):
         return tf.cast(token_ids, "int32")
 
 
-def pack_pairs(tokenizer, sequence_length):
+def pack_pairs(tokenizer, sequence_length, special_tokens=None):
     """A function `(first, second) -> (token_ids, segment_ids, padding_mask)`
     that tokenizes a batch of string pairs and packs
     `[CLS] A [SEP] B [SEP]`, truncating the longer segment first
-    (`round_robin`) to fit `sequence_length`."""
+    (`round_robin`) to fit `sequence_length`. `special_tokens`: the
+    tokenizer's own `{"cls", "sep", "pad"}` tokens (RoBERTa's `<s>`, `</s>`,
+    `<pad>`); None: BERT's `[CLS]`, `[SEP]`, `[PAD]`."""
     import keras_hub
 
+    special = special_tokens or {"cls": "[CLS]", "sep": "[SEP]", "pad": "[PAD]"}
+    pad = _token_id(tokenizer, special["pad"])
     packer = keras_hub.layers.MultiSegmentPacker(
         sequence_length=sequence_length,
-        start_value=_token_id(tokenizer, "[CLS]"),
-        end_value=_token_id(tokenizer, "[SEP]"),
-        pad_value=_token_id(tokenizer, "[PAD]"),
+        start_value=_token_id(tokenizer, special["cls"]),
+        end_value=_token_id(tokenizer, special["sep"]),
+        pad_value=pad,
         truncate="round_robin",
     )
-    pad = _token_id(tokenizer, "[PAD]")
     vocabulary_size = int(tokenizer.vocabulary_size())
 
     def pack(first, second=None):
@@ -439,11 +442,12 @@ def pretraining_dataset(
 
 
 def classification_dataset(texts, labels, tokenizer, sequence_length=128,
-                           batch_size=32, shuffle=False, seed=None, second_texts=None):
+                           batch_size=32, shuffle=False, seed=None, second_texts=None,
+                           special_tokens=None):
     """A dataset of `(x, labels)` for `BertSequenceClassifier`:
     `[CLS] text [SEP]` (or `[CLS] text [SEP] second [SEP]`), padded to
-    `sequence_length`."""
-    pack = pack_pairs(tokenizer, sequence_length)
+    `sequence_length`; `special_tokens` as in `pack_pairs`."""
+    pack = pack_pairs(tokenizer, sequence_length, special_tokens)
     labels = np.asarray(labels, "int32")
     columns = (list(texts),) if second_texts is None else (list(texts), list(second_texts))
 

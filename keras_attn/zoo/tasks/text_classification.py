@@ -126,7 +126,8 @@ class TextClassification(BertTextTask):
         from keras_attn.data import text
 
         return text.classification_dataset(texts, labels, self.tokenizer,
-                                           self.data["sequence_length"], batch_size)
+                                           self.data["sequence_length"], batch_size,
+                                           special_tokens=self.text_family.special_tokens)
 
     def compile_arguments(self, model):
         import keras
@@ -164,6 +165,8 @@ class TextClassification(BertTextTask):
 
         self.check_export_format(format, precision)
         self.prepare()
+        if self.hf_tokenizer():
+            return self._export_token_ids(model, path, format)
         return export_text_classifier(model, self.tokenizer, path,
                                       sequence_length=self.data["sequence_length"],
                                       format=format, precision=precision,
@@ -181,9 +184,40 @@ class TextClassification(BertTextTask):
             total += len(labels)
         return {"accuracy": correct / total}
 
+    def _export_token_ids(self, model, path, format):
+        """The SavedModel of a model whose tokenizer is a Hugging Face
+        source's other than WordPiece, which `export_text_classifier` does
+        not put in a graph: token ids in (`serve_ids`, also `serve`, the
+        family's inputs: `(B, T)` int32), probabilities out, labels.txt in
+        its assets; the run directory holds the tokenizer's files. ONNX
+        and LiteRT refused by name."""
+        import tensorflow as tf
+
+        from keras_attn.export.portable import labels_text
+        from keras_attn.export.saved_model import export_saved_model
+
+        if format != "saved_model":
+            raise ValueError(
+                f"A classifier with a {self.text_family.title} tokenizer (training.pretrained) "
+                f"is exported as a SavedModel of token ids only, not yet as ONNX or LiteRT. "
+                f"Received: format={format!r}")
+        names = self.input_names()
+
+        def serve_ids(*ids):
+            logits = model(dict(zip(names, ids)), training=False)
+            return tf.nn.softmax(tf.cast(logits, "float32"), axis=-1)
+
+        specs = [tf.TensorSpec((None, None), tf.int32, name=name) for name in names]
+        return export_saved_model(model, path, input_signature=specs, serving_fn=serve_ids,
+                                  extra_endpoints={"serve_ids": (serve_ids, specs)},
+                                  assets={"labels.txt": labels_text(self.class_names)})
+
     def example_inputs(self):
+        """Test texts; the token ids of them for a model exported with token
+        ids in (`_export_token_ids`)."""
         self.prepare()
-        return {"text": np.array(self.splits["test"][0][:8], dtype=object)}
+        texts = {"text": np.array(self.splits["test"][0][:8], dtype=object)}
+        return self._token_ids(texts) if self.hf_tokenizer() else texts
 
     def _token_ids(self, inputs):
         names = self.input_names()
@@ -191,8 +225,8 @@ class TextClassification(BertTextTask):
             return {name: inputs[name] for name in names}
         from keras_attn.data import text
 
-        packed = text.pack_pairs(self.tokenizer, self.data["sequence_length"])(
-            list(inputs["text"]))
+        packed = text.pack_pairs(self.tokenizer, self.data["sequence_length"],
+                                 self.text_family.special_tokens)(list(inputs["text"]))
         packed = dict(zip(("token_ids", "segment_ids", "padding_mask"), packed))
         return {name: np.asarray(packed[name]) for name in names}
 
