@@ -107,50 +107,83 @@ def topics_recipe(tmp_path, name, folder):
     return str(path)
 
 
-def fine_tune(tmp_path, name, family, embedding):
-    """Checks the task's model and rows for the checkpoint, then trains the
-    recipe through `keras-attn train`; returns the run directory."""
+def fine_tune(tmp_path, monkeypatch, name, family, embedding, export):
+    """Trains the recipe on the checkpoint through `keras-attn train`
+    (without its SavedModel unless `export`), and checks the run's task (the
+    one the command made): its model started from the checkpoint's encoder,
+    its rows are transformers' ids. Returns the directory and the recipe."""
     from safetensors.numpy import load_file
+
+    from keras_attn.zoo import tasks
 
     directory, tokenizer = hf_directory(tmp_path, family)
     recipe = topics_recipe(tmp_path, name, topic_folder(tmp_path))
-    pretrained = f"training.pretrained={directory}"
-    task = make_task(load_recipe(recipe, RUN + [pretrained]))
-    model = task.build_model()
-    # The checkpoint's encoder under a new head of the three topics.
-    np.testing.assert_array_equal(model.backbone.get_layer("token_embedding").get_weights()[0],
-                                  load_file(str(directory / "model.safetensors"))[embedding])
-    assert task.class_names == sorted(TOPICS) and model.output_shape[-1] == 3
-    # The rows are transformers' ids: its special tokens, its padding id.
-    test_texts = task.splits["test"][0]
-    expected = tokenizer(test_texts, padding="max_length", max_length=LENGTH)
-    rows = task.arrays["test"][0]
-    np.testing.assert_array_equal(rows["token_ids"], expected["input_ids"])
-    np.testing.assert_array_equal(rows["padding_mask"], expected["attention_mask"])
+    seen = {}
 
+    def spy(resolved):  # the command's task; its model as built, before training
+        task = seen["task"] = make_task(resolved)
+        build = task.build_model
+
+        def build_model():
+            model = build()
+            seen["start"] = model.backbone.get_layer("token_embedding").get_weights()[0]
+            return model
+
+        task.build_model = build_model
+        return task
+
+    monkeypatch.setattr(tasks, "make_task", spy)
     run = tmp_path / "run"
-    sets = [item for value in RUN + [pretrained] for item in ("--set", value)]
-    assert cli.main(["train", recipe, "--output", str(run), "--verbose", "0", *sets]) == 0
+    sets = [item for value in RUN + [f"training.pretrained={directory}"]
+            for item in ("--set", value)]
+    assert cli.main(["train", recipe, "--output", str(run), "--verbose", "0", *sets]
+                    + ([] if export else ["--no-export"])) == 0
     results = json.loads((run / "results.json").read_text())
     assert results["metric"] == "accuracy" and 0.0 <= results["value"] <= 1.0
     assert (run / "labels.txt").read_text().split() == sorted(TOPICS)
     assert not (run / "vocab.txt").exists()  # the tokenizer is the checkpoint's
     assert (run / "tokenizer.json").read_text() == (directory / "tokenizer.json").read_text()
-    assert (run / "saved_model" / "assets" / "labels.txt").read_text().split() == sorted(TOPICS)
+
+    # The checkpoint's encoder under a new head of the three topics.
+    task = seen["task"]
+    np.testing.assert_array_equal(
+        seen["start"], load_file(str(directory / "model.safetensors"))[embedding])
+    assert task.class_names == sorted(TOPICS) and task.num_classes == 3
+    # The rows are transformers' ids: its special tokens, its padding id.
+    expected = tokenizer(task.splits["test"][0], padding="max_length", max_length=LENGTH)
+    rows = task.arrays["test"][0]
+    assert sorted(rows) == sorted(task.text_family.inputs)
+    np.testing.assert_array_equal(rows["token_ids"], expected["input_ids"])
+    np.testing.assert_array_equal(rows["padding_mask"], expected["attention_mask"])
     return directory, recipe, run
 
 
-def test_keras_attn_train_fine_tunes_a_hugging_face_modernbert(tmp_path):
-    directory, recipe, _ = fine_tune(tmp_path, "modernbert_tiny_topics", "modernbert",
-                                     "model.embeddings.tok_embeddings.weight")
+def test_keras_attn_train_fine_tunes_a_hugging_face_modernbert(tmp_path, monkeypatch):
+    import tensorflow as tf
+
+    directory, recipe, run = fine_tune(tmp_path, monkeypatch, "modernbert_tiny_topics",
+                                       "modernbert", "model.embeddings.tok_embeddings.weight",
+                                       export=True)
+    # The run's SavedModel takes token ids (its tokenizer is not in the
+    # graph: export_text_classifier packs WordPiece alone), gives
+    # model.keras's probabilities and carries the class names.
+    import keras
+
+    assert (run / "saved_model" / "assets" / "labels.txt").read_text().split() == sorted(TOPICS)
+    inputs = {"token_ids": np.array([[1, 100, 120, 2, 3]], "int32"),
+              "padding_mask": np.array([[1, 1, 1, 1, 0]], "int32")}
+    loaded = tf.saved_model.load(str(run / "saved_model"))
+    served = loaded.serve_ids(inputs["token_ids"], inputs["padding_mask"]).numpy()
+    logits = keras.saving.load_model(str(run / "model.keras")).predict(inputs, verbose=0)
+    np.testing.assert_allclose(served, keras.ops.softmax(logits), atol=1e-6)
     with pytest.raises(ValueError, match=r"^Recipe key `model.overrides` must be empty with "
                                          r"training.pretrained"):
         make_task(load_recipe(recipe, [f"training.pretrained={directory}"])).prepare()
 
 
-def test_keras_attn_train_fine_tunes_a_hugging_face_roberta(tmp_path):
-    directory, _, _ = fine_tune(tmp_path, "roberta_tiny_topics", "roberta",
-                                "roberta.embeddings.word_embeddings.weight")
+def test_keras_attn_train_fine_tunes_a_hugging_face_roberta(tmp_path, monkeypatch):
+    directory, _, _ = fine_tune(tmp_path, monkeypatch, "roberta_tiny_topics", "roberta",
+                                "roberta.embeddings.word_embeddings.weight", export=False)
     # A RoBERTa checkpoint is the bert family's: a modernbert recipe refuses it.
     modernbert = topics_recipe(tmp_path, "modernbert_tiny_topics", tmp_path / "topics")
     with pytest.raises(ValueError, match=r"^Recipe key `family` must be 'bert' to fine-tune "
