@@ -198,9 +198,9 @@ class TextClassification(BertTextTask):
 
         if format != "saved_model":
             raise ValueError(
-                f"A classifier with a {self.text_family.title} tokenizer (training.pretrained) "
-                f"is exported as a SavedModel of token ids only, not yet as ONNX or LiteRT. "
-                f"Received: format={format!r}")
+                f"A classifier that tokenizes with its {self.text_family.title} checkpoint's "
+                f"tokenizer (training.pretrained) is exported as a SavedModel of token ids "
+                f"only, not yet as ONNX or LiteRT. Received: format={format!r}")
         names = self.input_names()
 
         def serve_ids(*ids):
