@@ -1,7 +1,9 @@
 """What the two BERT fine-tuning tasks (text_classification,
 token_classification) share: the keys of their data, the vocabulary (learned
 from the training texts, or a pretrained backbone's: a masked_lm run
-directory or a Hugging Face BERT directory), the splits held in memory and
+directory or a Hugging Face directory of a text family, read by the family
+its config.json's model_type names, with its own tokenizer), the splits
+held in memory and
 the epochs as permutations keyed by (seed, epoch).
 
 A subclass reads its examples (`_embedded_splits`, `_files_splits`,

@@ -14,7 +14,11 @@ vocabulary is learned from the training texts, or is the pretrained
 backbone's (`training.pretrained`). Metric: test accuracy. Export: raw
 strings in, class probabilities out (`keras_attn.export.
 export_text_classifier`; ONNX and LiteRT take the token ids); the run
-directory gets `vocab.txt` and `labels.txt`.
+directory gets `vocab.txt` and `labels.txt`. A Hugging Face RoBERTa, XLM-R
+or ModernBERT directory as `training.pretrained` brings its own tokenizer:
+the rows are packed with its special tokens and padding id, the run
+directory gets its tokenizer files instead of `vocab.txt`, and the export
+is a SavedModel of token ids (`serve_ids`; ONNX and LiteRT refused).
 
 Family `modernbert` (a recipe in models/modernbert/): a
 `ModernBertSequenceClassifier` (`[CLS]` pooling) on the same rows without
