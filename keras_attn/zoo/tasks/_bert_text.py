@@ -3,8 +3,7 @@ token_classification) share: the keys of their data, the vocabulary (learned
 from the training texts, or a pretrained backbone's: a masked_lm run
 directory or a Hugging Face directory of a text family, read by the family
 its config.json's model_type names, with its own tokenizer), the splits
-held in memory and
-the epochs as permutations keyed by (seed, epoch).
+held in memory and the epochs as permutations keyed by (seed, epoch).
 
 A subclass reads its examples (`_embedded_splits`, `_files_splits`,
 `_tfds_splits`: `{split: (inputs, labels) or None}` with `inputs` a list),
