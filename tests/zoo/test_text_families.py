@@ -1,8 +1,11 @@
 """The text family objects (keras_attn.zoo.families): each recipe family's
 object says what its recipes take and build, the text tasks' families are
 those naming them, a Hugging Face model type finds its family, and a
-family that does not read its Hugging Face directories refuses one by the
-recipe key."""
+Hugging Face directory that no family fine-tunes, of another recipe family,
+for a task that does not read its tokenizer, or without its tokenizer files
+is refused by the recipe key."""
+
+import json
 
 import pytest
 
@@ -36,10 +39,29 @@ def test_a_hugging_face_model_type_finds_its_family():
     assert families.by_model_type("gpt2") is None
 
 
-@pytest.mark.parametrize("name, words", [("roberta", "RoBERTa directory has a BPE"),
-                                         ("modernbert", "ModernBERT directory has a BPE")])
-def test_a_family_that_does_not_read_its_directories_refuses_one(tmp_path, name, words):
-    with pytest.raises(ValueError, match=rf"^Recipe key `training.pretrained` of a "
-                                         rf"\w+ recipe must be a masked_lm run .*{words} "
-                                         rf"tokenizer.*Received: training.pretrained="):
-        families.FAMILIES[name].read_pretrained(str(tmp_path), "hf")
+@pytest.mark.parametrize("model_type, family, task, files, message", [
+    ("gpt2", "bert", "text_classification", (),
+     r"^Recipe key `training.pretrained` must be a Hugging Face directory of a text family "
+     r".*model_type='gpt2'\. Received: training.pretrained="),
+    ("roberta", "modernbert", "text_classification", ("tokenizer.json",),
+     r"^Recipe key `family` must be 'bert' to fine-tune .*, a Hugging Face RoBERTa directory "
+     r".*Received: family='modernbert'$"),
+    ("roberta", "bert", "token_classification", ("tokenizer.json",),
+     r"^Recipe key `training.pretrained` of a token_classification recipe .* RoBERTa "
+     r"directory, whose BPE tokenizer the token_classification task does not read "
+     r"\(text_classification does\)\. Received: training.pretrained="),
+    ("modernbert", "modernbert", "text_classification", ("vocab.json",),
+     r"^Recipe key `training.pretrained` must hold its tokenizer: .* ModernBERT directory "
+     r"without tokenizer.json or vocab.json and merges.txt\. Received: training.pretrained="),
+])
+def test_a_hugging_face_directory_is_read_by_its_family_or_refused(tmp_path, model_type,
+                                                                    family, task, files,
+                                                                    message):
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": model_type}))
+    for name in files:
+        (tmp_path / name).write_text("{}")
+    with pytest.raises(ValueError, match=message):
+        families.hf_family(str(tmp_path), family, task)
+    if model_type == "roberta":  # with a bert text_classification recipe: RoBERTa's
+        assert families.hf_family(str(tmp_path), "bert", "text_classification") is \
+            families.FAMILIES["roberta"]

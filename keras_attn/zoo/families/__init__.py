@@ -15,7 +15,9 @@ with RoBERTa's positions, so the resolved recipes keep `"family": "bert"`);
 Every family learns the zoo's WordPiece vocabulary from the training
 texts (`keras_attn.data.text`); `tokenizer_kind`, `special_tokens` and
 `pad_id` describe the family's own vocabulary, the one a Hugging Face
-directory of it brings.
+directory of it brings. A Hugging Face directory is read by the family its
+`config.json`'s `model_type` names (`hf_family`), with that family's own
+config, weights and tokenizer readers (`keras_attn.convert`).
 
 Importing this package imports neither TensorFlow nor Keras: a run from
 prepared files trains without TensorFlow (`keras_attn.zoo.prepared`).
@@ -86,6 +88,11 @@ class TextFamily:
             recipe's `model.overrides` may not set them).
         next_sentence_prediction: its masked LM also predicts the next
             sentence (masked_lm's `nsp_accuracy`).
+        hf_tokenizer_files: the files of its Hugging Face directories'
+            tokenizer, as alternatives (tuples of files; any one whole
+            tuple will do), the readable one first.
+        hf_tasks: the zoo tasks that fine-tune its Hugging Face
+            directories (their pipelines take its tokenizer).
     """
 
     name = None
@@ -100,6 +107,8 @@ class TextFamily:
     tasks = ()
     set_fields = ("vocabulary_size",)
     next_sentence_prediction = False
+    hf_tokenizer_files = (("tokenizer.json",), ("vocab.json", "merges.txt"))
+    hf_tasks = ("text_classification",)
 
     # === The config and the models ===
 
@@ -175,14 +184,64 @@ class TextFamily:
             theirs["model"]["preset"], theirs["model"].get("overrides", {}), vocabulary))
 
     def read_hf(self, path):
-        """`Pretrained` of a Hugging Face directory of this family (by
-        default refused: the text tasks' pipelines take a WordPiece
-        vocabulary)."""
-        raise ValueError(
-            f"Recipe key `{PRETRAINED}` of a {self.recipe_family} recipe must be a masked_lm "
-            f"run of the {self.recipe_family} family (a Hugging Face {self.title} directory has "
-            f"a {_TOKENIZER_WORDS[self.tokenizer_kind]} tokenizer, which this task does not "
-            f"read). Received: {PRETRAINED}={path!r}")
+        """`Pretrained` of a Hugging Face directory of this family: its
+        own tokenizer (`hf_tokenizer`), the tokens by id, its config
+        (`hf_config`); a `ValueError` naming the file when the tokenizer
+        lacks a special token the packing uses, holds ids past the model's
+        vocabulary, or pads with another id than the model's."""
+        tokenizer, config = self.hf_tokenizer(path), self.hf_config(path)
+        file = os.path.join(path, "+".join(self.present_tokenizer_files(path)))
+        size = int(tokenizer.vocabulary_size())
+        if size > config.vocabulary_size:
+            raise ValueError(
+                f"{file}: the tokenizer's {size} ids do not fit the model's vocabulary "
+                f"(config.json vocab_size={config.vocabulary_size}). Received: "
+                f"{PRETRAINED}={path!r}")
+        vocabulary = self.hf_vocabulary(tokenizer)
+        for role in ("cls", "sep", "pad"):
+            if self.special_tokens[role] not in vocabulary:
+                raise ValueError(
+                    f"{file}: the {self.title} tokenizer must hold {self.special_tokens[role]!r} "
+                    f"(the {role} token a text is packed with). Received: "
+                    f"{PRETRAINED}={path!r}")
+        pad_id, model_pad = vocabulary.index(self.special_tokens["pad"]), self.config_pad_id(config)
+        if model_pad is not None and pad_id != model_pad:
+            raise ValueError(
+                f"{file}: the tokenizer's {self.special_tokens['pad']} is id {pad_id}, config.json's "
+                f"pad_token_id {model_pad}; the model must pad with the tokenizer's id. "
+                f"Received: {PRETRAINED}={path!r}")
+        return Pretrained(tokenizer, vocabulary, config)
+
+    def hf_vocabulary(self, tokenizer):
+        """The tokenizer's tokens, by id."""
+        return [tokenizer.id_to_token(i) for i in range(int(tokenizer.vocabulary_size()))]
+
+    def config_pad_id(self, config):
+        """The padding id the model's config holds (None: none it uses)."""
+        return None
+
+    def present_tokenizer_files(self, path):
+        """The first of `hf_tokenizer_files` that `path` holds whole, or ()."""
+        return next((files for files in self.hf_tokenizer_files
+                     if all(os.path.isfile(os.path.join(path, name)) for name in files)), ())
+
+    def hf_tokenizer_assets(self, path):
+        """`{file name: text}` of the tokenizer files of the Hugging Face
+        directory `path` (the text ones), for a run directory."""
+        assets = {}
+        for name in self.present_tokenizer_files(path):
+            if name.endswith((".json", ".txt")):
+                with open(os.path.join(path, name), encoding="utf-8") as handle:
+                    assets[name] = handle.read()
+        return assets
+
+    def hf_config(self, path):
+        """The config of a Hugging Face directory of this family."""
+        raise NotImplementedError
+
+    def hf_tokenizer(self, path):
+        """The tokenizer of a Hugging Face directory of this family."""
+        raise NotImplementedError
 
     def hf_backbone(self, path):
         """The backbone of a Hugging Face directory of this family."""
@@ -240,3 +299,39 @@ def by_model_type(model_type):
     """The family of a Hugging Face `config.json`'s `model_type`, or None."""
     return next((family for family in FAMILIES.values() if family.model_type == model_type),
                 None)
+
+
+def hf_family(path, recipe_family, task):
+    """The family of the Hugging Face directory `path` (its `config.json`'s
+    `model_type`), given as `training.pretrained` to a `task` recipe of
+    `recipe_family`; a `ValueError` naming the key when no family reads
+    it, its recipes are of another family, `task` does not take its
+    tokenizer, or its tokenizer files are missing."""
+    from keras_attn.convert._checkpoint import read_config
+
+    model_type = read_config(path).get("model_type", "bert")
+    family = by_model_type(model_type)
+    received = f"Received: {PRETRAINED}={path!r}"
+    if family is None:
+        types = sorted(f.model_type for f in FAMILIES.values())
+        raise ValueError(
+            f"Recipe key `{PRETRAINED}` must be a Hugging Face directory of a text family the "
+            f"zoo fine-tunes (config.json model_type one of {types}); "
+            f"{os.path.join(path, 'config.json')} has model_type={model_type!r}. {received}")
+    if family.recipe_family != recipe_family:
+        raise ValueError(
+            f"Recipe key `family` must be {family.recipe_family!r} to fine-tune {path}, a Hugging "
+            f"Face {family.title} directory (config.json model_type={model_type!r}; its recipes "
+            f"are the {family.recipe_family} family's). Received: family={recipe_family!r}")
+    if task not in family.hf_tasks:
+        raise ValueError(
+            f"Recipe key `{PRETRAINED}` of a {task} recipe must be a masked_lm run or a Hugging "
+            f"Face BERT directory: {path} is a {family.title} directory, whose "
+            f"{_TOKENIZER_WORDS[family.tokenizer_kind]} tokenizer the {task} task does not read "
+            f"({', '.join(family.hf_tasks)} does). {received}")
+    if not family.present_tokenizer_files(path):
+        files = " or ".join(" and ".join(names) for names in family.hf_tokenizer_files)
+        raise ValueError(
+            f"Recipe key `{PRETRAINED}` must hold its tokenizer: {path} is a Hugging Face "
+            f"{family.title} directory without {files}. {received}")
+    return family

@@ -4,7 +4,6 @@ the bert recipe family (`keras_attn.models.bert`)."""
 
 from keras_attn.zoo.families import BERT_SPECIAL_TOKENS
 from keras_attn.zoo.families import TextFamily
-from keras_attn.zoo.families import Pretrained
 from keras_attn.zoo.families import vocabulary_pad_id
 
 
@@ -68,12 +67,21 @@ class Bert(TextFamily):
     def masked_lm_inputs(self):
         return self.inputs + ("mask_positions",)
 
-    def read_hf(self, path):
+    hf_tokenizer_files = (("tokenizer.json",), ("vocab.txt",))
+    hf_tasks = ("text_classification", "token_classification")
+
+    def hf_config(self, path):
         from keras_attn.convert.bert import bert_config_from_hf
+
+        return bert_config_from_hf(path)
+
+    def hf_tokenizer(self, path):
         from keras_attn.convert.bert import load_hf_bert_tokenizer
 
-        tokenizer = load_hf_bert_tokenizer(path)
-        return Pretrained(tokenizer, list(tokenizer.get_vocabulary()), bert_config_from_hf(path))
+        return load_hf_bert_tokenizer(path)
+
+    def hf_vocabulary(self, tokenizer):
+        return list(tokenizer.get_vocabulary())
 
     def hf_backbone(self, path):
         from keras_attn.convert.bert import load_hf_bert_backbone
@@ -92,8 +100,17 @@ class Roberta(Bert):
     special_tokens = {"cls": "<s>", "sep": "</s>", "pad": "<pad>", "mask": "<mask>",
                       "unk": "<unk>"}
     pad_id = 1
-    # Its directories' tokenizer is not BERT's: refused (TextFamily.read_hf).
-    read_hf = TextFamily.read_hf
+    hf_tokenizer_files = TextFamily.hf_tokenizer_files
+    hf_tasks = TextFamily.hf_tasks
+    hf_vocabulary = TextFamily.hf_vocabulary
+
+    def hf_tokenizer(self, path):
+        from keras_attn.convert.bpe import load_hf_bpe_tokenizer
+
+        return load_hf_bpe_tokenizer(path)
+
+    def config_pad_id(self, config):
+        return config.padding_id  # its positions are counted past it
 
 
 class XlmRoberta(Roberta):
@@ -103,3 +120,9 @@ class XlmRoberta(Roberta):
     title = "XLM-R"
     model_type = "xlm-roberta"
     tokenizer_kind = "sentencepiece"
+    hf_tokenizer_files = (("tokenizer.json",), ("sentencepiece.bpe.model",))
+
+    def hf_tokenizer(self, path):
+        from keras_attn.convert.bert import load_hf_xlm_roberta_tokenizer
+
+        return load_hf_xlm_roberta_tokenizer(path)

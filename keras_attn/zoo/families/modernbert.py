@@ -65,6 +65,27 @@ class ModernBert(TextFamily):
 
         return ModernBertMaskedLM(backbone)
 
+    def hf_config(self, path):
+        from keras_attn.convert.modernbert import modernbert_config_from_hf
+
+        return modernbert_config_from_hf(path)
+
+    def hf_tokenizer(self, path):
+        from keras_attn.convert.bpe import load_hf_bpe_tokenizer
+
+        return load_hf_bpe_tokenizer(path)
+
+    def config_pad_id(self, config):
+        return config.pad_id
+
+    def hf_backbone(self, path):
+        """The backbone of a ModernBertModel, ...ForMaskedLM or
+        ...ForSequenceClassification directory (its head left out)."""
+        from keras_attn.convert.modernbert import load_hf_modernbert
+
+        model = load_hf_modernbert(path)
+        return getattr(model, "backbone", model)
+
     def masked_lm_batches(self, dataset):
         import tensorflow as tf
 

@@ -1,8 +1,9 @@
 """What the two BERT fine-tuning tasks (text_classification,
 token_classification) share: the keys of their data, the vocabulary (learned
 from the training texts, or a pretrained backbone's: a masked_lm run
-directory or a Hugging Face BERT directory), the splits held in memory and
-the epochs as permutations keyed by (seed, epoch).
+directory or a Hugging Face directory of a text family, read by the family
+its config.json's model_type names, with its own tokenizer), the splits
+held in memory and the epochs as permutations keyed by (seed, epoch).
 
 A subclass reads its examples (`_embedded_splits`, `_files_splits`,
 `_tfds_splits`: `{split: (inputs, labels) or None}` with `inputs` a list),
@@ -17,7 +18,9 @@ import numpy as np
 import pydantic
 
 from keras_attn.zoo import schema
+from keras_attn.zoo.families import FAMILIES
 from keras_attn.zoo.families import PRETRAINED
+from keras_attn.zoo.families import hf_family
 from keras_attn.zoo.families import task_families
 from keras_attn.zoo.families import text_family
 from keras_attn.zoo.schema import field
@@ -26,7 +29,8 @@ from keras_attn.zoo.tasks.base import batch_count
 from keras_attn.zoo.tasks.base import pretrained_source
 
 _RUN_FILES = ("recipe.json", "model.keras", "vocab.txt")
-_HF_FILES = ("config.json", "model.safetensors", "vocab.txt")
+# The tokenizer's files are the family's (`TextFamily.hf_tokenizer_files`).
+_HF_FILES = ("config.json", "model.safetensors")
 
 
 class BertTextData(schema.TfdsSplits):
@@ -70,17 +74,21 @@ class BertTextTraining(schema.Training):
                           "learned from the training texts. A directory: fine-tune its "
                           "backbone with its vocabulary (model.overrides must then be "
                           "empty): a finished run of the masked_lm task of the recipe's "
-                          "family (recipe.json, model.keras, vocab.txt) or, for the bert "
-                          "family, a Hugging Face BERT directory (config.json, "
-                          "model.safetensors, vocab.txt).")
+                          "family (recipe.json, model.keras, vocab.txt) or a Hugging Face "
+                          "directory of the recipe's family (config.json, model.safetensors "
+                          "and its tokenizer; bert: BERT, RoBERTa, XLM-R; modernbert: "
+                          "ModernBERT; config.json's model_type tells), fine-tuned with its "
+                          "own tokenizer (token_classification: BERT's alone).")
 
 
 def pretrained_kind(path):
-    """"run" (a finished masked_lm run) or "hf" (a Hugging Face BERT
-    directory) for `training.pretrained`; a `ValueError` naming the key
-    otherwise."""
-    return pretrained_source(path, PRETRAINED, "masked_lm", _RUN_FILES, _HF_FILES,
-                             "Hugging Face BERT", "a backbone")
+    """"run" (a finished masked_lm run) or "hf" (a Hugging Face directory
+    of a text family) for `training.pretrained`; a `ValueError` naming the
+    key otherwise."""
+    titles = [family.title for family in FAMILIES.values()]
+    what = f"Hugging Face {', '.join(titles[:-1])} or {titles[-1]}"
+    return pretrained_source(path, PRETRAINED, "masked_lm", _RUN_FILES, _HF_FILES, what,
+                             "a backbone")
 
 
 def take(values, indices):
@@ -190,9 +198,26 @@ class BertTextTask(TextFamilyTask):
             arrays = keras.tree.map_structure(lambda a: a[order], arrays)
         return tf.data.Dataset.from_tensor_slices(arrays).batch(self.batch_size)
 
+    def _pretrained_kind(self):
+        """`pretrained_kind` of `training.pretrained`; for a Hugging Face
+        directory, `text_family` becomes the family that reads it (its
+        `model_type`'s: RoBERTa's for a bert recipe)."""
+        path = self.training["pretrained"]
+        kind = pretrained_kind(path)
+        if kind == "hf":
+            self.text_family = hf_family(path, self.model_family, self.name)
+        return kind
+
+    def hf_tokenizer(self):
+        """Whether the task tokenizes with a Hugging Face source's tokenizer
+        other than WordPiece (RoBERTa's, ModernBERT's byte-level BPE,
+        XLM-R's SentencePiece), not a WordPiece vocabulary."""
+        return (bool(self.training.get("pretrained")) and self._pretrained_kind() == "hf"
+                and self.text_family.tokenizer_kind != "wordpiece")
+
     def _load_pretrained_vocabulary(self):
         path = self.pretrained
-        kind = pretrained_kind(path)
+        kind = self._pretrained_kind()
         overrides = self.recipe["model"]["overrides"]
         if overrides:
             raise ValueError(
@@ -293,8 +318,8 @@ class BertTextTask(TextFamilyTask):
 
     def make_model(self, preset, overrides):
         if self.pretrained:
-            backbone = self.text_family.pretrained_backbone(self.pretrained,
-                                                            pretrained_kind(self.pretrained))
+            kind = self._pretrained_kind()
+            backbone = self.text_family.pretrained_backbone(self.pretrained, kind)
         else:
             backbone = self.text_family.backbone(preset, overrides, self.vocabulary)
         return self.build_head(backbone)
@@ -310,7 +335,11 @@ class BertTextTask(TextFamilyTask):
         return self.evaluate_batches(model, self.test_data())
 
     def assets(self):
-        """vocab.txt, and labels.txt: the class of each output index."""
+        """vocab.txt (a Hugging Face directory's tokenizer other than
+        WordPiece: its own files), and labels.txt: the class of each output
+        index."""
         self.prepare()
-        return {"vocab.txt": "\n".join(self.vocabulary) + "\n",
-                "labels.txt": "\n".join(self.class_names) + "\n"}
+        labels = {"labels.txt": "\n".join(self.class_names) + "\n"}
+        if self.hf_tokenizer():
+            return {**self.text_family.hf_tokenizer_assets(self.pretrained), **labels}
+        return {"vocab.txt": "\n".join(self.vocabulary) + "\n", **labels}

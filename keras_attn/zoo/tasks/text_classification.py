@@ -14,7 +14,11 @@ vocabulary is learned from the training texts, or is the pretrained
 backbone's (`training.pretrained`). Metric: test accuracy. Export: raw
 strings in, class probabilities out (`keras_attn.export.
 export_text_classifier`; ONNX and LiteRT take the token ids); the run
-directory gets `vocab.txt` and `labels.txt`.
+directory gets `vocab.txt` and `labels.txt`. A Hugging Face RoBERTa, XLM-R
+or ModernBERT directory as `training.pretrained` brings its own tokenizer:
+the rows are packed with its special tokens and padding id, the run
+directory gets its tokenizer files instead of `vocab.txt`, and the export
+is a SavedModel of token ids (`serve_ids`; ONNX and LiteRT refused).
 
 Family `modernbert` (a recipe in models/modernbert/): a
 `ModernBertSequenceClassifier` (`[CLS]` pooling) on the same rows without
@@ -164,6 +168,8 @@ class TextClassification(BertTextTask):
 
         self.check_export_format(format, precision)
         self.prepare()
+        if self.hf_tokenizer():
+            return self._export_token_ids(model, path, format)
         return export_text_classifier(model, self.tokenizer, path,
                                       sequence_length=self.data["sequence_length"],
                                       format=format, precision=precision,
@@ -181,9 +187,40 @@ class TextClassification(BertTextTask):
             total += len(labels)
         return {"accuracy": correct / total}
 
+    def _export_token_ids(self, model, path, format):
+        """The SavedModel of a model whose tokenizer is a Hugging Face
+        source's other than WordPiece, which `export_text_classifier` does
+        not put in a graph: token ids in (`serve_ids`, also `serve`, the
+        family's inputs: `(B, T)` int32), probabilities out, labels.txt in
+        its assets; the run directory holds the tokenizer's files. ONNX
+        and LiteRT refused by name."""
+        import tensorflow as tf
+
+        from keras_attn.export.portable import labels_text
+        from keras_attn.export.saved_model import export_saved_model
+
+        if format != "saved_model":
+            raise ValueError(
+                f"A classifier that tokenizes with its {self.text_family.title} checkpoint's "
+                f"tokenizer (training.pretrained) is exported as a SavedModel of token ids "
+                f"only, not yet as ONNX or LiteRT. Received: format={format!r}")
+        names = self.input_names()
+
+        def serve_ids(*ids):
+            logits = model(dict(zip(names, ids)), training=False)
+            return tf.nn.softmax(tf.cast(logits, "float32"), axis=-1)
+
+        specs = [tf.TensorSpec((None, None), tf.int32, name=name) for name in names]
+        return export_saved_model(model, path, input_signature=specs, serving_fn=serve_ids,
+                                  extra_endpoints={"serve_ids": (serve_ids, specs)},
+                                  assets={"labels.txt": labels_text(self.class_names)})
+
     def example_inputs(self):
+        """Test texts; the token ids of them for a model exported with token
+        ids in (`_export_token_ids`)."""
         self.prepare()
-        return {"text": np.array(self.splits["test"][0][:8], dtype=object)}
+        texts = {"text": np.array(self.splits["test"][0][:8], dtype=object)}
+        return self._token_ids(texts) if self.hf_tokenizer() else texts
 
     def _token_ids(self, inputs):
         names = self.input_names()
@@ -191,6 +228,7 @@ class TextClassification(BertTextTask):
             return {name: inputs[name] for name in names}
         from keras_attn.data import text
 
+        # The tokenizer's own special tokens and padding (text.text_form).
         packed = text.pack_pairs(self.tokenizer, self.data["sequence_length"])(
             list(inputs["text"]))
         packed = dict(zip(("token_ids", "segment_ids", "padding_mask"), packed))

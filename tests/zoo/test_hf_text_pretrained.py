@@ -1,0 +1,191 @@
+"""`keras-attn train` of a `*_topics` recipe with `training.pretrained` = a
+Hugging Face ModernBERT or RoBERTa directory (a tiny one saved here by
+transformers, with its byte-level BPE tokenizer) on a `files:` CSV folder of
+three topics: the model starts from the checkpoint's encoder, the texts are
+packed with the checkpoint's own special tokens and padding id (transformers'
+ids), the run trains, evaluates and writes its results, its SavedModel
+(token ids in) and the tokenizer's files; a recipe whose family or model
+section contradicts the checkpoint is refused by name."""
+
+import csv
+import json
+import os
+
+import numpy as np
+import pytest
+
+import keras_attn.cli as cli
+from _tiny import ROOT
+from keras_attn.zoo.recipe import load_recipe
+from keras_attn.zoo.tasks import make_task
+
+pytestmark = pytest.mark.tf_only
+
+TOPICS = {"pets": ["the cat sat on the mat", "a dog ran after the cat", "my cat likes fish",
+                   "the dog sleeps all day"],
+          "money": ["stocks fell on monday", "the bank raised its rates", "prices rose again",
+                    "the market closed higher"],
+          "weather": ["rain falls all week", "a cold wind from the north", "the sun is out",
+                      "snow on the hills today"]}
+TEXTS = [text for texts in TOPICS.values() for text in texts]
+LENGTH = 16
+RUN = ["model.overrides={}", f"data.sequence_length={LENGTH}", "training.batch_size=8",
+       "training.epochs=1", "training.schedule={\"name\": \"constant\"}",
+       "training.jit_compile=false", "data.validation_fraction=0"]
+
+
+def topic_folder(tmp_path):
+    folder = tmp_path / "topics"
+    folder.mkdir()
+    rows = [(text, topic) for topic, texts in TOPICS.items() for text in texts]
+    for split, split_rows in (("train", rows * 2), ("test", rows[::2])):
+        with open(folder / f"{split}.csv", "w", newline="", encoding="utf-8") as handle:
+            csv.writer(handle).writerows([("text", "label")] + split_rows)
+    return folder
+
+
+def hf_directory(tmp_path, family):
+    """A tiny `...ForMaskedLM` of `family` with random weights and a byte-level
+    BPE tokenizer trained on `TEXTS`, saved by transformers; its tokenizer."""
+    import transformers
+    from tokenizers import Tokenizer
+    from tokenizers import decoders
+    from tokenizers import models
+    from tokenizers import pre_tokenizers
+    from tokenizers import processors
+    from tokenizers import trainers
+
+    roberta = family == "roberta"
+    specials = (["<s>", "<pad>", "</s>", "<unk>", "<mask>"] if roberta
+                else ["[UNK]", "[CLS]", "[SEP]", "[PAD]", "[MASK]"])
+    bpe = Tokenizer(models.BPE())
+    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    bpe.decoder = decoders.ByteLevel()
+    bpe.train_from_iterator(TEXTS, trainers.BpeTrainer(
+        vocab_size=300, special_tokens=specials, show_progress=False,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    directory = tmp_path / family
+    directory.mkdir()
+    sizes = dict(hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+                 intermediate_size=32)
+    if roberta:
+        bpe.model.save(str(directory))  # vocab.json, merges.txt
+        tokenizer = transformers.RobertaTokenizer(str(directory / "vocab.json"),
+                                                  str(directory / "merges.txt"))
+        config = transformers.RobertaConfig(vocab_size=len(tokenizer), max_position_embeddings=40,
+                                            pad_token_id=tokenizer.pad_token_id, **sizes)
+        model = transformers.RobertaForMaskedLM(config)
+    else:  # ModernBERT's tokenizer.json: [CLS] text [SEP]
+        bpe.post_processor = processors.TemplateProcessing(
+            single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B [SEP]",
+            special_tokens=[(token, bpe.token_to_id(token)) for token in ("[CLS]", "[SEP]")])
+        tokenizer = transformers.PreTrainedTokenizerFast(
+            tokenizer_object=bpe, unk_token="[UNK]", cls_token="[CLS]", sep_token="[SEP]",
+            pad_token="[PAD]", mask_token="[MASK]")
+        ids = {name: tokenizer.convert_tokens_to_ids(token) for name, token in
+               (("pad_token_id", "[PAD]"), ("cls_token_id", "[CLS]"), ("sep_token_id", "[SEP]"),
+                ("bos_token_id", "[CLS]"), ("eos_token_id", "[SEP]"))}
+        config = transformers.ModernBertConfig(vocab_size=len(tokenizer),
+                                               max_position_embeddings=64, local_attention=16,
+                                               global_attn_every_n_layers=1, **ids, **sizes)
+        model = transformers.ModernBertForMaskedLM(config)
+    model.save_pretrained(str(directory))
+    tokenizer.save_pretrained(str(directory))
+    return directory, tokenizer
+
+
+def topics_recipe(tmp_path, name, folder):
+    """The `name` recipe (a `*_topics` one) on the `files:` folder."""
+    family = "modernbert" if name.startswith("modernbert") else "bert"
+    with open(os.path.join(ROOT, "models", family, f"{name}.json"), encoding="utf-8") as handle:
+        recipe = json.load(handle)
+    recipe["data"] = {"dataset": f"files:{folder}"}
+    for key in ("expected", "$schema"):
+        recipe.pop(key, None)
+    path = tmp_path / f"{name}.json"
+    path.write_text(json.dumps(recipe))
+    return str(path)
+
+
+def fine_tune(tmp_path, monkeypatch, name, family, embedding, export):
+    """Trains the recipe on the checkpoint through `keras-attn train`
+    (without its SavedModel unless `export`), and checks the run's task (the
+    one the command made): its model started from the checkpoint's encoder,
+    its rows are transformers' ids. Returns the directory and the recipe."""
+    from safetensors.numpy import load_file
+
+    from keras_attn.zoo import tasks
+
+    directory, tokenizer = hf_directory(tmp_path, family)
+    recipe = topics_recipe(tmp_path, name, topic_folder(tmp_path))
+    seen = {}
+
+    def spy(resolved):  # the command's task; its model as built, before training
+        task = seen["task"] = make_task(resolved)
+        build = task.build_model
+
+        def build_model():
+            model = build()
+            seen["start"] = model.backbone.get_layer("token_embedding").get_weights()[0]
+            return model
+
+        task.build_model = build_model
+        return task
+
+    monkeypatch.setattr(tasks, "make_task", spy)
+    run = tmp_path / "run"
+    sets = [item for value in RUN + [f"training.pretrained={directory}"]
+            for item in ("--set", value)]
+    assert cli.main(["train", recipe, "--output", str(run), "--verbose", "0", *sets]
+                    + ([] if export else ["--no-export"])) == 0
+    results = json.loads((run / "results.json").read_text())
+    assert results["metric"] == "accuracy" and 0.0 <= results["value"] <= 1.0
+    assert (run / "labels.txt").read_text().split() == sorted(TOPICS)
+    assert not (run / "vocab.txt").exists()  # the tokenizer is the checkpoint's
+    assert (run / "tokenizer.json").read_text() == (directory / "tokenizer.json").read_text()
+
+    # The checkpoint's encoder under a new head of the three topics.
+    task = seen["task"]
+    np.testing.assert_array_equal(
+        seen["start"], load_file(str(directory / "model.safetensors"))[embedding])
+    assert task.class_names == sorted(TOPICS) and task.num_classes == 3
+    # The rows are transformers' ids: its special tokens, its padding id.
+    expected = tokenizer(task.splits["test"][0], padding="max_length", max_length=LENGTH)
+    rows = task.arrays["test"][0]
+    assert sorted(rows) == sorted(task.text_family.inputs)
+    np.testing.assert_array_equal(rows["token_ids"], expected["input_ids"])
+    np.testing.assert_array_equal(rows["padding_mask"], expected["attention_mask"])
+    return directory, recipe, run
+
+
+def test_keras_attn_train_fine_tunes_a_hugging_face_modernbert(tmp_path, monkeypatch):
+    import tensorflow as tf
+
+    directory, recipe, run = fine_tune(tmp_path, monkeypatch, "modernbert_tiny_topics",
+                                       "modernbert", "model.embeddings.tok_embeddings.weight",
+                                       export=True)
+    # The run's SavedModel takes token ids (its tokenizer is not in the
+    # graph: export_text_classifier packs WordPiece alone), gives
+    # model.keras's probabilities and carries the class names.
+    import keras
+
+    assert (run / "saved_model" / "assets" / "labels.txt").read_text().split() == sorted(TOPICS)
+    inputs = {"token_ids": np.array([[1, 100, 120, 2, 3]], "int32"),
+              "padding_mask": np.array([[1, 1, 1, 1, 0]], "int32")}
+    loaded = tf.saved_model.load(str(run / "saved_model"))
+    served = loaded.serve_ids(inputs["token_ids"], inputs["padding_mask"]).numpy()
+    logits = keras.saving.load_model(str(run / "model.keras")).predict(inputs, verbose=0)
+    np.testing.assert_allclose(served, keras.ops.softmax(logits), atol=1e-6)
+    with pytest.raises(ValueError, match=r"^Recipe key `model.overrides` must be empty with "
+                                         r"training.pretrained"):
+        make_task(load_recipe(recipe, [f"training.pretrained={directory}"])).prepare()
+
+
+def test_keras_attn_train_fine_tunes_a_hugging_face_roberta(tmp_path, monkeypatch):
+    directory, _, _ = fine_tune(tmp_path, monkeypatch, "roberta_tiny_topics", "roberta",
+                                "roberta.embeddings.word_embeddings.weight", export=False)
+    # A RoBERTa checkpoint is the bert family's: a modernbert recipe refuses it.
+    modernbert = topics_recipe(tmp_path, "modernbert_tiny_topics", tmp_path / "topics")
+    with pytest.raises(ValueError, match=r"^Recipe key `family` must be 'bert' to fine-tune "
+                                         r".*RoBERTa directory.*Received: family='modernbert'"):
+        make_task(load_recipe(modernbert, RUN + [f"training.pretrained={directory}"])).prepare()
