@@ -1,4 +1,4 @@
-"""The four families follow one template (keras_attn/models/_config.py): the
+"""The families follow one template (keras_attn/models/_config.py): the
 same names, defaults, lookups and argument errors in each."""
 
 import dataclasses
@@ -16,7 +16,7 @@ FAMILIES = {
     for name, family in TABLE.items()
 }
 DEFAULTS = {"bert": "bert_base", "vit": "vit_base_16", "transformer": "transformer_base",
-            "conformer": "conformer_small"}
+            "conformer": "conformer_small", "modernbert": "modernbert_base"}
 
 
 def _api(family):
@@ -66,7 +66,7 @@ def test_the_same_errors_in_every_family(family):
     get_config, replace_config, build = _api(family)
     config_class, presets, tiny = FAMILIES[family]
     label = {"bert": "BERT", "vit": "ViT", "transformer": "Transformer",
-             "conformer": "Conformer"}[family]
+             "conformer": "Conformer", "modernbert": "ModernBERT"}[family]
     name = sorted(presets)[0]
     with pytest.raises(ValueError, match=rf"Unknown {label} preset 'nope'; valid presets are "
                                          rf".* Received: config='nope'"):
@@ -95,7 +95,7 @@ def test_the_same_errors_in_every_family(family):
 
 
 MODELS = {"bert": models.BertBackbone, "vit": models.ViT, "transformer": models.Transformer,
-          "conformer": models.ConformerCTC}
+          "conformer": models.ConformerCTC, "modernbert": models.ModernBertBackbone}
 # A model's own arguments that are not architecture (after `dtype`, default None).
 OWN = {"vit": ["class_names"]}
 
