@@ -36,10 +36,12 @@ from keras_attn.convert._checkpoint import hf_label_fields
 from keras_attn.convert._checkpoint import json_text
 from keras_attn.convert._checkpoint import layer_weights
 from keras_attn.convert._checkpoint import read_config
-from keras_attn.convert._checkpoint import read_entries
 from keras_attn.convert._checkpoint import read_safetensors
-from keras_attn.convert._checkpoint import transposed
-from keras_attn.convert._checkpoint import write_directory
+from keras_attn.convert._registry import Converter
+from keras_attn.convert._registry import entry_helpers
+from keras_attn.convert._registry import load_weights
+from keras_attn.convert._registry import register
+from keras_attn.convert._registry import write_weights
 from keras_attn.convert._image_processor import check_image_size
 from keras_attn.convert._image_processor import processor_statistics
 from keras_attn.convert._image_processor import read_image_processor
@@ -76,24 +78,6 @@ def vit_config_from_hf(hf_config):
         pooling="cls",
         num_classes=len(labels) or None,
     )
-
-
-def entry_helpers(entries, width):
-    """`dense(layer, name, n_out, n_in)` and `norm(layer, name)`, which add a
-    Dense layer's or a LayerNorm's `Entry`s to `entries` (torch's `(out,
-    in)` kernels transposed)."""
-
-    def dense(layer, name, n_out, n_in):  # torch (out, in) <-> Keras (in, out)
-        kernel, bias = layer_weights(layer, 2)
-        entries.append(Entry(name + ".weight", (n_out, n_in), kernel, transposed, transposed))
-        entries.append(Entry(name + ".bias", (n_out,), bias))
-
-    def norm(layer, name):
-        gamma, beta = layer_weights(layer, 2)
-        entries.append(Entry(name + ".weight", (width,), gamma))
-        entries.append(Entry(name + ".bias", (width,), beta))
-
-    return dense, norm
 
 
 def check_vit_sizes(config, tensors, path, prefix, intermediate):
@@ -222,16 +206,14 @@ def load_hf_vit(path, include_classifier=True):
                     ("intermediate_size", config.intermediate_dim, "intermediate.dense.weight", 0))
     model = ViT(**dataclasses.asdict(dataclasses.replace(config, num_classes=num_classes)),
                 class_names=class_names)
-    plan = read_entries(_layout(model, prefix), tensors, model)  # before any assignment
-    dropped = tensors.check_all_used(dropped=(prefix + "pooler.", "classifier."))
+    dropped = load_weights(model, _layout(model, prefix), tensors,
+                           dropped=(prefix + "pooler.", "classifier."))
     if dropped:
         warnings.warn(
             f"{tensors.file}: not loaded (by choice): "
             f"{', '.join(sorted({k.rsplit('.', 1)[0] for k in dropped}))}",
             stacklevel=2,
         )
-    for variable, array in plan:
-        variable.assign(array)
     return model
 
 
@@ -271,9 +253,6 @@ def save_hf_vit(model, directory, overwrite=False, class_names=None):
             or an existing non-empty directory without `overwrite` (nothing
             is written then).
     """
-    import numpy as np
-    from keras import ops
-
     config = getattr(model, "vit_config", None)
     if config is None:
         raise ValueError(
@@ -326,13 +305,9 @@ def save_hf_vit(model, directory, overwrite=False, class_names=None):
         "image_mean": mean,
         "image_std": std,
     }
-    tensors = {
-        entry.name: entry.to_hf(np.asarray(ops.convert_to_numpy(entry.variable), "float32"))
-        for entry in entries
-    }
     files = {"config.json": json_text(hf_config),
              "preprocessor_config.json": json_text(processor)}
-    return write_directory(directory, files, tensors, overwrite=overwrite)
+    return write_weights(directory, entries, files, overwrite=overwrite)
 
 
 def _sublayer(layer, name):
@@ -342,3 +317,14 @@ def _sublayer(layer, name):
         if sub.name == name:
             return sub
     raise ValueError(f"{layer.name!r} has no sublayer {name!r}. Received: name={name!r}")
+
+
+def _writes(model):
+    from keras_attn.convert.dinov2 import is_dinov2  # DINOv2's options: its own layout
+
+    return isinstance(model, ViT) and not is_dinov2(model.vit_config)
+
+
+CONVERTER = register(Converter("vit", ("ViTModel", "ViTForImageClassification"), ("vit",),
+                               load=load_hf_vit, save=save_hf_vit, writes=_writes,
+                               models=("ViT",)))
