@@ -183,10 +183,14 @@ def write_weights(directory, entries, files, overwrite=False, extra=None):
     return write_directory(directory, files, tensors, overwrite=overwrite)
 
 
-def entry_helpers(entries, width):
+def entry_helpers(entries, width, num_heads=None):
     """`dense(layer, name, n_out, n_in)` and `norm(layer, name)`, which add
     a Dense layer's (torch's `(out, in)` kernel transposed) or a biased
-    LayerNorm's (`width` wide) `Entry`s to `entries`."""
+    LayerNorm's (`width` wide) `Entry`s to `entries`; with `num_heads`,
+    also `heads_in(layer, name)` and `heads_out(layer, name)`, an
+    attention projection's: torch's `(D, D)` Linear as Keras' per-head
+    `(D, N, H)` query / key / value kernel (bias `(N, H)`, or none:
+    `bias=False`) or `(N, H, D)` output kernel."""
 
     def dense(layer, name, n_out, n_in):
         kernel, bias = layer_weights(layer, 2)
@@ -198,4 +202,23 @@ def entry_helpers(entries, width):
         entries.append(Entry(name + ".weight", (width,), gamma))
         entries.append(Entry(name + ".bias", (width,), beta))
 
-    return dense, norm
+    if num_heads is None:
+        return dense, norm
+    D, N = width, num_heads
+    H = D // N
+
+    def heads_in(layer, name, bias=True):
+        weights = layer_weights(layer, 2 if bias else 1)
+        entries.append(Entry(name + ".weight", (D, D), weights[0],
+                             lambda a: a.T.reshape(D, N, H), lambda a: a.reshape(D, D).T))
+        if bias:
+            entries.append(Entry(name + ".bias", (D,), weights[1],
+                                 lambda a: a.reshape(N, H), lambda a: a.reshape(D)))
+
+    def heads_out(layer, name):
+        kernel, bias = layer_weights(layer, 2)
+        entries.append(Entry(name + ".weight", (D, D), kernel,
+                             lambda a: a.T.reshape(N, H, D), lambda a: a.reshape(D, D).T))
+        entries.append(Entry(name + ".bias", (D,), bias))
+
+    return dense, norm, heads_in, heads_out

@@ -184,22 +184,8 @@ def _backbone_layout(backbone, prefix, pooler=True):
     (`prefix` "bert." inside a BertFor* model)."""
     config = backbone.bert_config
     D, F, N = config.hidden_dim, config.intermediate_dim, config.num_heads
-    H = D // N
     entries = []
-    dense, norm = entry_helpers(entries, D)
-
-    def heads_in(layer, name):  # (D, D) <-> (D, N, H)
-        kernel, bias = layer_weights(layer, 2)
-        entries.append(Entry(name + ".weight", (D, D), kernel,
-                             lambda a: a.T.reshape(D, N, H), lambda a: a.reshape(D, D).T))
-        entries.append(Entry(name + ".bias", (D,), bias,
-                             lambda a: a.reshape(N, H), lambda a: a.reshape(D)))
-
-    def heads_out(layer, name):  # (D, D) <-> (N, H, D)
-        kernel, bias = layer_weights(layer, 2)
-        entries.append(Entry(name + ".weight", (D, D), kernel,
-                             lambda a: a.T.reshape(N, H, D), lambda a: a.reshape(D, D).T))
-        entries.append(Entry(name + ".bias", (D,), bias))
+    dense, norm, heads_in, heads_out = entry_helpers(entries, D, N)
 
     def table(layer, name, rows):
         (embeddings,) = layer_weights(layer, 1)

@@ -52,6 +52,7 @@ from keras_attn.convert._image_processor import read_image_processor
 from keras_attn.convert.vit import attention_entries
 from keras_attn.convert.vit import check_vit_sizes
 from keras_attn.convert.vit import embedding_entries
+from keras_attn.convert.vit import is_dinov2
 from keras_attn.models.vit import ViT
 from keras_attn.models.vit import ViTConfig
 from keras_attn.models.vit import resize_vit
@@ -218,13 +219,6 @@ def _swiglu_ratio(hidden_dim, width):
         if swiglu_hidden_dim(hidden_dim, ratio) == width:
             return ratio
     return None
-
-
-def is_dinov2(config):
-    """Whether a `ViTConfig` uses an option only DINOv2's checkpoint layout
-    has (registers, LayerScale, SwiGLU, the [CLS] + mean-patch head)."""
-    return (config.num_register_tokens > 0 or config.layer_scale_init is not None
-            or config.feed_forward == "swiglu" or config.pooling == "cls_gap")
 
 
 def save_hf_dinov2(model, directory, overwrite=False, class_names=None):

@@ -178,7 +178,7 @@ def _layout(model):
     D, F, N = config.hidden_dim, config.intermediate_dim, config.num_heads
     H, K, C = D // N, config.kernel_size, config.subsampling_filters
     entries = []
-    dense, norm = entry_helpers(entries, D)
+    dense, norm, heads_in, heads_out = entry_helpers(entries, D, N)
 
     def conv2d(layer, name, shape, axes):
         kernel, bias = layer_weights(layer, 2)
@@ -212,18 +212,9 @@ def _layout(model):
         attention = block.self_attention
         for layer, name in ((attention.query_dense, "q_proj"), (attention.key_dense, "k_proj"),
                             (attention.value_dense, "v_proj")):
-            kernel, bias = layer_weights(layer, 2)
-            entries.append(Entry(f"{hf}self_attn.{name}.weight", (D, D), kernel,
-                                 lambda a: a.T.reshape(D, N, H), lambda a: a.reshape(D, D).T))
-            entries.append(Entry(f"{hf}self_attn.{name}.bias", (D,), bias,
-                                 lambda a: a.reshape(N, H), lambda a: a.reshape(D)))
-        (position,) = layer_weights(attention.position_dense, 1)
-        entries.append(Entry(hf + "self_attn.relative_k_proj.weight", (D, D), position,
-                             lambda a: a.T.reshape(D, N, H), lambda a: a.reshape(D, D).T))
-        kernel, bias = layer_weights(attention.output_dense, 2)
-        entries.append(Entry(hf + "self_attn.o_proj.weight", (D, D), kernel,
-                             lambda a: a.T.reshape(N, H, D), lambda a: a.reshape(D, D).T))
-        entries.append(Entry(hf + "self_attn.o_proj.bias", (D,), bias))
+            heads_in(layer, f"{hf}self_attn.{name}")
+        heads_in(attention.position_dense, hf + "self_attn.relative_k_proj", bias=False)
+        heads_out(attention.output_dense, hf + "self_attn.o_proj")
         entries.append(Entry(hf + "self_attn.bias_u", (N, H), attention.content_bias))
         entries.append(Entry(hf + "self_attn.bias_v", (N, H), attention.position_bias))
         conv = block.conv_module

@@ -125,19 +125,11 @@ def embedding_entries(model, embeddings):
 def attention_entries(attention, hf, width, num_heads):
     """The `Entry`s of a block's self-attention under `hf` + "attention.":
     query/key/value `(D, D)` as `(D, N, H)` kernels, the output dense."""
-    D, N = width, num_heads
-    H = D // N
     entries = []
+    _, _, heads_in, heads_out = entry_helpers(entries, width, num_heads)
     for name in ("query", "key", "value"):
-        kernel, bias = layer_weights(_sublayer(attention, name), 2)
-        entries.append(Entry(hf + f"attention.attention.{name}.weight", (D, D), kernel,
-                             lambda a: a.T.reshape(D, N, H), lambda a: a.reshape(D, D).T))
-        entries.append(Entry(hf + f"attention.attention.{name}.bias", (D,), bias,
-                             lambda a: a.reshape(N, H), lambda a: a.reshape(D)))
-    kernel, bias = layer_weights(_sublayer(attention, "attention_output"), 2)
-    entries.append(Entry(hf + "attention.output.dense.weight", (D, D), kernel,
-                         lambda a: a.T.reshape(N, H, D), lambda a: a.reshape(D, D).T))
-    entries.append(Entry(hf + "attention.output.dense.bias", (D,), bias))
+        heads_in(_sublayer(attention, name), hf + f"attention.attention.{name}")
+    heads_out(_sublayer(attention, "attention_output"), hf + "attention.output.dense")
     return entries
 
 
@@ -319,12 +311,15 @@ def _sublayer(layer, name):
     raise ValueError(f"{layer.name!r} has no sublayer {name!r}. Received: name={name!r}")
 
 
-def _writes(model):
-    from keras_attn.convert.dinov2 import is_dinov2  # DINOv2's options: its own layout
+def is_dinov2(config):
+    """Whether a `ViTConfig` uses an option only DINOv2's checkpoint layout
+    has (registers, LayerScale, SwiGLU, the [CLS] + mean-patch head): such
+    a ViT is written by the DINOv2 converter, any other by this one."""
+    return (config.num_register_tokens > 0 or config.layer_scale_init is not None
+            or config.feed_forward == "swiglu" or config.pooling == "cls_gap")
 
-    return isinstance(model, ViT) and not is_dinov2(model.vit_config)
 
-
-CONVERTER = register(Converter("vit", ("ViTModel", "ViTForImageClassification"), ("vit",),
-                               load=load_hf_vit, save=save_hf_vit, writes=_writes,
-                               models=("ViT",)))
+CONVERTER = register(Converter(
+    "vit", ("ViTModel", "ViTForImageClassification"), ("vit",), load=load_hf_vit,
+    save=save_hf_vit, models=("ViT",),
+    writes=lambda model: isinstance(model, ViT) and not is_dinov2(model.vit_config)))
