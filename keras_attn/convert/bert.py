@@ -39,11 +39,17 @@ from keras_attn.convert._checkpoint import hf_label_fields
 from keras_attn.convert._checkpoint import json_text
 from keras_attn.convert._checkpoint import layer_weights
 from keras_attn.convert._checkpoint import read_config
-from keras_attn.convert._checkpoint import read_entries
 from keras_attn.convert._checkpoint import read_safetensors
-from keras_attn.convert._checkpoint import transposed
-from keras_attn.convert._checkpoint import write_directory
+from keras_attn.convert._registry import Converter
+from keras_attn.convert._registry import entry_helpers
+from keras_attn.convert._registry import load_weights
+from keras_attn.convert._registry import register
+from keras_attn.convert._registry import write_weights
+from keras_attn.models.bert import BertBackbone
 from keras_attn.models.bert import BertConfig
+from keras_attn.models.bert import BertPretrainer
+from keras_attn.models.bert import BertSequenceClassifier
+from keras_attn.models.bert import BertTokenClassifier
 from keras_attn.models.bert import build_bert
 
 
@@ -179,31 +185,8 @@ def _backbone_layout(backbone, prefix, pooler=True):
     (`prefix` "bert." inside a BertFor* model)."""
     config = backbone.bert_config
     D, F, N = config.hidden_dim, config.intermediate_dim, config.num_heads
-    H = D // N
     entries = []
-
-    def dense(layer, name, n_out, n_in):  # torch (out, in) <-> Keras (in, out)
-        kernel, bias = layer_weights(layer, 2)
-        entries.append(Entry(name + ".weight", (n_out, n_in), kernel, transposed, transposed))
-        entries.append(Entry(name + ".bias", (n_out,), bias))
-
-    def heads_in(layer, name):  # (D, D) <-> (D, N, H)
-        kernel, bias = layer_weights(layer, 2)
-        entries.append(Entry(name + ".weight", (D, D), kernel,
-                             lambda a: a.T.reshape(D, N, H), lambda a: a.reshape(D, D).T))
-        entries.append(Entry(name + ".bias", (D,), bias,
-                             lambda a: a.reshape(N, H), lambda a: a.reshape(D)))
-
-    def heads_out(layer, name):  # (D, D) <-> (N, H, D)
-        kernel, bias = layer_weights(layer, 2)
-        entries.append(Entry(name + ".weight", (D, D), kernel,
-                             lambda a: a.T.reshape(N, H, D), lambda a: a.reshape(D, D).T))
-        entries.append(Entry(name + ".bias", (D,), bias))
-
-    def norm(layer, name):
-        gamma, beta = layer_weights(layer, 2)
-        entries.append(Entry(name + ".weight", (D,), gamma))
-        entries.append(Entry(name + ".bias", (D,), beta))
+    dense, norm, heads_in, heads_out = entry_helpers(entries, D, N)
 
     def table(layer, name, rows):
         (embeddings,) = layer_weights(layer, 1)
@@ -251,10 +234,14 @@ _XLM = {name: "XLM" + name for _, name, _ in _ARCHITECTURES.values() if name}
 
 
 def _kind(model):
-    kind = type(model).__name__
-    if kind == "BertPretrainer" and not model.next_sentence:
-        return "BertMaskedLM"
-    return kind
+    """The key of `_ARCHITECTURES` for `model` (a subclass is its base's),
+    None for a model of another kind."""
+    if isinstance(model, BertPretrainer):
+        return "BertPretrainer" if model.next_sentence else "BertMaskedLM"
+    for kind in (BertBackbone, BertSequenceClassifier, BertTokenClassifier):
+        if isinstance(model, kind):
+            return kind.__name__
+    return None
 
 
 def _layout(model, prefix=None):
@@ -262,10 +249,10 @@ def _layout(model, prefix=None):
     entries and its task head's. A backbone with a `padding_id` is laid out
     as RoBERTa."""
     kind = _kind(model)
-    if kind not in _ARCHITECTURES:
+    if kind is None:
         raise ValueError(
             "`model` must be a BertBackbone (build_bert) or a BertSequenceClassifier, "
-            f"BertTokenClassifier or BertPretrainer. Received: model={kind}"
+            f"BertTokenClassifier or BertPretrainer. Received: model={type(model).__name__}"
         )
     backbone = model if kind == "BertBackbone" else model.backbone
     config = backbone.bert_config
@@ -348,8 +335,7 @@ def load_hf_bert_backbone(path, drop_heads=True):
     pooler = ckpt.prefix + "pooler.dense.weight" in ckpt.tensors
     unread = [] if pooler else model.get_layer("pooled_dense").weights
     entries = _backbone_layout(model, ckpt.prefix, pooler)[0]
-    plan = read_entries(entries, ckpt, model, unread)  # raises before anything is assigned
-    dropped = ckpt.check_all_used(BUFFERS, HEADS if drop_heads else ())
+    dropped = load_weights(model, entries, ckpt, unread, BUFFERS, HEADS if drop_heads else ())
     file = ckpt.file
     if dropped:
         heads = sorted({".".join(k.split(".")[:2]) for k in dropped})
@@ -365,8 +351,6 @@ def load_hf_bert_backbone(path, drop_heads=True):
             "the checkpoint's)",
             stacklevel=2,
         )
-    for variable, array in plan:
-        variable.assign(array)
     return model
 
 
@@ -628,10 +612,6 @@ def load_hf_bert_task(path):
     naming config.json, the key and the value (`hf_class_names`).
     `save_hf_bert` writes such directories, the names included.
     """
-    from keras_attn.models.bert import BertPretrainer
-    from keras_attn.models.bert import BertSequenceClassifier
-    from keras_attn.models.bert import BertTokenClassifier
-
     hf_config = read_config(path)
     model_type = hf_config.get("model_type", "bert")
     default = "RobertaModel" if _MODEL_TYPES.get(model_type) == "roberta." else "BertModel"
@@ -671,10 +651,7 @@ def load_hf_bert_task(path):
                      class_names=class_names)
     # The pooler of a token classifier or a masked LM is not in its checkpoint.
     unread = [] if _ARCHITECTURES[kind][2] else backbone.get_layer("pooled_dense").weights
-    plan = read_entries(_layout(model, ckpt.prefix)[1], ckpt, model, unread)
-    ckpt.check_all_used(BUFFERS)
-    for variable, array in plan:
-        variable.assign(array)
+    load_weights(model, _layout(model, ckpt.prefix)[1], ckpt, unread, BUFFERS)
     return model
 
 
@@ -757,11 +734,8 @@ def save_hf_bert(model, directory, tokenizer=None, overwrite=False, class_names=
             without classes), or an existing non-empty directory without
             `overwrite` (nothing is written then).
     """
-    import numpy as np
-    from keras import ops
-
     architecture, entries = _layout(model)
-    backbone = model if type(model).__name__ == "BertBackbone" else model.backbone
+    backbone = model if isinstance(model, BertBackbone) else model.backbone
     config = backbone.bert_config
     roberta = config.padding_id is not None
     if roberta and tokenizer is not None:
@@ -806,11 +780,7 @@ def save_hf_bert(model, directory, tokenizer=None, overwrite=False, class_names=
     files = {"config.json": json_text(hf_config)}
     if tokenizer is not None:
         files.update(_tokenizer_files(tokenizer, config))
-    tensors = {
-        entry.name: entry.to_hf(np.asarray(ops.convert_to_numpy(entry.variable), "float32"))
-        for entry in entries
-    }
-    return write_directory(directory, files, tensors, overwrite=overwrite)
+    return write_weights(directory, entries, files, overwrite=overwrite)
 
 
 def _tokenizer_files(tokenizer, config):
@@ -847,6 +817,18 @@ def _sublayer(layer, name):
             return sub
     raise ValueError(f"{layer.name!r} has no sublayer {name!r}. Received: name={name!r}")
 
+
+def _architectures():
+    """Every `architectures` name `load_hf_bert_task` reads."""
+    names = [n for bert, roberta, _ in _ARCHITECTURES.values() for n in (bert, roberta) if n]
+    return tuple(names) + tuple(_XLM.values())
+
+
+CONVERTER = register(Converter(
+    "bert", _architectures(), tuple(_MODEL_TYPES), load=load_hf_bert_task,
+    save=save_hf_bert, writes=lambda model: _kind(model) is not None,
+    models=("BertBackbone", "BertSequenceClassifier", "BertTokenClassifier",
+            "BertPretrainer (RoBERTa included)")))
 
 __all__ = [
     "bert_config_from_hf",

@@ -44,15 +44,18 @@ from keras_attn.convert._checkpoint import hf_label_fields
 from keras_attn.convert._checkpoint import json_text
 from keras_attn.convert._checkpoint import layer_weights
 from keras_attn.convert._checkpoint import read_config
-from keras_attn.convert._checkpoint import read_entries
 from keras_attn.convert._checkpoint import read_safetensors
-from keras_attn.convert._checkpoint import write_directory
+from keras_attn.convert._registry import Converter
+from keras_attn.convert._registry import entry_helpers
+from keras_attn.convert._registry import load_weights
+from keras_attn.convert._registry import register
+from keras_attn.convert._registry import write_weights
 from keras_attn.convert._image_processor import processor_statistics
 from keras_attn.convert._image_processor import read_image_processor
 from keras_attn.convert.vit import attention_entries
 from keras_attn.convert.vit import check_vit_sizes
 from keras_attn.convert.vit import embedding_entries
-from keras_attn.convert.vit import entry_helpers
+from keras_attn.convert.vit import is_dinov2
 from keras_attn.models.vit import ViT
 from keras_attn.models.vit import ViTConfig
 from keras_attn.models.vit import resize_vit
@@ -207,15 +210,13 @@ def load_hf_dinov2(path, include_classifier=True, image_size=None,
         config = dataclasses.replace(config, position_interpolation="bicubic_antialias")
     model = ViT(**dataclasses.asdict(config), class_names=class_names)
     tensors = Tensors(raw, path)
-    plan = read_entries(_layout(model, prefix), tensors, model)  # before any assignment
     mask_token = prefix + "embeddings.mask_token"
     if mask_token in raw:  # no weight of the Keras model: carried to save_hf_dinov2
         mask_token = tensors.get(mask_token, (1, config.hidden_dim))
     else:
         mask_token = None
-    tensors.check_all_used(dropped=() if include_classifier else ("classifier.",))
-    for variable, array in plan:
-        variable.assign(array)
+    load_weights(model, _layout(model, prefix), tensors,
+                 dropped=() if include_classifier else ("classifier.",))
     if image_size is not None and image_size != config.image_size:
         model = resize_vit(model, image_size, interpolation="bicubic_antialias")
     if mask_token is not None:
@@ -239,13 +240,6 @@ def _swiglu_ratio(hidden_dim, width):
     return None
 
 
-def is_dinov2(config):
-    """Whether a `ViTConfig` uses an option only DINOv2's checkpoint layout
-    has (registers, LayerScale, SwiGLU, the [CLS] + mean-patch head)."""
-    return (config.num_register_tokens > 0 or config.layer_scale_init is not None
-            or config.feed_forward == "swiglu" or config.pooling == "cls_gap")
-
-
 def save_hf_dinov2(model, directory, overwrite=False, class_names=None):
     """Writes a DINOv2 `ViT` as a Hugging Face directory transformers loads
     with no missing or unexpected key: a
@@ -267,7 +261,6 @@ def save_hf_dinov2(model, directory, overwrite=False, class_names=None):
         The absolute path of `directory`.
     """
     import numpy as np
-    from keras import ops
 
     config = getattr(model, "vit_config", None)
     if config is None:
@@ -338,16 +331,19 @@ def save_hf_dinov2(model, directory, overwrite=False, class_names=None):
         "image_std": list(std),
         "do_convert_rgb": True,
     }
-    tensors = {
-        entry.name: entry.to_hf(np.asarray(ops.convert_to_numpy(entry.variable), "float32"))
-        for entry in entries
-    }
     # The loaded checkpoint's mask token (load_hf_dinov2 carries it), else
     # transformers' initial zeros.
     mask_token = getattr(model, _MASK_TOKEN, None)
     if mask_token is None or np.shape(mask_token) != (1, D):
         mask_token = np.zeros((1, D), "float32")
-    tensors[prefix + "embeddings.mask_token"] = np.asarray(mask_token, "float32")
     files = {"config.json": json_text(hf_config),
              "preprocessor_config.json": json_text(processor)}
-    return write_directory(directory, files, tensors, overwrite=overwrite)
+    mask_token = {prefix + "embeddings.mask_token": np.asarray(mask_token, "float32")}
+    return write_weights(directory, entries, files, overwrite=overwrite, extra=mask_token)
+
+
+CONVERTER = register(Converter(
+    "dinov2", _ARCHITECTURES, ("dinov2_with_registers",), load=load_hf_dinov2,
+    save=save_hf_dinov2,
+    writes=lambda model: isinstance(model, ViT) and is_dinov2(model.vit_config),
+    models=("ViT with DINOv2's registers, LayerScale, SwiGLU or head",)))

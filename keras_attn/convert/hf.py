@@ -6,36 +6,20 @@
 
 `load_hf` reads `config.json` and hands the directory to the loader of the
 architecture it names (`architectures`, else `model_type`); `save_hf`
-hands the model to the writer of its family. The loaders and writers of
-each family (`load_hf_bert_task`, `load_hf_vit`, `load_hf_marian`, ...)
-stay, with the options this one call leaves at their defaults.
+hands the model to the writer of its family. Both look the family up in
+the converters' registry (`_registry.py`: each family file registers its
+`Converter`), nowhere else. The loaders and writers of each family
+(`load_hf_bert_task`, `load_hf_vit`, `load_hf_marian`, ...) stay, with the
+options this one call leaves at their defaults.
 """
 
 import os
 
 from keras_attn.convert._checkpoint import read_config
-
-# `architectures` -> family, the names each family's loader takes.
-_BERT = ("BertModel", "BertForPreTraining", "BertForMaskedLM", "BertForSequenceClassification",
-         "BertForTokenClassification")
-_ROBERTA = ("RobertaModel", "RobertaForMaskedLM", "RobertaForSequenceClassification",
-            "RobertaForTokenClassification")
-_FAMILIES = {
-    **{name: "bert" for name in _BERT + _ROBERTA + tuple("XLM" + n for n in _ROBERTA)},
-    "ViTModel": "vit",
-    "ViTForImageClassification": "vit",
-    "MarianMTModel": "marian",
-    "ModernBertModel": "modernbert",
-    "ModernBertForMaskedLM": "modernbert",
-    "ModernBertForSequenceClassification": "modernbert",
-    "Dinov2WithRegistersModel": "dinov2",
-    "Dinov2WithRegistersForImageClassification": "dinov2",
-    "ParakeetForCTC": "parakeet",
-}
-# `model_type` -> family, for a config.json without `architectures`.
-_MODEL_TYPES = {"bert": "bert", "roberta": "bert", "xlm-roberta": "bert", "vit": "vit",
-                "marian": "marian", "modernbert": "modernbert",
-                "dinov2_with_registers": "dinov2", "parakeet_ctc": "parakeet"}
+from keras_attn.convert._registry import architectures
+from keras_attn.convert._registry import converter_for_config
+from keras_attn.convert._registry import converter_for_model
+from keras_attn.convert._registry import converters
 
 
 def load_hf(directory):
@@ -74,46 +58,14 @@ def load_hf(directory):
             assigned then).
     """
     directory = os.fspath(directory)
-    config = read_config(directory)
-    architectures = config.get("architectures")
-    if isinstance(architectures, str):
-        architectures = [architectures]
-    if architectures:
-        architecture = architectures[0]
-        family = _FAMILIES.get(architecture)
-        what = f"architecture {architecture!r}"
-    else:
-        family = _MODEL_TYPES.get(config.get("model_type"))
-        what = f"model_type {config.get('model_type')!r} (and no 'architectures')"
-    if family is None:
+    converter, what = converter_for_config(read_config(directory))
+    if converter is None:
         raise ValueError(
             f"keras_attn cannot map the {what} of {os.path.join(directory, 'config.json')}: "
-            f"load_hf reads the architectures {sorted(_FAMILIES)}. "
+            f"load_hf reads the architectures {architectures()}. "
             f"Received: directory={directory!r}"
         )
-    if family == "vit":
-        from keras_attn.convert.vit import load_hf_vit
-
-        return load_hf_vit(directory)
-    if family == "dinov2":
-        from keras_attn.convert.dinov2 import load_hf_dinov2
-
-        return load_hf_dinov2(directory)
-    if family == "modernbert":
-        from keras_attn.convert.modernbert import load_hf_modernbert
-
-        return load_hf_modernbert(directory)
-    if family == "parakeet":
-        from keras_attn.convert.parakeet import load_hf_parakeet
-
-        return load_hf_parakeet(directory)
-    if family == "marian":
-        from keras_attn.convert.marian import load_hf_marian
-
-        return load_hf_marian(directory, tokenizer=False)
-    from keras_attn.convert.bert import load_hf_bert_task
-
-    return load_hf_bert_task(directory)
+    return converter.load(directory)
 
 
 def save_hf(model, directory, overwrite=False, **kwargs):
@@ -144,34 +96,14 @@ def save_hf(model, directory, overwrite=False, **kwargs):
             family's writer refuses (a `ConformerCTC` without Parakeet's
             subsampling and front end, ...).
     """
-    kind = type(model).__name__
-    if kind in ("BertBackbone", "BertSequenceClassifier", "BertTokenClassifier",
-                "BertPretrainer"):
-        from keras_attn.convert.bert import save_hf_bert
-
-        return save_hf_bert(model, directory, overwrite=overwrite, **kwargs)
-    if kind in ("ModernBertBackbone", "ModernBertMaskedLM", "ModernBertSequenceClassifier"):
-        from keras_attn.convert.modernbert import save_hf_modernbert
-
-        return save_hf_modernbert(model, directory, overwrite=overwrite, **kwargs)
-    if getattr(model, "vit_config", None) is not None:
-        from keras_attn.convert.dinov2 import is_dinov2
-        from keras_attn.convert.dinov2 import save_hf_dinov2
-        from keras_attn.convert.vit import save_hf_vit
-
-        if is_dinov2(model.vit_config):
-            return save_hf_dinov2(model, directory, overwrite=overwrite, **kwargs)
-        return save_hf_vit(model, directory, overwrite=overwrite, **kwargs)
-    if getattr(model, "conformer_config", None) is not None:
-        from keras_attn.convert.parakeet import save_hf_parakeet
-
-        return save_hf_parakeet(model, directory, overwrite=overwrite, **kwargs)
-    raise ValueError(
-        "save_hf writes the BERT family (BertBackbone, BertSequenceClassifier, "
-        "BertTokenClassifier, BertPretrainer, RoBERTa included), ModernBERT "
-        "(ModernBertBackbone, ModernBertMaskedLM, ModernBertSequenceClassifier), ViT "
-        f"models and FastConformer ConformerCTC models. Received: model={kind}"
-    )
+    converter = converter_for_model(model)
+    if converter is None:
+        models = [m for c in converters() if c.save is not None for m in c.models]
+        raise ValueError(
+            f"save_hf writes the models {', '.join(models)} (and their subclasses). "
+            f"Received: model={type(model).__name__}"
+        )
+    return converter.save(model, directory, overwrite=overwrite, **kwargs)
 
 
 __all__ = ["load_hf", "save_hf"]

@@ -24,12 +24,17 @@ assigned (a `ValueError` naming the file and the tensor otherwise).
 import json
 import os
 
+from keras_attn.convert._checkpoint import Entry
 from keras_attn.convert._checkpoint import Tensors
 from keras_attn.convert._checkpoint import check_sizes
 from keras_attn.convert._checkpoint import config_float
 from keras_attn.convert._checkpoint import config_int
 from keras_attn.convert._checkpoint import read_config
 from keras_attn.convert._checkpoint import read_safetensors
+from keras_attn.convert._checkpoint import transposed
+from keras_attn.convert._registry import Converter
+from keras_attn.convert._registry import load_weights
+from keras_attn.convert._registry import register
 
 _ACTIVATIONS = {"swish": "silu", "silu": "silu", "gelu": "gelu", "gelu_new": "gelu_approximate",
                 "gelu_pytorch_tanh": "gelu_approximate", "relu": "relu"}
@@ -94,44 +99,44 @@ def transformer_config_from_marian(hf_config):
     return config, start_id, end_id
 
 
-def _plan(model, config, tensors):
-    """[(variable, array)] for every weight of `model`, all checked."""
+def _layout(model, config):
+    """The `Entry` of every weight of `model` (a `Transformer`) under
+    Marian's names: the encoder's and decoder's blocks, and the shared
+    embedding table with its logits bias."""
     D, F, N = config.hidden_dim, config.intermediate_dim, config.num_heads
     H = D // N
     variables = {w.path: w for w in model.weights}
-    plan = []
+    entries = []
 
-    def put(path, array):
-        variable = variables.pop(path, None)
-        if variable is None or tuple(variable.shape) != tuple(array.shape):
-            raise ValueError(  # a bug of this converter, not of the file
-                f"Weight {path!r} does not take an array of shape {tuple(array.shape)}. "
-                f"Received: {None if variable is None else tuple(variable.shape)}"
-            )
-        plan.append((variable, array))
+    def put(path, name, shape, to_keras=None):
+        if path not in variables:  # a bug of this converter, not of the file
+            raise ValueError(f"The model has no weight {path!r}. Received: {name!r}")
+        entries.append(Entry(name, shape, variables[path], to_keras))
 
     def attention(ours, hf):
         for name, proj in (("query", "q_proj"), ("key", "k_proj"), ("value", "v_proj")):
-            put(f"{ours}/{name}/kernel", tensors.get(f"{hf}.{proj}.weight", (D, D)).T.reshape(D, N, H))
-            put(f"{ours}/{name}/bias", tensors.get(f"{hf}.{proj}.bias", (D,)).reshape(N, H))
-        put(f"{ours}/attention_output/kernel",
-            tensors.get(f"{hf}.out_proj.weight", (D, D)).T.reshape(N, H, D))
-        put(f"{ours}/attention_output/bias", tensors.get(f"{hf}.out_proj.bias", (D,)))
+            put(f"{ours}/{name}/kernel", f"{hf}.{proj}.weight", (D, D),
+                lambda a: a.T.reshape(D, N, H))
+            put(f"{ours}/{name}/bias", f"{hf}.{proj}.bias", (D,), lambda a: a.reshape(N, H))
+        put(f"{ours}/attention_output/kernel", f"{hf}.out_proj.weight", (D, D),
+            lambda a: a.T.reshape(N, H, D))
+        put(f"{ours}/attention_output/bias", f"{hf}.out_proj.bias", (D,))
 
     def norm(ours, hf):
-        put(f"{ours}/gamma", tensors.get(f"{hf}.weight", (D,)))
-        put(f"{ours}/beta", tensors.get(f"{hf}.bias", (D,)))
+        put(f"{ours}/gamma", f"{hf}.weight", (D,))
+        put(f"{ours}/beta", f"{hf}.bias", (D,))
 
     def feed_forward(ours, hf):
-        put(f"{ours}/feed_forward/intermediate_dense/kernel", tensors.get(f"{hf}.fc1.weight", (F, D)).T)
-        put(f"{ours}/feed_forward/intermediate_dense/bias", tensors.get(f"{hf}.fc1.bias", (F,)))
-        put(f"{ours}/feed_forward/output_dense/kernel", tensors.get(f"{hf}.fc2.weight", (D, F)).T)
-        put(f"{ours}/feed_forward/output_dense/bias", tensors.get(f"{hf}.fc2.bias", (D,)))
+        put(f"{ours}/feed_forward/intermediate_dense/kernel", f"{hf}.fc1.weight", (F, D),
+            transposed)
+        put(f"{ours}/feed_forward/intermediate_dense/bias", f"{hf}.fc1.bias", (F,))
+        put(f"{ours}/feed_forward/output_dense/kernel", f"{hf}.fc2.weight", (D, F), transposed)
+        put(f"{ours}/feed_forward/output_dense/bias", f"{hf}.fc2.bias", (D,))
         norm(f"{ours}/feed_forward_layer_norm", f"{hf}.final_layer_norm")
 
     V = config.vocabulary_size
-    put("token_embedding/embeddings", tensors.get("model.shared.weight", (V, D)))
-    put("token_embedding/logits_bias", tensors.get("final_logits_bias", (1, V))[0])
+    put("token_embedding/embeddings", "model.shared.weight", (V, D))
+    put("token_embedding/logits_bias", "final_logits_bias", (1, V), lambda a: a[0])
     for i in range(config.num_encoder_layers):
         ours, hf = f"encoder_block_{i}", f"model.encoder.layers.{i}"
         attention(f"{ours}/self_attention", f"{hf}.self_attn")
@@ -144,9 +149,7 @@ def _plan(model, config, tensors):
         attention(f"{ours}/cross_attention", f"{hf}.encoder_attn")
         norm(f"{ours}/cross_attention_layer_norm", f"{hf}.encoder_attn_layer_norm")
         feed_forward(ours, hf)
-    if variables:
-        raise ValueError(f"Weights without a tensor. Received: missing={sorted(variables)}")
-    return plan
+    return entries
 
 
 # Tensors that hold no weight of their own: the embedding tables and the
@@ -232,11 +235,8 @@ def load_hf_marian(path, tokenizer=True):
     tensors = Tensors(read_safetensors(path), path)
     _check_sizes(config, tensors.tensors, path)
     model = Transformer(**dataclasses.asdict(config))
-    plan = _plan(model, config, tensors)  # raises before anything is assigned
     _check_sinusoids(tensors, config)
-    tensors.check_all_used(ignored=_TIED)
-    for variable, array in plan:
-        variable.assign(array)
+    load_weights(model, _layout(model, config), tensors, ignored=_TIED)
     if not tokenizer:
         return model
     return model, MarianTokenizer(path, start_id=start_id, end_id=end_id, pad_id=config.pad_id,
@@ -419,3 +419,12 @@ class MarianTokenizer:
                 f"weights). Received: texts={[texts[i] for i in failed]!r}"
             )
         return [self.decode(row) for row in tokens]
+
+
+def _load_model(directory):
+    """`load_hf`'s: the model without its tokenizer (`MarianTokenizer(directory)`)."""
+    return load_hf_marian(directory, tokenizer=False)
+
+
+# Read only: keras_attn writes no Marian directory (save_hf refuses a Transformer).
+CONVERTER = register(Converter("marian", ("MarianMTModel",), ("marian",), load=_load_model))

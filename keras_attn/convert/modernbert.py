@@ -27,10 +27,12 @@ from keras_attn.convert._checkpoint import hf_label_fields
 from keras_attn.convert._checkpoint import json_text
 from keras_attn.convert._checkpoint import layer_weights
 from keras_attn.convert._checkpoint import read_config
-from keras_attn.convert._checkpoint import read_entries
 from keras_attn.convert._checkpoint import read_safetensors
 from keras_attn.convert._checkpoint import transposed
-from keras_attn.convert._checkpoint import write_directory
+from keras_attn.convert._registry import Converter
+from keras_attn.convert._registry import load_weights
+from keras_attn.convert._registry import register
+from keras_attn.convert._registry import write_weights
 from keras_attn.models.modernbert import ModernBertConfig
 from keras_attn.models.modernbert import ModernBertBackbone
 from keras_attn.models.modernbert import ModernBertMaskedLM
@@ -200,15 +202,24 @@ def _backbone_layout(backbone, prefix):
     return entries
 
 
+def _kind(model):
+    """The keras_attn class name `_ARCHITECTURES` maps `model` to (a
+    subclass is its base's), None for a model of another kind."""
+    for kind in (ModernBertBackbone, ModernBertMaskedLM, ModernBertSequenceClassifier):
+        if isinstance(model, kind):
+            return kind.__name__
+    return None
+
+
 def _layout(model):
     """`(architecture, entries)` of a keras_attn ModernBERT model: the
     backbone's entries and its head's, under Hugging Face's names."""
-    kind = type(model).__name__
+    kind = _kind(model)
     architectures = {ours: theirs for theirs, ours in _ARCHITECTURES.items()}
-    if kind not in architectures:
+    if kind is None:
         raise ValueError(
             "`model` must be a ModernBertBackbone, ModernBertMaskedLM or "
-            f"ModernBertSequenceClassifier. Received: model={kind}")
+            f"ModernBertSequenceClassifier. Received: model={type(model).__name__}")
     if kind == "ModernBertBackbone":
         return architectures[kind], _backbone_layout(model, "")
     backbone = model.backbone
@@ -344,10 +355,7 @@ def load_hf_modernbert(path):
         model = _classifier(hf_config, backbone, path)
     else:
         model = backbone
-    plan = read_entries(_layout(model)[1], ckpt, model)  # raises before anything is assigned
-    ckpt.check_all_used()
-    for variable, array in plan:
-        variable.assign(array)
+    load_weights(model, _layout(model)[1], ckpt)
     return model
 
 
@@ -440,8 +448,6 @@ def save_hf_modernbert(model, directory, overwrite=False, class_names=None):
             without classes), or an existing non-empty directory without
             `overwrite` (each named; nothing is written then).
     """
-    from keras import ops
-
     architecture, entries = _layout(model)
     backbone = model if isinstance(model, ModernBertBackbone) else model.backbone
     hf_config = {"architectures": [architecture],
@@ -452,16 +458,12 @@ def save_hf_modernbert(model, directory, overwrite=False, class_names=None):
     if head:
         hf_config["classifier_pooling"] = model.pooling
         hf_config["classifier_dropout"] = model.dropout
-    # A fused tensor (attn.Wqkv) is several entries: their rows, stacked in order.
-    parts = {}
-    for entry in entries:
-        array = np.asarray(ops.convert_to_numpy(entry.variable), "float32")
-        parts.setdefault(entry.name, []).append(entry.to_hf(array))
-    tensors = {name: arrays[0] if len(arrays) == 1 else np.concatenate(arrays, axis=0)
-               for name, arrays in parts.items()}
-    for entry in entries:  # a layout bug, never the user's: the shapes agree
-        if tensors[entry.name].shape != entry.shape:
-            raise ValueError(f"Tensor {entry.name!r} has shape {tensors[entry.name].shape}. "
-                             f"Received: expected {entry.shape}")
-    return write_directory(directory, {"config.json": json_text(hf_config)}, tensors,
-                           overwrite=overwrite)
+    # A fused tensor (attn.Wqkv) is several entries: `write_weights` stacks them.
+    return write_weights(directory, entries, {"config.json": json_text(hf_config)},
+                         overwrite=overwrite)
+
+
+CONVERTER = register(Converter(
+    "modernbert", tuple(_ARCHITECTURES), ("modernbert",), load=load_hf_modernbert,
+    save=save_hf_modernbert, writes=lambda model: _kind(model) is not None,
+    models=tuple(_ARCHITECTURES.values())))

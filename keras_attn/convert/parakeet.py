@@ -29,16 +29,19 @@ import numpy as np
 
 from keras_attn.convert._checkpoint import Entry
 from keras_attn.convert._checkpoint import json_text
-from keras_attn.convert._checkpoint import write_directory
 from keras_attn.convert._checkpoint import Tensors
 from keras_attn.convert._checkpoint import config_float
 from keras_attn.convert._checkpoint import check_sizes
 from keras_attn.convert._checkpoint import config_int
 from keras_attn.convert._checkpoint import layer_weights
 from keras_attn.convert._checkpoint import read_config
-from keras_attn.convert._checkpoint import read_entries
 from keras_attn.convert._checkpoint import read_safetensors
-from keras_attn.convert._checkpoint import transposed
+from keras_attn.convert._registry import Converter
+from keras_attn.convert._registry import entry_helpers
+from keras_attn.convert._registry import load_weights
+from keras_attn.convert._registry import register
+from keras_attn.convert._registry import write_weights
+from keras_attn.models.conformer import ConformerCTC
 from keras_attn.models.conformer import ConformerConfig
 from keras_attn.models.conformer import build_conformer
 
@@ -175,16 +178,7 @@ def _layout(model):
     D, F, N = config.hidden_dim, config.intermediate_dim, config.num_heads
     H, K, C = D // N, config.kernel_size, config.subsampling_filters
     entries = []
-
-    def dense(layer, name, shape):  # torch Linear (out, in) -> Keras (in, out)
-        kernel, bias = layer_weights(layer, 2)
-        entries.append(Entry(name + ".weight", shape, kernel, transposed, transposed))
-        entries.append(Entry(name + ".bias", shape[:1], bias))
-
-    def norm(layer, name):
-        gamma, beta = layer_weights(layer, 2)
-        entries.append(Entry(name + ".weight", (D,), gamma))
-        entries.append(Entry(name + ".bias", (D,), beta))
+    dense, norm, heads_in, heads_out = entry_helpers(entries, D, N)
 
     def conv2d(layer, name, shape, axes):
         kernel, bias = layer_weights(layer, 2)
@@ -204,32 +198,23 @@ def _layout(model):
         conv2d(depthwise, f"{p}layers.{index}", (C, 1, 3, 3), (2, 3, 0, 1))
         conv2d(pointwise, f"{p}layers.{index + 1}", (C, C, 1, 1), (2, 3, 1, 0))
     flat = subsampling.projection.kernel.shape[0]
-    dense(subsampling.projection, p + "linear", (D, flat))
+    dense(subsampling.projection, p + "linear", D, flat)
 
     for i in range(config.num_layers):
         hf = f"encoder.layers.{i}."
         block = model.get_layer(f"conformer_block_{i}")
         for j in (1, 2):
             feed_forward = getattr(block, f"feed_forward_{j}")
-            dense(feed_forward.intermediate_dense, f"{hf}feed_forward{j}.linear1", (F, D))
-            dense(feed_forward.output_dense, f"{hf}feed_forward{j}.linear2", (D, F))
+            dense(feed_forward.intermediate_dense, f"{hf}feed_forward{j}.linear1", F, D)
+            dense(feed_forward.output_dense, f"{hf}feed_forward{j}.linear2", D, F)
             norm(getattr(block, f"feed_forward_{j}_layer_norm"), f"{hf}norm_feed_forward{j}")
         norm(block.self_attention_layer_norm, hf + "norm_self_att")
         attention = block.self_attention
         for layer, name in ((attention.query_dense, "q_proj"), (attention.key_dense, "k_proj"),
                             (attention.value_dense, "v_proj")):
-            kernel, bias = layer_weights(layer, 2)
-            entries.append(Entry(f"{hf}self_attn.{name}.weight", (D, D), kernel,
-                                 lambda a: a.T.reshape(D, N, H), lambda a: a.reshape(D, D).T))
-            entries.append(Entry(f"{hf}self_attn.{name}.bias", (D,), bias,
-                                 lambda a: a.reshape(N, H), lambda a: a.reshape(D)))
-        (position,) = layer_weights(attention.position_dense, 1)
-        entries.append(Entry(hf + "self_attn.relative_k_proj.weight", (D, D), position,
-                             lambda a: a.T.reshape(D, N, H), lambda a: a.reshape(D, D).T))
-        kernel, bias = layer_weights(attention.output_dense, 2)
-        entries.append(Entry(hf + "self_attn.o_proj.weight", (D, D), kernel,
-                             lambda a: a.T.reshape(N, H, D), lambda a: a.reshape(D, D).T))
-        entries.append(Entry(hf + "self_attn.o_proj.bias", (D,), bias))
+            heads_in(layer, f"{hf}self_attn.{name}")
+        heads_in(attention.position_dense, hf + "self_attn.relative_k_proj", bias=False)
+        heads_out(attention.output_dense, hf + "self_attn.o_proj")
         entries.append(Entry(hf + "self_attn.bias_u", (N, H), attention.content_bias))
         entries.append(Entry(hf + "self_attn.bias_v", (N, H), attention.position_bias))
         conv = block.conv_module
@@ -322,12 +307,10 @@ def load_hf_parakeet(path, input_type=None):
     ckpt = Tensors(read_safetensors(path), path)
     _check_sizes(config, ckpt.tensors, path)
     model = build_conformer(config)
-    plan = read_entries(_layout(model), ckpt, model)  # raises before anything is assigned
     # BatchNorm's step counter is no weight; the sinusoids are recomputed.
-    ckpt.check_all_used(ignored=tuple(
-        f"encoder.layers.{i}.conv.norm.num_batches_tracked" for i in range(config.num_layers)))
-    for variable, array in plan:
-        variable.assign(array.astype(variable.dtype))
+    load_weights(model, _layout(model), ckpt, ignored=tuple(
+        f"encoder.layers.{i}.conv.norm.num_batches_tracked" for i in range(config.num_layers)),
+        cast=True)
     setattr(model, _LAYERDROP, layerdrop)
     return model
 
@@ -458,16 +441,16 @@ def save_hf_parakeet(model, directory, overwrite=False):
         "padding_value": 0.0,
         "return_attention_mask": True,
     }
-    from keras import ops
-
-    tensors = {
-        entry.name: entry.to_hf(np.asarray(ops.convert_to_numpy(entry.variable), "float32"))
-        for entry in entries
-    }
-    for i in range(config.num_layers):  # BatchNorm's step counter, a 0-d int64 in torch
-        tensors[f"encoder.layers.{i}.conv.norm.num_batches_tracked"] = np.zeros((), "int64")
+    # BatchNorm's step counter, a 0-d int64 in torch.
+    steps = {f"encoder.layers.{i}.conv.norm.num_batches_tracked": np.zeros((), "int64")
+             for i in range(config.num_layers)}
     files = {_FILE: json_text(hf_config), _PREPROCESSOR: json_text(preprocessor)}
-    return write_directory(directory, files, tensors, overwrite=overwrite)
+    return write_weights(directory, entries, files, overwrite=overwrite, extra=steps)
 
+
+CONVERTER = register(Converter(
+    "parakeet", _ARCHITECTURES, ("parakeet_ctc",), load=load_hf_parakeet,
+    save=save_hf_parakeet, writes=lambda model: isinstance(model, ConformerCTC),
+    models=("ConformerCTC (FastConformer)",)))
 
 __all__ = ["load_hf_parakeet", "parakeet_config_from_hf", "save_hf_parakeet"]

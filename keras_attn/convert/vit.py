@@ -37,10 +37,12 @@ from keras_attn.convert._checkpoint import hf_label_fields
 from keras_attn.convert._checkpoint import json_text
 from keras_attn.convert._checkpoint import layer_weights
 from keras_attn.convert._checkpoint import read_config
-from keras_attn.convert._checkpoint import read_entries
 from keras_attn.convert._checkpoint import read_safetensors
-from keras_attn.convert._checkpoint import transposed
-from keras_attn.convert._checkpoint import write_directory
+from keras_attn.convert._registry import Converter
+from keras_attn.convert._registry import entry_helpers
+from keras_attn.convert._registry import load_weights
+from keras_attn.convert._registry import register
+from keras_attn.convert._registry import write_weights
 from keras_attn.convert._image_processor import check_image_size
 from keras_attn.convert._image_processor import processor_statistics
 from keras_attn.convert._image_processor import read_image_processor
@@ -77,24 +79,6 @@ def vit_config_from_hf(hf_config):
         pooling="cls",
         num_classes=len(labels) or None,
     )
-
-
-def entry_helpers(entries, width):
-    """`dense(layer, name, n_out, n_in)` and `norm(layer, name)`, which add a
-    Dense layer's or a LayerNorm's `Entry`s to `entries` (torch's `(out,
-    in)` kernels transposed)."""
-
-    def dense(layer, name, n_out, n_in):  # torch (out, in) <-> Keras (in, out)
-        kernel, bias = layer_weights(layer, 2)
-        entries.append(Entry(name + ".weight", (n_out, n_in), kernel, transposed, transposed))
-        entries.append(Entry(name + ".bias", (n_out,), bias))
-
-    def norm(layer, name):
-        gamma, beta = layer_weights(layer, 2)
-        entries.append(Entry(name + ".weight", (width,), gamma))
-        entries.append(Entry(name + ".bias", (width,), beta))
-
-    return dense, norm
 
 
 def check_vit_sizes(config, tensors, path, prefix, intermediate):
@@ -142,19 +126,11 @@ def embedding_entries(model, embeddings):
 def attention_entries(attention, hf, width, num_heads):
     """The `Entry`s of a block's self-attention under `hf` + "attention.":
     query/key/value `(D, D)` as `(D, N, H)` kernels, the output dense."""
-    D, N = width, num_heads
-    H = D // N
     entries = []
+    _, _, heads_in, heads_out = entry_helpers(entries, width, num_heads)
     for name in ("query", "key", "value"):
-        kernel, bias = layer_weights(_sublayer(attention, name), 2)
-        entries.append(Entry(hf + f"attention.attention.{name}.weight", (D, D), kernel,
-                             lambda a: a.T.reshape(D, N, H), lambda a: a.reshape(D, D).T))
-        entries.append(Entry(hf + f"attention.attention.{name}.bias", (D,), bias,
-                             lambda a: a.reshape(N, H), lambda a: a.reshape(D)))
-    kernel, bias = layer_weights(_sublayer(attention, "attention_output"), 2)
-    entries.append(Entry(hf + "attention.output.dense.weight", (D, D), kernel,
-                         lambda a: a.T.reshape(N, H, D), lambda a: a.reshape(D, D).T))
-    entries.append(Entry(hf + "attention.output.dense.bias", (D,), bias))
+        heads_in(_sublayer(attention, name), hf + f"attention.attention.{name}")
+    heads_out(_sublayer(attention, "attention_output"), hf + "attention.output.dense")
     return entries
 
 
@@ -232,16 +208,14 @@ def load_hf_vit(path, include_classifier=True, interpolate_pos_encoding=False):
                     ("intermediate_size", config.intermediate_dim, "intermediate.dense.weight", 0))
     model = ViT(**dataclasses.asdict(dataclasses.replace(config, num_classes=num_classes)),
                 class_names=class_names)
-    plan = read_entries(_layout(model, prefix), tensors, model)  # before any assignment
-    dropped = tensors.check_all_used(dropped=(prefix + "pooler.", "classifier."))
+    dropped = load_weights(model, _layout(model, prefix), tensors,
+                           dropped=(prefix + "pooler.", "classifier."))
     if dropped:
         warnings.warn(
             f"{tensors.file}: not loaded (by choice): "
             f"{', '.join(sorted({k.rsplit('.', 1)[0] for k in dropped}))}",
             stacklevel=2,
         )
-    for variable, array in plan:
-        variable.assign(array)
     return model
 
 
@@ -281,9 +255,6 @@ def save_hf_vit(model, directory, overwrite=False, class_names=None):
             or an existing non-empty directory without `overwrite` (nothing
             is written then).
     """
-    import numpy as np
-    from keras import ops
-
     config = getattr(model, "vit_config", None)
     if config is None:
         raise ValueError(
@@ -336,13 +307,9 @@ def save_hf_vit(model, directory, overwrite=False, class_names=None):
         "image_mean": mean,
         "image_std": std,
     }
-    tensors = {
-        entry.name: entry.to_hf(np.asarray(ops.convert_to_numpy(entry.variable), "float32"))
-        for entry in entries
-    }
     files = {"config.json": json_text(hf_config),
              "preprocessor_config.json": json_text(processor)}
-    return write_directory(directory, files, tensors, overwrite=overwrite)
+    return write_weights(directory, entries, files, overwrite=overwrite)
 
 
 def _sublayer(layer, name):
@@ -352,3 +319,17 @@ def _sublayer(layer, name):
         if sub.name == name:
             return sub
     raise ValueError(f"{layer.name!r} has no sublayer {name!r}. Received: name={name!r}")
+
+
+def is_dinov2(config):
+    """Whether a `ViTConfig` uses an option only DINOv2's checkpoint layout
+    has (registers, LayerScale, SwiGLU, the [CLS] + mean-patch head): such
+    a ViT is written by the DINOv2 converter, any other by this one."""
+    return (config.num_register_tokens > 0 or config.layer_scale_init is not None
+            or config.feed_forward == "swiglu" or config.pooling == "cls_gap")
+
+
+CONVERTER = register(Converter(
+    "vit", ("ViTModel", "ViTForImageClassification"), ("vit",), load=load_hf_vit,
+    save=save_hf_vit, models=("ViT",),
+    writes=lambda model: isinstance(model, ViT) and not is_dinov2(model.vit_config)))
