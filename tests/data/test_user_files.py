@@ -156,13 +156,11 @@ def hf_model(kind, vocabulary_size, sequence_length):
     """The tiny classifier of `kind`'s family: BERT's (BERT), RoBERTa's
     (RoBERTa, XLM-R: a BERT backbone with padding_id 1 and one segment
     row), ModernBERT's."""
-    from _families import VARIANTS
-
     from keras_attn.models import BertSequenceClassifier
 
     size = dict(vocabulary_size=vocabulary_size, max_sequence_length=sequence_length)
     if kind == "modernbert":
-        return VARIANTS["modernbert"].build(**size, pad_id=3, dropout=0.0)
+        return FAMILIES["modernbert"].build(**size, pad_id=3, dropout=0.0)
     extra = {} if kind == "bert" else dict(padding_id=1, num_segments=1)
     backbone = FAMILIES["bert"].backbone(num_layers=1, **size, **extra)
     return BertSequenceClassifier(backbone, num_classes=2)
