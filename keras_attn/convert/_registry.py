@@ -70,6 +70,11 @@ class Converter:
             for a family that is read only.
         writes: `writes(model) -> bool`, whether `save` takes `model`.
         models: the names of the model classes `save` writes (for messages).
+        classifier: `classifier(directory, num_classes, class_names)`, the
+            family's classifier with the checkpoint's encoder (and its own
+            head where it has one of `num_classes` outputs), what
+            `load_hf(directory, num_classes=...)` gives; None for a family
+            without one (refused by name).
     """
 
     name: str
@@ -79,6 +84,7 @@ class Converter:
     save: Callable = None
     writes: Callable = None
     models: Tuple[str, ...] = ()
+    classifier: Callable = None
 
 
 _CONVERTERS = {}  # name -> Converter, in registration order
@@ -129,6 +135,79 @@ def converter_for_config(config):
         found = [c for c in converters() if model_type in c.model_types]
         what = f"model_type {model_type!r} (and no 'architectures')"
     return (found[0] if found else None), what
+
+
+def classifier_arguments(num_classes, class_names):
+    """`(num_classes, class_names)` of `load_hf(directory, num_classes=,
+    class_names=)`: the count from the names when only they are given, the
+    two checked against each other (`ValueError` naming the argument)."""
+    from keras_attn._checks import check_class_names
+
+    if num_classes is None:
+        if not isinstance(class_names, (list, tuple)) or not class_names:
+            raise ValueError("Invalid value for argument `class_names`: a non-empty list of the "
+                             f"classes' names. Received: class_names={class_names!r}")
+        num_classes = len(class_names)
+    if isinstance(num_classes, bool) or not isinstance(num_classes, int) or num_classes < 1:
+        raise ValueError("Invalid value for argument `num_classes`: a positive integer. "
+                         f"Received: num_classes={num_classes!r}")
+    return num_classes, check_class_names("class_names", class_names, num_classes)
+
+
+def head_dropped_warning(directory, had, num_classes):
+    """Warns that the checkpoint's classifier of `had` outputs is not loaded
+    (a new head of `num_classes` takes its place), as transformers'
+    `ignore_mismatched_sizes=True` reports it."""
+    import warnings
+
+    warnings.warn(f"{directory}: the checkpoint's classifier has {had} outputs; a new head of "
+                  f"num_classes={num_classes} takes its place (initialised at random)",
+                  stacklevel=3)
+
+
+def own_head(model, classifier_class, directory, num_classes, class_names):
+    """The loaded `model` when it is a `classifier_class` of `num_classes`
+    outputs (its `class_names` replaced by `class_names` if given), else None
+    (with `head_dropped_warning` for a classifier of another size)."""
+    if not isinstance(model, classifier_class):
+        return None
+    if model.num_classes != num_classes:
+        head_dropped_warning(directory, model.num_classes, num_classes)
+        return None
+    if class_names is not None:
+        model.class_names = class_names
+    return model
+
+
+def vit_classifier(model, directory, num_classes, class_names, pooling):
+    """The `ViT` classifier of `num_classes` over the loaded `model` (a ViT
+    with or without a head): the model itself when its head has
+    `num_classes` outputs (renamed by `class_names` if given), else a ViT
+    of the same config with `pooling` and a new head, every other weight
+    copied by path (all of them, or a `ValueError`: a bug, not a file's)."""
+    from keras_attn.models.vit import ViT
+
+    config = model.vit_config
+    if config.num_classes == num_classes:
+        if class_names is not None:
+            model.class_names = class_names
+        return model
+    if config.num_classes is not None:
+        head_dropped_warning(directory, config.num_classes, num_classes)
+    new = ViT(**dataclasses.asdict(dataclasses.replace(config, num_classes=num_classes,
+                                                       pooling=pooling)),
+              class_names=class_names)
+    old = {w.path: w for w in model.weights if not w.path.startswith("classifier/")}
+    kept = [w for w in new.weights if not w.path.startswith("classifier/")]
+    if sorted(w.path for w in kept) != sorted(old):
+        raise ValueError(f"The new head's ViT has other weights than the loaded one. "
+                         f"Received: {sorted(set(old) ^ {w.path for w in kept})}")
+    for weight in kept:
+        weight.assign(old[weight.path])
+    for name, value in vars(model).items():  # what the converters carry on the object
+        if name.startswith("_dinov2_"):
+            setattr(new, name, value)
+    return new
 
 
 def converter_for_model(model):

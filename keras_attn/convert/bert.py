@@ -40,6 +40,7 @@ from keras_attn.convert._checkpoint import json_text
 from keras_attn.convert._checkpoint import layer_weights
 from keras_attn.convert._checkpoint import read_config
 from keras_attn.convert._checkpoint import read_safetensors
+from keras_attn.convert._registry import own_head
 from keras_attn.convert._registry import Converter
 from keras_attn.convert._registry import entry_helpers
 from keras_attn.convert._registry import load_weights
@@ -824,11 +825,29 @@ def _architectures():
     return tuple(names) + tuple(_XLM.values())
 
 
+def load_hf_bert_classifier(path, num_classes, class_names=None):
+    """`load_hf(path, num_classes=...)` for the BERT family: a
+    `BertSequenceClassifier` over the encoder of any BERT, RoBERTa or XLM-R
+    directory (`load_hf_bert_task`), the checkpoint's own head where it is a
+    sequence classifier of `num_classes`, else a new one (dropout
+    `classifier_dropout`, else the encoder's; the pooler as the checkpoint
+    has it, initialised where it has none: a masked LM or token classifier)."""
+    model = load_hf_bert_task(path)
+    if own_head(model, BertSequenceClassifier, path, num_classes, class_names) is not None:
+        return model
+    backbone = model if isinstance(model, BertBackbone) else model.backbone
+    dropout = read_config(path).get("classifier_dropout")
+    if dropout is None:
+        dropout = backbone.bert_config.dropout
+    return BertSequenceClassifier(backbone, num_classes=num_classes, dropout=dropout,
+                                  class_names=class_names)
+
+
 CONVERTER = register(Converter(
     "bert", _architectures(), tuple(_MODEL_TYPES), load=load_hf_bert_task,
     save=save_hf_bert, writes=lambda model: _kind(model) is not None,
     models=("BertBackbone", "BertSequenceClassifier", "BertTokenClassifier",
-            "BertPretrainer (RoBERTa included)")))
+            "BertPretrainer (RoBERTa included)"), classifier=load_hf_bert_classifier))
 
 __all__ = [
     "bert_config_from_hf",

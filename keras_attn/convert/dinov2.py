@@ -45,6 +45,7 @@ from keras_attn.convert._checkpoint import json_text
 from keras_attn.convert._checkpoint import layer_weights
 from keras_attn.convert._checkpoint import read_config
 from keras_attn.convert._checkpoint import read_safetensors
+from keras_attn.convert._registry import vit_classifier
 from keras_attn.convert._registry import Converter
 from keras_attn.convert._registry import entry_helpers
 from keras_attn.convert._registry import load_weights
@@ -342,8 +343,17 @@ def save_hf_dinov2(model, directory, overwrite=False, class_names=None):
     return write_weights(directory, entries, files, overwrite=overwrite, extra=mask_token)
 
 
+def load_hf_dinov2_classifier(path, num_classes, class_names=None):
+    """`load_hf(path, num_classes=...)` for DINOv2 with registers: the ViT
+    with `Dinov2WithRegistersForImageClassification`'s head (`pooling=
+    "cls_gap"`) over the checkpoint's encoder, its own head where it has
+    `num_classes` outputs (`_registry.vit_classifier`)."""
+    return vit_classifier(load_hf_dinov2(path), path, num_classes, class_names, "cls_gap")
+
+
 CONVERTER = register(Converter(
     "dinov2", _ARCHITECTURES, ("dinov2_with_registers",), load=load_hf_dinov2,
     save=save_hf_dinov2,
     writes=lambda model: isinstance(model, ViT) and is_dinov2(model.vit_config),
-    models=("ViT with DINOv2's registers, LayerScale, SwiGLU or head",)))
+    models=("ViT with DINOv2's registers, LayerScale, SwiGLU or head",),
+    classifier=load_hf_dinov2_classifier))

@@ -17,12 +17,13 @@ import os
 
 from keras_attn.convert._checkpoint import read_config
 from keras_attn.convert._registry import architectures
+from keras_attn.convert._registry import classifier_arguments
 from keras_attn.convert._registry import converter_for_config
 from keras_attn.convert._registry import converter_for_model
 from keras_attn.convert._registry import converters
 
 
-def load_hf(directory):
+def load_hf(directory, num_classes=None, class_names=None):
     """The keras_attn model, task head included, of a Hugging Face
     directory (`config.json` and `model.safetensors`, or the shards its
     `model.safetensors.index.json` names: what `save_pretrained` writes;
@@ -42,6 +43,17 @@ def load_hf(directory):
     | `ParakeetForCTC` | `ConformerCTC` with `subsampling="fast"`: waveforms in with `preprocessor_config.json`, else log-mel features (`load_hf_parakeet`) |
 
     Without `architectures`, `model_type` picks the family's base model.
+
+    With `num_classes` (or `class_names`, the name of each class in output
+    order: their count is `num_classes`), the family's classifier with the
+    checkpoint's encoder: `BertSequenceClassifier` (BERT, RoBERTa, XLM-R),
+    `ModernBertSequenceClassifier`, a `ViT` with a head (ViT, DINOv2), from
+    any of the family's directories (a base model, a masked LM, a
+    classifier). A checkpoint classifier of `num_classes` outputs keeps its
+    head (and its `id2label` names unless `class_names` renames them); any
+    other gets a new head, initialised at random, with a warning, as
+    transformers' `from_pretrained(..., num_labels=N,
+    ignore_mismatched_sizes=True)`.
     A classifier's `class_names` are the names of `id2label` (None for
     transformers' defaults `LABEL_i`), which `save_hf` writes back.
     Tokenizers are not loaded here: `load_hf_bert_tokenizer(directory)`
@@ -65,7 +77,16 @@ def load_hf(directory):
             f"load_hf reads the architectures {architectures()}. "
             f"Received: directory={directory!r}"
         )
-    return converter.load(directory)
+    if num_classes is None and class_names is None:
+        return converter.load(directory)
+    num_classes, class_names = classifier_arguments(num_classes, class_names)
+    if converter.classifier is None:
+        takes = sorted(c.name for c in converters() if c.classifier is not None)
+        raise ValueError(
+            f"Invalid value for argument `num_classes`: the {converter.name} family of "
+            f"{directory} has no classifier (load_hf gives one for the families {takes}). "
+            f"Received: num_classes={num_classes!r}")
+    return converter.classifier(directory, num_classes, class_names)
 
 
 def save_hf(model, directory, overwrite=False, **kwargs):

@@ -29,6 +29,7 @@ from keras_attn.convert._checkpoint import layer_weights
 from keras_attn.convert._checkpoint import read_config
 from keras_attn.convert._checkpoint import read_safetensors
 from keras_attn.convert._checkpoint import transposed
+from keras_attn.convert._registry import own_head
 from keras_attn.convert._registry import Converter
 from keras_attn.convert._registry import load_weights
 from keras_attn.convert._registry import register
@@ -463,7 +464,24 @@ def save_hf_modernbert(model, directory, overwrite=False, class_names=None):
                          overwrite=overwrite)
 
 
+def load_hf_modernbert_classifier(path, num_classes, class_names=None):
+    """`load_hf(path, num_classes=...)` for ModernBERT: a
+    `ModernBertSequenceClassifier` over the encoder of any ModernBERT
+    directory, the checkpoint's own head where it classifies into
+    `num_classes`, else a new one (`classifier_pooling`, default "cls", and
+    `classifier_dropout`, default 0, of config.json, as transformers'
+    `ModernBertForSequenceClassification` reads them)."""
+    model = load_hf_modernbert(path)
+    if own_head(model, ModernBertSequenceClassifier, path, num_classes, class_names) is not None:
+        return model
+    backbone = model if isinstance(model, ModernBertBackbone) else model.backbone
+    hf_config = dict(read_config(path), num_labels=num_classes, id2label=None)
+    head = _classifier(hf_config, backbone, path)
+    head.class_names = class_names
+    return head
+
+
 CONVERTER = register(Converter(
     "modernbert", tuple(_ARCHITECTURES), ("modernbert",), load=load_hf_modernbert,
     save=save_hf_modernbert, writes=lambda model: _kind(model) is not None,
-    models=tuple(_ARCHITECTURES.values())))
+    models=tuple(_ARCHITECTURES.values()), classifier=load_hf_modernbert_classifier))

@@ -38,6 +38,7 @@ from keras_attn.convert._checkpoint import json_text
 from keras_attn.convert._checkpoint import layer_weights
 from keras_attn.convert._checkpoint import read_config
 from keras_attn.convert._checkpoint import read_safetensors
+from keras_attn.convert._registry import vit_classifier
 from keras_attn.convert._registry import Converter
 from keras_attn.convert._registry import entry_helpers
 from keras_attn.convert._registry import load_weights
@@ -329,7 +330,14 @@ def is_dinov2(config):
             or config.feed_forward == "swiglu" or config.pooling == "cls_gap")
 
 
+def load_hf_vit_classifier(path, num_classes, class_names=None):
+    """`load_hf(path, num_classes=...)` for ViT: `ViTForImageClassification`'s
+    head ([CLS] pooling) over the checkpoint's encoder, its own head where
+    it has `num_classes` outputs (`_registry.vit_classifier`)."""
+    return vit_classifier(load_hf_vit(path), path, num_classes, class_names, "cls")
+
+
 CONVERTER = register(Converter(
     "vit", ("ViTModel", "ViTForImageClassification"), ("vit",), load=load_hf_vit,
-    save=save_hf_vit, models=("ViT",),
+    save=save_hf_vit, models=("ViT",), classifier=load_hf_vit_classifier,
     writes=lambda model: isinstance(model, ViT) and not is_dinov2(model.vit_config)))

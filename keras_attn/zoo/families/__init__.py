@@ -307,9 +307,10 @@ def hf_family(path, recipe_family, task):
     `recipe_family`; a `ValueError` naming the key when no family reads
     it, its recipes are of another family, `task` does not take its
     tokenizer, or its tokenizer files are missing."""
-    from keras_attn.convert._checkpoint import read_config
+    from keras_attn._base.zoo_files import read_json
 
-    model_type = read_config(path).get("model_type", "bert")
+    config = read_json(os.path.join(path, "config.json"))  # pretrained_source checked it is there
+    model_type = config.get("model_type", "bert") if isinstance(config, dict) else None
     family = by_model_type(model_type)
     received = f"Received: {PRETRAINED}={path!r}"
     if family is None:
