@@ -28,6 +28,12 @@ def token_ids_of_a_tokenizer():
         def vocabulary_size(self):
             return 10
 
+        def get_vocabulary(self):  # what text_form reads the special tokens from
+            return ["[PAD]", "[CLS]", "[SEP]"] + [f"w{i}" for i in range(7)]
+
+        def id_to_token(self, i):
+            return self.get_vocabulary()[i]
+
         def __call__(self, texts):
             return tf.RaggedTensor.from_row_lengths(
                 tf.constant([5, WRAP + 3], tf.int64), tf.constant([2], tf.int64))

@@ -175,7 +175,9 @@ def parakeet_config_from_hf(hf_config, preprocessor=None, input_type="features")
 def _layout(model):
     """The `Entry` of every weight of `model` under transformers' names."""
     config = model.conformer_config
-    D, F, N = config.hidden_dim, config.intermediate_dim, config.num_heads
+    # intermediate_dim None: the Conformer's default width, 4 x hidden_dim.
+    D, N = config.hidden_dim, config.num_heads
+    F = config.intermediate_dim or 4 * D
     H, K, C = D // N, config.kernel_size, config.subsampling_filters
     entries = []
     dense, norm, heads_in, heads_out = entry_helpers(entries, D, N)

@@ -582,7 +582,9 @@ def _cached(dataset, count, to_example, batch_size, shuffle, seed, batch=None):
     the same seed and buffer give the same order) and batched."""
     chunks = (batch or tf.data.Dataset.batch)(dataset, _TOKENIZE_BATCH)
     dataset = chunks.map(traced_as_written(to_example), num_parallel_calls=AUTOTUNE)
-    dataset = dataset.unbatch().cache()
+    # unbatch() loses the count: told again, so that Keras knows an epoch's
+    # steps (else its first epoch ends in "Your input ran out of data").
+    dataset = dataset.unbatch().apply(tf.data.experimental.assert_cardinality(count)).cache()
     if shuffle:
         dataset = dataset.shuffle(count, seed=seed)
     return dataset.batch(batch_size).prefetch(AUTOTUNE)

@@ -498,8 +498,13 @@ def test_int8_onnx_quantizes_every_projection_and_answers_near_the_float_model(t
     got = {p: Artifact(path)(**batch)["probabilities"] for p, path in paths.items()}
     np.testing.assert_allclose(got["float32"], expected, atol=1e-5)
     gap = np.abs(got["int8"] - expected).max()
-    assert 0 < gap < 0.01, gap  # quantized: close (0.0025 here), not equal
-    assert (got["int8"].argmax(-1) == expected.argmax(-1)).mean() >= 0.9
+    assert 0 < gap < 0.01, gap  # quantized: close, not equal
+    # A row whose top two classes are further apart than twice the error
+    # keeps its class (the random model's near ties may swap).
+    top = np.sort(expected, axis=-1)
+    clear = top[:, -1] - top[:, -2] > 2 * gap
+    assert clear.sum() >= 4, top
+    assert (got["int8"].argmax(-1) == expected.argmax(-1))[clear].all()
     # Each token's activations get their own scale: a row's answer is the
     # same alone, in its batch, and whatever its padding holds (one scale
     # per tensor moved them by 4e-3).
