@@ -312,7 +312,8 @@ def _integer(value):
     return None
 
 
-def label_ids(values_by_split, path, argument="path", places=None, field="label"):
+def label_ids(values_by_split, path, argument="path", places=None, field="label",
+              class_names=None):
     """Class ids and names for labels given as integers (ids as they are) or
     as names (sorted names of the training set: ids 0, 1, ...).
 
@@ -326,6 +327,11 @@ def label_ids(values_by_split, path, argument="path", places=None, field="label"
         places: `{split: where each label was read}` (e.g. "test.csv, line
             3"), named by the errors; None: "test example 3".
         field: the labels' column or field, named by the errors.
+        class_names: the classes in the model's order (as Keras's
+            `image_dataset_from_directory(class_names=...)`): a name label
+            gets its index there, an integer label must be below its
+            length; a label it lacks is refused. None: the sorted names of
+            the training set.
 
     Returns:
         `({split: int32 ids or None}, class_names)`.
@@ -336,6 +342,9 @@ def label_ids(values_by_split, path, argument="path", places=None, field="label"
 
     integers = {split: None if values is None else [_integer(v) for v in values]
                 for split, values in values_by_split.items()}
+    if class_names is not None:
+        return _ids_in_order(values_by_split, integers, _checked_names(class_names), place,
+                             field)
     if all(i is not None for values in integers.values() for i in values or []):
         for split, values in integers.items():
             negative = [i for i, value in enumerate(values or []) if value < 0]
@@ -366,14 +375,46 @@ def label_ids(values_by_split, path, argument="path", places=None, field="label"
              for split, values in keys.items()}, names)
 
 
-def row_labels(rows, field, path, argument="path"):
+def _checked_names(class_names):
+    names = list(class_names) if isinstance(class_names, (list, tuple)) else None
+    if (not names or not all(isinstance(n, str) and n for n in names)
+            or len(set(names)) != len(names)):
+        raise ValueError("Invalid value for argument `class_names`: a non-empty list of "
+                         f"distinct, non-empty strings. Received: class_names={class_names!r}")
+    return names
+
+
+def _ids_in_order(values_by_split, integers, names, place, field):
+    """`label_ids` with the classes given: each label's index in `names`
+    (an integer label is an index already)."""
+    index = {name: i for i, name in enumerate(names)}
+    ids = {}
+    for split, values in values_by_split.items():
+        if values is None:
+            ids[split] = None
+            continue
+        row = []
+        for i, (value, integer) in enumerate(zip(values, integers[split])):
+            if str(value) in index:
+                row.append(index[str(value)])
+            elif integer is not None and 0 <= integer < len(names):
+                row.append(integer)
+            else:
+                raise _error(f"{place(split, i)}: the {field} {value!r} is not one of "
+                             f"class_names={names} (nor an index into it)", field, value)
+        ids[split] = np.array(row, "int32")
+    return ids, names
+
+
+def row_labels(rows, field, path, argument="path", class_names=None):
     """`label_ids` of the `field` of each row of `{split: rows or None}`
     (`table_rows`), its errors naming each row's file and line."""
     return label_ids({split: None if r is None else [row[field] for row in r]
                       for split, r in rows.items()}, path, argument,
                      places={split: None if r is None else [getattr(row, "place", None)
                                                              for row in r]
-                             for split, r in rows.items()}, field=field)
+                             for split, r in rows.items()}, field=field,
+                     class_names=class_names)
 
 
 def _words(value):
@@ -395,7 +436,7 @@ def _wordpiece(tokenizer, vocabulary_size, texts, train_vocabulary, make_tokeniz
 def load_text_classification_files(path, tokenizer=None, vocabulary_size=1000,
                                    sequence_length=128, batch_size=32, validation_fraction=0.0,
                                    seed=0, text_field="text", label_field="label",
-                                   second_text_field=None, model=None):
+                                   second_text_field=None, model=None, class_names=None):
     """Text classification from your CSV / JSONL files.
 
     Each row has a text and a label (an integer class id, or a class name);
@@ -429,6 +470,10 @@ def load_text_classification_files(path, tokenizer=None, vocabulary_size=1000,
         model: the model the batches are for: `x` holds its inputs
             (`token_ids`, `padding_mask`, and `segment_ids` where it takes
             them: not ModernBERT); None gives all three (BERT's).
+        class_names: the classes in the model's order (`model.class_names`
+            of `keras_attn.convert.load_hf(dir, class_names=...)`): label
+            `class_names[i]` is class `i`; a label not among them is
+            refused. None: the sorted labels of the training set.
 
     Returns:
         A `FilesData`; `class_names[i]` is the label of class `i`.
@@ -439,7 +484,7 @@ def load_text_classification_files(path, tokenizer=None, vocabulary_size=1000,
     fields = [text_field, label_field] + ([second_text_field] if second_text_field else [])
     rows = table_rows(path, {name: LABEL if name == label_field else TEXT for name in fields},
                       validation_fraction, seed)
-    labels, class_names = row_labels(rows, label_field, path)
+    labels, class_names = row_labels(rows, label_field, path, class_names=class_names)
     train_texts = [str(row[f]) for row in rows["train"] for f in fields if f != label_field]
     tokenizer, vocabulary = _wordpiece(tokenizer, vocabulary_size, train_texts,
                                        text.train_wordpiece_vocabulary, text.make_tokenizer)
