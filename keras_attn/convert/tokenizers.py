@@ -189,7 +189,11 @@ def load_hf_tokenizer(directory, sequence_length=None):
         `pair_separator_ids` (`[SEP]`, or RoBERTa's `</s></s>`) and
         `second_segment_id` (1 for BERT, 0 for RoBERTa and XLM-R). The
         text loaders (`keras_attn.data.load_text_classification_files`)
-        pack with them; `tokenizer(text)` adds none of them.
+        pack with them; `tokenizer(text)` adds none of them. And
+        `hf_tokenizer_file`: the directory's `tokenizer.json` (absolute
+        path; None where it has none), which
+        `keras_attn.export.export_text_classifier` carries into the export
+        for a server that tokenizes with the `tokenizers` package.
 
     Raises:
         ValueError: a directory of none of these kinds (the directory and
@@ -219,6 +223,8 @@ def load_hf_tokenizer(directory, sequence_length=None):
     start, end, pad, separator, second = _form(path, kind, tokenizer, _names(path))
     tokenizer.start_token_id, tokenizer.end_token_id, tokenizer.pad_token_id = start, end, pad
     tokenizer.pair_separator_ids, tokenizer.second_segment_id = separator, second
+    file = os.path.abspath(os.path.join(path, "tokenizer.json"))
+    tokenizer.hf_tokenizer_file = file if os.path.isfile(file) else None
     return tokenizer
 
 

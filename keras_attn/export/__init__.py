@@ -1,8 +1,9 @@
 """Deployment formats (SavedModel, ONNX, LiteRT). TensorFlow and the
 converters are imported only when a function here runs; the exporters are
-imported on first use, so that `keras_attn.export.portable` (`Artifact`)
-and `keras_attn.export.streaming_runtime` load with NumPy alone on a
-machine without Keras."""
+imported on first use, so that `keras_attn.export.portable` (`Artifact`),
+`keras_attn.export.streaming_runtime` and `keras_attn.export.text_runtime`
+(`TextClassifierArtifact`, with the `tokenizers` package) load with NumPy
+alone on a machine without Keras."""
 
 import importlib
 import typing
@@ -15,6 +16,7 @@ if typing.TYPE_CHECKING:  # for readers and the API reference; loaded lazily bel
     from keras_attn.export.speech_recognizer import export_speech_recognizer
     from keras_attn.export.streaming import export_streaming
     from keras_attn.export.text_classifier import export_text_classifier
+    from keras_attn.export.text_runtime import TextClassifierArtifact
     from keras_attn.export.translator import export_translator
 
 # name -> the submodule that defines it.
@@ -27,6 +29,7 @@ _LAZY = {
     "export_streaming": "streaming",
     "export_text_classifier": "text_classifier",
     "export_translator": "translator",
+    "TextClassifierArtifact": "text_runtime",
 }
 
 __all__ = [
@@ -38,6 +41,7 @@ __all__ = [
     "export_streaming",
     "export_text_classifier",
     "export_translator",
+    "TextClassifierArtifact",
 ]
 
 

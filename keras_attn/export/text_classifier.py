@@ -1,24 +1,29 @@
-"""Export a BERT text classifier as a SavedModel with two entry points.
-A ModernBERT classifier (inputs `token_ids` and `padding_mask`, no
-segment ids) is exported the same way, `serve_ids(token_ids,
-padding_mask)`.
+"""Export a text classifier (BERT's, RoBERTa's, XLM-R's, ModernBERT's) with
+its tokenizer: raw strings in, class probabilities and names out.
 
-- `serve(text)`: a `(B,)` string tensor in; WordPiece tokenization and
-  `[CLS] text [SEP]` packing run inside the graph; class probabilities
-  `(B, K)` out. `serving_default` (TensorFlow Serving's) takes the same
-  strings and answers by name: "logits", "probabilities" and, exported with
-  `class_names`, "label" (the top class's name).
-- `serve_ids(token_ids, segment_ids, padding_mask)`: `(B, T)` int32 each,
-  any `T` up to the model's `max_sequence_length`; probabilities out. Three
-  inputs of different shapes stop the call with `InvalidArgumentError`
-  naming them (a loaded SavedModel raises TensorFlow's errors, not Python's).
+- `serve(text)`: a `(B,)` string tensor in; tokenization and packing
+  (`[CLS] text [SEP]`, RoBERTa's `<s> text </s>`) run inside the graph;
+  class probabilities `(B, K)` out. `serving_default` (TensorFlow Serving's)
+  takes the same strings and answers by name: "logits", "probabilities" and,
+  exported with `class_names`, "label" (the top class's name).
+- `serve_ids(token_ids, segment_ids, padding_mask)` (a model without
+  segment ids, ModernBERT's, RoBERTa's classifier: `serve_ids(token_ids,
+  padding_mask)`): `(B, T)` int32 each, any `T` up to the model's
+  `max_sequence_length`; probabilities out. Inputs of different shapes stop
+  the call with `InvalidArgumentError` naming them (a loaded SavedModel
+  raises TensorFlow's errors, not Python's).
 
-The tokenizer runs as core TensorFlow ops (`_wordpiece_graph`: the same
-ids as keras-hub's `WordPieceTokenizer`, rebuilt without tensorflow-text),
-so a serving process needs TensorFlow alone: `tf.saved_model.load(path)`
-after `import tensorflow`, and TensorFlow Serving's standard build. The
-export refuses a graph that would need any other op. TensorFlow backend only
-(the string signature needs TensorFlow ops).
+A WordPiece tokenizer runs as core TensorFlow ops (`_wordpiece_graph`: the
+same ids as keras-hub's `WordPieceTokenizer`, rebuilt without
+tensorflow-text), so a serving process needs TensorFlow alone. A byte-level
+BPE or SentencePiece tokenizer (`keras_attn.convert.load_hf_tokenizer`'s,
+for RoBERTa, ModernBERT, XLM-R) runs as keras-hub's, whose ops are
+tensorflow-text's: `import tensorflow_text` before `tf.saved_model.load`.
+Those exports carry the checkpoint's `tokenizer.json` (`assets/` of the
+SavedModel, beside an ONNX or LiteRT model), so that a server without
+TensorFlow tokenizes with the `tokenizers` package
+(`keras_attn.export.TextClassifierArtifact`). TensorFlow backend only (the
+string signature needs TensorFlow ops).
 """
 
 from keras_attn.export.saved_model import export_saved_model
@@ -86,18 +91,28 @@ def export_text_classifier(model, tokenizer, path, sequence_length=128, format="
             f"`sequence_length` must be at most the model's max_sequence_length="
             f"{max_length}. Received: sequence_length={sequence_length}"
         )
-    _check_wordpiece(tokenizer)
+    tokenizer_json = _check_tokenizer(tokenizer)
     class_names = check_class_names(class_names, model.output_shape[-1])
     if format != "saved_model":
         return _export_portable(model, tokenizer, path, sequence_length, format, precision,
-                                class_names, names)
-    wordpiece = WordPieceGraph(tokenizer)
+                                class_names, names, tokenizer_json)
     text_spec = tf.TensorSpec((None,), tf.string, name="text")
-    # Traced once here, checked, and called as this one function by every
-    # trace of the endpoint.
-    pack = tf.function(_single_text_packer(wordpiece, tokenizer, sequence_length),
-                       input_signature=[text_spec], autograph=False)  # see traced_as_written
-    check_core_ops(pack.get_concrete_function())
+    if _is_wordpiece(tokenizer):
+        wordpiece = WordPieceGraph(tokenizer)
+        track = [wordpiece]
+        # Traced once here, checked, and called as this one function by every
+        # trace of the endpoint.
+        pack = tf.function(_single_text_packer(wordpiece, tokenizer, sequence_length),
+                           input_signature=[text_spec], autograph=False)  # see traced_as_written
+        check_core_ops(pack.get_concrete_function())
+    else:
+        # keras-hub's tokenizer in the graph (tensorflow-text's ops), packed
+        # as the text loaders pack a single text.
+        from keras_attn._text_packing import pack_pairs
+
+        track = [tokenizer]
+        pack = tf.function(pack_pairs(tokenizer, sequence_length),
+                           input_signature=[text_spec], autograph=False)
 
     def model_inputs(text):
         return {name: value for name, value in zip(INPUT_NAMES[0], pack(text))
@@ -140,26 +155,48 @@ def export_text_classifier(model, tokenizer, path, sequence_length=128, format="
         serving_fn=serve_text,
         extra_endpoints={"serve_ids": (serve_ids, ids_spec),
                          "serving_default": (named, [text_spec])},
-        track=[wordpiece],
-        assets=class_names and {"labels.txt": labels_text(class_names)},
+        track=track,
+        assets={**({"labels.txt": labels_text(class_names)} if class_names else {}),
+                **({"tokenizer.json": tokenizer_json} if tokenizer_json else {})},
     )
 
 
-def _check_wordpiece(tokenizer):
-    """Every format packs WordPiece ids (ONNX and LiteRT: `serving.json`
-    describes the WordPiece settings and `[CLS]`/`[SEP]`/`[PAD]` for the
-    server): a byte-level BPE tokenizer (RoBERTa's, ModernBERT's) is
-    refused by name here, not by an AttributeError of the contract."""
+def _check_tokenizer(tokenizer):
+    """The text of the `tokenizer.json` that
+    `keras_attn.convert.load_hf_tokenizer` read the tokenizer beside, which
+    the export carries (a byte-level BPE or SentencePiece tokenizer cannot
+    be described by settings); None for a keras-hub `WordPieceTokenizer`
+    without one (the zoo's: the graph rebuilds it; a server reads
+    `vocab.txt` and the settings). Anything else is refused by name, before
+    any work."""
     import keras_hub
 
-    if not isinstance(tokenizer, keras_hub.tokenizers.WordPieceTokenizer):
+    file = getattr(tokenizer, "hf_tokenizer_file", None)
+    if isinstance(tokenizer, keras_hub.tokenizers.WordPieceTokenizer):
+        return _read(file) if file else None
+    kinds = (keras_hub.tokenizers.BytePairTokenizer, keras_hub.tokenizers.SentencePieceTokenizer)
+    if not isinstance(tokenizer, kinds) or not file:
         raise ValueError(
-            "`tokenizer` must be a keras_hub.tokenizers.WordPieceTokenizer (BERT's): the "
-            "export packs [CLS] text [SEP] with its ids. A model with a byte-level BPE "
-            "tokenizer (RoBERTa, ModernBERT) exports with export_saved_model or "
-            "export_portable, token ids in, its tokenizer run by the server. Received: "
-            f"tokenizer={type(tokenizer).__name__}"
-        )
+            "`tokenizer` must be a keras_hub.tokenizers.WordPieceTokenizer (BERT's, the zoo's), "
+            "or the tokenizer keras_attn.convert.load_hf_tokenizer(directory) reads from a "
+            "Hugging Face directory with a tokenizer.json (RoBERTa's, ModernBERT's, XLM-R's: "
+            "the export carries that file for the server). A directory with only vocab.json "
+            "and merges.txt or a SentencePiece model gets its tokenizer.json from "
+            "transformers: AutoTokenizer.from_pretrained(directory).save_pretrained(directory). "
+            f"Received: tokenizer={type(tokenizer).__name__}"
+            + (" without hf_tokenizer_file" if isinstance(tokenizer, kinds) else ""))
+    return _read(file)
+
+
+def _is_wordpiece(tokenizer):
+    import keras_hub
+
+    return isinstance(tokenizer, keras_hub.tokenizers.WordPieceTokenizer)
+
+
+def _read(file):
+    with open(file, encoding="utf-8") as stream:
+        return stream.read()
 
 
 def _single_text_packer(wordpiece, tokenizer, sequence_length):
@@ -211,9 +248,10 @@ def _graph_functions(graph_def):
 
 
 def _export_portable(model, tokenizer, path, sequence_length, format, precision,
-                     class_names=None, names=None):
+                     class_names=None, names=None, tokenizer_json=None):
     import keras
 
+    from keras_attn._text_packing import text_form
     from keras_attn.export.portable import export_portable
 
     names = names or INPUT_NAMES[0]
@@ -222,29 +260,91 @@ def _export_portable(model, tokenizer, path, sequence_length, format, precision,
     probabilities = keras.ops.softmax(keras.ops.cast(logits, "float32"), axis=-1)
     serving = keras.Model([inputs[name] for name in names], {"probabilities": probabilities},
                           name="text_classifier_serving")
-    vocabulary = list(tokenizer.get_vocabulary())
-    preprocessing = {
-        "tokenizer": "WordPiece (keras_hub.tokenizers.WordPieceTokenizer)",
-        "vocabulary": "vocab.txt",
-        "lowercase": bool(tokenizer.lowercase),
-        "strip_accents": bool(tokenizer.strip_accents),
-        "suffix_indicator": tokenizer.suffix_indicator,
-        "oov_token": tokenizer.oov_token,
-        "packing": "[CLS] text [SEP], truncated to sequence_length, padded with [PAD]",
+    start, end, pad, _, _ = text_form(tokenizer)
+    files = {}
+    if _is_wordpiece(tokenizer):
+        vocabulary = list(tokenizer.get_vocabulary())
+        files["vocab.txt"] = "".join(token + "\n" for token in vocabulary)
+        preprocessing = {
+            "tokenizer": "WordPiece (keras_hub.tokenizers.WordPieceTokenizer)",
+            "vocabulary": "vocab.txt",
+            "lowercase": bool(tokenizer.lowercase),
+            "strip_accents": bool(tokenizer.strip_accents),
+            "suffix_indicator": tokenizer.suffix_indicator,
+            "oov_token": tokenizer.oov_token,
+        }
+        if tokenizer_json is None:
+            tokenizer_json = _wordpiece_json(tokenizer, vocabulary)
+    else:
+        preprocessing = {"tokenizer": f"{_kind(tokenizer)} (tokenizer.json of the Hugging Face "
+                                      "checkpoint: tokenizers.Tokenizer.from_file)"}
+    if tokenizer_json is not None:
+        files["tokenizer.json"] = tokenizer_json
+        preprocessing["tokenizer_file"] = "tokenizer.json"
+    preprocessing.update({
+        "packing": "start_id, the text's ids (without special tokens) truncated to "
+                   "sequence_length - 2, end_id; padded with pad_id to sequence_length",
         "sequence_length": int(sequence_length),
         "max_sequence_length": _max_length(model),
-        "cls_id": vocabulary.index("[CLS]"),
-        "sep_id": vocabulary.index("[SEP]"),
-        "pad_id": vocabulary.index("[PAD]"),
+        "start_id": start,
+        "end_id": end,
+        "pad_id": pad,
         "segment_ids": "0 for every token of a single text",
-        "padding_mask": "1 where token_ids is not pad_id, else 0",
-    }
+        "padding_mask": "1 for the packed tokens, 0 for the padding",
+    })
     if "segment_ids" not in names:
         del preprocessing["segment_ids"]
     return export_portable(serving, path, format, precision, preprocessing=preprocessing,
-                           files={"vocab.txt": "".join(token + "\n" for token in vocabulary)},
-                           axes={name: ["batch", "length"] for name in names},
+                           files=files, axes={name: ["batch", "length"] for name in names},
                            extra=class_names and {"labels": class_names})
+
+
+# Texts on which the `tokenizers` rebuild of a WordPiece tokenizer must
+# give keras-hub's ids: case, accents, punctuation, CJK, controls, no-break
+# and other Unicode spaces, compatibility characters, folds that differ
+# from lowercase (ß, final sigma, ligatures).
+PROBES = ("The quick brown fox, jumps!", "Café naïve RÉSUMÉ e\u0301te\u0301", "don't-stop!now",
+          "中文字 and 日本語 한국어", "tabs\tand\nnew\rlines", "Straße ﬁne ﬀ Σίσυφος ΣΑΣ",
+          "İstanbul Ǆ ＦＵＬＬ ①½™Ⅻ", "a\u0000b soft\u00adhy zero\u200bw", "\u3000x\u00a0y",
+          "émoji 🙂 مَرحَبًا", "", "   ")
+
+
+def _wordpiece_json(tokenizer, vocabulary):
+    """The `tokenizer.json` of a WordPiece tokenizer with no checkpoint
+    file (the zoo's), rebuilt for `tokenizers`; None, with a warning, where
+    the rebuild does not give keras-hub's ids on `PROBES` plus the
+    vocabulary's own tokens (`TextClassifierArtifact` then refuses the
+    export: `vocab.txt` and the settings still describe it)."""
+    import warnings
+
+    import numpy as np
+    from tokenizers import Tokenizer
+
+    from keras_attn.export.text_runtime import wordpiece_tokenizer_json
+
+    text = wordpiece_tokenizer_json(vocabulary, tokenizer.lowercase, tokenizer.strip_accents,
+                                    tokenizer.suffix_indicator, tokenizer.oov_token)
+    rebuilt = Tokenizer.from_str(text)
+    words = [t for t in vocabulary if not t.startswith(tokenizer.suffix_indicator)][:2000]
+    probes = list(PROBES) + [" ".join(words[i:i + 50]) for i in range(0, len(words), 50)]
+    for probe in probes:
+        ours = [int(i) for i in np.asarray(tokenizer(probe))]
+        theirs = rebuilt.encode(probe, add_special_tokens=False).ids
+        if ours != theirs:
+            warnings.warn(
+                "The tokenizers rebuild of this WordPiece tokenizer gives other ids than "
+                f"keras-hub's on {probe[:60]!r} ({theirs[:8]} against {ours[:8]}): the export "
+                "carries vocab.txt and its settings but no tokenizer.json, so "
+                "TextClassifierArtifact cannot serve it.", stacklevel=3)
+            return None
+    return text
+
+
+def _kind(tokenizer):
+    import keras_hub
+
+    return ("byte-level BPE" if isinstance(tokenizer, keras_hub.tokenizers.BytePairTokenizer)
+            else "SentencePiece")
 
 
 def _max_length(model):

@@ -155,7 +155,8 @@ def test_text_classifier_follows_its_contract_in_onnx_runtime_and_litert(tmp_pat
                                             sequence_length=12, format=format,
                                             class_names=["news", "sport", "weather"])
              for format in ("onnx", "litert")}
-    assert sorted(os.listdir(paths["onnx"])) == ["model.onnx", "serving.json", "vocab.txt"]
+    assert sorted(os.listdir(paths["onnx"])) == ["model.onnx", "serving.json", "tokenizer.json",
+                                                 "vocab.txt"]
 
     # A server follows the contract: the tokenizer rebuilt from vocab.txt and
     # serving.json, [CLS] text [SEP] padded to sequence_length.
@@ -170,7 +171,7 @@ def test_text_classifier_follows_its_contract_in_onnx_runtime_and_litert(tmp_pat
         oov_token=pre["oov_token"])
     token_ids = np.full((len(TEXTS), pre["sequence_length"]), pre["pad_id"], "int32")
     for row, ids in enumerate(served(TEXTS)):
-        ids = [pre["cls_id"]] + list(np.asarray(ids))[: pre["sequence_length"] - 2] + [pre["sep_id"]]
+        ids = [pre["start_id"]] + list(np.asarray(ids))[: pre["sequence_length"] - 2] + [pre["end_id"]]
         token_ids[row, : len(ids)] = ids
     packed = {"token_ids": token_ids, "segment_ids": np.zeros_like(token_ids),
               "padding_mask": (token_ids != pre["pad_id"]).astype("int32")}
@@ -178,6 +179,13 @@ def test_text_classifier_follows_its_contract_in_onnx_runtime_and_litert(tmp_pat
     reference = [np.asarray(x) for x in text.pack_pairs(tokenizer, 12)(tf.constant(TEXTS))]
     np.testing.assert_array_equal(packed["token_ids"], reference[0])
     np.testing.assert_array_equal(packed["padding_mask"], reference[2])
+    # ... and what TextClassifierArtifact packs from the tokenizer.json beside.
+    from keras_attn.export import TextClassifierArtifact
+
+    served_text = TextClassifierArtifact(paths["onnx"])
+    assert served_text.labels == ["news", "sport", "weather"]
+    for name, value in served_text.pack(TEXTS).items():
+        np.testing.assert_array_equal(value, packed[name])
 
     # Another length (7: any length up to the maximum), and one past it (20).
     short = {name: value[:, :7].copy() for name, value in packed.items()}

@@ -116,17 +116,19 @@ def test_rejects_a_model_without_bert_inputs(tmp_path):
 
 
 @pytest.mark.parametrize("format", ["saved_model", "litert"])
-def test_a_byte_level_bpe_tokenizer_is_refused_by_name_in_every_format(tmp_path, format):
-    # RoBERTa's tokenizer (a BERT classifier with padding_id): the ONNX and
-    # LiteRT contract describes WordPiece settings it does not have (an
-    # AttributeError there, before).
+def test_a_byte_level_bpe_tokenizer_without_its_tokenizer_json_is_refused_by_name(tmp_path,
+                                                                                    format):
+    # A keras-hub BPE tokenizer built by hand: no tokenizer.json a server
+    # could tokenize with (load_hf_tokenizer's carry theirs:
+    # tests/export/test_text_runtime.py). Refused before any file is written.
     import keras_hub
 
     model = FAMILIES["bert"].build(num_layers=1, num_segments=1, padding_id=1)
     bpe = keras_hub.tokenizers.BytePairTokenizer(
         vocabulary={"<s>": 0, "<pad>": 1, "</s>": 2, "a": 3, "b": 4, "ab": 5}, merges=["a b"])
-    with pytest.raises(ValueError, match=r"WordPieceTokenizer .*export_portable.*"
-                                         r"Received: tokenizer=BytePairTokenizer"):
+    with pytest.raises(ValueError, match=r"WordPieceTokenizer .*load_hf_tokenizer.*"
+                                         r"Received: tokenizer=BytePairTokenizer without "
+                                         r"hf_tokenizer_file"):
         export_text_classifier(model, bpe, tmp_path / "x", sequence_length=8, format=format)
     assert os.listdir(tmp_path) == []
 

@@ -68,9 +68,9 @@ def test_modernbert_classifier_scores_as_in_keras_as_a_saved_model_and_in_litert
     logits = saved.serve({name: tf.constant(value) for name, value in x.items()}).numpy()
     np.testing.assert_allclose(_softmax(logits), expected[0], atol=1e-4)
 
-    # No tokenizer in the graph (a byte-level BPE, or none): the served inputs
-    # are the token ids and padding mask; export_text_classifier (a WordPiece
-    # tokenizer in the graph) refuses it by name.
+    # No tokenizer: the served inputs are the token ids and padding mask;
+    # export_text_classifier (a tokenizer in the graph or its tokenizer.json
+    # beside) refuses it by name.
     with pytest.raises(ValueError, match="`tokenizer` must be a keras_hub.tokenizers."
                                          "WordPieceTokenizer.*Received: tokenizer=NoneType"):
         export_text_classifier(model, None, tmp_path / "text", sequence_length=8,
