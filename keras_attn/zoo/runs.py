@@ -819,6 +819,10 @@ def evaluate(run_dir, exported=None):
     else:
         import tensorflow as tf
 
+        try:  # the ops of a BPE / SentencePiece tokenizer inside the graph (keras-hub's)
+            import tensorflow_text  # noqa: F401
+        except ImportError:
+            pass
         try:
             loaded = tf.saved_model.load(exported)
         except Exception as error:  # TensorFlow's own types (a damaged protobuf, ...)

@@ -159,23 +159,37 @@ def fine_tune(tmp_path, monkeypatch, name, family, embedding, export):
 
 
 def test_keras_attn_train_fine_tunes_a_hugging_face_modernbert(tmp_path, monkeypatch):
+    import keras
     import tensorflow as tf
+    import transformers
+
+    from keras_attn.export import TextClassifierArtifact
 
     directory, recipe, run = fine_tune(tmp_path, monkeypatch, "modernbert_tiny_topics",
                                        "modernbert", "model.embeddings.tok_embeddings.weight",
                                        export=True)
-    # The run's SavedModel takes token ids (its tokenizer is not in the
-    # graph: export_text_classifier packs WordPiece alone), gives
-    # model.keras's probabilities and carries the class names.
-    import keras
-
-    assert (run / "saved_model" / "assets" / "labels.txt").read_text().split() == sorted(TOPICS)
-    inputs = {"token_ids": np.array([[1, 100, 120, 2, 3]], "int32"),
-              "padding_mask": np.array([[1, 1, 1, 1, 0]], "int32")}
-    loaded = tf.saved_model.load(str(run / "saved_model"))
-    served = loaded.serve_ids(inputs["token_ids"], inputs["padding_mask"]).numpy()
+    # Both exports take raw strings with the checkpoint's tokenizer.json and
+    # class names, and give model.keras's answers on transformers' ids.
+    texts = ["the cat sat on the mat", "a film about a dog", "tiny", ""]
+    ids = transformers.AutoTokenizer.from_pretrained(str(directory))(
+        texts, padding="max_length", max_length=LENGTH, truncation=True, return_tensors="np")
+    inputs = {"token_ids": ids["input_ids"].astype("int32"),
+              "padding_mask": ids["attention_mask"].astype("int32")}
     logits = keras.saving.load_model(str(run / "model.keras")).predict(inputs, verbose=0)
-    np.testing.assert_allclose(served, keras.ops.softmax(logits), atol=1e-6)
+    expected = keras.ops.convert_to_numpy(keras.ops.softmax(logits))
+    assets = run / "saved_model" / "assets"
+    assert (assets / "labels.txt").read_text().split() == sorted(TOPICS)
+    assert (assets / "tokenizer.json").read_text() == (directory / "tokenizer.json").read_text()
+    loaded = tf.saved_model.load(str(run / "saved_model"))
+    np.testing.assert_allclose(loaded.serve(tf.constant(texts)).numpy(), expected, atol=1e-5)
+    np.testing.assert_allclose(loaded.serve_ids(inputs["token_ids"], inputs["padding_mask"]),
+                               expected, atol=1e-6)
+
+    assert cli.main(["export", str(run), "--format", "onnx", "--output",
+                     str(tmp_path / "onnx")]) == 0
+    served = TextClassifierArtifact(str(tmp_path / "onnx"))(texts)
+    np.testing.assert_allclose(served["probabilities"], expected, atol=1e-5)
+    assert served["label"] == [sorted(TOPICS)[i] for i in expected.argmax(-1)]
     with pytest.raises(ValueError, match=r"^Recipe key `model.overrides` must be empty with "
                                          r"training.pretrained"):
         make_task(load_recipe(recipe, [f"training.pretrained={directory}"])).prepare()

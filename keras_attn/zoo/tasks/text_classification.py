@@ -18,7 +18,10 @@ directory gets `vocab.txt` and `labels.txt`. A Hugging Face RoBERTa, XLM-R
 or ModernBERT directory as `training.pretrained` brings its own tokenizer:
 the rows are packed with its special tokens and padding id, the run
 directory gets its tokenizer files instead of `vocab.txt`, and the export
-is a SavedModel of token ids (`serve_ids`; ONNX and LiteRT refused).
+carries the directory's `tokenizer.json` (raw strings in, every format:
+`keras_attn.export.TextClassifierArtifact` serves ONNX and LiteRT without
+TensorFlow; the SavedModel runs keras-hub's tokenizer, whose ops need
+`import tensorflow_text` before `tf.saved_model.load`).
 
 Family `modernbert` (a recipe in models/modernbert/): a
 `ModernBertSequenceClassifier` (`[CLS]` pooling) on the same rows without
@@ -26,6 +29,7 @@ Family `modernbert` (a recipe in models/modernbert/): a
 run's (`training.pretrained`).
 """
 
+import os
 from typing import Literal
 
 import numpy as np
@@ -169,7 +173,13 @@ class TextClassification(BertTextTask):
         self.check_export_format(format, precision)
         self.prepare()
         if self.hf_tokenizer():
-            return self._export_token_ids(model, path, format)
+            # The checkpoint's tokenizer.json travels with the export (a
+            # server without TensorFlow tokenizes with it). Without one
+            # (vocab.json and merges.txt alone), a SavedModel of token ids.
+            file = os.path.join(self.pretrained, "tokenizer.json")
+            if not os.path.isfile(file):
+                return self._export_token_ids(model, path, format)
+            self.tokenizer.hf_tokenizer_file = os.path.abspath(file)
         return export_text_classifier(model, self.tokenizer, path,
                                       sequence_length=self.data["sequence_length"],
                                       format=format, precision=precision,
@@ -188,12 +198,13 @@ class TextClassification(BertTextTask):
         return {"accuracy": correct / total}
 
     def _export_token_ids(self, model, path, format):
-        """The SavedModel of a model whose tokenizer is a Hugging Face
-        source's other than WordPiece, which `export_text_classifier` does
-        not put in a graph: token ids in (`serve_ids`, also `serve`, the
-        family's inputs: `(B, T)` int32), probabilities out, labels.txt in
-        its assets; the run directory holds the tokenizer's files. ONNX
-        and LiteRT refused by name."""
+        """The SavedModel of a model whose Hugging Face tokenizer has no
+        `tokenizer.json` (RoBERTa's `vocab.json` and `merges.txt` alone),
+        which `export_text_classifier` refuses (a server could not
+        tokenize as the model was trained): token ids in (`serve_ids`,
+        also `serve`, the family's inputs: `(B, T)` int32), probabilities
+        out, labels.txt in its assets; the run directory holds the
+        tokenizer's files. ONNX and LiteRT refused by name."""
         import tensorflow as tf
 
         from keras_attn.export.portable import labels_text
@@ -201,9 +212,11 @@ class TextClassification(BertTextTask):
 
         if format != "saved_model":
             raise ValueError(
-                f"A classifier that tokenizes with its {self.text_family.title} checkpoint's "
-                f"tokenizer (training.pretrained) is exported as a SavedModel of token ids "
-                f"only, not yet as ONNX or LiteRT. Received: format={format!r}")
+                f"The {self.text_family.title} checkpoint {self.pretrained} "
+                f"(training.pretrained) has no tokenizer.json, which an ONNX or LiteRT export "
+                f"carries for its server; such a run exports a SavedModel of token ids only. "
+                f"Write the file with transformers: AutoTokenizer.from_pretrained(d)."
+                f"save_pretrained(d). Received: format={format!r}")
         names = self.input_names()
 
         def serve_ids(*ids):
@@ -220,7 +233,11 @@ class TextClassification(BertTextTask):
         ids in (`_export_token_ids`)."""
         self.prepare()
         texts = {"text": np.array(self.splits["test"][0][:8], dtype=object)}
-        return self._token_ids(texts) if self.hf_tokenizer() else texts
+        return self._token_ids(texts) if self._ids_export() else texts
+
+    def _ids_export(self):
+        return self.hf_tokenizer() and not os.path.isfile(
+            os.path.join(self.pretrained, "tokenizer.json"))
 
     def _token_ids(self, inputs):
         names = self.input_names()
