@@ -34,8 +34,8 @@ print(json.dumps({"probabilities": answer["probabilities"].tolist(),
 
 
 def _checkpoint(tmp_path, kind):
-    """A tiny random masked LM of `kind` saved by transformers, beside the
-    tiny tokenizer of its kind (tests/_hf_tokenizers.py)."""
+    """A tiny random masked LM of `kind` (XLM-R) saved by transformers,
+    beside the tiny tokenizer of its kind (tests/_hf_tokenizers.py)."""
     import transformers
     from _hf_tokenizers import save_tokenizer
 
@@ -43,25 +43,24 @@ def _checkpoint(tmp_path, kind):
     vocabulary = len(transformers.AutoTokenizer.from_pretrained(directory))
     sizes = dict(vocab_size=vocabulary, hidden_size=8, num_hidden_layers=1,
                  num_attention_heads=2, intermediate_size=12)
-    if kind == "modernbert":
-        config = transformers.ModernBertConfig(**sizes, max_position_embeddings=LENGTH,
-                                               local_attention=4, pad_token_id=3,
-                                               cls_token_id=1, sep_token_id=2,
-                                               bos_token_id=1, eos_token_id=2)
-        model = transformers.ModernBertForMaskedLM(config)
-    else:  # xlm_roberta: SentencePiece ids, padding id 1, positions from 2; weights
-        # drawn wide enough that [CLS] after one layer depends on the text
-        # (at transformers' 0.02 every text got the same answer to 1e-6)
-        config = transformers.XLMRobertaConfig(**sizes, max_position_embeddings=LENGTH + 2,
-                                               type_vocab_size=1, pad_token_id=1,
-                                               initializer_range=0.5)
-        model = transformers.XLMRobertaForMaskedLM(config)
+    # SentencePiece ids, padding id 1, positions from 2; weights drawn wide
+    # enough that [CLS] after one layer depends on the text (at
+    # transformers' 0.02 every text got the same answer to 1e-6).
+    config = transformers.XLMRobertaConfig(**sizes, max_position_embeddings=LENGTH + 2,
+                                           type_vocab_size=1, pad_token_id=1,
+                                           initializer_range=0.5)
+    model = transformers.XLMRobertaForMaskedLM(config)
     model.save_pretrained(directory)
     return directory
 
 
+# XLM-R's SentencePiece: keras-hub's tokenizer in training and in the
+# SavedModel, the tokenizers package's Unigram from tokenizer.json in the
+# server. A ModernBERT's byte-level BPE takes the same path through the zoo
+# (tests/zoo/test_hf_text_pretrained.py: ONNX and SavedModel on raw strings
+# against transformers' ids) and docs/hf_text.md.
 @pytest.mark.large
-@pytest.mark.parametrize("kind", ["modernbert", "xlm_roberta"])
+@pytest.mark.parametrize("kind", ["xlm_roberta"])
 def test_a_checkpoint_fine_tuned_on_a_csv_exports_and_serves_raw_strings(tmp_path, kind):
     import keras
     import tensorflow as tf
@@ -109,20 +108,20 @@ def test_a_checkpoint_fine_tuned_on_a_csv_exports_and_serves_raw_strings(tmp_pat
     np.testing.assert_allclose(served["probabilities"], expected, atol=2e-5)
     assert served["label"] == [LABELS[i] for i in expected.argmax(-1)]
 
-    if kind == "modernbert":  # the SavedModel: raw strings through keras-hub's tokenizer
-        import tensorflow_text  # noqa: F401  (the byte-level BPE ops)
+    # The SavedModel: raw strings through keras-hub's tokenizer in the graph.
+    import tensorflow_text  # noqa: F401  (the SentencePiece ops)
 
-        saved = export_text_classifier(model, tokenizer, tmp_path / "saved",
-                                       sequence_length=LENGTH, class_names=model.class_names)
-        assets = os.path.join(saved, "assets")
-        assert open(os.path.join(assets, "labels.txt")).read().split() == LABELS
-        with open(os.path.join(assets, "tokenizer.json")) as stream:
-            assert json.load(stream)["model"]["type"] == "BPE"
-        loaded = tf.saved_model.load(saved)
-        np.testing.assert_allclose(loaded.serve(tf.constant(TEXTS)).numpy(), expected,
-                                   atol=1e-5)
-        named = loaded.signatures["serving_default"](text=tf.constant(TEXTS))
-        assert [x.decode() for x in named["label"].numpy()] == served["label"]
+    saved = export_text_classifier(model, tokenizer, tmp_path / "saved",
+                                   sequence_length=LENGTH, class_names=model.class_names)
+    assets = os.path.join(saved, "assets")
+    assert open(os.path.join(assets, "labels.txt")).read().split() == LABELS
+    with open(os.path.join(assets, "tokenizer.json")) as stream:
+        assert json.load(stream)["model"]["type"] == "Unigram"
+    loaded = tf.saved_model.load(saved)
+    np.testing.assert_allclose(loaded.serve(tf.constant(TEXTS)).numpy(), expected,
+                               atol=1e-5)
+    named = loaded.signatures["serving_default"](text=tf.constant(TEXTS))
+    assert [x.decode() for x in named["label"].numpy()] == served["label"]
 
 
 def test_a_tokenizer_without_its_tokenizer_json_is_refused_by_name(tmp_path):
