@@ -67,6 +67,49 @@ class ImageClassificationData(schema.TfdsSplits):
         return self
 
 
+PRETRAINED = "training.pretrained"
+# config.json model_type of the Hugging Face image families the task fine-tunes.
+_HF_MODEL_TYPES = ("vit", "dinov2_with_registers")
+
+
+class ImageClassificationTraining(schema.Training):
+    # Added after the task's first runs: left out while null, so that their
+    # resolved recipes (fingerprints) are unchanged and they resume.
+    null_left_out = ("lora", "pretrained")
+
+    pretrained: Optional[str] = field(
+        None, description="null: a new ViT (model.preset + overrides). A Hugging Face ViT "
+                          "or DINOv2-with-registers directory (config.json, "
+                          "model.safetensors, and its preprocessor_config.json): fine-tune "
+                          "its encoder under the recipe's classes (its own head where it has "
+                          "as many outputs, else a new one), at its image size and with its "
+                          "processor's pixel normalisation. model.preset is not read and "
+                          "model.overrides must be empty.")
+
+
+def check_pretrained(path):
+    """`training.pretrained` names a Hugging Face directory of a ViT or
+    DINOv2 with registers; a `ValueError` naming the key otherwise."""
+    import json
+    import os
+
+    weights = ("model.safetensors", "model.safetensors.index.json")
+    config = os.path.join(path, "config.json")
+    if not (os.path.isfile(config) and any(os.path.isfile(os.path.join(path, w))
+                                           for w in weights)):
+        raise ValueError(
+            f"Recipe key `{PRETRAINED}` must be a Hugging Face ViT or DINOv2-with-registers "
+            f"directory (config.json and model.safetensors, or its shards with "
+            f"model.safetensors.index.json). Received: {PRETRAINED}={path!r}")
+    with open(config, encoding="utf-8") as handle:
+        model_type = json.load(handle).get("model_type")
+    if model_type not in _HF_MODEL_TYPES:
+        raise ValueError(
+            f"Recipe key `{PRETRAINED}` names a Hugging Face directory of model_type "
+            f"{model_type!r} ({config}); the image_classification task fine-tunes "
+            f"{' or '.join(_HF_MODEL_TYPES)}. Received: {PRETRAINED}={path!r}")
+
+
 class ImageClassificationEvaluation(schema.Evaluation):
     metric: Literal["accuracy"] = field(
         "accuracy", description="Test top-1 accuracy (`Model.evaluate`).")
@@ -77,6 +120,7 @@ class ImageClassification(Task):
     family = "vit"
     Data = ImageClassificationData
     Evaluation = ImageClassificationEvaluation
+    Training = ImageClassificationTraining
     set_fields = ("num_classes",)
     class_names = None  # set with the data: the name of each output index
     embedded_data = "scikit-learn digits"
@@ -85,10 +129,9 @@ class ImageClassification(Task):
 
     def load_data(self):
         from keras_attn.data import images
-        from keras_attn.models.vit import get_vit_config
         from keras_attn.models.vit import replace_vit_config
 
-        config = get_vit_config(self.recipe["model"]["preset"], **self.recipe["model"]["overrides"])
+        config = self._base_config()
         augmentation = self.data["augmentation"]
         self.augmentation = images.StatelessAugmentation(**augmentation)
         if self.embedded:
@@ -98,6 +141,41 @@ class ImageClassification(Task):
         else:
             self._load_tfds(config)
         self.model_config = replace_vit_config(config, num_classes=self.num_classes)
+
+    @property
+    def pretrained(self):
+        """`training.pretrained`: a Hugging Face directory, or None."""
+        return self.training.get("pretrained")
+
+    def _base_config(self):
+        """The `ViTConfig` before the classes are known: the recipe's
+        preset and overrides, or the checkpoint's (its image size, its
+        processor's normalisation), read once."""
+        from keras_attn.models.vit import get_vit_config
+
+        if not self.pretrained:
+            return get_vit_config(self.recipe["model"]["preset"],
+                                  **self.recipe["model"]["overrides"])
+        if getattr(self, "_checkpoint_config", None) is None:
+            overrides = self.recipe["model"]["overrides"]
+            if overrides:
+                raise ValueError(
+                    f"Recipe key `model.overrides` must be empty with {PRETRAINED} (the "
+                    f"encoder is the checkpoint's). Received: model.overrides={overrides!r}")
+            check_pretrained(self.pretrained)
+            from keras_attn.convert import load_hf
+
+            # The checkpoint's config as its converter reads it (config.json
+            # and preprocessor_config.json), without its head.
+            self._checkpoint_config = load_hf(self.pretrained).vit_config
+        return self._checkpoint_config
+
+    def model_note(self):
+        if not self.pretrained:
+            return None
+        return (f"{PRETRAINED}: the encoder of the Hugging Face checkpoint {self.pretrained} "
+                f"(its config and image processor; model.preset is not read) under a head "
+                f"of this recipe's {self.num_classes} classes")
 
     def _load_digits(self, config):
         from sklearn.model_selection import train_test_split
@@ -294,19 +372,26 @@ class ImageClassification(Task):
                     index_rows=len(self.prepared_tables().get("train_images", ())))
 
     def use_prepared(self, state):
-        from keras_attn.models.vit import get_vit_config
         from keras_attn.models.vit import replace_vit_config
 
         self.num_classes = state["num_classes"]
         # Data prepared before the names were kept: the export carries none.
         self.class_names = state.get("class_names")
-        config = get_vit_config(self.recipe["model"]["preset"], **self.recipe["model"]["overrides"])
-        self.model_config = replace_vit_config(config, num_classes=self.num_classes)
+        self.model_config = replace_vit_config(self._base_config(),
+                                               num_classes=self.num_classes)
         super().use_prepared(state)
 
     def make_model(self, preset, overrides):
         from keras_attn.models.vit import build_vit
 
+        if self.pretrained:
+            from keras_attn.convert import load_hf
+
+            # The checkpoint's encoder; its own head where it has as many
+            # outputs, else a new one (drawn from the recipe's seed).
+            if self.class_names is None:  # data prepared before the names were kept
+                return load_hf(self.pretrained, num_classes=self.num_classes)
+            return load_hf(self.pretrained, class_names=list(self.class_names))
         return build_vit(preset, num_classes=self.num_classes, **overrides)
 
     def assume_data_sizes(self):
