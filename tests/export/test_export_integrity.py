@@ -21,6 +21,7 @@ from keras_attn.data import text
 from keras_attn.export import export_image_classifier
 from keras_attn.export import export_text_classifier
 from keras_attn.export.portable import Artifact
+from keras_attn.export.text_runtime import TextClassifierArtifact
 from keras_attn.models.bert import BertSequenceClassifier
 from keras_attn.zoo import runs
 from test_case import to_numpy
@@ -96,7 +97,9 @@ def test_serving_json_records_each_file_sha256(exports):
     for family, format in (("vit", "onnx"), ("bert", "litert")):
         path = exports[family, format]
         contract = json.loads((path / "serving.json").read_text())
-        expected = [FILES[format]] + (["vocab.txt"] if family == "bert" else [])
+        # A WordPiece export carries its vocabulary and the tokenizer.json
+        # rebuilt from it (TextClassifierArtifact's): both are recorded.
+        expected = [FILES[format]] + (["tokenizer.json", "vocab.txt"] if family == "bert" else [])
         assert sorted(contract["sha256"]) == sorted(expected)
         for name, digest in contract["sha256"].items():
             assert hashlib.sha256((path / name).read_bytes()).hexdigest() == digest
@@ -148,6 +151,12 @@ def test_a_changed_vocabulary_is_refused_by_name(exports, tmp_path):
     vocab.write_text(vocab.read_text().replace("cat", "cow"))
     with pytest.raises(ValueError, match="vocab.txt is damaged or was replaced"):
         Artifact(path)
+    # The tokenizer.json TextClassifierArtifact reads is held the same way.
+    path = _copy(exports["bert", "onnx"], tmp_path, "tokenizer")
+    tokenizer = path / "tokenizer.json"
+    tokenizer.write_text(tokenizer.read_text().replace('"cat"', '"cow"'))
+    with pytest.raises(ValueError, match="tokenizer.json is damaged or was replaced"):
+        TextClassifierArtifact(path)
 
 
 def test_damaged_exports_are_value_errors_naming_the_file(exports, tmp_path):

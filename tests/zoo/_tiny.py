@@ -45,3 +45,37 @@ def tiny_overrides(name, run=True):
 
 def recipe_path(name):
     return os.path.join(ROOT, SMALL[name])
+
+
+def train_from_checkpoint(monkeypatch, recipe, run, sets, first_weights, no_export=False):
+    """`keras-attn train recipe --output run --set ...` (the `sets` values),
+    its test accuracy checked to be one; returns `(task, start)`: the task the
+    command made and `first_weights(model)` of its model as built, before
+    training (where a checkpoint's weights are checked to have arrived)."""
+    import json
+
+    import keras_attn.cli as cli
+    from keras_attn.zoo import tasks
+
+    make_task, seen = tasks.make_task, {}
+
+    def spy(resolved):
+        task = seen["task"] = make_task(resolved)
+        build = task.build_model
+
+        def build_model():
+            model = build()
+            seen["start"] = first_weights(model)
+            return model
+
+        task.build_model = build_model
+        return task
+
+    monkeypatch.setattr(tasks, "make_task", spy)
+    arguments = [item for value in sets for item in ("--set", value)]
+    assert cli.main(["train", recipe, "--output", str(run), "--verbose", "0", *arguments]
+                    + (["--no-export"] if no_export else [])) == 0
+    with open(os.path.join(run, "results.json"), encoding="utf-8") as handle:
+        results = json.load(handle)
+    assert results["metric"] == "accuracy" and 0.0 <= results["value"] <= 1.0
+    return seen["task"], seen["start"]

@@ -16,6 +16,7 @@ import pytest
 
 import keras_attn.cli as cli
 from _tiny import ROOT
+from _tiny import train_from_checkpoint
 from keras_attn.zoo.recipe import load_recipe
 from keras_attn.zoo.tasks import make_task
 
@@ -114,40 +115,20 @@ def fine_tune(tmp_path, monkeypatch, name, family, embedding, export):
     its rows are transformers' ids. Returns the directory and the recipe."""
     from safetensors.numpy import load_file
 
-    from keras_attn.zoo import tasks
-
     directory, tokenizer = hf_directory(tmp_path, family)
     recipe = topics_recipe(tmp_path, name, topic_folder(tmp_path))
-    seen = {}
-
-    def spy(resolved):  # the command's task; its model as built, before training
-        task = seen["task"] = make_task(resolved)
-        build = task.build_model
-
-        def build_model():
-            model = build()
-            seen["start"] = model.backbone.get_layer("token_embedding").get_weights()[0]
-            return model
-
-        task.build_model = build_model
-        return task
-
-    monkeypatch.setattr(tasks, "make_task", spy)
     run = tmp_path / "run"
-    sets = [item for value in RUN + [f"training.pretrained={directory}"]
-            for item in ("--set", value)]
-    assert cli.main(["train", recipe, "--output", str(run), "--verbose", "0", *sets]
-                    + ([] if export else ["--no-export"])) == 0
-    results = json.loads((run / "results.json").read_text())
-    assert results["metric"] == "accuracy" and 0.0 <= results["value"] <= 1.0
+    task, start = train_from_checkpoint(
+        monkeypatch, recipe, run, RUN + [f"training.pretrained={directory}"],
+        lambda model: model.backbone.get_layer("token_embedding").get_weights()[0],
+        no_export=not export)
     assert (run / "labels.txt").read_text().split() == sorted(TOPICS)
     assert not (run / "vocab.txt").exists()  # the tokenizer is the checkpoint's
     assert (run / "tokenizer.json").read_text() == (directory / "tokenizer.json").read_text()
 
     # The checkpoint's encoder under a new head of the three topics.
-    task = seen["task"]
     np.testing.assert_array_equal(
-        seen["start"], load_file(str(directory / "model.safetensors"))[embedding])
+        start, load_file(str(directory / "model.safetensors"))[embedding])
     assert task.class_names == sorted(TOPICS) and task.num_classes == 3
     # The rows are transformers' ids: its special tokens, its padding id.
     expected = tokenizer(task.splits["test"][0], padding="max_length", max_length=LENGTH)

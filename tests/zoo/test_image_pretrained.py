@@ -14,6 +14,7 @@ import pytest
 import keras_attn.cli as cli
 from _tiny import recipe_path
 from _tiny import tiny_overrides
+from _tiny import train_from_checkpoint
 from keras_attn.zoo.recipe import load_recipe
 from keras_attn.zoo.tasks import make_task
 
@@ -76,39 +77,20 @@ def test_keras_attn_train_fine_tunes_a_hugging_face_vit_on_an_image_folder(tmp_p
     from safetensors.numpy import load_file
 
     from keras_attn.export import Artifact
-    from keras_attn.zoo import tasks
 
     directory, folder = vit_directory(tmp_path), image_folder(tmp_path)
     path = recipe(tmp_path, folder)
-    seen = {}
-
-    def spy(resolved):  # the command's task; its model as built, before training
-        task = seen["task"] = make_task(resolved)
-        build = task.build_model
-
-        def build_model():
-            model = build()
-            seen["kernel"] = keras.ops.convert_to_numpy(
-                model.get_layer("patch_embedding").weights[0])
-            return model
-
-        task.build_model = build_model
-        return task
-
-    monkeypatch.setattr(tasks, "make_task", spy)
     run = tmp_path / "run"
-    sets = [item for value in RUN + [f"training.pretrained={directory}"]
-            for item in ("--set", value)]
-    assert cli.main(["train", path, "--output", str(run), "--verbose", "0", *sets]) == 0
-    results = json.loads((run / "results.json").read_text())
-    assert results["metric"] == "accuracy" and 0.0 <= results["value"] <= 1.0
+    task, kernel = train_from_checkpoint(
+        monkeypatch, path, run, RUN + [f"training.pretrained={directory}"],
+        lambda model: keras.ops.convert_to_numpy(model.get_layer("patch_embedding").weights[0]))
     assert (run / "labels.txt").read_text().split() == CLASSES
     # The checkpoint's patch projection (torch's (D, C, p, p) as Keras's
     # (p, p, C, D)), at its image size, with its processor's statistics.
     hf = load_file(str(directory / "model.safetensors"))
     np.testing.assert_array_equal(
-        seen["kernel"], hf["embeddings.patch_embeddings.projection.weight"].transpose(2, 3, 1, 0))
-    config = seen["task"].model_config
+        kernel, hf["embeddings.patch_embeddings.projection.weight"].transpose(2, 3, 1, 0))
+    config = task.model_config
     assert config.image_size == SIZE and config.num_classes == 2
     np.testing.assert_allclose(config.pixel_mean, [102.0, 127.5, 153.0], rtol=1e-6)
 
