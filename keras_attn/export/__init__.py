@@ -1,9 +1,10 @@
 """Deployment formats (SavedModel, ONNX, LiteRT). TensorFlow and the
 converters are imported only when a function here runs; the exporters are
 imported on first use, so that `keras_attn.export.portable` (`Artifact`),
-`keras_attn.export.streaming_runtime` and `keras_attn.export.text_runtime`
-(`TextClassifierArtifact`, with the `tokenizers` package) load with NumPy
-alone on a machine without Keras."""
+`keras_attn.export.streaming_runtime`, `keras_attn.export.text_runtime`
+(`TextClassifierArtifact`, with the `tokenizers` package) and
+`keras_attn.export.speech_runtime` (`SpeechRecognizerArtifact`) load with
+NumPy alone on a machine without Keras."""
 
 import importlib
 import typing
@@ -14,6 +15,7 @@ if typing.TYPE_CHECKING:  # for readers and the API reference; loaded lazily bel
     from keras_attn.export.portable import export_portable
     from keras_attn.export.saved_model import export_saved_model
     from keras_attn.export.speech_recognizer import export_speech_recognizer
+    from keras_attn.export.speech_runtime import SpeechRecognizerArtifact
     from keras_attn.export.streaming import export_streaming
     from keras_attn.export.text_classifier import export_text_classifier
     from keras_attn.export.text_runtime import TextClassifierArtifact
@@ -30,6 +32,7 @@ _LAZY = {
     "export_text_classifier": "text_classifier",
     "export_translator": "translator",
     "TextClassifierArtifact": "text_runtime",
+    "SpeechRecognizerArtifact": "speech_runtime",
 }
 
 __all__ = [
@@ -42,6 +45,7 @@ __all__ = [
     "export_text_classifier",
     "export_translator",
     "TextClassifierArtifact",
+    "SpeechRecognizerArtifact",
 ]
 
 

@@ -95,6 +95,18 @@ def _check_portable_export(run, name, task, model, capsys):
     if name == "conformer_tiny_digits":  # the tokens; the artifact's width is the frames'
         assert [[t for t in row if t >= 0] for row in served["token_ids"].tolist()] == \
             [[t for t in row if t >= 0] for row in expected["token_ids"].tolist()]
+        # The run's vocabulary travels: both exports answer its text.
+        import tensorflow as tf
+
+        from keras_attn.data.speech import decode_ids
+        from keras_attn.export import SpeechRecognizerArtifact
+
+        texts = [decode_ids(row, task.vocabulary) for row in expected["token_ids"].tolist()]
+        clips = [w[:n] for w, n in zip(inputs["waveform"], inputs["waveform_length"])]
+        assert SpeechRecognizerArtifact(str(run / format))(clips)["text"] == texts
+        loaded = tf.saved_model.load(str(run / "saved_model"))
+        text = loaded.serve(inputs["waveform"], inputs["waveform_length"])["text"]
+        assert [t.decode() for t in text.numpy()] == texts
         return
     if name == "transformer_numbers":  # cut after the end token, as the reference is
         served = task._outputs(served["tokens"], served["scores"])

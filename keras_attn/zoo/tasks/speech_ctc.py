@@ -771,9 +771,11 @@ class SpeechCTC(Task):
         from keras_attn.export import export_speech_recognizer
 
         self.check_export_format(format, precision)
+        if getattr(self, "vocabulary", None) is None:  # a run's task is prepared
+            self.assume_data_sizes()
         return export_speech_recognizer(model, path, strategy=self.evaluation["strategy"],
                                         beam_width=self.evaluation["beam_width"], format=format,
-                                        precision=precision)
+                                        precision=precision, vocabulary=list(self.vocabulary))
 
     def example_inputs(self):
         self.prepare()
