@@ -167,31 +167,66 @@ def head_dropped_warning(directory, had, num_classes):
 
 def own_head(model, classifier_class, directory, num_classes, class_names):
     """The loaded `model` when it is a `classifier_class` of `num_classes`
-    outputs (its `class_names` replaced by `class_names` if given), else None
+    outputs (named by `class_names` if given: `named_head`), else None
     (with `head_dropped_warning` for a classifier of another size)."""
     if not isinstance(model, classifier_class):
         return None
     if model.num_classes != num_classes:
         head_dropped_warning(directory, model.num_classes, num_classes)
         return None
-    if class_names is not None:
-        model.class_names = class_names
+    return named_head(model, class_names, directory)
+
+
+def named_head(model, class_names, directory):
+    """The checkpoint's own head `model` under `class_names` (None: its own
+    names). The names of `id2label` mean what each output was trained on:
+    `class_names` holding the same names in another order (a folder's
+    sorted classes) reorders the head's outputs (the kernel's columns and
+    the bias of its "classifier" Dense), so that output i is
+    `class_names[i]`; names none of the checkpoint's (or a checkpoint with
+    transformers' default `LABEL_i`) rename its outputs, as transformers'
+    `from_pretrained(..., id2label=...)` does. A mix, where a name of the
+    checkpoint would land on another of its outputs, is refused: renaming
+    would answer one class's score under another's name."""
+    own = model.class_names
+    if class_names is None or own is None or list(own) == list(class_names):
+        if class_names is not None:
+            model.class_names = class_names
+        return model
+    own = list(own)
+    if sorted(own) == sorted(class_names):
+        import numpy as np
+
+        order = [own.index(name) for name in class_names]
+        head = model.get_layer("classifier")
+        head.kernel.assign(np.asarray(head.kernel)[:, order])
+        if head.bias is not None:
+            head.bias.assign(np.asarray(head.bias)[order])
+    else:
+        moved = [f"{name!r} (its output {own.index(name)}, here {i})"
+                 for i, name in enumerate(class_names) if name in own and own.index(name) != i]
+        if moved:
+            raise ValueError(
+                f"Invalid value for argument `class_names`: {directory}'s classifier names its "
+                f"outputs {own} (id2label); {', '.join(moved)} would move while other outputs "
+                "are renamed. Pass the checkpoint's names in any order (the head is reordered "
+                "to match), or names none of them (its outputs renamed). Received: "
+                f"class_names={list(class_names)!r}")
+    model.class_names = list(class_names)
     return model
 
 
 def vit_classifier(model, directory, num_classes, class_names, pooling):
     """The `ViT` classifier of `num_classes` over the loaded `model` (a ViT
     with or without a head): the model itself when its head has
-    `num_classes` outputs (renamed by `class_names` if given), else a ViT
+    `num_classes` outputs (named by `class_names` if given: `named_head`), else a ViT
     of the same config with `pooling` and a new head, every other weight
     copied by path (all of them, or a `ValueError`: a bug, not a file's)."""
     from keras_attn.models.vit import ViT
 
     config = model.vit_config
     if config.num_classes == num_classes:
-        if class_names is not None:
-            model.class_names = class_names
-        return model
+        return named_head(model, class_names, directory)
     if config.num_classes is not None:
         head_dropped_warning(directory, config.num_classes, num_classes)
     new = ViT(**dataclasses.asdict(dataclasses.replace(config, num_classes=num_classes,

@@ -50,7 +50,11 @@ def load_hf(directory, num_classes=None, class_names=None):
     `ModernBertSequenceClassifier`, a `ViT` with a head (ViT, DINOv2), from
     any of the family's directories (a base model, a masked LM, a
     classifier). A checkpoint classifier of `num_classes` outputs keeps its
-    head (and its `id2label` names unless `class_names` renames them); any
+    head and its `id2label` names; `class_names` holding those names in
+    another order reorders the head's outputs to match (output i is
+    `class_names[i]`), names none of them rename its outputs, and a mix is
+    refused (a `ValueError`: a class would be answered under another's
+    name); any
     other gets a new head, initialised at random, with a warning, as
     transformers' `from_pretrained(..., num_labels=N,
     ignore_mismatched_sizes=True)`.

@@ -85,7 +85,20 @@ def test_the_checkpoints_own_head_where_it_has_n_outputs(tmp_path):
         expected = hf(input_ids=torch.tensor(inputs["token_ids"], dtype=torch.long),
                       attention_mask=torch.tensor(inputs["padding_mask"])).logits.numpy()
     np.testing.assert_allclose(model.predict(inputs, verbose=0), expected, atol=1e-5)
-    assert load_hf(source, class_names=["x", "y", "z"]).class_names == ["x", "y", "z"]
+    # New names for its outputs: renamed, the same answers.
+    renamed = load_hf(source, class_names=["x", "y", "z"])
+    assert renamed.class_names == ["x", "y", "z"]
+    np.testing.assert_allclose(renamed.predict(inputs, verbose=0), expected, atol=1e-5)
+    # Its own names in another order (a folder's): the outputs follow them.
+    reordered = load_hf(source, class_names=["c", "a", "b"])
+    assert reordered.class_names == ["c", "a", "b"]
+    np.testing.assert_allclose(reordered.predict(inputs, verbose=0), expected[:, [2, 0, 1]],
+                               atol=1e-5)
+    # Renaming "b"'s output "a" would answer b's score as a's: refused.
+    with pytest.raises(ValueError, match=r"`class_names`: .* names its outputs \['a', 'b', "
+                                         r"'c'\].*'a' \(its output 0, here 1\).*Received: "
+                                         r"class_names=\['x', 'a', 'y'\]"):
+        load_hf(source, class_names=["x", "a", "y"])
     with pytest.warns(UserWarning, match=r"classifier has 3 outputs; a new head of num_classes=5"):
         assert load_hf(source, num_classes=5).num_classes == 5
 
