@@ -9,6 +9,7 @@ from keras_attn.training.resumable import ResumableTrainer
 from keras_attn.training.resumable import restore_latest
 from keras_attn.training.schedules import TransformerSchedule
 from keras_attn.training.schedules import transformer_adam
+from keras_attn.training.transducer_loss import rnnt_loss
 
 __all__ = [
     "LabelSmoothedCrossEntropy",
@@ -17,6 +18,7 @@ __all__ = [
     "ResumableTrainer",
     "TransformerSchedule",
     "restore_latest",
+    "rnnt_loss",
     "transformer_adam",
 ]
 
