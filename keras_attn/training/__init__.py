@@ -10,6 +10,7 @@ from keras_attn.training.resumable import restore_latest
 from keras_attn.training.schedules import TransformerSchedule
 from keras_attn.training.schedules import transformer_adam
 from keras_attn.training.transducer_loss import rnnt_loss
+from keras_attn.training.transducer_loss import tdt_loss
 
 __all__ = [
     "LabelSmoothedCrossEntropy",
@@ -19,6 +20,7 @@ __all__ = [
     "TransformerSchedule",
     "restore_latest",
     "rnnt_loss",
+    "tdt_loss",
     "transformer_adam",
 ]
 

@@ -1,8 +1,10 @@
-"""`rnnt_loss` against a float64 NumPy reference of the lattice recursion,
-itself checked by summing every path of small lattices; a row's loss
-independent of its padding and of the other rows; gradients against finite
-differences of the reference. On every backend."""
+"""`rnnt_loss` and `tdt_loss` against float64 NumPy references of their
+lattice recursions, each checked by summing every path of small lattices
+(TDT's also against transformers' own `tdt_loss`, ported from NeMo); a
+row's loss independent of its padding and of the other rows; gradients
+against finite differences of the reference. On every backend."""
 
+import functools
 import itertools
 
 import keras
@@ -10,7 +12,19 @@ import numpy as np
 import pytest
 
 from keras_attn.training.transducer_loss import rnnt_loss
+from keras_attn.training.transducer_loss import tdt_loss
 from test_case import to_numpy
+
+
+def compiled(fn, **fixed):
+    """`fn` with `fixed` arguments, one compiled program on JAX (called op
+    by op, JAX compiles the loop's body and every op again at each call)."""
+    fn = functools.partial(fn, **fixed)
+    if keras.backend.backend() == "jax":
+        import jax
+
+        return jax.jit(fn)
+    return fn
 
 
 def _log_softmax(x):
@@ -73,7 +87,7 @@ def test_the_reference_is_the_sum_over_every_path():
 
 def test_each_rows_loss_is_the_reference_whatever_its_padding_and_batch():
     target, logits, label_counts, frame_counts = _batch()
-    loss = to_numpy(rnnt_loss(target, logits, label_counts, frame_counts))
+    loss = to_numpy(compiled(rnnt_loss)(target, logits, label_counts, frame_counts))
     expected = [reference(target[b], logits[b], frame_counts[b], label_counts[b])
                 for b in range(len(target))]
     np.testing.assert_allclose(loss, expected, rtol=2e-5)
@@ -85,9 +99,9 @@ def test_each_rows_loss_is_the_reference_whatever_its_padding_and_batch():
         noisy[b, :, labels + 1:] = -50.0
         noisy_target[b, labels:] = 0
     np.testing.assert_allclose(
-        to_numpy(rnnt_loss(noisy_target, noisy, label_counts, frame_counts)), loss, rtol=1e-6)
+        to_numpy(compiled(rnnt_loss)(noisy_target, noisy, label_counts, frame_counts)), loss, rtol=1e-6)
     for b in range(len(target)):
-        alone = rnnt_loss(target[b:b + 1], logits[b:b + 1], label_counts[b:b + 1],
+        alone = compiled(rnnt_loss)(target[b:b + 1], logits[b:b + 1], label_counts[b:b + 1],
                           frame_counts[b:b + 1])
         np.testing.assert_allclose(to_numpy(alone), loss[b:b + 1], rtol=1e-6)
 
@@ -95,7 +109,8 @@ def test_each_rows_loss_is_the_reference_whatever_its_padding_and_batch():
 def test_another_blank_index():
     target, logits, label_counts, frame_counts = _batch(seed=2)
     target = np.where(target == 4, 1, target)  # the blank (4) is no label
-    loss = to_numpy(rnnt_loss(target, logits, label_counts, frame_counts, blank_index=4))
+    loss = to_numpy(compiled(rnnt_loss, blank_index=4)(target, logits, label_counts,
+                                                         frame_counts))
     expected = [reference(target[b], logits[b], frame_counts[b], label_counts[b], blank=4)
                 for b in range(len(target))]
     np.testing.assert_allclose(loss, expected, rtol=2e-5)
@@ -106,8 +121,8 @@ def _gradient(target, logits, label_counts, frame_counts):
     if backend == "jax":
         import jax
 
-        return np.asarray(jax.grad(lambda x: rnnt_loss(target, x, label_counts,
-                                                       frame_counts).sum())(logits))
+        return np.asarray(jax.jit(jax.grad(lambda x: rnnt_loss(target, x, label_counts,
+                                                               frame_counts).sum()))(logits))
     if backend == "tensorflow":
         import tensorflow as tf
 
@@ -148,3 +163,162 @@ def test_a_target_that_does_not_fit_the_lattice_is_refused():
     with pytest.raises(ValueError, match=r"one more lattice position than `target` has "
                                          r"labels.*Received: target.shape=\(3, 2\)"):
         rnnt_loss(target[:, :2], logits, label_counts, frame_counts)
+
+
+# === TDT: tokens and durations ===
+
+DURATIONS = [0, 1, 2]
+
+
+def tdt_reference(target, tokens, lengths, frames, labels, durations, blank=0, sigma=0.0):
+    """-log P(target) of one row under TDT, cell by cell in float64: a
+    label of duration d from (t - d, u - 1), a blank of duration d >= 1 from
+    (t - d, u); the end, a blank landing on frame T."""
+    log_probs = _log_softmax(tokens.astype("float64")) - sigma
+    log_d = _log_softmax(lengths.astype("float64"))
+    alpha = np.full((frames, labels + 1), -np.inf)
+    alpha[0, 0] = 0.0
+    for t in range(frames):
+        for u in range(labels + 1):
+            for i, d in enumerate(durations):
+                if t - d < 0:
+                    continue
+                if d > 0:
+                    alpha[t, u] = np.logaddexp(alpha[t, u], alpha[t - d, u]
+                                               + log_probs[t - d, u, blank] + log_d[t - d, u, i])
+                if u > 0:  # d = 0 reads (t, u - 1): this row, already final
+                    alpha[t, u] = np.logaddexp(alpha[t, u], alpha[t - d, u - 1]
+                                               + log_probs[t - d, u - 1, target[u - 1]]
+                                               + log_d[t - d, u - 1, i])
+    end = -np.inf
+    for i, d in enumerate(durations):
+        if d > 0 and frames - d >= 0:
+            end = np.logaddexp(end, alpha[frames - d, labels] + log_probs[frames - d, labels, blank]
+                               + log_d[frames - d, labels, i])
+    return -end
+
+
+def tdt_every_path(target, tokens, lengths, frames, labels, durations, blank=0):
+    """-log of the summed probability of every TDT path, enumerated by
+    depth-first search over (t, u)."""
+    log_probs = _log_softmax(tokens.astype("float64"))
+    log_d = _log_softmax(lengths.astype("float64"))
+    total = [0.0]
+
+    def walk(t, u, log_p):
+        for i, d in enumerate(durations):
+            if d > 0 and t + d == frames and u == labels:  # the last blank
+                total[0] += np.exp(log_p + log_probs[t, u, blank] + log_d[t, u, i])
+            if d > 0 and t + d < frames:
+                walk(t + d, u, log_p + log_probs[t, u, blank] + log_d[t, u, i])
+            if u < labels and t + d < frames:
+                walk(t + d, u + 1, log_p + log_probs[t, u, target[u]] + log_d[t, u, i])
+
+    walk(0, 0, 0.0)
+    return -np.log(total[0])
+
+
+def _tdt_batch(seed=0, batch=3, frames=5, labels=3, vocabulary=5):
+    target, tokens, label_counts, frame_counts = _batch(seed, batch, frames, labels, vocabulary)
+    rng = np.random.default_rng(seed + 100)
+    lengths = rng.normal(0, 1, tokens.shape[:3] + (len(DURATIONS),)).astype("float32")
+    return target, tokens, lengths, label_counts, frame_counts
+
+
+def test_the_tdt_reference_is_the_sum_over_every_path():
+    rng = np.random.default_rng(4)
+    for frames, labels, durations in [(1, 0, [0, 1]), (2, 1, [0, 1]), (4, 2, DURATIONS),
+                                      (5, 3, [0, 1, 2, 3]), (4, 2, [1, 2])]:
+        tokens = rng.normal(0, 2, (frames, labels + 1, 4))
+        lengths = rng.normal(0, 1, (frames, labels + 1, len(durations)))
+        target = rng.integers(1, 4, labels)
+        np.testing.assert_allclose(
+            tdt_reference(target, tokens, lengths, frames, labels, durations),
+            tdt_every_path(target, tokens, lengths, frames, labels, durations), rtol=1e-10)
+
+
+def test_tdt_loss_is_the_reference_whatever_the_padding():
+    target, tokens, lengths, label_counts, frame_counts = _tdt_batch()
+    loss_fn = compiled(tdt_loss, durations=DURATIONS, sigma=0.05)
+    loss = to_numpy(loss_fn(target, tokens, lengths, label_counts, frame_counts))
+    expected = [tdt_reference(target[b], tokens[b], lengths[b], frame_counts[b],
+                              label_counts[b], DURATIONS, sigma=0.05)
+                for b in range(len(target))]
+    np.testing.assert_allclose(loss, expected, rtol=2e-5)
+    noisy_tokens, noisy_lengths, noisy_target = tokens.copy(), lengths.copy(), target.copy()
+    for b, (frames, labels) in enumerate(zip(frame_counts, label_counts)):
+        noisy_tokens[b, frames:] = 50.0
+        noisy_lengths[b, :, labels + 1:] = -50.0
+        noisy_target[b, labels:] = 0
+    np.testing.assert_allclose(to_numpy(loss_fn(noisy_target, noisy_tokens, noisy_lengths,
+                                                label_counts, frame_counts)), loss, rtol=1e-6)
+
+
+@pytest.mark.backend_independent
+def test_the_tdt_reference_is_transformers_loss():
+    # transformers' tdt_loss (NeMo's TDTLossPytorch, ported), on padded rows.
+    import torch
+    from transformers.loss.loss_tdt import tdt_loss as transformers_tdt_loss
+
+    target, tokens, lengths, label_counts, frame_counts = _tdt_batch(seed=6)
+    theirs = transformers_tdt_loss(torch.tensor(tokens), torch.tensor(lengths),
+                                   torch.tensor(target), torch.tensor(frame_counts),
+                                   torch.tensor(label_counts), blank_token_id=0,
+                                   durations=DURATIONS, sigma=0.05, reduction="none")
+    expected = [tdt_reference(target[b], tokens[b], lengths[b], frame_counts[b],
+                              label_counts[b], DURATIONS, sigma=0.05)
+                for b in range(len(target))]
+    np.testing.assert_allclose(theirs.numpy(), expected, rtol=1e-5)
+
+
+def _tdt_gradient(target, tokens, lengths, label_counts, frame_counts):
+    backend = keras.backend.backend()
+
+    def loss(x, y):
+        return tdt_loss(target, x, y, label_counts, frame_counts, DURATIONS)
+
+    if backend == "jax":
+        import jax
+
+        return [np.asarray(g) for g in jax.jit(jax.grad(lambda x, y: loss(x, y).sum(),
+                                                        argnums=(0, 1)))(tokens, lengths)]
+    if backend == "tensorflow":
+        import tensorflow as tf
+
+        x, y = tf.constant(tokens), tf.constant(lengths)
+        with tf.GradientTape() as tape:
+            tape.watch([x, y])
+            total = tf.reduce_sum(loss(x, y))
+        return [g.numpy() for g in tape.gradient(total, [x, y])]
+    import torch
+
+    x = torch.tensor(tokens, requires_grad=True)
+    y = torch.tensor(lengths, requires_grad=True)
+    loss(x, y).sum().backward()
+    return [x.grad.numpy(), y.grad.numpy()]
+
+
+def test_tdt_gradients_are_the_references_finite_differences():
+    target, tokens, lengths, label_counts, frame_counts = _tdt_batch(
+        seed=5, batch=2, frames=3, labels=2, vocabulary=3)
+    got = _tdt_gradient(target, tokens, lengths, label_counts, frame_counts)
+    step = 1e-5
+    for which, array in enumerate((tokens, lengths)):
+        expected = np.zeros(array.shape)
+        for index in np.ndindex(array.shape):
+            b = index[0]
+            values = []
+            for sign in (1, -1):
+                moved = [tokens.astype("float64"), lengths.astype("float64")]
+                moved[which][index] += sign * step
+                values.append(tdt_reference(target[b], moved[0][b], moved[1][b],
+                                            frame_counts[b], label_counts[b], DURATIONS))
+            expected[index] = (values[0] - values[1]) / (2 * step)
+        np.testing.assert_allclose(got[which], expected, atol=2e-4)
+
+
+@pytest.mark.parametrize("durations", [[], [0], [1, 1], [0, -1], [0.5, 1], "01"])
+def test_durations_that_cannot_make_a_path_are_refused(durations):
+    target, tokens, lengths, label_counts, frame_counts = _tdt_batch()
+    with pytest.raises(ValueError, match=r"argument `durations`.*Received: durations="):
+        tdt_loss(target, tokens, lengths, label_counts, frame_counts, durations)
