@@ -33,6 +33,8 @@ from keras_attn.layers.spec_augment import SpecAugment
 # Not in __all__ yet: README's Public API block (the list of stable names,
 # tests/test_public_api.py) must name it first.
 from keras_attn.layers.streaming import chunk_attention_mask  # noqa: F401
+from keras_attn.layers.transducer import TransducerJoint
+from keras_attn.layers.transducer import TransducerPredictor
 from keras_attn.layers.transformer_block import TransformerBlock
 from keras_attn.layers.transformer_decoder_block import TransformerDecoderBlock
 
@@ -50,6 +52,8 @@ __all__ = [
     "RelativeMultiHeadAttention",
     "SinusoidalPositionalEncoding",
     "SpecAugment",
+    "TransducerJoint",
+    "TransducerPredictor",
     "TransformerBlock",
     "TransformerDecoderBlock",
     "causal_mask",

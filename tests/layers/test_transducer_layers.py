@@ -1,0 +1,108 @@
+"""The transducer's prediction and joint networks against transformers'
+Parakeet RNN-T modules (`ParakeetRNNTDecoder`, `ParakeetRNNTJointNetwork`,
+random weights copied in: the LSTM's gates in the same order, its two
+biases summed); the predictor fed one token at a time with its states
+equals the whole sequence; padding after a transcript changes nothing
+before it; a `.keras` round trip keeps the outputs."""
+
+import numpy as np
+import pytest
+
+from keras_attn.layers.transducer import TransducerJoint
+from keras_attn.layers.transducer import TransducerPredictor
+from test_case import to_numpy
+
+VOCABULARY, HIDDEN, LAYERS = 7, 6, 2
+
+
+@pytest.fixture(scope="module")
+def parakeet():
+    """transformers' decoder and joint of a tiny RNN-T config, weights
+    drawn away from their defaults."""
+    import torch
+    import transformers
+    from transformers.models.parakeet.modeling_parakeet import ParakeetRNNTDecoder
+    from transformers.models.parakeet.modeling_parakeet import ParakeetRNNTJointNetwork
+
+    config = transformers.ParakeetRNNTConfig(
+        vocab_size=VOCABULARY, decoder_hidden_size=HIDDEN, num_decoder_layers=LAYERS,
+        blank_token_id=VOCABULARY - 1, pad_token_id=0,
+        encoder_config=dict(hidden_size=8, num_hidden_layers=1, num_attention_heads=2,
+                            intermediate_size=8))
+    torch.manual_seed(0)
+    decoder, joint = ParakeetRNNTDecoder(config).eval(), ParakeetRNNTJointNetwork(config).eval()
+    with torch.no_grad():
+        for module in (decoder, joint):
+            for tensor in module.parameters():
+                tensor.normal_(0, 0.5)
+    return decoder, joint
+
+
+def _ours(decoder, joint):
+    predictor = TransducerPredictor(VOCABULARY, HIDDEN, LAYERS)
+    ours_joint = TransducerJoint(VOCABULARY)
+    predictor(np.zeros((1, 1), "int32"))
+    ours_joint(np.zeros((1, 1, HIDDEN), "float32"), np.zeros((1, 1, HIDDEN), "float32"))
+    state = {k: v.detach().numpy() for k, v in decoder.state_dict().items()}
+    predictor.embedding.embeddings.assign(state["embedding.weight"])
+    for i, lstm in enumerate(predictor.lstm_layers):
+        cell = lstm.cell
+        cell.kernel.assign(state[f"lstm.weight_ih_l{i}"].T)
+        cell.recurrent_kernel.assign(state[f"lstm.weight_hh_l{i}"].T)
+        cell.bias.assign(state[f"lstm.bias_ih_l{i}"] + state[f"lstm.bias_hh_l{i}"])
+    predictor.projection.kernel.assign(state["decoder_projector.weight"].T)
+    predictor.projection.bias.assign(state["decoder_projector.bias"])
+    ours_joint.head.kernel.assign(joint.head.weight.detach().numpy().T)
+    ours_joint.head.bias.assign(joint.head.bias.detach().numpy())
+    return predictor, ours_joint
+
+
+def test_the_networks_equal_transformers_parakeet_rnnt(parakeet):
+    import torch
+
+    decoder, joint = parakeet
+    predictor, ours_joint = _ours(decoder, joint)
+    ids = np.array([[6, 1, 2, 3, 4], [6, 5, 0, 0, 0]], "int64")  # the blank first
+    with torch.no_grad():
+        expected = decoder(torch.tensor(ids)).numpy()
+    outputs, _ = predictor(ids)
+    np.testing.assert_allclose(to_numpy(outputs), expected, atol=1e-5)
+    encoder = np.random.default_rng(0).normal(0, 1, (2, 4, HIDDEN)).astype("float32")
+    with torch.no_grad():
+        logits = joint(torch.tensor(expected)[:, None], torch.tensor(encoder)[:, :, None]).numpy()
+    np.testing.assert_allclose(to_numpy(ours_joint(encoder, outputs)), logits, atol=1e-5)
+
+
+def test_one_token_at_a_time_is_the_whole_sequence_and_padding_is_ignored():
+    predictor = TransducerPredictor(VOCABULARY, HIDDEN, LAYERS)
+    ids = np.array([[6, 1, 2, 3], [6, 5, 4, 1]], "int32")
+    whole, _ = predictor(ids)
+    states, steps = None, []
+    for u in range(ids.shape[1]):
+        step, states = predictor(ids[:, u:u + 1], states)
+        steps.append(to_numpy(step))
+    np.testing.assert_allclose(np.concatenate(steps, axis=1), to_numpy(whole), atol=1e-5)
+    padded, _ = predictor(np.concatenate([ids, np.zeros((2, 3), "int32")], axis=1))
+    np.testing.assert_allclose(to_numpy(padded)[:, :4], to_numpy(whole), atol=1e-6)
+
+
+def test_a_keras_file_keeps_the_outputs(tmp_path):
+    import keras
+
+    token_ids = keras.Input((None,), dtype="int32")
+    frames = keras.Input((None, HIDDEN))
+    outputs, _ = TransducerPredictor(VOCABULARY, HIDDEN, LAYERS)(token_ids)
+    model = keras.Model([frames, token_ids], TransducerJoint(VOCABULARY + 3)(frames, outputs))
+    inputs = [np.random.default_rng(1).normal(size=(2, 3, HIDDEN)).astype("float32"),
+              np.array([[6, 1], [6, 2]], "int32")]
+    path = str(tmp_path / "joint.keras")
+    model.save(path)
+    np.testing.assert_allclose(to_numpy(keras.saving.load_model(path)(inputs)),
+                               to_numpy(model(inputs)), atol=1e-6)
+
+
+def test_bad_sizes_are_refused():
+    with pytest.raises(ValueError, match="hidden_dim"):
+        TransducerPredictor(VOCABULARY, 0)
+    with pytest.raises(ValueError, match=r"joint's width.*encoder.shape=\(2, 3, 5\)"):
+        TransducerJoint(4)(np.zeros((2, 3, 5), "float32"), np.zeros((2, 2, 4), "float32"))
