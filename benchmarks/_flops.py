@@ -59,3 +59,26 @@ def attention_flops(batch, heads, length, head_dim, causal=False, backward=False
     if causal:
         forward = forward / 2
     return forward * 3.5 if backward else forward
+
+
+def cpu_matmul_peak(threads, size=2048, repeats=5):
+    """The float32 FLOP/s a `size` x `size` matrix product reaches on this
+    machine with `threads` BLAS threads (NumPy's BLAS, limited by
+    threadpoolctl; the best of `repeats`): the ceiling a dense model's
+    row can reach at that many threads (`_stats.checked_row`)."""
+    import time
+
+    import numpy as np
+    from threadpoolctl import threadpool_limits
+
+    a = np.random.default_rng(0).random((size, size), dtype="float32")
+    with threadpool_limits(limits=threads, user_api="blas"):
+        a @ a
+        best = min(_timed(lambda: a @ a, time) for _ in range(repeats))
+    return 2 * size**3 / best
+
+
+def _timed(fn, time):
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start

@@ -92,3 +92,61 @@ def paired_ratio(times_ours, times_peer, confidence=0.95):
     )
     verdict = "faster" if hi < 1.0 else "slower" if lo > 1.0 else "tie"
     return ratio, lo, hi, verdict
+
+
+# === CPU time beside wall time: what a row really used ===
+
+
+def time_rounds_with_cpu(fns, rounds, warmup=1):
+    """`time_rounds` that also records each call's process CPU time
+    (`time.process_time`: every thread of this process, the runtimes'
+    worker threads included). Returns `(wall, cpu)`, each `{name: [seconds
+    per round]}`; `cpu[name][r] / wall[name][r]` is the cores that call kept
+    busy."""
+    names = list(fns)
+    for _ in range(warmup):
+        for name in names:
+            fns[name]()
+    wall = {name: [] for name in names}
+    cpu = {name: [] for name in names}
+    for r in range(rounds):
+        shift = r % len(names)
+        for name in names[shift:] + names[:shift]:
+            start, start_cpu = time.perf_counter(), time.process_time()
+            fns[name]()
+            cpu[name].append(time.process_time() - start_cpu)
+            wall[name].append(time.perf_counter() - start)
+    return wall, cpu
+
+
+def checked_row(name, threads, wall, cpu, flops=None, peak_flops=None, slack=0.25):
+    """`{"cores_used", "flops_per_second"}` of a row timed at `threads`
+    threads (`wall` and `cpu`: its seconds per round; `flops`: the work of
+    one call, if known; `peak_flops`: the machine's peak at `threads`).
+
+    A row is refused (`ValueError`) rather than written when its median
+    cores used exceed its threads (by more than `slack`: the Python side's
+    own work), or when its rate exceeds the peak: either says the row did
+    not measure what its label says.
+
+    >>> checked_row("ours", 1, [1.0, 1.0, 1.0], [0.9, 1.0, 1.1])["cores_used"]
+    1.0
+    >>> checked_row("ours", 1, [1.0] * 3, [1.9] * 3)
+    Traceback (most recent call last):
+    ...
+    ValueError: ours: labelled 1 thread(s) but kept 1.90 cores busy (CPU s / wall s, median of 3 calls): pin its threads
+    >>> checked_row("ours", 2, [0.1] * 3, [0.2] * 3, flops=30e9, peak_flops=177e9)
+    Traceback (most recent call last):
+    ...
+    ValueError: ours: 300.0 GFLOP/s is above the machine's peak at 2 thread(s) (177.0 GFLOP/s): the timing is wrong
+    """
+    cores = statistics.median(c / w for c, w in zip(cpu, wall))
+    if cores > threads + slack:
+        raise ValueError(f"{name}: labelled {threads} thread(s) but kept {cores:.2f} cores busy "
+                         f"(CPU s / wall s, median of {len(wall)} calls): pin its threads")
+    rate = None if flops is None else flops / statistics.median(wall)
+    if rate is not None and peak_flops is not None and rate > peak_flops:
+        raise ValueError(f"{name}: {rate / 1e9:.1f} GFLOP/s is above the machine's peak at "
+                         f"{threads} thread(s) ({peak_flops / 1e9:.1f} GFLOP/s): the timing is "
+                         "wrong")
+    return {"cores_used": round(cores, 2), "flops_per_second": rate}

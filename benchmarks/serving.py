@@ -36,7 +36,17 @@ ratio is the median of the rounds' runtime / peer ratios with its 95%
 interval (`_stats.py`), "faster" / "slower" only when the whole interval is
 below / above 1.00. keras_attn's runtimes get `--threads` (default: the
 machine's cores).
+
+Every call's process CPU time is recorded beside its wall time: a row's
+"cores used" (CPU s / wall s, median) is printed, and a row that kept more
+cores busy than its threads, or whose rate (a lower bound of its FLOPs: two
+per weight of every projection, per token) exceeds this machine's float32
+matrix-product rate at its threads (`_flops.cpu_matmul_peak`), is refused
+rather than written (`_stats.checked_row`): the 2026-11-28 figures failed
+both checks (benchmarks/RESULTS.md's correction).
 """
+
+import re
 
 import argparse
 import os
@@ -53,8 +63,10 @@ import numpy as np  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(1, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from _flops import cpu_matmul_peak  # noqa: E402
+from _stats import checked_row  # noqa: E402
 from _stats import paired_ratio  # noqa: E402
-from _stats import time_rounds  # noqa: E402
+from _stats import time_rounds_with_cpu  # noqa: E402
 
 PEER = "transformers"  # the prefix of every peer's name
 INT8_PEER = "transformers, PyTorch dynamic int8"
@@ -203,6 +215,26 @@ def peers(peer, peer_fn, inputs, peer_threads, threads, compiled, int8):
     return fns
 
 
+def threads_of(name, default):
+    """The threads a runtime's name states ("..., 1 thread"), else `default`."""
+    match = re.search(r"(\d+) threads?\b", name)
+    return int(match.group(1)) if match else default
+
+
+def flops_lower_bound(model, inputs):
+    """Two FLOPs per weight of every projection (Dense and convolution
+    kernels) per token: a lower bound of a forward pass (the attention's
+    scores and the embeddings left out)."""
+    weights = sum(int(np.prod(w.shape)) for w in model.weights
+                  if w.path.endswith("kernel") and len(w.shape) >= 2)
+    if "images" in inputs:
+        config = model.vit_config
+        tokens = len(inputs["images"]) * ((config.image_size // config.patch_size) ** 2 + 1)
+    else:
+        tokens = int(np.asarray(inputs["token_ids"]).size)
+    return 2.0 * weights * tokens
+
+
 def runtimes(model, kind, paths, inputs, threads):
     """`{name: () -> probabilities}` of keras_attn's runtimes for one batch
     of inputs."""
@@ -271,6 +303,9 @@ def main(argv=None):
           f"transformers eager at {peer_threads} threads"
           f"{'' if args.no_compile else f' and compiled at {args.threads}'}", flush=True)
     table, summary = [], []
+    peaks = {n: cpu_matmul_peak(n) for n in sorted(set(peer_threads) | {args.threads})}
+    print("float32 matrix product on this machine: " + ", ".join(
+        f"{n} thread(s) {peak / 1e9:.0f} GFLOP/s" for n, peak in peaks.items()), flush=True)
     with tempfile.TemporaryDirectory() as tmp:
         for key in args.rows.split(","):
             title, model, kind, make_inputs, peer, peer_fn = ROWS[key](args.smoke, tmp)
@@ -298,12 +333,17 @@ def main(argv=None):
                         raise RuntimeError(f"{name} differs from {PEER} by {gap:.2e}")
                 print(f"  batch {batch}: checked in {time.perf_counter() - start:.0f} s",
                       flush=True)
-                times = time_rounds({**fns, **peer_fns}, rounds)
+                times, cpu = time_rounds_with_cpu({**fns, **peer_fns}, rounds)
                 median = {name: statistics.median(t) for name, t in times.items()}
                 best_peer = min((n for n in peer_fns if n != INT8_PEER), key=median.get)
+                flops = flops_lower_bound(model, inputs)
                 for name in [*fns, *peer_fns]:
+                    threads = threads_of(name, args.threads)
+                    row = checked_row(name, threads, times[name], cpu[name], flops,
+                                      peaks.get(threads))
                     ratio, lo, hi, verdict = paired_ratio(times[name], times[best_peer])
-                    table.append((title, batch, name, median[name] * 1e3, ratio, lo, hi,
+                    table.append((title, batch, name, median[name] * 1e3, row["cores_used"],
+                                  row["flops_per_second"] / 1e9, ratio, lo, hi,
                                   "" if name == best_peer else verdict))
                 for label, names in (("float", [n for n in fns if "int8" not in n]),
                                      ("any precision", list(fns))):
@@ -313,12 +353,12 @@ def main(argv=None):
                 print(f"  batch {batch}: fastest keras_attn runtime "
                       f"{min(fns, key=median.get)}, fastest peer {best_peer}", flush=True)
     print()
-    print("| model | batch | runtime | ms per batch | vs transformers' best | 95% interval "
-          "| verdict |")
-    print("|---|---|---|---|---|---|---|")
-    for title, batch, name, ms, ratio, lo, hi, verdict in table:
-        print(f"| {title} | {batch} | {name} | {ms:.1f} | {ratio:.3f} | {lo:.3f}-{hi:.3f} "
-              f"| {verdict} |")
+    print("| model | batch | runtime | ms per batch | cores used | GFLOP/s (at least) "
+          "| vs transformers' best | 95% interval | verdict |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for title, batch, name, ms, cores, gflops, ratio, lo, hi, verdict in table:
+        print(f"| {title} | {batch} | {name} | {ms:.1f} | {cores:.2f} | {gflops:.0f} "
+              f"| {ratio:.3f} | {lo:.3f}-{hi:.3f} | {verdict} |")
     print()
     print("| model | batch | keras_attn's best | transformers' best | time ratio (95%) "
           "| speed-up |")

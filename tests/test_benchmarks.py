@@ -71,6 +71,26 @@ def test_time_pair_alternates_which_side_goes_first():
     assert "".join(calls) == "ab" + "ab" + "ba" + "ab" + "ba"
 
 
+def test_cpu_time_is_recorded_per_call_in_rotated_rounds():
+    calls = []
+    wall, cpu = _stats.time_rounds_with_cpu(
+        {name: (lambda name=name: calls.append(name)) for name in "abc"}, 3, warmup=1)
+    assert "".join(calls) == "abc" + "abc" + "bca" + "cab"
+    assert all(len(wall[n]) == len(cpu[n]) == 3 for n in "abc")
+    assert all(c >= 0 for n in "abc" for c in cpu[n])
+
+
+def test_a_row_that_used_more_cores_or_more_flops_than_it_could_is_refused():
+    row = _stats.checked_row("ours", 2, [0.2] * 5, [0.38] * 5, flops=20e9, peak_flops=177e9)
+    assert row == {"cores_used": 1.9, "flops_per_second": pytest.approx(100e9)}
+    # Labelled one thread, two cores busy: the 2026-11-28 serving rows' defect.
+    with pytest.raises(ValueError, match=r"ours: labelled 1 thread\(s\) but kept 1.90 cores"):
+        _stats.checked_row("ours", 1, [0.2] * 5, [0.38] * 5)
+    # BERT-base at length 128 (22.4 GFLOP) in 73 ms on two threads: 307 GFLOP/s.
+    with pytest.raises(ValueError, match=r"306.8 GFLOP/s is above the machine's peak at 2"):
+        _stats.checked_row("ours", 2, [0.073] * 5, [0.14] * 5, flops=22.4e9, peak_flops=177e9)
+
+
 def test_training_flops_per_token():
     # BERT-base: 110M parameters, 12 layers, width 768, length 128.
     assert _flops.transformer_flops_per_token(110_000_000, 12, 768, 128) == (
