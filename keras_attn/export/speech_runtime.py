@@ -55,13 +55,17 @@ class SpeechRecognizerArtifact:
 
             return read_wav(clip, self.sampling_rate, argument=f"clips[{index}]")
         samples = np.asarray(clip)
+        # Samples past [-1, 1] are int16 values cast to float, say: the
+        # front end would hear them 32,767 times too loud.
         if samples.ndim != 1 or samples.size == 0 or samples.dtype.kind != "f" \
-                or not np.isfinite(samples).all():
+                or not np.isfinite(samples).all() or np.abs(samples).max() > 1.0:
             raise ValueError(
                 f"Invalid value for argument `clips`: clips[{index}] must be a WAV file's path "
                 f"or a non-empty 1-D float array of finite samples in [-1, 1] at "
                 f"{self.sampling_rate} Hz. Received: shape={samples.shape}, "
-                f"dtype={samples.dtype}")
+                f"dtype={samples.dtype}"
+                + (f", largest |sample| {float(np.abs(samples).max()):g}"
+                   if samples.size and samples.dtype.kind == "f" else ""))
         return samples.astype("float32")
 
     def __call__(self, clips):

@@ -21,39 +21,48 @@ class TransducerPredictor(keras.layers.Layer):
     feeds the blank followed by the transcript (the start symbol is the
     blank, as in Parakeet): output u predicts from the first u labels, as
     the joint's lattice position u needs. Decoding feeds one token at a
-    time with the `states` of the step before.
+    time with the states of the step before (`return_states=True`, as
+    `keras.layers.LSTM(return_state=True)`).
 
     The LSTM is causal: a position's output depends on the ids before it
     only, so the padding after a transcript changes none of its outputs.
+    Ids must be in `[0, vocabulary_size)`: the model that owns the layer
+    checks them (an embedding lookup past its table is an error on one
+    backend and a clamped row on another).
 
     Args:
         vocabulary_size: the ids, the blank among them.
         hidden_dim: the embedding, LSTM and output width.
         num_layers: LSTM layers.
+        return_states: also return each layer's final `h` and `c`.
         **kwargs: base layer arguments.
 
     Call arguments:
         token_ids: `(B, U)` int ids.
-        states: None (zeros: the start), or the `states` a call returned:
-            a list of `[h, c]` per layer, each `(B, hidden_dim)`.
+        states: None (zeros: the start), or the states a call returned:
+            `[h_0, c_0, h_1, c_1, ...]`, each `(B, hidden_dim)`.
 
     Returns:
-        `(outputs (B, U, hidden_dim), states)`.
+        `(B, U, hidden_dim)`; with `return_states`, `[outputs, h_0, c_0,
+        h_1, c_1, ...]`.
 
     Example:
 
     >>> import numpy as np
-    >>> predictor = TransducerPredictor(vocabulary_size=8, hidden_dim=4, num_layers=2)
-    >>> outputs, states = predictor(np.array([[7, 1, 2]]))
-    >>> tuple(outputs.shape), len(states), tuple(states[0][0].shape)
-    ((1, 3, 4), 2, (1, 4))
+    >>> predictor = TransducerPredictor(vocabulary_size=8, hidden_dim=4, num_layers=2,
+    ...                                 return_states=True)
+    >>> outputs, *states = predictor(np.array([[7, 1, 2]]))
+    >>> tuple(outputs.shape), len(states), tuple(states[0].shape)
+    ((1, 3, 4), 4, (1, 4))
     """
 
-    def __init__(self, vocabulary_size, hidden_dim, num_layers=1, **kwargs):
+    def __init__(self, vocabulary_size, hidden_dim, num_layers=1, return_states=False,
+                 **kwargs):
         super().__init__(**kwargs)
         self.vocabulary_size = check_positive_int("vocabulary_size", vocabulary_size)
         self.hidden_dim = check_positive_int("hidden_dim", hidden_dim)
         self.num_layers = check_positive_int("num_layers", num_layers)
+        self.return_states = bool(return_states)
         self.embedding = keras.layers.Embedding(vocabulary_size, hidden_dim, dtype=self.dtype_policy,
                                                 name="embedding")
         self.lstm_layers = [keras.layers.LSTM(hidden_dim, return_sequences=True, return_state=True,
@@ -62,7 +71,7 @@ class TransducerPredictor(keras.layers.Layer):
         self.projection = keras.layers.Dense(hidden_dim, dtype=self.dtype_policy,
                                              name="projection")
 
-    def build(self, token_ids_shape):
+    def build(self, token_ids_shape, states_shape=None):
         self.embedding.build(token_ids_shape)
         shape = tuple(token_ids_shape) + (self.hidden_dim,)
         for lstm in self.lstm_layers:
@@ -71,26 +80,28 @@ class TransducerPredictor(keras.layers.Layer):
         self.built = True
 
     def call(self, token_ids, states=None):
-        if states is not None and len(states) != self.num_layers:
-            raise ValueError(f"`states` must hold [h, c] for each of the {self.num_layers} LSTM "
-                             f"layers. Received: {len(states)} entries")
+        if states is not None and len(states) != 2 * self.num_layers:
+            raise ValueError(
+                f"Invalid value for argument `states`: [h, c] for each of the {self.num_layers} "
+                f"LSTM layers, {2 * self.num_layers} tensors. Received: {len(states)} tensors")
         x = self.embedding(ops.cast(token_ids, "int32"))
         new_states = []
         for i, lstm in enumerate(self.lstm_layers):
-            x, h, c = lstm(x, initial_state=None if states is None else list(states[i]))
-            new_states.append([h, c])
-        return self.projection(x), new_states
+            x, h, c = lstm(x, initial_state=None if states is None else list(states[2 * i:2 * i + 2]))
+            new_states += [h, c]
+        x = self.projection(x)
+        return [x, *new_states] if self.return_states else x
 
-    def compute_output_spec(self, token_ids, states=None):
-        batch, length = token_ids.shape[0], token_ids.shape[1]
-        state = keras.KerasTensor((batch, self.hidden_dim), dtype=self.compute_dtype)
-        return (keras.KerasTensor((batch, length, self.hidden_dim), dtype=self.compute_dtype),
-                [[state, state] for _ in range(self.num_layers)])
+    def compute_output_shape(self, token_ids_shape, states_shape=None):
+        outputs = (token_ids_shape[0], token_ids_shape[1], self.hidden_dim)
+        if not self.return_states:
+            return outputs
+        return [outputs] + [(token_ids_shape[0], self.hidden_dim)] * (2 * self.num_layers)
 
     def get_config(self):
         config = super().get_config()
         config.update(vocabulary_size=self.vocabulary_size, hidden_dim=self.hidden_dim,
-                      num_layers=self.num_layers)
+                      num_layers=self.num_layers, return_states=self.return_states)
         return config
 
 

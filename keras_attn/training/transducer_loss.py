@@ -35,6 +35,24 @@ from keras import ops
 _IMPOSSIBLE = -1e30
 
 
+def _checked(target, target_length, output_length, frames, vocabulary, blank_index):
+    """`(target, target_length, output_length, invalid)`: the arguments
+    clipped into range for the gathers, and `(B,)` True for a row whose
+    lengths or labels are out of range (a frame count outside 1..T, a
+    label count outside 0..U, a label id outside [0, V) or the blank among
+    its first `target_length`). Its loss is NaN: a compiled step cannot
+    raise, and NaN never reaches the weights (the guarded optimizer skips
+    the step) where a clamped id would train on a wrong label."""
+    labels = target.shape[1]
+    invalid = (output_length < 1) | (output_length > frames) | (target_length < 0) \
+        | (target_length > labels)
+    real = ops.arange(labels, dtype="int32")[None, :] < target_length[:, None]
+    bad_id = real & ((target < 0) | (target >= vocabulary) | (target == blank_index))
+    invalid = invalid | ops.any(bad_id, axis=1)
+    return (ops.clip(target, 0, vocabulary - 1), ops.clip(target_length, 0, labels),
+            ops.clip(output_length, 1, frames), invalid)
+
+
 def rnnt_loss(target, output, target_length, output_length, blank_index=0):
     """The RNN-T negative log-likelihood of each row (the module docstring).
 
@@ -53,7 +71,10 @@ def rnnt_loss(target, output, target_length, output_length, blank_index=0):
         blank_index: the blank's id in the vocabulary.
 
     Returns:
-        `(B,)` float32 losses.
+        `(B,)` float32 losses; NaN for a row whose lengths or labels are out
+        of range (`output_length` outside 1..T, `target_length` outside
+        0..U, a label outside [0, V) or the blank), the other rows as
+        they are.
 
     >>> import numpy as np
     >>> # One frame, no label: the path is the blank alone.
@@ -73,6 +94,8 @@ def rnnt_loss(target, output, target_length, output_length, blank_index=0):
             "`output` must have one more lattice position than `target` has labels: "
             f"(B, T, U + 1, V) for (B, U). Received: target.shape={tuple(target.shape)}, "
             f"output.shape={tuple(output.shape)}")
+    target, target_length, output_length, invalid = _checked(
+        target, target_length, output_length, frames, output.shape[-1], blank_index)
     log_probs = ops.log_softmax(output, axis=-1)
     blank = log_probs[..., blank_index]  # (B, T, U + 1)
     # The label emitted from (t, u) is target[u]; from (t, U) none (its
@@ -124,7 +147,7 @@ def rnnt_loss(target, output, target_length, output_length, blank_index=0):
         ops.take_along_axis(blank, ops.broadcast_to((output_length - 1)[:, None, None],
                                                     (batch, 1, positions)), axis=1)[:, 0],
         target_length[:, None], axis=1)[:, 0]
-    return -(end + final_blank)
+    return ops.where(invalid, float("nan"), -(end + final_blank))
 
 
 def _skewed(table, frames, steps, positions):
@@ -171,7 +194,7 @@ def tdt_loss(target, token_output, duration_output, target_length, output_length
             loss; NeMo's recipes train with 0.02 or 0.05).
 
     Returns:
-        `(B,)` float32 losses.
+        `(B,)` float32 losses; NaN for a row out of range, as `rnnt_loss`.
 
     >>> import numpy as np
     >>> # One frame, no label: a blank of duration 1 (probability 0.25 x 0.5).
@@ -203,6 +226,8 @@ def tdt_loss(target, token_output, duration_output, target_length, output_length
             f"(B, T, U + 1, {len(durations)}). Received: target.shape={tuple(target.shape)}, "
             f"token_output.shape={tuple(token_output.shape)}, "
             f"duration_output.shape={tuple(duration_output.shape)}")
+    target, target_length, output_length, invalid = _checked(
+        target, target_length, output_length, frames, token_output.shape[-1], blank_index)
     log_probs = ops.log_softmax(token_output, axis=-1) - sigma
     blank = log_probs[..., blank_index]
     index = ops.concatenate([target, ops.zeros((batch, 1), "int32")], axis=1)
@@ -258,4 +283,4 @@ def tdt_loss(target, token_output, duration_output, target_length, output_length
     history = ops.concatenate([first[None]] + [impossible[None]] * (depth - 1), axis=0)
     total = ending(first, 0, ops.full((batch,), _IMPOSSIBLE))
     _, total = ops.fori_loop(1, steps, body, (history, total))
-    return -total
+    return ops.where(invalid, float("nan"), -total)

@@ -30,12 +30,16 @@ clips = json.loads(sys.argv[2])
 arrays = [np.load(path) for path in json.loads(sys.argv[3])]
 answer = recognizer(clips + arrays)
 loaded = sorted(m for m in ("tensorflow", "keras") if m in sys.modules)
-try:
-    recognizer([np.zeros((2, 800), "float32")])
-except ValueError as error:
-    refused = str(error)
+refused = []
+for bad in ([np.zeros((2, 800), "float32")], [np.full(800, 300.0, "float32")]):
+    try:
+        recognizer(bad)
+    except ValueError as error:
+        refused.append(str(error))
+again = recognizer(clips + arrays)  # a valid call right after the refused ones
 print(json.dumps({"text": answer["text"], "ids": [r.tolist() for r in answer["token_ids"]],
-                  "rate": recognizer.sampling_rate, "loaded": loaded, "refused": refused}))
+                  "again": again["text"], "rate": recognizer.sampling_rate, "loaded": loaded,
+                  "refused": refused}))
 """
 
 
@@ -90,8 +94,11 @@ def test_the_served_text_is_each_clips_own_greedy_decoding(tmp_path):
     assert served["loaded"] == [] and served["rate"] == 16000
     assert served["ids"] == expected
     assert served["text"] == [decode_ids(row, VOCABULARY) for row in expected]
+    assert served["again"] == served["text"]
+    assert len(served["refused"]) == 2
     assert "clips[0] must be a WAV file's path or a non-empty 1-D float array" \
-        in served["refused"]
+        in served["refused"][0]
+    assert "Received: shape=(800,), dtype=float32, largest |sample| 300" in served["refused"][1]
 
 
 @pytest.mark.parametrize("vocabulary, message", [

@@ -158,6 +158,35 @@ def test_gradients_are_the_references_finite_differences():
     assert not got[1, frame_counts[1]:].any()
 
 
+@pytest.mark.parametrize("which", ["rnnt", "tdt"])
+def test_a_row_out_of_range_is_nan_and_the_others_keep_their_loss(which):
+    target, tokens, lengths, label_counts, frame_counts = _tdt_batch(seed=7, batch=3)
+    if which == "rnnt":
+        loss_fn = compiled(lambda t, l, u, f: rnnt_loss(t, l, u, f))
+    else:
+        loss_fn = compiled(lambda t, l, u, f: tdt_loss(t, l, lengths, u, f, DURATIONS))
+    good = to_numpy(loss_fn(target, tokens, label_counts, frame_counts))
+    bad_rows = [  # (target, label counts, frame counts) with row 1 out of range
+        (np.where(np.arange(3) == 0, 9, target), label_counts, frame_counts),  # id past V
+        (np.where(np.arange(3) == 0, 0, target), label_counts, frame_counts),  # the blank
+        (target, np.array([3, 4, 0]), frame_counts),  # more labels than U
+        (target, np.array([3, -1, 0]), frame_counts),
+        (target, label_counts, np.array([5, 6, 3])),  # more frames than T
+        (target, label_counts, np.array([5, 0, 3])),
+    ]
+    for bad_target, labels, frames in bad_rows:
+        bad_target = np.where(np.arange(3)[:, None] == 1, bad_target, target).astype("int32")
+        loss = to_numpy(loss_fn(bad_target, tokens, labels.astype("int32"),
+                                frames.astype("int32")))
+        assert np.isnan(loss[1]), (labels, frames, bad_target)
+        np.testing.assert_allclose(loss[[0, 2]], good[[0, 2]], rtol=1e-6)
+    # An id past a row's own count is padding, not an error.
+    padded = target.copy()
+    padded[2, label_counts[2]:] = 9
+    np.testing.assert_allclose(to_numpy(loss_fn(padded, tokens, label_counts, frame_counts)),
+                               good, rtol=1e-6)
+
+
 def test_a_target_that_does_not_fit_the_lattice_is_refused():
     target, logits, label_counts, frame_counts = _batch()
     with pytest.raises(ValueError, match=r"one more lattice position than `target` has "
