@@ -80,6 +80,20 @@ class TransducerPredictor(keras.layers.Layer):
         self.built = True
 
     def call(self, token_ids, states=None):
+        x, new_states = self._run(token_ids, states)
+        return [x, *new_states] if self.return_states else x
+
+    def step(self, token_ids, states=None):
+        """One token per row, for decoding: `(B,)` ids and the states of
+        the step before (None: the start) -> `(outputs (B, hidden_dim),
+        states)`, whatever `return_states` says."""
+        token_ids = ops.expand_dims(ops.convert_to_tensor(token_ids), 1)
+        if not self.built:
+            self.build(tuple(token_ids.shape))
+        x, new_states = self._run(token_ids, states)
+        return x[:, 0], new_states
+
+    def _run(self, token_ids, states):
         if states is not None and len(states) != 2 * self.num_layers:
             raise ValueError(
                 f"Invalid value for argument `states`: [h, c] for each of the {self.num_layers} "
@@ -89,8 +103,7 @@ class TransducerPredictor(keras.layers.Layer):
         for i, lstm in enumerate(self.lstm_layers):
             x, h, c = lstm(x, initial_state=None if states is None else list(states[2 * i:2 * i + 2]))
             new_states += [h, c]
-        x = self.projection(x)
-        return [x, *new_states] if self.return_states else x
+        return self.projection(x), new_states
 
     def compute_output_shape(self, token_ids_shape, states_shape=None):
         outputs = (token_ids_shape[0], token_ids_shape[1], self.hidden_dim)

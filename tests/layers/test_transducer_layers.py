@@ -10,6 +10,7 @@ import pytest
 
 from keras_attn.layers.transducer import TransducerJoint
 from keras_attn.layers.transducer import TransducerPredictor
+from _transducer import transducer_from_torch
 from test_case import run_layer_test
 from test_case import to_numpy
 
@@ -40,22 +41,8 @@ def parakeet():
 
 
 def _ours(decoder, joint):
-    predictor = TransducerPredictor(VOCABULARY, HIDDEN, LAYERS)
-    ours_joint = TransducerJoint(VOCABULARY)
-    predictor(np.zeros((1, 1), "int32"))
-    ours_joint(np.zeros((1, 1, HIDDEN), "float32"), np.zeros((1, 1, HIDDEN), "float32"))
-    state = {k: v.detach().numpy() for k, v in decoder.state_dict().items()}
-    predictor.embedding.embeddings.assign(state["embedding.weight"])
-    for i, lstm in enumerate(predictor.lstm_layers):
-        cell = lstm.cell
-        cell.kernel.assign(state[f"lstm.weight_ih_l{i}"].T)
-        cell.recurrent_kernel.assign(state[f"lstm.weight_hh_l{i}"].T)
-        cell.bias.assign(state[f"lstm.bias_ih_l{i}"] + state[f"lstm.bias_hh_l{i}"])
-    predictor.projection.kernel.assign(state["decoder_projector.weight"].T)
-    predictor.projection.bias.assign(state["decoder_projector.bias"])
-    ours_joint.head.kernel.assign(joint.head.weight.detach().numpy().T)
-    ours_joint.head.bias.assign(joint.head.bias.detach().numpy())
-    return predictor, ours_joint
+    state = {**decoder.state_dict(), **{f"head.{k}": v for k, v in joint.head.state_dict().items()}}
+    return transducer_from_torch(state, VOCABULARY, HIDDEN, LAYERS, VOCABULARY)
 
 
 def test_the_networks_equal_transformers_parakeet_rnnt(parakeet):

@@ -1,0 +1,154 @@
+"""Greedy transducer decoding against transformers' Parakeet `generate`
+(ParakeetForRNNT and ParakeetForTDT with random weights, their
+prediction and joint networks copied into ours, decoding the frames of
+their own encoder): the same labels at the same frames, each row alone
+as in its batch; the symbols-per-frame guard; bad arguments refused."""
+
+import numpy as np
+import pytest
+
+from _transducer import transducer_from_torch
+from keras_attn.layers.transducer import TransducerJoint
+from keras_attn.layers.transducer import TransducerPredictor
+from keras_attn.models.conformer.transducer_decoding import transducer_greedy_decode
+
+VOCABULARY, BLANK, HIDDEN, MAX_SYMBOLS = 9, 8, 8, 4
+
+
+def _reference(kind, seed):
+    """A tiny transformers transducer with random weights, encoder frames
+    and lengths, and what its `generate` emits for them: each row's labels
+    and their frames. The encoder is bypassed (its frames drawn here, so
+    that they differ enough between frames to make the walks vary): the
+    walk over given frames is what is held; the encoder is held in the
+    CTC converter's tests."""
+    import torch
+    import transformers
+    from transformers.models.parakeet.modeling_parakeet import ParakeetEncoderModelOutput
+
+    encoder = dict(hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+                   intermediate_size=16, num_mel_bins=16, subsampling_conv_channels=8)
+    common = dict(vocab_size=VOCABULARY, decoder_hidden_size=HIDDEN, num_decoder_layers=2,
+                  blank_token_id=BLANK, pad_token_id=0, encoder_config=encoder,
+                  max_symbols_per_step=MAX_SYMBOLS)
+    if kind == "tdt":
+        model = transformers.ParakeetForTDT(transformers.ParakeetTDTConfig(
+            durations=[0, 1, 2, 3], **common))
+    else:
+        model = transformers.ParakeetForRNNT(transformers.ParakeetRNNTConfig(**common))
+    torch.manual_seed(seed)
+    with torch.no_grad():
+        for tensor in model.parameters():
+            tensor.normal_(0, 0.5)
+        # The labels so far weigh on each choice (a walk that ignored the
+        # prediction network's state would be caught); a blank is likelier.
+        model.decoder.decoder_projector.weight *= 3.0
+        model.decoder.decoder_projector.bias *= 3.0
+        model.joint.head.bias[BLANK] += 0.5
+        if kind == "tdt":
+            # transformers' TDT generate takes the argmax over the token AND
+            # duration logits as the label (an id past the vocabulary when a
+            # duration wins: an IndexError in its embedding); lowering every
+            # duration logit alike keeps their order and leaves the labels to
+            # the token logits, as NeMo reads them.
+            model.joint.head.bias[VOCABULARY:] -= 50.0
+            model.joint.head.bias[VOCABULARY] -= 0.5
+    model.eval().generation_config.decoder_start_token_id = BLANK
+    frames = torch.randn(3, 12, HIDDEN, generator=torch.Generator().manual_seed(seed))
+    mask = torch.ones(3, 12, dtype=torch.long)
+    mask[1, 8:] = 0
+    mask[2, 4:] = 0
+    model.get_audio_features = lambda **kwargs: ParakeetEncoderModelOutput(
+        pooler_output=frames, attention_mask=mask)
+    with torch.no_grad():
+        # A bound past any walk (its default, max_symbols_per_step x frames
+        # counting the start token, cuts a walk that uses the guard at every frame).
+        out = model.generate(input_features=torch.zeros(3, 96, 16),
+                             max_new_tokens=(MAX_SYMBOLS + 1) * 12)
+    lengths = mask.sum(-1).numpy()
+    labels, at, moves = [], [], set()
+    for row in range(3):
+        row_labels, row_frames, frame = [], [], 0
+        for token, move in zip(out.sequences[row, 1:].tolist(), out.durations[row, 1:].tolist()):
+            if frame >= lengths[row]:
+                break
+            if token != BLANK:
+                row_labels.append(token)
+                row_frames.append(frame)
+            moves.add((token == BLANK, move))
+            frame += move
+        assert frame >= lengths[row], "generate stopped at its length bound: not a finished walk"
+        labels.append(row_labels)
+        at.append(row_frames)
+    return model, frames.numpy(), lengths, labels, at, moves
+
+
+def _ours(model, outputs):
+    state = {k: v for k, v in model.state_dict().items() if k.startswith(("decoder.", "joint."))}
+    state = {k.split(".", 1)[1]: v for k, v in state.items()}
+    return transducer_from_torch(state, VOCABULARY, HIDDEN, 2, outputs)
+
+
+# Seeds whose walks take blanks and labels, and (RNN-T) reach the guard or
+# (TDT) stay, or move 1 to 3 frames. On random weights most TDT walks with a
+# label of duration 0 repeat it up to generate's length bound (transformers'
+# TDT walk has no guard): these seeds are among those that end.
+@pytest.mark.parametrize("kind,seeds,expected_moves", [
+    ("rnnt", (1, 9), {(True, 1), (False, 0), (False, 1)}),
+    ("tdt", (1, 9), {(True, 1), (True, 2), (True, 3), (False, 0), (False, 1), (False, 3)}),
+])
+def test_greedy_decoding_equals_transformers_generate(kind, seeds, expected_moves):
+    durations = [0, 1, 2, 3] if kind == "tdt" else None
+    outputs = VOCABULARY + (4 if durations else 0)
+    seen = set()
+    for seed in seeds:
+        model, frames, lengths, labels, at, moves = _reference(kind, seed)
+        seen |= moves
+        predictor, joint = _ours(model, outputs)
+        ours, ours_at = transducer_greedy_decode(
+            frames, lengths, predictor, joint, BLANK, durations=durations,
+            max_symbols_per_step=MAX_SYMBOLS, return_frames=True)
+        assert ours == labels, (seed, lengths)
+        assert ours_at == at
+        # A row decoded alone gets the answer it got in the batch.
+        for row in range(3):
+            alone = transducer_greedy_decode(frames[row:row + 1], lengths[row:row + 1],
+                                             predictor, joint, BLANK, durations=durations,
+                                             max_symbols_per_step=MAX_SYMBOLS)
+            assert alone == [labels[row]]
+    assert expected_moves <= seen, seen
+
+
+def test_the_symbols_guard_moves_the_pointer_on():
+    # A joint that never prefers the blank: the guard alone ends the walk,
+    # after exactly max_symbols_per_step labels at each valid frame.
+    predictor = TransducerPredictor(5, 4)
+    joint = TransducerJoint(5)
+    joint(np.zeros((1, 1, 4), "float32"), np.zeros((1, 1, 4), "float32"))
+    joint.head.kernel.assign(np.zeros((4, 5), "float32"))
+    joint.head.bias.assign(np.array([0, 0, 3, 0, -1], "float32"))
+    frames = np.ones((2, 6, 4), "float32")
+    labels, at = transducer_greedy_decode(frames, np.array([6, 2]), predictor, joint,
+                                          blank_id=4, max_symbols_per_step=3,
+                                          return_frames=True)
+    assert labels == [[2] * 18, [2] * 6]
+    assert at[1] == [0, 0, 0, 1, 1, 1]
+    # A row with no valid frames emits nothing.
+    assert transducer_greedy_decode(frames[:1], np.array([0]), predictor, joint, 4) == [[]]
+
+
+def test_bad_arguments_are_refused():
+    predictor = TransducerPredictor(5, 4)
+    frames = np.zeros((1, 3, 4), "float32")
+    with pytest.raises(ValueError, match=r"`blank_id`: an id in \[0, 5\).*Received: 5"):
+        transducer_greedy_decode(frames, [3], predictor, TransducerJoint(5), blank_id=5)
+    with pytest.raises(ValueError, match=r"`joint`: .* plus 2 durations, 7\. Received: .* 5 "):
+        transducer_greedy_decode(frames, [3], predictor, TransducerJoint(5), 4, durations=[0, 1])
+    with pytest.raises(ValueError, match=r"`durations`: .*Received: \[1, 1\]"):
+        transducer_greedy_decode(frames, [3], predictor, TransducerJoint(7), 4, durations=[1, 1])
+    with pytest.raises(ValueError, match=r"`lengths`: 1 integer frame counts in \[0, 3\]\. "
+                                         r"Received: \[4\]"):
+        transducer_greedy_decode(frames, [4], predictor, TransducerJoint(5), 4)
+    with pytest.raises(ValueError, match="max_symbols_per_step"):
+        transducer_greedy_decode(frames, [3], predictor, TransducerJoint(5), 4,
+                                 max_symbols_per_step=0)
