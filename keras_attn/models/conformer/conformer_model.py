@@ -65,7 +65,7 @@ from keras_attn.models.conformer.conformer_config import replace_conformer_confi
 MAX_NEW_VOCABULARY = 2**20
 
 
-class _BatchMean(keras.losses.Loss):
+class BatchMean(keras.losses.Loss):
     """The mean of per-example losses (`y_pred`), reduced as Keras reduces a
     compiled loss: under `tf.distribute` each replica's mean is scaled by
     1 / replicas, so the replicas' summed gradients are those of the mean over
@@ -76,7 +76,7 @@ class _BatchMean(keras.losses.Loss):
         return y_pred
 
 
-def _row_weights(sample_weight, labels):
+def row_weights(sample_weight, labels):
     """`sample_weight` as one float32 weight per row `(B,)` (an utterance,
     or a packed row's utterances), or None; `ValueError` for another shape."""
     if sample_weight is None:
@@ -189,8 +189,162 @@ class ChunkMask(SpecFromCall, keras.layers.Layer):
         return config
 
 
+def conformer_encoder_graph(config, dtype=None):
+    """The Conformer encoder's functional graph, shared by `ConformerCTC`
+    and `ConformerTransducer` (the same layer names, so the same weight
+    paths and converter layout): the inputs `input_type` says, the last
+    block's frames `(B, T', hidden_dim)` and their lengths `(B,)`."""
+    frontend = log_mel_front_end(config, dtype=dtype)
+    spec_augment = SpecAugment(
+        freq_mask_count=config.freq_mask_count, freq_mask_width=config.freq_mask_width,
+        time_mask_count=config.time_mask_count, time_mask_ratio=config.time_mask_ratio,
+        dtype=dtype, name="spec_augment",
+    )
+    if config.subsampling == "fast":
+        subsampling = FastConvSubsampling(
+            config.hidden_dim, filters=config.subsampling_filters, dtype=dtype,
+            name="subsampling")
+    else:
+        subsampling = ConvSubsampling(config.hidden_dim, filters=config.subsampling_filters,
+                                      dtype=dtype, name="subsampling")
+    input_dropout = keras.layers.Dropout(config.dropout, dtype=dtype, name="input_dropout")
+    block_names = [f"conformer_block_{i}" for i in range(config.num_layers)]
+    with remat_scope(config.remat, block_names):
+        blocks = [
+            ConformerBlock(
+                num_heads=config.num_heads, intermediate_dim=config.intermediate_dim,
+                kernel_size=config.kernel_size, dropout=config.dropout,
+                attention_dropout=config.attention_dropout,
+                layer_norm_epsilon=config.layer_norm_epsilon,
+                causal_conv=config.causal_conv, conv_norm=config.conv_norm,
+                batch_norm_epsilon=config.batch_norm_epsilon,
+                dtype=dtype, name=name,
+            )
+            for name in block_names
+        ]
+    if config.input_type == "waveform":
+        waveform = keras.Input((None,), name="waveform")
+        waveform_length = keras.Input((), dtype="int32", name="waveform_length")
+        inputs = {"waveform": waveform, "waveform_length": waveform_length}
+        features = frontend(waveform, waveform_length)  # (B, T, mels)
+        frame_lengths = frontend.num_frames(waveform_length)  # (B,)
+    else:
+        features = keras.Input((None, config.num_mel_bins), name="features")
+        frame_lengths = keras.Input((), dtype="int32", name="feature_length")
+        inputs = {"features": features, "feature_length": frame_lengths}
+    frame_mask = LengthMask(name="frame_mask")(features, frame_lengths)
+    x = spec_augment(features, padding_mask=frame_mask)
+    x = subsampling(x, padding_mask=frame_mask)  # (B, T', D)
+    # NaN for an utterance whose length does not fit its array, after the
+    # subsampling's ReLUs (XLA's ReLU turns NaN into 0).
+    x = LengthGuard(name="length_guard")(x, features, frame_lengths)
+    if config.scale_input:  # Parakeet's xscale
+        x = x * float(config.hidden_dim) ** 0.5
+    logit_lengths = encoder_length(config, frame_lengths)  # (B,)
+    mask = LengthMask(name="encoder_mask")(x, logit_lengths)
+    x = input_dropout(x)
+    attention_mask = None
+    if config.chunk_size is not None:
+        attention_mask = ChunkMask(
+            config.chunk_size, config.left_context, dynamic=config.dynamic_chunk_training,
+            max_chunk_size=DYNAMIC_CHUNK_MAX, dtype=dtype, name="chunk_mask")(x)
+    for block in blocks:
+        x = block(x, padding_mask=mask, attention_mask=attention_mask)
+    return inputs, x, logit_lengths
+
+
+class AudioInputChecks:
+    """The checks of a Conformer's audio inputs, shared by `ConformerCTC`
+    and `ConformerTransducer` (mixed in before `GuardedModel`): lengths
+    within their arrays and finite samples in [-1, 1] in Python, the same
+    as a loss factor in a compiled step, and NaN outputs for a wide length
+    that `Functional`'s int32 cast would wrap."""
+
+    def check_arrays(self, named):
+        if self.conformer_config.input_type == "waveform":
+            signal, lengths = named.get("waveform"), named.get("waveform_length")
+            name = "waveform_length"
+        else:
+            signal, lengths = named.get("features"), named.get("feature_length")
+            name = "feature_length"
+        if signal is None or np.ndim(signal) < 2:
+            return
+        if lengths is not None:
+            check_ids(name, lengths, IdSpec(0, np.shape(signal)[1] + 1,
+                                            "at most the padded length"))
+        if self.conformer_config.input_type == "waveform" and np.ndim(signal) == 2:
+            # The valid samples only: padding may hold anything. Outside
+            # [-1, 1] the front end makes NaN features (a compiled step
+            # cannot raise); here the sample is named first.
+            values = np.asarray(signal, "float32")
+            if lengths is not None:
+                valid = np.arange(values.shape[1])[None, :] < np.asarray(lengths).reshape(-1, 1)
+                values = np.where(valid, values, 0.0)
+            if not np.isfinite(values).all():
+                rows = np.flatnonzero(~np.isfinite(values).all(axis=1))
+                raise ValueError(
+                    "Invalid value for argument `waveform`: audio samples must be finite. "
+                    f"Received: waveform with NaN or inf in row(s) {rows.tolist()}")
+            check_audio_range("waveform", values)
+
+    def guard_relations(self, named):
+        if self.conformer_config.input_type == "waveform":
+            signal, lengths = named.get("waveform"), named.get("waveform_length")
+        else:
+            signal, lengths = named.get("features"), named.get("feature_length")
+        if signal is None:
+            return 1.0
+        guard = 1.0
+        if self.conformer_config.input_type == "waveform" and len(signal.shape) == 2:
+            # A valid sample outside [-1, 1] (the front end's NaN features
+            # do not survive every op under XLA: the loss checks it itself).
+            loud = ops.greater(ops.abs(ops.cast(signal, "float32")), 1.0)
+            if lengths is not None:
+                index = ops.expand_dims(ops.arange(ops.shape(signal)[1]), 0)
+                loud = ops.logical_and(loud, ops.less(index, ops.expand_dims(
+                    ops.cast(lengths, "int32"), 1)))
+            guard = ops.where(ops.any(loud), float("nan"), 1.0)
+        if lengths is None:
+            return guard
+        # In the lengths' own dtype: an int64 2**32 + 3 cast first would wrap to 3.
+        ok = ops.logical_not(ops.any(outside_lengths(lengths, ops.shape(signal)[1])))
+        return guard * ops.where(ok, 1.0, float("nan"))
+
+    def _frames(self, named):
+        """Feature frames per utterance `(B,)` from concrete inputs, or None."""
+        if "waveform_length" in named:
+            lengths = np.asarray(named["waveform_length"]).astype("int64")
+            return feature_frames(self.conformer_config, lengths)
+        if "feature_length" in named:
+            return np.asarray(named["feature_length"]).astype("int64")
+        return None
+
+    def _nan_where_lengths_wrap(self, inputs, outputs):
+        """`outputs` with NaN in `outputs[self.nan_output_key]` (the
+        logits, the frames) for each utterance whose length, of a
+        dtype wider than the graph's int32 input, lies outside `[0, N]`:
+        `Functional` casts the input to int32 first, which wraps an int64
+        2**32 + 3 to a valid 3 (a call with values is refused before this,
+        by `check_inputs`)."""
+        named = self._named_tensors(inputs)
+        if self.conformer_config.input_type == "waveform":
+            signal, lengths = named.get("waveform"), named.get("waveform_length")
+        else:
+            signal, lengths = named.get("features"), named.get("feature_length")
+        if signal is None or lengths is None or isinstance(lengths, keras.KerasTensor):
+            return outputs
+        lengths = ops.convert_to_tensor(lengths)
+        if keras.backend.standardize_dtype(lengths.dtype) not in ("int64", "uint32", "uint64"):
+            return outputs
+        bad = outside_lengths(lengths, ops.shape(signal)[1])  # (B,)
+        key = self.nan_output_key
+        value = outputs[key]
+        return dict(outputs, **{key: ops.where(ops.expand_dims(bad, (1, 2)),
+                                               ops.cast(float("nan"), value.dtype), value)})
+
+
 @keras.saving.register_keras_serializable(package="keras_attn")
-class ConformerCTC(GuardedModel, ConfigModel, keras.Model):
+class ConformerCTC(AudioInputChecks, GuardedModel, ConfigModel, keras.Model):
     """A Conformer encoder trained with CTC; build it with `build_conformer`.
 
     Inputs: `{"waveform": (B, N) float32, "waveform_length": (B,) int32}`,
@@ -223,72 +377,15 @@ class ConformerCTC(GuardedModel, ConfigModel, keras.Model):
     """
 
     config_attribute = "conformer_config"
+    nan_output_key = "logits"
 
     @config_arguments(ConformerConfig, "Conformer")
     def __init__(self, config, dtype=None, **kwargs):
         check_vocabulary_size("vocabulary_size", config.vocabulary_size, allow_none=False)
         kwargs.setdefault("name", "conformer_ctc")
 
-        # === Layers ===
-        frontend = log_mel_front_end(config, dtype=dtype)
-        spec_augment = SpecAugment(
-            freq_mask_count=config.freq_mask_count, freq_mask_width=config.freq_mask_width,
-            time_mask_count=config.time_mask_count, time_mask_ratio=config.time_mask_ratio,
-            dtype=dtype, name="spec_augment",
-        )
-        if config.subsampling == "fast":
-            subsampling = FastConvSubsampling(
-                config.hidden_dim, filters=config.subsampling_filters, dtype=dtype,
-                name="subsampling")
-        else:
-            subsampling = ConvSubsampling(config.hidden_dim, filters=config.subsampling_filters,
-                                          dtype=dtype, name="subsampling")
-        input_dropout = keras.layers.Dropout(config.dropout, dtype=dtype, name="input_dropout")
-        block_names = [f"conformer_block_{i}" for i in range(config.num_layers)]
-        with remat_scope(config.remat, block_names):
-            blocks = [
-                ConformerBlock(
-                    num_heads=config.num_heads, intermediate_dim=config.intermediate_dim,
-                    kernel_size=config.kernel_size, dropout=config.dropout,
-                    attention_dropout=config.attention_dropout,
-                    layer_norm_epsilon=config.layer_norm_epsilon,
-                    causal_conv=config.causal_conv, conv_norm=config.conv_norm,
-                    batch_norm_epsilon=config.batch_norm_epsilon,
-                    dtype=dtype, name=name,
-                )
-                for name in block_names
-            ]
+        inputs, x, logit_lengths = conformer_encoder_graph(config, dtype=dtype)
         ctc_head = keras.layers.Dense(config.vocabulary_size + 1, dtype=dtype, name="ctc_logits")
-
-        # === Functional Model ===
-        if config.input_type == "waveform":
-            waveform = keras.Input((None,), name="waveform")
-            waveform_length = keras.Input((), dtype="int32", name="waveform_length")
-            inputs = {"waveform": waveform, "waveform_length": waveform_length}
-            features = frontend(waveform, waveform_length)  # (B, T, mels)
-            frame_lengths = frontend.num_frames(waveform_length)  # (B,)
-        else:
-            features = keras.Input((None, config.num_mel_bins), name="features")
-            frame_lengths = keras.Input((), dtype="int32", name="feature_length")
-            inputs = {"features": features, "feature_length": frame_lengths}
-        frame_mask = LengthMask(name="frame_mask")(features, frame_lengths)
-        x = spec_augment(features, padding_mask=frame_mask)
-        x = subsampling(x, padding_mask=frame_mask)  # (B, T', D)
-        # NaN for an utterance whose length does not fit its array, after the
-        # subsampling's ReLUs (XLA's ReLU turns NaN into 0).
-        x = LengthGuard(name="length_guard")(x, features, frame_lengths)
-        if config.scale_input:  # Parakeet's xscale
-            x = x * float(config.hidden_dim) ** 0.5
-        logit_lengths = encoder_length(config, frame_lengths)  # (B,)
-        mask = LengthMask(name="encoder_mask")(x, logit_lengths)
-        x = input_dropout(x)
-        attention_mask = None
-        if config.chunk_size is not None:
-            attention_mask = ChunkMask(
-                config.chunk_size, config.left_context, dynamic=config.dynamic_chunk_training,
-                max_chunk_size=DYNAMIC_CHUNK_MAX, dtype=dtype, name="chunk_mask")(x)
-        for block in blocks:
-            x = block(x, padding_mask=mask, attention_mask=attention_mask)
         logits = ctc_head(x)
         super().__init__(
             inputs=inputs,
@@ -436,27 +533,6 @@ class ConformerCTC(GuardedModel, ConfigModel, keras.Model):
                 "logit_lengths": ops.zeros_like(logit_segment_ids[:, 0]) + steps,
                 "logit_segment_ids": logit_segment_ids}
 
-    def _nan_where_lengths_wrap(self, inputs, outputs):
-        """`outputs` with NaN logits for each utterance whose length, of a
-        dtype wider than the graph's int32 input, lies outside `[0, N]`:
-        `Functional` casts the input to int32 first, which wraps an int64
-        2**32 + 3 to a valid 3 (a call with values is refused before this,
-        by `check_inputs`)."""
-        named = self._named_tensors(inputs)
-        if self.conformer_config.input_type == "waveform":
-            signal, lengths = named.get("waveform"), named.get("waveform_length")
-        else:
-            signal, lengths = named.get("features"), named.get("feature_length")
-        if signal is None or lengths is None or isinstance(lengths, keras.KerasTensor):
-            return outputs
-        lengths = ops.convert_to_tensor(lengths)
-        if keras.backend.standardize_dtype(lengths.dtype) not in ("int64", "uint32", "uint64"):
-            return outputs
-        bad = outside_lengths(lengths, ops.shape(signal)[1])  # (B,)
-        logits = outputs["logits"]
-        return dict(outputs, logits=ops.where(ops.expand_dims(bad, (1, 2)),
-                                              ops.cast(float("nan"), logits.dtype), logits))
-
     def compute_output_spec(self, inputs, training=None, mask=None):
         # A symbolic call with the packed inputs is not one the functional
         # graph was built for: the outputs' shapes are known.
@@ -586,56 +662,6 @@ class ConformerCTC(GuardedModel, ConfigModel, keras.Model):
     def outputs_are_logits(self):
         return True  # CTC logits: a probability loss is refused
 
-    def check_arrays(self, named):
-        if self.conformer_config.input_type == "waveform":
-            signal, lengths = named.get("waveform"), named.get("waveform_length")
-            name = "waveform_length"
-        else:
-            signal, lengths = named.get("features"), named.get("feature_length")
-            name = "feature_length"
-        if signal is None or np.ndim(signal) < 2:
-            return
-        if lengths is not None:
-            check_ids(name, lengths, IdSpec(0, np.shape(signal)[1] + 1,
-                                            "at most the padded length"))
-        if self.conformer_config.input_type == "waveform" and np.ndim(signal) == 2:
-            # The valid samples only: padding may hold anything. Outside
-            # [-1, 1] the front end makes NaN features (a compiled step
-            # cannot raise); here the sample is named first.
-            values = np.asarray(signal, "float32")
-            if lengths is not None:
-                valid = np.arange(values.shape[1])[None, :] < np.asarray(lengths).reshape(-1, 1)
-                values = np.where(valid, values, 0.0)
-            if not np.isfinite(values).all():
-                rows = np.flatnonzero(~np.isfinite(values).all(axis=1))
-                raise ValueError(
-                    "Invalid value for argument `waveform`: audio samples must be finite. "
-                    f"Received: waveform with NaN or inf in row(s) {rows.tolist()}")
-            check_audio_range("waveform", values)
-
-    def guard_relations(self, named):
-        if self.conformer_config.input_type == "waveform":
-            signal, lengths = named.get("waveform"), named.get("waveform_length")
-        else:
-            signal, lengths = named.get("features"), named.get("feature_length")
-        if signal is None:
-            return 1.0
-        guard = 1.0
-        if self.conformer_config.input_type == "waveform" and len(signal.shape) == 2:
-            # A valid sample outside [-1, 1] (the front end's NaN features
-            # do not survive every op under XLA: the loss checks it itself).
-            loud = ops.greater(ops.abs(ops.cast(signal, "float32")), 1.0)
-            if lengths is not None:
-                index = ops.expand_dims(ops.arange(ops.shape(signal)[1]), 0)
-                loud = ops.logical_and(loud, ops.less(index, ops.expand_dims(
-                    ops.cast(lengths, "int32"), 1)))
-            guard = ops.where(ops.any(loud), float("nan"), 1.0)
-        if lengths is None:
-            return guard
-        # In the lengths' own dtype: an int64 2**32 + 3 cast first would wrap to 3.
-        ok = ops.logical_not(ops.any(outside_lengths(lengths, ops.shape(signal)[1])))
-        return guard * ops.where(ok, 1.0, float("nan"))
-
     def _check_data(self, x, y=None):
         super()._check_data(x, y)
         if y is None or isinstance(y, dict):
@@ -651,7 +677,7 @@ class ConformerCTC(GuardedModel, ConfigModel, keras.Model):
             else:
                 labels = labels.reshape(-1, labels.shape[-1])
         if labels is not None and labels.ndim == 2:
-            gaps = _interior_padding(labels)
+            gaps = interior_padding(labels)
             if np.any(gaps):
                 rows = np.flatnonzero(gaps)
                 raise ValueError(
@@ -677,19 +703,10 @@ class ConformerCTC(GuardedModel, ConfigModel, keras.Model):
                 stacklevel=3,
             )
 
-    def _frames(self, named):
-        """Feature frames per utterance `(B,)` from concrete inputs, or None."""
-        if "waveform_length" in named:
-            lengths = np.asarray(named["waveform_length"]).astype("int64")
-            return feature_frames(self.conformer_config, lengths)
-        if "feature_length" in named:
-            return np.asarray(named["feature_length"]).astype("int64")
-        return None
-
     def compute_loss(self, x=None, y=None, y_pred=None, sample_weight=None, training=True):
         labels, guard = self.guard_labels(y)
         labels = ops.cast(labels, "int32")
-        weights = _row_weights(sample_weight, labels)  # (B,) or None
+        weights = row_weights(sample_weight, labels)  # (B,) or None
         if "logit_segment_ids" in y_pred:  # packed utterances: (B, K, L) labels
             return self._packed_loss(x, labels, y_pred, guard, weights)
         losses = self._ctc_losses(labels, y_pred["logits"], y_pred["logit_lengths"], guard)
@@ -698,9 +715,9 @@ class ConformerCTC(GuardedModel, ConfigModel, keras.Model):
         # of range makes the loss NaN (the step is skipped).
         losses = (losses + sum(self.losses, 0.0)) * self.guard_inputs(x)  # (B,)
         if weights is not None:  # sum(w * loss) / sum(w)
-            return _BatchMean(name="ctc_loss", reduction="mean_with_sample_weight")(
+            return BatchMean(name="ctc_loss", reduction="mean_with_sample_weight")(
                 losses, losses, sample_weight=weights)
-        return _BatchMean(name="ctc_loss")(losses, losses)
+        return BatchMean(name="ctc_loss")(losses, losses)
 
     def _packed_loss(self, x, labels, y_pred, guard, weights=None):
         """The mean CTC loss over the utterances of packed rows: each
@@ -730,12 +747,12 @@ class ConformerCTC(GuardedModel, ConfigModel, keras.Model):
             weights = ops.reshape(ops.repeat(ops.expand_dims(weights, 1), slots, axis=1),
                                   (-1,)) * present  # (B * K,)
             losses = losses * self.guard_inputs(x)
-            return _BatchMean(name="ctc_loss", reduction="mean_with_sample_weight")(
+            return BatchMean(name="ctc_loss", reduction="mean_with_sample_weight")(
                 losses, losses, sample_weight=weights)
-        # _BatchMean divides by B * K: the mean over the present utterances.
+        # BatchMean divides by B * K: the mean over the present utterances.
         scale = ops.cast(batch * slots, "float32") / ops.maximum(ops.sum(present), 1.0)
         losses = losses * scale * self.guard_inputs(x)
-        return _BatchMean(name="ctc_loss")(losses, losses)
+        return BatchMean(name="ctc_loss")(losses, losses)
 
     def _ctc_losses(self, labels, logits, logit_lengths, guard):
         """Per-utterance CTC losses `(B,)` of `labels` `(B, L)` on `logits`
@@ -775,14 +792,7 @@ class ConformerCTC(GuardedModel, ConfigModel, keras.Model):
         PyTorch run eager calls fast and call the model directly, as do
         traced inputs (a `tf.function` export).
         """
-        named = inputs if isinstance(inputs, dict) else {"": inputs}
-        values = {name: concrete_value(value) for name, value in named.items()}
-        if keras.backend.backend() == "jax" and all(v is not None for v in values.values()):
-            self.check_inputs(inputs)
-            concrete = values if isinstance(inputs, dict) else values[""]
-            outputs = self._keeping_variables(lambda: self.predict_on_batch(concrete))
-        else:
-            outputs = self(inputs, training=False)
+        outputs = model_outputs_for_decoding(self, inputs)
         logits = ops.cast(outputs["logits"], "float32")
         lengths = ops.cast(outputs["logit_lengths"], "int32")
         decoded, _ = ops.ctc_decode(logits, lengths, strategy=strategy,
@@ -796,6 +806,19 @@ class ConformerCTC(GuardedModel, ConfigModel, keras.Model):
         broken = ops.any(ops.logical_and(
             ops.expand_dims(valid, -1), ops.logical_not(ops.isfinite(logits))), axis=(1, 2))
         return ops.where(ops.expand_dims(broken, 1), -2, decoded[0])
+
+
+def model_outputs_for_decoding(model, inputs):
+    """`model(inputs, training=False)`; on JAX, concrete inputs go through
+    the predict step instead (checked first like a call): op by op, JAX
+    compiles every primitive of the encoder again (`ConformerCTC.decode`)."""
+    named = inputs if isinstance(inputs, dict) else {"": inputs}
+    values = {name: concrete_value(value) for name, value in named.items()}
+    if keras.backend.backend() == "jax" and all(v is not None for v in values.values()):
+        model.check_inputs(inputs)
+        concrete = values if isinstance(inputs, dict) else values[""]
+        return model._keeping_variables(lambda: model.predict_on_batch(concrete))
+    return model(inputs, training=False)
 
 
 def greedy_chunk_tokens(logits, real, last):
@@ -1028,7 +1051,7 @@ def _per_utterance_labels(labels, counts):
         )
 
 
-def _interior_padding(labels):
+def interior_padding(labels):
     """`(B,)`: whether each row of `labels` `(B, L)` has a 0 before a label."""
     real = np.asarray(labels) > 0
     return np.any(~real[:, :-1] & real[:, 1:], axis=1)

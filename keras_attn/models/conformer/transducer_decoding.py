@@ -45,7 +45,8 @@ def transducer_greedy_decode(encoder, lengths, predictor, joint, blank_id, durat
         blank_id: the blank's id in `[0, vocabulary_size)` (Parakeet: the
             last id).
         durations: None for RNN-T; for TDT the frames each duration logit
-            moves, distinct non-negative ints (Parakeet: `[0, 1, 2, 3, 4]`).
+            moves, distinct non-negative ints, one at least 1 (Parakeet:
+            `[0, 1, 2, 3, 4]`).
         max_symbols_per_step: labels emitted at one frame before the
             pointer is moved on regardless.
         return_frames: also return the frame at which each label was
@@ -71,7 +72,7 @@ def transducer_greedy_decode(encoder, lengths, predictor, joint, blank_id, durat
     max_symbols_per_step = check_positive_int("max_symbols_per_step", max_symbols_per_step)
     steps = None
     if durations is not None:
-        steps = _check_durations(durations)
+        steps = check_durations(durations)
     expected = vocabulary + (0 if steps is None else len(steps))
     if joint.outputs != expected:
         raise ValueError(
@@ -136,10 +137,11 @@ def _check_id(name, value, vocabulary):
     return int(value)
 
 
-def _check_durations(durations):
+def check_durations(durations):
     values = list(durations)
     if not values or any(isinstance(d, bool) or not isinstance(d, (int, np.integer)) or d < 0
-                         for d in values) or len(set(values)) != len(values):
+                         for d in values) or len(set(values)) != len(values) or max(values) < 1:
         raise ValueError("Invalid value for argument `durations`: distinct non-negative frame "
-                         f"counts, e.g. [0, 1, 2, 3, 4]. Received: {durations!r}")
+                         "counts, one at least 1 (a blank must move), e.g. [0, 1, 2, 3, 4]. "
+                         f"Received: {durations!r}")
     return np.asarray(values, "int64")
