@@ -12,6 +12,14 @@ the lengths `attention_mask.sum(-1)`) as `{"features", "feature_length"}`.
 `save_hf_parakeet` writes such a model back (config.json, model.safetensors,
 preprocessor_config.json).
 
+The transducers, `ParakeetForRNNT` and `ParakeetForTDT`, load into a
+`ConformerTransducer` over the same encoder: `encoder_projector`, the
+prediction network (`decoder.*`: embedding, torch's LSTM, whose two biases
+are summed into Keras's one, projection) and the joint (`joint.head`, the
+TDT's duration logits after the vocabulary's). Their ids move as the CTC
+head's: the blank (`blank_token_id`, the last id) is keras_attn's 0, token
+`i` its label `i + 1`. They are read only (`save_hf_parakeet` writes CTC).
+
 CTC vocabulary: Parakeet's blank is its last index (`pad_token_id =
 vocab_size - 1`), keras_attn's is index 0. The loader moves the head's blank
 row first, so keras_attn's logits are transformers' with the last column
@@ -23,6 +31,7 @@ weight is assigned, and every tensor is used or refused by name
 (`num_batches_tracked`, a counter of BatchNorm, holds no weight).
 """
 
+import dataclasses
 import os
 
 import numpy as np
@@ -36,6 +45,7 @@ from keras_attn.convert._checkpoint import config_int
 from keras_attn.convert._checkpoint import layer_weights
 from keras_attn.convert._checkpoint import read_config
 from keras_attn.convert._checkpoint import read_safetensors
+from keras_attn.convert._checkpoint import transposed
 from keras_attn.convert._registry import Converter
 from keras_attn.convert._registry import entry_helpers
 from keras_attn.convert._registry import load_weights
@@ -43,11 +53,16 @@ from keras_attn.convert._registry import register
 from keras_attn.convert._registry import write_weights
 from keras_attn.models.conformer import ConformerCTC
 from keras_attn.models.conformer import ConformerConfig
+from keras_attn.models.conformer import ConformerTransducer
 from keras_attn.models.conformer import build_conformer
 
 _FILE = "config.json"
 _PREPROCESSOR = "preprocessor_config.json"
 _ARCHITECTURES = ("ParakeetForCTC",)
+# The transducers, read into a ConformerTransducer (not written back yet).
+_TRANSDUCERS = {"ParakeetForRNNT": "parakeet_rnnt", "ParakeetForTDT": "parakeet_tdt"}
+# The joint activations transformers' ACT2FN and Keras compute alike.
+_JOINT_ACTIVATIONS = ("relu", "tanh", "sigmoid", "silu")
 _INPUT_TYPES = (None, "waveform", "features")
 # ParakeetFeatureExtractor's defaults (transformers 5.x), for a directory
 # without preprocessor_config.json: what a features model records as the
@@ -137,12 +152,15 @@ def parakeet_config_from_hf(hf_config, preprocessor=None, input_type="features")
             f"num_attention_heads = {hidden // heads}. Received: "
             f"head_dim={encoder['head_dim']!r}")
     vocab = config_int(hf_config, "vocab_size", _FILE)
-    blank = hf_config.get("pad_token_id", vocab - 1)
+    # The CTC blank is pad_token_id; a transducer's is blank_token_id (its
+    # pad_token_id pads label arrays only).
+    key = "blank_token_id" if _transducer_kind(hf_config) else "pad_token_id"
+    blank = hf_config.get(key, vocab - 1)
     if blank != vocab - 1:
         raise ValueError(
-            f"{_FILE}: the CTC blank must be Parakeet's last index (vocab_size - 1 = "
+            f"{_FILE}: the blank must be Parakeet's last index (vocab_size - 1 = "
             f"{vocab - 1}), which keras_attn moves to its index 0. Received: "
-            f"pad_token_id={blank!r}")
+            f"{key}={blank!r}")
     if vocab < 2:
         raise ValueError(f"{_FILE}: 'vocab_size' must count the blank and a token at "
                          f"least. Received: vocab_size={vocab}")
@@ -240,6 +258,9 @@ def _layout(model):
         entries.append(Entry(hf + "conv.pointwise_conv2.bias", (D,), bias))
         norm(block.output_layer_norm, hf + "norm_out")
 
+    if isinstance(model, ConformerTransducer):
+        _transducer_entries(model, entries, dense)
+        return entries
     # The CTC head, a kernel-1 Conv1d (V + 1, D, 1); Parakeet's blank (its
     # last row) becomes keras_attn's index 0.
     V = config.vocabulary_size + 1
@@ -250,6 +271,89 @@ def _layout(model):
     entries.append(Entry("ctc_head.bias", (V,), bias, lambda a: np.roll(a, 1),
                          lambda a: np.roll(a, -1)))
     return entries
+
+
+def _transducer_kind(hf_config):
+    """"parakeet_rnnt" / "parakeet_tdt" for a transducer's config.json
+    (by `architectures`, else `model_type`), None for CTC."""
+    names = hf_config.get("architectures") or []
+    for name in names:
+        if name in _TRANSDUCERS:
+            return _TRANSDUCERS[name]
+    if not names and hf_config.get("model_type") in _TRANSDUCERS.values():
+        return hf_config["model_type"]
+    return None
+
+
+def _transducer_arguments(hf_config):
+    """`ConformerTransducer`'s own arguments from a `ParakeetForRNNT` /
+    `ParakeetForTDT` config.json."""
+    activation = hf_config.get("hidden_act", "relu")
+    if activation not in _JOINT_ACTIVATIONS:
+        raise ValueError(
+            f"{_FILE}: keras_attn's joint computes hidden_act in {list(_JOINT_ACTIVATIONS)}. "
+            f"Received: hidden_act={activation!r}")
+    durations = None
+    if _transducer_kind(hf_config) == "parakeet_tdt":
+        durations = hf_config.get("durations", [0, 1, 2, 3, 4])
+        if not isinstance(durations, list) or not all(
+                isinstance(d, int) and not isinstance(d, bool) for d in durations):
+            raise ValueError(f"{_FILE}: 'durations' must be a list of ints. "
+                             f"Received: durations={durations!r}")
+    return dict(
+        predictor_dim=config_int(hf_config, "decoder_hidden_size", _FILE, 640),
+        predictor_layers=config_int(hf_config, "num_decoder_layers", _FILE, 2),
+        durations=durations, joint_activation=activation,
+        max_symbols_per_step=config_int(hf_config, "max_symbols_per_step", _FILE, 10))
+
+
+def _roll_rows(a, shift):
+    """Parakeet's blank (its last row) to keras_attn's row 0 (shift 1) and back (-1)."""
+    return np.roll(a, shift, axis=0)
+
+
+def _transducer_entries(model, entries, dense):
+    """A transducer's weights past the encoder: the encoder's projection, the
+    prediction network (embedding, LSTM layers, projection) and the joint.
+    Rows of ids move as the CTC head's: Parakeet's blank, its last id, is
+    keras_attn's 0. torch's LSTM holds two biases that only ever add: the
+    loader sums them into Keras's one (`_sum_lstm_biases`)."""
+    config = model.conformer_config
+    D, P, V = config.hidden_dim, model.predictor_dim, config.vocabulary_size + 1
+    dense(model.get_layer("encoder_projector"), "encoder_projector", P, D)
+    predictor = model.predictor
+    entries.append(Entry("decoder.embedding.weight", (V, P), predictor.embedding.embeddings,
+                         lambda a: _roll_rows(a, 1), lambda a: _roll_rows(a, -1)))
+    for i, lstm in enumerate(predictor.lstm_layers):
+        cell = lstm.cell
+        name = f"decoder.lstm.{{}}_l{i}"
+        entries.append(Entry(name.format("weight_ih"), (4 * P, P), cell.kernel,
+                             transposed, transposed))
+        entries.append(Entry(name.format("weight_hh"), (4 * P, P), cell.recurrent_kernel,
+                             transposed, transposed))
+        entries.append(Entry(name.format("bias_ih"), (4 * P,), cell.bias))
+    dense(predictor.projection, "decoder.decoder_projector", P, P)
+    O = model.joint.outputs
+    kernel, bias = layer_weights(model.joint.head, 2)
+
+    def ids_first(a):  # (O, ...) with the blank row moved to 0, durations kept
+        return np.concatenate([_roll_rows(a[:V], 1), a[V:]], axis=0)
+
+    def ids_back(a):
+        return np.concatenate([_roll_rows(a[:V], -1), a[V:]], axis=0)
+
+    entries.append(Entry("joint.head.weight", (O, P), kernel, lambda a: ids_first(a).T,
+                         lambda a: ids_back(a.T)))
+    entries.append(Entry("joint.head.bias", (O,), bias, ids_first, ids_back))
+
+
+def _sum_lstm_biases(ckpt, layers, width):
+    """torch's `bias_ih + bias_hh` of each LSTM layer, put in `bias_ih`'s
+    place (both read with their shapes checked and finite)."""
+    for i in range(layers):
+        ih, hh = f"decoder.lstm.bias_ih_l{i}", f"decoder.lstm.bias_hh_l{i}"
+        summed = ckpt.get(ih, (4 * width,)) + ckpt.get(hh, (4 * width,))
+        ckpt.tensors[ih] = summed
 
 
 def load_hf_parakeet(path, input_type=None):
@@ -268,7 +372,11 @@ def load_hf_parakeet(path, input_type=None):
             else `"features"`.
 
     Returns:
-        A `ConformerCTC`. Given `{"features": input_features,
+        A `ConformerCTC`, or for a `ParakeetForRNNT` / `ParakeetForTDT`
+        directory a `ConformerTransducer` whose `frames` are transformers'
+        `get_audio_features(...).pooler_output` and whose `decode` gives
+        `generate`'s tokens plus one (blanks left out). Given
+        `{"features": input_features,
         "feature_length": attention_mask.sum(-1)}` (a features model) or the
         waveforms `ParakeetFeatureExtractor` was given (a waveform model),
         its logits over each utterance's `logit_lengths` frames equal
@@ -288,10 +396,11 @@ def load_hf_parakeet(path, input_type=None):
                          f"Received: input_type={input_type!r}")
     hf_config = read_config(path)
     names = hf_config.get("architectures") or []
-    if names and not any(name in _ARCHITECTURES for name in names):
+    readable = _ARCHITECTURES + tuple(_TRANSDUCERS)
+    if names and not any(name in readable for name in names):
         raise ValueError(
             f"{os.path.join(path, _FILE)} names architectures {names}; this loader "
-            f"reads {list(_ARCHITECTURES)}. Received: architectures={names!r}")
+            f"reads {list(readable)}. Received: architectures={names!r}")
     preprocessor = None
     if os.path.exists(os.path.join(path, _PREPROCESSOR)):
         preprocessor = read_config(path, _PREPROCESSOR)
@@ -307,8 +416,14 @@ def load_hf_parakeet(path, input_type=None):
     # model has no such option; the value is kept for save_hf_parakeet.
     layerdrop = config_float(hf_config["encoder_config"], "layerdrop", _FILE, 0.0)
     ckpt = Tensors(read_safetensors(path), path)
-    _check_sizes(config, ckpt.tensors, path)
-    model = build_conformer(config)
+    if _transducer_kind(hf_config):
+        arguments = _transducer_arguments(hf_config)
+        _check_transducer_sizes(config, arguments, ckpt.tensors, path)
+        model = ConformerTransducer(**dataclasses.asdict(config), **arguments)
+        _sum_lstm_biases(ckpt, arguments["predictor_layers"], arguments["predictor_dim"])
+    else:
+        _check_sizes(config, ckpt.tensors, path)
+        model = build_conformer(config)
     # BatchNorm's step counter is no weight; the sinusoids are recomputed.
     load_weights(model, _layout(model), ckpt, ignored=tuple(
         f"encoder.layers.{i}.conv.norm.num_batches_tracked" for i in range(config.num_layers)),
@@ -338,6 +453,26 @@ def _check_sizes(config, tensors, path):
         ("encoder.subsampling.layers.0.weight", (C, 1, 3, 3),
          {0: ("encoder_config.subsampling_conv_channels", C)}),
     ], [("encoder_config.num_hidden_layers", config.num_layers, "encoder.layers.")])
+
+
+def _check_transducer_sizes(config, arguments, tensors, path):
+    """`_check_sizes` for a transducer: the encoder's, the vocabulary's and
+    the prediction network's sizes against the tensors, before building."""
+    V, D, F = config.vocabulary_size + 1, config.hidden_dim, config.intermediate_dim
+    P, K = arguments["predictor_dim"], config.kernel_size
+    hidden = ("encoder_config.hidden_size", D)
+    block = "encoder.layers.0."
+    outputs = V + len(arguments["durations"] or ())
+    check_sizes(tensors, path, [
+        ("decoder.embedding.weight", (V, P), {0: ("vocab_size", V),
+                                              1: ("decoder_hidden_size", P)}),
+        ("joint.head.weight", (outputs, P), {0: ("vocab_size + len(durations)", outputs)}),
+        (block + "feed_forward1.linear1.weight", (F, D),
+         {0: ("encoder_config.intermediate_size", F), 1: hidden}),
+        (block + "conv.depthwise_conv.weight", (D, 1, K),
+         {0: hidden, 2: ("encoder_config.conv_kernel_size", K)}),
+    ], [("encoder_config.num_hidden_layers", config.num_layers, "encoder.layers."),
+        ("num_decoder_layers", arguments["predictor_layers"], "decoder.lstm.weight_ih_l")])
 
 
 # ConformerConfig fields a ParakeetForCTC computes with one value only.
@@ -451,7 +586,8 @@ def save_hf_parakeet(model, directory, overwrite=False):
 
 
 CONVERTER = register(Converter(
-    "parakeet", _ARCHITECTURES, ("parakeet_ctc",), load=load_hf_parakeet,
+    "parakeet", _ARCHITECTURES + tuple(_TRANSDUCERS), ("parakeet_ctc",) + tuple(
+        _TRANSDUCERS.values()), load=load_hf_parakeet,
     save=save_hf_parakeet, writes=lambda model: isinstance(model, ConformerCTC),
     models=("ConformerCTC (FastConformer)",)))
 

@@ -16,6 +16,7 @@ transformers = pytest.importorskip("transformers")
 from keras_attn.convert import load_hf  # noqa: E402
 from keras_attn.convert.parakeet import load_hf_parakeet  # noqa: E402
 from keras_attn.layers.fast_conv_subsampling import fast_subsampled_length  # noqa: E402
+from _parakeet import perturb  # noqa: E402
 from test_case import to_numpy  # noqa: E402
 
 SMALL = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
@@ -31,18 +32,7 @@ def parakeet(tmp_path_factory):
         vocab_size=VOCAB, pad_token_id=VOCAB - 1, encoder_config=SMALL)
     torch.manual_seed(59)
     model = transformers.ParakeetForCTC(config).eval()
-    generator = torch.Generator().manual_seed(5)
-    with torch.no_grad():
-        for name, tensor in model.state_dict().items():
-            if name.endswith("num_batches_tracked"):
-                continue
-            noise = torch.randn(tensor.shape, generator=generator)
-            if name.endswith("running_var"):
-                tensor.copy_(0.01 + noise.abs())  # positive, some near 0: the epsilon counts
-            elif "norm" in name and name.endswith("weight"):
-                tensor.copy_(1.0 + 0.2 * noise)
-            else:  # kernels, biases, bias_u/v, running means, norm biases
-                tensor.add_(0.1 * noise)
+    perturb(model, 5)
     directory = tmp_path_factory.mktemp("parakeet")
     model.save_pretrained(directory)
     return str(directory), model

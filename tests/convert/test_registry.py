@@ -28,11 +28,12 @@ ARCHITECTURES = {
     "ModernBertModel": "modernbert", "ModernBertForMaskedLM": "modernbert",
     "ModernBertForSequenceClassification": "modernbert",
     "Dinov2WithRegistersModel": "dinov2", "Dinov2WithRegistersForImageClassification": "dinov2",
-    "ParakeetForCTC": "parakeet",
+    "ParakeetForCTC": "parakeet", "ParakeetForRNNT": "parakeet", "ParakeetForTDT": "parakeet",
 }
 MODEL_TYPES = {"bert": "bert", "roberta": "bert", "xlm-roberta": "bert", "vit": "vit",
                "marian": "marian", "modernbert": "modernbert",
-               "dinov2_with_registers": "dinov2", "parakeet_ctc": "parakeet"}
+               "dinov2_with_registers": "dinov2", "parakeet_ctc": "parakeet",
+               "parakeet_rnnt": "parakeet", "parakeet_tdt": "parakeet"}
 
 
 @pytest.fixture

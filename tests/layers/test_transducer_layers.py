@@ -10,7 +10,7 @@ import pytest
 
 from keras_attn.layers.transducer import TransducerJoint
 from keras_attn.layers.transducer import TransducerPredictor
-from _transducer import transducer_from_torch
+from _parakeet import transducer_from_torch
 from test_case import run_layer_test
 from test_case import to_numpy
 

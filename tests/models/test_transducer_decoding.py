@@ -7,7 +7,8 @@ as in its batch; the symbols-per-frame guard; bad arguments refused."""
 import numpy as np
 import pytest
 
-from _transducer import transducer_from_torch
+from _parakeet import hf_transducer
+from _parakeet import transducer_from_torch
 from keras_attn.layers.transducer import TransducerJoint
 from keras_attn.layers.transducer import TransducerPredictor
 from keras_attn.models.conformer.transducer_decoding import transducer_greedy_decode
@@ -23,19 +24,11 @@ def _reference(kind, seed):
     walk over given frames is what is held; the encoder is held in the
     CTC converter's tests."""
     import torch
-    import transformers
     from transformers.models.parakeet.modeling_parakeet import ParakeetEncoderModelOutput
 
     encoder = dict(hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
                    intermediate_size=16, num_mel_bins=16, subsampling_conv_channels=8)
-    common = dict(vocab_size=VOCABULARY, decoder_hidden_size=HIDDEN, num_decoder_layers=2,
-                  blank_token_id=BLANK, pad_token_id=0, encoder_config=encoder,
-                  max_symbols_per_step=MAX_SYMBOLS)
-    if kind == "tdt":
-        model = transformers.ParakeetForTDT(transformers.ParakeetTDTConfig(
-            durations=[0, 1, 2, 3], **common))
-    else:
-        model = transformers.ParakeetForRNNT(transformers.ParakeetRNNTConfig(**common))
+    model = hf_transducer(kind, VOCABULARY, HIDDEN, encoder, MAX_SYMBOLS)
     torch.manual_seed(seed)
     with torch.no_grad():
         for tensor in model.parameters():

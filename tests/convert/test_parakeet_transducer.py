@@ -1,0 +1,135 @@
+"""NVIDIA's Parakeet RNN-T and TDT from a Hugging Face directory into a
+`ConformerTransducer`, held against transformers' own `ParakeetForRNNT`
+and `ParakeetForTDT` (random weights of an untested size, two padded rows
+of two lengths): the projected encoder frames, and the transcripts of
+`decode` against `generate`'s labels (keras_attn's label i is Parakeet's
+token i - 1, its blank the last id)."""
+
+import json
+import os
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+from keras_attn.convert import load_hf  # noqa: E402
+from keras_attn.convert.parakeet import load_hf_parakeet  # noqa: E402
+from keras_attn.models.conformer import ConformerTransducer  # noqa: E402
+from _parakeet import hf_transducer  # noqa: E402
+from _parakeet import perturb  # noqa: E402
+from test_case import to_numpy  # noqa: E402
+
+SMALL = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
+             subsampling_conv_channels=8, num_mel_bins=16, conv_kernel_size=9)
+VOCAB, HIDDEN, MAX_SYMBOLS = 10, 12, 3  # 9 tokens and the blank (last)
+LENGTHS = [61, 35]  # feature frames -> 8 and 5 encoder frames
+
+
+def _checkpoint(kind, directory):
+    torch.manual_seed(71)  # the initial weights, which the encoder keeps near
+    model = hf_transducer(kind, VOCAB, HIDDEN, SMALL, MAX_SYMBOLS)
+    perturb(model, 7, redraw=("decoder.", "joint.", "encoder_projector."))
+    with torch.no_grad():
+        if kind == "tdt":
+            # transformers' TDT generate reads the label from the argmax over
+            # the label and duration logits together (an id past the
+            # vocabulary when a duration wins); lowering every duration
+            # logit alike keeps their order.
+            model.joint.head.bias[VOCAB:] -= 50.0
+            # Its walk has no guard: a label of duration 0 that repeats would
+            # run to the length bound; make duration 0 rarer.
+            model.joint.head.bias[VOCAB] -= 2.0
+    model.eval().generation_config.decoder_start_token_id = VOCAB - 1
+    model.save_pretrained(directory)
+    return model
+
+
+@pytest.fixture(scope="module", params=["rnnt", "tdt"])
+def parakeet(request, tmp_path_factory):
+    directory = tmp_path_factory.mktemp(f"parakeet_{request.param}")
+    return request.param, str(directory), _checkpoint(request.param, directory)
+
+
+def _features():
+    rng = np.random.default_rng(0)
+    features = rng.standard_normal((2, max(LENGTHS), 16)).astype("float32")
+    mask = (np.arange(max(LENGTHS))[None, :] < np.array(LENGTHS)[:, None]).astype("int64")
+    return (features * mask[:, :, None]).astype("float32"), mask
+
+
+def _generated(model, features, mask):
+    """Each row's labels from `generate`, up to where its walk ended."""
+    with torch.no_grad():
+        audio = model.get_audio_features(input_features=torch.tensor(features),
+                                         attention_mask=torch.tensor(mask),
+                                         output_attention_mask=True)
+        out = model.generate(input_features=torch.tensor(features),
+                             attention_mask=torch.tensor(mask),
+                             max_new_tokens=(MAX_SYMBOLS + 1) * 10)
+    lengths = audio.attention_mask.sum(-1).numpy()
+    labels = []
+    for row in range(len(lengths)):
+        row_labels, frame = [], 0
+        for token, move in zip(out.sequences[row, 1:].tolist(), out.durations[row, 1:].tolist()):
+            if frame >= lengths[row]:
+                break
+            if token != VOCAB - 1:
+                row_labels.append(token)
+            frame += move
+        assert frame >= lengths[row], "generate stopped at its length bound"
+        labels.append(row_labels)
+    return audio.pooler_output.numpy(), lengths, labels
+
+
+def test_a_parakeet_transducer_equals_transformers(parakeet):
+    kind, directory, reference = parakeet
+    model = load_hf_parakeet(directory)
+    assert isinstance(model, ConformerTransducer)
+    assert model.durations == ([0, 1, 2, 3] if kind == "tdt" else None)
+    assert model.max_symbols_per_step == MAX_SYMBOLS and model.predictor_layers == 2
+    features, mask = _features()
+    frames, lengths, labels = _generated(reference, features, mask)
+    inputs = {"features": features, "feature_length": mask.sum(-1)}
+    outputs = model(inputs)
+    np.testing.assert_array_equal(to_numpy(outputs["frame_lengths"]), lengths)
+    ours = to_numpy(outputs["frames"])
+    for row, length in enumerate(lengths):
+        np.testing.assert_allclose(ours[row, :length], frames[row, :length], atol=2e-4)
+    # The prediction network and the joint on given labels (the walks of
+    # random weights repeat few labels): Parakeet's token i is our i + 1,
+    # its blank (the last id) our 0.
+    theirs = np.array([[VOCAB - 1, 3, 1, 4, 8], [VOCAB - 1, 0, 8, 2, 2]])
+    with torch.no_grad():
+        prediction = reference.decoder(torch.tensor(theirs))
+        joint = reference.joint(decoder_hidden_states=prediction[:, None],
+                                encoder_hidden_states=torch.tensor(frames)[:, :, None]).numpy()
+    ours_prediction = model.predictor(np.where(theirs == VOCAB - 1, 0, theirs + 1))
+    np.testing.assert_allclose(to_numpy(ours_prediction), prediction.numpy(), atol=1e-5)
+    ours_joint = to_numpy(model.joint(frames, ours_prediction))
+    joint[..., :VOCAB] = np.roll(joint[..., :VOCAB], 1, axis=-1)
+    np.testing.assert_allclose(ours_joint, joint, atol=1e-4)
+    decoded = model.decode(inputs)
+    for row in range(2):
+        ids = decoded[row][decoded[row] > 0]
+        assert (ids - 1).tolist() == labels[row], (row, labels)
+    assert sum(map(len, labels)) >= 3  # the walks emit labels
+
+
+def test_load_hf_reads_a_transducer_and_refuses_what_it_cannot_compute(parakeet, tmp_path):
+    kind, directory, _ = parakeet
+    assert isinstance(load_hf(directory), ConformerTransducer)
+    with open(os.path.join(directory, "config.json")) as f:
+        config = json.load(f)
+    for key, value, match in [
+            ("blank_token_id", 0, r"blank_token_id=0"),
+            ("hidden_act", "gelu_new", r"hidden_act='gelu_new'"),
+            ("num_decoder_layers", 3, r"num_decoder_layers"),
+            ("decoder_hidden_size", 16, r"decoder_hidden_size")]:
+        bad = tmp_path / f"{key}"
+        bad.mkdir()
+        os.symlink(os.path.join(directory, "model.safetensors"), bad / "model.safetensors")
+        (bad / "config.json").write_text(json.dumps(dict(config, **{key: value})))
+        with pytest.raises(ValueError, match=match):
+            load_hf_parakeet(str(bad))
