@@ -31,17 +31,16 @@ def _checkpoint(kind, directory):
     torch.manual_seed(71)  # the initial weights, which the encoder keeps near
     model = hf_transducer(kind, VOCAB, HIDDEN, SMALL, MAX_SYMBOLS)
     perturb(model, 7, redraw=("decoder.", "joint.", "encoder_projector."))
-    with torch.no_grad():
-        if kind == "tdt":
-            # transformers' TDT generate reads the label from the argmax over
-            # the label and duration logits together (an id past the
-            # vocabulary when a duration wins); lowering every duration
-            # logit alike keeps their order.
-            model.joint.head.bias[VOCAB:] -= 50.0
-            # Its walk has no guard: a label of duration 0 that repeats would
-            # run to the length bound; make duration 0 rarer.
-            model.joint.head.bias[VOCAB] -= 2.0
     model.eval().generation_config.decoder_start_token_id = VOCAB - 1
+    if kind == "tdt":
+        # transformers' TDT walk has no symbols guard: a label of duration 0
+        # that repeats would run to the length bound; make duration 0 rarer.
+        with torch.no_grad():
+            model.joint.head.bias[VOCAB] -= 2.0
+        # generate reads the label from the argmax over all the joint's
+        # logits: a TDT checkpoint's generation_config.json suppresses the
+        # duration logits' ids, as here.
+        model.generation_config.suppress_tokens = list(range(VOCAB, VOCAB + 4))
     model.save_pretrained(directory)
     return model
 

@@ -39,14 +39,13 @@ def _reference(kind, seed):
         model.decoder.decoder_projector.bias *= 3.0
         model.joint.head.bias[BLANK] += 0.5
         if kind == "tdt":
-            # transformers' TDT generate takes the argmax over the token AND
-            # duration logits as the label (an id past the vocabulary when a
-            # duration wins: an IndexError in its embedding); lowering every
-            # duration logit alike keeps their order and leaves the labels to
-            # the token logits, as NeMo reads them.
-            model.joint.head.bias[VOCABULARY:] -= 50.0
-            model.joint.head.bias[VOCABULARY] -= 0.5
+            model.joint.head.bias[VOCABULARY] -= 0.5  # duration 0 rarer (see the seeds)
     model.eval().generation_config.decoder_start_token_id = BLANK
+    if kind == "tdt":
+        # generate reads the label from the argmax over all the joint's
+        # logits: a TDT checkpoint's generation_config.json suppresses the
+        # duration logits' ids, as here.
+        model.generation_config.suppress_tokens = list(range(VOCABULARY, VOCABULARY + 4))
     frames = torch.randn(3, 12, HIDDEN, generator=torch.Generator().manual_seed(seed))
     mask = torch.ones(3, 12, dtype=torch.long)
     mask[1, 8:] = 0
