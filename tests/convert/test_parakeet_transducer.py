@@ -132,3 +132,40 @@ def test_load_hf_reads_a_transducer_and_refuses_what_it_cannot_compute(parakeet,
         (bad / "config.json").write_text(json.dumps(dict(config, **{key: value})))
         with pytest.raises(ValueError, match=match):
             load_hf_parakeet(str(bad))
+
+
+def test_the_loss_of_a_padded_batch_equals_transformers(parakeet):
+    """The model's loss (the mean over utterances) against the loss of
+    transformers' own joint logits for the same labels: its TDT loss
+    function for TDT, `rnnt_loss` for RNN-T (transformers' calls torchaudio,
+    which has no build for the pinned torch; `rnnt_loss` is held against
+    every path of small lattices in tests/training)."""
+    from keras_attn.training import rnnt_loss
+
+    kind, directory, reference = parakeet
+    model = load_hf_parakeet(directory)
+    features, mask = _features()
+    theirs = np.array([[3, 1, 4, 8], [5, 2, 0, 0]])  # Parakeet's ids; the second row 2 long
+    label_lengths = np.array([4, 2])
+    ours = np.where(np.arange(4)[None, :] < label_lengths[:, None], theirs + 1, 0)
+    start = np.full((2, 1), VOCAB - 1)
+    with torch.no_grad():
+        out = reference(input_features=torch.tensor(features), attention_mask=torch.tensor(mask),
+                        decoder_input_ids=torch.tensor(np.concatenate([start, theirs], axis=1)))
+        frames = reference.get_audio_features(
+            input_features=torch.tensor(features), attention_mask=torch.tensor(mask),
+            output_attention_mask=True).attention_mask.sum(-1)
+        if kind == "tdt":
+            from transformers.loss.loss_tdt import tdt_loss
+
+            expected = float(tdt_loss(
+                out.logits[..., :VOCAB], out.logits[..., VOCAB:], torch.tensor(theirs), frames,
+                torch.tensor(label_lengths), blank_token_id=VOCAB - 1, durations=[0, 1, 2, 3],
+                reduction="mean_batch"))
+        else:
+            expected = float(np.mean(to_numpy(rnnt_loss(
+                theirs, out.logits.numpy(), label_lengths, frames.numpy(),
+                blank_index=VOCAB - 1))))
+    inputs = {"features": features, "feature_length": mask.sum(-1)}
+    loss = model.compute_loss(x=inputs, y=ours, y_pred=model(inputs), training=False)
+    np.testing.assert_allclose(float(to_numpy(loss)), expected, rtol=1e-4)
