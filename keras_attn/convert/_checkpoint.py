@@ -425,11 +425,11 @@ def layer_weights(layer, count):
     return weights
 
 
-# What `save_hf_bert` and `save_hf_vit` write (`write_directory`): a
-# directory holding these files only, config.json and the weights among
-# them, is one they may replace.
+# What the `save_hf_*` writers write (`write_directory`): a directory
+# holding these files only, config.json and the weights among them, is one
+# they may replace (generation_config.json: a Parakeet transducer's).
 HF_FILES = ("config.json", "model.safetensors", "vocab.txt", "tokenizer_config.json",
-            "preprocessor_config.json")
+            "preprocessor_config.json", "generation_config.json")
 
 
 def _hf_reason(directory):

@@ -18,7 +18,9 @@ prediction network (`decoder.*`: embedding, torch's LSTM, whose two biases
 are summed into Keras's one, projection) and the joint (`joint.head`, the
 TDT's duration logits after the vocabulary's). Their ids move as the CTC
 head's: the blank (`blank_token_id`, the last id) is keras_attn's 0, token
-`i` its label `i + 1`. They are read only (`save_hf_parakeet` writes CTC).
+`i` its label `i + 1`. `save_hf_parakeet` writes them back the same way
+(with a generation_config.json whose decoder start is the blank and, for
+TDT, the duration logits' ids suppressed).
 
 CTC vocabulary: Parakeet's blank is its last index (`pad_token_id =
 vocab_size - 1`), keras_attn's is index 0. The loader moves the head's blank
@@ -490,7 +492,10 @@ _SAVABLE = {
 def save_hf_parakeet(model, directory, overwrite=False):
     """Writes a keras_attn FastConformer `ConformerCTC` as a Hugging Face
     `ParakeetForCTC` directory: `config.json`, `model.safetensors`
-    (float32) and the feature extractor's `preprocessor_config.json`.
+    (float32) and the feature extractor's `preprocessor_config.json`; a
+    `ConformerTransducer` as a `ParakeetForRNNT` (or, with `durations`,
+    `ParakeetForTDT`) directory, with a `generation_config.json` whose
+    `generate` gives `decode`'s transcripts (its tokens = ours - 1).
 
     `transformers.ParakeetForCTC.from_pretrained(directory)` loads it with
     no missing or unexpected tensor, and its logits on
@@ -500,7 +505,8 @@ def save_hf_parakeet(model, directory, overwrite=False):
     Parakeet's token `i - 1`). `load_hf_parakeet` reads it back.
 
     Args:
-        model: a `ConformerCTC` with `subsampling="fast"`,
+        model: a `ConformerCTC` or `ConformerTransducer` (its joint's
+            activation relu, tanh, sigmoid or silu) with `subsampling="fast"`,
             `front_end="parakeet"`, `conv_norm="batch_norm"`, offline
             (no `chunk_size`, no `causal_conv`), PyTorch's norm epsilons
             (1e-5) and an odd `kernel_size` (as `parakeet_ctc_*` presets and
@@ -521,8 +527,9 @@ def save_hf_parakeet(model, directory, overwrite=False):
     """
     config = getattr(model, "conformer_config", None)
     if config is None:
-        raise ValueError("`model` must be a keras_attn ConformerCTC (build_conformer). "
-                         f"Received: model={type(model).__name__}")
+        raise ValueError("`model` must be a keras_attn ConformerCTC (build_conformer) or "
+                         "ConformerTransducer. Received: "
+                         f"model={type(model).__name__}")
     for name, value in _SAVABLE.items():
         if getattr(config, name) != value:
             raise ValueError(
@@ -566,6 +573,10 @@ def save_hf_parakeet(model, directory, overwrite=False):
         "encoder_config": encoder,
         "dtype": "float32",
     }
+    files = {}
+    extra = {}
+    if isinstance(model, ConformerTransducer):
+        hf_config, files, extra = _transducer_files(model, encoder)
     preprocessor = {
         "feature_extractor_type": "ParakeetFeatureExtractor",
         "feature_size": config.num_mel_bins,
@@ -581,14 +592,56 @@ def save_hf_parakeet(model, directory, overwrite=False):
     # BatchNorm's step counter, a 0-d int64 in torch.
     steps = {f"encoder.layers.{i}.conv.norm.num_batches_tracked": np.zeros((), "int64")
              for i in range(config.num_layers)}
-    files = {_FILE: json_text(hf_config), _PREPROCESSOR: json_text(preprocessor)}
-    return write_weights(directory, entries, files, overwrite=overwrite, extra=steps)
+    files = {**files, _FILE: json_text(hf_config), _PREPROCESSOR: json_text(preprocessor)}
+    return write_weights(directory, entries, files, overwrite=overwrite,
+                         extra={**steps, **extra})
+
+
+def _transducer_files(model, encoder):
+    """config.json's dict, generation_config.json and the tensors beyond the
+    weights of a `ConformerTransducer` written as a `ParakeetForRNNT` /
+    `ParakeetForTDT`."""
+    if model.joint_activation not in _JOINT_ACTIVATIONS:
+        raise ValueError(
+            f"transformers' Parakeet joint computes hidden_act in {list(_JOINT_ACTIVATIONS)}. "
+            f"Received: joint_activation={model.joint_activation!r}")
+    vocab = model.vocabulary_size + 1
+    tdt = model.durations is not None
+    architecture = "ParakeetForTDT" if tdt else "ParakeetForRNNT"
+    hf_config = {
+        "architectures": [architecture],
+        "model_type": _TRANSDUCERS[architecture],
+        "vocab_size": vocab,
+        "blank_token_id": vocab - 1,
+        # Pads label arrays only (never read by the model): Parakeet's 2, or
+        # 0 for a vocabulary too small to hold it beside the blank.
+        "pad_token_id": 2 if vocab > 3 else 0,
+        "decoder_hidden_size": model.predictor_dim,
+        "num_decoder_layers": model.predictor_layers,
+        "hidden_act": model.joint_activation,
+        "max_symbols_per_step": model.max_symbols_per_step,
+        "encoder_config": encoder,
+        "dtype": "float32",
+    }
+    generation = {"decoder_start_token_id": vocab - 1, "pad_token_id": hf_config["pad_token_id"]}
+    if tdt:
+        hf_config["durations"] = list(model.durations)
+        # generate reads its label from the argmax over all the joint's
+        # logits: the duration logits' ids are suppressed.
+        generation["suppress_tokens"] = list(range(vocab, vocab + len(model.durations)))
+    # torch's LSTM has two biases where Keras's has one: the sum goes into
+    # bias_ih, bias_hh is 0.
+    P = model.predictor_dim
+    extra = {f"decoder.lstm.bias_hh_l{i}": np.zeros((4 * P,), "float32")
+             for i in range(model.predictor_layers)}
+    return hf_config, {"generation_config.json": json_text(generation)}, extra
 
 
 CONVERTER = register(Converter(
     "parakeet", _ARCHITECTURES + tuple(_TRANSDUCERS), ("parakeet_ctc",) + tuple(
         _TRANSDUCERS.values()), load=load_hf_parakeet,
-    save=save_hf_parakeet, writes=lambda model: isinstance(model, ConformerCTC),
-    models=("ConformerCTC (FastConformer)",)))
+    save=save_hf_parakeet,
+    writes=lambda model: isinstance(model, (ConformerCTC, ConformerTransducer)),
+    models=("ConformerCTC (FastConformer)", "ConformerTransducer (FastConformer)")))
 
 __all__ = ["load_hf_parakeet", "parakeet_config_from_hf", "save_hf_parakeet"]

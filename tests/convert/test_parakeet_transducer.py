@@ -68,13 +68,14 @@ def _generated(model, features, mask):
                              attention_mask=torch.tensor(mask),
                              max_new_tokens=(MAX_SYMBOLS + 1) * 10)
     lengths = audio.attention_mask.sum(-1).numpy()
+    blank = model.config.blank_token_id
     labels = []
     for row in range(len(lengths)):
         row_labels, frame = [], 0
         for token, move in zip(out.sequences[row, 1:].tolist(), out.durations[row, 1:].tolist()):
             if frame >= lengths[row]:
                 break
-            if token != VOCAB - 1:
+            if token != blank:
                 row_labels.append(token)
             frame += move
         assert frame >= lengths[row], "generate stopped at its length bound"
@@ -169,3 +170,49 @@ def test_the_loss_of_a_padded_batch_equals_transformers(parakeet):
     inputs = {"features": features, "feature_length": mask.sum(-1)}
     loss = model.compute_loss(x=inputs, y=ours, y_pred=model(inputs), training=False)
     np.testing.assert_allclose(float(to_numpy(loss)), expected, rtol=1e-4)
+
+
+def _same_as_transformers(model, hf_model, features, mask):
+    """`model`'s frames and transcripts against a transformers transducer."""
+    frames, lengths, labels = _generated(hf_model, features, mask)
+    inputs = {"features": features, "feature_length": mask.sum(-1)}
+    ours = to_numpy(model(inputs)["frames"])
+    for row, length in enumerate(lengths):
+        np.testing.assert_allclose(ours[row, :length], frames[row, :length], atol=2e-4)
+    decoded = model.decode(inputs)
+    assert [(row[row > 0] - 1).tolist() for row in decoded] == labels
+
+
+@pytest.mark.parametrize("source", ["loaded", "built"])
+def test_save_hf_writes_what_transformers_loads_with_the_same_transcripts(
+        parakeet, source, tmp_path):
+    from keras_attn.convert import save_hf
+    from keras_attn.models.conformer import build_conformer_transducer
+
+    kind, directory, _ = parakeet
+    if source == "loaded":
+        model = load_hf_parakeet(directory)
+    else:  # a model of ours, one LSTM layer, other durations
+        model = build_conformer_transducer(
+            "parakeet_ctc_tiny", vocabulary_size=6, input_type="features", num_mel_bins=16,
+            freq_mask_width=8,
+            predictor_dim=8, predictor_layers=1, durations=[0, 1, 2] if kind == "tdt" else None,
+            max_symbols_per_step=MAX_SYMBOLS)
+        # Drawn away from the initial values (small joint logits, near ties
+        # that a 1e-5 difference between frameworks can flip).
+        rng = np.random.default_rng(3)
+        for weight in model.predictor.weights + model.joint.weights:
+            weight.assign(rng.normal(0, 0.5, weight.shape).astype("float32"))
+    path = save_hf(model, tmp_path / "saved")
+    cls = transformers.ParakeetForTDT if kind == "tdt" else transformers.ParakeetForRNNT
+    # generate reads the saved generation_config.json (the blank as start,
+    # TDT's duration ids suppressed).
+    again, info = cls.from_pretrained(path, output_loading_info=True)
+    assert not any(info.values()), info
+    features, mask = _features()
+    _same_as_transformers(model, again.eval(), features, mask)
+    reloaded = load_hf_parakeet(path, input_type="features")
+    np.testing.assert_array_equal(reloaded.decode({"features": features,
+                                                   "feature_length": mask.sum(-1)}),
+                                  model.decode({"features": features,
+                                                "feature_length": mask.sum(-1)}))
