@@ -73,3 +73,23 @@ def test_bad_labels_and_options_are_refused():
         build_conformer_transducer("conformer_tiny", vocabulary_size=5, durations=[0])
     with pytest.raises(ValueError, match="predictor_dim"):
         build_conformer_transducer("conformer_tiny", vocabulary_size=5, predictor_dim=0)
+
+
+def test_with_vocabulary_keeps_everything_but_the_vocabulary_layers():
+    model = _model([0, 1, 2])
+    keras.utils.set_random_seed(5)
+    mine = model.with_vocabulary(8, dropout=0.1)
+    assert (mine.vocabulary_size, mine.joint.outputs, mine.durations) == (8, 9 + 3, [0, 1, 2])
+    assert mine.conformer_config.dropout == 0.1 and mine.predictor_dim == 16
+    fresh = ("predictor/embedding/", "joint/head/")
+    old = {w.path: to_numpy(w) for w in model.weights}
+    for weight in mine.weights:
+        if not weight.path.startswith(fresh):
+            np.testing.assert_array_equal(to_numpy(weight), old[weight.path])
+    assert tuple(mine.get_layer("encoder_projector").kernel.shape) == (64, 16)  # hidden_dim 64
+    np.testing.assert_allclose(to_numpy(mine(_inputs())["frames"]),
+                               to_numpy(model(_inputs())["frames"]), atol=1e-6)
+    mine.compile(keras.optimizers.Adam(1e-3))  # trains on labels 1..8
+    mine.fit(_inputs(), np.minimum(LABELS + 3, 8) * (LABELS > 0), epochs=1, verbose=0)
+    with pytest.raises(ValueError, match=r"only dropout.*Received: hidden_dim=8"):
+        model.with_vocabulary(8, hidden_dim=8)

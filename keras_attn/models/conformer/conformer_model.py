@@ -442,38 +442,10 @@ class ConformerCTC(AudioInputChecks, GuardedModel, ConfigModel, keras.Model):
         >>> mine.output["logits"].shape
         (None, None, 29)
         """
-        check_vocabulary_size("vocabulary_size", vocabulary_size, allow_none=False)
-        if vocabulary_size > MAX_NEW_VOCABULARY:
-            # Checked before anything is built: 10**9 labels would allocate a
-            # (hidden_dim, 10**9 + 1) head, an out-of-memory error naming nothing.
-            raise ValueError(
-                f"`vocabulary_size` must be at most {MAX_NEW_VOCABULARY:,} (2**20, four times "
-                "the largest published text vocabularies, ~256k; a CTC vocabulary is a few "
-                f"thousand labels). Received: vocabulary_size={vocabulary_size}")
-        for name, value in overrides.items():
-            if name not in FINE_TUNING_FIELDS:
-                raise ValueError(
-                    f"`with_vocabulary` keeps the encoder as trained: only "
-                    f"{', '.join(FINE_TUNING_FIELDS)} may be set anew. Received: "
-                    f"{name}={value!r}")
-        config = replace_conformer_config(self.conformer_config,
-                                          vocabulary_size=vocabulary_size, **overrides)
-        model = ConformerCTC(**dataclasses.asdict(config),
-                             dtype=self.dtype_policy if dtype is None else dtype,
-                             name=self.name)
-        head = "ctc_logits/"
-        ours = {v.path: v for v in self.weights if not v.path.startswith(head)}
-        theirs = {v.path: v for v in model.weights if not v.path.startswith(head)}
-        if set(ours) != set(theirs):
-            extra, missing = sorted(set(ours) - set(theirs)), sorted(set(theirs) - set(ours))
-            raise ValueError(
-                "`with_vocabulary` needs a model holding the weights its config builds: "
-                f"this one has {extra[:3]} beyond them and lacks {missing[:3]} (LoRA "
-                "adapters? `merge_lora` first). Received: a model of "
-                f"{len(ours)} encoder weights for {len(theirs)}")
-        for path, variable in theirs.items():
-            variable.assign(ours[path].value)
-        return model
+        return with_new_vocabulary(
+            self, vocabulary_size, dtype, overrides, fresh=("ctc_logits/",),
+            make=lambda config, dtype: ConformerCTC(**dataclasses.asdict(config), dtype=dtype,
+                                                    name=self.name))
 
     def optional_input_names(self):
         # Refused for a waveform model by `call`, naming why.
@@ -806,6 +778,42 @@ class ConformerCTC(AudioInputChecks, GuardedModel, ConfigModel, keras.Model):
         broken = ops.any(ops.logical_and(
             ops.expand_dims(valid, -1), ops.logical_not(ops.isfinite(logits))), axis=(1, 2))
         return ops.where(ops.expand_dims(broken, 1), -2, decoded[0])
+
+
+def with_new_vocabulary(model, vocabulary_size, dtype, overrides, fresh, make):
+    """`with_vocabulary` of the Conformer models: `make(config, dtype)` a new
+    model of `model`'s config with `vocabulary_size` and `overrides`, every
+    weight copied by its path but those under the prefixes `fresh` (the
+    layers whose shape follows the vocabulary, drawn anew)."""
+    check_vocabulary_size("vocabulary_size", vocabulary_size, allow_none=False)
+    if vocabulary_size > MAX_NEW_VOCABULARY:
+        # Checked before anything is built: 10**9 labels would allocate a
+        # (hidden_dim, 10**9 + 1) head, an out-of-memory error naming nothing.
+        raise ValueError(
+            f"`vocabulary_size` must be at most {MAX_NEW_VOCABULARY:,} (2**20, four times "
+            "the largest published text vocabularies, ~256k; a speech vocabulary is a few "
+            f"thousand labels). Received: vocabulary_size={vocabulary_size}")
+    for name, value in overrides.items():
+        if name not in FINE_TUNING_FIELDS:
+            raise ValueError(
+                f"`with_vocabulary` keeps the encoder as trained: only "
+                f"{', '.join(FINE_TUNING_FIELDS)} may be set anew. Received: "
+                f"{name}={value!r}")
+    config = replace_conformer_config(model.conformer_config,
+                                      vocabulary_size=vocabulary_size, **overrides)
+    new = make(config, model.dtype_policy if dtype is None else dtype)
+    ours = {v.path: v for v in model.weights if not v.path.startswith(fresh)}
+    theirs = {v.path: v for v in new.weights if not v.path.startswith(fresh)}
+    if set(ours) != set(theirs):
+        extra, missing = sorted(set(ours) - set(theirs)), sorted(set(theirs) - set(ours))
+        raise ValueError(
+            "`with_vocabulary` needs a model holding the weights its config builds: "
+            f"this one has {extra[:3]} beyond them and lacks {missing[:3]} (LoRA "
+            "adapters? `merge_lora` first). Received: a model of "
+            f"{len(ours)} encoder weights for {len(theirs)}")
+    for path, variable in theirs.items():
+        variable.assign(ours[path].value)
+    return new
 
 
 def model_outputs_for_decoding(model, inputs):

@@ -25,6 +25,7 @@ from keras_attn.models.conformer.conformer_model import AudioInputChecks
 from keras_attn.models.conformer.conformer_model import BatchMean
 from keras_attn.models.conformer.conformer_model import interior_padding
 from keras_attn.models.conformer.conformer_model import row_weights
+from keras_attn.models.conformer.conformer_model import with_new_vocabulary
 from keras_attn.models.conformer.conformer_model import conformer_encoder_graph
 from keras_attn.models.conformer.conformer_model import model_outputs_for_decoding
 from keras_attn.models.conformer.transducer_decoding import check_durations
@@ -135,6 +136,35 @@ class ConformerTransducer(AudioInputChecks, GuardedModel, ConfigModel, keras.Mod
                       durations=self.durations, joint_activation=self.joint_activation,
                       max_symbols_per_step=self.max_symbols_per_step)
         return config
+
+    def with_vocabulary(self, vocabulary_size, dtype=None, **overrides):
+        """A new `ConformerTransducer` over another vocabulary with this
+        model's encoder and prediction network: a Parakeet checkpoint's
+        1,024 SentencePiece tokens to your transcripts' characters, as
+        `ConformerCTC.with_vocabulary` does for CTC.
+
+        The layers whose shape follows the vocabulary, the predictor's
+        embedding and the joint's head (TDT's duration logits included: one
+        layer), are drawn anew (seeded by `keras.utils.set_random_seed`),
+        as transformers' `from_pretrained(..., vocab_size=N,
+        ignore_mismatched_sizes=True)` does; every other weight is copied,
+        the LSTM layers and the BatchNorm statistics included. The
+        transducer's own arguments are kept; `overrides` are
+        `ConformerCTC.with_vocabulary`'s (`FINE_TUNING_FIELDS`).
+
+        Example:
+
+        >>> model = build_conformer_transducer("conformer_tiny", vocabulary_size=1024)
+        >>> mine = model.with_vocabulary(28)
+        >>> mine.joint.outputs, mine.predictor.vocabulary_size
+        (29, 29)
+        """
+        own = {name: getattr(self, name) for name in TRANSDUCER_ARGUMENTS}
+        return with_new_vocabulary(
+            self, vocabulary_size, dtype, overrides,
+            fresh=("predictor/embedding/", "joint/head/"),
+            make=lambda config, dtype: ConformerTransducer(
+                **dataclasses.asdict(config), dtype=dtype, name=self.name, **own))
 
     def label_specs(self):
         return {None: IdSpec(0, self.vocabulary_size + 1, "1..V, 0 pads")}
