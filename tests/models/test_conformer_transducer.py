@@ -51,11 +51,15 @@ def test_a_row_decodes_alone_as_in_its_batch():
     inputs = _inputs()
     batch = model.decode(inputs)
     assert (batch > 0).sum() >= 4  # labels, not only blanks
+    beam = model.decode(inputs, strategy="beam_search", beam_width=3)
+    assert beam.shape[0] == 4 and ((beam > 0) | (beam == -1)).all()
     for row in range(4):
-        alone = model.decode({k: v[row:row + 1] for k, v in inputs.items()})
-        width = alone.shape[1]
-        np.testing.assert_array_equal(alone[0], batch[row, :width])
-        assert (batch[row, width:] == -1).all()
+        one = {k: v[row:row + 1] for k, v in inputs.items()}
+        for ours, theirs in ((model.decode(one), batch),
+                             (model.decode(one, strategy="beam_search", beam_width=3), beam)):
+            width = ours.shape[1]
+            np.testing.assert_array_equal(ours[0], theirs[row, :width])
+            assert (theirs[row, width:] == -1).all()
 
 
 def test_bad_labels_and_options_are_refused():
@@ -66,6 +70,8 @@ def test_bad_labels_and_options_are_refused():
                                        [2, 0, 0, 0]]), epochs=1, verbose=0)
     with pytest.raises(ValueError, match="labels"):
         model.fit(_inputs(), LABELS + 1, epochs=1, verbose=0)  # 6 is past V = 5
+    with pytest.raises(ValueError, match=r"`strategy`.*Received: strategy='beam'"):
+        model.decode(_inputs(), strategy="beam")
     with pytest.raises(ValueError, match=r"chunk_size=4"):
         build_conformer_transducer("conformer_tiny", vocabulary_size=5, chunk_size=4,
                                    left_context=8)

@@ -12,6 +12,7 @@ from _parakeet import transducer_from_torch
 from keras_attn.layers.transducer import TransducerJoint
 from keras_attn.layers.transducer import TransducerPredictor
 from keras_attn.models.conformer.transducer_decoding import transducer_greedy_decode
+from test_case import to_numpy
 
 VOCABULARY, BLANK, HIDDEN, MAX_SYMBOLS = 9, 8, 8, 4
 
@@ -144,3 +145,84 @@ def test_bad_arguments_are_refused():
     with pytest.raises(ValueError, match="max_symbols_per_step"):
         transducer_greedy_decode(frames, [3], predictor, TransducerJoint(5), 4,
                                  max_symbols_per_step=0)
+
+
+def _all_paths(frames, length, predictor, joint, blank, durations, max_symbols):
+    """(score, labels) of every path of one row (the spec the search
+    walks), by exhaustive recursion; the networks' outputs memoised by the
+    labels so far (the prediction network reads nothing else)."""
+    from keras import ops
+
+    vocabulary = predictor.vocabulary_size
+    predicted = {}  # labels -> (prediction, states)
+    scored = {}  # (labels, frame) -> (token log-probs, duration log-probs)
+
+    def log_softmax(x):
+        x = x - x.max()
+        return x - np.log(np.exp(x).sum())
+
+    def prediction_of(labels):
+        if labels not in predicted:
+            if labels:
+                _, states = prediction_of(labels[:-1])
+                predicted[labels] = predictor.step(ops.convert_to_tensor(labels[-1:], "int32"),
+                                                   states)
+            else:
+                predicted[labels] = predictor.step(ops.convert_to_tensor([blank], "int32"))
+        return predicted[labels]
+
+    def scores_of(labels, frame):
+        if (labels, frame) not in scored:
+            prediction, _ = prediction_of(labels)
+            logits = to_numpy(joint(frames[None, frame:frame + 1], prediction[:, None]))[0, 0, 0]
+            scored[labels, frame] = (log_softmax(logits[:vocabulary]), None if durations is None
+                                     else log_softmax(logits[vocabulary:]))
+        return scored[labels, frame]
+
+    def walk(labels, frame, symbols, score):
+        if frame >= length:
+            yield score, labels
+            return
+        tokens, moves = scores_of(labels, frame)
+        for k in range(vocabulary):
+            options = [(1 if k == blank else 0, 0.0)] if durations is None else [
+                (d, lp) for d, lp in zip(durations, moves) if not (k == blank and d == 0)]
+            for move, move_score in options:
+                count = 0 if move > 0 else symbols + 1
+                if count >= max_symbols:
+                    move, count = 1, 0
+                yield from walk(labels if k == blank else labels + (k,), frame + move, count,
+                                score + tokens[k] + move_score)
+
+    return list(walk((), 0, 0, 0.0))
+
+
+@pytest.mark.parametrize("durations", [None, [0, 1, 2]])
+def test_a_wide_beam_finds_the_best_path_and_a_narrow_one_no_better(durations):
+    from keras_attn.models.conformer.transducer_decoding import transducer_beam_search
+
+    rng = np.random.default_rng(4)
+    predictor = TransducerPredictor(3, 4)
+    joint = TransducerJoint(3 + len(durations or ()))
+    joint(np.zeros((1, 1, 4), "float32"), np.zeros((1, 1, 4), "float32"))
+    predictor(np.zeros((1, 1), "int32"))
+    for weight in predictor.weights + joint.weights:
+        weight.assign(rng.normal(0, 1.0, weight.shape).astype("float32"))
+    frames = rng.normal(0, 1.0, (2, 3, 4)).astype("float32")
+    lengths = np.array([3, 2])
+    wide, wide_scores = transducer_beam_search(
+        frames, lengths, predictor, joint, blank_id=2, beam_width=10_000, durations=durations,
+        max_symbols_per_step=2, return_scores=True)
+    narrow, narrow_scores = transducer_beam_search(
+        frames, lengths, predictor, joint, blank_id=2, beam_width=1, durations=durations,
+        max_symbols_per_step=2, return_scores=True)
+    for row in range(2):
+        paths = _all_paths(frames[row], lengths[row], predictor, joint, 2, durations, 2)
+        assert len(paths) > 20
+        score, labels = max(paths)
+        assert wide[row] == list(labels)
+        np.testing.assert_allclose(wide_scores[row], score, atol=1e-4)
+        assert narrow_scores[row] <= wide_scores[row] + 1e-6
+    if durations is None:  # one path kept: the greedy walk
+        assert narrow == transducer_greedy_decode(frames, lengths, predictor, joint, 2,
+                                                  max_symbols_per_step=2)

@@ -9,6 +9,7 @@ from keras_attn.models.conformer.conformer_model import ConformerCTC
 from keras_attn.models.conformer.conformer_model import build_conformer
 from keras_attn.models.conformer.conformer_model import unpack_utterances
 from keras_attn.models.conformer.streaming import ConformerStreamer
+from keras_attn.models.conformer.transducer_decoding import transducer_beam_search
 from keras_attn.models.conformer.transducer_decoding import transducer_greedy_decode
 from keras_attn.models.conformer.transducer_model import ConformerTransducer
 from keras_attn.models.conformer.transducer_model import build_conformer_transducer
@@ -23,6 +24,7 @@ __all__ = [
     "build_conformer_transducer",
     "get_conformer_config",
     "replace_conformer_config",
+    "transducer_beam_search",
     "transducer_greedy_decode",
     "unpack_utterances",
 ]

@@ -70,25 +70,9 @@ def transducer_greedy_decode(encoder, lengths, predictor, joint, blank_id, durat
     vocabulary = predictor.vocabulary_size
     blank_id = _check_id("blank_id", blank_id, vocabulary)
     max_symbols_per_step = check_positive_int("max_symbols_per_step", max_symbols_per_step)
-    steps = None
-    if durations is not None:
-        steps = check_durations(durations)
-    expected = vocabulary + (0 if steps is None else len(steps))
-    if joint.outputs != expected:
-        raise ValueError(
-            f"Invalid value for argument `joint`: its outputs must be the predictor's vocabulary "
-            f"({vocabulary})" + ("" if steps is None else f" plus {len(steps)} durations")
-            + f", {expected}. Received: a joint of {joint.outputs} outputs")
-    if len(encoder.shape) != 3:
-        raise ValueError("Invalid value for argument `encoder`: (batch, frames, width) frames. "
-                         f"Received: shape {tuple(encoder.shape)}")
-    batch, frames = int(encoder.shape[0]), int(encoder.shape[1])
-    lengths = np.asarray(ops.convert_to_numpy(lengths)).reshape(-1)
-    if lengths.shape != (batch,) or not np.issubdtype(lengths.dtype, np.integer) or (
-            batch and (lengths.min() < 0 or lengths.max() > frames)):
-        raise ValueError(
-            f"Invalid value for argument `lengths`: {batch} integer frame counts in [0, {frames}]. "
-            f"Received: {lengths.tolist()}")
+    steps = None if durations is None else check_durations(durations)
+    _check_joint(joint, vocabulary, steps)
+    batch, frames, lengths = _checked_frames(encoder, lengths)
     labels = [[] for _ in range(batch)]
     at = [[] for _ in range(batch)]
     if batch == 0:
@@ -129,6 +113,30 @@ def transducer_greedy_decode(encoder, lengths, predictor, joint, blank_id, durat
     return (labels, at) if return_frames else labels
 
 
+def _check_joint(joint, vocabulary, steps):
+    expected = vocabulary + (0 if steps is None else len(steps))
+    if joint.outputs != expected:
+        raise ValueError(
+            f"Invalid value for argument `joint`: its outputs must be the predictor's vocabulary "
+            f"({vocabulary})" + ("" if steps is None else f" plus {len(steps)} durations")
+            + f", {expected}. Received: a joint of {joint.outputs} outputs")
+
+
+def _checked_frames(encoder, lengths):
+    """(batch, frames, lengths as an int array), or `ValueError`."""
+    if len(encoder.shape) != 3:
+        raise ValueError("Invalid value for argument `encoder`: (batch, frames, width) frames. "
+                         f"Received: shape {tuple(encoder.shape)}")
+    batch, frames = int(encoder.shape[0]), int(encoder.shape[1])
+    lengths = np.asarray(ops.convert_to_numpy(lengths)).reshape(-1)
+    if lengths.shape != (batch,) or not np.issubdtype(lengths.dtype, np.integer) or (
+            batch and (lengths.min() < 0 or lengths.max() > frames)):
+        raise ValueError(
+            f"Invalid value for argument `lengths`: {batch} integer frame counts in [0, {frames}]. "
+            f"Received: {lengths.tolist()}")
+    return batch, frames, lengths
+
+
 def _check_id(name, value, vocabulary):
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or not (
             0 <= value < vocabulary):
@@ -145,3 +153,113 @@ def check_durations(durations):
                          "counts, one at least 1 (a blank must move), e.g. [0, 1, 2, 3, 4]. "
                          f"Received: {durations!r}")
     return np.asarray(values, "int64")
+
+
+def transducer_beam_search(encoder, lengths, predictor, joint, blank_id, beam_width=4,
+                           durations=None, max_symbols_per_step=10, return_scores=False):
+    """Beam search over a transducer's alignment paths: the best-scoring
+    path each row's search finds, its labels.
+
+    A path is the greedy walk's: the same moves (a blank moves one frame,
+    or for TDT any duration of at least one; a label stays or, for TDT,
+    moves its duration; `max_symbols_per_step` labels at one frame move the
+    pointer on), each step scoring the log-probability of its label (TDT:
+    plus its duration's). The search keeps the `beam_width` best unfinished
+    paths, expanding all of them each step; paths that reach the same
+    labels at the same frame are merged (the best kept: their futures are
+    the same). It stops when no unfinished path scores above the best
+    finished one (a path's score only falls), so with a beam as wide as
+    the paths it returns the best path exactly; `beam_width=1` is the
+    greedy walk for RNN-T.
+
+    Arguments are `transducer_greedy_decode`'s, and:
+        beam_width: the unfinished paths kept each step.
+        return_scores: also return each row's best path's score.
+
+    Returns:
+        A list of B lists of label ids (blanks left out); with
+        `return_scores`, `(labels, scores)`.
+    """
+    vocabulary = predictor.vocabulary_size
+    blank_id = _check_id("blank_id", blank_id, vocabulary)
+    beam_width = check_positive_int("beam_width", beam_width)
+    max_symbols_per_step = check_positive_int("max_symbols_per_step", max_symbols_per_step)
+    steps = None if durations is None else check_durations(durations)
+    _check_joint(joint, vocabulary, steps)
+    batch, frames, lengths = _checked_frames(encoder, lengths)
+    encoder = ops.convert_to_tensor(encoder)
+    labels, scores = [], []
+    for row in range(batch):
+        best = _beam_row(encoder[row], int(lengths[row]), predictor, joint, blank_id,
+                         beam_width, steps, max_symbols_per_step)
+        labels.append(list(best[0]))
+        scores.append(best[1])
+    return (labels, scores) if return_scores else labels
+
+
+def _beam_row(frames, length, predictor, joint, blank_id, beam_width, steps, max_symbols):
+    """(labels, score) of the best path the search finds over one row."""
+    if length == 0:
+        return (), 0.0
+    vocabulary = predictor.vocabulary_size
+    prediction, states = predictor.step(ops.full((1,), blank_id, "int32"))
+    # A path: labels, frame, labels at this frame, score, its row in the
+    # prediction/state tensors of its beam.
+    paths = [((), 0, 0, 0.0, 0)]
+    finished = None
+    while paths:
+        index = ops.convert_to_tensor([p[1] for p in paths], "int32")
+        rows = ops.convert_to_tensor([p[4] for p in paths], "int32")
+        pred = ops.take(prediction, rows, axis=0)
+        logits = ops.convert_to_numpy(ops.cast(joint(
+            ops.take(frames, index, axis=0)[:, None, :], pred[:, None, :])[:, 0, 0], "float32"))
+        tokens = _log_softmax(logits[:, :vocabulary])
+        moves = None if steps is None else _log_softmax(logits[:, vocabulary:])
+        candidates = {}
+        for i, (path_labels, frame, symbols, score, _) in enumerate(paths):
+            for k in range(vocabulary):
+                blank = k == blank_id
+                if steps is None:
+                    options = [(1 if blank else 0, 0.0)]
+                else:
+                    options = [(int(d), moves[i, j]) for j, d in enumerate(steps)
+                               if not (blank and d == 0)]
+                for move, move_score in options:
+                    count = 0 if move > 0 else symbols + 1
+                    if count >= max_symbols:
+                        move, count = 1, 0
+                    key = (path_labels if blank else path_labels + (k,), frame + move, count)
+                    value = score + float(tokens[i, k]) + float(move_score)
+                    if key not in candidates or value > candidates[key][0]:
+                        candidates[key] = (value, i, None if blank else k)
+        ranked = sorted(candidates.items(), key=lambda item: -item[1][0])
+        kept = []
+        for key, (value, parent, label) in ranked:
+            if key[1] >= length:  # past the row's frames: a finished path
+                if finished is None or value > finished[1]:
+                    finished = (key[0], value)
+            elif len(kept) < beam_width:
+                kept.append((key, value, parent, label))
+        if finished is not None:
+            kept = [k for k in kept if k[1] > finished[1]]
+        if not kept:
+            break
+        # The prediction network on each kept path's new label (from its
+        # parent's state); a blank keeps its parent's.
+        parents = ops.convert_to_tensor([paths[k[2]][4] for k in kept], "int32")
+        tokens_in = ops.convert_to_tensor(
+            [blank_id if k[3] is None else k[3] for k in kept], "int32")
+        old_prediction = ops.take(prediction, parents, axis=0)
+        old_states = [ops.take(s, parents, axis=0) for s in states]
+        new_prediction, new_states = predictor.step(tokens_in, old_states)
+        emitted = ops.convert_to_tensor(np.array([k[3] is not None for k in kept])[:, None])
+        prediction = ops.where(emitted, new_prediction, old_prediction)
+        states = [ops.where(emitted, new, old) for new, old in zip(new_states, old_states)]
+        paths = [(key[0], key[1], key[2], value, j)
+                 for j, (key, value, _, _) in enumerate(kept)]
+    return finished
+
+
+def _log_softmax(x):
+    x = x - x.max(axis=-1, keepdims=True)
+    return x - np.log(np.exp(x).sum(axis=-1, keepdims=True))

@@ -29,6 +29,7 @@ from keras_attn.models.conformer.conformer_model import with_new_vocabulary
 from keras_attn.models.conformer.conformer_model import conformer_encoder_graph
 from keras_attn.models.conformer.conformer_model import model_outputs_for_decoding
 from keras_attn.models.conformer.transducer_decoding import check_durations
+from keras_attn.models.conformer.transducer_decoding import transducer_beam_search
 from keras_attn.models.conformer.transducer_decoding import transducer_greedy_decode
 from keras_attn.training.transducer_loss import rnnt_loss
 from keras_attn.training.transducer_loss import tdt_loss
@@ -214,21 +215,32 @@ class ConformerTransducer(AudioInputChecks, GuardedModel, ConfigModel, keras.Mod
                 losses, losses, sample_weight=weights)
         return BatchMean(name="transducer_loss")(losses, losses)
 
-    def decode(self, inputs):
-        """Greedy transcripts: `(B, L)` int32 label ids `1..V`, -1 after
-        each one's end (all -2 for a row the model answers NaN, e.g. a
-        length outside its array where nothing raised). The walk
-        (`transducer_greedy_decode`) runs eagerly on the host: a step's
-        choice decides the next step's input."""
+    def decode(self, inputs, strategy="greedy", beam_width=4):
+        """Transcripts: `(B, L)` int32 label ids `1..V`, -1 after each
+        one's end (all -2 for a row the model answers NaN, e.g. a length
+        outside its array where nothing raised).
+
+        `strategy` is `"greedy"` (`transducer_greedy_decode`) or
+        `"beam_search"` (`transducer_beam_search` with `beam_width`), as
+        `ConformerCTC.decode` takes them. The walk runs eagerly on the host:
+        a step's choice decides the next step's input."""
+        if strategy not in ("greedy", "beam_search"):
+            raise ValueError("Invalid value for argument `strategy`: 'greedy' or 'beam_search'. "
+                             f"Received: strategy={strategy!r}")
         outputs = model_outputs_for_decoding(self, inputs)
         frames = ops.cast(outputs["frames"], "float32")
         lengths = ops.convert_to_numpy(outputs["frame_lengths"]).astype("int64")
         valid = np.arange(frames.shape[1])[None, :] < lengths[:, None]
         broken = ~np.all(np.isfinite(ops.convert_to_numpy(frames)) | ~valid[:, :, None],
                          axis=(1, 2))
-        labels = transducer_greedy_decode(
-            frames, np.where(broken, 0, lengths), self.predictor, self.joint, blank_id=0,
-            durations=self.durations, max_symbols_per_step=self.max_symbols_per_step)
+        arguments = dict(blank_id=0, durations=self.durations,
+                         max_symbols_per_step=self.max_symbols_per_step)
+        if strategy == "beam_search":
+            labels = transducer_beam_search(frames, np.where(broken, 0, lengths), self.predictor,
+                                            self.joint, beam_width=beam_width, **arguments)
+        else:
+            labels = transducer_greedy_decode(frames, np.where(broken, 0, lengths),
+                                              self.predictor, self.joint, **arguments)
         width = max([len(row) for row in labels] + [1])
         decoded = np.full((len(labels), width), -1, "int32")
         for row, ids in enumerate(labels):
