@@ -12,6 +12,7 @@ from _parakeet import transducer_from_torch
 from keras_attn.layers.transducer import TransducerJoint
 from keras_attn.layers.transducer import TransducerPredictor
 from keras_attn.models.conformer.transducer_decoding import transducer_greedy_decode
+from keras_attn.models.conformer.transducer_decoding import transducer_greedy_ids
 from test_case import to_numpy
 
 VOCABULARY, BLANK, HIDDEN, MAX_SYMBOLS = 9, 8, 8, 4
@@ -103,6 +104,10 @@ def test_greedy_decoding_equals_transformers_generate(kind, seeds, expected_move
             max_symbols_per_step=MAX_SYMBOLS, return_frames=True)
         assert ours == labels, (seed, lengths)
         assert ours_at == at
+        ids = to_numpy(transducer_greedy_ids(frames, lengths, predictor, joint, BLANK,
+                                             durations=durations,
+                                             max_symbols_per_step=MAX_SYMBOLS))
+        assert [row[row >= 0].tolist() for row in ids] == labels
         # A row decoded alone gets the answer it got in the batch.
         for row in range(3):
             alone = transducer_greedy_decode(frames[row:row + 1], lengths[row:row + 1],
@@ -226,3 +231,42 @@ def test_a_wide_beam_finds_the_best_path_and_a_narrow_one_no_better(durations):
     if durations is None:  # one path kept: the greedy walk
         assert narrow == transducer_greedy_decode(frames, lengths, predictor, joint, 2,
                                                   max_symbols_per_step=2)
+
+
+@pytest.mark.parametrize("durations", [None, [0, 1, 2]])
+def test_the_tensor_walk_compiles_with_the_same_labels(durations):
+    """transducer_greedy_ids inside the backend's compiler (tf.function with
+    an unknown batch, jax.jit; PyTorch runs it as it is), against the host
+    walk, a row with no frames included."""
+    import keras
+
+    rng = np.random.default_rng(4)
+    predictor = TransducerPredictor(5, 4, num_layers=2)
+    joint = TransducerJoint(5 + len(durations or ()))
+    predictor(np.zeros((1, 1), "int32"))
+    joint(np.zeros((1, 1, 4), "float32"), np.zeros((1, 1, 4), "float32"))
+    for weight in predictor.weights + joint.weights:
+        weight.assign(rng.normal(0, 1.0, weight.shape).astype("float32"))
+    frames = rng.normal(0, 1, (3, 6, 4)).astype("float32")
+    lengths = np.array([6, 3, 0], "int32")
+
+    def walk(frames, lengths):
+        return transducer_greedy_ids(frames, lengths, predictor, joint, 4, durations=durations,
+                                     max_symbols_per_step=2)
+
+    backend = keras.backend.backend()
+    if backend == "tensorflow":
+        import tensorflow as tf
+
+        walk = tf.function(walk, input_signature=[tf.TensorSpec((None, 6, 4)),
+                                                  tf.TensorSpec((None,), tf.int32)])
+    elif backend == "jax":
+        import jax
+
+        walk = jax.jit(walk)
+    ids = to_numpy(walk(frames, lengths))
+    expected = transducer_greedy_decode(frames, lengths, predictor, joint, 4,
+                                        durations=durations, max_symbols_per_step=2)
+    assert ids.shape == (3, 12)
+    assert [row[row >= 0].tolist() for row in ids] == expected
+    assert sum(map(len, expected)) >= 6 and expected[2] == []

@@ -11,6 +11,7 @@ from keras_attn.models.conformer.conformer_model import unpack_utterances
 from keras_attn.models.conformer.streaming import ConformerStreamer
 from keras_attn.models.conformer.transducer_decoding import transducer_beam_search
 from keras_attn.models.conformer.transducer_decoding import transducer_greedy_decode
+from keras_attn.models.conformer.transducer_decoding import transducer_greedy_ids
 from keras_attn.models.conformer.transducer_model import ConformerTransducer
 from keras_attn.models.conformer.transducer_model import build_conformer_transducer
 
@@ -26,5 +27,6 @@ __all__ = [
     "replace_conformer_config",
     "transducer_beam_search",
     "transducer_greedy_decode",
+    "transducer_greedy_ids",
     "unpack_utterances",
 ]

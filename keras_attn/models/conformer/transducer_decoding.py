@@ -155,6 +155,78 @@ def check_durations(durations):
     return np.asarray(values, "int64")
 
 
+def transducer_greedy_ids(encoder, lengths, predictor, joint, blank_id, durations=None,
+                          max_symbols_per_step=10):
+    """`transducer_greedy_decode`'s walk as tensor ops in one
+    `keras.ops.while_loop`: traceable (`jax.jit`, `tf.function`, an
+    export), the same labels.
+
+    Every step runs the prediction network on every row (a row that emitted
+    nothing keeps its state): the host walk skips the steps where all rows
+    chose a blank. Arguments are `transducer_greedy_decode`'s (checked when
+    their values are known: `lengths` inside a traced call is not).
+
+    Returns:
+        `(B, L)` int32 label ids, -1 after each row's last, with `L =
+        frames x max_symbols_per_step` (the most labels a walk can emit).
+    """
+    vocabulary = predictor.vocabulary_size
+    blank_id = _check_id("blank_id", blank_id, vocabulary)
+    max_symbols_per_step = check_positive_int("max_symbols_per_step", max_symbols_per_step)
+    steps = None if durations is None else check_durations(durations)
+    _check_joint(joint, vocabulary, steps)
+    if len(encoder.shape) != 3 or encoder.shape[1] is None:
+        raise ValueError("Invalid value for argument `encoder`: (batch, frames, width) frames "
+                         f"with a known frame count. Received: shape {tuple(encoder.shape)}")
+    frames = int(encoder.shape[1])
+    encoder = ops.convert_to_tensor(encoder)
+    batch = ops.shape(encoder)[0]
+    lengths = ops.cast(ops.reshape(lengths, (-1,)), "int32")
+    width = frames * max_symbols_per_step
+    positions = ops.expand_dims(ops.arange(width, dtype="int32"), 0)  # (1, L)
+    zeros = ops.zeros((batch,), "int32")
+    prediction, states = predictor.step(ops.full((batch,), blank_id, "int32"))
+    prediction = ops.cast(prediction, encoder.dtype)
+
+    def cond(step, pointer, symbols, count, out, prediction, *states):
+        return ops.logical_and(ops.any(pointer < lengths),
+                               step < frames * (max_symbols_per_step + 1))
+
+    def body(step, pointer, symbols, count, out, prediction, *states):
+        done = pointer >= lengths
+        index = ops.minimum(pointer, frames - 1)[:, None, None]
+        frame = ops.take_along_axis(encoder, index, axis=1)  # (B, 1, D)
+        logits = ops.cast(joint(frame, prediction[:, None, :])[:, 0, 0], "float32")
+        token = ops.cast(ops.argmax(logits[:, :vocabulary], axis=-1), "int32")
+        blank = ops.equal(token, blank_id)
+        if steps is None:
+            move = ops.cast(blank, "int32")
+        else:
+            chosen = ops.argmax(logits[:, vocabulary:], axis=-1)
+            move = ops.take(ops.convert_to_tensor(steps.astype("int32")), chosen)
+            move = ops.where(ops.logical_and(blank, move == 0), 1, move)
+        symbols = ops.where(move > 0, 0, symbols + 1)
+        forced = symbols >= max_symbols_per_step
+        move = ops.where(forced, 1, move)
+        symbols = ops.where(forced, 0, symbols)
+        emit = ops.logical_and(ops.logical_not(blank), ops.logical_not(done))
+        here = ops.logical_and(ops.equal(positions, count[:, None]), emit[:, None])
+        out = ops.where(here, token[:, None], out)
+        count = count + ops.cast(emit, "int32")
+        new_prediction, new_states = predictor.step(ops.where(emit, token, blank_id),
+                                                    list(states))
+        keep = emit[:, None]
+        prediction = ops.where(keep, ops.cast(new_prediction, prediction.dtype), prediction)
+        states = [ops.where(keep, ops.cast(new, old.dtype), old)
+                  for new, old in zip(new_states, states)]
+        pointer = ops.where(done, pointer, pointer + move)
+        return (step + 1, pointer, symbols, count, out, prediction, *states)
+
+    loop = (ops.convert_to_tensor(0, "int32"), zeros, zeros, zeros,
+            ops.full((batch, width), -1, "int32"), prediction, *states)
+    return ops.while_loop(cond, body, loop)[4]
+
+
 def transducer_beam_search(encoder, lengths, predictor, joint, blank_id, beam_width=4,
                            durations=None, max_symbols_per_step=10, return_scores=False):
     """Beam search over a transducer's alignment paths: the best-scoring
