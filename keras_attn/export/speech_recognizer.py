@@ -26,7 +26,9 @@ def export_speech_recognizer(model, path, strategy="greedy", beam_width=16,
 
     Args:
         model: a `ConformerCTC` (anything with a `decode(inputs, strategy,
-            beam_width)` method taking `{"waveform", "waveform_length"}`).
+            beam_width)` method taking `{"waveform", "waveform_length"}`), or
+            a `ConformerTransducer` (SavedModel, greedy: its `token_ids` are
+            `(B, T' x max_symbols_per_step)`, -1 padded).
         path: the SavedModel directory (written atomically).
         strategy: `"greedy"` or `"beam_search"`.
         beam_width: beam width for beam search.
@@ -63,6 +65,13 @@ def export_speech_recognizer(model, path, strategy="greedy", beam_width=16,
             f"`strategy` must be 'greedy' or 'beam_search'. Received: strategy={strategy!r}"
         )
     if format != "saved_model":
+        from keras_attn.models.conformer import ConformerTransducer
+
+        if isinstance(model, ConformerTransducer):
+            raise ValueError(
+                f"A ConformerTransducer exports as a SavedModel only for now (its greedy walk is "
+                f"a while loop; the {format} converters' take of it is untested). Received: "
+                f"format={format!r}")
         if strategy != "greedy":
             raise ValueError(
                 f"The {format} speech recognizer decodes greedily (beam search is TensorFlow's "

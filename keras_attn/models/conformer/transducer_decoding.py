@@ -175,11 +175,12 @@ def transducer_greedy_ids(encoder, lengths, predictor, joint, blank_id, duration
     max_symbols_per_step = check_positive_int("max_symbols_per_step", max_symbols_per_step)
     steps = None if durations is None else check_durations(durations)
     _check_joint(joint, vocabulary, steps)
-    if len(encoder.shape) != 3 or encoder.shape[1] is None:
-        raise ValueError("Invalid value for argument `encoder`: (batch, frames, width) frames "
-                         f"with a known frame count. Received: shape {tuple(encoder.shape)}")
-    frames = int(encoder.shape[1])
+    if len(encoder.shape) != 3:
+        raise ValueError("Invalid value for argument `encoder`: (batch, frames, width) frames. "
+                         f"Received: shape {tuple(encoder.shape)}")
     encoder = ops.convert_to_tensor(encoder)
+    # A frame count unknown until the call runs (a traced export): a tensor.
+    frames = encoder.shape[1] if encoder.shape[1] is not None else ops.shape(encoder)[1]
     batch = ops.shape(encoder)[0]
     lengths = ops.cast(ops.reshape(lengths, (-1,)), "int32")
     width = frames * max_symbols_per_step

@@ -31,6 +31,7 @@ from keras_attn.models.conformer.conformer_model import model_outputs_for_decodi
 from keras_attn.models.conformer.transducer_decoding import check_durations
 from keras_attn.models.conformer.transducer_decoding import transducer_beam_search
 from keras_attn.models.conformer.transducer_decoding import transducer_greedy_decode
+from keras_attn.models.conformer.transducer_decoding import transducer_greedy_ids
 from keras_attn.training.transducer_loss import rnnt_loss
 from keras_attn.training.transducer_loss import tdt_loss
 
@@ -227,6 +228,9 @@ class ConformerTransducer(AudioInputChecks, GuardedModel, ConfigModel, keras.Mod
         if strategy not in ("greedy", "beam_search"):
             raise ValueError("Invalid value for argument `strategy`: 'greedy' or 'beam_search'. "
                              f"Received: strategy={strategy!r}")
+        named = inputs if isinstance(inputs, dict) else {"": inputs}
+        if any(concrete_value(value) is None for value in named.values()):
+            return self._traced_decode(inputs, strategy)
         outputs = model_outputs_for_decoding(self, inputs)
         frames = ops.cast(outputs["frames"], "float32")
         lengths = ops.convert_to_numpy(outputs["frame_lengths"]).astype("int64")
@@ -241,12 +245,33 @@ class ConformerTransducer(AudioInputChecks, GuardedModel, ConfigModel, keras.Mod
         else:
             labels = transducer_greedy_decode(frames, np.where(broken, 0, lengths),
                                               self.predictor, self.joint, **arguments)
-        width = max([len(row) for row in labels] + [1])
+        width = max([len(row) for row in labels] + [1])  # the longest transcript
         decoded = np.full((len(labels), width), -1, "int32")
         for row, ids in enumerate(labels):
             decoded[row, :len(ids)] = ids
         decoded[broken] = -2
         return decoded
+
+
+    def _traced_decode(self, inputs, strategy):
+        """`decode` of traced inputs (a `tf.function`, an export): the
+        greedy walk as tensor ops (`transducer_greedy_ids`), `(B, T' x
+        max_symbols_per_step)` ids, -1 padded; -2 rows for NaN frames."""
+        if strategy != "greedy":
+            raise ValueError(
+                "A traced decode (an export, a tf.function) walks greedily: the beam search "
+                "runs on the host, with values. Received: strategy='beam_search'")
+        outputs = self(inputs, training=False)
+        frames = ops.cast(outputs["frames"], "float32")
+        lengths = ops.cast(outputs["frame_lengths"], "int32")
+        valid = ops.expand_dims(ops.arange(ops.shape(frames)[1]), 0) < lengths[:, None]
+        broken = ops.any(ops.logical_and(valid[:, :, None], ops.logical_not(
+            ops.isfinite(frames))), axis=(1, 2))
+        ids = transducer_greedy_ids(
+            ops.where(broken[:, None, None], 0.0, frames), ops.where(broken, 0, lengths),
+            self.predictor, self.joint, blank_id=0, durations=self.durations,
+            max_symbols_per_step=self.max_symbols_per_step)
+        return ops.where(broken[:, None], -2, ids)
 
 
 def build_conformer_transducer(config=DEFAULT_PRESET, **overrides):

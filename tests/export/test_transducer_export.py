@@ -1,0 +1,54 @@
+"""A ConformerTransducer served from a SavedModel: the traced greedy walk
+(`transducer_greedy_ids` in a tf.function with any batch and length) gives
+the model's transcripts, with their text; a NaN row answers -2; the
+portable formats and the traced beam search are refused by name."""
+
+import numpy as np
+import pytest
+
+from keras_attn.export import export_speech_recognizer
+from keras_attn.models.conformer import build_conformer_transducer
+
+pytestmark = [pytest.mark.large, pytest.mark.tf_only]
+
+
+def _model(durations):
+    model = build_conformer_transducer(
+        "conformer_tiny", vocabulary_size=5, num_layers=1, hidden_dim=16, num_mel_bins=20,
+        freq_mask_width=8, predictor_dim=8, durations=durations, max_symbols_per_step=3)
+    rng = np.random.default_rng(2)  # drawn away from the start: labels get emitted
+    for weight in model.predictor.weights + model.joint.weights:
+        weight.assign(rng.normal(0, 1.0, weight.shape).astype("float32"))
+    return model
+
+
+@pytest.mark.parametrize("durations", [None, [0, 1, 2]])
+def test_the_saved_model_transcribes_as_the_model(tmp_path, durations):
+    import tensorflow as tf
+
+    model = _model(durations)
+    path = export_speech_recognizer(model, tmp_path / "asr", vocabulary=list("abcde"))
+    loaded = tf.saved_model.load(str(path))
+    rng = np.random.default_rng(0)
+    lengths = np.array([9000, 4000, 6500], "int32")
+    wave = np.zeros((3, 9000), "float32")
+    for i, n in enumerate(lengths):
+        wave[i, :n] = rng.standard_normal(n) * 0.1
+    want = model.decode({"waveform": wave, "waveform_length": lengths})
+    served = loaded.signatures["serving_default"](waveform=wave, waveform_length=lengths)
+    got = served["token_ids"].numpy()
+    assert [row[row > 0].tolist() for row in got] == [row[row > 0].tolist() for row in want]
+    assert (got > 0).sum() >= 3
+    texts = [t.decode() for t in served["text"].numpy()]
+    assert texts == ["".join("abcde"[i - 1] for i in row[row > 0]) for row in want]
+    wave[-1, 5] = 3000.0  # 16-bit PCM as floats: NaN where nothing raises
+    got = loaded.serve(wave, lengths)["token_ids"].numpy()
+    assert (got[-1] == -2).all()
+
+
+def test_what_the_export_refuses(tmp_path):
+    model = _model(None)
+    with pytest.raises(ValueError, match=r"SavedModel only.*Received: format='onnx'"):
+        export_speech_recognizer(model, tmp_path / "a", format="onnx")
+    with pytest.raises(ValueError, match=r"walks greedily.*strategy='beam_search'"):
+        export_speech_recognizer(model, tmp_path / "b", strategy="beam_search")
