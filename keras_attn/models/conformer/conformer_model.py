@@ -189,11 +189,15 @@ class ChunkMask(SpecFromCall, keras.layers.Layer):
         return config
 
 
-def conformer_encoder_graph(config, dtype=None):
+def conformer_encoder_graph(config, dtype=None, make_head=None):
     """The Conformer encoder's functional graph, shared by `ConformerCTC`
     and `ConformerTransducer` (the same layer names, so the same weight
     paths and converter layout): the inputs `input_type` says, the last
-    block's frames `(B, T', hidden_dim)` and their lengths `(B,)`."""
+    block's frames `(B, T', hidden_dim)`, their lengths `(B,)`, and the
+    layer `make_head()` made (None without it). The head is made after the
+    encoder's layers and before they are called, where `ConformerCTC` has
+    always made it: a layer's initializers take their default seeds when it
+    is made, so the order keeps a seeded model's weights what they were."""
     frontend = log_mel_front_end(config, dtype=dtype)
     spec_augment = SpecAugment(
         freq_mask_count=config.freq_mask_count, freq_mask_width=config.freq_mask_width,
@@ -222,6 +226,7 @@ def conformer_encoder_graph(config, dtype=None):
             )
             for name in block_names
         ]
+    head = None if make_head is None else make_head()
     if config.input_type == "waveform":
         waveform = keras.Input((None,), name="waveform")
         waveform_length = keras.Input((), dtype="int32", name="waveform_length")
@@ -250,7 +255,7 @@ def conformer_encoder_graph(config, dtype=None):
             max_chunk_size=DYNAMIC_CHUNK_MAX, dtype=dtype, name="chunk_mask")(x)
     for block in blocks:
         x = block(x, padding_mask=mask, attention_mask=attention_mask)
-    return inputs, x, logit_lengths
+    return inputs, x, logit_lengths, head
 
 
 class AudioInputChecks:
@@ -384,8 +389,9 @@ class ConformerCTC(AudioInputChecks, GuardedModel, ConfigModel, keras.Model):
         check_vocabulary_size("vocabulary_size", config.vocabulary_size, allow_none=False)
         kwargs.setdefault("name", "conformer_ctc")
 
-        inputs, x, logit_lengths = conformer_encoder_graph(config, dtype=dtype)
-        ctc_head = keras.layers.Dense(config.vocabulary_size + 1, dtype=dtype, name="ctc_logits")
+        inputs, x, logit_lengths, ctc_head = conformer_encoder_graph(
+            config, dtype=dtype, make_head=lambda: keras.layers.Dense(
+                config.vocabulary_size + 1, dtype=dtype, name="ctc_logits"))
         logits = ctc_head(x)
         super().__init__(
             inputs=inputs,

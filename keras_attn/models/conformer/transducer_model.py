@@ -108,8 +108,9 @@ class ConformerTransducer(AudioInputChecks, GuardedModel, ConfigModel, keras.Mod
         kwargs.setdefault("name", "conformer_transducer")
 
         # === Layers and functional model (the encoder) ===
-        inputs, x, frame_lengths = conformer_encoder_graph(config, dtype=dtype)
-        projector = keras.layers.Dense(predictor_dim, dtype=dtype, name="encoder_projector")
+        inputs, x, frame_lengths, projector = conformer_encoder_graph(
+            config, dtype=dtype, make_head=lambda: keras.layers.Dense(
+                predictor_dim, dtype=dtype, name="encoder_projector"))
         super().__init__(inputs=inputs,
                          outputs={"frames": projector(x), "frame_lengths": frame_lengths},
                          dtype=dtype, **kwargs)
