@@ -147,6 +147,13 @@ def test_bad_arguments_are_refused():
     with pytest.raises(ValueError, match=r"`lengths`: 1 integer frame counts in \[0, 3\]\. "
                                          r"Received: \[4\]"):
         transducer_greedy_decode(frames, [4], predictor, TransducerJoint(5), 4)
+    # The tensor walk refuses the same lengths when their values are known,
+    # and answers a valid call right after.
+    with pytest.raises(ValueError, match=r"`lengths`: 1 integer frame counts.*Received: \[4\]"):
+        transducer_greedy_ids(frames, np.array([4]), predictor, TransducerJoint(5), 4)
+    joint = TransducerJoint(5)
+    assert to_numpy(transducer_greedy_ids(frames, np.array([3]), predictor, joint, 4)).shape == (
+        1, 30)
     with pytest.raises(ValueError, match="max_symbols_per_step"):
         transducer_greedy_decode(frames, [3], predictor, TransducerJoint(5), 4,
                                  max_symbols_per_step=0)

@@ -28,6 +28,7 @@ import numpy as np
 from keras import ops
 
 from keras_attn._checks import check_positive_int
+from keras_attn._guard import concrete_value
 
 
 def transducer_greedy_decode(encoder, lengths, predictor, joint, blank_id, durations=None,
@@ -164,7 +165,8 @@ def transducer_greedy_ids(encoder, lengths, predictor, joint, blank_id, duration
     Every step runs the prediction network on every row (a row that emitted
     nothing keeps its state): the host walk skips the steps where all rows
     chose a blank. Arguments are `transducer_greedy_decode`'s (checked when
-    their values are known: `lengths` inside a traced call is not).
+    their values are known: `lengths` inside a traced call is not; a model's
+    own lengths are, and its encoder makes a row NaN where they do not fit).
 
     Returns:
         `(B, L)` int32 label ids, -1 after each row's last, with `L =
@@ -182,6 +184,8 @@ def transducer_greedy_ids(encoder, lengths, predictor, joint, blank_id, duration
     # A frame count unknown until the call runs (a traced export): a tensor.
     frames = encoder.shape[1] if encoder.shape[1] is not None else ops.shape(encoder)[1]
     batch = ops.shape(encoder)[0]
+    if concrete_value(encoder) is not None and concrete_value(lengths) is not None:
+        _checked_frames(encoder, lengths)  # values known: refused as the host walk refuses
     lengths = ops.cast(ops.reshape(lengths, (-1,)), "int32")
     width = frames * max_symbols_per_step
     positions = ops.expand_dims(ops.arange(width, dtype="int32"), 0)  # (1, L)
