@@ -19,6 +19,7 @@ from keras_attn.convert.parakeet import load_hf_parakeet  # noqa: E402
 from keras_attn.models.conformer import ConformerTransducer  # noqa: E402
 from _parakeet import hf_transducer  # noqa: E402
 from _parakeet import perturb  # noqa: E402
+from test_case import redraw_transducer  # noqa: E402
 from test_case import to_numpy  # noqa: E402
 
 SMALL = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
@@ -183,27 +184,6 @@ def _same_as_transformers(model, hf_model, features, mask):
     assert [(row[row > 0] - 1).tolist() for row in decoded] == labels
 
 
-def _redraw(model):
-    """Every weight of `model` drawn by NumPy, so that the test is the same
-    on every backend (each backend's initializers draw other numbers, and a
-    TDT walk of other weights may run past transformers' length bound,
-    which has no symbols guard): the encoder's random weights at their
-    fan-in scale, its constant ones (norms, biases) kept; the predictor's
-    and the joint's far from their initial values (small joint logits make
-    near ties that a 1e-5 difference between frameworks can flip)."""
-    rng = np.random.default_rng(3)
-    decoding = {id(weight) for weight in model.predictor.weights + model.joint.weights}
-    for weight in model.weights:
-        value = to_numpy(weight)
-        if id(weight) in decoding:
-            scale = 0.5
-        elif value.size and np.all(value == value.flat[0]):
-            continue
-        else:
-            scale = 1.0 / np.sqrt(np.prod(value.shape[:-1]) or 1)
-        weight.assign(rng.normal(0, scale, value.shape).astype(value.dtype))
-
-
 @pytest.mark.parametrize("source", ["loaded", "built"])
 def test_save_hf_writes_what_transformers_loads_with_the_same_transcripts(
         parakeet, source, tmp_path):
@@ -219,7 +199,10 @@ def test_save_hf_writes_what_transformers_loads_with_the_same_transcripts(
             freq_mask_width=8,
             predictor_dim=8, predictor_layers=1, durations=[0, 1, 2] if kind == "tdt" else None,
             max_symbols_per_step=MAX_SYMBOLS)
-        _redraw(model)
+        # Every weight drawn by NumPy: the same walk on every backend (under
+        # JAX the backend's own initial weights gave a TDT walk past
+        # transformers' length bound, which has no symbols guard).
+        redraw_transducer(model, 3)
     path = save_hf(model, tmp_path / "saved")
     cls = transformers.ParakeetForTDT if kind == "tdt" else transformers.ParakeetForRNNT
     # generate reads the saved generation_config.json (the blank as start,

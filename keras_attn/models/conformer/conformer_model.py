@@ -258,6 +258,41 @@ def conformer_encoder_graph(config, dtype=None, make_head=None):
     return inputs, x, logit_lengths, head
 
 
+class ChunkStreaming:
+    """`streamer`, shared by `ConformerCTC` and `ConformerTransducer` (a
+    model built with `chunk_size`): the encoder's `ConformerStreamer` at a
+    chunk size, which each model's `stream_step` decodes its own way."""
+
+    def streamer(self, chunk_size=None):
+        """The `ConformerStreamer` of this model's encoder at `chunk_size` encoder
+        frames (default: the configured one; another size serves another
+        latency, as dynamic chunk training allows), with the configured
+        `left_context`; made once per size."""
+        from keras_attn.models.conformer.streaming import ConformerStreamer
+
+        config = self.conformer_config
+        if config.input_type == "waveform" and config.front_end == "parakeet":
+            # Named first: a chunk_size would be refused for the same reason.
+            raise ValueError(
+                "A model on waveforms streams with the package's front end "
+                "(front_end='log_mel', feature_normalization='none'); the \"parakeet\" "
+                "front end normalises each feature over the whole utterance, which a "
+                "stream cannot know. Received: a model with front_end='parakeet', "
+                "input_type='waveform'"
+            )
+        if config.chunk_size is None:
+            raise ValueError(
+                "Invalid value for argument `chunk_size`: streaming needs a model built "
+                "with chunk_size and left_context (causal_conv=True, "
+                "feature_normalization='none'). Received: a model with chunk_size=None"
+            )
+        chunk_size = config.chunk_size if chunk_size is None else chunk_size
+        streamers = self.__dict__.setdefault("_streamers_by_size", {})
+        if chunk_size not in streamers:
+            streamers[chunk_size] = ConformerStreamer(self, chunk_size, config.left_context)
+        return streamers[chunk_size]
+
+
 class AudioInputChecks:
     """The checks of a Conformer's audio inputs, shared by `ConformerCTC`
     and `ConformerTransducer` (mixed in before `GuardedModel`): lengths
@@ -349,7 +384,7 @@ class AudioInputChecks:
 
 
 @keras.saving.register_keras_serializable(package="keras_attn")
-class ConformerCTC(AudioInputChecks, GuardedModel, ConfigModel, keras.Model):
+class ConformerCTC(ChunkStreaming, AudioInputChecks, GuardedModel, ConfigModel, keras.Model):
     """A Conformer encoder trained with CTC; build it with `build_conformer`.
 
     Inputs: `{"waveform": (B, N) float32, "waveform_length": (B,) int32}`,
@@ -527,35 +562,6 @@ class ConformerCTC(AudioInputChecks, GuardedModel, ConfigModel, keras.Model):
         }
 
     # === Streaming (a model built with `chunk_size`) ===
-
-    def streamer(self, chunk_size=None):
-        """The `ConformerStreamer` of this model at `chunk_size` encoder
-        frames (default: the configured one; another size serves another
-        latency, as dynamic chunk training allows), with the configured
-        `left_context`; made once per size."""
-        from keras_attn.models.conformer.streaming import ConformerStreamer
-
-        config = self.conformer_config
-        if config.input_type == "waveform" and config.front_end == "parakeet":
-            # Named first: a chunk_size would be refused for the same reason.
-            raise ValueError(
-                "A model on waveforms streams with the package's front end "
-                "(front_end='log_mel', feature_normalization='none'); the \"parakeet\" "
-                "front end normalises each feature over the whole utterance, which a "
-                "stream cannot know. Received: a model with front_end='parakeet', "
-                "input_type='waveform'"
-            )
-        if config.chunk_size is None:
-            raise ValueError(
-                "Invalid value for argument `chunk_size`: streaming needs a model built "
-                "with chunk_size and left_context (causal_conv=True, "
-                "feature_normalization='none'). Received: a model with chunk_size=None"
-            )
-        chunk_size = config.chunk_size if chunk_size is None else chunk_size
-        streamers = self.__dict__.setdefault("_streamers_by_size", {})
-        if chunk_size not in streamers:
-            streamers[chunk_size] = ConformerStreamer(self, chunk_size, config.left_context)
-        return streamers[chunk_size]
 
     def initial_state(self, batch_size, chunk_size=None):
         """The streaming state before the first chunk of a batch: the

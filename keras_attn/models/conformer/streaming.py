@@ -1,4 +1,5 @@
-"""Streaming inference for a `ConformerCTC`: logits as the audio arrives.
+"""Streaming inference for a `ConformerCTC` (logits as the audio arrives)
+or a `ConformerTransducer`'s encoder (its projected frames).
 
 ```
 chunk of samples (B, n)  --LogMelFeatures.stream_step-->  new feature frames
@@ -6,7 +7,8 @@ chunk of samples (B, n)  --LogMelFeatures.stream_step-->  new feature frames
                                     FastConformer's FastConvSubsampling)
   --wait for a whole chunk of `chunk_size` encoder frames-->
   --L x ConformerBlock.stream_step (cached keys / values, conv frames)-->
-  --Dense-->  CTC logits of that chunk
+  --Dense-->  CTC logits of that chunk (a transducer: the frames its
+             joint reads, `encoder_projector`)
 ```
 
 Each layer carries what its next outputs still need (the STFT window's
@@ -57,7 +59,9 @@ def _unprefixed(prefix, state):
 
 
 class ConformerStreamer:
-    """Chunk-by-chunk inference of a streamable `ConformerCTC`.
+    """Chunk-by-chunk inference of a streamable `ConformerCTC` (its
+    logits), or of a `ConformerTransducer`'s encoder (its projected frames,
+    which the model's `stream_step` decodes).
 
     Encoder frame `t` attends to the frames of its chunk
     (`t // chunk_size`) and to the `left_context` frames before that chunk,
@@ -68,7 +72,7 @@ class ConformerStreamer:
     `8t + 7`, the last of its own eight).
 
     Args:
-        model: a built `ConformerCTC` whose blocks have causal convolution
+        model: a built `ConformerCTC` or `ConformerTransducer` whose blocks have causal convolution
             modules (`causal_conv=True`) and, for `input_type="waveform"`,
             whose log-mel layer has `normalization="none"`.
         chunk_size: encoder frames per attention chunk (40 ms each by default).
@@ -96,8 +100,8 @@ class ConformerStreamer:
         config = getattr(model, "conformer_config", None)
         if config is None or not model.built:
             raise ValueError(
-                "Invalid value for argument `model`: a built ConformerCTC. "
-                f"Received: model={type(model).__name__}"
+                "Invalid value for argument `model`: a built ConformerCTC or "
+                f"ConformerTransducer. Received: model={type(model).__name__}"
             )
         self.input_type = config.input_type
         self.blocks = [layer for layer in model.layers if isinstance(layer, ConformerBlock)]
@@ -124,7 +128,10 @@ class ConformerStreamer:
                 f"has normalization={self.log_mel.normalization!r}"
             )
         self.subsampling = model.get_layer("subsampling")
-        self.head = model.get_layer("ctc_logits")
+        # The CTC logits, or a transducer's projection to the joint's width.
+        names = {layer.name for layer in model.layers}
+        self.head = model.get_layer("ctc_logits" if "ctc_logits" in names
+                                    else "encoder_projector")
         self.num_mel_bins = config.num_mel_bins
         self.subsampling_factor = subsampling_factor(self.subsampling)
         # Parakeet's x sqrt(D) on the subsampling's output.
@@ -237,7 +244,8 @@ class ConformerStreamer:
                 gets 0 in later chunks. Default: all `n`.
 
         Returns:
-            `(logits (B, k, vocabulary_size + 1), new_state)`: the logits of
+            `(logits (B, k, vocabulary_size + 1), new_state)` (a
+            transducer's: its frames `(B, k, predictor_dim)`): the logits of
             the `k` encoder frames whose chunks are complete (`k` a multiple
             of `chunk_size`, 0 included); `new_state["logit_length"]` counts
             each utterance's real frames so far.
@@ -359,7 +367,8 @@ class ConformerStreamer:
 
         Returns:
             `{"logits": (B, T', vocabulary_size + 1), "logit_lengths": (B,)}`,
-            what the streamed logits equal.
+            what the streamed logits equal (a transducer's frames under the
+            same key).
         """
         self._check_chunk(inputs)
         # Checked in the lengths' own dtype before the int32 cast, which

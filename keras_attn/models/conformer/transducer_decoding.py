@@ -74,15 +74,34 @@ def transducer_greedy_decode(encoder, lengths, predictor, joint, blank_id, durat
     steps = None if durations is None else check_durations(durations)
     _check_joint(joint, vocabulary, steps)
     batch, frames, lengths = _checked_frames(encoder, lengths)
+    if batch == 0:
+        return ([], []) if return_frames else []
+    prediction, states = predictor.step(ops.full((batch,), blank_id, "int32"))
+    labels, at, _, _, _ = greedy_walk(encoder, lengths, predictor, joint, blank_id, steps,
+                                      max_symbols_per_step, np.zeros(batch, "int64"),
+                                      prediction, states)
+    return (labels, at) if return_frames else labels
+
+
+def greedy_walk(encoder, lengths, predictor, joint, blank_id, steps, max_symbols_per_step,
+                pointer, prediction, states):
+    """The host walk of `transducer_greedy_decode` over checked arguments,
+    resumable: it starts each row at `pointer` `(B,)` with the prediction
+    network's `prediction` `(B, D)` and `states`, and walks until each
+    pointer passes its row's `lengths`. Returns `(labels, frames, pointer,
+    prediction, states)`: the labels and the frames they were emitted at
+    (lists of B lists), and where the walk stopped, so that a stream walks
+    its next chunk's frames on (`pointer - frames`: TDT may skip past a
+    chunk's end). A walk always ends on a move, so no symbol count is
+    carried: the guard's count starts at 0 on each frame."""
+    batch, frames = int(encoder.shape[0]), int(encoder.shape[1])
+    vocabulary = predictor.vocabulary_size
     labels = [[] for _ in range(batch)]
     at = [[] for _ in range(batch)]
-    if batch == 0:
-        return (labels, at) if return_frames else labels
     encoder = ops.convert_to_tensor(encoder)
-    pointer = np.zeros(batch, "int64")
+    pointer = np.asarray(pointer, "int64").copy()
     symbols = np.zeros(batch, "int64")
     done = pointer >= lengths
-    prediction, states = predictor.step(ops.full((batch,), blank_id, "int32"))
     while not done.all():
         index = ops.convert_to_tensor(np.minimum(pointer, frames - 1)[:, None, None], "int32")
         frame = ops.take_along_axis(encoder, index, axis=1)
@@ -111,7 +130,7 @@ def transducer_greedy_decode(encoder, lengths, predictor, joint, blank_id, durat
             states = [ops.where(keep, new, old) for new, old in zip(new_states, states)]
         pointer = np.where(done, pointer, pointer + move)
         done = pointer >= lengths
-    return (labels, at) if return_frames else labels
+    return labels, at, pointer, prediction, states
 
 
 def _check_joint(joint, vocabulary, steps):

@@ -22,6 +22,7 @@ from keras_attn.models.conformer.conformer_config import ConformerConfig
 from keras_attn.models.conformer.conformer_config import check_vocabulary_size
 from keras_attn.models.conformer.conformer_config import get_conformer_config
 from keras_attn.models.conformer.conformer_model import AudioInputChecks
+from keras_attn.models.conformer.conformer_model import ChunkStreaming
 from keras_attn.models.conformer.conformer_model import BatchMean
 from keras_attn.models.conformer.conformer_model import interior_padding
 from keras_attn.models.conformer.conformer_model import row_weights
@@ -29,6 +30,7 @@ from keras_attn.models.conformer.conformer_model import with_new_vocabulary
 from keras_attn.models.conformer.conformer_model import conformer_encoder_graph
 from keras_attn.models.conformer.conformer_model import model_outputs_for_decoding
 from keras_attn.models.conformer.transducer_decoding import check_durations
+from keras_attn.models.conformer.transducer_decoding import greedy_walk
 from keras_attn.models.conformer.transducer_decoding import transducer_beam_search
 from keras_attn.models.conformer.transducer_decoding import transducer_greedy_decode
 from keras_attn.models.conformer.transducer_decoding import transducer_greedy_ids
@@ -41,7 +43,7 @@ TRANSDUCER_ARGUMENTS = ("predictor_dim", "predictor_layers", "durations", "joint
 
 
 @keras.saving.register_keras_serializable(package="keras_attn")
-class ConformerTransducer(AudioInputChecks, GuardedModel, ConfigModel, keras.Model):
+class ConformerTransducer(ChunkStreaming, AudioInputChecks, GuardedModel, ConfigModel, keras.Model):
     """A Conformer encoder with a transducer decoder: RNN-T, or TDT with
     `durations`; build it with `build_conformer_transducer`.
 
@@ -61,8 +63,14 @@ class ConformerTransducer(AudioInputChecks, GuardedModel, ConfigModel, keras.Mod
     inside are refused on concrete data and make the loss NaN (the step is
     skipped) in a compiled one.
 
-    Args (beside `ConformerConfig`'s fields; `chunk_size` is refused: a
-        streaming transducer is not built yet):
+    Built with `chunk_size` and `left_context` (causal convolution
+    modules, no per-utterance feature normalisation) it streams, as
+    `ConformerCTC` does: `initial_state`, `stream_step` and `flush` give the
+    labels of each chunk as it completes, with the prediction network's
+    state carried from chunk to chunk; a row's labels over all steps are the
+    greedy transcript `decode` gives offline (the same chunk mask).
+
+    Args (beside `ConformerConfig`'s fields):
         predictor_dim: the prediction network's and the joint's width
             (Parakeet: 640); None: `hidden_dim`.
         predictor_layers: the prediction network's LSTM layers (Parakeet:
@@ -91,11 +99,6 @@ class ConformerTransducer(AudioInputChecks, GuardedModel, ConfigModel, keras.Mod
     def __init__(self, config, dtype=None, predictor_dim=None, predictor_layers=None,
                  durations=None, joint_activation=None, max_symbols_per_step=None, **kwargs):
         check_vocabulary_size("vocabulary_size", config.vocabulary_size, allow_none=False)
-        if config.chunk_size is not None:
-            raise ValueError(
-                "A streaming (chunked) transducer is not built yet: the encoder of a "
-                "ConformerTransducer attends to the whole utterance. Received: "
-                f"chunk_size={config.chunk_size}")
         predictor_dim = check_positive_int(
             "predictor_dim", config.hidden_dim if predictor_dim is None else predictor_dim)
         predictor_layers = check_positive_int(
@@ -253,6 +256,102 @@ class ConformerTransducer(AudioInputChecks, GuardedModel, ConfigModel, keras.Mod
         decoded[broken] = -2
         return decoded
 
+    # === Streaming (a model built with `chunk_size`) ===
+
+    def initial_state(self, batch_size, chunk_size=None):
+        """The streaming state before the first chunk of a batch: the
+        encoder streamer's (`ConformerStreamer.initial_state`) and the
+        decoder's: the prediction network's output and LSTM states after
+        the start symbol (`decoder/prediction`, `decoder/lstm_<i>`: h, c of
+        each layer), and `decoder/skip`, the frames a TDT walk moved past
+        the last chunk's end (0 for RNN-T)."""
+        state = self.streamer(chunk_size).initial_state(batch_size)
+        prediction, states = self.predictor.step(ops.zeros((batch_size,), "int32"))
+        state["decoder/prediction"] = prediction
+        state.update({f"decoder/lstm_{i}": value for i, value in enumerate(states)})
+        state["decoder/skip"] = ops.zeros((batch_size,), "int32")
+        return state
+
+    def stream_step(self, chunk, state, chunk_length=None, chunk_size=None):
+        """Feed the next chunk of a batch of utterances.
+
+        Args are `ConformerCTC.stream_step`'s: `chunk` `(B, n)` samples
+        (`n` a multiple of `4 * frame_step`; `8 * frame_step` with
+        `subsampling="fast"`) or `(B, n, num_mel_bins)` features,
+        `state` (never changed: a refused call leaves it valid),
+        `chunk_length` `(B,)` valid samples (frames) of each row, and the
+        `chunk_size` `initial_state` was given.
+
+        Returns:
+            `(outputs, new_state)`: `outputs["frames"]` `(B, k,
+            predictor_dim)`, the projected encoder frames of the `k`
+            frames whose attention chunks are complete, and
+            `outputs["token_ids"]` `(B, m)` int32, the labels (`1..V`) the
+            greedy walk emitted from them, -1 after each row's last. A
+            row's ids `>= 0` over all steps and `flush` are its greedy
+            transcript, `decode`'s.
+        """
+        streamer, decoder, rest = self._split_state(state, chunk_size)
+        frames, new_state = streamer.stream_step(chunk, rest, chunk_length)
+        return self._walk_chunk(frames, state, new_state, decoder)
+
+    def flush(self, state, chunk_size=None):
+        """End of stream: the outputs of the frames still held (the last
+        partial chunk), as `stream_step` returns them."""
+        streamer, decoder, rest = self._split_state(state, chunk_size)
+        frames, new_state = streamer.flush(rest)
+        return self._walk_chunk(frames, state, new_state, decoder)
+
+    def _decoder_state_names(self):
+        return (["decoder/prediction"]
+                + [f"decoder/lstm_{i}" for i in range(2 * self.predictor_layers)]
+                + ["decoder/skip"])
+
+    def _split_state(self, state, chunk_size):
+        from keras_attn.layers.streaming import check_counter
+        from keras_attn.layers.streaming import check_state_tensor
+
+        streamer = self.streamer(chunk_size)
+        names = self._decoder_state_names()
+        if not isinstance(state, dict) or any(name not in state for name in names):
+            raise ValueError(
+                "Invalid value for argument `state`: the dict this model's `initial_state` "
+                f"returns, with its decoder entries {names}. Received: "
+                + (f"state of type {type(state).__name__}" if not isinstance(state, dict)
+                   else f"a state missing {[n for n in names if n not in state]}"))
+        decoder = {name: state[name] for name in names}
+        rest = {name: value for name, value in state.items() if name not in decoder}
+        held = rest.get("logit_length")
+        batch = None if held is None else held.shape[0]
+        dtype = self.predictor.compute_dtype
+        for name in names[:-1]:
+            check_state_tensor(name, decoder[name], (batch, self.predictor_dim), dtype)
+        check_state_tensor("decoder/skip", decoder["decoder/skip"], (batch,), "int32")
+        check_counter("decoder/skip", decoder["decoder/skip"], "frames past the last chunk")
+        return streamer, decoder, rest
+
+    def _walk_chunk(self, frames, state, new_state, decoder):
+        """The greedy walk over a chunk's frames from the decoder's state."""
+        batch, count = frames.shape[0], frames.shape[1]
+        real = ops.convert_to_numpy(new_state["logit_length"] - state["logit_length"])
+        names = self._decoder_state_names()
+        steps = None if self.durations is None else check_durations(self.durations)
+        labels, _, pointer, prediction, states = greedy_walk(
+            ops.cast(frames, "float32"), real.astype("int64"), self.predictor, self.joint, 0,
+            steps, self.max_symbols_per_step,
+            ops.convert_to_numpy(decoder["decoder/skip"]).astype("int64"),
+            decoder["decoder/prediction"], [decoder[name] for name in names[1:-1]])
+        new_state = dict(new_state)
+        new_state["decoder/prediction"] = prediction
+        new_state.update(dict(zip(names[1:-1], states)))
+        # Where the walk stopped past this chunk's frames: a TDT move beyond
+        # its end skips the next chunk's first frames (a row that ended
+        # walks no more).
+        new_state["decoder/skip"] = ops.convert_to_tensor(np.maximum(pointer - count, 0), "int32")
+        token_ids = np.full((batch, max([len(row) for row in labels] + [0])), -1, "int32")
+        for row, ids in enumerate(labels):
+            token_ids[row, :len(ids)] = ids
+        return {"frames": frames, "token_ids": ops.convert_to_tensor(token_ids)}, new_state
 
     def _traced_decode(self, inputs, strategy):
         """`decode` of traced inputs (a `tf.function`, an export): the
