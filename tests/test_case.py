@@ -55,12 +55,13 @@ def redraw_transducer(model, seed):
     test is the same on every backend (each backend's initializers draw
     other numbers, and a transducer's walk follows them): the encoder's
     random weights at their fan-in scale, its constant ones (norms' scales,
-    biases, BatchNorm statistics) kept; the prediction network's and the
-    joint's far from their initial values (small joint logits make near
-    ties that a 1e-5 difference between frameworks can flip)."""
+    biases) and its non-trainable ones (BatchNorm statistics, the log-mel
+    matrices) kept; the prediction network's and the joint's far from their
+    initial values (small joint logits make near ties that a 1e-5
+    difference between frameworks can flip)."""
     rng = np.random.default_rng(seed)
     decoder = {id(weight) for weight in model.predictor.weights + model.joint.weights}
-    for weight in model.weights:
+    for weight in model.trainable_weights:
         value = to_numpy(weight)
         if id(weight) in decoder:
             scale = 0.5

@@ -43,7 +43,7 @@ def _checked(target, target_length, output_length, frames, vocabulary, blank_ind
     its first `target_length`). Its loss is NaN: a compiled step cannot
     raise, and NaN never reaches the weights (the guarded optimizer skips
     the step) where a clamped id would train on a wrong label."""
-    labels = target.shape[1]
+    labels = ops.shape(target)[1]
     invalid = (output_length < 1) | (output_length > frames) | (target_length < 0) \
         | (target_length > labels)
     real = ops.arange(labels, dtype="int32")[None, :] < target_length[:, None]
@@ -51,6 +51,12 @@ def _checked(target, target_length, output_length, frames, vocabulary, blank_ind
     invalid = invalid | ops.any(bad_id, axis=1)
     return (ops.clip(target, 0, vocabulary - 1), ops.clip(target_length, 0, labels),
             ops.clip(output_length, 1, frames), invalid)
+
+
+def _differ(labels, positions, extra):
+    """Whether a static label count and lattice width do not match (sizes
+    unknown until the call runs are checked by the shapes' use)."""
+    return labels is not None and positions is not None and labels + extra != positions
 
 
 def rnnt_loss(target, output, target_length, output_length, blank_index=0):
@@ -87,9 +93,11 @@ def rnnt_loss(target, output, target_length, output_length, blank_index=0):
     target = ops.cast(target, "int32")
     target_length = ops.cast(target_length, "int32")
     output_length = ops.cast(output_length, "int32")
-    batch, frames, positions = ops.shape(output)[0], output.shape[1], output.shape[2]
+    # Sizes unknown until the call runs (a tf.data batch of any width in a
+    # tf.function) are tensors: the lattice loop's bounds are then too.
+    batch, frames, positions = ops.shape(output)[:3]
     labels = positions - 1
-    if target.shape[1] != labels:
+    if _differ(target.shape[1], output.shape[2], 1):
         raise ValueError(
             "`output` must have one more lattice position than `target` has labels: "
             f"(B, T, U + 1, V) for (B, U). Received: target.shape={tuple(target.shape)}, "
@@ -216,10 +224,10 @@ def tdt_loss(target, token_output, duration_output, target_length, output_length
     target = ops.cast(target, "int32")
     target_length = ops.cast(target_length, "int32")
     output_length = ops.cast(output_length, "int32")
-    batch, frames, positions = ops.shape(token_output)[0], token_output.shape[1], \
-        token_output.shape[2]
+    batch, frames, positions = ops.shape(token_output)[:3]
     labels = positions - 1
-    if target.shape[1] != labels or duration_output.shape[-1] != len(durations):
+    if _differ(target.shape[1], token_output.shape[2], 1) or \
+            duration_output.shape[-1] != len(durations):
         raise ValueError(
             "`token_output` must have one more lattice position than `target` has labels, and "
             "`duration_output` one logit per duration: (B, T, U + 1, V), (B, U) and "

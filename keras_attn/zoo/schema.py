@@ -632,6 +632,12 @@ def recipe_model(task, family=None):
     set_fields = task.family_fields()[family]
     evaluation = task.evaluation_class(family)
     own = family == task.family
+    # A task whose model has parts beside the family's config (a
+    # transducer's decoder) declares them as its `Decoder` section.
+    extra = {}
+    if getattr(task, "Decoder", None) is not None:
+        extra["decoder"] = (task.Decoder, Field(default_factory=task.Decoder,
+                                                description=" ".join(task.Decoder.__doc__.split())))
     return pydantic.create_model(
         f"{task.__name__}Recipe" if own else f"{task.__name__}{family.title()}Recipe",
         __base__=Recipe,
@@ -644,6 +650,7 @@ def recipe_model(task, family=None):
         training=(task.Training, field(description="Batching, optimizer, schedule, precision.")),
         evaluation=(evaluation, Field(default_factory=evaluation,
                                       description="The test metric and its settings.")),
+        **extra,
     )
 
 

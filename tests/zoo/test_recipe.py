@@ -220,6 +220,14 @@ def test_missing_keys_are_named():
          "model.overrides.vocabulary_size"),
         ("transformer/transformer_numbers", [("training.label_smoothing", 1.0)],
          "training.label_smoothing"),
+        ("conformer/conformer_tiny_digits_transducer", [("decoder.durations", [0])],
+         "decoder.durations"),
+        ("conformer/conformer_tiny_digits_transducer", [("decoder.predictor_dim", 0)],
+         "decoder.predictor_dim"),
+        ("conformer/conformer_tiny_digits_transducer", [("data.packing", True)],
+         "data.packing"),
+        # The decoder of a transducer recipe is not a key of a CTC one.
+        ("conformer/conformer_tiny_digits", [("decoder.predictor_dim", 8)], "decoder"),
         # A training key of another task is unknown here.
         ("vit/vit_tiny_digits", [("training.label_smoothing", 0.1)], "training.label_smoothing"),
         # Moved out of the model config: the error says where it went.

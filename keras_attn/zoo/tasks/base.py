@@ -117,6 +117,9 @@ class Task:
     Training = schema.Training
     Evaluation = schema.Evaluation
     set_fields = ()
+    # A recipe section for the model's parts beside the family's config (a
+    # `schema.Section`: the transducer's decoder), or None.
+    Decoder = None
     other_families = {}
     embedded_data = None
     metric_names = {}

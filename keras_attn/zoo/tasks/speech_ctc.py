@@ -46,7 +46,6 @@ LETTERS = tuple("abcdefghijklmnopqrstuvwxyz' ")
 PRETRAINED = "training.pretrained"
 _RUN_FILES = ("recipe.json", "model.keras")
 _HF_FILES = ("config.json", "model.safetensors")
-_HF_ARCHITECTURE = "ParakeetForCTC"
 
 
 class SpeechCTCData(schema.TfdsSplits):
@@ -135,43 +134,6 @@ class SpeechCTCTraining(schema.Training):
                           "dropout, attention_dropout, the SpecAugment masks and remat.")
 
 
-def pretrained_kind(path):
-    """"hf" (a Hugging Face `ParakeetForCTC` directory) or "run" (a
-    finished speech_ctc run) for `training.pretrained`; a `ValueError`
-    naming the key otherwise."""
-    kind = pretrained_source(path, PRETRAINED, "speech_ctc", _RUN_FILES, _HF_FILES,
-                             f"Hugging Face {_HF_ARCHITECTURE}", "an encoder")
-    if kind == "hf":
-        with open(os.path.join(path, "config.json"), encoding="utf-8") as handle:
-            architectures = json.load(handle).get("architectures") or []
-        if _HF_ARCHITECTURE not in architectures:
-            raise ValueError(
-                f"Recipe key `{PRETRAINED}` names a Hugging Face directory of "
-                f"{architectures}; the speech_ctc task fine-tunes a {_HF_ARCHITECTURE}. "
-                f"Received: {PRETRAINED}={path!r}")
-    return kind
-
-
-def _run_config(path):
-    """The `ConformerConfig` of a run's model.keras (its saved config: a
-    run that was itself fine-tuned from a checkpoint has the checkpoint's,
-    which its recipe's `model` section does not say)."""
-    import dataclasses
-    import zipfile
-
-    from keras_attn.models.conformer import ConformerConfig
-
-    with zipfile.ZipFile(os.path.join(path, "model.keras")) as archive:
-        saved = json.loads(archive.read("config.json"))
-    fields = {f.name for f in dataclasses.fields(ConformerConfig)}
-    config = saved.get("config", {})
-    if saved.get("class_name") != "ConformerCTC":
-        raise ValueError(
-            f"Recipe key `{PRETRAINED}` names a run whose model.keras holds a "
-            f"{saved.get('class_name')!r}, not a ConformerCTC. Received: {PRETRAINED}={path!r}")
-    return ConformerConfig(**{k: v for k, v in config.items() if k in fields})
-
-
 def streaming_latency_ms(config, chunk_size):
     """Algorithmic latency of streaming in chunks of `chunk_size` encoder
     frames, in ms (docs/streaming.md): the feature frame the chunk's last
@@ -206,10 +168,54 @@ class SpeechCTC(Task):
     # (the features the front end gives on another backend would not be the
     # same to the bit).
 
+    # What `training.pretrained` may name: a Hugging Face directory of one
+    # of `hf_architectures`, or a run of this task (its model.keras a
+    # `model_class`); the head it gets anew (`with_vocabulary`).
+    hf_architectures = ("ParakeetForCTC",)
+    model_class = "ConformerCTC"
+    new_head = "a new CTC head"
+
     @property
     def pretrained(self):
         """`training.pretrained`: a checkpoint directory, or None."""
         return self.training.get("pretrained")
+
+    def pretrained_kind(self, path):
+        """"hf" (a Hugging Face directory of one of `hf_architectures`) or
+        "run" (a finished run of this task) for `training.pretrained`; a
+        `ValueError` naming the key otherwise."""
+        names = " or ".join(self.hf_architectures)
+        kind = pretrained_source(path, PRETRAINED, self.name, _RUN_FILES, _HF_FILES,
+                                 f"Hugging Face {names}", "an encoder")
+        if kind == "hf":
+            with open(os.path.join(path, "config.json"), encoding="utf-8") as handle:
+                architectures = json.load(handle).get("architectures") or []
+            if not set(self.hf_architectures) & set(architectures):
+                raise ValueError(
+                    f"Recipe key `{PRETRAINED}` names a Hugging Face directory of "
+                    f"{architectures}; the {self.name} task fine-tunes a {names}. "
+                    f"Received: {PRETRAINED}={path!r}")
+        return kind
+
+    def _run_config(self, path):
+        """The `ConformerConfig` of a run's model.keras (its saved config: a
+        run that was itself fine-tuned from a checkpoint has the
+        checkpoint's, which its recipe's `model` section does not say)."""
+        import dataclasses
+        import zipfile
+
+        from keras_attn.models.conformer import ConformerConfig
+
+        with zipfile.ZipFile(os.path.join(path, "model.keras")) as archive:
+            saved = json.loads(archive.read("config.json"))
+        fields = {f.name for f in dataclasses.fields(ConformerConfig)}
+        config = saved.get("config", {})
+        if saved.get("class_name") != self.model_class:
+            raise ValueError(
+                f"Recipe key `{PRETRAINED}` names a run whose model.keras holds a "
+                f"{saved.get('class_name')!r}, not a {self.model_class}. "
+                f"Received: {PRETRAINED}={path!r}")
+        return ConformerConfig(**{k: v for k, v in config.items() if k in fields})
 
     def _checkpoint_config(self):
         """The `ConformerConfig` of `training.pretrained` as this task trains
@@ -232,12 +238,12 @@ class SpeechCTC(Task):
                         f"{', '.join(allowed)} may be set for fine-tuning). "
                         f"Received: model.overrides.{key}={value!r}")
             path = self.pretrained
-            if pretrained_kind(path) == "hf":
+            if self.pretrained_kind(path) == "hf":
                 from keras_attn.convert.parakeet import parakeet_config_from_hf
 
                 config = parakeet_config_from_hf(path, input_type="waveform")
             else:
-                config = _run_config(path)
+                config = self._run_config(path)
             self._checkpoint = replace_conformer_config(config, input_type="waveform",
                                                         **overrides)
         return self._checkpoint
@@ -258,10 +264,10 @@ class SpeechCTC(Task):
     def model_note(self):
         if not self.pretrained:
             return None
-        kind = "Hugging Face ParakeetForCTC" if pretrained_kind(self.pretrained) == "hf" \
-            else "speech_ctc run"
+        kind = (f"Hugging Face {' or '.join(self.hf_architectures)}"
+                if self.pretrained_kind(self.pretrained) == "hf" else f"{self.name} run")
         return (f"{PRETRAINED}: the encoder of the {kind} {self.pretrained} (its config; "
-                f"model.preset is not read) under a new CTC head of "
+                f"model.preset is not read) under {self.new_head} of "
                 f"{len(self.vocabulary) + 1} outputs (this recipe's {len(self.vocabulary)} "
                 "characters and the blank): the checkpoint's own head is replaced")
 
@@ -500,7 +506,7 @@ class SpeechCTC(Task):
         import keras
 
         path = self.pretrained
-        if pretrained_kind(path) == "hf":
+        if self.pretrained_kind(path) == "hf":
             from keras_attn.convert.parakeet import load_hf_parakeet
 
             checkpoint = load_hf_parakeet(path)  # features without preprocessor_config.json
@@ -548,13 +554,10 @@ class SpeechCTC(Task):
                 model.conformer_config, chunk_size)
         return metrics
 
-    def _streamed_decoder(self, model, chunk_size):
-        """Greedy token ids of a batch streamed in pieces of one attention
-        chunk each (`chunk_size` x 4 x frame_step samples, 8 x for the
-        FastConformer), the last padded."""
-        from keras_attn.models.conformer import ConformerStreamer
-        from keras_attn.models.conformer.conformer_model import ctc_greedy_ids
-
+    @staticmethod
+    def _streamable(model):
+        """The model's config, or the `ValueError` of a model that does not
+        stream waveforms."""
         config = model.conformer_config
         if config.chunk_size is None or config.input_type != "waveform":
             raise ValueError(
@@ -562,6 +565,16 @@ class SpeechCTC(Task):
                 "(model overrides chunk_size, left_context, causal_conv and "
                 "feature_normalization='none'). Received: "
                 f"chunk_size={config.chunk_size}, input_type={config.input_type!r}")
+        return config
+
+    def _streamed_decoder(self, model, chunk_size):
+        """Greedy token ids of a batch streamed in pieces of one attention
+        chunk each (`chunk_size` x 4 x frame_step samples, 8 x for the
+        FastConformer), the last padded."""
+        from keras_attn.models.conformer import ConformerStreamer
+        from keras_attn.models.conformer.conformer_model import ctc_greedy_ids
+
+        config = self._streamable(model)
         streamer = ConformerStreamer(model, chunk_size=chunk_size,
                                      left_context=config.left_context)
         piece = chunk_size * streamer.step

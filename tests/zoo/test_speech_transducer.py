@@ -1,0 +1,153 @@
+"""The speech_transducer task (issue 71): its recipe trains, evaluates and
+exports a ConformerTransducer through `keras-attn train`'s path; a Hugging
+Face Parakeet TDT directory is fine-tuned on a `files:` table with the
+table's characters (encoder and LSTM layers kept, embedding and joint head
+new); streamed evaluation decodes what `decode` decodes; what it cannot do
+is refused by name."""
+
+import json
+
+import numpy as np
+import pytest
+
+from _tiny import ROOT
+from _tiny import tiny_overrides
+from keras_attn.zoo.recipe import load_recipe
+from keras_attn.zoo.tasks import make_task
+from test_case import redraw_transducer
+from test_speech_pretrained import PARAKEET
+from test_speech_pretrained import ROWS
+from test_speech_pretrained import clips
+
+pytestmark = pytest.mark.tf_only
+
+RECIPE = f"{ROOT}/models/conformer/conformer_tiny_digits_transducer.json"
+TINY = tiny_overrides("conformer_tiny_digits") + ["decoder.predictor_dim=8"]
+RUN = [o for o in TINY if not o.startswith(("data.", "model.", "decoder."))]
+
+
+def test_the_recipe_trains_evaluates_and_exports_what_it_decodes(tmp_path):
+    """Three steps of the tiny recipe: the loss is finite and the run is
+    scored; the task's SavedModel serves `decode`'s transcripts (of the
+    model redrawn: three steps decode little)."""
+    import keras
+    import tensorflow as tf
+
+    from keras_attn import zoo
+    from keras_attn.models.conformer import ConformerTransducer
+
+    run = tmp_path / "run"
+    results = zoo.train(RECIPE, TINY, output=str(run), export=False, verbose=0)
+    model = keras.saving.load_model(str(run / "model.keras"), compile=False)
+    assert isinstance(model, ConformerTransducer) and model.predictor_dim == 8
+    assert results["metric"] == "wer" and 0.0 <= results["value"]
+    history = json.loads((run / "checkpoints" / "history.json").read_text())
+    assert np.isfinite(history["loss"]).all()
+    task = make_task(load_recipe(RECIPE, TINY))
+    inputs = task.example_inputs()
+    redraw_transducer(model, 1)
+    expected = task.reference_outputs(model, inputs)["token_ids"]
+    task.export(model, str(tmp_path / "served"))
+    served = task.served_outputs(tf.saved_model.load(str(tmp_path / "served")), inputs)
+    np.testing.assert_array_equal(served["token_ids"], expected)
+    assert (expected > 0).sum() > 0
+
+
+def _parakeet_tdt(tmp_path):
+    """A ParakeetForTDT directory of a tiny model (32 tokens); its model."""
+    from keras_attn.convert import save_hf
+    from keras_attn.models.conformer import build_conformer_transducer
+
+    model = build_conformer_transducer("parakeet_ctc_tiny", vocabulary_size=32,
+                                       predictor_dim=8, predictor_layers=2,
+                                       durations=[0, 1, 2, 3], **PARAKEET)
+    directory = tmp_path / "parakeet_tdt"
+    save_hf(model, str(directory))
+    return directory, model
+
+
+def _recipe(tmp_path, folder, *extra):
+    with open(RECIPE, encoding="utf-8") as handle:
+        data = json.load(handle)
+    data["data"] = {"dataset": f"files:{folder}"}
+    data.pop("$schema", None)
+    data["decoder"] = {}
+    path = tmp_path / "conformer_tiny_digits_transducer.json"
+    path.write_text(json.dumps(data))
+    return str(path), load_recipe(str(path), RUN + ["model.overrides={}"] + list(extra))
+
+
+def test_a_parakeet_tdt_checkpoint_is_fine_tuned_with_the_tables_characters(tmp_path, capsys):
+    from keras_attn import zoo
+
+    directory, checkpoint = _parakeet_tdt(tmp_path)
+    folder = clips(tmp_path, ROWS)
+    path, recipe = _recipe(tmp_path, folder, f"training.pretrained={directory}")
+    task = make_task(recipe)
+    model = task.build_model()
+    assert task.vocabulary == tuple(" enosy")
+    assert (model.durations, model.predictor_layers, model.predictor.vocabulary_size,
+            model.joint.outputs) == ([0, 1, 2, 3], 2, 7, 7 + 4)
+    theirs = {v.path: np.asarray(v) for v in checkpoint.weights}
+    new = ("predictor/embedding/", "joint/head/")
+    for variable in model.weights:
+        if not variable.path.startswith(new):
+            np.testing.assert_allclose(np.asarray(variable), theirs[variable.path], atol=1e-6,
+                                       err_msg=variable.path)
+
+    overrides = RUN + ["model.overrides={}", f"training.pretrained={directory}",
+                       "training.epochs=2", "training.steps_per_epoch=2",
+                       "training.optimizer.learning_rate=0.003",
+                       "training.schedule={\"name\": \"constant\"}"]
+    capsys.readouterr()
+    zoo.train(path, overrides, output=str(tmp_path / "run"), export=False, verbose=0)
+    log = capsys.readouterr().out
+    assert f"the encoder of the Hugging Face ParakeetForRNNT or ParakeetForTDT {directory}" in log
+    assert "its prediction network with a new embedding and joint head of 7 outputs" in log
+    history = json.loads((tmp_path / "run" / "checkpoints" / "history.json").read_text())
+    assert history["loss"][-1] < history["loss"][0], history["loss"]
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["decoder.predictor_dim=16"], r"^Recipe key `decoder` cannot be set with "
+                                   r"training\.pretrained"),
+    (["model.overrides.hidden_dim=32"], r"^Recipe key `model\.overrides\.hidden_dim` cannot "
+                                        r"be set with training\.pretrained"),
+])
+def test_a_recipe_that_contradicts_the_checkpoint_is_refused(tmp_path, extra, message):
+    directory, _ = _parakeet_tdt(tmp_path)
+    _, recipe = _recipe(tmp_path, clips(tmp_path, ROWS[:2]), f"training.pretrained={directory}",
+                        *extra)
+    with pytest.raises(ValueError, match=message):
+        make_task(recipe).build_model()
+
+
+def test_a_ctc_checkpoint_is_not_a_transducer(tmp_path):
+    from test_speech_pretrained import parakeet_directory
+
+    directory, _ = parakeet_directory(tmp_path)
+    _, recipe = _recipe(tmp_path, clips(tmp_path, ROWS[:2]), f"training.pretrained={directory}")
+    with pytest.raises(ValueError, match=r"names a Hugging Face directory of "
+                                         r"\['ParakeetForCTC'\]; the speech_transducer task "
+                                         r"fine-tunes a ParakeetForRNNT or ParakeetForTDT"):
+        make_task(recipe).prepare()
+
+
+def test_streamed_evaluation_decodes_what_decode_decodes(tmp_path):
+    """`evaluation.streaming_chunk_sizes`: the task's streamed decoder (the
+    model's stream_step over pieces of one attention chunk) against the
+    model's offline `decode` with the same chunk mask."""
+    streaming = ["model.overrides.chunk_size=2", "model.overrides.left_context=4",
+                 "model.overrides.causal_conv=true",
+                 "model.overrides.feature_normalization=\"none\"",
+                 "evaluation.streaming_chunk_sizes=[2]"]
+    task = make_task(load_recipe(RECIPE, TINY + streaming))
+    model = redraw_transducer(task.build_model(), 1)
+    inputs = task.example_inputs()
+    expected = model.decode(inputs)
+    streamed = task._streamed_decoder(model, 2)(inputs)
+    assert [row[row > 0].tolist() for row in streamed] == \
+        [row[row > 0].tolist() for row in expected]
+    assert (expected > 0).sum() > 0
+    with pytest.raises(ValueError, match=r"format='onnx'"):
+        task.check_export_format("onnx")
