@@ -22,13 +22,16 @@ def export_speech_recognizer(model, path, strategy="greedy", beam_width=16,
     "logit_lengths" (for a server's own beam search). The log-mel front end
     computes its STFT as a convolution there (`LogMelFeatures(stft=...)`,
     `ParakeetLogMelFeatures(stft=...)`: the converters cannot take the
-    FFT). Greedy only: the beam search is TensorFlow's CTC kernel.
+    FFT). Greedy only: the beam search is TensorFlow's CTC kernel. A
+    `ConformerTransducer` serves its greedy walk there too (one while loop:
+    ONNX's Loop, LiteRT's WHILE), "token_ids" `(B, T' x
+    max_symbols_per_step)` with "frames" and "frame_lengths" beside them.
 
     Args:
         model: a `ConformerCTC` (anything with a `decode(inputs, strategy,
             beam_width)` method taking `{"waveform", "waveform_length"}`), or
-            a `ConformerTransducer` (SavedModel, greedy: its `token_ids` are
-            `(B, T' x max_symbols_per_step)`, -1 padded).
+            a `ConformerTransducer` (greedy: its `token_ids` are `(B, T' x
+            max_symbols_per_step)`, -1 padded).
         path: the SavedModel directory (written atomically).
         strategy: `"greedy"` or `"beam_search"`.
         beam_width: beam width for beam search.
@@ -65,13 +68,6 @@ def export_speech_recognizer(model, path, strategy="greedy", beam_width=16,
             f"`strategy` must be 'greedy' or 'beam_search'. Received: strategy={strategy!r}"
         )
     if format != "saved_model":
-        from keras_attn.models.conformer import ConformerTransducer
-
-        if isinstance(model, ConformerTransducer):
-            raise ValueError(
-                f"A ConformerTransducer exports as a SavedModel only for now (its greedy walk is "
-                f"a while loop; the {format} converters' take of it is untested). Received: "
-                f"format={format!r}")
         if strategy != "greedy":
             raise ValueError(
                 f"The {format} speech recognizer decodes greedily (beam search is TensorFlow's "
@@ -136,6 +132,8 @@ def _export_portable(model, path, format, precision, vocabulary=None):
     from keras_attn.layers import ParakeetLogMelFeatures
     from keras_attn.models.conformer.conformer_model import ctc_greedy_ids
 
+    from keras_attn.models.conformer import ConformerTransducer
+
     class GreedyIds(keras.layers.Layer):
         # ctc_greedy_ids in the functional serving model: the frame count
         # is known only when it runs; its output is int32.
@@ -144,6 +142,22 @@ def _export_portable(model, path, format, precision, vocabulary=None):
 
         def compute_output_spec(self, logits, lengths):
             return keras.KerasTensor(tuple(logits.shape[:2]), dtype="int32")
+
+    class TransducerIds(keras.layers.Layer):
+        # The transducer's greedy walk (one while loop, `greedy_ids`) over
+        # the model's own prediction network and joint (their weights, not
+        # copies): LiteRT's builtins and ONNX's Loop hold it.
+        def __init__(self, transducer, **kwargs):
+            super().__init__(**kwargs)
+            self.transducer = transducer
+
+        def call(self, frames, lengths):
+            return self.transducer.greedy_ids(frames, lengths)
+
+        def compute_output_spec(self, frames, lengths):
+            steps = self.transducer.max_symbols_per_step
+            width = None if frames.shape[1] is None else frames.shape[1] * steps
+            return keras.KerasTensor((frames.shape[0], width), dtype="int32")
 
     if "waveform" not in getattr(model, "input", {}):
         raise ValueError(
@@ -162,20 +176,27 @@ def _export_portable(model, path, format, precision, vocabulary=None):
         waveform_length = keras.Input((), dtype="int32", name="waveform_length")
         outputs = model({"waveform": waveform, "waveform_length": waveform_length},
                         training=False)
-        logits = keras.ops.cast(outputs["logits"], "float32")
-        lengths = keras.ops.cast(outputs["logit_lengths"], "int32")
-        serving = keras.Model(
-            [waveform, waveform_length],
-            {"token_ids": GreedyIds(name="greedy_ids")(logits, lengths), "logits": logits,
-             "logit_lengths": lengths},
-            name="speech_recognizer_serving")
+        if isinstance(model, ConformerTransducer):
+            frames = keras.ops.cast(outputs["frames"], "float32")
+            lengths = keras.ops.cast(outputs["frame_lengths"], "int32")
+            served = {"token_ids": TransducerIds(model, name="greedy_ids")(frames, lengths),
+                      "frames": frames, "frame_lengths": lengths}
+            decoding = ("greedy transducer walk: ids 1..V, -1 after the transcript (frames x "
+                        "max_symbols_per_step wide)")
+        else:
+            logits = keras.ops.cast(outputs["logits"], "float32")
+            lengths = keras.ops.cast(outputs["logit_lengths"], "int32")
+            served = {"token_ids": GreedyIds(name="greedy_ids")(logits, lengths),
+                      "logits": logits, "logit_lengths": lengths}
+            decoding = "greedy CTC: ids 1..V (0 is the blank), -1 after the transcript"
+        serving = keras.Model([waveform, waveform_length], served,
+                              name="speech_recognizer_serving")
         return export_portable(
             serving, path, format, precision,
             preprocessing={"waveform": "float32 audio in [-1, 1] at the model's sampling rate, "
                                        "padded with anything after waveform_length",
                            "sampling_rate": int(model.conformer_config.sampling_rate),
-                           "token_ids": "greedy CTC: ids 1..V (0 is the blank), -1 after the "
-                                        "transcript"},
+                           "token_ids": decoding},
             extra=vocabulary and {"vocabulary": vocabulary})
     finally:
         for layer, mode in zip(front_ends, modes):

@@ -84,8 +84,10 @@ class SpeechRecognizerArtifact:
         for row, clip in enumerate(samples):
             waveform[row, : len(clip)] = clip
         outputs = self.artifact(waveform=waveform, waveform_length=lengths)
-        ids, logits = np.asarray(outputs["token_ids"]), np.asarray(outputs["logits"])
-        frames = np.asarray(outputs["logit_lengths"])
+        # A CTC model's logits, or a transducer's frames (what its joint reads).
+        key = "logits" if "logits" in outputs else "frames"
+        ids, logits = np.asarray(outputs["token_ids"]), np.asarray(outputs[key])
+        frames = np.asarray(outputs["logit_lengths" if key == "logits" else "frame_lengths"])
         # A clip the model answers NaN or inf for gets None, never the
         # transcript its garbage frames would spell.
         token_ids = [row[row > 0].astype("int32") if np.isfinite(logits[i, : frames[i]]).all()

@@ -87,11 +87,25 @@ class TransducerPredictor(keras.layers.Layer):
         """One token per row, for decoding: `(B,)` ids and the states of
         the step before (None: the start) -> `(outputs (B, hidden_dim),
         states)`, whatever `return_states` says."""
-        token_ids = ops.expand_dims(ops.convert_to_tensor(token_ids), 1)
+        token_ids = ops.convert_to_tensor(token_ids)
         if not self.built:
-            self.build(tuple(token_ids.shape))
-        x, new_states = self._run(token_ids, states)
-        return x[:, 0], new_states
+            self.build(tuple(token_ids.shape) + (1,))
+        if states is not None and len(states) != 2 * self.num_layers:
+            raise ValueError(
+                f"Invalid value for argument `states`: [h, c] for each of the {self.num_layers} "
+                f"LSTM layers, {2 * self.num_layers} tensors. Received: {len(states)} tensors")
+        x = self.embedding(ops.cast(token_ids, "int32"))  # (B, hidden_dim)
+        if states is None:  # the LSTM layers' own start: zeros
+            zeros = ops.zeros_like(x)
+            states = [zeros] * (2 * self.num_layers)
+        # Each LSTM's cell on the one step, as the layer runs it at each
+        # position: no loop over a sequence of one (on TensorFlow that loop
+        # is a TensorList, which LiteRT's builtins cannot hold).
+        new_states = []
+        for i, lstm in enumerate(self.lstm_layers):
+            x, (h, c) = lstm.cell(x, list(states[2 * i:2 * i + 2]))
+            new_states += [h, c]
+        return self.projection(x), new_states
 
     def _run(self, token_ids, states):
         if states is not None and len(states) != 2 * self.num_layers:

@@ -1,7 +1,8 @@
-"""A ConformerTransducer served from a SavedModel: the traced greedy walk
-(`transducer_greedy_ids` in a tf.function with any batch and length) gives
-the model's transcripts, with their text; a NaN row answers -2; the
-portable formats and the traced beam search are refused by name."""
+"""A ConformerTransducer served from a SavedModel, and from ONNX and
+LiteRT with their runtimes alone: the traced greedy walk
+(`transducer_greedy_ids`, one while loop, with any batch and length) gives
+the model's transcripts, with their text; a NaN row answers -2; the traced
+beam search is refused by name."""
 
 import numpy as np
 import pytest
@@ -46,9 +47,36 @@ def test_the_saved_model_transcribes_as_the_model(tmp_path, durations):
     assert (got[-1] == -2).all()
 
 
+# Each converter once, each walk once (the walk is one function: the
+# duration branch is what TDT adds).
+@pytest.mark.parametrize("format, durations", [("onnx", [0, 1, 2]), ("litert", None)])
+def test_onnx_and_litert_transcribe_as_the_model_with_their_runtime(tmp_path, format,
+                                                                      durations):
+    from keras_attn.export import SpeechRecognizerArtifact
+
+    model = _model(durations)
+    path = export_speech_recognizer(model, tmp_path / "asr", format=format,
+                                    vocabulary=list("abcde"))
+    recognizer = SpeechRecognizerArtifact(str(path))
+    rng = np.random.default_rng(0)
+    lengths = np.array([9000, 4000], "int32")
+    wave = np.zeros((2, 9000), "float32")
+    for i, n in enumerate(lengths):
+        wave[i, :n] = rng.standard_normal(n) * 0.1
+    want = [row[row > 0].tolist()
+            for row in model.decode({"waveform": wave, "waveform_length": lengths})]
+    outputs = recognizer.artifact(waveform=wave, waveform_length=lengths)
+    got = np.asarray(outputs["token_ids"])
+    assert [row[row > 0].tolist() for row in got] == want and sum(map(len, want)) >= 3
+    assert got.shape[1] == 3 * np.asarray(outputs["frames"]).shape[1]  # T' x max_symbols
+    texts = recognizer([wave[0, :9000], wave[1, :4000]])["text"]
+    assert texts == ["".join("abcde"[i - 1] for i in row) for row in want]
+    wave[-1, 5] = 3000.0  # outside [-1, 1]: the graph answers -2, never a transcript
+    got = np.asarray(recognizer.artifact(waveform=wave, waveform_length=lengths)["token_ids"])
+    assert (got[-1] == -2).all() and [r[r > 0].tolist() for r in got[:1]] == want[:1]
+
+
 def test_what_the_export_refuses(tmp_path):
     model = _model(None)
-    with pytest.raises(ValueError, match=r"SavedModel only.*Received: format='onnx'"):
-        export_speech_recognizer(model, tmp_path / "a", format="onnx")
     with pytest.raises(ValueError, match=r"walks greedily.*strategy='beam_search'"):
         export_speech_recognizer(model, tmp_path / "b", strategy="beam_search")

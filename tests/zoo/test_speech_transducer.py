@@ -149,5 +149,7 @@ def test_streamed_evaluation_decodes_what_decode_decodes(tmp_path):
     assert [row[row > 0].tolist() for row in streamed] == \
         [row[row > 0].tolist() for row in expected]
     assert (expected > 0).sum() > 0
-    with pytest.raises(ValueError, match=r"format='onnx'"):
-        task.check_export_format("onnx")
+    task.check_export_format("onnx")
+    beam = make_task(load_recipe(RECIPE, TINY + ["evaluation.strategy=\"beam_search\""]))
+    with pytest.raises(ValueError, match=r"walks greedily.*'beam_search'"):
+        beam.check_export_format("litert")

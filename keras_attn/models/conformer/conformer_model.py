@@ -861,6 +861,14 @@ def greedy_chunk_tokens(logits, real, last):
     return ops.where(keep, best, -1), ops.where(real > 0, final, last)
 
 
+def first_argmax(x):
+    """`ops.argmax(x, axis=-1)` as int32, the first maximum, found without
+    `ops.argmax` of floats: on TensorFlow that checks for -0.0 with a
+    bitcast, which ONNX has no op for (an export's graph holds this)."""
+    is_best = ops.greater_equal(x, ops.max(x, axis=-1, keepdims=True))
+    return ops.cast(ops.argmax(ops.cast(is_best, "int32"), axis=-1), "int32")
+
+
 def ctc_greedy_ids(logits, lengths, blank=0):
     """Greedy CTC decoding in `keras.ops` only: the best token of each of
     an utterance's first `length` frames, repeats merged, blanks dropped.
@@ -877,10 +885,7 @@ def ctc_greedy_ids(logits, lengths, blank=0):
     >>> np.asarray(ctc_greedy_ids(logits, np.array([6]))).tolist()
     [[1, 1, 2, 3, -1, -1, -1]]
     """
-    # The first maximum, found without `ops.argmax` of floats: on TensorFlow
-    # that checks for -0.0 with a bitcast, which ONNX has no op for.
-    is_best = ops.greater_equal(logits, ops.max(logits, axis=-1, keepdims=True))
-    best = ops.cast(ops.argmax(ops.cast(is_best, "int32"), axis=-1), "int32")  # (B, T)
+    best = first_argmax(logits)  # (B, T)
     steps = ops.shape(best)[1]
     valid = ops.less(ops.expand_dims(ops.arange(steps), 0),
                      ops.expand_dims(ops.cast(lengths, "int32"), 1))

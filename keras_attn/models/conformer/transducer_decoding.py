@@ -29,6 +29,7 @@ from keras import ops
 
 from keras_attn._checks import check_positive_int
 from keras_attn._guard import concrete_value
+from keras_attn.models.conformer.conformer_model import first_argmax
 
 
 def transducer_greedy_decode(encoder, lengths, predictor, joint, blank_id, durations=None,
@@ -221,12 +222,12 @@ def transducer_greedy_ids(encoder, lengths, predictor, joint, blank_id, duration
         index = ops.minimum(pointer, frames - 1)[:, None, None]
         frame = ops.take_along_axis(encoder, index, axis=1)  # (B, 1, D)
         logits = ops.cast(joint(frame, prediction[:, None, :])[:, 0, 0], "float32")
-        token = ops.cast(ops.argmax(logits[:, :vocabulary], axis=-1), "int32")
+        token = first_argmax(logits[:, :vocabulary])
         blank = ops.equal(token, blank_id)
         if steps is None:
             move = ops.cast(blank, "int32")
         else:
-            chosen = ops.argmax(logits[:, vocabulary:], axis=-1)
+            chosen = first_argmax(logits[:, vocabulary:])
             move = ops.take(ops.convert_to_tensor(steps.astype("int32")), chosen)
             move = ops.where(ops.logical_and(blank, move == 0), 1, move)
         symbols = ops.where(move > 0, 0, symbols + 1)

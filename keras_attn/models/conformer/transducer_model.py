@@ -362,16 +362,25 @@ class ConformerTransducer(ChunkStreaming, AudioInputChecks, GuardedModel, Config
                 "A traced decode (an export, a tf.function) walks greedily: the beam search "
                 "runs on the host, with values. Received: strategy='beam_search'")
         outputs = self(inputs, training=False)
-        frames = ops.cast(outputs["frames"], "float32")
-        lengths = ops.cast(outputs["frame_lengths"], "int32")
-        valid = ops.expand_dims(ops.arange(ops.shape(frames)[1]), 0) < lengths[:, None]
-        broken = ops.any(ops.logical_and(valid[:, :, None], ops.logical_not(
+        return self.greedy_ids(outputs["frames"], outputs["frame_lengths"])
+
+    def greedy_ids(self, frames, frame_lengths):
+        """The greedy walk over the model's outputs as tensor ops
+        (`transducer_greedy_ids`: an export's graph holds it): `(B, T' x
+        max_symbols_per_step)` int32 ids, -1 padded; all -2 for a row
+        whose valid frames are not finite."""
+        frames = ops.cast(frames, "float32")
+        lengths = ops.cast(frame_lengths, "int32")
+        # expand_dims, not [:, None]: LiteRT has no strided slice of bools
+        # that adds an axis.
+        valid = ops.expand_dims(ops.arange(ops.shape(frames)[1]), 0) < ops.expand_dims(lengths, 1)
+        broken = ops.any(ops.logical_and(ops.expand_dims(valid, 2), ops.logical_not(
             ops.isfinite(frames))), axis=(1, 2))
         ids = transducer_greedy_ids(
-            ops.where(broken[:, None, None], 0.0, frames), ops.where(broken, 0, lengths),
-            self.predictor, self.joint, blank_id=0, durations=self.durations,
-            max_symbols_per_step=self.max_symbols_per_step)
-        return ops.where(broken[:, None], -2, ids)
+            ops.where(ops.expand_dims(broken, (1, 2)), 0.0, frames),
+            ops.where(broken, 0, lengths), self.predictor, self.joint, blank_id=0,
+            durations=self.durations, max_symbols_per_step=self.max_symbols_per_step)
+        return ops.where(ops.expand_dims(broken, 1), -2, ids)
 
 
 def build_conformer_transducer(config=DEFAULT_PRESET, **overrides):

@@ -17,9 +17,10 @@ head) drawn anew over the recipe's vocabulary
 (`ConformerTransducer.with_vocabulary`); the `decoder` section is then the
 checkpoint's and may not be set.
 
-What it does not do yet: packed training rows (`data.packing`: the
-transducer's loss reads no segment ids) and ONNX / LiteRT exports (the
-SavedModel serves the greedy walk); both are refused by name.
+Exports (SavedModel, ONNX, LiteRT) serve the greedy walk; a recipe whose
+evaluation is a beam search is refused an export by name. What it does not
+do yet: packed training rows (`data.packing`: the transducer's loss reads
+no segment ids), refused by name.
 """
 
 from typing import Annotated
@@ -31,6 +32,7 @@ import pydantic
 
 from keras_attn.zoo import schema
 from keras_attn.zoo.schema import field
+from keras_attn.zoo.tasks.base import Task
 from keras_attn.zoo.tasks.speech_ctc import PRETRAINED
 from keras_attn.zoo.tasks.speech_ctc import SpeechCTC
 from keras_attn.zoo.tasks.speech_ctc import SpeechCTCData
@@ -172,11 +174,8 @@ class SpeechTransducer(SpeechCTC):
         return decode
 
     def check_export_format(self, format, precision="float32"):
-        super().check_export_format(format, precision)
-        if format != "saved_model":
-            raise ValueError(
-                "A transducer exports as a SavedModel only (its greedy walk in TensorFlow); "
-                f"ONNX and LiteRT are not built yet. Received: format={format!r}")
+        # The format's own checks (Task's); speech_ctc's words are CTC's.
+        Task.check_export_format(self, format, precision)
         if self.evaluation["strategy"] != "greedy":
             raise ValueError(
                 "An exported transducer walks greedily (the beam search runs on the host); "
