@@ -1,5 +1,6 @@
-"""The streaming step of a `ConformerCTC` as a stateful ONNX or LiteRT
-model of fixed shapes, for a device that has no TensorFlow:
+"""The streaming step of a `ConformerCTC` (or a `ConformerTransducer`,
+below) as a stateful ONNX or LiteRT model of fixed shapes, for a device
+that has no TensorFlow:
 
 ```
 chunk (B, n) float32, chunk_length (B,) int32, state tensors
@@ -48,6 +49,16 @@ frames, no tokens): the same tokens. The end of a stream: the last chunk
 zero-padded with its valid samples in `chunk_length` (a row that ends
 stays ended), then `flush_chunks` chunks of zeros with `chunk_length` 0.
 
+A `ConformerTransducer`'s step is the same encoder chunk projected to its
+joint's width, then its greedy walk over the chunk's frames in one while
+loop (`transducer_greedy_ids` from the carried state): outputs `frames (B,
+C, P)` and `token_ids (B, C x max_symbols_per_step)` (the labels emitted,
+-1 after them, -2 for a refused row); its decoder state is
+`ConformerTransducer.stream_step`'s (`decoder_prediction`,
+`decoder_lstm_<i>`, `decoder_skip`), whose start values (the prediction
+network after the blank, one row broadcast to the batch) `serving.json`
+records as the entries' `initial`.
+
 `serving.json` records all of it under `"streaming"` (each state tensor's
 input and output names, shape, dtype and initial value, the chunk length
 in samples, the sampling rate, `flush_chunks`, the blank id and the
@@ -77,7 +88,8 @@ def export_streaming(model, path, format, precision="float32", chunk_size=None,
     model of fixed shapes into the directory `path`, with `serving.json`.
 
     Args:
-        model: a streamable `ConformerCTC` on waveforms (built with
+        model: a streamable `ConformerCTC` or `ConformerTransducer` on
+            waveforms (built with
             `chunk_size`, `left_context`, `causal_conv=True`,
             `feature_normalization="none"`).
         path: the directory to write (atomically).
@@ -110,14 +122,17 @@ def export_streaming(model, path, format, precision="float32", chunk_size=None,
     if streamer.log_mel is None:
         raise ValueError(
             "Invalid value for argument `model`: the exported step takes audio chunks "
-            "(a ConformerCTC with input_type='waveform'). Received: a model with "
+            "(a model with input_type='waveform'). Received: a model with "
             f"input_type={streamer.input_type!r}")
+    from keras_attn.models.conformer import ConformerTransducer
+
+    transducer = isinstance(model, ConformerTransducer)
     if vocabulary is not None and len(vocabulary) != model.vocabulary_size:
         raise ValueError(
             f"Invalid value for argument `vocabulary`: the {model.vocabulary_size} tokens of "
             f"ids 1..{model.vocabulary_size}. Received: {len(vocabulary)} tokens")
     geometry = _steady_geometry(streamer, batch_size)
-    step = _StreamingStep(model, streamer, geometry)
+    step = (_TransducerStreamingStep if transducer else _StreamingStep)(model, streamer, geometry)
     inputs = {"chunk": keras.Input(batch_shape=(batch_size, geometry["chunk_samples"]),
                                    dtype="float32", name="chunk"),
               "chunk_length": keras.Input(batch_shape=(batch_size,), dtype="int32",
@@ -147,9 +162,7 @@ def export_streaming(model, path, format, precision="float32", chunk_size=None,
         preprocessing={"chunk": "float32 audio in [-1, 1] at the model's sampling rate, "
                                 f"{geometry['chunk_samples']} samples per call",
                        "sampling_rate": int(config.sampling_rate),
-                       "token_ids": "greedy CTC per frame: ids 1..V, -1 where the frame "
-                                    "emits none (blank, a repeat, past the end), -2 on "
-                                    "every frame of a row refused (NaN logits)"},
+                       "token_ids": step.token_ids_note},
         extra={"streaming": streaming})
 
 
@@ -202,10 +215,20 @@ class _StreamingStep(keras.layers.Layer):
     fixed shape (the module docstring). The layers are the model's,
     shared."""
 
+    token_ids_note = ("greedy CTC per frame: ids 1..V, -1 where the frame emits none "
+                      "(blank, a repeat, past the end), -2 on every frame of a row refused "
+                      "(NaN logits)")
+    # The decoder's state entries, after the streamer's, and their start
+    # values beside the steady geometry's (a list: one row, broadcast).
+    decoder_names = ("decoder/last",)
+
     def __init__(self, model, streamer, geometry):
         super().__init__(name="streaming_step")
         self.model, self.streamer, self.geometry = model, streamer, geometry
         self.state_specs = self._state_specs()
+
+    def decoder_initial(self, keras_state):
+        return {"decoder/last": -1}
 
     def _state_specs(self):
         """`{name, input, output, shape, dtype, initial}` of each state
@@ -213,10 +236,10 @@ class _StreamingStep(keras.layers.Layer):
         steady lengths, and the greedy decoder's last token."""
         g, specs = self.geometry, []
         steady = g["steady"]
-        initial = {"log_mel/next_frame": -g["dummy_frames"], "decoder/last": -1}
         keras_state = self.model.initial_state(1, self.streamer.chunk_size)
+        initial = {"log_mel/next_frame": -g["dummy_frames"], **self.decoder_initial(keras_state)}
         # `received` counts samples: `next_frame` says the same with chunks of one length.
-        for name in [*self.streamer.state_names(), "decoder/last"]:
+        for name in [*self.streamer.state_names(), *self.decoder_names]:
             # The chunk size is the step's shapes': nothing to carry.
             if name in ("log_mel/received", "chunk_size"):
                 continue
@@ -233,9 +256,33 @@ class _StreamingStep(keras.layers.Layer):
         return specs
 
     def call(self, inputs):
+        state = {spec["name"]: inputs[spec["input"]] for spec in self.state_specs}
+        x, real, invalid, new = self._encode(inputs, state)
+        result = self._decode(x, real, invalid, state, new)
+        for spec in self.state_specs:
+            result[spec["output"]] = ops.cast(new[spec["name"]], spec["dtype"])
+        return result
+
+    def _invalid_decoder_state(self, state):
+        return ops.less(state["decoder/last"], -1)
+
+    def _decode(self, x, real, invalid, state, new):
+        """The CTC head's logits of the chunk's frames `x` and their greedy
+        tokens, with the decoder's next state in `new`."""
+        logits = nan_where(invalid, ops.cast(self.streamer.head(x), "float32"))  # (B, C, V + 1)
+        token_ids, new["decoder/last"] = greedy_chunk_tokens(logits, real, state["decoder/last"])
+        # -2 on every frame of an invalid row: -1 means "no token" (silence),
+        # and a runtime reading only the tokens must not hear silence there.
+        token_ids = ops.where(ops.expand_dims(invalid, 1), -2, token_ids)
+        return {"logits": logits, "token_ids": token_ids}
+
+    def _encode(self, inputs, state):
+        """The chunk through the front end, the subsampling and the blocks:
+        the last blocks' frames `(B, C, D)` of the attention chunk that
+        completed, their real count `(B,)`, the rows refused `(B,)` and the
+        encoder's next state."""
         streamer, g = self.streamer, self.geometry
         log_mel, subsampling = streamer.log_mel, streamer.subsampling
-        state = {spec["name"]: inputs[spec["input"]] for spec in self.state_specs}
         chunk = ops.cast(inputs["chunk"], "float32")
         width, hop, half = g["chunk_samples"], log_mel.frame_step, log_mel.fft_length // 2
         ended = state["log_mel/ended"]
@@ -246,8 +293,9 @@ class _StreamingStep(keras.layers.Layer):
         # be (a negative count), gets NaN logits, never another transcript.
         outside = ops.logical_and(inside, ops.logical_not(ops.less_equal(ops.abs(chunk), 1.0)))
         invalid = ops.any(outside, axis=1)  # (B,): NaN fails the comparison too
-        for name, low in (("log_mel/length", 0), ("logit_length", 0), ("decoder/last", -1)):
-            invalid = ops.logical_or(invalid, ops.less(state[name], low))
+        for name in ("log_mel/length", "logit_length"):
+            invalid = ops.logical_or(invalid, ops.less(state[name], 0))
+        invalid = ops.logical_or(invalid, self._invalid_decoder_state(state))
         samples = ops.where(inside, chunk, 0.0)  # (B, n), zeros past each end
         length = state["log_mel/length"] + given
         first = ops.less(state["log_mel/next_frame"], 0)  # (B,): before the first chunk
@@ -311,17 +359,52 @@ class _StreamingStep(keras.layers.Layer):
                 x, {entry: state[prefix + entry] for entry in ("key", "value", "mask", "conv")},
                 padding_mask=mask)
             new.update({prefix + entry: value for entry, value in cache.items()})
-        logits = nan_where(invalid, ops.cast(streamer.head(x), "float32"))  # (B, C, V + 1)
         real = ops.sum(ops.cast(pending_mask[:, :size], "int32"), axis=1)
         new["logit_length"] = state["logit_length"] + real
-        token_ids, new["decoder/last"] = greedy_chunk_tokens(logits, real, state["decoder/last"])
-        # -2 on every frame of an invalid row: -1 means "no token" (silence),
-        # and a runtime reading only the tokens must not hear silence there.
-        token_ids = ops.where(ops.expand_dims(invalid, 1), -2, token_ids)
-        result = {"logits": logits, "token_ids": token_ids}
-        for spec in self.state_specs:
-            result[spec["output"]] = ops.cast(new[spec["name"]], spec["dtype"])
-        return result
+        return x, real, invalid, new
+
+
+class _TransducerStreamingStep(_StreamingStep):
+    """`_StreamingStep` of a `ConformerTransducer`: the encoder's chunk as
+    there, projected (`encoder_projector`), then the greedy walk over its
+    frames from the decoder's state (`ConformerTransducer.stream_step`'s:
+    the prediction network's output and LSTM states, a TDT move past the
+    chunk's end), one while loop (`transducer_greedy_ids`)."""
+
+    token_ids_note = ("greedy transducer labels of the chunk's frames: ids 1..V, -1 after "
+                      "the last (chunk_size x max_symbols_per_step wide), -2 on every slot "
+                      "of a row refused (NaN frames)")
+
+    def __init__(self, model, streamer, geometry):
+        self.decoder_names = tuple(model._decoder_state_names())
+        super().__init__(model, streamer, geometry)
+
+    def decoder_initial(self, keras_state):
+        # The start (after the blank) is one row of values, the same for every row.
+        return {name: (0 if name == "decoder/skip" else
+                       np.asarray(keras_state[name], "float32")[0].tolist())
+                for name in self.decoder_names}
+
+    def _invalid_decoder_state(self, state):
+        return ops.less(state["decoder/skip"], 0)
+
+    def _decode(self, x, real, invalid, state, new):
+        from keras_attn.models.conformer import transducer_greedy_ids
+
+        model, size = self.model, self.streamer.chunk_size
+        frames = nan_where(invalid, ops.cast(self.streamer.head(x), "float32"))  # (B, C, P)
+        names = self.decoder_names
+        ids, (pointer, prediction, states) = transducer_greedy_ids(
+            ops.where(ops.expand_dims(invalid, (1, 2)), 0.0, frames),
+            ops.where(invalid, 0, real), model.predictor, model.joint, blank_id=0,
+            durations=model.durations, max_symbols_per_step=model.max_symbols_per_step,
+            initial_state=(state["decoder/skip"], state["decoder/prediction"],
+                           [state[name] for name in names[1:-1]]),
+            return_state=True)
+        new["decoder/prediction"] = prediction
+        new.update(dict(zip(names[1:-1], states)))
+        new["decoder/skip"] = ops.maximum(pointer - size, 0)
+        return {"frames": frames, "token_ids": ops.where(ops.expand_dims(invalid, 1), -2, ids)}
 
 
 def _mel_power(log_mel, padded, chunk_length):

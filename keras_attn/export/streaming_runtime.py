@@ -138,7 +138,11 @@ class StreamingRecognizer:
             the greedy CTC token each encoder frame of the chunk that just
             completed emits, -1 where it emits none; `outputs["logits"]`
             `(B, C, V + 1)`. A row's ids >= 0, over all steps and `finish`,
-            are its transcript (those of `ConformerCTC.stream_step`).
+            are its transcript (those of `ConformerCTC.stream_step`). A
+            transducer's step: `outputs["token_ids"]` `(B, C x
+            max_symbols_per_step)` the labels its walk emitted, -1 after
+            them, and `outputs["frames"]` (those of
+            `ConformerTransducer.stream_step`).
 
         Raises:
             ValueError: a state from another export or an ended stream, a
@@ -175,7 +179,7 @@ class StreamingRecognizer:
             step_outputs, tensors = self._run(chunk, lengths, tensors)
             outputs.append(step_outputs)
         merged = {name: np.concatenate([o[name] for o in outputs], axis=1)
-                  for name in ("logits", "token_ids")}
+                  for name in outputs[0]}
         return merged, self._state(dict(tensors.tensors), ended=True)
 
     def _run(self, chunk, lengths, state):
@@ -186,8 +190,9 @@ class StreamingRecognizer:
         # Copies: LiteRT's output buffers are the interpreter's, reused by the next call.
         tensors = {spec["input"]: np.array(outputs[spec["output"]])
                    for spec in self.streaming["state"]}
-        result = {"logits": np.array(outputs["logits"]),
-                  "token_ids": np.array(outputs["token_ids"])}
+        # A CTC step's logits, or a transducer step's frames (what its joint read).
+        result = {name: np.array(outputs[name]) for name in ("logits", "frames", "token_ids")
+                  if name in outputs}
         return result, self._state(tensors)
 
     # === Checks ===

@@ -76,6 +76,59 @@ def test_onnx_and_litert_transcribe_as_the_model_with_their_runtime(tmp_path, fo
     assert (got[-1] == -2).all() and [r[r > 0].tolist() for r in got[:1]] == want[:1]
 
 
+def _tones(rows, samples, seed=0):
+    """Tones that change every 0.1 s: encoder frames that differ."""
+    rng = np.random.default_rng(seed)
+    pitch = np.repeat(rng.uniform(200, 3000, (rows, samples // 1600 + 1)), 1600, axis=1)
+    return (0.3 * np.sin(2 * np.pi * pitch[:, :samples] * np.arange(samples) / 16000)
+            ).astype("float32")
+
+
+# The streaming step: ONNX with TDT, LiteRT with RNN-T (as above).
+@pytest.mark.parametrize("format, durations", [("onnx", [0, 1, 2, 3]), ("litert", None)])
+def test_the_streaming_step_transcribes_as_the_model_offline(tmp_path, format, durations):
+    """The exported step (encoder chunk, then the walk over its frames from
+    the decoder state it carries) run by `StreamingRecognizer` with the
+    runtime alone: each row's labels are the offline transcript of the
+    chunk-masked model (`decode`), TDT's moves past a chunk's end included."""
+    from keras_attn.export import export_streaming
+    from keras_attn.export.streaming_runtime import StreamingRecognizer
+    from test_case import redraw_transducer
+
+    model = build_conformer_transducer(
+        "conformer_tiny", vocabulary_size=5, num_layers=2, hidden_dim=16, num_heads=2,
+        kernel_size=5, num_mel_bins=20, freq_mask_width=4, predictor_dim=8,
+        durations=durations, max_symbols_per_step=3, chunk_size=2, left_context=4,
+        causal_conv=True, feature_normalization="none")
+    redraw_transducer(model, 1)
+    if durations is not None:  # longer moves: some pass a chunk's end
+        bias = model.joint.head.bias
+        bias.assign(np.asarray(bias) + np.eye(bias.shape[0])[-1].astype("float32") * 3.0)
+    wave = _tones(2, 12800)
+    wave[1, 7000:] = 0.0
+    want = [row[row > 0].tolist() for row in model.decode(
+        {"waveform": wave, "waveform_length": np.array([12800, 12800], "int32")})]
+    path = export_streaming(model, tmp_path / "step", format=format, batch_size=2,
+                            vocabulary=list("abcde"))
+    recognizer = StreamingRecognizer(str(path))
+    assert recognizer.transcribe(wave) == want and sum(map(len, want)) >= 3
+    # Step by step: the state carries the walk's skip past a chunk's end.
+    state, skips, labels = recognizer.initial_state(), [], [[], []]
+    chunk = recognizer.chunk_samples
+    whole = 12800 - (12800 % chunk or chunk)
+    for start in range(0, whole, chunk):
+        outputs, state = recognizer.step(wave[:, start:start + chunk], state)
+        skips.append(int(state.tensors["decoder_skip"].max()))
+        assert outputs["token_ids"].shape[1] == 2 * 3  # chunk_size x max_symbols_per_step
+        for row, ids in enumerate(outputs["token_ids"]):
+            labels[row] += ids[ids > 0].tolist()
+    outputs, state = recognizer.finish(state, wave[:, whole:])
+    for row, ids in enumerate(outputs["token_ids"]):
+        labels[row] += ids[ids > 0].tolist()
+    assert labels == want
+    assert (max(skips) > 0) == (durations is not None), skips
+
+
 def test_what_the_export_refuses(tmp_path):
     model = _model(None)
     with pytest.raises(ValueError, match=r"walks greedily.*strategy='beam_search'"):

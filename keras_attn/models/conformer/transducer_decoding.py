@@ -177,7 +177,7 @@ def check_durations(durations):
 
 
 def transducer_greedy_ids(encoder, lengths, predictor, joint, blank_id, durations=None,
-                          max_symbols_per_step=10):
+                          max_symbols_per_step=10, initial_state=None, return_state=False):
     """`transducer_greedy_decode`'s walk as tensor ops in one
     `keras.ops.while_loop`: traceable (`jax.jit`, `tf.function`, an
     export), the same labels.
@@ -188,9 +188,17 @@ def transducer_greedy_ids(encoder, lengths, predictor, joint, blank_id, duration
     their values are known: `lengths` inside a traced call is not; a model's
     own lengths are, and its encoder makes a row NaN where they do not fit).
 
+    `initial_state` resumes a walk (a stream's next chunk, as
+    `greedy_walk` does on the host): `(pointer (B,), prediction (B, D),
+    states)`, where the walk starts and the prediction network's output and
+    LSTM states after the labels so far; None: the start (frame 0, after
+    the blank).
+
     Returns:
         `(B, L)` int32 label ids, -1 after each row's last, with `L =
-        frames x max_symbols_per_step` (the most labels a walk can emit).
+        frames x max_symbols_per_step` (the most labels a walk can emit);
+        with `return_state`, `(ids, (pointer, prediction, states))` where
+        the walk stopped.
     """
     vocabulary = predictor.vocabulary_size
     blank_id = _check_id("blank_id", blank_id, vocabulary)
@@ -210,7 +218,12 @@ def transducer_greedy_ids(encoder, lengths, predictor, joint, blank_id, duration
     width = frames * max_symbols_per_step
     positions = ops.expand_dims(ops.arange(width, dtype="int32"), 0)  # (1, L)
     zeros = ops.zeros((batch,), "int32")
-    prediction, states = predictor.step(ops.full((batch,), blank_id, "int32"))
+    if initial_state is None:
+        pointer = zeros
+        prediction, states = predictor.step(ops.full((batch,), blank_id, "int32"))
+    else:
+        pointer, prediction, states = initial_state
+        pointer = ops.cast(pointer, "int32")
     prediction = ops.cast(prediction, encoder.dtype)
 
     def cond(step, pointer, symbols, count, out, prediction, *states):
@@ -247,9 +260,12 @@ def transducer_greedy_ids(encoder, lengths, predictor, joint, blank_id, duration
         pointer = ops.where(done, pointer, pointer + move)
         return (step + 1, pointer, symbols, count, out, prediction, *states)
 
-    loop = (ops.convert_to_tensor(0, "int32"), zeros, zeros, zeros,
+    loop = (ops.convert_to_tensor(0, "int32"), pointer, zeros, zeros,
             ops.full((batch, width), -1, "int32"), prediction, *states)
-    return ops.while_loop(cond, body, loop)[4]
+    result = ops.while_loop(cond, body, loop)
+    if return_state:
+        return result[4], (result[1], result[5], list(result[6:]))
+    return result[4]
 
 
 def transducer_beam_search(encoder, lengths, predictor, joint, blank_id, beam_width=4,
