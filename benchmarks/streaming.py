@@ -5,6 +5,7 @@ utterance grows. Writes a JSON file and a plot (never run as a test).
 
 Run:  python benchmarks/streaming.py [--seconds 30] [--chunk-sizes 4,8,16] [--rounds 10]
           [--formats litert,onnx] [--run RUN_DIR] [--emformer-wheel WHEEL] [--fast-conformer]
+          [--transducer]
       python benchmarks/streaming.py --smoke      (tiny model, 3 s: checks the script)
       (TensorFlow backend: the LiteRT and ONNX exports need it)
 
@@ -45,6 +46,14 @@ C): its Keras `stream_step` trace and rows beside the Conformer's, and the
 paired ratio of its step to the Conformer's at the end of the stream
 (`fast_rows`).
 
+With `--transducer`, a ConformerTransducer of the same encoder (RNN-T,
+seeded weights) streams the same audio through its exported step (issue
+71: the encoder chunk, then the greedy walk over its frames in the step),
+its labels checked against its offline `decode`; rounds alternate its step
+with the CTC model's exported step at the end of the stream, each call's
+CPU time beside its wall time (`transducer_rows`: transducer / CTC, the
+real-time factors and the cores used).
+
 Before timing, the streamed tokens are checked against the streaming
 model's offline call with its chunk mask (the contract of
 docs/streaming.md), and each export's against the Keras step's.
@@ -69,8 +78,10 @@ import numpy as np  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(1, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from _stats import checked_row  # noqa: E402
 from _stats import paired_ratio  # noqa: E402
 from _stats import time_pair  # noqa: E402
+from _stats import time_rounds_with_cpu  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -306,6 +317,68 @@ def compare_fast_conformer(args, results, config, audio, step_samples, sizes, me
               f"({lo:.2f}-{hi:.2f})", flush=True)
 
 
+def compare_transducer(args, results, config, audio, size, formats, tmp, last_steps):
+    """A `ConformerTransducer` of the same encoder (RNN-T, a one-layer LSTM
+    prediction network of the encoder's width, seeded weights) streamed
+    through its exported step in each format: its labels checked against its
+    chunk-masked offline `decode`, then rounds alternating its step at the
+    end of the stream with the CTC model's exported step there
+    (`transducer_rows`: transducer / CTC, each one's real-time factor and the
+    cores each call kept busy), for a walk at its worst and a walk of
+    mostly blanks."""
+    from keras_attn.models.conformer import build_conformer_transducer
+
+    keras.utils.set_random_seed(2)
+    transducer = build_conformer_transducer(
+        "conformer_tiny", vocabulary_size=10, num_layers=config.num_layers,
+        hidden_dim=config.hidden_dim, num_heads=config.num_heads, **STREAMING)
+    results["model"]["transducer_parameters"] = transducer.count_params()
+    rate, frames = config.sampling_rate, len(audio) // (4 * config.frame_step)
+    # Seeded weights emit a label at almost every step, max_symbols_per_step
+    # (10) at each frame: the walk's worst case. A trained model's walk is
+    # mostly one blank step a frame: the blank's bias raised stands for it.
+    for walk, blank_bias in (("worst case", 0.0), ("one blank step a frame", 8.0)):
+        bias = transducer.joint.head.bias
+        bias.assign(np.asarray(bias) + np.eye(bias.shape[0])[0].astype("float32") * blank_bias)
+        _time_transducer(args, results, transducer, audio, size, formats, tmp, last_steps,
+                         walk, rate, frames)
+
+
+def _time_transducer(args, results, transducer, audio, size, formats, tmp, last_steps, walk,
+                     rate, frames):
+    from keras_attn.export.streaming import export_streaming
+    from keras_attn.export.streaming_runtime import StreamingRecognizer
+
+    decoded = transducer.decode({"waveform": audio[None],
+                                 "waveform_length": np.array([len(audio)], "int32")})
+    expected = [int(i) for i in decoded[0] if i > 0]
+    for format in formats:
+        name = {"litert": "LiteRT", "onnx": "ONNX Runtime"}[format]
+        path = os.path.join(tmp, f"transducer_{format}_{len(results['transducer_rows'])}")
+        export_streaming(transducer, path, format, chunk_size=size)
+        recognizer = StreamingRecognizer(path, num_threads=args.threads)
+        ids, step_s, states = stream_exported(recognizer, audio)
+        if ids != expected:
+            raise RuntimeError(f"the transducer's {name} labels differ from its offline decode")
+        chunk = audio[None, (len(states) - 1) * recognizer.chunk_samples:]
+        calls = {"transducer": lambda: recognizer.step(chunk, states[-1]),
+                 "ctc": last_steps[(name, size)]}
+        wall, cpu = time_rounds_with_cpu(calls, args.rounds)
+        ratio, lo, hi, verdict = paired_ratio(wall["transducer"], wall["ctc"])
+        chunk_ms = recognizer.chunk_samples * 1e3 / rate
+        row = {"runtime": name, "walk": walk, "chunk_ms": chunk_ms,
+               "labels_per_frame": len(ids) / frames,
+               "transducer_over_ctc": ratio, "interval": [lo, hi], "verdict": verdict}
+        for side in calls:
+            step_ms = 1e3 * statistics.median(wall[side])
+            row[f"{side}_step_ms"], row[f"{side}_rtf"] = step_ms, step_ms / chunk_ms
+            row[f"{side}_cores_used"] = checked_row(f"{name} {side} step", args.threads,
+                                                    wall[side], cpu[side])["cores_used"]
+        results["transducer_rows"].append(row)
+        print(f"  transducer ({walk}) / CTC {name} step at {chunk_ms:.0f} ms: {ratio:.2f} "
+              f"({lo:.2f}-{hi:.2f}), RTF {row['transducer_rtf']:.3f}", flush=True)
+
+
 def flatness(positions, seconds, window=5.0):
     """Median step time over the last `window` seconds of the stream / over
     the first `window` seconds after the first second (which holds the
@@ -364,6 +437,18 @@ def table(results):
             lines.append(f"| {row['chunk_ms']:.0f} ms | {row['fast_step_ms']:.2f} "
                          f"| {row['conformer_step_ms']:.2f} | {row['fast_over_conformer']:.2f} "
                          f"({lo:.2f}-{hi:.2f}) |")
+    if results.get("transducer_rows"):
+        lines += ["", "| runtime | walk (labels / frame) | chunk | transducer step ms (RTF, "
+                      "cores) | CTC step ms (RTF, cores) | transducer / CTC (95% interval) |",
+                  "|---|---|---|---|---|---|"]
+        for row in results["transducer_rows"]:
+            lo, hi = row["interval"]
+            lines.append(
+                f"| {row['runtime']} | {row['walk']} ({row['labels_per_frame']:.2f}) | "
+                f"{row['chunk_ms']:.0f} ms | {row['transducer_step_ms']:.2f} "
+                f"({row['transducer_rtf']:.3f}, {row['transducer_cores_used']:.2f}) | "
+                f"{row['ctc_step_ms']:.2f} ({row['ctc_rtf']:.3f}, {row['ctc_cores_used']:.2f}) "
+                f"| {row['transducer_over_ctc']:.2f} ({lo:.2f}-{hi:.2f}) |")
     return "\n".join(lines)
 
 
@@ -434,6 +519,9 @@ def main(argv=None):
     parser.add_argument("--fast-conformer", action="store_true",
                         help="also stream a FastConformer (subsampling='fast') at the same "
                              "chunk durations")
+    parser.add_argument("--transducer", action="store_true",
+                        help="also stream a ConformerTransducer of the same encoder through "
+                             "its exported step, paired with the CTC step (transducer_rows)")
     parser.add_argument("--output", default=os.path.join(HERE, "results", "streaming.json"))
     parser.add_argument("--plot", default=os.path.join(ROOT, "docs", "streaming_speed.png"))
     args = parser.parse_args(argv)
@@ -461,6 +549,7 @@ def main(argv=None):
                   "smoke": args.smoke},
         "audio_s": seconds_total, "rounds": args.rounds, "threads": args.threads,
         "rows": [], "traces": {}, "not_run": {}, "emformer_rows": [], "fast_rows": [],
+        "transducer_rows": [],
         "torch_threads": args.torch_threads, "command": " ".join(sys.argv),
     }
     print(f"keras {keras.__version__}, tensorflow {tf.__version__}, {machine}, "
@@ -528,6 +617,8 @@ def main(argv=None):
             last_steps[(name, size)] = exported_step_at(len(states) - 1)
         for format in {"litert", "onnx"} - set(formats):
             results["not_run"][format] = "left out (--formats)"
+        if args.transducer:
+            compare_transducer(args, results, config, audio, size, formats, tmp, last_steps)
         compare_emformer(args, results, config, last_steps, step_samples / rate * 1e3,
                          len(audio) // step_samples)
 
