@@ -26,7 +26,8 @@ minimum. A file at another sample rate is resampled to the model's with
 synthesis does). The file is read whole, then fed to the model chunk by
 chunk as a live source would deliver it.
 
-Decoding is greedy CTC in both modes. Streaming (`stream`) needs a model
+Decoding is greedy in both modes: CTC's, or a transducer's walk (a
+`speech_transducer` run, whose `stream_step` carries its decoder's state). Streaming (`stream`) needs a model
 trained for it (`chunk_size` in its recipe); an offline model is refused
 by name, since its attention and convolution read the whole utterance (a
 caller who wants partial results from it re-runs it on the growing prefix,
@@ -73,9 +74,9 @@ class Transcriber:
     """A trained speech run's model, ready to transcribe files.
 
     Args:
-        run_dir: a run directory of a `speech_ctc` recipe (`keras-attn
-            train`): its model.keras, or its newest checkpoint when the run
-            has not finished.
+        run_dir: a run directory of a `speech_ctc` or `speech_transducer`
+            recipe (`keras-attn train`): its model.keras, or its newest
+            checkpoint when the run has not finished.
     """
 
     def __init__(self, run_dir):
@@ -88,10 +89,10 @@ class Transcriber:
             raise ValueError(f"Invalid value for argument `run_dir`: {run_dir} is not a run "
                              f"directory (it has no {RECIPE}). Received: run_dir={run_dir!r}")
         recipe = validate_recipe(read_json(os.path.join(run_dir, RECIPE)))
-        if recipe["task"] != "speech_ctc":
+        if recipe["task"] not in ("speech_ctc", "speech_transducer"):
             raise ValueError(
                 f"Invalid value for argument `run_dir`: transcribing needs a speech run "
-                f"(task speech_ctc); {run_dir} is a {recipe['task']} run of "
+                f"(task speech_ctc or speech_transducer); {run_dir} is a {recipe['task']} run of "
                 f"{recipe['name']}. Received: run_dir={run_dir!r}")
         task = make_task(recipe)
         if os.path.isfile(os.path.join(run_dir, MODEL)):

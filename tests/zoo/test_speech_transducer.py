@@ -28,13 +28,17 @@ RUN = [o for o in TINY if not o.startswith(("data.", "model.", "decoder."))]
 
 def test_the_recipe_trains_evaluates_and_exports_what_it_decodes(tmp_path):
     """Three steps of the tiny recipe: the loss is finite and the run is
-    scored; the task's SavedModel serves `decode`'s transcripts (of the
-    model redrawn: three steps decode little)."""
+    scored; then, its model redrawn (three steps decode little) and saved
+    in the run: `keras-attn transcribe` gives a WAV file's `decode` text,
+    and the task's SavedModel serves `decode`'s transcripts."""
     import keras
     import tensorflow as tf
+    from scipy.io import wavfile
 
     from keras_attn import zoo
     from keras_attn.models.conformer import ConformerTransducer
+    from keras_attn.zoo.transcribe import Transcriber
+    from keras_attn.zoo.transcribe import transcribe
 
     run = tmp_path / "run"
     results = zoo.train(RECIPE, TINY, output=str(run), export=False, verbose=0)
@@ -43,9 +47,18 @@ def test_the_recipe_trains_evaluates_and_exports_what_it_decodes(tmp_path):
     assert results["metric"] == "wer" and 0.0 <= results["value"]
     history = json.loads((run / "checkpoints" / "history.json").read_text())
     assert np.isfinite(history["loss"]).all()
+    redraw_transducer(model, 1)
+    model.save(str(run / "model.keras"))
+
     task = make_task(load_recipe(RECIPE, TINY))
     inputs = task.example_inputs()
-    redraw_transducer(model, 1)
+    samples = inputs["waveform"][0, :int(inputs["waveform_length"][0])]
+    wavfile.write(str(tmp_path / "clip.wav"), 16000, (samples * 32767).astype("int16"))
+    clip = Transcriber(str(run)).load(str(tmp_path / "clip.wav"))  # as the file holds it
+    ids = model.decode({"waveform": clip[None], "waveform_length": np.array([len(clip)])})
+    text = transcribe(str(run), str(tmp_path / "clip.wav"))
+    assert text == "".join(task.vocabulary[i - 1] for i in ids[0] if i > 0) and text
+
     expected = task.reference_outputs(model, inputs)["token_ids"]
     task.export(model, str(tmp_path / "served"))
     served = task.served_outputs(tf.saved_model.load(str(tmp_path / "served")), inputs)
