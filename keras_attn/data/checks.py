@@ -121,12 +121,19 @@ def check_batches(dataset, model):
                 tf.reduce_any(gaps), False,
                 message=f"{DATA_CHECK} `labels` must be each transcript ids followed by 0s "
                         "(a 0 inside a transcript)"))
-            assertions.append(tf.debugging.assert_less_equal(
-                _ctc_frames_needed(tf, y), frames,
-                message=f"{DATA_CHECK} a CTC label sequence is longer than its utterance "
-                        f"can emit after {8 if fast else 4}x subsampling (labels needed vs "
-                        "frames)",
-                summarize=8))
+            if getattr(model, "ctc_alignment", True):
+                assertions.append(tf.debugging.assert_less_equal(
+                    _ctc_frames_needed(tf, y), frames,
+                    message=f"{DATA_CHECK} a CTC label sequence is longer than its utterance "
+                            f"can emit after {8 if fast else 4}x subsampling (labels needed "
+                            "vs frames)",
+                    summarize=8))
+            else:  # a transducer emits any number of labels at a frame: it needs one
+                assertions.append(tf.debugging.assert_greater_equal(
+                    frames, tf.constant(1, frames.dtype),
+                    message=f"{DATA_CHECK} an utterance gives no frame after "
+                            f"{8 if fast else 4}x subsampling (a transducer needs one)",
+                    summarize=8))
         with tf.control_dependencies(assertions):
             x = tf.nest.map_structure(tf.identity, x)
         return (x,) + (() if y is None else (y,)) + tuple(rest)

@@ -805,14 +805,19 @@ def _model_frames(model_config, frame_step):
 
 def speech_files(path, validation_fraction=0.0, seed=0, audio_field="audio",
                  text_field="text", sampling_rate=16000, argument="path", frame_step=160,
-                 model_config=None):
+                 model_config=None, head="ctc"):
     """`{split: (waveforms, transcripts) or None}` of speech tables: each row
     an audio file (a WAV path, relative to the table's folder or absolute)
     and its transcript. A clip too short for its transcript (fewer CTC
     frames, `ctc_frames(len(clip), frame_step)` or those of `model_config`,
     than `ctc_frames_needed_by(transcript)`) is refused naming the file:
     the model could not emit it (its loss is NaN, and training would stop
-    there naming no file); that holds in every split."""
+    there naming no file); that holds in every split. With
+    `head="transducer"` a clip needs one frame whatever its transcript (a
+    transducer emits any number of labels at a frame)."""
+    if head not in ("ctc", "transducer"):
+        raise ValueError("Invalid value for argument `head`: 'ctc' or 'transducer'. "
+                         f"Received: head={head!r}")
     frames_of, frames_are = _model_frames(model_config, frame_step)
     rows = table_rows(path, [audio_field, text_field], validation_fraction, seed, argument)
     files = table_splits(path, argument)
@@ -833,7 +838,14 @@ def speech_files(path, validation_fraction=0.0, seed=0, audio_field="audio",
                 raise DataFileError(f"{row.place}: {error}") from None
             text = str(row[text_field])
             emitted = frames_of(len(waveforms[-1]))
-            if emitted < ctc_frames_needed_by(text):
+            if head == "transducer" and emitted < 1:
+                raise DataFileError(
+                    f"{row.place}: {audio} is too short for the model: its "
+                    f"{len(waveforms[-1])} samples at {sampling_rate} Hz give no frame "
+                    f"({frames_are}), and a transducer needs one. Received: "
+                    f"{argument}={os.fspath(path)!r} with {row[audio_field]!r} of "
+                    f"{len(waveforms[-1])} samples")
+            if head == "ctc" and emitted < ctc_frames_needed_by(text):
                 raise DataFileError(
                     f"{row.place}: {audio} is too short for its transcript: its "
                     f"{len(waveforms[-1])} samples at {sampling_rate} Hz give "

@@ -166,3 +166,36 @@ def test_streamed_evaluation_decodes_what_decode_decodes(tmp_path):
     beam = make_task(load_recipe(RECIPE, TINY + ["evaluation.strategy=\"beam_search\""]))
     with pytest.raises(ValueError, match=r"walks greedily.*'beam_search'"):
         beam.check_export_format("litert")
+
+
+def test_a_clip_too_short_for_ctc_trains_a_transducer(tmp_path):
+    """CTC needs a frame per label (and one between two equal ones); a
+    transducer emits any number of labels at a frame, so its data checks
+    (the files' and the training batches') ask for one frame only: a
+    0.15 s clip of "yes no yes no" (3 encoder frames) is refused by the
+    CTC task and trains the transducer; a clip of no frame is refused."""
+    import keras
+
+    from keras_attn.data.checks import check_batches
+    from keras_attn.errors import DataFileError
+    from test_speech_pretrained import recipe as ctc_recipe
+
+    rows = [(f"{i}.wav", text) for i, text in enumerate(["yes no yes no", "no", "yes", "no"])]
+    folder = clips(tmp_path, rows, samples={"0.wav": 2400, "1.wav": 8000, "2.wav": 8000,
+                                            "3.wav": 8000})
+    with pytest.raises(DataFileError, match=r"0\.wav is too short for its transcript"):
+        make_task(ctc_recipe(tmp_path, folder)).prepare()
+    task = make_task(_recipe(tmp_path, folder, "model.overrides.num_layers=1",
+                             "model.overrides.hidden_dim=16")[1])
+    model = task.build_model()
+    batches = list(check_batches(task.train_dataset_fn(0), model))
+    assert sum(len(y) for _, y in batches) == len(rows)
+    model.compile(keras.optimizers.Adam(1e-3))
+    assert np.isfinite(model.fit(task.train_dataset_fn(0), epochs=1, verbose=0)
+                       .history["loss"][-1])
+    (tmp_path / "short").mkdir()
+    short = clips(tmp_path / "short", rows[:2], samples={"0.wav": 8000, "1.wav": 100})
+    with pytest.raises(DataFileError, match=r"1\.wav is too short for the model.*a transducer "
+                                            r"needs one"):
+        make_task(_recipe(tmp_path, short)[1]).prepare()
+

@@ -94,6 +94,9 @@ class ConformerTransducer(ChunkStreaming, AudioInputChecks, GuardedModel, Config
 
     config_attribute = "conformer_config"
     nan_output_key = "frames"
+    # Data checks: a transcript needs one frame, not CTC's one per label
+    # (keras_attn.data.checks).
+    ctc_alignment = False
 
     @config_arguments(ConformerConfig, "Conformer", extra=TRANSDUCER_ARGUMENTS)
     def __init__(self, config, dtype=None, predictor_dim=None, predictor_layers=None,

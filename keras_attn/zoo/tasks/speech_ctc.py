@@ -174,6 +174,8 @@ class SpeechCTC(Task):
     hf_architectures = ("ParakeetForCTC",)
     model_class = "ConformerCTC"
     new_head = "a new CTC head"
+    # The length rule the data checks apply (keras_attn.data.files.speech_files).
+    head = "ctc"
 
     @property
     def pretrained(self):
@@ -306,7 +308,7 @@ class SpeechCTC(Task):
                                         audio_field=self.data["audio_key"] or "audio",
                                         text_field=self.data["text_key"] or "text",
                                         sampling_rate=config.sampling_rate,
-                                        model_config=config)
+                                        model_config=config, head=self.head)
             self.vocabulary = self._file_vocabulary(splits)
             self.train_split, self.test_split = splits["train"], splits["test"]
             self.validation_split = splits["validation"] or ([], [])
@@ -748,7 +750,7 @@ class SpeechCTC(Task):
 
         frames = feature_frames(self.model_config, lengths.astype("int64"))
         _check_label_frames(parts["y"], frames, lambda bad: f"utterance {int(index[bad])}",
-                            self.model_config)
+                            self.model_config, head=self.head)
 
     def finish_prepared(self, parts, tables):
         if "row" in parts:  # a packed training batch: its rows of the table
@@ -845,7 +847,7 @@ def _check_feature_rows(x, labels):
                         lambda bad: f"utterance {bad % slots + 1} of row {bad // slots}")
 
 
-def _check_label_frames(labels, frames, where, config=None):
+def _check_label_frames(labels, frames, where, config=None, head="ctc"):
     """What the pipeline's data check asks (keras_attn.data.checks) of
     labels `(N, L)` and their utterances' feature frames `(N,)`: each
     transcript's ids followed by 0s, no longer than the utterance can emit
@@ -862,11 +864,13 @@ def _check_label_frames(labels, frames, where, config=None):
             "`labels` must be each transcript's ids followed by 0s (the padding). "
             f"Received: {labels[gaps[0]].tolist()} for {where(int(gaps[0]))}")
     emitted = subsampled_length(frames) if config is None else encoder_length(config, frames)
-    needed = ctc_frames_needed(labels)
+    # A transducer emits any number of labels at a frame: a row needs one.
+    needed = ctc_frames_needed(labels) if head == "ctc" else np.ones(len(labels), "int64")
     if np.any(needed > emitted):
         bad = int(np.flatnonzero(needed > emitted)[0])
         factor = 8 if getattr(config, "subsampling", "conv") == "fast" else 4
+        what = ("a CTC label sequence is longer than its utterance can emit" if head == "ctc"
+                else "an utterance gives no frame (a transducer needs one)")
         raise ValueError(
-            f"a CTC label sequence is longer than its utterance can emit after {factor}x "
-            f"subsampling. Received: labels needing {int(needed[bad])} frames, "
-            f"{int(emitted[bad])} frames for {where(bad)}")
+            f"{what} after {factor}x subsampling. Received: labels needing "
+            f"{int(needed[bad])} frames, {int(emitted[bad])} frames for {where(bad)}")

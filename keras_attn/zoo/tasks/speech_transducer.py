@@ -20,12 +20,10 @@ checkpoint's and may not be set.
 Exports (SavedModel, ONNX, LiteRT) serve the greedy walk; a recipe whose
 evaluation is a beam search is refused an export by name. What it does not
 do yet: packed training rows (`data.packing`: the transducer's loss reads
-no segment ids), refused by name. And the data checks are speech_ctc's: a
-clip with fewer encoder frames than CTC needs for its transcript is
-refused by name (a transducer, which emits any number of labels at a
-frame, could learn it): a loud refusal of rare data (speech gives 25
-frames a second at 4x, 12.5 at 8x; characters come at ~15 a second), kept
-until the checks take the model's head.
+no segment ids), refused by name. The data checks take the transducer's
+rule: a clip needs one encoder frame whatever its transcript (CTC's one
+frame per label does not bind a transducer, which emits any number of
+labels at a frame).
 """
 
 from typing import Annotated
@@ -126,6 +124,7 @@ class SpeechTransducer(SpeechCTC):
     hf_architectures = ("ParakeetForRNNT", "ParakeetForTDT")
     model_class = "ConformerTransducer"
     new_head = "its prediction network with a new embedding and joint head"
+    head = "transducer"
 
     def _decoder_arguments(self):
         given = self.recipe.get("decoder") or {}
