@@ -376,7 +376,7 @@ class _TransducerStreamingStep(_StreamingStep):
                       "of a row refused (NaN frames)")
 
     def __init__(self, model, streamer, geometry):
-        self.decoder_names = tuple(model._decoder_state_names())
+        self.decoder_names = tuple(model.decoder_state_names())
         super().__init__(model, streamer, geometry)
 
     def decoder_initial(self, keras_state):

@@ -305,7 +305,9 @@ class ConformerTransducer(ChunkStreaming, AudioInputChecks, GuardedModel, Config
         frames, new_state = streamer.flush(rest)
         return self._walk_chunk(frames, state, new_state, decoder)
 
-    def _decoder_state_names(self):
+    def decoder_state_names(self):
+        """The streaming state's decoder entries, in order (the exported
+        step carries them as its own state tensors)."""
         return (["decoder/prediction"]
                 + [f"decoder/lstm_{i}" for i in range(2 * self.predictor_layers)]
                 + ["decoder/skip"])
@@ -315,7 +317,7 @@ class ConformerTransducer(ChunkStreaming, AudioInputChecks, GuardedModel, Config
         from keras_attn.layers.streaming import check_state_tensor
 
         streamer = self.streamer(chunk_size)
-        names = self._decoder_state_names()
+        names = self.decoder_state_names()
         if not isinstance(state, dict) or any(name not in state for name in names):
             raise ValueError(
                 "Invalid value for argument `state`: the dict this model's `initial_state` "
@@ -337,7 +339,7 @@ class ConformerTransducer(ChunkStreaming, AudioInputChecks, GuardedModel, Config
         """The greedy walk over a chunk's frames from the decoder's state."""
         batch, count = frames.shape[0], frames.shape[1]
         real = ops.convert_to_numpy(new_state["logit_length"] - state["logit_length"])
-        names = self._decoder_state_names()
+        names = self.decoder_state_names()
         steps = None if self.durations is None else check_durations(self.durations)
         labels, _, pointer, prediction, states = greedy_walk(
             ops.cast(frames, "float32"), real.astype("int64"), self.predictor, self.joint, 0,
