@@ -66,7 +66,8 @@ def test_the_recipe_trains_evaluates_and_exports_what_it_decodes(tmp_path):
     assert (expected > 0).sum() > 0
 
 
-def _parakeet_tdt(tmp_path):
+@pytest.fixture(scope="module")
+def parakeet_tdt(tmp_path_factory):
     """A ParakeetForTDT directory of a tiny model (32 tokens); its model."""
     from keras_attn.convert import save_hf
     from keras_attn.models.conformer import build_conformer_transducer
@@ -74,7 +75,7 @@ def _parakeet_tdt(tmp_path):
     model = build_conformer_transducer("parakeet_ctc_tiny", vocabulary_size=32,
                                        predictor_dim=8, predictor_layers=2,
                                        durations=[0, 1, 2, 3], **PARAKEET)
-    directory = tmp_path / "parakeet_tdt"
+    directory = tmp_path_factory.mktemp("parakeet_tdt")
     save_hf(model, str(directory))
     return directory, model
 
@@ -90,10 +91,11 @@ def _recipe(tmp_path, folder, *extra):
     return str(path), load_recipe(str(path), RUN + ["model.overrides={}"] + list(extra))
 
 
-def test_a_parakeet_tdt_checkpoint_is_fine_tuned_with_the_tables_characters(tmp_path, capsys):
+def test_a_parakeet_tdt_checkpoint_is_fine_tuned_with_the_tables_characters(tmp_path, capsys,
+                                                                            parakeet_tdt):
     from keras_attn import zoo
 
-    directory, checkpoint = _parakeet_tdt(tmp_path)
+    directory, checkpoint = parakeet_tdt
     folder = clips(tmp_path, ROWS)
     path, recipe = _recipe(tmp_path, folder, f"training.pretrained={directory}")
     task = make_task(recipe)
@@ -127,8 +129,9 @@ def test_a_parakeet_tdt_checkpoint_is_fine_tuned_with_the_tables_characters(tmp_
     (["model.overrides.hidden_dim=32"], r"^Recipe key `model\.overrides\.hidden_dim` cannot "
                                         r"be set with training\.pretrained"),
 ])
-def test_a_recipe_that_contradicts_the_checkpoint_is_refused(tmp_path, extra, message):
-    directory, _ = _parakeet_tdt(tmp_path)
+def test_a_recipe_that_contradicts_the_checkpoint_is_refused(tmp_path, extra, message,
+                                                            parakeet_tdt):
+    directory, _ = parakeet_tdt
     _, recipe = _recipe(tmp_path, clips(tmp_path, ROWS[:2]), f"training.pretrained={directory}",
                         *extra)
     with pytest.raises(ValueError, match=message):
