@@ -115,7 +115,8 @@ class StreamingRecognizer:
                 "Invalid value for argument `state`: its stream has ended (`finish` ran); "
                 "start the next one from `initial_state()`. Received: state.ended=True")
         # Counters that cannot be (the step would give that row NaN logits).
-        for name, low in (("log_mel_length", 0), ("logit_length", 0), ("decoder_last", -1)):
+        for name, low in (("log_mel_length", 0), ("logit_length", 0), ("decoder_last", -1),
+                          ("decoder_skip", 0)):  # decoder_skip: a transducer's step
             value = state.tensors.get(name)
             if value is not None and (np.asarray(value) < low).any():
                 raise ValueError(

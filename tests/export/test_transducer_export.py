@@ -127,6 +127,18 @@ def test_the_streaming_step_transcribes_as_the_model_offline(tmp_path, format, d
         labels[row] += ids[ids > 0].tolist()
     assert labels == want
     assert (max(skips) > 0) == (durations is not None), skips
+    # A negative skip: refused by the runtime's wrapper; the step itself
+    # (nothing raises in a graph) answers -2 for that row, never labels;
+    # a valid step right after gives the labels it gave before.
+    held = recognizer.initial_state()
+    first = recognizer.step(wave[:, :chunk], held)[0]["token_ids"]
+    bad = dict(held.tensors, decoder_skip=np.array([0, -1], "int32"))
+    with pytest.raises(ValueError, match=r"'decoder_skip' cannot be below 0"):
+        recognizer.step(wave[:, :chunk], type(held)(bad, held.export))
+    inputs = dict(bad, chunk=wave[:, :chunk], chunk_length=np.full(2, chunk, "int32"))
+    ids = np.asarray(recognizer.artifact(**inputs)["token_ids"])
+    assert (ids[1] == -2).all() and (ids[0] != -2).all()
+    np.testing.assert_array_equal(recognizer.step(wave[:, :chunk], held)[0]["token_ids"], first)
 
 
 def test_what_the_export_refuses(tmp_path):
