@@ -116,6 +116,10 @@ from _stats import time_rounds  # noqa: E402
 
 CLS, SEP, PAD = 2, 3, 0
 MASK_RATE = 0.15
+# Every model's steps run compiled by XLA, as measured; `--smoke` turns it off
+# (main): XLA's compiles were most of a smoke run (85 s of it on 2 cores), whose
+# timings nobody reads; the batches and rows it checks are the same without.
+JIT_COMPILE = True
 BATCH_TOKENS = 2048  # rows x length per step, at every length
 SMOKE_SIZES = dict(num_layers=1, hidden_dim=16, num_heads=2, intermediate_dim=32)
 
@@ -222,7 +226,7 @@ def keras_attn_model(sizes, vocabulary, length, max_segments):
     backbone = build_bert(preset, vocabulary_size=vocabulary, max_sequence_length=length,
                           **overrides)
     model = BertPretrainer(backbone, max_segments=max_segments)
-    model.compile(optimizer=keras.optimizers.Adam(1e-4), jit_compile=True)
+    model.compile(optimizer=keras.optimizers.Adam(1e-4), jit_compile=JIT_COMPILE)
     return model
 
 
@@ -250,7 +254,7 @@ def keras_hub_model(config, vocabulary, length):
             from_logits=True, reduction="mean_with_sample_weight")
 
     model.compile(optimizer=keras.optimizers.Adam(1e-4), loss={"mlm": loss(), "nsp": loss()},
-                  jit_compile=True)
+                  jit_compile=JIT_COMPILE)
     return model
 
 
@@ -429,7 +433,7 @@ def transformer_model(sizes, vocabulary, length):
                               max_sequence_length=length, **sizes)
     # Plain cross-entropy over the real target tokens, as the peer's; no metric.
     model.compile(optimizer=keras.optimizers.Adam(1e-4), label_smoothing=0.0, metrics=None,
-                  jit_compile=True)
+                  jit_compile=JIT_COMPILE)
     return model
 
 
@@ -466,7 +470,7 @@ def keras_hub_transformer(sizes, vocabulary, dropout=0.1):
     model.compile(optimizer=keras.optimizers.Adam(1e-4),
                   loss=keras.losses.SparseCategoricalCrossentropy(
                       from_logits=True, reduction="mean_with_sample_weight"),
-                  jit_compile=True)
+                  jit_compile=JIT_COMPILE)
     return model
 
 
@@ -569,7 +573,7 @@ def _run_record(args, argv, rounds):
 
         versions["jax"] = jax.__version__
     return {
-        "rounds": rounds, "smoke": args.smoke,
+        "rounds": rounds, "smoke": args.smoke, "jit_compile": JIT_COMPILE,
         "date": datetime.date.today().isoformat(),
         "machine": f"{os.cpu_count()} CPUs, {platform.processor() or platform.machine()}",
         "backend": backend, "device": _device(), "batch_tokens": args.batch_tokens,
@@ -671,6 +675,8 @@ def main(argv=None):
                         help="one-layer 16-wide models, rows of 64 (BERT) and 32 "
                              "(translation), 1 round")
     args = parser.parse_args(argv)
+    global JIT_COMPILE
+    JIT_COMPILE = not args.smoke
     tasks = args.tasks.split(",")
     if not tasks or set(tasks) - {"bert", "translation"}:
         parser.error(f"Invalid value for argument `--tasks`: bert and/or translation. "
