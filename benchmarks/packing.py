@@ -39,9 +39,10 @@ of the same shape, `batch` rows of `length` tokens:
   the pooled output, of the same sizes, on the `padded` batches.
 
 Each round times the three once, the order rotated by one each round
-(`_stats.time_rounds`). A round's ratio of real tokens per second is
-`(real tokens of a's batch / a's time) / (real tokens of b's batch / b's
-time)`; the reported ratio is the median over the rounds with its 95%
+(`_stats.time_rounds_with_cpu`: each call's CPU time beside its wall time;
+the table prints the cores each side kept busy). A round's ratio of real
+tokens per second is `(real tokens of a's batch / a's time) / (real tokens
+of b's batch / b's time)`; the reported ratio is the median over the rounds with its 95%
 distribution-free interval (`_stats.median_interval`). Absolute times are
 in the JSON for the record, never claims: the machine is shared.
 
@@ -112,7 +113,8 @@ ROOT = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
 sys.path.insert(1, ROOT)
 from _stats import median_interval  # noqa: E402
-from _stats import time_rounds  # noqa: E402
+from _stats import checked_row  # noqa: E402
+from _stats import time_rounds_with_cpu  # noqa: E402
 
 CLS, SEP, PAD = 2, 3, 0
 MASK_RATE = 0.15
@@ -296,14 +298,24 @@ def _speeds(steps, rounds, real):
     """Times `steps` (`packed`, `padded`, `keras_hub`, on `real[name]` real
     tokens a batch) in rotated rounds: the median step seconds and the
     real tokens/s ratios of the rounds."""
-    times = time_rounds(steps, rounds, warmup=2)
+    times, cpu = time_rounds_with_cpu(steps, rounds, warmup=2)
     per_second = {name: [real[name] / t for t in times[name]] for name in steps}
+    # Every side steps in this one process, on the same runtime's thread
+    # pools: equal threads by construction. Each call's CPU time is kept
+    # beside its wall time (cores used = CPU s / wall s); a side that kept
+    # more cores busy than the process may use is refused (checked_row).
+    # No FLOP/s check: padded-to-longest batches change shape batch by batch.
+    threads = len(os.sched_getaffinity(0))
 
     def ratio(a, b):
         return _ratio([x / y for x, y in zip(per_second[a], per_second[b])])
 
     return {
         "median_step_seconds": {name: statistics.median(times[name]) for name in steps},
+        "median_step_cpu_seconds": {name: statistics.median(cpu[name]) for name in steps},
+        "cores_used": {name: checked_row(name, threads, times[name], cpu[name])["cores_used"]
+                       for name in steps},
+        "threads": threads,
         "real_tokens_per_second_ratio": {
             "packed_vs_padded": ratio("packed", "padded"),
             "padded_vs_keras_hub": ratio("padded", "keras_hub"),
@@ -535,15 +547,18 @@ def run_translation(sizes, length, batch, rounds, examples_count, vocabulary, se
 def table(rows):
     lines = ["| length | batch | padding: padded to length / to longest / packed | real tokens "
              "per batch padded / packed | packed / padded | padded / keras-hub | "
-             "packed / keras-hub |", "|---|---|---|---|---|---|---|"]
+             "packed / keras-hub | cores used packed / padded / keras-hub |",
+             "|---|---|---|---|---|---|---|---|"]
     for row in rows:
         pad, real = row["padding"], row["real_tokens_per_batch"]
         ratios = [row["real_tokens_per_second_ratio"][key]
                   for key in ("packed_vs_padded", "padded_vs_keras_hub", "packed_vs_keras_hub")]
         cells = " | ".join(f"{r['median']:.2f} ({r['low']:.2f}-{r['high']:.2f})" for r in ratios)
+        cores = " / ".join(f"{row['cores_used'][key]:.2f}"
+                           for key in ("packed", "padded", "keras_hub"))
         lines.append(f"| {row['length']} | {row['batch']} | {pad['padded_to_length']:.1%} / "
                      f"{pad['padded_to_longest']:.1%} / {pad['packed']:.1%} | {real['padded']} / "
-                     f"{real['packed']} | {cells} |")
+                     f"{real['packed']} | {cells} | {cores} |")
     return "\n".join(lines)
 
 

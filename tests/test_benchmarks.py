@@ -428,6 +428,11 @@ def test_packing_smoke_run_writes_every_row_and_packs_more_real_tokens(tmp_path,
         assert real["packed"] > real["padded"] > 0
         assert row["examples_per_batch"]["packed"] > row["examples_per_batch"]["padded"]
         assert set(row["median_step_seconds"]) == {"padded", "packed", "keras_hub"}
+        # Each side's CPU time beside its wall time: the cores it kept busy,
+        # never more than the process may use (the harness refuses a row).
+        assert set(row["cores_used"]) == set(row["median_step_cpu_seconds"]) == {
+            "padded", "packed", "keras_hub"}
+        assert all(0 < cores <= row["threads"] + 0.25 for cores in row["cores_used"].values())
         for ratio in row["real_tokens_per_second_ratio"].values():
             assert ratio["low"] <= ratio["median"] <= ratio["high"]
         assert set(row["real_tokens_per_second_ratio"]) == {
@@ -444,7 +449,7 @@ def test_packing_smoke_run_writes_every_row_and_packs_more_real_tokens(tmp_path,
         "length", "target_length", "batch", "examples", "max_segments", "mean_lengths",
         "padding", "real_tokens_per_batch", "real_tokens_per_batch_by_side",
         "examples_per_batch", "last_loss", "parameters", "median_step_seconds",
-        "real_tokens_per_second_ratio"}
+        "median_step_cpu_seconds", "cores_used", "threads", "real_tokens_per_second_ratio"}
     # Every step trained on a valid batch: a bad packing would be a NaN loss.
     assert set(row["last_loss"]) == {"padded", "packed", "keras_hub"}
     assert all(0 < loss < 100 for loss in row["last_loss"].values())
@@ -464,7 +469,9 @@ def test_packing_smoke_run_writes_every_row_and_packs_more_real_tokens(tmp_path,
     assert row["max_segments"] >= 2
     # keras-hub's peer has the same sizes: the same parameter count.
     assert row["parameters"]["keras_attn"] == row["parameters"]["keras_hub"] > 0
-    assert set(row["median_step_seconds"]) == {"padded", "packed", "keras_hub"}
+    assert set(row["median_step_seconds"]) == set(row["cores_used"]) == {
+        "padded", "packed", "keras_hub"}
+    assert results["translation"]["jit_compile"] is False  # --smoke steps without XLA
     assert set(row["real_tokens_per_second_ratio"]) == {
         "packed_vs_padded", "padded_vs_keras_hub", "packed_vs_keras_hub"}
     for ratio in row["real_tokens_per_second_ratio"].values():
