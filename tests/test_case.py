@@ -542,3 +542,47 @@ def checkpoint_count(jaxpr):
                 if hasattr(inner, "eqns"):
                     count += checkpoint_count(inner)
     return count
+
+
+def values_and_grads(fns, q, k, v):
+    """For each `fn` of `fns`: `fn(q, k, v)` and the gradient of
+    `sum(fn * w)` w.r.t. q, k, v."""
+    shape = (q.shape[0], q.shape[1], q.shape[2], v.shape[3])  # (B, T, N, Hv)
+    w = np.random.default_rng(9).normal(size=shape).astype("float32")
+    backend = keras.backend.backend()
+    if backend == "jax":
+        import jax
+
+        def one(fn):
+            def loss(q, k, v):
+                out = fn(q, k, v)
+                return (out * w).sum(), out
+
+            return jax.value_and_grad(loss, argnums=(0, 1, 2), has_aux=True)
+
+        # One compiled program per length for every function: op-by-op JAX
+        # would compile every primitive again for each of the 70 lengths.
+        results = jax.jit(lambda q, k, v: [one(fn)(q, k, v) for fn in fns])(q, k, v)
+        results = [(out, grads) for (_, out), grads in results]
+    elif backend == "tensorflow":
+        import tensorflow as tf
+
+        q, k, v = (tf.convert_to_tensor(a) for a in (q, k, v))
+        results = []
+        for fn in fns:
+            with tf.GradientTape() as tape:
+                tape.watch([q, k, v])
+                out = fn(q, k, v)
+                loss = tf.reduce_sum(out * w)
+            results.append((out, tape.gradient(loss, [q, k, v])))
+    else:
+        import torch
+
+        results = []
+        for fn in fns:
+            leaves = [torch.tensor(a, requires_grad=True) for a in (q, k, v)]
+            out = fn(*leaves)
+            (out * torch.tensor(w)).sum().backward()
+            results.append((out, [leaf.grad for leaf in leaves]))
+    return [(ops.convert_to_numpy(out), [ops.convert_to_numpy(g) for g in grads])
+            for out, grads in results]

@@ -16,6 +16,7 @@ from keras_attn.ops.attention import fused_attention_supports
 from keras_attn.ops.attention import normalize_attention_mask
 from keras_attn.ops.attention import scaled_dot_product_attention
 from keras_attn.ops.kernels import attend
+from keras_attn.ops.local_attention import banded_attention
 from keras_attn.ops.masking import causal_mask
 from keras_attn.ops.masking import checked_agreement
 from keras_attn.ops.masking import checked_mask
@@ -491,11 +492,15 @@ class MultiHeadAttention(SpecFromCall, keras.layers.Layer):
         invalid += rotary[2:]
         q, k, v, cache = self._project(
             query, value, key, cache, cache_update_index, rotary[:2])
-        mask, is_causal = self._compute_attention_mask(
-            q, k, masks, segment_ids, value_segment_ids, use_causal_mask,
-            cache_update_index)
-        attended, scores = self._compute_attention(
-            q, k, v, mask, is_causal, training, return_attention_scores)
+        if self._takes_the_band(q, masks, self_attention, cache, use_causal_mask,
+                                return_attention_scores):
+            attended, scores = self._banded_attention(q, k, v, masks, segment_ids, training)
+        else:
+            mask, is_causal = self._compute_attention_mask(
+                q, k, masks, segment_ids, value_segment_ids, use_causal_mask,
+                cache_update_index)
+            attended, scores = self._compute_attention(
+                q, k, v, mask, is_causal, training, return_attention_scores)
         output = self.output_dense(attended)  # (B, T, output_dim)
         for bad in invalid:
             output = nan_where(bad, output)
@@ -610,6 +615,31 @@ class MultiHeadAttention(SpecFromCall, keras.layers.Layer):
             cache = ops.stack([k, v], axis=1)  # (B, 2, S_max, N, H)
             k, v = k[..., : self._key_dim], v[..., : self._value_dim]
         return q, k, v, cache
+
+    def _takes_the_band(self, q, masks, self_attention, cache, use_causal_mask,
+                        return_attention_scores):
+        """Whether local self-attention runs on its band only
+        (`ops.local_attention.banded_attention`: O(T x window) scores and
+        masks, not O(T^2)). Taken for a `window` layer's self-attention
+        without a cache, a causal mask, a pairwise `attention_mask` or
+        returned scores, unless `flash_attention=True` asks for the fused
+        kernel, and where the band is the smaller: T unknown when traced, or
+        longer than the band's three blocks of `window // 2` keys. Both
+        routes give the same answer."""
+        if (self.window is None or not self_attention or cache is not None or use_causal_mask
+                or return_attention_scores or masks["attention_mask"] is not None
+                or self.flash_attention):
+            return False
+        length = static_dim(q.shape[1])
+        return length is None or length > 3 * max(self.window // 2, 1)
+
+    def _banded_attention(self, q, k, v, masks, segment_ids, training):
+        key_mask = merge_masks(masks["value_mask"], masks["key_mask"])
+        attended = banded_attention(
+            q, k, v, self.window, query_mask=masks["query_mask"], key_mask=key_mask,
+            segment_ids=segment_ids, dropout=self.dropout, training=training,
+            seed_generator=self.seed_generator)
+        return attended, None
 
     def _compute_attention_mask(self, q, k, masks, segment_ids, value_segment_ids,
                                 use_causal_mask, cache_update_index):

@@ -8,15 +8,18 @@ the layers.
   mask checks, `merge_masks`, `nan_where`;
 - `keras_attn.ops.attention`: `scaled_dot_product_attention` (the
   reference formula) and `fused_dot_product_attention`;
+- `keras_attn.ops.local_attention`: `banded_attention`, local (sliding-window)
+  self-attention on its band only, O(T x window);
 - `keras_attn.ops.rotary`: `apply_rotary` and the positions of packed rows;
 - `keras_attn.ops.kernels`: `attend`, `choose_kernel`, `padding_lengths`.
 """
 
-# All four here, so that the registration below finds them whole whichever
+# All five here, so that the registration below finds them whole whichever
 # is imported first (Keras, loaded during their import, registers the
 # layers, which import them).
 from keras_attn.ops import attention  # noqa: F401
 from keras_attn.ops import kernels  # noqa: F401
+from keras_attn.ops import local_attention  # noqa: F401
 from keras_attn.ops import masking  # noqa: F401
 from keras_attn.ops import rotary  # noqa: F401
 

@@ -19,7 +19,7 @@ from keras_attn.ops.masking import merge_masks
 # Masked logits are replaced (not offset) by this value, and the softmax runs
 # in float32 or wider, so the constant never overflows float16 or bfloat16.
 # Half of float32's largest magnitude keeps `logit - max` finite.
-_MASKED_LOGIT = float(-0.5 * np.finfo("float32").max)
+MASKED_LOGIT = float(-0.5 * np.finfo("float32").max)
 
 
 def _static_dim(tensor, axis):
@@ -189,7 +189,7 @@ def scaled_dot_product_attention(
     if bias is not None:
         logits = logits + ops.cast(bias, softmax_dtype)
     if mask is not None:
-        logits = ops.where(mask, logits, ops.cast(_MASKED_LOGIT, softmax_dtype))
+        logits = ops.where(mask, logits, ops.cast(MASKED_LOGIT, softmax_dtype))
     probs = ops.softmax(logits, axis=-1)
     if mask is not None:
         # Exact zeros on masked keys; a fully masked row (uniform over masked
